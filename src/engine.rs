@@ -1,0 +1,371 @@
+//! `Engine`: one device's execution context.
+//!
+//! An engine owns the device's primary context (retained), a default stream, and the embedded
+//! helper kernels (loaded on first use). Its allocations, copies and launches run on the calling
+//! thread's ambient stream when a [`StreamOverride`](crate::StreamOverride) is active, else on the
+//! default stream; an ambient stream of another device is an error, never a silent fallback.
+//! `Engine` is cheap to clone and may be used from many threads at once.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::safe::{
+    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, KernelArgs,
+    LaunchConfig, Module, ambient_stream,
+};
+
+/// One device's execution context. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+struct EngineInner {
+    device: Device,
+    ctx: Arc<Context>,
+    stream: Arc<CudaStream>,
+    max_blocks: u32,
+    helpers: OnceLock<std::result::Result<Helpers, Error>>,
+    toy_model: OnceLock<std::result::Result<Function, Error>>,
+}
+
+#[derive(Debug)]
+struct Helpers {
+    fill_pattern: Function,
+    fill_u32: Function,
+    checksum: Function,
+    spin: Function,
+    copy_bytes: Function,
+    trap: Function,
+}
+
+impl Engine {
+    /// The engine of device `ordinal`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceOutOfRange`]; the loader's or driver's error.
+    pub fn new(ordinal: i32) -> Result<Engine> {
+        let device = Device::get(ordinal)?;
+        let ctx = Context::primary(&device)?;
+        let stream = CudaStream::new(&ctx)?;
+        let max_blocks = u32::try_from(device.multiprocessor_count()?.max(1) * 8).unwrap_or(1024);
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                device,
+                ctx,
+                stream,
+                max_blocks,
+                helpers: OnceLock::new(),
+                toy_model: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.inner.device.ordinal()
+    }
+
+    /// The device's primary context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.inner.ctx
+    }
+
+    /// The engine's own stream, used when no ambient stream is set.
+    pub fn default_stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// The stream this thread's operations run on: the ambient stream if one is set, else the
+    /// default stream.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] when the ambient stream belongs to another device.
+    #[inline]
+    pub fn stream(&self) -> Result<Arc<CudaStream>> {
+        match ambient_stream() {
+            None => Ok(Arc::clone(&self.inner.stream)),
+            Some(stream) if stream.ordinal() == self.ordinal() => Ok(stream),
+            Some(stream) => Err(Error::WrongDevice {
+                what: "Engine: the ambient stream belongs to another device than the engine",
+                expected: self.ordinal(),
+                found: stream.ordinal(),
+            }),
+        }
+    }
+
+    /// A block-count cap for grid-stride kernels (8 blocks per multiprocessor).
+    pub fn max_blocks(&self) -> u32 {
+        self.inner.max_blocks
+    }
+
+    /// `len` elements from the memory pool, owned by the current stream; contents unspecified.
+    ///
+    /// # Errors
+    /// As [`CudaSlice::alloc`] and [`stream`](Self::stream).
+    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        CudaSlice::alloc(&self.stream()?, len)
+    }
+
+    /// `len` elements from the memory pool, zeroed on the current stream.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc).
+    pub fn alloc_zeroed<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        let stream = self.stream()?;
+        let mut slice = CudaSlice::alloc(&stream, len)?;
+        stream.memset_bytes(&mut slice, 0)?;
+        Ok(slice)
+    }
+
+    /// `len` elements with `cuMemAlloc` (reachable by peers), owned by the current stream.
+    ///
+    /// # Errors
+    /// As [`CudaSlice::alloc_persistent`].
+    pub fn alloc_persistent<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        CudaSlice::alloc_persistent(&self.stream()?, len)
+    }
+
+    /// A new device array holding `src`, copied on the current stream.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc) and [`CudaStream::memcpy_htod`].
+    pub fn htod<T: DeviceRepr>(&self, src: &[T]) -> Result<CudaSlice<T>> {
+        let stream = self.stream()?;
+        let mut dst = CudaSlice::alloc(&stream, src.len())?;
+        stream.memcpy_htod(src, &mut dst)?;
+        Ok(dst)
+    }
+
+    /// Copies `src` into `dst` on the current stream.
+    ///
+    /// # Errors
+    /// As [`CudaStream::memcpy_htod`].
+    pub fn htod_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
+        self.stream()?.memcpy_htod(src, dst)
+    }
+
+    /// The contents of `src` (any device), copied on the current stream; waits for it.
+    ///
+    /// # Errors
+    /// As [`CudaStream::memcpy_dtoh`].
+    pub fn dtoh<T: DeviceRepr + Default, S: DeviceSlice<T>>(&self, src: &S) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); src.len()];
+        self.stream()?.memcpy_dtoh(src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies `src` into `dst` (either may be on another device) on the current stream.
+    ///
+    /// # Errors
+    /// As [`CudaStream::memcpy_dtod`].
+    pub fn dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(&self, src: &S, dst: &mut D) -> Result<()> {
+        self.stream()?.memcpy_dtod(src, dst)
+    }
+
+    /// Blocks until the current stream's work is done.
+    ///
+    /// # Errors
+    /// The driver's error, including errors of earlier asynchronous work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream()?.synchronize()
+    }
+
+    /// Loads PTX into this engine's context.
+    ///
+    /// # Errors
+    /// As [`Module::load_ptx`].
+    pub fn load_ptx(&self, name: &str, ptx: &str) -> Result<Arc<Module>> {
+        Module::load_ptx(&self.inner.ctx, name, ptx)
+    }
+
+    /// Launches `function` on the current stream.
+    ///
+    /// # Errors
+    /// As [`CudaStream::launch`].
+    ///
+    /// # Safety
+    /// As [`CudaStream::launch`].
+    pub unsafe fn launch<A: KernelArgs>(&self, function: &Function, config: LaunchConfig, args: A) -> Result<()> {
+        // SAFETY: the caller meets CudaStream::launch's contract.
+        unsafe { self.stream()?.launch(function, config, args) }
+    }
+
+    fn helpers(&self) -> Result<&Helpers> {
+        let loaded = self.inner.helpers.get_or_init(|| {
+            let module = self.load_ptx("helpers", kernels::HELPERS_PTX)?;
+            Ok(Helpers {
+                fill_pattern: module.function("ppnrt_fill_pattern_u32")?,
+                fill_u32: module.function("ppnrt_fill_u32")?,
+                checksum: module.function("ppnrt_checksum_u32")?,
+                spin: module.function("ppnrt_spin_ns")?,
+                copy_bytes: module.function("ppnrt_copy_bytes")?,
+                trap: module.function("ppnrt_trap")?,
+            })
+        });
+        loaded.as_ref().map_err(Clone::clone)
+    }
+
+    fn toy_layer_function(&self) -> Result<&Function> {
+        let loaded = self
+            .inner
+            .toy_model
+            .get_or_init(|| self.load_ptx("toy_model", kernels::TOY_MODEL_PTX)?.function("ppnrt_toy_layer_f32"));
+        loaded.as_ref().map_err(Clone::clone)
+    }
+
+    /// Runs a helper kernel over slices that must live on this engine's device.
+    fn run_on_own_device(
+        &self,
+        what: &'static str,
+        owners: &[&Arc<CudaStream>],
+        launch: impl FnOnce(&CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        let stream = self.stream()?;
+        for owner in owners {
+            if owner.ordinal() != self.ordinal() {
+                return Err(Error::WrongDevice { what, expected: self.ordinal(), found: owner.ordinal() });
+            }
+            stream.join(owner)?;
+        }
+        launch(&stream)?;
+        for owner in owners {
+            owner.join(&stream)?;
+        }
+        Ok(())
+    }
+
+    /// Writes [`kernels::pattern`]`(seed, i)` into element `i` of `dst`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    pub fn fill_pattern<D: DeviceSliceMut<u32>>(&self, dst: &mut D, seed: u32) -> Result<()> {
+        let helpers = self.helpers()?;
+        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks());
+        let (ptr, len) = (dst.device_ptr(), dst.len() as u64);
+        self.run_on_own_device("Engine::fill_pattern", &[dst.stream()], |stream| {
+            // SAFETY: ppnrt_fill_pattern_u32(uint32_t*, uint64_t, uint32_t) writes len words at ptr,
+            // which dst owns; dst is joined to the stream.
+            unsafe { stream.launch(&helpers.fill_pattern, config, (ptr, len, seed)) }
+        })
+    }
+
+    /// Sets every element of `dst` to `value`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    pub fn fill_u32<D: DeviceSliceMut<u32>>(&self, dst: &mut D, value: u32) -> Result<()> {
+        let helpers = self.helpers()?;
+        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks());
+        let (ptr, len) = (dst.device_ptr(), dst.len() as u64);
+        self.run_on_own_device("Engine::fill_u32", &[dst.stream()], |stream| {
+            // SAFETY: ppnrt_fill_u32(uint32_t*, uint64_t, uint32_t) writes len words at ptr.
+            unsafe { stream.launch(&helpers.fill_u32, config, (ptr, len, value)) }
+        })
+    }
+
+    /// The [`kernels::checksum`] of `src`, computed on the device; waits for the result.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    pub fn checksum<S: DeviceSlice<u32>>(&self, src: &S) -> Result<u64> {
+        let helpers = self.helpers()?;
+        let sum = self.alloc_zeroed::<u64>(1)?;
+        let config = LaunchConfig::for_elements(src.len(), self.max_blocks());
+        let (ptr, len, out_ptr) = (src.device_ptr(), src.len() as u64, sum.device_ptr());
+        self.run_on_own_device("Engine::checksum", &[src.stream(), sum.stream()], |stream| {
+            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads len
+            // words at ptr and adds into one u64 at out_ptr, both owned by live slices.
+            unsafe { stream.launch(&helpers.checksum, config, (ptr, len, out_ptr)) }
+        })?;
+        Ok(self.dtoh(&sum)?[0])
+    }
+
+    /// Enqueues a kernel that keeps the current stream busy for `ns` nanoseconds.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn spin(&self, ns: u64) -> Result<()> {
+        let helpers = self.helpers()?;
+        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory.
+        unsafe { self.stream()?.launch(&helpers.spin, config, (ns,)) }
+    }
+
+    /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
+    /// engines). Either side may be on a peer device with peer access enabled and allocated with
+    /// `cuMemAlloc` (pool memory is not peer-mapped).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree or when either address is not 16-byte
+    /// aligned; the driver's error.
+    pub fn copy_with_sms<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
+        &self,
+        src: &S,
+        dst: &mut D,
+    ) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::LengthMismatch { what: "Engine::copy_with_sms", expected: dst.len(), found: src.len() });
+        }
+        if src.device_ptr() % 16 != 0 || dst.device_ptr() % 16 != 0 {
+            return Err(Error::LengthMismatch {
+                what: "Engine::copy_with_sms: addresses must be 16-byte aligned (offset shown)",
+                expected: 0,
+                found: ((src.device_ptr() | dst.device_ptr()) % 16) as usize,
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let helpers = self.helpers()?;
+        let bytes = src.byte_len();
+        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks());
+        let stream = self.stream()?;
+        let owners = [src.stream(), dst.stream()];
+        for owner in owners {
+            stream.join(owner)?;
+        }
+        // SAFETY: ppnrt_copy_bytes(uint4*, const uint4*, uint64_t, uint64_t) copies n16*16+tail
+        // = bytes bytes between two live, 16-byte-aligned ranges of that length.
+        unsafe { stream.launch(&helpers.copy_bytes, config, (dst.device_ptr(), src.device_ptr(), n16, tail))? };
+        for owner in owners {
+            owner.join(&stream)?;
+        }
+        Ok(())
+    }
+
+    /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
+        let function = self.toy_layer_function()?;
+        let config = LaunchConfig::for_elements(x.len(), self.max_blocks());
+        let (ptr, len) = (x.device_ptr(), x.len() as u64);
+        self.run_on_own_device("Engine::toy_layer", &[x.stream()], |stream| {
+            // SAFETY: ppnrt_toy_layer_f32(float*, uint64_t, uint32_t, uint32_t) updates len floats
+            // at ptr in place.
+            unsafe { stream.launch(function, config, (ptr, len, step, layer)) }
+        })
+    }
+
+    /// Launches a kernel that traps: the context becomes unusable and later calls on it return
+    /// [`Error::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn inject_trap(&self) -> Result<()> {
+        let helpers = self.helpers()?;
+        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: ppnrt_trap() takes no parameters and touches no memory.
+        unsafe { self.stream()?.launch(&helpers.trap, config, ()) }
+    }
+}

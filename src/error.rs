@@ -1,0 +1,377 @@
+//! The crate's one error type.
+//!
+//! [`Error`] keeps loader failures ([`LoadError`]: no library, no `cuInit`, a driver too old)
+//! apart from driver failures ([`DriverError`]: a call returned a `CUresult` other than success)
+//! and from misuse caught on the host before anything is enqueued (each variant names the bad
+//! value). Errors are `Clone` so that a failed build can be returned again, unchanged, to every
+//! later caller (see [`PpNRt::get`](crate::PpNRt::get)).
+
+use std::fmt;
+
+use crate::sys::CUresult;
+
+/// A CUDA driver version, as `cuDriverGetVersion` reports it (`1000 * major + 10 * minor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DriverVersion {
+    /// Major CUDA version (the 13 of 13.0).
+    pub major: u32,
+    /// Minor CUDA version (the 0 of 13.0).
+    pub minor: u32,
+}
+
+impl DriverVersion {
+    /// The oldest driver this crate accepts: CUDA 12.0.
+    pub const MINIMUM: DriverVersion = DriverVersion { major: 12, minor: 0 };
+
+    /// Decodes the integer `cuDriverGetVersion` writes (`13000` is 13.0, `12080` is 12.8).
+    /// Negative values (never written by a real driver) decode as 0.0.
+    pub fn from_raw(raw: i32) -> DriverVersion {
+        let raw = u32::try_from(raw).unwrap_or(0);
+        DriverVersion { major: raw / 1000, minor: (raw % 1000) / 10 }
+    }
+}
+
+impl fmt::Display for DriverVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// One failed attempt to open the driver library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadAttempt {
+    /// The name or path handed to the dynamic loader.
+    pub candidate: String,
+    /// What the dynamic loader said.
+    pub reason: String,
+}
+
+impl fmt::Display for LoadAttempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {}", self.candidate, self.reason)
+    }
+}
+
+/// Why the CUDA driver could not be brought up. Every public entry point returns it (inside
+/// [`Error::Load`]) when the driver is unusable; it is decided once per process.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// No candidate library could be opened.
+    #[error("no CUDA driver library could be loaded; tried {}", list(.tried))]
+    LibraryNotFound {
+        /// Every candidate tried, in order, with the loader's reason.
+        tried: Vec<LoadAttempt>,
+    },
+    /// The library opened but lacks an entry point that loading itself needs.
+    #[error("the CUDA driver library `{library}` has no entry point `{symbol}`")]
+    EntryPointMissing {
+        /// The library that was opened.
+        library: String,
+        /// The missing symbol.
+        symbol: &'static str,
+    },
+    /// `cuInit` or `cuDriverGetVersion` failed.
+    #[error("the CUDA driver `{library}` failed to initialise: {source}")]
+    InitFailed {
+        /// The library that was opened.
+        library: String,
+        /// The failing call.
+        source: DriverError,
+    },
+    /// The driver is older than [`DriverVersion::MINIMUM`].
+    #[error("the CUDA driver `{library}` supports CUDA {found}; ppnrt needs CUDA {required} or newer")]
+    DriverTooOld {
+        /// The library that was opened.
+        library: String,
+        /// The version the driver reported.
+        found: DriverVersion,
+        /// The oldest version accepted.
+        required: DriverVersion,
+    },
+}
+
+fn list(tried: &[LoadAttempt]) -> String {
+    if tried.is_empty() {
+        return "nothing".to_string();
+    }
+    tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// A driver call that returned something other than `CUDA_SUCCESS`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed with {name} ({}): {description}", .code.0)]
+pub struct DriverError {
+    /// The driver entry point, as exported (`cuMemcpyAsync`, `cuMemAlloc_v2`).
+    pub call: &'static str,
+    /// The result code.
+    pub code: CUresult,
+    /// The driver's name for the code (`cuGetErrorName`), e.g. `CUDA_ERROR_INVALID_VALUE`.
+    pub name: String,
+    /// The driver's text for the code (`cuGetErrorString`).
+    pub description: String,
+}
+
+impl DriverError {
+    /// True for the codes after which the context is unusable until the process ends: a kernel
+    /// trapped, faulted or hit an illegal instruction or address, or the hardware failed.
+    pub fn is_sticky(&self) -> bool {
+        is_sticky_code(self.code)
+    }
+}
+
+pub(crate) fn is_sticky_code(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver could not be loaded or initialised.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A driver call failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// A driver call failed with a sticky code: the context of `device` is unusable for the rest
+    /// of the process. Work on other devices may go on.
+    #[error("the CUDA context of device {device} is unusable: {source}")]
+    ContextUnusable {
+        /// The device whose context is lost (-1 when unknown).
+        device: i32,
+        /// The call that reported it.
+        source: DriverError,
+    },
+    /// The loaded driver lacks an entry point this call needs (it is older than the API used).
+    #[error("the CUDA driver (CUDA {driver}) has no entry point `{symbol}`")]
+    MissingEntryPoint {
+        /// The missing symbol.
+        symbol: &'static str,
+        /// The loaded driver's version.
+        driver: DriverVersion,
+    },
+    /// A device ordinal past the devices present.
+    #[error("device ordinal {ordinal} is out of range: {count} device(s) present")]
+    DeviceOutOfRange {
+        /// The ordinal asked for.
+        ordinal: i32,
+        /// How many devices the driver reports.
+        count: i32,
+    },
+    /// Two lengths that must agree differ (copies, kernel arguments).
+    #[error("{what}: length mismatch, expected {expected} element(s), got {found}")]
+    LengthMismatch {
+        /// The operation.
+        what: &'static str,
+        /// The length required.
+        expected: usize,
+        /// The length given.
+        found: usize,
+    },
+    /// A range outside a buffer.
+    #[error("{what}: range {start}..{end} is out of bounds for a buffer of {len} element(s)")]
+    OutOfBounds {
+        /// The operation.
+        what: &'static str,
+        /// Start of the range.
+        start: usize,
+        /// End of the range (exclusive).
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    /// An object of one device used where another device is required.
+    #[error("{what}: expected device {expected}, found device {found}")]
+    WrongDevice {
+        /// The operation and the object concerned.
+        what: &'static str,
+        /// The device required.
+        expected: i32,
+        /// The device of the object given.
+        found: i32,
+    },
+    /// A byte size that overflows `usize`.
+    #[error("{what}: {count} element(s) of {elem_size} byte(s) overflow the address space")]
+    SizeOverflow {
+        /// The operation.
+        what: &'static str,
+        /// Element count.
+        count: usize,
+        /// Element size in bytes.
+        elem_size: usize,
+    },
+    /// A kernel name that the module does not define.
+    #[error("module `{module}` has no kernel `{kernel}`: {source}")]
+    KernelNotFound {
+        /// The module's name.
+        module: String,
+        /// The kernel asked for.
+        kernel: String,
+        /// The driver's answer.
+        source: DriverError,
+    },
+    /// Peer access between two devices is not possible.
+    #[error("device {from} cannot access device {to} as a peer")]
+    PeerAccessUnsupported {
+        /// The accessing device.
+        from: i32,
+        /// The accessed device.
+        to: i32,
+    },
+    /// A pipeline configuration that cannot be built (see [`ConfigError`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A stage index past the pipeline's stages.
+    #[error("stage {stage} is out of range: the pipeline has {n_stages} stage(s)")]
+    StageOutOfRange {
+        /// The stage asked for.
+        stage: usize,
+        /// The pipeline's stage count.
+        n_stages: usize,
+    },
+    /// A boundary index past the pipeline's boundaries.
+    #[error("boundary {boundary} is out of range: the pipeline has {n_boundaries} boundary(ies)")]
+    BoundaryOutOfRange {
+        /// The boundary asked for.
+        boundary: usize,
+        /// The pipeline's boundary count (stages - 1).
+        n_boundaries: usize,
+    },
+    /// A slot index past the boundary's ring.
+    #[error("boundary {boundary}: slot {slot} is out of range, the ring has {n_slots} slot(s)")]
+    SlotOutOfRange {
+        /// The boundary.
+        boundary: usize,
+        /// The slot asked for.
+        slot: usize,
+        /// The ring's size.
+        n_slots: usize,
+    },
+    /// A transfer of zero elements.
+    #[error("boundary {boundary}: n must be at least 1")]
+    ZeroLength {
+        /// The boundary.
+        boundary: usize,
+    },
+    /// A slot is not in the state the call needs; nothing was enqueued or overwritten.
+    #[error("boundary {boundary}, slot {slot}: {call} needs a {needed} slot, but it is {found}")]
+    SlotState {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// `tx` or `rx`.
+        call: &'static str,
+        /// The state the call needs.
+        needed: &'static str,
+        /// The slot's state.
+        found: String,
+    },
+    /// `rx` asked for another length than the slot's `tx` sent.
+    #[error("boundary {boundary}, slot {slot}: rx of {requested} element(s), but tx sent {sent}")]
+    RxLengthMismatch {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// The length passed to `rx`.
+        requested: usize,
+        /// The length `tx` sent.
+        sent: usize,
+    },
+    /// `rx` asked for another element type than the slot's `tx` sent.
+    #[error("boundary {boundary}, slot {slot}: rx as {requested}, but tx sent {sent}")]
+    RxTypeMismatch {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// The element type passed to `rx`.
+        requested: &'static str,
+        /// The element type `tx` sent.
+        sent: &'static str,
+    },
+}
+
+/// A pipeline configuration that cannot be built; names the setting, the value and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid pipeline configuration: {setting}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The setting (`PPNRT_STAGES`, or the builder method's name).
+    pub setting: &'static str,
+    /// The value given, as text.
+    pub value: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_version_decodes_the_raw_integer() {
+        assert_eq!(DriverVersion::from_raw(13000), DriverVersion { major: 13, minor: 0 });
+        assert_eq!(DriverVersion::from_raw(12080), DriverVersion { major: 12, minor: 8 });
+        assert_eq!(DriverVersion::from_raw(11040), DriverVersion { major: 11, minor: 4 });
+        assert_eq!(DriverVersion::from_raw(-1), DriverVersion { major: 0, minor: 0 });
+        assert_eq!(DriverVersion::from_raw(12090).to_string(), "12.9");
+        assert!(DriverVersion::from_raw(11080) < DriverVersion::MINIMUM);
+        assert!(DriverVersion::from_raw(12000) >= DriverVersion::MINIMUM);
+    }
+
+    #[test]
+    fn load_errors_list_every_attempt() {
+        let err = LoadError::LibraryNotFound {
+            tried: vec![
+                LoadAttempt { candidate: "libcuda.so.1".into(), reason: "not found".into() },
+                LoadAttempt { candidate: "libcuda.so".into(), reason: "no such file".into() },
+            ],
+        };
+        let text = err.to_string();
+        assert!(text.contains("`libcuda.so.1`: not found"), "{text}");
+        assert!(text.contains("`libcuda.so`: no such file"), "{text}");
+    }
+
+    #[test]
+    fn driver_errors_carry_call_code_name_and_text() {
+        let err = DriverError {
+            call: "cuMemAlloc_v2",
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            description: "out of memory".into(),
+        };
+        assert_eq!(err.to_string(), "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2): out of memory");
+        assert!(!err.is_sticky());
+        let sticky = DriverError { code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, ..err };
+        assert!(sticky.is_sticky());
+    }
+
+    #[test]
+    fn too_old_names_both_versions() {
+        let err = LoadError::DriverTooOld {
+            library: "libcuda.so.1".into(),
+            found: DriverVersion::from_raw(11080),
+            required: DriverVersion::MINIMUM,
+        };
+        let text = err.to_string();
+        assert!(text.contains("11.8") && text.contains("12.0"), "{text}");
+    }
+}

@@ -1,0 +1,80 @@
+//! The helper kernels embedded in the library, and host twins of their hash functions.
+//!
+//! The PTX is compiled from `kernels/*.cu` by `build.rs` (or taken from the committed copy in
+//! `kernels/ptx/`) and included here, NUL-terminated for `cuModuleLoadData`. It targets the lowest
+//! architecture of the toolkit that built it; the driver JIT-compiles it for the device at load.
+
+/// PTX of `kernels/helpers.cu`: fill, checksum, spin, SM copy, trap.
+pub const HELPERS_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/helpers.ptx")), "\0");
+
+/// PTX of `kernels/toy_model.cu`: the toy residual model's layer.
+pub const TOY_MODEL_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/toy_model.ptx")), "\0");
+
+/// The embedded modules, by name.
+pub const MODULES: &[(&str, &str)] = &[("helpers", HELPERS_PTX), ("toy_model", TOY_MODEL_PTX)];
+
+/// MurmurHash3's 32-bit finalizer; twin of `ppnrt_mix32` in `kernels/helpers.cu`.
+#[inline]
+pub const fn mix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+/// The word `ppnrt_fill_pattern_u32` writes at index `i` under `seed`.
+#[inline]
+pub const fn pattern(seed: u32, i: u64) -> u32 {
+    mix32(seed ^ mix32((i as u32) ^ mix32(((i >> 32) as u32).wrapping_add(0x9e37_79b9))))
+}
+
+/// The value `ppnrt_checksum_u32` computes over `words`.
+pub fn checksum(words: &[u32]) -> u64 {
+    words
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| u64::from(mix32(w.wrapping_add(0x9e37_79b9u32.wrapping_mul(i as u32)))))
+        .fold(0u64, u64::wrapping_add)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_ptx_defines_every_kernel_the_crate_launches() {
+        for name in [
+            "ppnrt_fill_pattern_u32",
+            "ppnrt_fill_u32",
+            "ppnrt_checksum_u32",
+            "ppnrt_spin_ns",
+            "ppnrt_copy_bytes",
+            "ppnrt_trap",
+        ] {
+            assert!(HELPERS_PTX.contains(&format!(".entry {name}(")), "{name} missing from helpers PTX");
+        }
+        assert!(TOY_MODEL_PTX.contains(".entry ppnrt_toy_layer_f32("));
+        for (name, ptx) in MODULES {
+            assert!(ptx.ends_with('\0'), "{name} is not NUL-terminated");
+            assert_eq!(ptx.matches('\0').count(), 1, "{name} has an inner NUL");
+            assert!(ptx.contains(".target sm_"), "{name} has no .target");
+        }
+    }
+
+    #[test]
+    fn pattern_and_checksum_are_position_sensitive() {
+        let words: Vec<u32> = (0..1000).map(|i| pattern(7, i)).collect();
+        assert_ne!(pattern(7, 0), pattern(8, 0));
+        assert_ne!(pattern(7, 1 << 32), pattern(7, 0));
+        let mut swapped = words.clone();
+        swapped.swap(10, 11);
+        assert_ne!(checksum(&words), checksum(&swapped));
+        // mix32 is a bijection on a sample: no collisions among 1000 consecutive inputs.
+        let mut seen: Vec<u32> = (0..1000).map(mix32).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 1000);
+    }
+}

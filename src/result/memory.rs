@@ -1,0 +1,168 @@
+//! Device memory, memory pools, pinned host memory and copies.
+
+use std::os::raw::c_void;
+
+use super::driver_call;
+use crate::error::Result;
+use crate::sys::{CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUstream};
+
+/// `cuMemAlloc_v2`: `bytes` of device memory in the current context (not from a pool).
+///
+/// # Errors
+/// The driver's error.
+#[doc(alias = "cuMemAlloc")]
+pub fn alloc(bytes: usize) -> Result<CUdeviceptr> {
+    let mut ptr: CUdeviceptr = 0;
+    driver_call!(cuMemAlloc_v2(&mut ptr, bytes))?;
+    Ok(ptr)
+}
+
+/// `cuMemFree_v2`.
+///
+/// # Safety
+/// - `ptr` came from [`alloc`], is freed once, and no pending or later work uses it.
+#[doc(alias = "cuMemFree")]
+pub unsafe fn free(ptr: CUdeviceptr) -> Result<()> {
+    driver_call!(cuMemFree_v2(ptr))
+}
+
+/// `cuMemAllocAsync`: `bytes` from the device's current pool, ordered on `stream`.
+///
+/// # Safety
+/// - `stream` is live; the memory may be used only by work ordered after this call on it.
+#[doc(alias = "cuMemAllocAsync")]
+pub unsafe fn alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+    let mut ptr: CUdeviceptr = 0;
+    driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream))?;
+    Ok(ptr)
+}
+
+/// `cuMemFreeAsync`.
+///
+/// # Safety
+/// - `ptr` came from [`alloc_async`], is freed once, `stream` is live, and all work using `ptr`
+///   is ordered before this call on `stream`.
+#[doc(alias = "cuMemFreeAsync")]
+pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemFreeAsync(ptr, stream))
+}
+
+/// `cuDeviceGetDefaultMemPool`.
+///
+/// # Errors
+/// The driver's error.
+#[doc(alias = "cuDeviceGetDefaultMemPool")]
+pub fn default_mem_pool(device: CUdevice) -> Result<CUmemoryPool> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    driver_call!(cuDeviceGetDefaultMemPool(&mut pool, device))?;
+    Ok(pool)
+}
+
+/// `cuMemPoolSetAttribute` for a 64-bit attribute (the release threshold).
+///
+/// # Safety
+/// - `pool` is live and `attribute` takes a `cuuint64_t`.
+#[doc(alias = "cuMemPoolSetAttribute")]
+pub unsafe fn mem_pool_set_u64(pool: CUmemoryPool, attribute: CUmemPool_attribute, value: u64) -> Result<()> {
+    let mut value = value;
+    driver_call!(cuMemPoolSetAttribute(pool, attribute, (&raw mut value).cast::<c_void>()))
+}
+
+/// `cuMemGetInfo_v2`: `(free, total)` bytes of the current context's device.
+///
+/// # Errors
+/// The driver's error.
+#[doc(alias = "cuMemGetInfo")]
+pub fn get_info() -> Result<(usize, usize)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    driver_call!(cuMemGetInfo_v2(&mut free, &mut total))?;
+    Ok((free, total))
+}
+
+/// `cuMemHostAlloc`: page-locked host memory.
+///
+/// # Errors
+/// The driver's error.
+#[doc(alias = "cuMemHostAlloc")]
+pub fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    driver_call!(cuMemHostAlloc(&mut ptr, bytes, flags))?;
+    Ok(ptr)
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// - `ptr` came from [`host_alloc`], is freed once, and no pending work uses it.
+#[doc(alias = "cuMemFreeHost")]
+pub unsafe fn free_host(ptr: *mut c_void) -> Result<()> {
+    driver_call!(cuMemFreeHost(ptr))
+}
+
+/// `cuMemcpyAsync`: `bytes` between two unified addresses (any devices, or pinned host), on
+/// `stream`.
+///
+/// # Safety
+/// - Both ranges are valid for `bytes` until the copy completes; `stream` is live.
+#[doc(alias = "cuMemcpyAsync")]
+#[inline]
+pub unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemcpyAsync(dst, src, bytes, stream))
+}
+
+/// `cuMemcpyPeerAsync`: `bytes` from `src` in `src_ctx` to `dst` in `dst_ctx`, on `stream`.
+///
+/// # Safety
+/// - Both ranges are valid for `bytes` until the copy completes; contexts and `stream` are live.
+#[doc(alias = "cuMemcpyPeerAsync")]
+#[inline]
+pub unsafe fn memcpy_peer_async(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    driver_call!(cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream))
+}
+
+/// `cuMemcpyHtoDAsync_v2`.
+///
+/// # Safety
+/// - `src` is readable for `bytes` until the copy completes (pageable memory is copied before
+///   the call returns; pinned memory is read later); `dst` is valid; `stream` is live.
+#[doc(alias = "cuMemcpyHtoDAsync")]
+#[inline]
+pub unsafe fn memcpy_htod_async(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemcpyHtoDAsync_v2(dst, src, bytes, stream))
+}
+
+/// `cuMemcpyDtoHAsync_v2`.
+///
+/// # Safety
+/// - `dst` is writable for `bytes` until the copy completes and nothing reads it before; `src`
+///   is valid; `stream` is live.
+#[doc(alias = "cuMemcpyDtoHAsync")]
+#[inline]
+pub unsafe fn memcpy_dtoh_async(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemcpyDtoHAsync_v2(dst, src, bytes, stream))
+}
+
+/// `cuMemsetD32Async`: `count` 32-bit words set to `value`.
+///
+/// # Safety
+/// - `dst` is valid for `4 * count` bytes and 4-byte aligned; `stream` is live.
+#[doc(alias = "cuMemsetD32Async")]
+pub unsafe fn memset_d32_async(dst: CUdeviceptr, value: u32, count: usize, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemsetD32Async(dst, value, count, stream))
+}
+
+/// `cuMemsetD8Async`: `count` bytes set to `value`.
+///
+/// # Safety
+/// - `dst` is valid for `count` bytes; `stream` is live.
+#[doc(alias = "cuMemsetD8Async")]
+pub unsafe fn memset_d8_async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> Result<()> {
+    driver_call!(cuMemsetD8Async(dst, value, count, stream))
+}

@@ -1,0 +1,71 @@
+//! Modules and kernel launch.
+
+use std::ffi::{CStr, c_void};
+
+use super::driver_call;
+use crate::error::Result;
+use crate::sys::{CUfunction, CUmodule, CUstream};
+
+/// `cuModuleLoadData`: loads a NUL-terminated PTX (or cubin) image into the current context.
+///
+/// # Errors
+/// The driver's error (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, ...).
+#[doc(alias = "cuModuleLoadData")]
+pub fn load_data(image: &CStr) -> Result<CUmodule> {
+    let mut module: CUmodule = std::ptr::null_mut();
+    driver_call!(cuModuleLoadData(&mut module, image.as_ptr().cast::<c_void>()))?;
+    Ok(module)
+}
+
+/// `cuModuleUnload`.
+///
+/// # Safety
+/// - `module` is live, owned by the caller, and none of its functions runs or is used afterwards.
+#[doc(alias = "cuModuleUnload")]
+pub unsafe fn unload(module: CUmodule) -> Result<()> {
+    driver_call!(cuModuleUnload(module))
+}
+
+/// `cuModuleGetFunction`.
+///
+/// # Safety
+/// - `module` is live.
+#[doc(alias = "cuModuleGetFunction")]
+pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> {
+    let mut function: CUfunction = std::ptr::null_mut();
+    driver_call!(cuModuleGetFunction(&mut function, module, name.as_ptr()))?;
+    Ok(function)
+}
+
+/// `cuLaunchKernel`.
+///
+/// # Safety
+/// - `function` and `stream` are live and of the same context.
+/// - `params` holds one pointer per kernel parameter, in order, each to a value of exactly that
+///   parameter's type, valid for the duration of the call.
+/// - Every device pointer passed stays valid until the kernel completes, and accesses no more
+///   than the memory it owns.
+#[doc(alias = "cuLaunchKernel")]
+#[inline]
+pub unsafe fn launch_kernel(
+    function: CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    driver_call!(cuLaunchKernel(
+        function,
+        grid.0,
+        grid.1,
+        grid.2,
+        block.0,
+        block.1,
+        block.2,
+        shared_mem_bytes,
+        stream,
+        params.as_mut_ptr(),
+        std::ptr::null_mut(),
+    ))
+}

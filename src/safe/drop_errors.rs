@@ -1,0 +1,29 @@
+//! Errors raised inside `Drop`, kept for the application to inspect.
+
+use std::sync::Mutex;
+
+use crate::error::Error;
+use crate::sys::CUresult;
+
+const KEPT: usize = 64;
+static DROP_ERRORS: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+
+/// Keeps an error raised while dropping a handle. A driver that is already shut down
+/// (`CUDA_ERROR_DEINITIALIZED`, seen at process exit) is not an error worth keeping.
+pub(crate) fn record_drop_error(error: Error) {
+    if let Error::Driver(e) = &error {
+        if e.code == CUresult::CUDA_ERROR_DEINITIALIZED {
+            return;
+        }
+    }
+    if let Ok(mut kept) = DROP_ERRORS.lock() {
+        if kept.len() < KEPT {
+            kept.push(error);
+        }
+    }
+}
+
+/// Takes the errors raised by `Drop` implementations since the last call (at most the first 64).
+pub fn take_drop_errors() -> Vec<Error> {
+    DROP_ERRORS.lock().map(|mut kept| std::mem::take(&mut *kept)).unwrap_or_default()
+}

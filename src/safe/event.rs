@@ -1,0 +1,132 @@
+//! Events.
+
+use std::sync::Arc;
+
+use super::context::Context;
+use super::stream::CudaStream;
+use crate::error::{Error, Result};
+use crate::result::event as raw;
+use crate::sys::CUevent;
+
+/// A CUDA event of one context. It can be recorded only on streams of its own device and waited
+/// on from any device.
+#[derive(Debug)]
+pub struct CudaEvent {
+    ctx: Arc<Context>,
+    raw: CUevent,
+    timing: bool,
+}
+
+// SAFETY: a CUevent may be recorded, queried and waited on from any thread.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above; all methods take &self and call thread-safe driver entry points.
+unsafe impl Sync for CudaEvent {}
+
+impl CudaEvent {
+    /// Creates an event; `timing` keeps timestamps for [`elapsed_ms`](Self::elapsed_ms) (recording
+    /// is cheaper without).
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuEventCreate")]
+    pub fn new(ctx: &Arc<Context>, timing: bool) -> Result<CudaEvent> {
+        ctx.bind()?;
+        let raw = raw::create(timing)?;
+        Ok(CudaEvent { ctx: Arc::clone(ctx), raw, timing })
+    }
+
+    /// Records the event at the current end of `stream`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] when `stream` belongs to another device (checked before the driver
+    /// is called); else the driver's error.
+    #[doc(alias = "cuEventRecord")]
+    #[inline]
+    pub fn record(&self, stream: &CudaStream) -> Result<()> {
+        if stream.ordinal() != self.ctx.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "CudaEvent::record: the stream must be on the event's device",
+                expected: self.ctx.ordinal(),
+                found: stream.ordinal(),
+            });
+        }
+        self.ctx.bind()?;
+        // SAFETY: both handles are live and of the same device's primary context.
+        unsafe { raw::record(self.raw, stream.raw()) }
+    }
+
+    /// Whether the last record has completed (true for an event never recorded).
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuEventQuery")]
+    pub fn is_complete(&self) -> Result<bool> {
+        self.ctx.bind()?;
+        // SAFETY: self.raw is live.
+        unsafe { raw::query(self.raw) }
+    }
+
+    /// Blocks until the last record has completed.
+    ///
+    /// # Errors
+    /// The driver's error, including errors of the work it waited for.
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: self.raw is live.
+        unsafe { raw::synchronize(self.raw) }
+    }
+
+    /// Milliseconds from `start`'s record to this event's record. Both must have been created with
+    /// timing and have completed.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for events of different devices; the driver's error otherwise
+    /// (`CUDA_ERROR_INVALID_HANDLE` without timing, `CUDA_ERROR_NOT_READY` before completion).
+    #[doc(alias = "cuEventElapsedTime")]
+    pub fn elapsed_ms(&self, start: &CudaEvent) -> Result<f32> {
+        if start.ctx.ordinal() != self.ctx.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "CudaEvent::elapsed_ms: both events must be on one device",
+                expected: self.ctx.ordinal(),
+                found: start.ctx.ordinal(),
+            });
+        }
+        self.ctx.bind()?;
+        // SAFETY: both events are live; the driver checks timing and completion.
+        unsafe { raw::elapsed_ms(start.raw, self.raw) }
+    }
+
+    /// Whether the event keeps timestamps.
+    pub fn has_timing(&self) -> bool {
+        self.timing
+    }
+
+    /// The event's context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The event's device ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.ctx.ordinal()
+    }
+
+    /// The raw handle (valid while `self` lives).
+    pub fn raw(&self) -> CUevent {
+        self.raw
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: the event is owned and this is its last use; a pending record is released
+            // by the driver once it completes.
+            unsafe { raw::destroy(self.raw) }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}

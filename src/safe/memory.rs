@@ -1,0 +1,491 @@
+//! Device memory: element types, owning slices, views and copies.
+//!
+//! A [`CudaSlice`] is owned by one stream. Stream-ordered slices come from the device's memory
+//! pool and are freed on that stream; persistent slices are plain `cuMemAlloc` allocations
+//! (reachable by peers through peer access, unlike pool memory) freed after that stream drains.
+//! Work that uses a slice on another stream is ordered after the owner's earlier work, and the
+//! owner's later work (its free, or a write) after it; so a copy's source cannot be freed or
+//! overwritten while the copy is in flight.
+
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use super::stream::CudaStream;
+use crate::error::{Error, Result};
+use crate::result::memory as raw;
+use crate::sys::CUdeviceptr;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Plain-data element types that may live in device memory: no padding, every bit pattern valid,
+/// no pointers or drop glue. Sealed: implemented by this crate for integers, floats, [`Bf16`]
+/// and [`F16`].
+pub trait DeviceRepr: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The type's name, used in error messages.
+    const NAME: &'static str;
+}
+
+macro_rules! device_repr {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DeviceRepr for $t {
+            const NAME: &'static str = stringify!($t);
+        }
+    )*};
+}
+device_repr!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, Bf16, F16);
+
+/// A bfloat16 value, stored as its bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    /// Rounds an `f32` to the nearest bfloat16 (ties to even; NaN stays NaN).
+    pub fn from_f32(value: f32) -> Bf16 {
+        let bits = value.to_bits();
+        if value.is_nan() {
+            return Bf16(((bits >> 16) as u16) | 0x0040);
+        }
+        let rounding = 0x7fff + ((bits >> 16) & 1);
+        Bf16((bits.wrapping_add(rounding) >> 16) as u16)
+    }
+
+    /// The exact `f32` of this value.
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self.0) << 16)
+    }
+}
+
+/// An IEEE half-precision value, stored as its bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct F16(pub u16);
+
+/// Device memory usable as the source of a copy or kernel. Sealed: implemented by
+/// [`CudaSlice`], [`CudaView`] and [`CudaViewMut`].
+pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
+    /// The device address of the first element.
+    fn device_ptr(&self) -> CUdeviceptr;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// The stream that owns the memory.
+    fn stream(&self) -> &Arc<CudaStream>;
+    /// Whether the slice has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The device ordinal of the memory.
+    fn ordinal(&self) -> i32 {
+        self.stream().ordinal()
+    }
+    /// Size in bytes.
+    fn byte_len(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+}
+
+/// Device memory usable as the destination of a copy or kernel.
+pub trait DeviceSliceMut<T: DeviceRepr>: DeviceSlice<T> {}
+
+/// An owned array of `T` in device memory.
+#[derive(Debug)]
+pub struct CudaSlice<T: DeviceRepr> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    pooled: bool,
+    _marker: PhantomData<T>,
+}
+
+/// A borrowed range of a device array.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaView<'a, T: DeviceRepr> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _marker: PhantomData<&'a T>,
+}
+
+/// A mutably borrowed range of a device array.
+#[derive(Debug)]
+pub struct CudaViewMut<'a, T: DeviceRepr> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _marker: PhantomData<&'a mut T>,
+}
+
+// SAFETY: the slice owns a device allocation (an address, not host memory) and an Arc to a
+// Send + Sync stream; T is plain data.
+unsafe impl<T: DeviceRepr> Send for CudaSlice<T> {}
+// SAFETY: &CudaSlice only reads the address and length; device access goes through streams.
+unsafe impl<T: DeviceRepr> Sync for CudaSlice<T> {}
+
+pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
+    count.checked_mul(std::mem::size_of::<T>()).ok_or(Error::SizeOverflow {
+        what,
+        count,
+        elem_size: std::mem::size_of::<T>(),
+    })
+}
+
+impl<T: DeviceRepr> CudaSlice<T> {
+    /// Allocates `len` elements from the device's memory pool, ordered on `stream`, which owns the
+    /// slice. The contents are unspecified (any bit pattern, valid for `T`).
+    ///
+    /// # Errors
+    /// [`Error::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
+    #[doc(alias = "cuMemAllocAsync")]
+    pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            stream.context().bind()?;
+            // SAFETY: the stream is live; the memory is used only by work ordered after this on
+            // `stream` or joined to it (see the module doc).
+            unsafe { raw::alloc_async(bytes, stream.raw())? }
+        };
+        Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: true, _marker: PhantomData })
+    }
+
+    /// Allocates `len` elements with `cuMemAlloc` (not from a pool: peers with peer access can
+    /// reach it), owned by `stream`. The contents are unspecified (any bit pattern, valid for `T`).
+    ///
+    /// # Errors
+    /// [`Error::SizeOverflow`]; the driver's error.
+    #[doc(alias = "cuMemAlloc")]
+    pub fn alloc_persistent(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        let bytes = byte_size::<T>("CudaSlice::alloc_persistent", len)?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            stream.context().bind()?;
+            raw::alloc(bytes)?
+        };
+        Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: false, _marker: PhantomData })
+    }
+
+    /// Whether the slice came from the memory pool (stream-ordered) rather than `cuMemAlloc`.
+    pub fn is_pooled(&self) -> bool {
+        self.pooled
+    }
+
+    /// A view of the whole slice.
+    pub fn as_view(&self) -> CudaView<'_, T> {
+        CudaView { ptr: self.ptr, len: self.len, stream: &self.stream, _marker: PhantomData }
+    }
+
+    /// A mutable view of the whole slice.
+    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        CudaViewMut { ptr: self.ptr, len: self.len, stream: &self.stream, _marker: PhantomData }
+    }
+
+    /// A view of `range`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the slice.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'_, T>> {
+        self.as_view().slice(range)
+    }
+
+    /// A mutable view of `range`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the slice.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'_, T>> {
+        let (start, end) = bounds("CudaSlice::slice_mut", &range, self.len)?;
+        Ok(CudaViewMut {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
+            len: end - start,
+            stream: &self.stream,
+            _marker: PhantomData,
+        })
+    }
+
+    /// Hands ownership to `stream`: `stream` is ordered after the old owner's work, and the slice
+    /// will be freed there.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn set_stream(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if stream.ordinal() != self.stream.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "CudaSlice::set_stream: the new owner must be on the slice's device",
+                expected: self.stream.ordinal(),
+                found: stream.ordinal(),
+            });
+        }
+        stream.join(&self.stream)?;
+        self.stream = Arc::clone(stream);
+        Ok(())
+    }
+}
+
+fn bounds(what: &'static str, range: &impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfBounds { what, start, end, len });
+    }
+    Ok((start, end))
+}
+
+impl<'a, T: DeviceRepr> CudaView<'a, T> {
+    /// A view of `range` of this view.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the view.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'a, T>> {
+        let (start, end) = bounds("CudaView::slice", &range, self.len)?;
+        Ok(CudaView {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
+            len: end - start,
+            stream: self.stream,
+            _marker: PhantomData,
+        })
+    }
+
+    /// The same bytes viewed as `U` elements.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size or the
+    /// address is not aligned for `U`.
+    pub fn reinterpret<U: DeviceRepr>(&self) -> Result<CudaView<'a, U>> {
+        let bytes = self.len * std::mem::size_of::<T>();
+        let size = std::mem::size_of::<U>();
+        if bytes % size != 0 || self.ptr % std::mem::align_of::<U>() as CUdeviceptr != 0 {
+            return Err(Error::LengthMismatch {
+                what: "CudaView::reinterpret: bytes must be a whole, aligned number of target elements",
+                expected: bytes.div_ceil(size) * size,
+                found: bytes,
+            });
+        }
+        Ok(CudaView { ptr: self.ptr, len: bytes / size, stream: self.stream, _marker: PhantomData })
+    }
+}
+
+macro_rules! device_slice_impls {
+    ($($ty:ident $(<$lt:lifetime>)?),*) => {$(
+        impl<$($lt,)? T: DeviceRepr> sealed::Sealed for $ty<$($lt,)? T> {}
+        impl<$($lt,)? T: DeviceRepr> DeviceSlice<T> for $ty<$($lt,)? T> {
+            #[inline]
+            fn device_ptr(&self) -> CUdeviceptr {
+                self.ptr
+            }
+            #[inline]
+            fn len(&self) -> usize {
+                self.len
+            }
+            #[inline]
+            fn stream(&self) -> &Arc<CudaStream> {
+                &self.stream
+            }
+        }
+    )*};
+}
+device_slice_impls!(CudaSlice, CudaView<'a>, CudaViewMut<'a>);
+impl<T: DeviceRepr> DeviceSliceMut<T> for CudaSlice<T> {}
+impl<T: DeviceRepr> DeviceSliceMut<T> for CudaViewMut<'_, T> {}
+
+impl<T: DeviceRepr> Drop for CudaSlice<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.stream.context().bind().and_then(|()| {
+            if self.pooled {
+                // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
+                // ordered before this point on the owning stream (see the module doc).
+                unsafe { raw::free_async(self.ptr, self.stream.raw()) }
+            } else {
+                // cuMemFree does not wait for other streams: drain the owner first (uses on other
+                // streams were joined into it).
+                // SAFETY: the stream is live; the pointer came from cuMemAlloc, freed once, and no
+                // work uses it after the owner drained.
+                unsafe { crate::result::stream::synchronize(self.stream.raw()).and_then(|()| raw::free(self.ptr)) }
+            }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}
+
+/// Orders `stream` after every owner in `owners` that differs from it.
+fn join_owners(stream: &CudaStream, owners: &[&Arc<CudaStream>]) -> Result<()> {
+    for owner in owners {
+        stream.join(owner)?;
+    }
+    Ok(())
+}
+
+/// Orders every owner that differs from `stream` after the work just enqueued on `stream`.
+fn release_owners(stream: &CudaStream, owners: &[&Arc<CudaStream>]) -> Result<()> {
+    for owner in owners {
+        owner.join(stream)?;
+    }
+    Ok(())
+}
+
+fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
+}
+
+impl CudaStream {
+    /// Copies host `src` into `dst` on this stream. `src` may be dropped as soon as this returns.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
+        check_len("CudaStream::memcpy_htod", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.context().bind()?;
+        join_owners(self, &[dst.stream()])?;
+        self.context().bind()?;
+        // SAFETY: dst is valid for byte_len bytes and ordered after its owner's work; src is
+        // pageable host memory, which the driver stages before this call returns.
+        unsafe { raw::memcpy_htod_async(dst.device_ptr(), src.as_ptr().cast(), dst.byte_len(), self.raw())? };
+        release_owners(self, &[dst.stream()])
+    }
+
+    /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(&self, src: &S, dst: &mut [T]) -> Result<()> {
+        check_len("CudaStream::memcpy_dtoh", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.context().bind()?;
+        join_owners(self, &[src.stream()])?;
+        self.context().bind()?;
+        // SAFETY: src is valid and ordered after its owner's work; dst is writable for byte_len
+        // bytes and exclusively borrowed; it is read only after the synchronisation below.
+        unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src.device_ptr(), src.byte_len(), self.raw())? };
+        self.synchronize()?;
+        release_owners(self, &[src.stream()])
+    }
+
+    /// Copies `src` into `dst` on this stream; the two may be on different devices (with peer
+    /// access the copy engines move it over NVLink or PCIe; without, the driver stages it).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    #[doc(alias = "cuMemcpyAsync")]
+    #[doc(alias = "cuMemcpyPeerAsync")]
+    pub fn memcpy_dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
+        &self,
+        src: &S,
+        dst: &mut D,
+    ) -> Result<()> {
+        check_len("CudaStream::memcpy_dtod", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let owners = [src.stream(), dst.stream()];
+        join_owners(self, &owners)?;
+        self.context().bind()?;
+        let (src_ctx, dst_ctx) = (src.stream().context(), dst.stream().context());
+        if Arc::ptr_eq(src_ctx, dst_ctx) {
+            // SAFETY: both ranges are valid for byte_len bytes and ordered after their owners.
+            unsafe { raw::memcpy_async(dst.device_ptr(), src.device_ptr(), src.byte_len(), self.raw())? };
+        } else {
+            // SAFETY: as above; the contexts are the ranges' live primary contexts.
+            unsafe {
+                raw::memcpy_peer_async(
+                    dst.device_ptr(),
+                    dst_ctx.raw(),
+                    src.device_ptr(),
+                    src_ctx.raw(),
+                    src.byte_len(),
+                    self.raw(),
+                )?
+            };
+        }
+        release_owners(self, &owners)
+    }
+
+    /// Sets every 32-bit word of `dst` to `value` on this stream.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `T` is 4 bytes wide; the driver's error.
+    #[doc(alias = "cuMemsetD32Async")]
+    pub fn memset_u32<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, dst: &mut D, value: u32) -> Result<()> {
+        check_len("CudaStream::memset_u32: element size", 4, std::mem::size_of::<T>())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        join_owners(self, &[dst.stream()])?;
+        self.context().bind()?;
+        // SAFETY: dst is valid for len 4-byte words and ordered after its owner.
+        unsafe { raw::memset_d32_async(dst.device_ptr(), value, dst.len(), self.raw())? };
+        release_owners(self, &[dst.stream()])
+    }
+
+    /// Sets every byte of `dst` to `value` on this stream.
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuMemsetD8Async")]
+    pub fn memset_bytes<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, dst: &mut D, value: u8) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        join_owners(self, &[dst.stream()])?;
+        self.context().bind()?;
+        // SAFETY: dst is valid for byte_len bytes and ordered after its owner.
+        unsafe { raw::memset_d8_async(dst.device_ptr(), value, dst.byte_len(), self.raw())? };
+        release_owners(self, &[dst.stream()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_round_trips_and_rounds_to_nearest_even() {
+        for v in [0.0f32, 1.0, -2.5, 3.140625, 65280.0, f32::INFINITY] {
+            assert_eq!(Bf16::from_f32(v).to_f32(), v);
+        }
+        // 1 + 2^-8 is halfway between two bf16 values: ties to the even one (1.0).
+        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+        assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 4.0 / 256.0);
+        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        assert_eq!(bounds("t", &(2..5), 8).unwrap(), (2, 5));
+        assert_eq!(bounds("t", &(..), 8).unwrap(), (0, 8));
+        assert_eq!(bounds("t", &(3..=3), 8).unwrap(), (3, 4));
+        assert_eq!(bounds("t", &(4..9), 8).unwrap_err(), Error::OutOfBounds { what: "t", start: 4, end: 9, len: 8 });
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 5..2;
+        assert!(bounds("t", &reversed, 8).is_err());
+    }
+
+    #[test]
+    fn byte_sizes_do_not_overflow_silently() {
+        assert_eq!(byte_size::<u32>("t", 10).unwrap(), 40);
+        assert!(matches!(byte_size::<u64>("t", usize::MAX / 2), Err(Error::SizeOverflow { elem_size: 8, .. })));
+    }
+}

@@ -1,0 +1,31 @@
+//! Safe, owning wrappers over the driver.
+//!
+//! Lifetime model: every handle owns what it created and holds an `Arc` to what it depends on
+//! (a stream keeps its context alive, a slice its owning stream), so drop order cannot free a
+//! context under live work. Threading: handles are `Send + Sync` where the driver makes the
+//! underlying object usable from any thread; each call binds the context it needs on the calling
+//! thread first and never relies on what another call left current. Drops never panic; failures
+//! in `Drop` are kept for [`take_drop_errors`].
+
+mod ambient;
+mod context;
+mod device;
+mod drop_errors;
+mod event;
+mod host;
+mod memory;
+mod module;
+mod peer;
+mod stream;
+
+pub use ambient::{StreamOverride, ambient_stream};
+pub use context::Context;
+pub use device::{Device, PeerInfo};
+pub(crate) use drop_errors::record_drop_error;
+pub use drop_errors::take_drop_errors;
+pub use event::CudaEvent;
+pub use host::PinnedHostBuffer;
+pub use memory::{Bf16, CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, F16};
+pub use module::{Function, KernelArgs, KernelParam, LaunchConfig, Module};
+pub use peer::enable_peer_access;
+pub use stream::CudaStream;

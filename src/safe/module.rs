@@ -1,0 +1,241 @@
+//! PTX modules and kernel launch.
+
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+
+use super::context::Context;
+use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice};
+use super::stream::CudaStream;
+use crate::error::{Error, Result};
+use crate::result::module as raw;
+use crate::sys::{CUdeviceptr, CUfunction, CUmodule};
+
+/// A module loaded into one context.
+#[derive(Debug)]
+pub struct Module {
+    ctx: Arc<Context>,
+    raw: CUmodule,
+    name: String,
+}
+
+// SAFETY: a loaded CUmodule and its functions may be used from any thread.
+unsafe impl Send for Module {}
+// SAFETY: as above; methods take &self and call thread-safe driver entry points.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads PTX text (JIT-compiled by the driver for the device). `name` is used in errors.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] if `ptx` contains a NUL byte; the driver's error
+    /// (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` when the driver is older
+    /// than the toolkit that wrote the PTX).
+    #[doc(alias = "cuModuleLoadData")]
+    pub fn load_ptx(ctx: &Arc<Context>, name: &str, ptx: &str) -> Result<Arc<Module>> {
+        let image = CString::new(ptx).map_err(|e| Error::LengthMismatch {
+            what: "Module::load_ptx: PTX text must not contain NUL bytes",
+            expected: e.nul_position(),
+            found: ptx.len(),
+        })?;
+        ctx.bind()?;
+        let raw = raw::load_data(&image)?;
+        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string() }))
+    }
+
+    /// The kernel `name`.
+    ///
+    /// # Errors
+    /// [`Error::KernelNotFound`] when the module has no such kernel.
+    #[doc(alias = "cuModuleGetFunction")]
+    pub fn function(self: &Arc<Self>, name: &str) -> Result<Function> {
+        let not_found = |source| Error::KernelNotFound { module: self.name.clone(), kernel: name.to_string(), source };
+        let c_name = CString::new(name).map_err(|_| Error::LengthMismatch {
+            what: "Module::function: kernel names must not contain NUL bytes",
+            expected: 0,
+            found: name.len(),
+        })?;
+        self.ctx.bind()?;
+        // SAFETY: self.raw is live while self lives.
+        match unsafe { raw::get_function(self.raw, &c_name) } {
+            Ok(raw) => Ok(Function { module: Arc::clone(self), raw, name: name.to_string() }),
+            Err(Error::Driver(e)) => Err(not_found(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The module's context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The name given at load.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: every Function holds an Arc<Module>, so no function of this module is used
+            // after this; launches already queued keep the code resident in the driver.
+            unsafe { raw::unload(self.raw) }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}
+
+/// A kernel of a loaded module.
+#[derive(Debug, Clone)]
+pub struct Function {
+    module: Arc<Module>,
+    raw: CUfunction,
+    name: String,
+}
+
+// SAFETY: a CUfunction may be launched from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device ordinal of the module.
+    pub fn ordinal(&self) -> i32 {
+        self.module.ctx.ordinal()
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks per grid (x, y, z).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (x, y, z).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional configuration for a grid-stride kernel over `n` elements: 256 threads a
+    /// block, at most `max_blocks` blocks (at least one).
+    pub fn for_elements(n: usize, max_blocks: u32) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, max_blocks.max(1) as usize) as u32;
+        LaunchConfig { grid: (blocks, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 }
+    }
+}
+
+/// A value that can be passed as one kernel parameter.
+pub trait KernelParam {
+    /// The C representation passed to the kernel.
+    type Raw: Copy;
+    /// The value to pass.
+    fn raw_param(&self) -> Self::Raw;
+}
+
+macro_rules! scalar_params {
+    ($($t:ty),*) => {$(
+        impl KernelParam for $t {
+            type Raw = $t;
+            fn raw_param(&self) -> $t {
+                *self
+            }
+        }
+    )*};
+}
+scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize);
+
+impl<T: DeviceRepr> KernelParam for &CudaSlice<T> {
+    type Raw = CUdeviceptr;
+    fn raw_param(&self) -> CUdeviceptr {
+        self.device_ptr()
+    }
+}
+impl<T: DeviceRepr> KernelParam for &mut CudaSlice<T> {
+    type Raw = CUdeviceptr;
+    fn raw_param(&self) -> CUdeviceptr {
+        self.device_ptr()
+    }
+}
+impl<T: DeviceRepr> KernelParam for CudaView<'_, T> {
+    type Raw = CUdeviceptr;
+    fn raw_param(&self) -> CUdeviceptr {
+        self.device_ptr()
+    }
+}
+impl<T: DeviceRepr> KernelParam for &mut CudaViewMut<'_, T> {
+    type Raw = CUdeviceptr;
+    fn raw_param(&self) -> CUdeviceptr {
+        self.device_ptr()
+    }
+}
+
+/// A tuple of kernel parameters, passed in order.
+pub trait KernelArgs {
+    /// Calls `f` with one pointer per parameter, each valid for the duration of the call.
+    fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
+}
+
+macro_rules! kernel_args {
+    ($($name:ident : $idx:tt),*) => {
+        impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
+            #[allow(non_snake_case)]
+            fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+                $(let mut $name = self.$idx.raw_param();)*
+                let mut params = [$((&raw mut $name).cast::<c_void>()),*];
+                f(&mut params)
+            }
+        }
+    };
+}
+impl KernelArgs for () {
+    fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+        f(&mut [])
+    }
+}
+kernel_args!(A: 0);
+kernel_args!(A: 0, B: 1);
+kernel_args!(A: 0, B: 1, C: 2);
+kernel_args!(A: 0, B: 1, C: 2, D: 3);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
+
+impl CudaStream {
+    /// Launches `function` on this stream.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] when the function's module is on another device; the driver's error.
+    ///
+    /// # Safety
+    /// - `args` matches the kernel's parameter list exactly: count, order and each type's size
+    ///   and meaning (a slice passes its device address).
+    /// - The kernel accesses only memory that `args` give it, within their lengths, and every
+    ///   slice it touches is ordered on this stream (owned by it, or joined to it).
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch<A: KernelArgs>(&self, function: &Function, config: LaunchConfig, args: A) -> Result<()> {
+        if function.ordinal() != self.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "CudaStream::launch: the kernel's module must be on the stream's device",
+                expected: self.ordinal(),
+                found: function.ordinal(),
+            });
+        }
+        self.context().bind()?;
+        args.with_params(|params| {
+            // SAFETY: the caller guarantees that params match the kernel; function and stream
+            // are live and of one context (checked above).
+            unsafe {
+                raw::launch_kernel(function.raw, config.grid, config.block, config.shared_mem_bytes, self.raw(), params)
+            }
+        })
+    }
+}

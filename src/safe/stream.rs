@@ -1,0 +1,140 @@
+//! Streams.
+
+use std::sync::Arc;
+
+use super::context::Context;
+use super::event::CudaEvent;
+use crate::error::Result;
+use crate::result::stream as raw;
+use crate::sys::CUstream;
+
+/// A CUDA stream of one context: owned (created non-blocking, destroyed on drop) or adopted
+/// from another library (never destroyed by this crate). Shared as `Arc<CudaStream>`.
+#[derive(Debug)]
+pub struct CudaStream {
+    ctx: Arc<Context>,
+    raw: CUstream,
+    owned: bool,
+}
+
+// SAFETY: a CUstream may be used from any thread; the driver orders work per stream, not per
+// thread.
+unsafe impl Send for CudaStream {}
+// SAFETY: as above; all methods take &self and call thread-safe driver entry points.
+unsafe impl Sync for CudaStream {}
+
+impl CudaStream {
+    /// Creates a non-blocking stream (it does not synchronise with the legacy default stream).
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuStreamCreate")]
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<CudaStream>> {
+        ctx.bind()?;
+        let raw = raw::create_non_blocking()?;
+        Ok(Arc::new(CudaStream { ctx: Arc::clone(ctx), raw, owned: true }))
+    }
+
+    /// Wraps a stream created elsewhere (a `cudaStream_t` from cuBLAS or PyTorch is a
+    /// `CUstream`). The stream is not destroyed when the wrapper drops.
+    ///
+    /// # Safety
+    /// - `stream` is a live stream of `ctx` (or null for the legacy default stream of `ctx`).
+    /// - It stays live for as long as the returned wrapper and everything holding it live.
+    pub unsafe fn adopt(ctx: &Arc<Context>, stream: CUstream) -> Arc<CudaStream> {
+        Arc::new(CudaStream { ctx: Arc::clone(ctx), raw: stream, owned: false })
+    }
+
+    /// The stream's context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The stream's device ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.ctx.ordinal()
+    }
+
+    /// The raw handle (valid while `self` lives).
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// Whether this wrapper created (and will destroy) the stream.
+    pub fn is_owned(&self) -> bool {
+        self.owned
+    }
+
+    /// Blocks until all work enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The driver's error, including errors of earlier asynchronous work.
+    #[doc(alias = "cuStreamSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: self.raw is live while self lives.
+        unsafe { raw::synchronize(self.raw) }
+    }
+
+    /// Whether all work enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuStreamQuery")]
+    pub fn is_idle(&self) -> Result<bool> {
+        self.ctx.bind()?;
+        // SAFETY: self.raw is live while self lives.
+        unsafe { raw::query(self.raw) }
+    }
+
+    /// Makes later work on this stream wait for `event`'s last record (which may be on any
+    /// device).
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuStreamWaitEvent")]
+    #[inline]
+    pub fn wait(&self, event: &CudaEvent) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: both handles are live while their wrappers live.
+        unsafe { raw::wait_event(self.raw, event.raw()) }
+    }
+
+    /// Records `event` here; see [`CudaEvent::record`].
+    ///
+    /// # Errors
+    /// As [`CudaEvent::record`].
+    pub fn record(&self, event: &CudaEvent) -> Result<()> {
+        event.record(self)
+    }
+
+    /// Orders this stream after all work enqueued so far on `other` (a no-op when `other` is
+    /// this stream). Uses a fresh event of `other`'s context.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn join(&self, other: &CudaStream) -> Result<()> {
+        if self.raw == other.raw && Arc::ptr_eq(&self.ctx, &other.ctx) {
+            return Ok(());
+        }
+        let event = CudaEvent::new(other.context(), false)?;
+        event.record(other)?;
+        self.wait(&event)
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: the stream is owned and this is its last use; work still queued on it
+            // completes, the driver releases the stream afterwards.
+            unsafe { raw::destroy(self.raw) }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}
