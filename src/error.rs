@@ -235,6 +235,14 @@ pub enum Error {
     /// A pipeline configuration that cannot be built (see [`ConfigError`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The pipeline runtime could not be built; names the configuration and the cause.
+    #[error("building the pipeline runtime failed for {config}: {source}")]
+    PipelineBuild {
+        /// The configuration, as given.
+        config: String,
+        /// Why the build failed.
+        source: Box<Error>,
+    },
     /// A stage index past the pipeline's stages.
     #[error("stage {stage} is out of range: the pipeline has {n_stages} stage(s)")]
     StageOutOfRange {

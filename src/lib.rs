@@ -13,6 +13,7 @@
 //! | 2 | [`result`] | one thin function per driver call, returning the typed [`Error`] |
 //! | 3 | [`safe`] | [`Device`], [`Context`], [`CudaStream`], [`CudaEvent`], [`CudaSlice`], [`PinnedHostBuffer`], peer access, [`Module`] and launch, [`StreamOverride`] |
 //! | 4 | [`engine`] | [`Engine`]: one device's context, default stream and helper kernels, honouring the ambient stream |
+//! | 5 | [`pp`] | [`PpNRt`]: configuration, the boundary plan, slot rings and the TX/RX protocol |
 //!
 //! # Errors and the driver
 //! Every fallible call returns [`Error`]. With no driver installed, every entry point returns
@@ -22,6 +23,8 @@
 //!
 //! # Environment
 //! - `PPNRT_LIBCUDA_PATH`: load this driver library instead of `libcuda.so.1` / `libcuda.so`.
+//! - `PPNRT_STAGES`, `PPNRT_DEVICES`, `PPNRT_SLOTS`, `PPNRT_TRANSPORT`: the process-wide
+//!   pipeline's configuration (see [`pp::PpConfig`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -31,6 +34,8 @@ pub mod error;
 pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
+#[allow(unsafe_code)]
+pub mod pp;
 #[allow(unsafe_code)]
 pub mod result;
 #[allow(unsafe_code)]
@@ -42,6 +47,7 @@ mod layout;
 
 pub use engine::Engine;
 pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
+pub use pp::{PpConfig, PpNRt, Transport, TransportPolicy};
 pub use safe::{
     Bf16, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice,
     DeviceSliceMut, F16, Function, KernelArgs, KernelParam, LaunchConfig, Module, PeerInfo, PinnedHostBuffer,

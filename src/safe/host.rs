@@ -67,6 +67,11 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         self.ptr
     }
 
+    /// The host address, mutable (for interop; the copy methods keep the ordering for you).
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr
+    }
+
     fn wait_pending(&self) -> Result<()> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(event) = pending.as_ref() {

@@ -170,6 +170,21 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: false, _marker: PhantomData })
     }
 
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device ordinal of the memory.
+    pub fn ordinal(&self) -> i32 {
+        self.stream.ordinal()
+    }
+
     /// Whether the slice came from the memory pool (stream-ordered) rather than `cuMemAlloc`.
     pub fn is_pooled(&self) -> bool {
         self.pooled

@@ -138,3 +138,74 @@ impl Drop for CudaStream {
         }
     }
 }
+
+/// Raw byte copies for protocol code that keeps its own ordering (events) instead of the
+/// owner-joins the typed copies make.
+impl CudaStream {
+    /// Enqueues a copy of `bytes` from `src` to `dst` (unified addresses: device memory of any
+    /// device, or pinned host memory) on this stream.
+    ///
+    /// # Errors
+    /// The driver's error.
+    ///
+    /// # Safety
+    /// - Both ranges are valid for `bytes` bytes from the moment the copy runs until it completes.
+    /// - Nothing else writes `dst` or frees either range while the copy can run: the caller orders
+    ///   all other users with events or stream order.
+    /// - A device range of another device than this stream's is reachable from it (peer access
+    ///   enabled and not pool memory), or is pinned host memory.
+    #[doc(alias = "cuMemcpyAsync")]
+    #[inline]
+    pub unsafe fn copy_bytes_async(
+        &self,
+        dst: crate::sys::CUdeviceptr,
+        src: crate::sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
+        unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
+    }
+
+    /// Enqueues a copy of `bytes` from device `src` into host `dst` on this stream.
+    ///
+    /// # Errors
+    /// The driver's error.
+    ///
+    /// # Safety
+    /// As [`copy_bytes_async`](Self::copy_bytes_async); `dst` is pinned host memory (pageable
+    /// memory makes the call synchronous, which is safe but slow).
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    #[inline]
+    pub unsafe fn copy_dtoh_bytes_async(
+        &self,
+        dst: *mut std::ffi::c_void,
+        src: crate::sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the caller meets memcpy_dtoh_async's contract; self.raw is live.
+        unsafe { crate::result::memory::memcpy_dtoh_async(dst, src, bytes, self.raw) }
+    }
+
+    /// Enqueues a copy of `bytes` from host `src` into device `dst` on this stream.
+    ///
+    /// # Errors
+    /// The driver's error.
+    ///
+    /// # Safety
+    /// As [`copy_bytes_async`](Self::copy_bytes_async); `src` is pinned host memory that stays
+    /// unchanged until the copy completes.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    #[inline]
+    pub unsafe fn copy_htod_bytes_async(
+        &self,
+        dst: crate::sys::CUdeviceptr,
+        src: *const std::ffi::c_void,
+        bytes: usize,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the caller meets memcpy_htod_async's contract; self.raw is live.
+        unsafe { crate::result::memory::memcpy_htod_async(dst, src, bytes, self.raw) }
+    }
+}

@@ -1,0 +1,363 @@
+//! Pipeline configuration: stage count, stage→device map, slots per boundary, transport policy.
+//!
+//! Built with [`PpConfig`]'s builder methods, or read from the environment by
+//! [`PpConfig::from_env`]:
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `PPNRT_STAGES` | number of stages, ≥ 1 | the length of `PPNRT_DEVICES`, else 1 |
+//! | `PPNRT_DEVICES` | comma-separated device ordinal per stage (`0,0,1,1`) | every stage on the primary engine's device |
+//! | `PPNRT_SLOTS` | slots in each boundary's ring, ≥ 1 | 2 |
+//! | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
+
+use std::fmt;
+
+use crate::error::ConfigError;
+
+/// Variable holding the stage count.
+pub const STAGES_VAR: &str = "PPNRT_STAGES";
+/// Variable holding the stage→device map.
+pub const DEVICES_VAR: &str = "PPNRT_DEVICES";
+/// Variable holding the slot count.
+pub const SLOTS_VAR: &str = "PPNRT_SLOTS";
+/// Variable holding the transport policy.
+pub const TRANSPORT_VAR: &str = "PPNRT_TRANSPORT";
+
+/// The most stages a pipeline may have (a sanity bound against typos such as `PPNRT_STAGES=1000`).
+pub const MAX_STAGES: usize = 256;
+/// The most slots a ring may have.
+pub const MAX_SLOTS: usize = 64;
+
+/// How boundaries between devices move data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TransportPolicy {
+    /// `Local` on one device; `Peer` between devices with peer access both ways; else `HostStaged`.
+    #[default]
+    Auto,
+    /// Like `Auto`, but a cross-device boundary without peer access is a build error.
+    Peer,
+    /// Every boundary, local ones too, through pinned host memory (tests the fallback anywhere).
+    Staged,
+}
+
+impl TransportPolicy {
+    fn parse(text: &str) -> Result<TransportPolicy, ConfigError> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(TransportPolicy::Auto),
+            "peer" => Ok(TransportPolicy::Peer),
+            "staged" | "host" | "host_staged" | "hoststaged" => Ok(TransportPolicy::Staged),
+            _ => Err(ConfigError {
+                setting: TRANSPORT_VAR,
+                value: text.to_string(),
+                reason: "unknown transport: expected auto, peer or staged".into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for TransportPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportPolicy::Auto => "auto",
+            TransportPolicy::Peer => "peer",
+            TransportPolicy::Staged => "staged",
+        })
+    }
+}
+
+/// A deliberate protocol break, for tests that must show the hazard checks catch real races.
+/// Never set it in production.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ProtocolFault {
+    /// The protocol as specified.
+    #[default]
+    None,
+    /// `tx` does not wait for the slot's previous `rx` (write-after-read hazard).
+    SkipRxWait,
+    /// `rx` does not wait for the slot's `tx` (read-before-write hazard).
+    SkipTxWait,
+}
+
+/// A pipeline configuration. Validation that needs no GPU happens in the builder methods and in
+/// [`validate`](Self::validate); device ordinals are checked against the devices present when the
+/// runtime is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PpConfig {
+    devices: Option<Vec<i32>>,
+    n_stages: usize,
+    slots: usize,
+    transport: TransportPolicy,
+    fault: ProtocolFault,
+    reserve_bytes: usize,
+}
+
+impl Default for PpConfig {
+    fn default() -> PpConfig {
+        PpConfig {
+            devices: None,
+            n_stages: 1,
+            slots: 2,
+            transport: TransportPolicy::Auto,
+            fault: ProtocolFault::None,
+            reserve_bytes: 0,
+        }
+    }
+}
+
+impl PpConfig {
+    /// `n_stages` stages, all on the primary engine's device, 2 slots, `auto` transport.
+    pub fn new(n_stages: usize) -> PpConfig {
+        PpConfig { n_stages, ..PpConfig::default() }
+    }
+
+    /// One stage per entry of `devices`, on that device.
+    pub fn with_devices(devices: &[i32]) -> PpConfig {
+        PpConfig { n_stages: devices.len(), devices: Some(devices.to_vec()), ..PpConfig::default() }
+    }
+
+    /// Sets the slots per boundary.
+    pub fn slots(mut self, slots: usize) -> PpConfig {
+        self.slots = slots;
+        self
+    }
+
+    /// Sets the transport policy.
+    pub fn transport(mut self, transport: TransportPolicy) -> PpConfig {
+        self.transport = transport;
+        self
+    }
+
+    /// Pre-allocates every slot for `bytes` at build, so the first steps do not allocate.
+    pub fn reserve_bytes(mut self, bytes: usize) -> PpConfig {
+        self.reserve_bytes = bytes;
+        self
+    }
+
+    /// Breaks the protocol on purpose (hazard tests only).
+    pub fn inject_fault(mut self, fault: ProtocolFault) -> PpConfig {
+        self.fault = fault;
+        self
+    }
+
+    /// Number of stages.
+    pub fn n_stages(&self) -> usize {
+        self.n_stages
+    }
+
+    /// Slots per boundary.
+    pub fn n_slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The transport policy.
+    pub fn transport_policy(&self) -> TransportPolicy {
+        self.transport
+    }
+
+    /// The injected fault, if any.
+    pub fn fault(&self) -> ProtocolFault {
+        self.fault
+    }
+
+    /// Bytes reserved per slot at build.
+    pub fn reserved_bytes(&self) -> usize {
+        self.reserve_bytes
+    }
+
+    /// The stage→device map, with `primary` for stages not mapped explicitly.
+    pub fn stage_devices(&self, primary: i32) -> Vec<i32> {
+        match &self.devices {
+            Some(devices) => devices.clone(),
+            None => vec![primary; self.n_stages],
+        }
+    }
+
+    /// Checks what can be checked without a GPU.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the setting, the value and the reason.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.n_stages == 0 || self.n_stages > MAX_STAGES {
+            return Err(ConfigError {
+                setting: STAGES_VAR,
+                value: self.n_stages.to_string(),
+                reason: format!("the stage count must be between 1 and {MAX_STAGES}"),
+            });
+        }
+        if let Some(devices) = &self.devices {
+            if devices.len() != self.n_stages {
+                return Err(ConfigError {
+                    setting: DEVICES_VAR,
+                    value: join(devices),
+                    reason: format!("{} device(s) listed for {} stage(s)", devices.len(), self.n_stages),
+                });
+            }
+            if let Some(bad) = devices.iter().find(|&&d| d < 0) {
+                return Err(ConfigError {
+                    setting: DEVICES_VAR,
+                    value: join(devices),
+                    reason: format!("device ordinal {bad} is negative"),
+                });
+            }
+        }
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return Err(ConfigError {
+                setting: SLOTS_VAR,
+                value: self.slots.to_string(),
+                reason: format!("the slot count must be between 1 and {MAX_SLOTS}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the `PPNRT_*` variables (see the [module docs](self)).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for a malformed or inconsistent value.
+    pub fn from_env() -> Result<PpConfig, ConfigError> {
+        let read = |name: &'static str| -> Result<Option<String>, ConfigError> {
+            match std::env::var(name) {
+                Ok(value) => Ok(Some(value)),
+                Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(raw)) => Err(ConfigError {
+                    setting: name,
+                    value: raw.to_string_lossy().into_owned(),
+                    reason: "not valid UTF-8".into(),
+                }),
+            }
+        };
+        PpConfig::parse(
+            read(STAGES_VAR)?.as_deref(),
+            read(DEVICES_VAR)?.as_deref(),
+            read(SLOTS_VAR)?.as_deref(),
+            read(TRANSPORT_VAR)?.as_deref(),
+        )
+    }
+
+    /// Parses the four settings as [`from_env`](Self::from_env) reads them (`None` = unset).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for a malformed or inconsistent value.
+    pub fn parse(
+        stages: Option<&str>,
+        devices: Option<&str>,
+        slots: Option<&str>,
+        transport: Option<&str>,
+    ) -> Result<PpConfig, ConfigError> {
+        let devices = devices.map(parse_devices).transpose()?;
+        let n_stages = match stages {
+            Some(text) => parse_count(STAGES_VAR, text)?,
+            None => devices.as_ref().map_or(1, Vec::len),
+        };
+        let config = PpConfig {
+            devices,
+            n_stages,
+            slots: slots.map(|t| parse_count(SLOTS_VAR, t)).transpose()?.unwrap_or(2),
+            transport: transport.map(TransportPolicy::parse).transpose()?.unwrap_or_default(),
+            fault: ProtocolFault::None,
+            reserve_bytes: 0,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl fmt::Display for PpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{STAGES_VAR}={} ", self.n_stages)?;
+        match &self.devices {
+            Some(devices) => write!(f, "{DEVICES_VAR}={} ", join(devices))?,
+            None => write!(f, "{DEVICES_VAR}=(primary) ")?,
+        }
+        write!(f, "{SLOTS_VAR}={} {TRANSPORT_VAR}={}", self.slots, self.transport)?;
+        if self.fault != ProtocolFault::None {
+            write!(f, " fault={:?}", self.fault)?;
+        }
+        Ok(())
+    }
+}
+
+fn join(devices: &[i32]) -> String {
+    devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_count(setting: &'static str, text: &str) -> Result<usize, ConfigError> {
+    text.trim().parse::<usize>().map_err(|e| ConfigError {
+        setting,
+        value: text.to_string(),
+        reason: format!("not a whole number: {e}"),
+    })
+}
+
+fn parse_devices(text: &str) -> Result<Vec<i32>, ConfigError> {
+    let bad = |reason: String| ConfigError { setting: DEVICES_VAR, value: text.to_string(), reason };
+    if text.trim().is_empty() {
+        return Err(bad("empty device list".into()));
+    }
+    text.split(',')
+        .map(|item| {
+            let item = item.trim();
+            item.parse::<i32>().map_err(|e| bad(format!("`{item}` is not a device ordinal: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|devices| match devices.iter().find(|&&d| d < 0) {
+            Some(d) => Err(bad(format!("device ordinal {d} is negative"))),
+            None => Ok(devices),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_one_stage_two_slots_auto() {
+        let config = PpConfig::parse(None, None, None, None).unwrap();
+        assert_eq!(config.n_stages(), 1);
+        assert_eq!(config.n_slots(), 2);
+        assert_eq!(config.transport_policy(), TransportPolicy::Auto);
+        assert_eq!(config.stage_devices(3), vec![3]);
+    }
+
+    #[test]
+    fn devices_imply_the_stage_count() {
+        let config = PpConfig::parse(None, Some("0, 0,1,1"), Some("3"), Some("PEER")).unwrap();
+        assert_eq!(config.n_stages(), 4);
+        assert_eq!(config.stage_devices(7), vec![0, 0, 1, 1]);
+        assert_eq!(config.n_slots(), 3);
+        assert_eq!(config.transport_policy(), TransportPolicy::Peer);
+        assert_eq!(config.to_string(), "PPNRT_STAGES=4 PPNRT_DEVICES=0,0,1,1 PPNRT_SLOTS=3 PPNRT_TRANSPORT=peer");
+    }
+
+    #[test]
+    fn malformed_values_name_setting_value_and_reason() {
+        type Case<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, Option<&'a str>, &'a str, &'a str);
+        let cases: &[Case<'_>] = &[
+            (Some("0"), None, None, None, STAGES_VAR, "0"),
+            (Some("abc"), None, None, None, STAGES_VAR, "abc"),
+            (Some("-1"), None, None, None, STAGES_VAR, "-1"),
+            (Some("1000"), None, None, None, STAGES_VAR, "1000"),
+            (Some("3"), Some("0,1"), None, None, DEVICES_VAR, "0,1"),
+            (None, Some("0,x"), None, None, DEVICES_VAR, "0,x"),
+            (None, Some("0,-2"), None, None, DEVICES_VAR, "0,-2"),
+            (None, Some(""), None, None, DEVICES_VAR, ""),
+            (None, None, Some("0"), None, SLOTS_VAR, "0"),
+            (None, None, Some("two"), None, SLOTS_VAR, "two"),
+            (None, None, None, Some("carrier-pigeon"), TRANSPORT_VAR, "carrier-pigeon"),
+        ];
+        for &(stages, devices, slots, transport, setting, value) in cases {
+            let err = PpConfig::parse(stages, devices, slots, transport).unwrap_err();
+            assert_eq!(err.setting, setting, "{err}");
+            assert_eq!(err.value, value, "{err}");
+            assert!(err.to_string().contains(setting), "{err}");
+        }
+    }
+
+    #[test]
+    fn builder_validation_matches_parsing() {
+        assert!(PpConfig::new(0).validate().is_err());
+        assert!(PpConfig::new(4).slots(0).validate().is_err());
+        assert!(PpConfig::with_devices(&[0, 1, 0, 1]).slots(4).validate().is_ok());
+        assert!(PpConfig::with_devices(&[]).validate().is_err());
+    }
+}

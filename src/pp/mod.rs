@@ -1,0 +1,25 @@
+//! The pipeline-parallel N-stage transport runtime.
+//!
+//! A model's layers are split into consecutive stages placed on one or more devices. Boundary
+//! `b` joins stage `b` (TX) and stage `b + 1` (RX) and owns a ring of slots; each slot is a
+//! persistent buffer on the RX side (pinned host memory for [`Transport::HostStaged`]) and two
+//! events, `ev_tx` on the TX device and `ev_rx` on the RX device.
+//!
+//! - [`PpNRt::tx`] on stage `b`'s stream: wait `ev_rx` (the slot's previous reader is done), copy
+//!   into the slot, record `ev_tx`.
+//! - [`PpNRt::rx`] on stage `b + 1`'s stream: wait `ev_tx`, copy the slot into a fresh buffer
+//!   allocated on that stream, record `ev_rx`.
+//!
+//! Host-side slot state (free → filled → free) catches misuse before anything is enqueued, and
+//! nothing is overwritten when a call fails. Each stage has its own stream; several host threads
+//! may drive different stages of one runtime at once.
+
+mod config;
+mod plan;
+mod runtime;
+
+pub use config::{
+    DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
+};
+pub use plan::{BoundaryPlan, Plan, Transport};
+pub use runtime::PpNRt;

@@ -1,0 +1,158 @@
+//! The boundary plan: which transport each stage boundary uses.
+
+use std::fmt;
+
+use super::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
+use crate::error::ConfigError;
+
+/// How one boundary moves data from its TX stage to its RX stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Both stages on one device: a device-to-device copy.
+    Local,
+    /// Two devices with peer access both ways: a copy-engine copy over NVLink or PCIe straight
+    /// into the RX device's slot buffer.
+    Peer,
+    /// Through a pinned host slot: device-to-host on TX, host-to-device on RX.
+    HostStaged,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Local => "local",
+            Transport::Peer => "peer",
+            Transport::HostStaged => "host-staged",
+        })
+    }
+}
+
+/// One boundary of the plan: boundary `b` joins stage `b` (TX) and stage `b + 1` (RX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BoundaryPlan {
+    /// The boundary index.
+    pub boundary: usize,
+    /// The TX stage's device.
+    pub tx_device: i32,
+    /// The RX stage's device.
+    pub rx_device: i32,
+    /// The transport.
+    pub transport: Transport,
+}
+
+/// The transports of every boundary, printable for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Device of each stage.
+    pub stage_devices: Vec<i32>,
+    /// One entry per boundary, in order.
+    pub boundaries: Vec<BoundaryPlan>,
+}
+
+impl Plan {
+    /// Chooses each boundary's transport. `peer_access(a, b)` says whether device `a` can access
+    /// device `b`'s memory.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] when the `peer` policy meets two devices without peer access.
+    pub fn choose(
+        stage_devices: &[i32],
+        policy: TransportPolicy,
+        mut peer_access: impl FnMut(i32, i32) -> bool,
+    ) -> Result<Plan, ConfigError> {
+        let mut boundaries = Vec::with_capacity(stage_devices.len().saturating_sub(1));
+        for (boundary, pair) in stage_devices.windows(2).enumerate() {
+            let (tx_device, rx_device) = (pair[0], pair[1]);
+            let transport = match policy {
+                TransportPolicy::Staged => Transport::HostStaged,
+                _ if tx_device == rx_device => Transport::Local,
+                _ if peer_access(tx_device, rx_device) && peer_access(rx_device, tx_device) => Transport::Peer,
+                TransportPolicy::Peer => {
+                    return Err(ConfigError {
+                        setting: TRANSPORT_VAR,
+                        value: "peer".into(),
+                        reason: format!(
+                            "boundary {boundary} joins devices {tx_device} and {rx_device}, which have no peer access \
+                             ({DEVICES_VAR}={})",
+                            stage_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+                        ),
+                    });
+                }
+                TransportPolicy::Auto => Transport::HostStaged,
+            };
+            boundaries.push(BoundaryPlan { boundary, tx_device, rx_device, transport });
+        }
+        Ok(Plan { stage_devices: stage_devices.to_vec(), boundaries })
+    }
+
+    /// Whether any boundary crosses devices.
+    pub fn cross_device(&self) -> bool {
+        self.boundaries.iter().any(|b| b.tx_device != b.rx_device)
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} stage(s) on devices [", self.stage_devices.len())?;
+        for (i, d) in self.stage_devices.iter().enumerate() {
+            write!(f, "{}{d}", if i == 0 { "" } else { "," })?;
+        }
+        write!(f, "]")?;
+        for b in &self.boundaries {
+            write!(
+                f,
+                "; boundary {}: stage {} (dev {}) -> stage {} (dev {}) {}",
+                b.boundary,
+                b.boundary,
+                b.tx_device,
+                b.boundary + 1,
+                b.rx_device,
+                b.transport
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_local_peer_and_staged() {
+        // Devices 0 and 1 are peers; device 2 reaches nobody.
+        let peers = |a: i32, b: i32| a != 2 && b != 2 && a != b;
+        let plan = Plan::choose(&[0, 0, 1, 2], TransportPolicy::Auto, peers).unwrap();
+        let transports: Vec<_> = plan.boundaries.iter().map(|b| b.transport).collect();
+        assert_eq!(transports, vec![Transport::Local, Transport::Peer, Transport::HostStaged]);
+        assert!(plan.cross_device());
+        assert_eq!(
+            plan.to_string(),
+            "4 stage(s) on devices [0,0,1,2]; boundary 0: stage 0 (dev 0) -> stage 1 (dev 0) local; \
+             boundary 1: stage 1 (dev 0) -> stage 2 (dev 1) peer; boundary 2: stage 2 (dev 1) -> stage 3 (dev 2) host-staged"
+        );
+    }
+
+    #[test]
+    fn peer_access_must_hold_both_ways() {
+        let one_way = |a: i32, b: i32| a == 0 && b == 1;
+        let plan = Plan::choose(&[0, 1], TransportPolicy::Auto, one_way).unwrap();
+        assert_eq!(plan.boundaries[0].transport, Transport::HostStaged);
+    }
+
+    #[test]
+    fn staged_forces_every_boundary_and_peer_refuses_unreachable_devices() {
+        let plan = Plan::choose(&[0, 0, 1], TransportPolicy::Staged, |_, _| true).unwrap();
+        assert!(plan.boundaries.iter().all(|b| b.transport == Transport::HostStaged));
+        let err = Plan::choose(&[0, 1], TransportPolicy::Peer, |_, _| false).unwrap_err();
+        assert_eq!(err.setting, TRANSPORT_VAR);
+        assert!(err.reason.contains("devices 0 and 1"), "{err}");
+    }
+
+    #[test]
+    fn one_stage_has_no_boundary() {
+        let plan = Plan::choose(&[0], TransportPolicy::Auto, |_, _| false).unwrap();
+        assert!(plan.boundaries.is_empty());
+        assert!(!plan.cross_device());
+    }
+}

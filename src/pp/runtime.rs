@@ -1,0 +1,496 @@
+//! `PpNRt`: stages, boundary slot rings and the TX/RX protocol.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use super::config::{DEVICES_VAR, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
+use super::plan::{BoundaryPlan, Plan, Transport};
+use crate::engine::Engine;
+use crate::error::{ConfigError, Error, Result};
+use crate::safe::{
+    CudaEvent, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer, StreamOverride,
+    enable_peer_access, record_drop_error,
+};
+
+/// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
+pub struct PpNRt {
+    config: PpConfig,
+    plan: Plan,
+    stages: Vec<Stage>,
+    boundaries: Vec<Boundary>,
+    readback: Arc<CudaStream>,
+}
+
+struct Stage {
+    engine: Engine,
+    stream: Arc<CudaStream>,
+}
+
+struct Boundary {
+    plan: BoundaryPlan,
+    tx_stream: Arc<CudaStream>,
+    rx_stream: Arc<CudaStream>,
+    ring: Mutex<Ring>,
+}
+
+struct Ring {
+    next: usize,
+    slots: Vec<Slot>,
+}
+
+struct Slot {
+    state: SlotState,
+    ev_tx: CudaEvent,
+    ev_rx: CudaEvent,
+    /// Whether `ev_rx` has ever been recorded (before that, `tx` has no reader to wait for).
+    rx_recorded: bool,
+    buffer: SlotBuffer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    NeverFilled,
+    Filled { n: usize, elem: &'static str },
+    Received,
+}
+
+impl fmt::Display for SlotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotState::NeverFilled => f.write_str("free (never filled)"),
+            SlotState::Filled { n, elem } => write!(f, "filled ({n} {elem} sent, not yet received)"),
+            SlotState::Received => f.write_str("free (already received)"),
+        }
+    }
+}
+
+enum SlotBuffer {
+    Empty,
+    /// Persistent (`cuMemAlloc`) memory on the RX device, owned by the RX stream.
+    Device(CudaSlice<u8>),
+    /// Pinned host memory.
+    Host(PinnedHostBuffer<u8>),
+}
+
+impl SlotBuffer {
+    fn capacity(&self) -> usize {
+        match self {
+            SlotBuffer::Empty => 0,
+            SlotBuffer::Device(buffer) => buffer.len(),
+            SlotBuffer::Host(buffer) => buffer.len(),
+        }
+    }
+}
+
+static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
+
+/// The smallest slot allocation, in bytes; slots grow in powers of two from here.
+const MIN_SLOT_BYTES: usize = 4096;
+
+impl PpNRt {
+    /// The process-wide runtime, built on first use against `primary` from the `PPNRT_*`
+    /// variables (see [`PpConfig`]). The configuration freezes at the first build; later calls
+    /// return the same runtime whatever engine they pass. A failed build is sticky: every later
+    /// call returns the same [`Error::PipelineBuild`], which names the configuration and the cause.
+    ///
+    /// # Errors
+    /// [`Error::PipelineBuild`].
+    pub fn get(primary: &Engine) -> Result<&'static PpNRt> {
+        let built = RUNTIME.get_or_init(|| {
+            let config = PpConfig::from_env()
+                .map_err(|e| Error::PipelineBuild { config: describe_env(), source: Box::new(Error::Config(e)) })?;
+            PpNRt::new(config.clone(), primary)
+                .map_err(|e| Error::PipelineBuild { config: config.to_string(), source: Box::new(e) })
+        });
+        built.as_ref().map_err(Clone::clone)
+    }
+
+    /// Builds a runtime for `config` (not the process-wide one): engines for the devices of the
+    /// stages (`primary` for its own device), one stream per stage, peer access where the plan
+    /// uses it, and one slot ring per boundary.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a configuration that cannot run on the devices present; the driver's
+    /// error.
+    pub fn new(config: PpConfig, primary: &Engine) -> Result<PpNRt> {
+        config.validate()?;
+        let stage_devices = config.stage_devices(primary.ordinal());
+        let count = Device::count()?;
+        if let Some(&bad) = stage_devices.iter().find(|&&d| d >= count) {
+            return Err(ConfigError {
+                setting: DEVICES_VAR,
+                value: stage_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                reason: format!("device ordinal {bad} is not present: {count} device(s) found"),
+            }
+            .into());
+        }
+        let mut engines: BTreeMap<i32, Engine> = BTreeMap::new();
+        for &ordinal in &stage_devices {
+            if let std::collections::btree_map::Entry::Vacant(entry) = engines.entry(ordinal) {
+                entry.insert(if ordinal == primary.ordinal() { primary.clone() } else { Engine::new(ordinal)? });
+            }
+        }
+        let mut access = BTreeMap::new();
+        for (&a, ea) in &engines {
+            for (&b, eb) in &engines {
+                access.insert((a, b), a != b && ea.device().peer_info(eb.device())?.access_supported);
+            }
+        }
+        let plan = Plan::choose(&stage_devices, config.transport_policy(), |a, b| access[&(a, b)])?;
+        for b in plan.boundaries.iter().filter(|b| b.transport == Transport::Peer) {
+            enable_peer_access(engines[&b.tx_device].context(), engines[&b.rx_device].context())?;
+        }
+        let stages = stage_devices
+            .iter()
+            .map(|d| {
+                let engine = engines[d].clone();
+                let stream = CudaStream::new(engine.context())?;
+                Ok(Stage { engine, stream })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let boundaries = plan
+            .boundaries
+            .iter()
+            .map(|&bp| {
+                let (tx, rx) = (&stages[bp.boundary], &stages[bp.boundary + 1]);
+                let slots = (0..config.n_slots())
+                    .map(|_| {
+                        let mut slot = Slot {
+                            state: SlotState::NeverFilled,
+                            ev_tx: CudaEvent::new(tx.engine.context(), false)?,
+                            ev_rx: CudaEvent::new(rx.engine.context(), false)?,
+                            rx_recorded: false,
+                            buffer: SlotBuffer::Empty,
+                        };
+                        if config.reserved_bytes() > 0 {
+                            grow(&mut slot, bp.transport, &rx.stream, config.reserved_bytes())?;
+                        }
+                        Ok(slot)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Boundary {
+                    plan: bp,
+                    tx_stream: Arc::clone(&tx.stream),
+                    rx_stream: Arc::clone(&rx.stream),
+                    ring: Mutex::new(Ring { next: 0, slots }),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let last = stages.last().expect("a validated config has at least one stage");
+        let readback = CudaStream::new(last.engine.context())?;
+        Ok(PpNRt { config, plan, stages, boundaries, readback })
+    }
+
+    /// Number of stages.
+    pub fn n_stages(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Number of boundaries (`n_stages - 1`).
+    pub fn n_boundaries(&self) -> usize {
+        self.boundaries.len()
+    }
+
+    /// Slots per boundary ring.
+    pub fn n_slots(&self) -> usize {
+        self.config.n_slots()
+    }
+
+    /// True iff any boundary crosses devices.
+    pub fn cross_device(&self) -> bool {
+        self.plan.cross_device()
+    }
+
+    /// The boundary plan (printable for logs).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The configuration the runtime was built from.
+    pub fn config(&self) -> &PpConfig {
+        &self.config
+    }
+
+    fn stage(&self, s: usize) -> Result<&Stage> {
+        self.stages.get(s).ok_or(Error::StageOutOfRange { stage: s, n_stages: self.stages.len() })
+    }
+
+    fn boundary(&self, b: usize) -> Result<&Boundary> {
+        self.boundaries.get(b).ok_or(Error::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() })
+    }
+
+    /// The device of stage `s`.
+    ///
+    /// # Errors
+    /// [`Error::StageOutOfRange`].
+    pub fn stage_device(&self, s: usize) -> Result<i32> {
+        Ok(self.stage(s)?.engine.ordinal())
+    }
+
+    /// The stream of stage `s`: everything of the stage runs there.
+    ///
+    /// # Errors
+    /// [`Error::StageOutOfRange`].
+    pub fn stage_stream(&self, s: usize) -> Result<&Arc<CudaStream>> {
+        Ok(&self.stage(s)?.stream)
+    }
+
+    /// The engine stage `s`'s subgraph must run through: `primary` when the stage lives on the
+    /// primary's device, else the stage's own engine.
+    ///
+    /// # Errors
+    /// [`Error::StageOutOfRange`].
+    pub fn engine<'a>(&'a self, s: usize, primary: &'a Engine) -> Result<&'a Engine> {
+        let stage = self.stage(s)?;
+        Ok(if stage.engine.ordinal() == primary.ordinal() { primary } else { &stage.engine })
+    }
+
+    /// Enters stage `s`: until the guard drops, every engine operation on this thread runs on the
+    /// stage's stream.
+    ///
+    /// # Errors
+    /// [`Error::StageOutOfRange`].
+    pub fn enter(&self, s: usize) -> Result<StreamOverride> {
+        Ok(StreamOverride::new(Arc::clone(&self.stage(s)?.stream)))
+    }
+
+    fn lock(boundary: &Boundary) -> MutexGuard<'_, Ring> {
+        // A panic while the lock was held cannot leave a slot half-updated (state changes last),
+        // so a poisoned ring is still consistent.
+        boundary.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
+    /// (write-after-read guard), copies `x[..n]` into the slot through the boundary's transport on
+    /// stage `b`'s stream, records the slot's TX event. Returns the slot index for the paired
+    /// [`rx`](Self::rx). Runs on the stage's stream whatever the ambient stream is.
+    ///
+    /// `x` should be owned by the stage's stream (the usual case inside [`enter`](Self::enter));
+    /// if it is owned by another stream, the two are joined both ways so `x` cannot be freed or
+    /// overwritten while the copy is in flight.
+    ///
+    /// # Errors
+    /// Caught before anything is enqueued, nothing overwritten: [`Error::BoundaryOutOfRange`],
+    /// [`Error::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
+    /// (`x` not on stage `b`'s device), [`Error::SlotState`] (the next slot's data was never
+    /// received). Else the driver's error.
+    pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
+        let boundary = self.boundary(b)?;
+        if n == 0 {
+            return Err(Error::ZeroLength { boundary: b });
+        }
+        if n > x.len() {
+            return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
+        }
+        if x.ordinal() != boundary.plan.tx_device {
+            return Err(Error::WrongDevice {
+                what: "PpNRt::tx: x must be on the TX stage's device",
+                expected: boundary.plan.tx_device,
+                found: x.ordinal(),
+            });
+        }
+        let bytes = n * std::mem::size_of::<T>();
+        let mut ring = Self::lock(boundary);
+        let index = ring.next;
+        let slot = &mut ring.slots[index];
+        if let SlotState::Filled { .. } = slot.state {
+            return Err(Error::SlotState {
+                boundary: b,
+                slot: index,
+                call: "tx",
+                needed: "free (received)",
+                found: slot.state.to_string(),
+            });
+        }
+        if slot.buffer.capacity() < bytes {
+            grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
+        }
+        let tx = &boundary.tx_stream;
+        let foreign_owner = !Arc::ptr_eq(x.stream(), tx);
+        if foreign_owner {
+            tx.join(x.stream())?;
+        }
+        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait {
+            tx.wait(&slot.ev_rx)?;
+        }
+        match &mut slot.buffer {
+            SlotBuffer::Device(buffer) => {
+                // SAFETY: the slot buffer holds ≥ bytes and is cuMemAlloc memory on the RX device
+                // (peer access enabled for Peer boundaries); its last reader is ordered before
+                // this copy by the ev_rx wait; x holds ≥ n elements and is ordered on tx (owned
+                // by it, or joined to it above and after below).
+                unsafe { tx.copy_bytes_async(buffer.device_ptr(), x.device_ptr(), bytes)? }
+            }
+            SlotBuffer::Host(buffer) => {
+                // SAFETY: as above; the slot is pinned host memory of ≥ bytes, freed only after
+                // every stream using it drained.
+                unsafe { tx.copy_dtoh_bytes_async(buffer.as_mut_ptr().cast(), x.device_ptr(), bytes)? }
+            }
+            SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
+        }
+        slot.ev_tx.record(tx)?;
+        if foreign_owner {
+            x.stream().join(tx)?;
+        }
+        slot.state = SlotState::Filled { n, elem: T::NAME };
+        ring.next = (index + 1) % ring.slots.len();
+        Ok(index)
+    }
+
+    /// Boundary RX at boundary `b` (stage `b + 1`'s side): waits for the slot's TX event, copies
+    /// the slot into a fresh stream-ordered buffer on stage `b + 1`'s stream, records the slot's
+    /// RX event. The returned buffer is owned by the RX stage's stream and freed there.
+    ///
+    /// # Errors
+    /// Caught before anything is enqueued: [`Error::BoundaryOutOfRange`], [`Error::ZeroLength`],
+    /// [`Error::SlotOutOfRange`], [`Error::SlotState`] (never filled or already received),
+    /// [`Error::RxLengthMismatch`], [`Error::RxTypeMismatch`]. Else the driver's error.
+    pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
+        let boundary = self.boundary(b)?;
+        if n == 0 {
+            return Err(Error::ZeroLength { boundary: b });
+        }
+        let mut ring = Self::lock(boundary);
+        let n_slots = ring.slots.len();
+        let slot =
+            ring.slots.get_mut(slot_index).ok_or(Error::SlotOutOfRange { boundary: b, slot: slot_index, n_slots })?;
+        match slot.state {
+            SlotState::Filled { n: sent, elem } => {
+                if elem != T::NAME {
+                    return Err(Error::RxTypeMismatch {
+                        boundary: b,
+                        slot: slot_index,
+                        requested: T::NAME,
+                        sent: elem,
+                    });
+                }
+                if sent != n {
+                    return Err(Error::RxLengthMismatch { boundary: b, slot: slot_index, requested: n, sent });
+                }
+            }
+            state => {
+                return Err(Error::SlotState {
+                    boundary: b,
+                    slot: slot_index,
+                    call: "rx",
+                    needed: "filled",
+                    found: state.to_string(),
+                });
+            }
+        }
+        let bytes = n * std::mem::size_of::<T>();
+        let rx = &boundary.rx_stream;
+        if self.config.fault() != ProtocolFault::SkipTxWait {
+            rx.wait(&slot.ev_tx)?;
+        }
+        let out = CudaSlice::<T>::alloc(rx, n)?;
+        match &slot.buffer {
+            SlotBuffer::Device(buffer) => {
+                // SAFETY: the slot's writer is ordered before this copy by the ev_tx wait, and the
+                // next writer waits for ev_rx recorded below; out is fresh, n elements, on rx.
+                unsafe { rx.copy_bytes_async(out.device_ptr(), buffer.device_ptr(), bytes)? }
+            }
+            SlotBuffer::Host(buffer) => {
+                // SAFETY: as above; the slot is pinned host memory of ≥ bytes.
+                unsafe { rx.copy_htod_bytes_async(out.device_ptr(), buffer.as_ptr().cast(), bytes)? }
+            }
+            SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
+        }
+        slot.ev_rx.record(rx)?;
+        slot.rx_recorded = true;
+        slot.state = SlotState::Received;
+        Ok(out)
+    }
+
+    /// Deferred readback: records a fresh completion event on the last stage's stream (call after
+    /// the step's final work, e.g. the logits matmul, has been enqueued there).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ppnrt::{Engine, PinnedHostBuffer, PpNRt};
+    /// let primary = Engine::new(0)?;
+    /// let rt = PpNRt::get(&primary)?;
+    /// let last = rt.n_stages() - 1;
+    /// let logits = {
+    ///     let _scope = rt.enter(last)?;
+    ///     rt.engine(last, &primary)?.alloc_zeroed::<f32>(32_000)? // the step's logits
+    /// };
+    /// let done = rt.record_done()?;
+    /// // Later, off the critical path: copy the logits out on the readback stream.
+    /// let readback = rt.readback_stream();
+    /// let mut host = PinnedHostBuffer::<f32>::new(readback.context(), logits.len(), false)?;
+    /// readback.wait(&done)?;
+    /// readback.memcpy_dtoh_pinned(&logits, &mut host)?;
+    /// let values: &[f32] = host.as_slice()?; // waits for the copy
+    /// # let _ = values; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn record_done(&self) -> Result<CudaEvent> {
+        let last = self.stages.last().expect("a runtime has at least one stage");
+        let event = CudaEvent::new(last.engine.context(), false)?;
+        event.record(&last.stream)?;
+        Ok(event)
+    }
+
+    /// The dedicated readback stream (in the last stage's context).
+    pub fn readback_stream(&self) -> &Arc<CudaStream> {
+        &self.readback
+    }
+
+    /// Blocks until every stage stream and the readback stream are idle.
+    ///
+    /// # Errors
+    /// The first driver error met.
+    pub fn synchronize(&self) -> Result<()> {
+        for stage in &self.stages {
+            stage.stream.synchronize()?;
+        }
+        self.readback.synchronize()
+    }
+}
+
+/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB). The slot is
+/// free: its last reader is waited for before the old buffer goes, so no copy in flight ever sees
+/// a freed buffer.
+fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+    if slot.rx_recorded {
+        slot.ev_rx.synchronize()?;
+    }
+    let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
+    slot.buffer = SlotBuffer::Empty;
+    slot.buffer = match transport {
+        Transport::Local | Transport::Peer => SlotBuffer::Device(CudaSlice::alloc_persistent(rx_stream, capacity)?),
+        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new(rx_stream.context(), capacity, false)?),
+    };
+    Ok(())
+}
+
+impl Drop for PpNRt {
+    fn drop(&mut self) {
+        // Slot buffers are written by TX streams of other devices: drain every stream before the
+        // fields (and the buffers) go.
+        if let Err(e) = self.synchronize() {
+            record_drop_error(e);
+        }
+    }
+}
+
+impl fmt::Debug for PpNRt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PpNRt").field("config", &self.config.to_string()).field("plan", &self.plan.to_string()).finish()
+    }
+}
+
+fn describe_env() -> String {
+    [STAGES_VAR, DEVICES_VAR, SLOTS_VAR, TRANSPORT_VAR]
+        .iter()
+        .map(|name| match std::env::var_os(name) {
+            Some(value) => format!("{name}={:?}", value.to_string_lossy()),
+            None => format!("{name} unset"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
