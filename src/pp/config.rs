@@ -1,14 +1,6 @@
 //! Pipeline configuration: stage count, stage→device map, slots per boundary, transport policy.
 //!
-//! Built with [`PpConfig`]'s builder methods, or read from the environment by
-//! [`PpConfig::from_env`]:
-//!
-//! | variable | meaning | default |
-//! | --- | --- | --- |
-//! | `PPNRT_STAGES` | number of stages, ≥ 1 | the length of `PPNRT_DEVICES`, else 1 |
-//! | `PPNRT_DEVICES` | comma-separated device ordinal per stage (`0,0,1,1`) | every stage on the primary engine's device |
-//! | `PPNRT_SLOTS` | slots in each boundary's ring, ≥ 1 | 2 |
-//! | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
+//! See [`PpConfig`] for the settings and the variables that carry them.
 
 use std::fmt;
 
@@ -78,7 +70,18 @@ pub enum ProtocolFault {
     SkipTxWait,
 }
 
-/// A pipeline configuration. Validation that needs no GPU happens in the builder methods and in
+/// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
+/// policy. Built with the builder methods, or read from the environment by
+/// [`PpConfig::from_env`]:
+///
+/// | variable | meaning | default |
+/// | --- | --- | --- |
+/// | `PPNRT_STAGES` | number of stages, ≥ 1 | the length of `PPNRT_DEVICES`, else 1 |
+/// | `PPNRT_DEVICES` | comma-separated device ordinal per stage (`0,0,1,1`) | every stage on the primary engine's device |
+/// | `PPNRT_SLOTS` | slots in each boundary's ring, ≥ 1 | 2 |
+/// | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
+///
+/// Validation that needs no GPU happens in the builder methods and in
 /// [`validate`](Self::validate); device ordinals are checked against the devices present when the
 /// runtime is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,7 +213,7 @@ impl PpConfig {
         Ok(())
     }
 
-    /// Reads the `PPNRT_*` variables (see the [module docs](self)).
+    /// Reads the `PPNRT_*` variables (see [`PpConfig`]).
     ///
     /// # Errors
     /// A [`ConfigError`] for a malformed or inconsistent value.
