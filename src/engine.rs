@@ -288,6 +288,26 @@ impl Engine {
         Ok(self.dtoh(&sum)?[0])
     }
 
+    /// Adds the [`kernels::checksum`] of `src` into `out[0]` (which should start at zero), without
+    /// waiting: for checking many transfers with one readback at the end.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `out` has exactly one element; [`Error::WrongDevice`] for
+    /// memory of another device; the driver's error.
+    pub fn checksum_into<S: DeviceSlice<u32>, D: DeviceSliceMut<u64>>(&self, src: &S, out: &mut D) -> Result<()> {
+        if out.len() != 1 {
+            return Err(Error::LengthMismatch { what: "Engine::checksum_into: out", expected: 1, found: out.len() });
+        }
+        let helpers = self.helpers()?;
+        let config = LaunchConfig::for_elements(src.len(), self.max_blocks());
+        let (ptr, len, out_ptr) = (src.device_ptr(), src.len() as u64, out.device_ptr());
+        self.run_on_own_device("Engine::checksum_into", &[src.stream(), out.stream()], |stream| {
+            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads len
+            // words at ptr and adds into the one u64 at out_ptr, both owned by live slices.
+            unsafe { stream.launch(&helpers.checksum, config, (ptr, len, out_ptr)) }
+        })
+    }
+
     /// Enqueues a kernel that keeps the current stream busy for `ns` nanoseconds.
     ///
     /// # Errors

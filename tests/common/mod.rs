@@ -1,0 +1,81 @@
+//! Helpers shared by the integration tests: GPU discovery with visible skips, and a small
+//! deterministic random generator (no dependency needed).
+#![allow(dead_code, unreachable_pub)]
+
+use ppnrt::{Device, Engine};
+
+/// The number of devices a GPU test may use, or `None` (after printing why) when the test must
+/// skip. With `PPNRT_REQUIRE_GPUS=N` set (the GPU gate sets it), a machine with fewer than
+/// `min(N, need)` devices fails the test instead of skipping it.
+pub fn devices_or_skip(test: &str, need: i32) -> Option<i32> {
+    let required: i32 = std::env::var("PPNRT_REQUIRE_GPUS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let found = match Device::count() {
+        Ok(count) => Ok(count),
+        Err(e) => Err(e.to_string()),
+    };
+    let reason = match &found {
+        Ok(count) if *count >= need => return Some(*count),
+        Ok(count) => format!("needs {need} GPU(s), found {count}"),
+        Err(e) => format!("no usable CUDA driver: {e}"),
+    };
+    if required >= need {
+        panic!("{test}: PPNRT_REQUIRE_GPUS={required} but {reason}");
+    }
+    say(&format!("SKIPPED {test}: {reason}"));
+    None
+}
+
+/// Writes a line to the process's stderr directly: the test harness captures `eprintln!` of
+/// passing tests, and a skip must be visible.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// An engine on device `ordinal`, or `None` after printing why the test skips.
+pub fn engine_or_skip(test: &str, ordinal: i32) -> Option<Engine> {
+    devices_or_skip(test, ordinal + 1)?;
+    Some(Engine::new(ordinal).unwrap_or_else(|e| panic!("{test}: Engine::new({ordinal}) failed: {e}")))
+}
+
+/// SplitMix64: deterministic, seedable, good enough for test data and delays.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    /// Uniform in `0..bound` (bound > 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+
+    pub fn vec_u32(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next_u32()).collect()
+    }
+
+    pub fn vec_f32(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next_f32()).collect()
+    }
+}
+
+/// A word no test payload is likely to equal, for poisoning outputs.
+pub const POISON: u32 = 0xdead_beef;

@@ -1,0 +1,84 @@
+//! The foundation on a GPU: the driver loads, devices are listed, the embedded PTX loads and a
+//! helper kernel's output is checked on the host.
+
+mod common;
+
+use common::{POISON, Rng, devices_or_skip, engine_or_skip};
+use ppnrt::{Device, DeviceSlice, DriverVersion, Error, Module, kernels};
+
+#[test]
+fn driver_loads_and_reports_a_supported_version() {
+    if devices_or_skip("driver_loads_and_reports_a_supported_version", 1).is_none() {
+        return;
+    }
+    let driver = ppnrt::loader::driver().expect("the driver loaded");
+    assert!(driver.version() >= DriverVersion::MINIMUM, "{}", driver.version());
+    eprintln!("driver {} from {}", driver.version(), driver.library());
+}
+
+#[test]
+fn devices_are_listed_with_name_capability_and_memory() {
+    let Some(count) = devices_or_skip("devices_are_listed_with_name_capability_and_memory", 1) else { return };
+    let devices = Device::all().unwrap();
+    assert_eq!(devices.len() as i32, count);
+    for device in &devices {
+        let name = device.name().unwrap();
+        let (major, minor) = device.compute_capability().unwrap();
+        let memory = device.total_memory().unwrap();
+        let sms = device.multiprocessor_count().unwrap();
+        let bus = device.pci_bus_id().unwrap();
+        eprintln!(
+            "device {}: {name}, sm_{major}{minor}, {sms} SMs, {:.1} GiB, bus {bus}, unified addressing {}",
+            device.ordinal(),
+            memory as f64 / (1u64 << 30) as f64,
+            device.unified_addressing().unwrap()
+        );
+        assert!(!name.is_empty());
+        assert!(major >= 5, "compute capability {major}.{minor}");
+        assert!(memory > 0 && sms > 0);
+        assert!(bus.contains(':'), "{bus}");
+    }
+    assert_eq!(Device::get(count).unwrap_err(), Error::DeviceOutOfRange { ordinal: count, count });
+    assert_eq!(Device::get(-1).unwrap_err(), Error::DeviceOutOfRange { ordinal: -1, count });
+}
+
+#[test]
+fn embedded_ptx_loads_and_every_kernel_is_found() {
+    let Some(engine) = engine_or_skip("embedded_ptx_loads_and_every_kernel_is_found", 0) else { return };
+    for (name, ptx) in kernels::MODULES {
+        let module = Module::load_ptx(engine.context(), name, ptx).unwrap();
+        let entries =
+            ptx.lines().filter_map(|l| l.split(".entry ").nth(1)).map(|l| l.trim_end_matches('(').to_string());
+        for entry in entries {
+            module.function(&entry).unwrap_or_else(|e| panic!("{name}::{entry}: {e}"));
+        }
+        match module.function("ppnrt_no_such_kernel") {
+            Err(Error::KernelNotFound { module, kernel, .. }) => {
+                assert_eq!((module.as_str(), kernel.as_str()), (*name, "ppnrt_no_such_kernel"));
+            }
+            other => panic!("expected KernelNotFound, got {other:?}"),
+        }
+    }
+    assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(Error::Driver(_))));
+}
+
+#[test]
+fn fill_and_checksum_kernels_match_the_host() {
+    let Some(engine) = engine_or_skip("fill_and_checksum_kernels_match_the_host", 0) else { return };
+    let mut rng = Rng::new(1);
+    for n in [1usize, 255, 256, 257, 100_003, 1 << 20] {
+        let seed = rng.next_u32();
+        let mut buffer = engine.htod(&vec![POISON; n]).unwrap();
+        engine.fill_pattern(&mut buffer, seed).unwrap();
+        let host = engine.dtoh(&buffer).unwrap();
+        let mismatches = host.iter().enumerate().filter(|&(i, &w)| w != kernels::pattern(seed, i as u64)).count();
+        assert_eq!(mismatches, 0, "fill_pattern n={n}");
+        assert_eq!(engine.checksum(&buffer).unwrap(), kernels::checksum(&host), "checksum n={n}");
+
+        engine.fill_u32(&mut buffer, 7).unwrap();
+        assert!(engine.dtoh(&buffer).unwrap().iter().all(|&w| w == 7), "fill_u32 n={n}");
+        // A checksum over part of the buffer matches the host's over the same part.
+        let part = buffer.slice(1..n).unwrap();
+        assert_eq!(engine.checksum(&part).unwrap(), kernels::checksum(&vec![7; part.len()]));
+    }
+}

@@ -1,0 +1,32 @@
+//! With no driver to load, every public entry point returns a typed error listing what was
+//! tried, and nothing panics. Runs on every machine: it points the loader at a path that does
+//! not exist (this test binary holds only this test, so the process-wide loader sees it first).
+
+use ppnrt::{Device, Engine, Error, LoadError, PpConfig, PpNRt};
+
+#[test]
+fn every_entry_point_reports_the_missing_driver() {
+    let path = "/nonexistent/ppnrt-test/libcuda.so.1";
+    // SAFETY: no other thread of this test binary reads the environment concurrently (one test).
+    unsafe { std::env::set_var("PPNRT_LIBCUDA_PATH", path) };
+
+    let check = |what: &str, err: Error| match &err {
+        Error::Load(LoadError::LibraryNotFound { tried }) => {
+            assert_eq!(tried.len(), 1, "{what}: {err}");
+            assert_eq!(tried[0].candidate, path, "{what}: {err}");
+            assert!(err.to_string().contains(path), "{what}: {err}");
+        }
+        other => panic!("{what}: expected the missing-driver error, got {other:?}"),
+    };
+    check("Device::count", Device::count().unwrap_err());
+    check("Device::get", Device::get(0).unwrap_err());
+    check("Device::all", Device::all().unwrap_err());
+    check("Device::peer_matrix", Device::peer_matrix().unwrap_err());
+    check("Engine::new", Engine::new(0).unwrap_err());
+    check("driver", ppnrt::loader::driver().err().unwrap());
+    // The same error every time: the load is decided once.
+    check("Device::count again", Device::count().unwrap_err());
+    // Configuration needs no driver and still works.
+    assert!(PpConfig::parse(Some("2"), None, None, None).is_ok());
+    let _ = PpNRt::get; // needs an Engine, which cannot exist without a driver
+}

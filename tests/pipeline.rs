@@ -1,0 +1,306 @@
+//! `PpNRt` correctness and misuse on a GPU.
+//!
+//! Correctness: K decode steps of the toy residual model through pipelines of 1 to 8 stages, on
+//! one GPU and on two (contiguous and alternating maps), with every transport policy and 1 to 4
+//! slots, varying `n` per step, give bitwise the same output as the model run on one stage.
+//! Misuse: each error case is caught before anything is enqueued and overwrites nothing.
+
+mod common;
+
+use std::collections::VecDeque;
+
+use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
+use ppnrt::pp::ProtocolFault;
+use ppnrt::{CudaSlice, Engine, Error, PpConfig, PpNRt, Transport, TransportPolicy, kernels};
+
+const TOTAL_LAYERS: u32 = 12;
+
+/// Layers of stage `s` out of `n_stages`: a contiguous share of TOTAL_LAYERS.
+fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
+    let per = |s: usize| (s as u32 * TOTAL_LAYERS) / n_stages as u32;
+    per(s)..per(s + 1)
+}
+
+/// Runs every input through the model on one engine and stream.
+fn reference(engine: &Engine, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(step, input)| {
+            let mut x = engine.htod(input).unwrap();
+            for layer in 0..TOTAL_LAYERS {
+                engine.toy_layer(&mut x, step as u32, layer).unwrap();
+            }
+            engine.dtoh(&x).unwrap()
+        })
+        .collect()
+}
+
+/// Runs every input through the pipeline on a wavefront schedule: stage `s` works on step
+/// `tick - s * lag`, so each boundary holds up to `lag` filled slots between host calls.
+fn run_pipeline(rt: &PpNRt, primary: &Engine, inputs: &[Vec<f32>], lag: usize) -> Vec<Vec<f32>> {
+    let n_stages = rt.n_stages();
+    let mut in_flight: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); n_stages.saturating_sub(1)];
+    let mut outputs: Vec<Option<CudaSlice<f32>>> = (0..inputs.len()).map(|_| None).collect();
+    let ticks = inputs.len() + (n_stages - 1) * lag;
+    for tick in 0..ticks {
+        for s in (0..n_stages).rev() {
+            let Some(step) = tick.checked_sub(s * lag).filter(|&k| k < inputs.len()) else { continue };
+            let n = inputs[step].len();
+            let engine = rt.engine(s, primary).unwrap();
+            let _scope = rt.enter(s).unwrap();
+            let mut x = if s == 0 {
+                engine.htod(&inputs[step]).unwrap()
+            } else {
+                let (sent_step, slot) = in_flight[s - 1].pop_front().expect("a step in flight");
+                assert_eq!(sent_step, step, "schedule out of order");
+                rt.rx::<f32>(s - 1, slot, n).unwrap()
+            };
+            assert_eq!(x.ordinal(), rt.stage_device(s).unwrap());
+            for layer in layers_of(s, n_stages) {
+                engine.toy_layer(&mut x, step as u32, layer).unwrap();
+            }
+            if s + 1 < n_stages {
+                let slot = rt.tx(s, &x, n).unwrap();
+                in_flight[s].push_back((step, slot));
+            } else {
+                outputs[step] = Some(x);
+            }
+        }
+    }
+    let last = n_stages - 1;
+    let engine = rt.engine(last, primary).unwrap();
+    let _scope = rt.enter(last).unwrap();
+    outputs.into_iter().map(|x| engine.dtoh(&x.expect("every step finished")).unwrap()).collect()
+}
+
+fn inputs(rng: &mut Rng, steps: usize, base_n: usize) -> Vec<Vec<f32>> {
+    (0..steps).map(|k| rng.vec_f32(base_n + (k * 1237) % base_n)).collect()
+}
+
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()))
+}
+
+fn maps(n_stages: usize, devices: i32) -> Vec<(&'static str, Vec<i32>)> {
+    let mut maps = vec![("one-gpu", vec![0; n_stages])];
+    if devices >= 2 && n_stages >= 2 {
+        maps.push(("contiguous", (0..n_stages).map(|s| (s * 2 / n_stages) as i32).collect()));
+        maps.push(("alternating", (0..n_stages).map(|s| (s % 2) as i32).collect()));
+    }
+    maps
+}
+
+#[test]
+fn pipelines_of_1_to_8_stages_match_one_stage_bitwise() {
+    let test = "pipelines_of_1_to_8_stages_match_one_stage_bitwise";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    if devices < 2 {
+        say(&format!("{test}: one GPU found; the two-GPU maps are not run"));
+    }
+    let primary = Engine::new(0).unwrap();
+    let mut rng = Rng::new(4);
+    let inputs = inputs(&mut rng, 7, 3000);
+    let expected = reference(&primary, &inputs);
+    let mut runs = 0;
+    for n_stages in 1..=8 {
+        for (map_name, map) in maps(n_stages, devices) {
+            for policy in [TransportPolicy::Auto, TransportPolicy::Staged] {
+                for slots in 1..=4 {
+                    let config = PpConfig::with_devices(&map).slots(slots).transport(policy);
+                    let rt = PpNRt::new(config.clone(), &primary).unwrap();
+                    let got = run_pipeline(&rt, &primary, &inputs, slots);
+                    assert!(same_bits(&got, &expected), "{config} ({map_name}): output differs; plan {}", rt.plan());
+                    runs += 1;
+                }
+            }
+        }
+    }
+    say(&format!("{test}: {runs} configurations matched bitwise"));
+}
+
+#[test]
+fn peer_transport_is_chosen_between_peers_and_matches() {
+    let test = "peer_transport_is_chosen_between_peers_and_matches";
+    if devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let primary = Engine::new(0).unwrap();
+    let peers = primary.device().peer_info(&ppnrt::Device::get(1).unwrap()).unwrap().access_supported;
+    let config = PpConfig::with_devices(&[0, 1, 1, 0]).transport(TransportPolicy::Peer);
+    if !peers {
+        let err = PpNRt::new(config, &primary).unwrap_err();
+        say(&format!("{test}: devices 0 and 1 are not peers; peer forced fails as it should: {err}"));
+        assert!(matches!(err, Error::Config(_)));
+        return;
+    }
+    let rt = PpNRt::new(config, &primary).unwrap();
+    say(&format!("{test}: plan {}", rt.plan()));
+    let transports: Vec<_> = rt.plan().boundaries.iter().map(|b| b.transport).collect();
+    assert_eq!(transports, vec![Transport::Peer, Transport::Local, Transport::Peer]);
+    assert!(rt.cross_device());
+    let mut rng = Rng::new(5);
+    // Large and growing n: slots are re-allocated safely while the ring is in use.
+    let inputs: Vec<Vec<f32>> = [1000usize, 1 << 20, 5000, 3 << 20, 17].iter().map(|&n| rng.vec_f32(n)).collect();
+    let expected = reference(&primary, &inputs);
+    assert!(same_bits(&run_pipeline(&rt, &primary, &inputs, 2), &expected));
+}
+
+#[test]
+fn engine_and_enter_follow_the_stage_map() {
+    let Some(devices) = devices_or_skip("engine_and_enter_follow_the_stage_map", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let map: Vec<i32> = if devices >= 2 { vec![0, 1, 0] } else { vec![0, 0, 0] };
+    let rt = PpNRt::new(PpConfig::with_devices(&map), &primary).unwrap();
+    assert_eq!(rt.n_stages(), 3);
+    assert_eq!(rt.cross_device(), devices >= 2);
+    for (s, &d) in map.iter().enumerate() {
+        let engine = rt.engine(s, &primary).unwrap();
+        assert_eq!(engine.ordinal(), d);
+        if d == 0 {
+            assert!(std::ptr::eq(engine, &primary), "stage {s} on the primary's device uses the primary");
+        }
+        let _scope = rt.enter(s).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&engine.stream().unwrap(), rt.stage_stream(s).unwrap()));
+    }
+    assert_eq!(rt.enter(3).unwrap_err(), Error::StageOutOfRange { stage: 3, n_stages: 3 });
+    assert_eq!(rt.engine(9, &primary).unwrap_err(), Error::StageOutOfRange { stage: 9, n_stages: 3 });
+    // record_done / readback_stream live on the last stage's device.
+    let done = rt.record_done().unwrap();
+    assert_eq!(done.ordinal(), *map.last().unwrap());
+    assert_eq!(rt.readback_stream().ordinal(), *map.last().unwrap());
+    rt.readback_stream().wait(&done).unwrap();
+    rt.readback_stream().synchronize().unwrap();
+}
+
+/// A 2-stage runtime on one device with `slots` slots, and a payload of `n` pattern words.
+fn one_boundary(primary: &Engine, slots: usize) -> PpNRt {
+    PpNRt::new(PpConfig::new(2).slots(slots), primary).unwrap()
+}
+
+fn payload(rt: &PpNRt, primary: &Engine, seed: u32, n: usize) -> CudaSlice<u32> {
+    let engine = rt.engine(0, primary).unwrap();
+    let _scope = rt.enter(0).unwrap();
+    let mut x = engine.alloc::<u32>(n).unwrap();
+    engine.fill_pattern(&mut x, seed).unwrap();
+    x
+}
+
+fn received_is(rt: &PpNRt, primary: &Engine, y: &CudaSlice<u32>, seed: u32) -> bool {
+    let _scope = rt.enter(1).unwrap();
+    let host = rt.engine(1, primary).unwrap().dtoh(y).unwrap();
+    host.iter().enumerate().all(|(i, &w)| w == kernels::pattern(seed, i as u64))
+}
+
+#[test]
+fn misuse_is_a_typed_error_and_overwrites_nothing() {
+    let Some(primary) = engine_or_skip("misuse_is_a_typed_error_and_overwrites_nothing", 0) else { return };
+    let rt = one_boundary(&primary, 1);
+    let x = payload(&rt, &primary, 1, 1000);
+
+    // Out-of-range boundary, zero n, n larger than x.
+    assert_eq!(rt.tx(1, &x, 10).unwrap_err(), Error::BoundaryOutOfRange { boundary: 1, n_boundaries: 1 });
+    assert_eq!(rt.tx(0, &x, 0).unwrap_err(), Error::ZeroLength { boundary: 0 });
+    assert_eq!(
+        rt.tx(0, &x, 1001).unwrap_err(),
+        Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: 1001, len: 1000 }
+    );
+    assert_eq!(rt.rx::<u32>(5, 0, 10).unwrap_err(), Error::BoundaryOutOfRange { boundary: 5, n_boundaries: 1 });
+    // rx of a slot never filled, out of range, n = 0.
+    assert!(
+        matches!(rt.rx::<u32>(0, 0, 1000), Err(Error::SlotState { call: "rx", ref found, .. }) if found.contains("never filled"))
+    );
+    assert_eq!(rt.rx::<u32>(0, 1, 1000).unwrap_err(), Error::SlotOutOfRange { boundary: 0, slot: 1, n_slots: 1 });
+    assert_eq!(rt.rx::<u32>(0, 0, 0).unwrap_err(), Error::ZeroLength { boundary: 0 });
+
+    // A good tx, then a second tx onto the (only) slot before it was received: refused, and the
+    // first payload is intact.
+    let slot = rt.tx(0, &x, 1000).unwrap();
+    assert_eq!(slot, 0);
+    let other = payload(&rt, &primary, 2, 1000);
+    let err = rt.tx(0, &other, 1000).unwrap_err();
+    assert!(
+        matches!(err, Error::SlotState { call: "tx", slot: 0, ref found, .. } if found.contains("not yet received")),
+        "{err}"
+    );
+    // rx with another n or another type: refused, data kept.
+    assert_eq!(
+        rt.rx::<u32>(0, 0, 999).unwrap_err(),
+        Error::RxLengthMismatch { boundary: 0, slot: 0, requested: 999, sent: 1000 }
+    );
+    assert_eq!(
+        rt.rx::<f32>(0, 0, 1000).unwrap_err(),
+        Error::RxTypeMismatch { boundary: 0, slot: 0, requested: "f32", sent: "u32" }
+    );
+    let y = {
+        let _scope = rt.enter(1).unwrap();
+        rt.rx::<u32>(0, 0, 1000).unwrap()
+    };
+    assert!(received_is(&rt, &primary, &y, 1), "the refused calls changed the slot");
+    // Already received.
+    assert!(
+        matches!(rt.rx::<u32>(0, 0, 1000), Err(Error::SlotState { ref found, .. }) if found.contains("already received"))
+    );
+    // The runtime is still usable: the refused payload goes through now.
+    let slot = rt.tx(0, &other, 1000).unwrap();
+    let y2 = rt.rx::<u32>(0, slot, 1000).unwrap();
+    assert!(received_is(&rt, &primary, &y2, 2));
+    assert!(received_is(&rt, &primary, &y, 1), "an earlier received buffer was overwritten");
+
+    // A prefix transfer: n smaller than x sends x[..n].
+    let slot = rt.tx(0, &x, 10).unwrap();
+    let y3 = rt.rx::<u32>(0, slot, 10).unwrap();
+    assert_eq!(y3.len(), 10);
+    assert!(received_is(&rt, &primary, &y3, 1));
+    rt.synchronize().unwrap();
+}
+
+#[test]
+fn x_on_another_device_is_refused() {
+    if devices_or_skip("x_on_another_device_is_refused", 2).is_none() {
+        return;
+    }
+    let primary = Engine::new(0).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
+    let x = Engine::new(1).unwrap().htod(&[POISON; 64]).unwrap();
+    assert!(matches!(rt.tx(0, &x, 64), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
+    // Nothing was filled: rx still says never filled.
+    assert!(matches!(rt.rx::<u32>(0, 0, 64), Err(Error::SlotState { .. })));
+}
+
+#[test]
+fn bad_configurations_are_refused_when_built() {
+    let Some(count) = devices_or_skip("bad_configurations_are_refused_when_built", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let err = PpNRt::new(PpConfig::with_devices(&[0, count]), &primary).unwrap_err();
+    match err {
+        Error::Config(e) => {
+            assert_eq!(e.setting, "PPNRT_DEVICES");
+            assert!(e.reason.contains(&format!("device ordinal {count} is not present")), "{e}");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    assert!(matches!(PpNRt::new(PpConfig::new(0), &primary), Err(Error::Config(_))));
+    assert!(matches!(PpNRt::new(PpConfig::new(2).slots(0), &primary), Err(Error::Config(_))));
+    // The fault knob exists for hazard tests only; a default config has none.
+    assert_eq!(PpConfig::new(2).fault(), ProtocolFault::None);
+}
+
+#[test]
+fn bf16_and_other_element_types_cross_boundaries() {
+    let Some(primary) = engine_or_skip("bf16_and_other_element_types_cross_boundaries", 0) else { return };
+    let rt = PpNRt::new(PpConfig::new(3).slots(2), &primary).unwrap();
+    let mut rng = Rng::new(6);
+    let data: Vec<ppnrt::Bf16> = (0..4099).map(|_| ppnrt::Bf16::from_f32(rng.next_f32())).collect();
+    let x = primary.htod(&data).unwrap();
+    let slot = rt.tx(0, &x, data.len()).unwrap();
+    let y = rt.rx::<ppnrt::Bf16>(0, slot, data.len()).unwrap();
+    let slot = rt.tx(1, &y, data.len()).unwrap();
+    let z = rt.rx::<ppnrt::Bf16>(1, slot, data.len()).unwrap();
+    assert!(primary.dtoh(&z).unwrap() == data);
+    let bytes: Vec<u8> = rng.vec_u32(333).iter().map(|&w| w as u8).collect();
+    let x = primary.htod(&bytes).unwrap();
+    let slot = rt.tx(0, &x, bytes.len()).unwrap();
+    assert!(primary.dtoh(&rt.rx::<u8>(0, slot, bytes.len()).unwrap()).unwrap() == bytes);
+}

@@ -1,0 +1,293 @@
+//! The safe layer and `Engine` on a GPU: copies, peers, events, the ambient stream, drops while
+//! busy, and sharing across threads. Each test skips (visibly) without the GPUs it needs.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
+use ppnrt::{
+    CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, StreamOverride, enable_peer_access,
+    kernels, take_drop_errors,
+};
+
+const SIZES: [usize; 6] = [1, 3, 1000, 4097, 65_536, 3_000_001];
+
+#[test]
+fn every_copy_kind_round_trips_random_data_into_poisoned_outputs() {
+    let Some(engine) = engine_or_skip("every_copy_kind_round_trips_random_data_into_poisoned_outputs", 0) else {
+        return;
+    };
+    let stream = engine.default_stream().clone();
+    let mut rng = Rng::new(2);
+    for n in SIZES {
+        let data = rng.vec_u32(n);
+        // Host to device (pageable), device to host (pageable).
+        let mut dev = engine.htod(&vec![POISON; n]).unwrap();
+        stream.memcpy_htod(&data, &mut dev).unwrap();
+        let mut back = vec![POISON; n];
+        stream.memcpy_dtoh(&dev, &mut back).unwrap();
+        assert!(back == data, "htod/dtoh n={n}");
+        // Device to device, same device.
+        let mut copy = engine.htod(&vec![POISON; n]).unwrap();
+        stream.memcpy_dtod(&dev, &mut copy).unwrap();
+        assert!(engine.dtoh(&copy).unwrap() == data, "dtod n={n}");
+        // Pinned, asynchronous both ways.
+        let mut pinned = PinnedHostBuffer::<u32>::new(engine.context(), n, false).unwrap();
+        pinned.as_mut_slice().unwrap().copy_from_slice(&data);
+        let mut dev2 = engine.htod(&vec![POISON; n]).unwrap();
+        stream.memcpy_htod_pinned(&pinned, &mut dev2).unwrap();
+        let mut pinned_back = PinnedHostBuffer::<u32>::new(engine.context(), n, false).unwrap();
+        pinned_back.as_mut_slice().unwrap().fill(POISON);
+        stream.memcpy_dtoh_pinned(&dev2, &mut pinned_back).unwrap();
+        assert!(pinned_back.as_slice().unwrap() == &data[..], "pinned n={n}");
+        // Sub-slice views: copy the middle third into the front of a poisoned buffer.
+        let (lo, hi) = (n / 3, 2 * n / 3);
+        let mut target = engine.htod(&vec![POISON; n]).unwrap();
+        {
+            let src = dev.slice(lo..hi).unwrap();
+            let mut dst = target.slice_mut(0..hi - lo).unwrap();
+            stream.memcpy_dtod(&src, &mut dst).unwrap();
+        }
+        let got = engine.dtoh(&target).unwrap();
+        assert!(got[..hi - lo] == data[lo..hi], "view copy n={n}");
+        assert!(got[hi - lo..].iter().all(|&w| w == POISON), "view copy wrote past its range, n={n}");
+    }
+    assert!(take_drop_errors().is_empty());
+}
+
+#[test]
+fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
+    let Some(engine) = engine_or_skip("copies_check_lengths_and_ranges_and_write_nothing_on_error", 0) else { return };
+    let stream = engine.default_stream().clone();
+    let mut dev = engine.htod(&[POISON; 8]).unwrap();
+    let err = stream.memcpy_htod(&[1u32; 7], &mut dev).unwrap_err();
+    assert_eq!(err, Error::LengthMismatch { what: "CudaStream::memcpy_htod", expected: 8, found: 7 });
+    let mut short = vec![0u32; 9];
+    assert!(matches!(stream.memcpy_dtoh(&dev, &mut short), Err(Error::LengthMismatch { expected: 9, found: 8, .. })));
+    let mut other = engine.htod(&[1u32; 4]).unwrap();
+    assert!(matches!(stream.memcpy_dtod(&dev, &mut other), Err(Error::LengthMismatch { .. })));
+    assert_eq!(dev.slice(2..9).unwrap_err(), Error::OutOfBounds { what: "CudaView::slice", start: 2, end: 9, len: 8 });
+    assert!(engine.dtoh(&dev).unwrap().iter().all(|&w| w == POISON));
+    assert!(engine.dtoh(&other).unwrap().iter().all(|&w| w == 1));
+    // Reinterpreting bytes checks sizes.
+    let bytes = engine.htod(&[0u8; 6]).unwrap();
+    assert!(bytes.as_view().reinterpret::<u32>().is_err());
+    assert_eq!(dev.as_view().reinterpret::<u8>().unwrap().len(), 32);
+}
+
+#[test]
+fn peer_copies_both_ways_with_the_source_freed_right_after_the_call() {
+    let test = "peer_copies_both_ways_with_the_source_freed_right_after_the_call";
+    if devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
+    let info = engines[0].device().peer_info(engines[1].device()).unwrap();
+    say(&format!("{test}: peer info 0->1 {info:?}"));
+    if info.access_supported {
+        enable_peer_access(engines[0].context(), engines[1].context()).unwrap();
+        // Idempotent, and the current context is left alone.
+        engines[1].context().bind().unwrap();
+        enable_peer_access(engines[1].context(), engines[0].context()).unwrap();
+        assert_eq!(ppnrt::result::context::get_current().unwrap(), engines[1].context().raw());
+    }
+    let mut rng = Rng::new(3);
+    for (a, b) in [(0usize, 1usize), (1, 0)] {
+        for n in [1usize, 4097, 16 << 20] {
+            let data = rng.vec_u32(n);
+            let mut dst = engines[b].htod(&vec![POISON; n]).unwrap();
+            engines[b].synchronize().unwrap();
+            let src = engines[a].htod(&data).unwrap();
+            // Delay the copy's stream so the copy is still queued when the source is dropped.
+            engines[a].spin(2_000_000).unwrap();
+            engines[a].default_stream().memcpy_dtod(&src, &mut dst).unwrap();
+            drop(src);
+            // Overwrite whatever the pool hands out next on the source's device.
+            let mut scribble = engines[a].alloc::<u32>(n).unwrap();
+            engines[a].fill_u32(&mut scribble, POISON).unwrap();
+            let got = engines[b].dtoh(&dst).unwrap();
+            let bad = got.iter().zip(&data).filter(|(g, d)| g != d).count();
+            assert_eq!(bad, 0, "{a}->{b} n={n}: {bad} mismatches");
+        }
+        // The SM copy kernel reaches peer memory (persistent allocations).
+        if info.access_supported {
+            let n = 1 << 20;
+            let data = rng.vec_u32(n);
+            let src = engines[a].htod(&data).unwrap();
+            let mut dst = CudaSlice::<u32>::alloc_persistent(engines[b].default_stream(), n).unwrap();
+            engines[b].fill_u32(&mut dst, POISON).unwrap();
+            engines[b].synchronize().unwrap();
+            engines[a].copy_with_sms(&src, &mut dst).unwrap();
+            assert!(engines[b].dtoh(&dst).unwrap() == data, "SM copy {a}->{b}");
+        }
+    }
+    assert!(take_drop_errors().is_empty());
+}
+
+#[test]
+fn events_time_a_known_amount_of_work() {
+    let Some(engine) = engine_or_skip("events_time_a_known_amount_of_work", 0) else { return };
+    let stream = engine.default_stream();
+    let (start, end) =
+        (CudaEvent::new(engine.context(), true).unwrap(), CudaEvent::new(engine.context(), true).unwrap());
+    for ms in [1u64, 5, 20] {
+        start.record(stream).unwrap();
+        engine.spin(ms * 1_000_000).unwrap();
+        end.record(stream).unwrap();
+        end.synchronize().unwrap();
+        assert!(end.is_complete().unwrap());
+        let elapsed = end.elapsed_ms(&start).unwrap();
+        assert!(elapsed >= ms as f32 * 0.95 && elapsed < ms as f32 * 1.5 + 1.0, "spin {ms} ms timed {elapsed} ms");
+    }
+    let untimed = CudaEvent::new(engine.context(), false).unwrap();
+    untimed.record(stream).unwrap();
+    untimed.synchronize().unwrap();
+    assert!(matches!(untimed.elapsed_ms(&start), Err(Error::Driver(_))));
+}
+
+#[test]
+fn an_event_recorded_on_another_devices_stream_is_refused_before_the_driver() {
+    let test = "an_event_recorded_on_another_devices_stream_is_refused_before_the_driver";
+    if devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+    let event = CudaEvent::new(e0.context(), false).unwrap();
+    let err = event.record(e1.default_stream()).unwrap_err();
+    assert!(matches!(err, Error::WrongDevice { expected: 0, found: 1, .. }), "{err}");
+    // Waiting on it from the other device is fine.
+    event.record(e0.default_stream()).unwrap();
+    e1.default_stream().wait(&event).unwrap();
+    e1.synchronize().unwrap();
+}
+
+#[test]
+fn stream_overrides_nest_and_stay_on_their_thread() {
+    let Some(engine) = engine_or_skip("stream_overrides_nest_and_stay_on_their_thread", 0) else { return };
+    let default = engine.default_stream().clone();
+    let (s1, s2) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
+    assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default));
+    {
+        let _outer = StreamOverride::new(s1.clone());
+        assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s1));
+        let slice = engine.alloc::<u32>(16).unwrap();
+        assert!(Arc::ptr_eq(slice.stream(), &s1), "allocation on the ambient stream");
+        {
+            let _inner = StreamOverride::new(s2.clone());
+            assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s2));
+        }
+        assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s1));
+    }
+    assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default));
+
+    // Threads: each sets its own ambient stream and sees only its own.
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mine = CudaStream::new(engine.context()).unwrap();
+                let _guard = StreamOverride::new(mine.clone());
+                for round in 0..50u32 {
+                    assert!(Arc::ptr_eq(&engine.stream().unwrap(), &mine));
+                    let seed = t * 1000 + round;
+                    let mut buffer = engine.alloc::<u32>(10_000).unwrap();
+                    engine.fill_pattern(&mut buffer, seed).unwrap();
+                    let host = engine.dtoh(&buffer).unwrap();
+                    assert!(host.iter().enumerate().all(|(i, &w)| w == kernels::pattern(seed, i as u64)));
+                    assert!(Arc::ptr_eq(buffer.stream(), &mine));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default), "other threads' guards do not leak here");
+}
+
+#[test]
+fn an_ambient_stream_of_another_device_is_an_error() {
+    if devices_or_skip("an_ambient_stream_of_another_device_is_an_error", 2).is_none() {
+        return;
+    }
+    let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+    let _guard = StreamOverride::new(e1.default_stream().clone());
+    assert!(matches!(e0.alloc::<f32>(4), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
+    assert!(e1.alloc::<f32>(4).is_ok());
+}
+
+#[test]
+fn buffers_dropped_while_their_stream_is_busy_are_freed_in_order() {
+    let Some(engine) = engine_or_skip("buffers_dropped_while_their_stream_is_busy_are_freed_in_order", 0) else {
+        return;
+    };
+    let n = 1 << 20;
+    for persistent in [false, true] {
+        let mut first = if persistent { engine.alloc_persistent::<u32>(n) } else { engine.alloc::<u32>(n) }.unwrap();
+        engine.spin(20_000_000).unwrap();
+        engine.fill_pattern(&mut first, 11).unwrap();
+        let mut copy = engine.alloc::<u32>(n).unwrap();
+        engine.dtod(&first, &mut copy).unwrap();
+        drop(first); // the stream is still spinning; the free is ordered after the copy
+        let mut reuse = engine.alloc::<u32>(n).unwrap();
+        engine.fill_u32(&mut reuse, POISON).unwrap();
+        let host = engine.dtoh(&copy).unwrap();
+        assert!(host.iter().enumerate().all(|(i, &w)| w == kernels::pattern(11, i as u64)), "persistent={persistent}");
+    }
+    assert!(take_drop_errors().is_empty());
+}
+
+#[test]
+fn one_engine_serves_many_threads() {
+    let Some(engine) = engine_or_skip("one_engine_serves_many_threads", 0) else { return };
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let stream = CudaStream::new(engine.context()).unwrap();
+                let _guard = StreamOverride::new(stream);
+                let mut rng = Rng::new(100 + t);
+                for _ in 0..25 {
+                    let n = 1 + rng.below(50_000) as usize;
+                    let data = rng.vec_u32(n);
+                    let dev = engine.htod(&data).unwrap();
+                    assert_eq!(engine.checksum(&dev).unwrap(), kernels::checksum(&data));
+                    assert!(engine.dtoh(&dev).unwrap() == data);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn adopted_streams_are_not_destroyed() {
+    let Some(engine) = engine_or_skip("adopted_streams_are_not_destroyed", 0) else { return };
+    engine.context().bind().unwrap();
+    let raw = ppnrt::result::stream::create_non_blocking().unwrap();
+    // SAFETY: raw is a live stream of the engine's context, destroyed below after the wrapper.
+    let adopted = unsafe { CudaStream::adopt(engine.context(), raw) };
+    assert!(!adopted.is_owned());
+    let dev = CudaSlice::<u32>::alloc(&adopted, 100).unwrap();
+    drop(dev);
+    drop(adopted);
+    // SAFETY: raw is still live (the wrapper did not destroy it) and no longer used after this.
+    unsafe {
+        ppnrt::result::stream::synchronize(raw).unwrap();
+        ppnrt::result::stream::destroy(raw).unwrap();
+    }
+}
+
+#[test]
+fn the_peer_matrix_is_square_and_has_no_self_links() {
+    let Some(count) = devices_or_skip("the_peer_matrix_is_square_and_has_no_self_links", 1) else { return };
+    let matrix = ppnrt::Device::peer_matrix().unwrap();
+    assert_eq!(matrix.len() as i32, count);
+    for (i, row) in matrix.iter().enumerate() {
+        assert_eq!(row.len() as i32, count);
+        assert!(!row[i].access_supported);
+    }
+}
