@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU gate: runs every test executable, the examples, the test executables under
+# compute-sanitizer (memcheck with leak check, initcheck, synccheck, racecheck) and the benches
+# in a short mode, from gpu-bundle/ (made by scripts/build-gpu-bundle.sh). Prints one summary
+# table; exits non-zero on any failure or sanitizer error.
+#
+#   bash scripts/gpu-gate.sh [phases]      phases: any of tests,examples,sanitize,bench (default all)
+#
+# Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
+# than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
+# GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
+# GATE_SANITIZE_TESTS (test executables to sanitize; default all but faults).
+set -u
+cd "$(dirname "$0")/.."
+bundle=gpu-bundle
+phases=${1:-tests,examples,sanitize,bench}
+logs=${GATE_OUT:-${OUT:-gate-logs}}
+mkdir -p "$logs"
+export PPNRT_REQUIRE_GPUS=${PPNRT_REQUIRE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+# NVLink multicast stays off on shared machines.
+export NCCL_NVLS_ENABLE=0
+rows=()
+failed=0
+
+record() { # name status seconds detail
+  rows+=("$(printf '%-44s %-6s %7s  %s' "$1" "$2" "$3" "$4")")
+  [ "$2" = PASS ] || failed=1
+}
+
+run_step() { # name logfile command...
+  local name=$1 log=$2; shift 2
+  local start end rc secs
+  start=$(date +%s%N)
+  "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s%N)
+  secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  local detail
+  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  if [ $rc -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
+}
+
+echo "gate on $(hostname): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | tr '\n' ' ')"
+echo "PPNRT_REQUIRE_GPUS=$PPNRT_REQUIRE_GPUS"
+
+if [[ $phases == *tests* ]]; then
+  for t in "$bundle"/tests/*; do
+    n=$(basename "$t")
+    run_step "test $n" "$logs/test-$n.log" "$t" --test-threads=1
+  done
+fi
+
+if [[ $phases == *examples* ]]; then
+  for e in "$bundle"/examples/*; do
+    [ -e "$e" ] || continue
+    n=$(basename "$e")
+    run_step "example $n" "$logs/example-$n.log" "$e"
+  done
+fi
+
+if [[ $phases == *sanitize* ]]; then
+  tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
+  default_tests=$(ls "$bundle/tests" | grep -v '^faults$' | tr '\n' ' ')
+  tests=${GATE_SANITIZE_TESTS:-$default_tests}
+  for tool in $tools; do
+    extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    for n in $tests; do
+      PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
+        run_step "sanitize $tool $n" "$logs/sanitize-$tool-$n.log" \
+        compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
+        "$bundle/tests/$n" --test-threads=1
+    done
+  done
+fi
+
+if [[ $phases == *bench* ]]; then
+  for b in "$bundle"/benches/*; do
+    [ -e "$b" ] || continue
+    n=$(basename "$b")
+    run_step "bench $n" "$logs/bench-$n.log" "$b" --bench ${GATE_BENCH_ARGS:---warm-up-time 0.5 --measurement-time 1 --noplot}
+  done
+fi
+
+echo
+echo "==== gate summary ($(date -u +%Y-%m-%dT%H:%MZ)) ===="
+printf '%s\n' "${rows[@]}"
+if [ $failed -eq 0 ]; then echo "GATE PASS"; else echo "GATE FAIL"; fi
+exit $failed
