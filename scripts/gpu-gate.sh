@@ -66,7 +66,7 @@ if [[ $phases == *sanitize* ]]; then
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check full)
     for n in $tests; do
-      PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
+      PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
         run_step "sanitize $tool $n" "$logs/sanitize-$tool-$n.log" \
         compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
         "$bundle/tests/$n" --test-threads=1

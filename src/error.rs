@@ -214,16 +214,25 @@ pub enum Error {
         /// Element size in bytes.
         elem_size: usize,
     },
+    /// A string passed to the driver holds a NUL byte before its end.
+    #[error("{what} holds a NUL byte at offset {position}")]
+    InteriorNul {
+        /// The string's role.
+        what: &'static str,
+        /// Offset of the first NUL.
+        position: usize,
+    },
     /// A kernel name that the module does not define.
-    #[error("module `{module}` has no kernel `{kernel}`: {source}")]
+    #[error("module `{module}` has no kernel `{kernel}`")]
     KernelNotFound {
         /// The module's name.
         module: String,
         /// The kernel asked for.
         kernel: String,
-        /// The driver's answer.
-        source: DriverError,
     },
+    /// Elapsed time asked of an event created without timing.
+    #[error("elapsed time needs two events created with timing")]
+    EventWithoutTiming,
     /// Peer access between two devices is not possible.
     #[error("device {from} cannot access device {to} as a peer")]
     PeerAccessUnsupported {

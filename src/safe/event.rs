@@ -81,10 +81,14 @@ impl CudaEvent {
     /// timing and have completed.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for events of different devices; the driver's error otherwise
-    /// (`CUDA_ERROR_INVALID_HANDLE` without timing, `CUDA_ERROR_NOT_READY` before completion).
+    /// [`Error::EventWithoutTiming`] when either event was created without timing and
+    /// [`Error::WrongDevice`] for events of different devices (both checked before the driver is
+    /// called); the driver's error otherwise (`CUDA_ERROR_NOT_READY` before completion).
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed_ms(&self, start: &CudaEvent) -> Result<f32> {
+        if !self.timing || !start.timing {
+            return Err(Error::EventWithoutTiming);
+        }
         if start.ctx.ordinal() != self.ctx.ordinal() {
             return Err(Error::WrongDevice {
                 what: "CudaEvent::elapsed_ms: both events must be on one device",

@@ -1,6 +1,6 @@
 //! PTX modules and kernel launch.
 
-use std::ffi::{CString, c_void};
+use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
 use super::context::Context;
@@ -16,6 +16,8 @@ pub struct Module {
     ctx: Arc<Context>,
     raw: CUmodule,
     name: String,
+    /// The `.entry` names of the PTX, to refuse unknown kernels before asking the driver.
+    entries: Vec<String>,
 }
 
 // SAFETY: a loaded CUmodule and its functions may be used from any thread.
@@ -27,40 +29,53 @@ impl Module {
     /// Loads PTX text (JIT-compiled by the driver for the device). `name` is used in errors.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] if `ptx` contains a NUL byte; the driver's error
+    /// [`Error::InteriorNul`] if `ptx` contains a NUL byte before its end; the driver's error
     /// (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` when the driver is older
     /// than the toolkit that wrote the PTX).
     #[doc(alias = "cuModuleLoadData")]
     pub fn load_ptx(ctx: &Arc<Context>, name: &str, ptx: &str) -> Result<Arc<Module>> {
-        let image = CString::new(ptx).map_err(|e| Error::LengthMismatch {
-            what: "Module::load_ptx: PTX text must not contain NUL bytes",
-            expected: e.nul_position(),
-            found: ptx.len(),
-        })?;
+        let owned;
+        let image: &CStr = match CStr::from_bytes_with_nul(ptx.as_bytes()) {
+            // Already NUL-terminated (the embedded modules are): no copy.
+            Ok(image) => image,
+            Err(_) => {
+                owned = CString::new(ptx).map_err(|e| Error::InteriorNul {
+                    what: "Module::load_ptx: PTX text",
+                    position: e.nul_position(),
+                })?;
+                &owned
+            }
+        };
         ctx.bind()?;
-        let raw = raw::load_data(&image)?;
-        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string() }))
+        let raw = raw::load_data(image)?;
+        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string(), entries: ptx_entries(ptx) }))
     }
 
     /// The kernel `name`.
     ///
     /// # Errors
-    /// [`Error::KernelNotFound`] when the module has no such kernel.
+    /// [`Error::KernelNotFound`] when the module has no such kernel (checked against the PTX's
+    /// entries before the driver is asked).
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(self: &Arc<Self>, name: &str) -> Result<Function> {
-        let not_found = |source| Error::KernelNotFound { module: self.name.clone(), kernel: name.to_string(), source };
-        let c_name = CString::new(name).map_err(|_| Error::LengthMismatch {
-            what: "Module::function: kernel names must not contain NUL bytes",
-            expected: 0,
-            found: name.len(),
-        })?;
+        let not_found = || Error::KernelNotFound { module: self.name.clone(), kernel: name.to_string() };
+        if !self.entries.iter().any(|entry| entry == name) {
+            return Err(not_found());
+        }
+        let c_name = CString::new(name)
+            .map_err(|e| Error::InteriorNul { what: "Module::function: kernel name", position: e.nul_position() })?;
         self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         match unsafe { raw::get_function(self.raw, &c_name) } {
             Ok(raw) => Ok(Function { module: Arc::clone(self), raw, name: name.to_string() }),
-            Err(Error::Driver(e)) => Err(not_found(e)),
+            Err(Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(not_found()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The kernels the module defines (its PTX `.entry` names).
+    pub fn entries(&self) -> &[String] {
+        &self.entries
     }
 
     /// The module's context.
@@ -72,6 +87,15 @@ impl Module {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The names of the `.entry` directives of PTX text (`.visible .entry name(`).
+fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|line| line.split(".entry ").nth(1))
+        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or("").to_string())
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 impl Drop for Module {
@@ -208,6 +232,18 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ptx_entries_are_found_with_and_without_parameters() {
+        let ptx =
+            ".visible .entry ppnrt_trap()\n{\n}\n.visible .entry ppnrt_fill_u32(\n.param .u64 a\n)\n.func helper(\n";
+        assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
+        let all = super::ptx_entries(crate::kernels::HELPERS_PTX);
+        assert!(all.iter().any(|e| e == "ppnrt_trap") && all.iter().any(|e| e == "ppnrt_copy_bytes"), "{all:?}");
+    }
+}
 
 impl CudaStream {
     /// Launches `function` on this stream.
