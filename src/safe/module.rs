@@ -233,18 +233,6 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ptx_entries_are_found_with_and_without_parameters() {
-        let ptx =
-            ".visible .entry ppnrt_trap()\n{\n}\n.visible .entry ppnrt_fill_u32(\n.param .u64 a\n)\n.func helper(\n";
-        assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
-        let all = super::ptx_entries(crate::kernels::HELPERS_PTX);
-        assert!(all.iter().any(|e| e == "ppnrt_trap") && all.iter().any(|e| e == "ppnrt_copy_bytes"), "{all:?}");
-    }
-}
-
 impl CudaStream {
     /// Launches `function` on this stream.
     ///
@@ -273,5 +261,17 @@ impl CudaStream {
                 raw::launch_kernel(function.raw, config.grid, config.block, config.shared_mem_bytes, self.raw(), params)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ptx_entries_are_found_with_and_without_parameters() {
+        let ptx =
+            ".visible .entry ppnrt_trap()\n{\n}\n.visible .entry ppnrt_fill_u32(\n.param .u64 a\n)\n.func helper(\n";
+        assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
+        let all = super::ptx_entries(crate::kernels::HELPERS_PTX);
+        assert!(all.iter().any(|e| e == "ppnrt_trap") && all.iter().any(|e| e == "ppnrt_copy_bytes"), "{all:?}");
     }
 }
