@@ -1,0 +1,589 @@
+//! Transport benchmarks, each beside a raw-driver loop making the same calls in the same run.
+//!
+//! - `peer_copy/{crate,sm_kernel,raw}/{a}to{b}/{bytes}`: device time of one copy between two
+//!   GPUs (CUDA events around a batch; bytes/s throughput), 4 KiB to 1 GiB, both directions.
+//! - `boundary_step/{crate,raw}/{transport}/{bytes}`: one pipelined boundary step (`tx` + `rx`
+//!   with many steps in flight), host clock.
+//! - `boundary_host/{crate,raw}/{transport}/{bytes}`: host time of `tx` + `rx` issued into an
+//!   idle queue.
+//!
+//! After criterion's groups, a table measures each figure again beside its raw loop with the
+//! ratio (host µs of `tx` and of `rx`, pipelined µs per step, isolated hop latency median and
+//! p99, throughput), then checks the targets measured on 2× H200. `PPNRT_BENCH_REPORT=path`
+//! writes those tables as Markdown too. Without a GPU the bench says why and exits.
+#![allow(missing_docs, clippy::undocumented_unsafe_blocks)]
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use ppnrt::sys::{self, CUdeviceptr, CUresult, CUstream};
+use ppnrt::{
+    CudaEvent, CudaSlice, CudaStream, Device, DeviceSlice, Engine, PinnedHostBuffer, PpConfig, PpNRt, TransportPolicy,
+    enable_peer_access,
+};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+const COPY_SIZES: [usize; 10] =
+    [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB];
+const BOUNDARY_SIZES: [usize; 5] = [16 * KIB, 32 * KIB, 256 * KIB, 16 * MIB, 64 * MIB];
+
+fn api() -> &'static sys::DriverApi {
+    ppnrt::loader::driver().expect("the driver loaded").api()
+}
+
+/// Calls a raw driver entry point and checks its result.
+macro_rules! raw {
+    ($name:ident($($arg:expr),* $(,)?)) => {{
+        let entry = api().$name.as_ref().expect(stringify!($name));
+        // SAFETY (bench): each call site passes live handles and valid ranges it set up itself.
+        let code = unsafe { entry($($arg),*) };
+        assert_eq!(code, CUresult::CUDA_SUCCESS, "{} failed", stringify!($name));
+    }};
+}
+
+fn label(bytes: usize) -> String {
+    if bytes >= MIB { format!("{}MiB", bytes / MIB) } else { format!("{}KiB", bytes / KIB) }
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[((values.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Device time of `iters` calls of `f` on `stream`, between two timing events.
+fn device_time(stream: &CudaStream, events: &(CudaEvent, CudaEvent), iters: u64, mut f: impl FnMut()) -> Duration {
+    events.0.record(stream).unwrap();
+    for _ in 0..iters {
+        f();
+    }
+    events.1.record(stream).unwrap();
+    events.1.synchronize().unwrap();
+    Duration::from_secs_f64(f64::from(events.1.elapsed_ms(&events.0).unwrap()) / 1e3)
+}
+
+struct Gpus {
+    engines: Vec<Engine>,
+    peers: bool,
+}
+
+impl Gpus {
+    fn find() -> Option<Gpus> {
+        let count = match Device::count() {
+            Ok(count) if count >= 1 => count,
+            Ok(_) => {
+                say("SKIPPED transport benches: no CUDA device");
+                return None;
+            }
+            Err(e) => {
+                say(&format!("SKIPPED transport benches: no usable CUDA driver: {e}"));
+                return None;
+            }
+        };
+        let engines: Vec<Engine> = (0..count.min(2)).map(|d| Engine::new(d).unwrap()).collect();
+        let peers = engines.len() == 2 && engines[0].device().peer_info(engines[1].device()).unwrap().access_supported;
+        if peers {
+            enable_peer_access(engines[0].context(), engines[1].context()).unwrap();
+        }
+        for e in &engines {
+            say(&format!("device {}: {}", e.ordinal(), e.device().name().unwrap()));
+        }
+        Some(Gpus { engines, peers })
+    }
+}
+
+/// A pattern-filled persistent buffer of `bytes` on `engine`'s device.
+fn filled(engine: &Engine, bytes: usize, seed: u32) -> CudaSlice<u32> {
+    let mut buffer = engine.alloc_persistent::<u32>(bytes / 4).unwrap();
+    engine.fill_pattern(&mut buffer, seed).unwrap();
+    engine.synchronize().unwrap();
+    buffer
+}
+
+fn peer_copy(c: &mut Criterion, gpus: &Gpus) {
+    if !gpus.peers {
+        say("SKIPPED peer_copy: needs two GPUs with peer access");
+        return;
+    }
+    let mut group = c.benchmark_group("peer_copy");
+    for (a, b) in [(0usize, 1usize), (1, 0)] {
+        let (ea, eb) = (&gpus.engines[a], &gpus.engines[b]);
+        let stream = ea.default_stream().clone();
+        let events = (CudaEvent::new(ea.context(), true).unwrap(), CudaEvent::new(ea.context(), true).unwrap());
+        for bytes in COPY_SIZES {
+            group.throughput(Throughput::Bytes(bytes as u64));
+            group.sample_size(if bytes >= 256 * MIB { 10 } else { 30 });
+            let src = filled(ea, bytes, 1);
+            let mut dst = filled(eb, bytes, 2);
+            let dir = format!("{a}to{b}");
+            group.bench_function(BenchmarkId::new(format!("crate/{dir}"), label(bytes)), |bench| {
+                bench.iter_custom(|iters| {
+                    device_time(&stream, &events, iters, || stream.memcpy_dtod(&src, &mut dst).unwrap())
+                })
+            });
+            group.bench_function(BenchmarkId::new(format!("sm_kernel/{dir}"), label(bytes)), |bench| {
+                bench.iter_custom(|iters| {
+                    device_time(&stream, &events, iters, || ea.copy_with_sms(&src, &mut dst).unwrap())
+                })
+            });
+            let (s, d, raw_stream) = (src.device_ptr(), dst.device_ptr(), stream.raw());
+            group.bench_function(BenchmarkId::new(format!("raw/{dir}"), label(bytes)), |bench| {
+                bench.iter_custom(|iters| {
+                    device_time(&stream, &events, iters, || raw!(cuMemcpyAsync(d, s, bytes, raw_stream)))
+                })
+            });
+            eb.synchronize().unwrap();
+        }
+    }
+    group.finish();
+}
+
+/// The boundaries benchmarked: (name, stage devices, policy).
+fn transports(gpus: &Gpus) -> Vec<(&'static str, [i32; 2], TransportPolicy)> {
+    let mut list = vec![("local", [0, 0], TransportPolicy::Auto)];
+    if gpus.engines.len() >= 2 {
+        if gpus.peers {
+            list.push(("peer", [0, 1], TransportPolicy::Auto));
+        }
+        list.push(("host-staged", [0, 1], TransportPolicy::Staged));
+    } else {
+        list.push(("host-staged", [0, 0], TransportPolicy::Staged));
+    }
+    list
+}
+
+/// One boundary through the crate, and the same calls made raw, sharing streams and slot memory
+/// layout (separate buffers and events).
+struct Boundary {
+    rt: PpNRt,
+    x: CudaSlice<u32>,
+    n: usize,
+    raw: RawBoundary,
+    done: CudaEvent,
+}
+
+enum RawSlotBuffer {
+    Device(CudaSlice<u8>),
+    Host(PinnedHostBuffer<u8>),
+}
+
+struct RawSlot {
+    buffer: RawSlotBuffer,
+    ev_tx: CudaEvent,
+    ev_rx: CudaEvent,
+    rx_recorded: bool,
+}
+
+/// The protocol written directly against the driver: per `tx` one context bind, a wait, a copy, a
+/// record; per `rx` one bind, a wait, a stream-ordered allocation, a copy, a record; the output is
+/// freed stream-ordered, as the crate's `CudaSlice` drop does.
+struct RawBoundary {
+    tx_stream: Arc<CudaStream>,
+    rx_stream: Arc<CudaStream>,
+    slots: Vec<RawSlot>,
+    next: usize,
+}
+
+impl RawBoundary {
+    fn tx(&mut self, x: CUdeviceptr, bytes: usize) -> usize {
+        let index = self.next;
+        let slot = &mut self.slots[index];
+        let stream: CUstream = self.tx_stream.raw();
+        raw!(cuCtxSetCurrent(self.tx_stream.context().raw()));
+        if slot.rx_recorded {
+            raw!(cuStreamWaitEvent(stream, slot.ev_rx.raw(), 0));
+        }
+        match &mut slot.buffer {
+            RawSlotBuffer::Device(buffer) => raw!(cuMemcpyAsync(buffer.device_ptr(), x, bytes, stream)),
+            RawSlotBuffer::Host(buffer) => raw!(cuMemcpyDtoHAsync_v2(buffer.as_mut_ptr().cast(), x, bytes, stream)),
+        }
+        raw!(cuEventRecord(slot.ev_tx.raw(), stream));
+        self.next = (index + 1) % self.slots.len();
+        index
+    }
+
+    fn rx(&mut self, index: usize, bytes: usize) -> CUdeviceptr {
+        let slot = &mut self.slots[index];
+        let stream: CUstream = self.rx_stream.raw();
+        raw!(cuCtxSetCurrent(self.rx_stream.context().raw()));
+        raw!(cuStreamWaitEvent(stream, slot.ev_tx.raw(), 0));
+        let mut out: CUdeviceptr = 0;
+        raw!(cuMemAllocAsync(&mut out, bytes, stream));
+        match &slot.buffer {
+            RawSlotBuffer::Device(buffer) => raw!(cuMemcpyAsync(out, buffer.device_ptr(), bytes, stream)),
+            RawSlotBuffer::Host(buffer) => raw!(cuMemcpyHtoDAsync_v2(out, buffer.as_ptr().cast(), bytes, stream)),
+        }
+        raw!(cuEventRecord(slot.ev_rx.raw(), stream));
+        slot.rx_recorded = true;
+        out
+    }
+
+    fn free(&self, out: CUdeviceptr) {
+        raw!(cuMemFreeAsync(out, self.rx_stream.raw()));
+    }
+}
+
+impl Boundary {
+    fn new(gpus: &Gpus, devices: [i32; 2], policy: TransportPolicy, max_bytes: usize) -> Boundary {
+        let primary = &gpus.engines[0];
+        let config = PpConfig::with_devices(&devices).transport(policy).reserve_bytes(max_bytes);
+        let rt = PpNRt::new(config, primary).unwrap();
+        let (tx_engine, rx_engine) = (rt.engine(0, primary).unwrap().clone(), rt.engine(1, primary).unwrap().clone());
+        let x = {
+            let _scope = rt.enter(0).unwrap();
+            let mut x = tx_engine.alloc::<u32>(max_bytes / 4).unwrap();
+            tx_engine.fill_pattern(&mut x, 3).unwrap();
+            x
+        };
+        let (tx_stream, rx_stream) = (rt.stage_stream(0).unwrap().clone(), rt.stage_stream(1).unwrap().clone());
+        let staged = policy == TransportPolicy::Staged;
+        let slots = (0..rt.n_slots())
+            .map(|_| RawSlot {
+                buffer: if staged {
+                    RawSlotBuffer::Host(PinnedHostBuffer::new(rx_engine.context(), max_bytes, false).unwrap())
+                } else {
+                    RawSlotBuffer::Device(CudaSlice::alloc_persistent(&rx_stream, max_bytes).unwrap())
+                },
+                ev_tx: CudaEvent::new(tx_engine.context(), false).unwrap(),
+                ev_rx: CudaEvent::new(rx_engine.context(), false).unwrap(),
+                rx_recorded: false,
+            })
+            .collect();
+        let done = CudaEvent::new(rx_engine.context(), false).unwrap();
+        rt.synchronize().unwrap();
+        Boundary { rt, x, n: 0, raw: RawBoundary { tx_stream, rx_stream, slots, next: 0 }, done }
+    }
+
+    fn set_bytes(&mut self, bytes: usize) {
+        self.n = bytes / 4;
+    }
+
+    fn step_crate(&self) {
+        let slot = self.rt.tx(0, &self.x, self.n).unwrap();
+        drop(self.rt.rx::<u32>(0, slot, self.n).unwrap());
+    }
+
+    fn step_raw(&mut self) {
+        let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
+        let out = self.raw.rx(slot, self.n * 4);
+        self.raw.free(out);
+    }
+
+    fn sync(&self) {
+        self.rt.synchronize().unwrap();
+    }
+
+    /// Host seconds of (tx, rx) per call, each issued into an idle queue.
+    fn host_times(&mut self, raw: bool, iters: usize) -> (Vec<f64>, Vec<f64>) {
+        let (mut txs, mut rxs) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+        for i in 0..iters {
+            if i % 32 == 0 || self.n * 4 >= MIB {
+                self.sync();
+            }
+            let t0 = Instant::now();
+            if raw {
+                let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
+                let t1 = Instant::now();
+                let out = self.raw.rx(slot, self.n * 4);
+                let t2 = Instant::now();
+                self.raw.free(out);
+                txs.push((t1 - t0).as_secs_f64());
+                rxs.push((t2 - t1).as_secs_f64());
+            } else {
+                let slot = self.rt.tx(0, &self.x, self.n).unwrap();
+                let t1 = Instant::now();
+                let out = self.rt.rx::<u32>(0, slot, self.n).unwrap();
+                let t2 = Instant::now();
+                drop(out);
+                txs.push((t1 - t0).as_secs_f64());
+                rxs.push((t2 - t1).as_secs_f64());
+            }
+        }
+        self.sync();
+        (txs, rxs)
+    }
+
+    /// Seconds per step with `steps` steps in flight (host clock, final synchronisation included).
+    fn pipelined(&mut self, raw: bool, steps: usize) -> f64 {
+        self.sync();
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            if raw { self.step_raw() } else { self.step_crate() }
+        }
+        self.sync();
+        t0.elapsed().as_secs_f64() / steps as f64
+    }
+
+    /// Seconds from `tx` issue to RX data ready, one hop at a time.
+    fn hops(&mut self, raw: bool, iters: usize) -> Vec<f64> {
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            self.sync();
+            let t0 = Instant::now();
+            if raw {
+                let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
+                let out = self.raw.rx(slot, self.n * 4);
+                raw!(cuEventRecord(self.done.raw(), self.raw.rx_stream.raw()));
+                raw!(cuEventSynchronize(self.done.raw()));
+                times.push(t0.elapsed().as_secs_f64());
+                self.raw.free(out);
+            } else {
+                let slot = self.rt.tx(0, &self.x, self.n).unwrap();
+                let out = self.rt.rx::<u32>(0, slot, self.n).unwrap();
+                self.done.record(self.rt.stage_stream(1).unwrap()).unwrap();
+                self.done.synchronize().unwrap();
+                times.push(t0.elapsed().as_secs_f64());
+                drop(out);
+            }
+        }
+        times
+    }
+}
+
+fn boundary_groups(c: &mut Criterion, gpus: &Gpus) {
+    let mut step = c.benchmark_group("boundary_step");
+    for (name, devices, policy) in transports(gpus) {
+        let mut boundary = Boundary::new(gpus, devices, policy, 64 * MIB);
+        for bytes in BOUNDARY_SIZES {
+            boundary.set_bytes(bytes);
+            step.throughput(Throughput::Bytes(bytes as u64));
+            step.sample_size(if bytes >= 16 * MIB { 10 } else { 30 });
+            step.bench_function(BenchmarkId::new(format!("crate/{name}"), label(bytes)), |bench| {
+                bench.iter_custom(|iters| {
+                    Duration::from_secs_f64(boundary.pipelined(false, iters as usize) * iters as f64)
+                })
+            });
+            step.bench_function(BenchmarkId::new(format!("raw/{name}"), label(bytes)), |bench| {
+                bench.iter_custom(|iters| {
+                    Duration::from_secs_f64(boundary.pipelined(true, iters as usize) * iters as f64)
+                })
+            });
+        }
+    }
+    step.finish();
+    let mut host = c.benchmark_group("boundary_host_tx_rx");
+    for (name, devices, policy) in transports(gpus) {
+        let mut boundary = Boundary::new(gpus, devices, policy, 64 * MIB);
+        for bytes in [16 * KIB, 32 * KIB, 256 * KIB] {
+            boundary.set_bytes(bytes);
+            for (who, raw) in [("crate", false), ("raw", true)] {
+                host.bench_function(BenchmarkId::new(format!("{who}/{name}"), label(bytes)), |bench| {
+                    bench.iter_custom(|iters| {
+                        let (txs, rxs) = boundary.host_times(raw, iters as usize);
+                        Duration::from_secs_f64(txs.iter().sum::<f64>() + rxs.iter().sum::<f64>())
+                    })
+                });
+            }
+        }
+    }
+    host.finish();
+}
+
+/// One row of the comparison table.
+struct Row {
+    figure: String,
+    crate_value: f64,
+    raw_value: f64,
+    unit: &'static str,
+}
+
+fn comparison(gpus: &Gpus, report: &mut String) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (name, devices, policy) in transports(gpus) {
+        let mut b = Boundary::new(gpus, devices, policy, 64 * MIB);
+        for bytes in BOUNDARY_SIZES {
+            b.set_bytes(bytes);
+            let big = bytes >= 16 * MIB;
+            let (iters, steps) = if big { (30, 40) } else { (600, 3000) };
+            let tag = format!("{name} {}", label(bytes));
+            // Warm-up: the first calls pay for module loads and pool growth.
+            b.host_times(false, 20);
+            b.host_times(true, 20);
+            let (mut ctx_, mut crx) = b.host_times(false, iters);
+            let (mut rtx, mut rrx) = b.host_times(true, iters);
+            let us = 1e6;
+            rows.push(Row {
+                figure: format!("{tag}: host tx"),
+                crate_value: median(&mut ctx_) * us,
+                raw_value: median(&mut rtx) * us,
+                unit: "µs",
+            });
+            rows.push(Row {
+                figure: format!("{tag}: host rx"),
+                crate_value: median(&mut crx) * us,
+                raw_value: median(&mut rrx) * us,
+                unit: "µs",
+            });
+            let mut both_c: Vec<f64> = ctx_.iter().zip(&crx).map(|(a, b)| a + b).collect();
+            let mut both_r: Vec<f64> = rtx.iter().zip(&rrx).map(|(a, b)| a + b).collect();
+            rows.push(Row {
+                figure: format!("{tag}: host tx+rx"),
+                crate_value: median(&mut both_c) * us,
+                raw_value: median(&mut both_r) * us,
+                unit: "µs",
+            });
+            let (pc, pr) = (b.pipelined(false, steps), b.pipelined(true, steps));
+            rows.push(Row {
+                figure: format!("{tag}: pipelined step"),
+                crate_value: pc * us,
+                raw_value: pr * us,
+                unit: "µs",
+            });
+            rows.push(Row {
+                figure: format!("{tag}: throughput"),
+                crate_value: bytes as f64 / pc / 1e9,
+                raw_value: bytes as f64 / pr / 1e9,
+                unit: "GB/s",
+            });
+            let (mut hc, mut hr) = (b.hops(false, iters), b.hops(true, iters));
+            rows.push(Row {
+                figure: format!("{tag}: hop median"),
+                crate_value: median(&mut hc) * us,
+                raw_value: median(&mut hr) * us,
+                unit: "µs",
+            });
+            rows.push(Row {
+                figure: format!("{tag}: hop p99"),
+                crate_value: percentile(&mut hc, 0.99) * us,
+                raw_value: percentile(&mut hr, 0.99) * us,
+                unit: "µs",
+            });
+        }
+    }
+    let _ = writeln!(report, "| figure | crate | raw driver | crate / raw |\n| --- | ---: | ---: | ---: |");
+    for row in &rows {
+        let line = format!(
+            "| {} | {:.2} {} | {:.2} {} | {:.3} |",
+            row.figure,
+            row.crate_value,
+            row.unit,
+            row.raw_value,
+            row.unit,
+            row.crate_value / row.raw_value
+        );
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    }
+    rows
+}
+
+/// Peer-copy bandwidth (GB/s) of `bytes`, crate copy and raw copy, median of `reps` timed copies.
+fn peer_bandwidth(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> (f64, f64) {
+    let (ea, eb) = (&gpus.engines[a], &gpus.engines[b]);
+    let stream = ea.default_stream().clone();
+    let events = (CudaEvent::new(ea.context(), true).unwrap(), CudaEvent::new(ea.context(), true).unwrap());
+    let src = filled(ea, bytes, 5);
+    let mut dst = filled(eb, bytes, 6);
+    let (s, d) = (src.device_ptr(), dst.device_ptr());
+    let mut crate_times = Vec::new();
+    let mut raw_times = Vec::new();
+    for rep in 0..reps + 2 {
+        let c = device_time(&stream, &events, 1, || stream.memcpy_dtod(&src, &mut dst).unwrap());
+        let r = device_time(&stream, &events, 1, || raw!(cuMemcpyAsync(d, s, bytes, stream.raw())));
+        if rep >= 2 {
+            crate_times.push(c.as_secs_f64());
+            raw_times.push(r.as_secs_f64());
+        }
+    }
+    eb.synchronize().unwrap();
+    (bytes as f64 / median(&mut crate_times) / 1e9, bytes as f64 / median(&mut raw_times) / 1e9)
+}
+
+fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
+    let find = |figure: &str| rows.iter().find(|r| r.figure == figure);
+    let mut checks: Vec<(String, String, bool)> = Vec::new();
+    if gpus.peers {
+        for (a, b) in [(0, 1), (1, 0)] {
+            for bytes in [128 * MIB, 1024 * MIB] {
+                let (c, r) = peer_bandwidth(gpus, a, b, bytes, 9);
+                checks.push((
+                    format!("peer copy {a}->{b} {} ≥ 99% of raw", label(bytes)),
+                    format!("{c:.1} GB/s vs raw {r:.1} GB/s ({:.1}%)", 100.0 * c / r),
+                    c >= 0.99 * r,
+                ));
+            }
+        }
+        if let Some(row) = find("peer 32KiB: host tx+rx") {
+            let ratio = row.crate_value / row.raw_value;
+            checks.push((
+                "host tx+rx 32 KiB peer ≤ 1.15× raw and ≤ 6 µs".into(),
+                format!("{:.2} µs vs raw {:.2} µs ({ratio:.3}×)", row.crate_value, row.raw_value),
+                ratio <= 1.15 && row.crate_value <= 6.0,
+            ));
+        }
+        if let Some(row) = find("peer 32KiB: pipelined step") {
+            checks.push((
+                "pipelined step 32 KiB peer ≤ 6 µs".into(),
+                format!("{:.2} µs (raw {:.2} µs)", row.crate_value, row.raw_value),
+                row.crate_value <= 6.0,
+            ));
+        }
+        if let (Some(m), Some(p)) = (find("peer 32KiB: hop median"), find("peer 32KiB: hop p99")) {
+            checks.push((
+                "isolated hop 32 KiB peer: median ≤ 12 µs, p99 ≤ 2× median".into(),
+                format!(
+                    "median {:.2} µs, p99 {:.2} µs (raw {:.2} / {:.2})",
+                    m.crate_value, p.crate_value, m.raw_value, p.raw_value
+                ),
+                m.crate_value <= 12.0 && p.crate_value <= 2.0 * m.crate_value,
+            ));
+        }
+        if let Some(row) = find("peer 64MiB: throughput") {
+            let (_, raw_copy) = peer_bandwidth(gpus, 0, 1, 64 * MIB, 9);
+            checks.push((
+                "boundary throughput 64 MiB peer ≥ 90% of raw peer copy".into(),
+                format!(
+                    "{:.1} GB/s vs raw copy {raw_copy:.1} GB/s ({:.1}%)",
+                    row.crate_value,
+                    100.0 * row.crate_value / raw_copy
+                ),
+                row.crate_value >= 0.9 * raw_copy,
+            ));
+        }
+    } else {
+        checks.push(("targets".into(), "need two GPUs with peer access".into(), false));
+    }
+    let _ = writeln!(report, "\n| target | measured | met |\n| --- | --- | --- |");
+    for (name, measured, met) in &checks {
+        let line = format!("| {name} | {measured} | {} |", if *met { "yes" } else { "NO" });
+        println!("TARGET {line}");
+        let _ = writeln!(report, "{line}");
+    }
+}
+
+fn main() {
+    let Some(gpus) = Gpus::find() else { return };
+    let mut criterion = Criterion::default().configure_from_args();
+    peer_copy(&mut criterion, &gpus);
+    boundary_groups(&mut criterion, &gpus);
+    criterion.final_summary();
+    // The comparison table and targets run only when benchmarking, not under `cargo test`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let mut report = String::new();
+    let driver = ppnrt::loader::driver().unwrap();
+    let _ = writeln!(
+        report,
+        "Devices: {}; driver CUDA {}.\n",
+        gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
+        driver.version()
+    );
+    let rows = comparison(&gpus, &mut report);
+    targets(&gpus, &rows, &mut report);
+    if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
+        std::fs::write(&path, &report).unwrap();
+    }
+}
