@@ -36,7 +36,7 @@ run_step() { # name logfile command...
   end=$(date +%s%N)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED|^outputs:|^TARGET' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
   if [ $rc -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
 
@@ -56,6 +56,15 @@ if [[ $phases == *examples* ]]; then
     n=$(basename "$e")
     run_step "example $n" "$logs/example-$n.log" "$e"
   done
+  pipeline=$bundle/examples/pipeline
+  if [ -x "$pipeline" ]; then
+    gpus=$PPNRT_REQUIRE_GPUS
+    alternating=$(python3 -c "print(','.join(str(s % max($gpus, 1)) for s in range(8)))")
+    run_step "example pipeline 8 stages alternating" "$logs/example-pipeline-alt8.log" "$pipeline" --devices "$alternating" --steps 200
+    run_step "example pipeline 8 stages contiguous" "$logs/example-pipeline-cont8.log" "$pipeline" --stages 8 --steps 200
+    run_step "example pipeline staged" "$logs/example-pipeline-staged.log" "$pipeline" --transport staged --steps 200
+    run_step "example pipeline 4 slots 1 MiB" "$logs/example-pipeline-big.log" "$pipeline" --slots 4 --n 262144 --steps 100
+  fi
 fi
 
 if [[ $phases == *sanitize* ]]; then
@@ -78,8 +87,10 @@ if [[ $phases == *bench* ]]; then
   for b in "$bundle"/benches/*; do
     [ -e "$b" ] || continue
     n=$(basename "$b")
-    run_step "bench $n" "$logs/bench-$n.log" "$b" --bench ${GATE_BENCH_ARGS:---warm-up-time 0.5 --measurement-time 1 --noplot}
+    PPNRT_BENCH_REPORT="$logs/bench-$n.md" \
+      run_step "bench $n" "$logs/bench-$n.log" "$b" --bench ${GATE_BENCH_ARGS:---warm-up-time 0.5 --measurement-time 1}
   done
+  [ -d target/criterion ] && tar czf "$logs/criterion-report.tgz" -C target criterion
 fi
 
 echo
