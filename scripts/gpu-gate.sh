@@ -9,7 +9,7 @@
 # Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
-# GATE_SANITIZE_TESTS (test executables to sanitize; default all but faults).
+# GATE_SANITIZE_TESTS (test executables to sanitize; default all but faults, unit, no_driver).
 set -u
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -69,7 +69,9 @@ fi
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
-  default_tests=$(ls "$bundle/tests" | grep -v '^faults$' | tr '\n' ' ')
+  # faults: its child processes trap on purpose; unit, no_driver: never reach a GPU (the
+  # sanitizer refuses a program that makes no CUDA call).
+  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver)$' | tr '\n' ' ')
   tests=${GATE_SANITIZE_TESTS:-$default_tests}
   for tool in $tools; do
     extra=()

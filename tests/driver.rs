@@ -47,19 +47,22 @@ fn embedded_ptx_loads_and_every_kernel_is_found() {
     let Some(engine) = engine_or_skip("embedded_ptx_loads_and_every_kernel_is_found", 0) else { return };
     for (name, ptx) in kernels::MODULES {
         let module = Module::load_ptx(engine.context(), name, ptx).unwrap();
-        let entries =
-            ptx.lines().filter_map(|l| l.split(".entry ").nth(1)).map(|l| l.trim_end_matches('(').to_string());
-        for entry in entries {
-            module.function(&entry).unwrap_or_else(|e| panic!("{name}::{entry}: {e}"));
+        assert_eq!(module.entries().len(), ptx.matches(".entry ").count(), "{name}");
+        for entry in module.entries() {
+            module.function(entry).unwrap_or_else(|e| panic!("{name}::{entry}: {e}"));
         }
-        match module.function("ppnrt_no_such_kernel") {
-            Err(Error::KernelNotFound { module, kernel, .. }) => {
-                assert_eq!((module.as_str(), kernel.as_str()), (*name, "ppnrt_no_such_kernel"));
-            }
-            other => panic!("expected KernelNotFound, got {other:?}"),
-        }
+        assert_eq!(
+            module.function("ppnrt_no_such_kernel").unwrap_err(),
+            Error::KernelNotFound { module: name.to_string(), kernel: "ppnrt_no_such_kernel".into() }
+        );
     }
-    assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(Error::Driver(_))));
+    // The driver's own refusal of bad PTX, passed through typed. Under compute-sanitizer (the
+    // gate sets PPNRT_SANITIZER) that deliberate API error would count as a finding: skip it.
+    if std::env::var_os("PPNRT_SANITIZER").is_none() {
+        assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(Error::Driver(_))));
+    } else {
+        common::say("embedded_ptx_loads_and_every_kernel_is_found: bad-PTX probe skipped under the sanitizer");
+    }
 }
 
 #[test]

@@ -116,6 +116,12 @@ fn the_protocol_has_no_ordering_hazards() {
 fn a_broken_protocol_is_caught() {
     let test = "a_broken_protocol_is_caught";
     let Some(devices) = devices_or_skip(test, 1) else { return };
+    if std::env::var_os("PPNRT_SANITIZER").is_some() {
+        // The sanitizer serialises the streams' work, which closes the race windows this test
+        // needs open; it runs (and must catch the bug) outside the sanitizer.
+        say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
+        return;
+    }
     let primary = Engine::new(0).unwrap();
     let steps = steps();
     let expected = expected_checksums(steps);

@@ -138,7 +138,11 @@ fn events_time_a_known_amount_of_work() {
         end.synchronize().unwrap();
         assert!(end.is_complete().unwrap());
         let elapsed = end.elapsed_ms(&start).unwrap();
-        assert!(elapsed >= ms as f32 * 0.95 && elapsed < ms as f32 * 1.5 + 1.0, "spin {ms} ms timed {elapsed} ms");
+        assert!(elapsed >= ms as f32 * 0.95, "spin {ms} ms timed {elapsed} ms");
+        // Instrumentation (compute-sanitizer) stretches kernels: the upper bound holds only without it.
+        if std::env::var_os("PPNRT_SANITIZER").is_none() {
+            assert!(elapsed < ms as f32 * 1.5 + 1.0, "spin {ms} ms timed {elapsed} ms");
+        }
     }
     let untimed = CudaEvent::new(engine.context(), false).unwrap();
     untimed.record(stream).unwrap();
