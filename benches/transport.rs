@@ -406,60 +406,41 @@ fn comparison(gpus: &Gpus, report: &mut String) -> Vec<Row> {
         for bytes in BOUNDARY_SIZES {
             b.set_bytes(bytes);
             let big = bytes >= 16 * MIB;
-            let (iters, steps) = if big { (30, 40) } else { (600, 3000) };
+            let (iters, steps) = if big { (36, 48) } else { (1200, 3600) };
             let tag = format!("{name} {}", label(bytes));
             // Warm-up: the first calls pay for module loads and pool growth.
             b.host_times(false, 20);
             b.host_times(true, 20);
-            let (mut ctx_, mut crx) = b.host_times(false, iters);
-            let (mut rtx, mut rrx) = b.host_times(true, iters);
+            // Crate and raw alternate in rounds, so drift on the host hits both alike.
+            const ROUNDS: usize = 6;
+            let (mut ctx_, mut crx, mut rtx, mut rrx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut pcs, mut prs, mut hc, mut hr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                let (t, r) = b.host_times(false, iters / ROUNDS);
+                ctx_.extend(t);
+                crx.extend(r);
+                let (t, r) = b.host_times(true, iters / ROUNDS);
+                rtx.extend(t);
+                rrx.extend(r);
+                pcs.push(b.pipelined(false, steps / ROUNDS));
+                prs.push(b.pipelined(true, steps / ROUNDS));
+                hc.extend(b.hops(false, iters / ROUNDS));
+                hr.extend(b.hops(true, iters / ROUNDS));
+            }
             let us = 1e6;
-            rows.push(Row {
-                figure: format!("{tag}: host tx"),
-                crate_value: median(&mut ctx_) * us,
-                raw_value: median(&mut rtx) * us,
-                unit: "µs",
-            });
-            rows.push(Row {
-                figure: format!("{tag}: host rx"),
-                crate_value: median(&mut crx) * us,
-                raw_value: median(&mut rrx) * us,
-                unit: "µs",
-            });
             let mut both_c: Vec<f64> = ctx_.iter().zip(&crx).map(|(a, b)| a + b).collect();
             let mut both_r: Vec<f64> = rtx.iter().zip(&rrx).map(|(a, b)| a + b).collect();
-            rows.push(Row {
-                figure: format!("{tag}: host tx+rx"),
-                crate_value: median(&mut both_c) * us,
-                raw_value: median(&mut both_r) * us,
-                unit: "µs",
-            });
-            let (pc, pr) = (b.pipelined(false, steps), b.pipelined(true, steps));
-            rows.push(Row {
-                figure: format!("{tag}: pipelined step"),
-                crate_value: pc * us,
-                raw_value: pr * us,
-                unit: "µs",
-            });
-            rows.push(Row {
-                figure: format!("{tag}: throughput"),
-                crate_value: bytes as f64 / pc / 1e9,
-                raw_value: bytes as f64 / pr / 1e9,
-                unit: "GB/s",
-            });
-            let (mut hc, mut hr) = (b.hops(false, iters), b.hops(true, iters));
-            rows.push(Row {
-                figure: format!("{tag}: hop median"),
-                crate_value: median(&mut hc) * us,
-                raw_value: median(&mut hr) * us,
-                unit: "µs",
-            });
-            rows.push(Row {
-                figure: format!("{tag}: hop p99"),
-                crate_value: percentile(&mut hc, 0.99) * us,
-                raw_value: percentile(&mut hr, 0.99) * us,
-                unit: "µs",
-            });
+            let (pc, pr) = (median(&mut pcs), median(&mut prs));
+            let mut row = |figure: &str, crate_value: f64, raw_value: f64, unit| {
+                rows.push(Row { figure: format!("{tag}: {figure}"), crate_value, raw_value, unit });
+            };
+            row("host tx", median(&mut ctx_) * us, median(&mut rtx) * us, "µs");
+            row("host rx", median(&mut crx) * us, median(&mut rrx) * us, "µs");
+            row("host tx+rx", median(&mut both_c) * us, median(&mut both_r) * us, "µs");
+            row("pipelined step", pc * us, pr * us, "µs");
+            row("throughput", bytes as f64 / pc / 1e9, bytes as f64 / pr / 1e9, "GB/s");
+            row("hop median", median(&mut hc) * us, median(&mut hr) * us, "µs");
+            row("hop p99", percentile(&mut hc, 0.99) * us, percentile(&mut hr, 0.99) * us, "µs");
         }
     }
     let _ = writeln!(report, "| figure | crate | raw driver | crate / raw |\n| --- | ---: | ---: | ---: |");
@@ -499,6 +480,61 @@ fn peer_bandwidth(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) ->
     }
     eb.synchronize().unwrap();
     (bytes as f64 / median(&mut crate_times) / 1e9, bytes as f64 / median(&mut raw_times) / 1e9)
+}
+
+/// Host cost of each driver call a peer boundary step makes, one call type at a time, issued into
+/// an idle queue: where the time of `tx` and `rx` goes.
+fn call_costs(gpus: &Gpus, report: &mut String) {
+    if !gpus.peers {
+        return;
+    }
+    let (e0, e1) = (&gpus.engines[0], &gpus.engines[1]);
+    let (s0, s1) = (e0.default_stream().clone(), e1.default_stream().clone());
+    let bytes = 32 * KIB;
+    let src = filled(e0, bytes, 7);
+    let dst = filled(e1, bytes, 8);
+    let ev0 = CudaEvent::new(e0.context(), false).unwrap();
+    let ev1 = CudaEvent::new(e1.context(), false).unwrap();
+    ev1.record(&s1).unwrap();
+    let (c0, c1) = (e0.context().raw(), e1.context().raw());
+    let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
+    let iters = 3000;
+    let _ =
+        writeln!(report, "\n| driver call (peer boundary, 32 KiB) | host median | host p99 |\n| --- | ---: | ---: |");
+    let mut measure = |name: &str, call: &mut dyn FnMut()| {
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..iters {
+            if i % 64 == 0 {
+                s0.synchronize().unwrap();
+                s1.synchronize().unwrap();
+            }
+            let t = Instant::now();
+            call();
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        s0.synchronize().unwrap();
+        s1.synchronize().unwrap();
+        let line = format!("| {name} | {:.2} µs | {:.2} µs |", median(&mut times), percentile(&mut times, 0.99));
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    };
+    measure("cuCtxSetCurrent (context already current)", &mut || raw!(cuCtxSetCurrent(c0)));
+    measure("cuCtxSetCurrent x2 (switch device and back)", &mut || {
+        raw!(cuCtxSetCurrent(c1));
+        raw!(cuCtxSetCurrent(c0));
+    });
+    measure("cuStreamWaitEvent (event of the other device)", &mut || raw!(cuStreamWaitEvent(s0.raw(), ev1.raw(), 0)));
+    measure("cuMemcpyAsync 32 KiB to the peer", &mut || raw!(cuMemcpyAsync(dst_ptr, src_ptr, bytes, s0.raw())));
+    measure("cuEventRecord", &mut || raw!(cuEventRecord(ev0.raw(), s0.raw())));
+    measure("cuMemAllocAsync + cuMemFreeAsync 32 KiB", &mut || {
+        let mut p: CUdeviceptr = 0;
+        raw!(cuMemAllocAsync(&mut p, bytes, s1.raw()));
+        raw!(cuMemFreeAsync(p, s1.raw()));
+    });
+    measure("cuMemcpyAsync 16 KiB within a device", &mut || {
+        raw!(cuMemcpyAsync(dst_ptr, dst_ptr + (bytes / 2) as u64, bytes / 2, s1.raw()))
+    });
+    drop((src, dst));
 }
 
 fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
@@ -582,6 +618,7 @@ fn main() {
         driver.version()
     );
     let rows = comparison(&gpus, &mut report);
+    call_costs(&gpus, &mut report);
     targets(&gpus, &rows, &mut report);
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();

@@ -363,4 +363,79 @@ mod tests {
         assert!(PpConfig::with_devices(&[0, 1, 0, 1]).slots(4).validate().is_ok());
         assert!(PpConfig::with_devices(&[]).validate().is_err());
     }
+
+    /// Property test: on any input (random bytes, near-valid lists, huge numbers, odd
+    /// whitespace and signs) the parser returns a value or a `ConfigError` naming one of the four
+    /// settings, never panics, and every configuration it accepts passes `validate`.
+    #[test]
+    fn the_parser_never_panics_and_accepts_only_valid_configs() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let atoms = [
+            "",
+            " ",
+            "0",
+            "1",
+            "2",
+            "8",
+            "-1",
+            "+3",
+            "256",
+            "257",
+            "65",
+            "4294967296",
+            "99999999999999999999",
+            ",",
+            ",,",
+            "0,0",
+            "0,1,0,1",
+            " 1 , 0 ",
+            "x",
+            "auto",
+            "PEER",
+            "staged",
+            "host",
+            "\u{0}",
+            "é",
+            "0x10",
+            "1e3",
+            "NaN",
+        ];
+        let field = |next: &mut dyn FnMut() -> u64| -> Option<String> {
+            match next() % 5 {
+                0 => None,
+                1 => Some(atoms[(next() % atoms.len() as u64) as usize].to_string()),
+                2 => Some(
+                    (0..next() % 6)
+                        .map(|_| atoms[(next() % atoms.len() as u64) as usize])
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                3 => Some((0..next() % 12).map(|_| char::from_u32((next() % 0x250) as u32).unwrap_or('?')).collect()),
+                _ => Some(format!("{}", next() as i64 % 300)),
+            }
+        };
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let (a, b, c, d) = (field(&mut next), field(&mut next), field(&mut next), field(&mut next));
+            match PpConfig::parse(a.as_deref(), b.as_deref(), c.as_deref(), d.as_deref()) {
+                Ok(config) => {
+                    accepted += 1;
+                    assert!(config.validate().is_ok(), "{config}");
+                    assert_eq!(config.stage_devices(0).len(), config.n_stages());
+                    assert!((1..=MAX_SLOTS).contains(&config.n_slots()));
+                }
+                Err(e) => {
+                    assert!([STAGES_VAR, DEVICES_VAR, SLOTS_VAR, TRANSPORT_VAR].contains(&e.setting), "{e}");
+                    assert!(!e.reason.is_empty());
+                }
+            }
+        }
+        assert!(accepted > 100, "the generator should reach valid configurations too ({accepted})");
+    }
 }
