@@ -262,8 +262,9 @@ impl PpNRt {
     }
 
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
-    /// (write-after-read guard), copies `x[..n]` into the slot through the boundary's transport on
-    /// stage `b`'s stream, records the slot's TX event. Returns the slot index for the paired
+    /// (write-after-read guard; skipped when that RX has already completed), copies `x[..n]`
+    /// into the slot through the boundary's transport on stage `b`'s stream, records the slot's
+    /// TX event.
     /// [`rx`](Self::rx). Runs on the stage's stream whatever the ambient stream is.
     ///
     /// `x` should be owned by the stage's stream (the usual case inside [`enter`](Self::enter));
@@ -311,7 +312,9 @@ impl PpNRt {
         if foreign_owner {
             tx.join(x.stream())?;
         }
-        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait {
+        // The wait is skipped when the previous reader has already finished (a completed
+        // event orders nothing more); a cross-device wait costs more host time than the query.
+        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait && !slot.ev_rx.is_complete()? {
             tx.wait(&slot.ev_rx)?;
         }
         match &mut slot.buffer {
@@ -381,7 +384,7 @@ impl PpNRt {
         }
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
-        if self.config.fault() != ProtocolFault::SkipTxWait {
+        if self.config.fault() != ProtocolFault::SkipTxWait && !slot.ev_tx.is_complete()? {
             rx.wait(&slot.ev_tx)?;
         }
         let out = CudaSlice::<T>::alloc(rx, n)?;

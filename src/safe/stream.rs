@@ -108,13 +108,17 @@ impl CudaStream {
         event.record(self)
     }
 
-    /// Orders this stream after all work enqueued so far on `other` (a no-op when `other` is
-    /// this stream). Uses a fresh event of `other`'s context.
+    /// Orders this stream after all work enqueued so far on `other`: a no-op when `other` is this
+    /// stream or has nothing pending (all its work is then already complete), else a wait on a
+    /// fresh event of `other`'s context.
     ///
     /// # Errors
     /// The driver's error.
     pub fn join(&self, other: &CudaStream) -> Result<()> {
         if self.raw == other.raw && Arc::ptr_eq(&self.ctx, &other.ctx) {
+            return Ok(());
+        }
+        if other.is_idle()? {
             return Ok(());
         }
         let event = CudaEvent::new(other.context(), false)?;
