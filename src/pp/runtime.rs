@@ -264,8 +264,7 @@ impl PpNRt {
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
     /// (write-after-read guard; skipped when that RX has already completed), copies `x[..n]`
     /// into the slot through the boundary's transport on stage `b`'s stream, records the slot's
-    /// TX event.
-    /// [`rx`](Self::rx). Runs on the stage's stream whatever the ambient stream is.
+    /// TX event. Returns the slot index for the paired [`rx`](Self::rx). Runs on the stage's stream whatever the ambient stream is.
     ///
     /// `x` should be owned by the stage's stream (the usual case inside [`enter`](Self::enter));
     /// if it is owned by another stream, the two are joined both ways so `x` cannot be freed or
