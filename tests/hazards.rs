@@ -21,6 +21,13 @@ use ppnrt::{Engine, Error, PpConfig, PpNRt, TransportPolicy, kernels};
 const N: usize = 4096; // 16 KiB payloads
 const MAX_DELAY_NS: u64 = 20_000;
 
+/// Random delays injected before each `tx` (on the TX stream) and each `rx` (on the RX stream),
+/// as (TX maximum, RX maximum) in ns. `MIXED` shakes both sides; the skewed profiles hold one
+/// side back so the race each wait prevents is open on most steps, whatever the host's speed.
+const MIXED: (u64, u64) = (MAX_DELAY_NS, MAX_DELAY_NS);
+const RX_LAGS: (u64, u64) = (2_000, 60_000);
+const TX_LAGS: (u64, u64) = (60_000, 2_000);
+
 fn steps() -> usize {
     std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
 }
@@ -43,7 +50,14 @@ fn seed_of(step: usize) -> u32 {
 }
 
 /// Runs `steps` through boundary 0 of a 2-stage pipeline and returns the mismatching steps.
-fn hazard_run(primary: &Engine, config: PpConfig, steps: usize, expected: &[u64], seed: u64) -> usize {
+fn hazard_run(
+    primary: &Engine,
+    config: PpConfig,
+    steps: usize,
+    expected: &[u64],
+    seed: u64,
+    delays: (u64, u64),
+) -> usize {
     let lag = config.n_slots();
     let rt = PpNRt::new(config, primary).unwrap();
     let (tx_engine, rx_engine) = (rt.engine(0, primary).unwrap(), rt.engine(1, primary).unwrap());
@@ -56,7 +70,7 @@ fn hazard_run(primary: &Engine, config: PpConfig, steps: usize, expected: &[u64]
     for k in 0..steps + lag {
         if k < steps {
             let _scope = rt.enter(0).unwrap();
-            tx_engine.spin(rng.below(MAX_DELAY_NS)).unwrap();
+            tx_engine.spin(rng.below(delays.0)).unwrap();
             let mut x = tx_engine.alloc::<u32>(N).unwrap();
             tx_engine.fill_pattern(&mut x, seed_of(k)).unwrap();
             in_flight.push_back((k, rt.tx(0, &x, N).unwrap()));
@@ -64,7 +78,7 @@ fn hazard_run(primary: &Engine, config: PpConfig, steps: usize, expected: &[u64]
         if in_flight.len() == lag || (k >= steps && !in_flight.is_empty()) {
             let (step, slot) = in_flight.pop_front().unwrap();
             let _scope = rt.enter(1).unwrap();
-            rx_engine.spin(rng.below(MAX_DELAY_NS)).unwrap();
+            rx_engine.spin(rng.below(delays.1)).unwrap();
             let y = rt.rx::<u32>(0, slot, N).unwrap();
             rx_engine.checksum_into(&y, &mut sums.slice_mut(step..step + 1).unwrap()).unwrap();
         }
@@ -106,9 +120,11 @@ fn the_protocol_has_no_ordering_hazards() {
     let expected = expected_checksums(steps);
     for (i, case) in cases(devices).iter().enumerate() {
         let config = PpConfig::with_devices(&case.devices).slots(case.slots).transport(case.policy);
-        let bad = hazard_run(&primary, config.clone(), steps, &expected, i as u64);
-        say(&format!("{test}: {} ({config}): {bad} mismatches in {steps} steps", case.name));
-        assert_eq!(bad, 0, "{} ({config})", case.name);
+        for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {
+            let bad = hazard_run(&primary, config.clone(), steps, &expected, i as u64, delays);
+            say(&format!("{test}: {} ({config}), {profile} delays: {bad} mismatches in {steps} steps", case.name));
+            assert_eq!(bad, 0, "{} ({config}), {profile} delays", case.name);
+        }
     }
 }
 
@@ -130,9 +146,10 @@ fn a_broken_protocol_is_caught() {
         configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
     }
     for base in configs {
-        for fault in [ProtocolFault::SkipRxWait, ProtocolFault::SkipTxWait] {
+        // Each fault meets the delays that open the race its wait closes.
+        for (fault, delays) in [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)] {
             let config = base.clone().inject_fault(fault);
-            let bad = hazard_run(&primary, config.clone(), steps, &expected, 99);
+            let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays);
             say(&format!("{test}: {config}: {bad} mismatches in {steps} steps"));
             assert!(bad > 0, "{config}: the broken protocol went unnoticed");
         }
