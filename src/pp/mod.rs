@@ -13,6 +13,12 @@
 //! Host-side slot state (free → filled → free) catches misuse before anything is enqueued, and
 //! nothing is overwritten when a call fails. Each stage has its own stream; several host threads
 //! may drive different stages of one runtime at once.
+//!
+//! Every fallible call returns the crate's typed [`Error`](crate::Error), which converts into
+//! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
+//! fallible too: a stage index out of range is [`Error::StageOutOfRange`](crate::Error), never a
+//! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `Bf16`,
+//! `F16`, integers); `rx` checks that it asks for the type and length `tx` sent.
 
 mod config;
 mod plan;
