@@ -104,20 +104,7 @@ fn bindings(manifest_dir: &Path, out_dir: &Path, toolkit: &Toolkit, update_commi
         None => Err("no CUDA headers (cuda.h) were found".to_string()),
         Some(include_dir) => generate_bindings(manifest_dir, include_dir),
     };
-    match fresh {
-        Ok(text) => {
-            write_if_changed(&out, &text);
-            if update_committed {
-                write_if_changed(&committed, &text);
-            }
-        }
-        Err(why) => {
-            println!("cargo:warning=ppnrt: using the committed driver bindings ({COMMITTED_BINDINGS}): {why}");
-            let text = fs::read_to_string(&committed)
-                .unwrap_or_else(|e| panic!("the committed bindings {} are unreadable: {e}", committed.display()));
-            write_if_changed(&out, &text);
-        }
-    }
+    emit(fresh, &out, &committed, update_committed, "driver bindings");
 }
 
 fn generate_bindings(manifest_dir: &Path, include_dir: &Path) -> Result<String, String> {
@@ -192,20 +179,7 @@ fn kernels(manifest_dir: &Path, out_dir: &Path, toolkit: &Toolkit, update_commit
             None => Err("nvcc was not found".to_string()),
             Some(nvcc) => compile_ptx(nvcc, source, out_dir, arch.as_deref()),
         };
-        match fresh {
-            Ok(text) => {
-                write_if_changed(&out, &text);
-                if update_committed {
-                    write_if_changed(&committed, &text);
-                }
-            }
-            Err(why) => {
-                println!("cargo:warning=ppnrt: using the committed PTX for {stem} ({}): {why}", committed.display());
-                let text = fs::read_to_string(&committed)
-                    .unwrap_or_else(|e| panic!("no nvcc and no committed PTX for {}: {e}", source.display()));
-                write_if_changed(&out, &text);
-            }
-        }
+        emit(fresh, &out, &committed, update_committed, &format!("PTX for {stem}"));
     }
 }
 
@@ -254,6 +228,25 @@ fn lowest_arch(nvcc: &Path) -> Result<String, String> {
         .min()
         .map(|n| format!("compute_{n}"))
         .ok_or_else(|| format!("`nvcc --list-gpu-arch` listed no architecture: {list}"))
+}
+
+/// Writes the fresh output (and, when asked, over the committed copy), or, when it could not be
+/// made, the committed copy with a cargo warning saying why.
+fn emit(fresh: Result<String, String>, out: &Path, committed: &Path, update_committed: bool, what: &str) {
+    match fresh {
+        Ok(text) => {
+            write_if_changed(out, &text);
+            if update_committed {
+                write_if_changed(committed, &text);
+            }
+        }
+        Err(why) => {
+            println!("cargo:warning=ppnrt: using the committed {what} ({}): {why}", committed.display());
+            let text = fs::read_to_string(committed)
+                .unwrap_or_else(|e| panic!("cannot read the committed {what} {}: {e}", committed.display()));
+            write_if_changed(out, &text);
+        }
+    }
 }
 
 fn write_if_changed(path: &Path, text: &str) {

@@ -6,15 +6,7 @@
 
 #include <stdint.h>
 
-// MurmurHash3's 32-bit finalizer: a bijection that spreads every input bit.
-__device__ __forceinline__ uint32_t ppnrt_mix32(uint32_t h) {
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    return h;
-}
+#include "mix.cuh"
 
 // The pattern word for element `i` under `seed`.
 __device__ __forceinline__ uint32_t ppnrt_pattern(uint32_t seed, uint64_t i) {

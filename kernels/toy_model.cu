@@ -7,23 +7,16 @@
 
 #include <stdint.h>
 
-__device__ __forceinline__ uint32_t toy_mix32(uint32_t h) {
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    return h;
-}
+#include "mix.cuh"
 
 extern "C" __global__ void ppnrt_toy_layer_f32(float* x, uint64_t n, uint32_t step, uint32_t layer) {
-    uint32_t key = toy_mix32(step * 0x9e3779b9u ^ toy_mix32(layer + 0x7f4a7c15u));
+    uint32_t key = ppnrt_mix32(step * 0x9e3779b9u ^ ppnrt_mix32(layer + 0x7f4a7c15u));
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
-        uint32_t h = toy_mix32(key ^ (uint32_t)i);
+        uint32_t h = ppnrt_mix32(key ^ (uint32_t)i);
         // a in [0.5, 1.0), b in [-0.5, 0.5): the stream stays bounded over many layers.
         float a = 0.5f + (float)(h >> 8) * (0.5f / 16777216.0f);
-        float b = (float)(toy_mix32(h) >> 8) * (1.0f / 16777216.0f) - 0.5f;
+        float b = (float)(ppnrt_mix32(h) >> 8) * (1.0f / 16777216.0f) - 0.5f;
         x[i] = fmaf(x[i], a, b);
     }
 }

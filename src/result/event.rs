@@ -41,11 +41,7 @@ pub unsafe fn record(event: CUevent, stream: CUstream) -> Result<()> {
 /// - `event` is live.
 #[doc(alias = "cuEventQuery")]
 pub unsafe fn query(event: CUevent) -> Result<bool> {
-    match driver_call!(cuEventQuery(event)) {
-        Ok(()) => Ok(true),
-        Err(crate::Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        Err(e) => Err(e),
-    }
+    super::ready(driver_call!(cuEventQuery(event)))
 }
 
 /// `cuEventSynchronize`.

@@ -32,3 +32,13 @@ macro_rules! driver_call {
     }};
 }
 pub(crate) use driver_call;
+
+/// Maps the result of a query call (`cuStreamQuery`, `cuEventQuery`): success is `true`,
+/// `CUDA_ERROR_NOT_READY` is `false` (work still pending), anything else is the error.
+fn ready(result: crate::error::Result<()>) -> crate::error::Result<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(crate::Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(e) => Err(e),
+    }
+}

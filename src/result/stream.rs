@@ -39,11 +39,7 @@ pub unsafe fn synchronize(stream: CUstream) -> Result<()> {
 /// - `stream` is a live stream.
 #[doc(alias = "cuStreamQuery")]
 pub unsafe fn query(stream: CUstream) -> Result<bool> {
-    match driver_call!(cuStreamQuery(stream)) {
-        Ok(()) => Ok(true),
-        Err(crate::Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        Err(e) => Err(e),
-    }
+    super::ready(driver_call!(cuStreamQuery(stream)))
 }
 
 /// `cuStreamWaitEvent`: later work on `stream` waits for `event`'s last record.

@@ -370,7 +370,6 @@ impl CudaStream {
         if src.is_empty() {
             return Ok(());
         }
-        self.context().bind()?;
         join_owners(self, &[dst.stream()])?;
         self.context().bind()?;
         // SAFETY: dst is valid for byte_len bytes and ordered after its owner's work; src is
@@ -389,7 +388,6 @@ impl CudaStream {
         if dst.is_empty() {
             return Ok(());
         }
-        self.context().bind()?;
         join_owners(self, &[src.stream()])?;
         self.context().bind()?;
         // SAFETY: src is valid and ordered after its owner's work; dst is writable for byte_len
