@@ -89,6 +89,9 @@ fn maps(n_stages: usize, devices: i32) -> Vec<(&'static str, Vec<i32>)> {
         maps.push(("contiguous", (0..n_stages).map(|s| (s * 2 / n_stages) as i32).collect()));
         maps.push(("alternating", (0..n_stages).map(|s| (s % 2) as i32).collect()));
     }
+    if devices > 2 && n_stages > 2 {
+        maps.push(("round-robin over every GPU", (0..n_stages).map(|s| (s % devices as usize) as i32).collect()));
+    }
     maps
 }
 
