@@ -9,7 +9,9 @@
 //!
 //! After criterion's groups, a table measures each figure again beside its raw loop with the
 //! ratio (host µs of `tx` and of `rx`, pipelined µs per step, isolated hop latency median and
-//! p99, throughput), then checks the targets measured on 2× H200. `PPNRT_BENCH_REPORT=path`
+//! p99, throughput), the host cost of each driver call a step makes, every boundary of a
+//! one-stage-per-GPU pipeline transferring at once against the sum of each alone, then checks the
+//! targets measured on 2× H200. Pair figures use devices 0 and 1; the aggregate uses every GPU. `PPNRT_BENCH_REPORT=path`
 //! writes those tables as Markdown too. Without a GPU the bench says why and exits.
 #![allow(missing_docs, clippy::undocumented_unsafe_blocks)]
 
@@ -92,8 +94,8 @@ impl Gpus {
                 return None;
             }
         };
-        let engines: Vec<Engine> = (0..count.min(2)).map(|d| Engine::new(d).unwrap()).collect();
-        let peers = engines.len() == 2 && engines[0].device().peer_info(engines[1].device()).unwrap().access_supported;
+        let engines: Vec<Engine> = (0..count).map(|d| Engine::new(d).unwrap()).collect();
+        let peers = engines.len() >= 2 && engines[0].device().peer_info(engines[1].device()).unwrap().access_supported;
         if peers {
             enable_peer_access(engines[0].context(), engines[1].context()).unwrap();
         }
@@ -537,6 +539,64 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     drop((src, dst));
 }
 
+/// Every boundary of a pipeline with one stage per GPU moving 64 MiB at once, against the sum of
+/// the same boundaries measured one at a time (NVLink and copy-engine contention show as a ratio
+/// below 1). With two GPUs this is the one boundary 0 -> 1 and the ratio is 1 by construction.
+fn aggregate(gpus: &Gpus, report: &mut String) {
+    let n = gpus.engines.len();
+    if n < 2 {
+        return;
+    }
+    let bytes = 64 * MIB;
+    let words = bytes / 4;
+    let devices: Vec<i32> = (0..n as i32).collect();
+    let primary = &gpus.engines[0];
+    let rt = PpNRt::new(PpConfig::with_devices(&devices).reserve_bytes(bytes), primary).unwrap();
+    let xs: Vec<CudaSlice<u32>> = (0..n - 1)
+        .map(|b| {
+            let engine = rt.engine(b, primary).unwrap();
+            let _scope = rt.enter(b).unwrap();
+            let mut x = engine.alloc::<u32>(words).unwrap();
+            engine.fill_pattern(&mut x, b as u32).unwrap();
+            x
+        })
+        .collect();
+    let steps = 30;
+    let run = |boundaries: &[usize]| -> f64 {
+        for _ in 0..3 {
+            for &b in boundaries {
+                let slot = rt.tx(b, &xs[b], words).unwrap();
+                drop(rt.rx::<u32>(b, slot, words).unwrap());
+            }
+        }
+        rt.synchronize().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            for &b in boundaries {
+                let slot = rt.tx(b, &xs[b], words).unwrap();
+                drop(rt.rx::<u32>(b, slot, words).unwrap());
+            }
+        }
+        rt.synchronize().unwrap();
+        (boundaries.len() * steps * bytes) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let alone: Vec<f64> = (0..n - 1).map(|b| run(&[b])).collect();
+    let all: Vec<usize> = (0..n - 1).collect();
+    let together = run(&all);
+    let sum: f64 = alone.iter().sum();
+    let _ =
+        writeln!(report, "\n| every boundary at once, 64 MiB, stages on devices {devices:?} | GB/s |\n| --- | ---: |");
+    for (b, gbs) in alone.iter().enumerate() {
+        let _ = writeln!(report, "| boundary {b} ({} -> {}) alone | {gbs:.1} |", b, b + 1);
+    }
+    let line = format!(
+        "| sum of the boundaries alone | {sum:.1} |\n| all at once (aggregate) | {together:.1} ({:.1}% of the sum) |",
+        100.0 * together / sum
+    );
+    println!("{line}");
+    let _ = writeln!(report, "{line}");
+}
+
 fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
     let find = |figure: &str| rows.iter().find(|r| r.figure == figure);
     let mut checks: Vec<(String, String, bool)> = Vec::new();
@@ -619,6 +679,7 @@ fn main() {
     );
     let rows = comparison(&gpus, &mut report);
     call_costs(&gpus, &mut report);
+    aggregate(&gpus, &mut report);
     targets(&gpus, &rows, &mut report);
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();
