@@ -496,3 +496,15 @@ fn describe_env() -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SlotState;
+
+    #[test]
+    fn slot_states_read_well_in_errors() {
+        assert_eq!(SlotState::NeverFilled.to_string(), "free (never filled)");
+        assert_eq!(SlotState::Filled { n: 42, elem: "f32" }.to_string(), "filled (42 f32 sent, not yet received)");
+        assert_eq!(SlotState::Received.to_string(), "free (already received)");
+    }
+}

@@ -271,7 +271,19 @@ mod tests {
         let ptx =
             ".visible .entry ppnrt_trap()\n{\n}\n.visible .entry ppnrt_fill_u32(\n.param .u64 a\n)\n.func helper(\n";
         assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
+        assert!(super::ptx_entries("// no kernels here\n.func f(\n").is_empty());
         let all = super::ptx_entries(crate::kernels::HELPERS_PTX);
         assert!(all.iter().any(|e| e == "ppnrt_trap") && all.iter().any(|e| e == "ppnrt_copy_bytes"), "{all:?}");
+    }
+
+    #[test]
+    fn launch_configs_cover_every_element_and_respect_the_cap() {
+        use super::LaunchConfig;
+        let one = LaunchConfig::for_elements(0, 1056);
+        assert_eq!((one.grid, one.block), ((1, 1, 1), (256, 1, 1)), "an empty launch still has one block");
+        assert_eq!(LaunchConfig::for_elements(256, 1056).grid.0, 1);
+        assert_eq!(LaunchConfig::for_elements(257, 1056).grid.0, 2);
+        assert_eq!(LaunchConfig::for_elements(1 << 30, 1056).grid.0, 1056, "grid-stride kernels cover the rest");
+        assert_eq!(LaunchConfig::for_elements(1 << 30, 0).grid.0, 1, "a zero cap still launches");
     }
 }
