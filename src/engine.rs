@@ -324,8 +324,8 @@ impl Engine {
     /// `cuMemAlloc` (pool memory is not peer-mapped).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree or when either address is not 16-byte
-    /// aligned; the driver's error.
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] when either
+    /// address is not 16-byte aligned; the driver's error.
     pub fn copy_with_sms<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
         &self,
         src: &S,
@@ -334,12 +334,8 @@ impl Engine {
         if src.len() != dst.len() {
             return Err(Error::LengthMismatch { what: "Engine::copy_with_sms", expected: dst.len(), found: src.len() });
         }
-        if src.device_ptr() % 16 != 0 || dst.device_ptr() % 16 != 0 {
-            return Err(Error::LengthMismatch {
-                what: "Engine::copy_with_sms: addresses must be 16-byte aligned (offset shown)",
-                expected: 0,
-                found: ((src.device_ptr() | dst.device_ptr()) % 16) as usize,
-            });
+        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
+            return Err(Error::Misaligned { what: "Engine::copy_with_sms", address, align: 16 });
         }
         if src.is_empty() {
             return Ok(());

@@ -204,6 +204,16 @@ pub enum Error {
         /// The device of the object given.
         found: i32,
     },
+    /// A device address without the alignment an operation needs.
+    #[error("{what}: address {address:#x} is not {align}-byte aligned")]
+    Misaligned {
+        /// The operation.
+        what: &'static str,
+        /// The address given.
+        address: u64,
+        /// The alignment required, in bytes.
+        align: usize,
+    },
     /// A byte size that overflows `usize`.
     #[error("{what}: {count} element(s) of {elem_size} byte(s) overflow the address space")]
     SizeOverflow {

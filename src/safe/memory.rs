@@ -276,17 +276,21 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     /// The same bytes viewed as `U` elements.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size or the
-    /// address is not aligned for `U`.
+    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size;
+    /// [`Error::Misaligned`] when the address is not aligned for `U`.
     pub fn reinterpret<U: DeviceRepr>(&self) -> Result<CudaView<'a, U>> {
         let bytes = self.len * std::mem::size_of::<T>();
         let size = std::mem::size_of::<U>();
-        if bytes % size != 0 || self.ptr % std::mem::align_of::<U>() as CUdeviceptr != 0 {
+        if bytes % size != 0 {
             return Err(Error::LengthMismatch {
-                what: "CudaView::reinterpret: bytes must be a whole, aligned number of target elements",
+                what: "CudaView::reinterpret: bytes must be a whole number of target elements",
                 expected: bytes.div_ceil(size) * size,
                 found: bytes,
             });
+        }
+        let align = std::mem::align_of::<U>();
+        if self.ptr % align as CUdeviceptr != 0 {
+            return Err(Error::Misaligned { what: "CudaView::reinterpret", address: self.ptr, align });
         }
         Ok(CudaView { ptr: self.ptr, len: bytes / size, stream: self.stream, _marker: PhantomData })
     }
