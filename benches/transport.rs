@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ppnrt::sys::{self, CUdeviceptr, CUresult, CUstream};
+use ppnrt::sys::{self, CUdeviceptr, CUresult, CUstream, CUstreamWaitValue_flags};
 use ppnrt::{
-    CudaEvent, CudaSlice, CudaStream, Device, DeviceSlice, Engine, PinnedHostBuffer, PpConfig, PpNRt, TransportPolicy,
-    enable_peer_access,
+    CudaEvent, CudaSlice, CudaStream, Device, DeviceSlice, Engine, Function, LaunchConfig, Module, PinnedHostBuffer,
+    PpConfig, PpNRt, SM_COPY_MAX_BYTES, TransportPolicy, enable_peer_access,
 };
 
 const KIB: usize = 1024;
@@ -188,14 +188,20 @@ struct RawSlot {
     rx_recorded: bool,
 }
 
-/// The protocol written directly against the driver: per `tx` one context bind, a wait, a copy, a
-/// record; per `rx` one bind, a wait, a stream-ordered allocation, a copy, a record; the output is
-/// freed stream-ordered, as the crate's `CudaSlice` drop does.
+/// The protocol written directly against the driver, making the crate's calls: per `tx` one
+/// context bind, a wait, a copy, a record; per `rx` one bind, a wait, a stream-ordered
+/// allocation, a copy, a record; the output is freed stream-ordered, as the crate's `CudaSlice`
+/// drop does. Copies within a device up to `SM_COPY_MAX_BYTES` launch the SM copy kernel.
 struct RawBoundary {
     tx_stream: Arc<CudaStream>,
     rx_stream: Arc<CudaStream>,
     slots: Vec<RawSlot>,
     next: usize,
+    /// Whether TX and RX share a device (`tx` then copies within it too).
+    local: bool,
+    /// The SM copy kernel in the RX device's context, and its grid-size cap.
+    copy: Function,
+    max_blocks: u32,
 }
 
 impl RawBoundary {
@@ -207,7 +213,11 @@ impl RawBoundary {
         if slot.rx_recorded {
             raw!(cuStreamWaitEvent(stream, slot.ev_rx.raw(), 0));
         }
+        let local = self.local;
         match &mut slot.buffer {
+            RawSlotBuffer::Device(buffer) if local => {
+                launch_or_copy(&self.copy, self.max_blocks, buffer.device_ptr(), x, bytes, stream)
+            }
             RawSlotBuffer::Device(buffer) => raw!(cuMemcpyAsync(buffer.device_ptr(), x, bytes, stream)),
             RawSlotBuffer::Host(buffer) => raw!(cuMemcpyDtoHAsync_v2(buffer.as_mut_ptr().cast(), x, bytes, stream)),
         }
@@ -224,7 +234,9 @@ impl RawBoundary {
         let mut out: CUdeviceptr = 0;
         raw!(cuMemAllocAsync(&mut out, bytes, stream));
         match &slot.buffer {
-            RawSlotBuffer::Device(buffer) => raw!(cuMemcpyAsync(out, buffer.device_ptr(), bytes, stream)),
+            RawSlotBuffer::Device(buffer) => {
+                launch_or_copy(&self.copy, self.max_blocks, out, buffer.device_ptr(), bytes, stream)
+            }
             RawSlotBuffer::Host(buffer) => raw!(cuMemcpyHtoDAsync_v2(out, buffer.as_ptr().cast(), bytes, stream)),
         }
         raw!(cuEventRecord(slot.ev_rx.raw(), stream));
@@ -234,6 +246,39 @@ impl RawBoundary {
 
     fn free(&self, out: CUdeviceptr) {
         raw!(cuMemFreeAsync(out, self.rx_stream.raw()));
+    }
+}
+
+/// A copy within one device, as the crate makes it: the SM copy kernel (a raw `cuLaunchKernel`)
+/// up to `SM_COPY_MAX_BYTES` with both addresses 16-byte aligned, else `cuMemcpyAsync`.
+fn launch_or_copy(
+    copy: &Function,
+    max_blocks: u32,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) {
+    if bytes <= SM_COPY_MAX_BYTES && dst % 16 == 0 && src % 16 == 0 {
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, max_blocks);
+        let (mut d, mut s, mut n16, mut tail) = (dst, src, (bytes / 16) as u64, (bytes % 16) as u64);
+        let mut params: [*mut std::ffi::c_void; 4] =
+            [(&raw mut d).cast(), (&raw mut s).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
+        raw!(cuLaunchKernel(
+            copy.raw(),
+            config.grid.0,
+            1,
+            1,
+            config.block.0,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+    } else {
+        raw!(cuMemcpyAsync(dst, src, bytes, stream));
     }
 }
 
@@ -265,7 +310,20 @@ impl Boundary {
             .collect();
         let done = CudaEvent::new(rx_engine.context(), false).unwrap();
         rt.synchronize().unwrap();
-        Boundary { rt, x, n: 0, raw: RawBoundary { tx_stream, rx_stream, slots, next: 0 }, done }
+        let copy = Module::load_ptx(rx_engine.context(), "helpers", ppnrt::kernels::HELPERS_PTX)
+            .unwrap()
+            .function("ppnrt_copy_bytes")
+            .unwrap();
+        let raw = RawBoundary {
+            tx_stream,
+            rx_stream,
+            slots,
+            next: 0,
+            local: devices[0] == devices[1],
+            copy,
+            max_blocks: rx_engine.max_blocks(),
+        };
+        Boundary { rt, x, n: 0, raw, done }
     }
 
     fn set_bytes(&mut self, bytes: usize) {
@@ -536,6 +594,62 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     measure("cuMemcpyAsync 16 KiB within a device", &mut || {
         raw!(cuMemcpyAsync(dst_ptr, dst_ptr + (bytes / 2) as u64, bytes / 2, s1.raw()))
     });
+    // Alternatives for the same-device copy that every `rx` makes, and for the waits.
+    let half = (bytes / 2) as u64;
+    measure("cuMemcpyDtoDAsync 16 KiB within a device", &mut || {
+        raw!(cuMemcpyDtoDAsync_v2(dst_ptr, dst_ptr + half, bytes / 2, s1.raw()))
+    });
+    let module = Module::load_ptx(e1.context(), "helpers", ppnrt::kernels::HELPERS_PTX).unwrap();
+    let copy = module.function("ppnrt_copy_bytes").unwrap();
+    let (n16, tail) = ((bytes / 2 / 16) as u64, 0u64);
+    let config = LaunchConfig::for_elements(bytes / 2 / 16, 1024);
+    measure("cuLaunchKernel SM copy 16 KiB within a device", &mut || {
+        // SAFETY (bench): ppnrt_copy_bytes(dst, src, n16, tail) over two disjoint 16 KiB halves
+        // of one live buffer on s1's device.
+        unsafe { s1.launch(&copy, config, (dst_ptr, dst_ptr + half, n16, tail)).unwrap() }
+    });
+    measure("cuEventQuery (completed, this device)", &mut || {
+        let _ = ev0.is_complete().unwrap();
+    });
+    measure("cuEventQuery (completed, other device)", &mut || {
+        let _ = ev1.is_complete().unwrap();
+    });
+    measure("cuStreamWaitEvent (event of this device)", &mut || raw!(cuStreamWaitEvent(s0.raw(), ev0.raw(), 0)));
+    measure("cuStreamWriteValue32 into peer memory", &mut || raw!(cuStreamWriteValue32_v2(s0.raw(), dst_ptr, 1, 0)));
+    measure("cuStreamWaitValue32 (already satisfied)", &mut || {
+        raw!(cuStreamWaitValue32_v2(s1.raw(), dst_ptr, 0, CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ.0))
+    });
+    // Device time of a same-device copy, copy engine against SM kernel, by size.
+    let big = 64 * MIB;
+    let scratch = filled(e1, 2 * big, 9);
+    let (from, to) = (scratch.device_ptr(), scratch.device_ptr() + big as u64);
+    let events = (CudaEvent::new(e1.context(), true).unwrap(), CudaEvent::new(e1.context(), true).unwrap());
+    let sm_blocks = (e1.device().multiprocessor_count().unwrap() * 8) as u32;
+    let _ = writeln!(
+        report,
+        "\n| copy within a device, device time per copy back to back | copy engine | SM kernel |\n| --- | ---: | ---: |"
+    );
+    for size in [16 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB] {
+        let reps = (256 * MIB / size).clamp(20, 1000) as u64;
+        let config = LaunchConfig::for_elements(size / 16 + 1, sm_blocks);
+        let per_copy = |use_kernel: bool| {
+            let time = device_time(&s1, &events, reps, || {
+                if use_kernel {
+                    // SAFETY (bench): ppnrt_copy_bytes(dst, src, n16, tail) between two disjoint
+                    // 64 MiB halves of one live buffer on s1's device; size ≤ 64 MiB.
+                    unsafe { s1.launch(&copy, config, (to, from, (size / 16) as u64, 0u64)).unwrap() }
+                } else {
+                    raw!(cuMemcpyAsync(to, from, size, s1.raw()))
+                }
+            });
+            time.as_secs_f64() * 1e6 / reps as f64
+        };
+        let (engine, kernel) = (per_copy(false), per_copy(true));
+        let line = format!("| {} | {engine:.2} µs | {kernel:.2} µs |", label(size));
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    }
+    drop(scratch);
     drop((src, dst));
 }
 
@@ -677,10 +791,19 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    let rows = comparison(&gpus, &mut report);
-    call_costs(&gpus, &mut report);
-    aggregate(&gpus, &mut report);
-    targets(&gpus, &rows, &mut report);
+    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,targets picks tables (default: all).
+    let tables = std::env::var("PPNRT_BENCH_TABLES").unwrap_or_else(|_| "comparison,calls,aggregate,targets".into());
+    let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
+    let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
+    if wanted("calls") {
+        call_costs(&gpus, &mut report);
+    }
+    if wanted("aggregate") {
+        aggregate(&gpus, &mut report);
+    }
+    if wanted("targets") {
+        targets(&gpus, &rows, &mut report);
+    }
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();
     }

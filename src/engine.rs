@@ -319,6 +319,42 @@ impl Engine {
         unsafe { self.stream()?.launch(&helpers.spin, config, (ns,)) }
     }
 
+    /// Enqueues the SM copy kernel on `stream`: `bytes` bytes from `src` to `dst`. Loads the
+    /// helper module on first use.
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`] when either address is not 16-byte aligned; [`Error::WrongDevice`]
+    /// when `stream` is of another device; the driver's error.
+    ///
+    /// # Safety
+    /// As [`CudaStream::copy_bytes_async`]; both ranges are reachable from this device's SMs.
+    pub(crate) unsafe fn launch_copy_bytes(
+        &self,
+        stream: &CudaStream,
+        dst: crate::sys::CUdeviceptr,
+        src: crate::sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        if let Some(address) = [src, dst].into_iter().find(|p| p % 16 != 0) {
+            return Err(Error::Misaligned { what: "Engine::launch_copy_bytes", address, align: 16 });
+        }
+        let helpers = self.helpers()?;
+        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks());
+        // SAFETY: ppnrt_copy_bytes(uint4*, const uint4*, uint64_t, uint64_t) copies n16*16+tail
+        // = bytes bytes between two 16-byte-aligned ranges (checked above) that the caller
+        // guarantees live, reachable and ordered on `stream`.
+        unsafe { stream.launch(&helpers.copy_bytes, config, (dst, src, n16, tail)) }
+    }
+
+    /// Loads the helper kernels now rather than on first use (their load errors surface here).
+    ///
+    /// # Errors
+    /// The module load's error.
+    pub(crate) fn preload_helpers(&self) -> Result<()> {
+        self.helpers().map(|_| ())
+    }
+
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
     /// engines). Either side may be on a peer device with peer access enabled and allocated with
     /// `cuMemAlloc` (pool memory is not peer-mapped).
@@ -340,18 +376,15 @@ impl Engine {
         if src.is_empty() {
             return Ok(());
         }
-        let helpers = self.helpers()?;
-        let bytes = src.byte_len();
-        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
-        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks());
         let stream = self.stream()?;
         let owners = [src.stream(), dst.stream()];
         for owner in owners {
             stream.join(owner)?;
         }
-        // SAFETY: ppnrt_copy_bytes(uint4*, const uint4*, uint64_t, uint64_t) copies n16*16+tail
-        // = bytes bytes between two live, 16-byte-aligned ranges of that length.
-        unsafe { stream.launch(&helpers.copy_bytes, config, (dst.device_ptr(), src.device_ptr(), n16, tail))? };
+        // SAFETY: both ranges are live, 16-byte aligned, src.byte_len() long (lengths checked
+        // above), reachable from this device (the caller's peer setup) and ordered on `stream`
+        // by the joins above and below.
+        unsafe { self.launch_copy_bytes(&stream, dst.device_ptr(), src.device_ptr(), src.byte_len())? };
         for owner in owners {
             owner.join(&stream)?;
         }

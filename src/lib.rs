@@ -47,7 +47,7 @@ mod layout;
 
 pub use engine::Engine;
 pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
-pub use pp::{PpConfig, PpNRt, Transport, TransportPolicy};
+pub use pp::{PpConfig, PpNRt, SM_COPY_MAX_BYTES, Transport, TransportPolicy};
 pub use safe::{
     Bf16, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice,
     DeviceSliceMut, F16, Function, KernelArgs, KernelParam, LaunchConfig, Module, PeerInfo, PinnedHostBuffer,

@@ -10,6 +10,11 @@
 //! - [`PpNRt::rx`] on stage `b + 1`'s stream: wait `ev_tx`, copy the slot into a fresh buffer
 //!   allocated on that stream, record `ev_rx`.
 //!
+//! Copies within a device (the `tx` of a [`Transport::Local`] boundary, every `rx` from a device
+//! slot) run as the SM copy helper kernel up to [`SM_COPY_MAX_BYTES`], else on the copy engine;
+//! `tx` and `rx` always wait on the other side's event rather than query it first (a query
+//! costs the host as much as a cross-device wait).
+//!
 //! Host-side slot state (free → filled → free) catches misuse before anything is enqueued, and
 //! nothing is overwritten when a call fails. Each stage has its own stream; several host threads
 //! may drive different stages of one runtime at once.
@@ -28,4 +33,4 @@ pub use config::{
     DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
 pub use plan::{BoundaryPlan, Plan, Transport};
-pub use runtime::PpNRt;
+pub use runtime::{PpNRt, SM_COPY_MAX_BYTES};

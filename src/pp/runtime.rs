@@ -31,6 +31,8 @@ struct Boundary {
     plan: BoundaryPlan,
     tx_stream: Arc<CudaStream>,
     rx_stream: Arc<CudaStream>,
+    /// The RX stage's engine: its SM copy kernel makes the boundary's same-device copies.
+    rx_engine: Engine,
     ring: Mutex<Ring>,
 }
 
@@ -87,6 +89,14 @@ static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
 
 /// The smallest slot allocation, in bytes; slots grow in powers of two from here.
 const MIN_SLOT_BYTES: usize = 4096;
+
+/// Same-device boundary copies (`tx` over a [`Transport::Local`] boundary, and every `rx` from a
+/// device slot) of at most this many bytes, with both addresses 16-byte aligned, run as the SM
+/// copy kernel: its launch costs the host about 0.7 µs less than a same-device `cuMemcpyAsync`
+/// (measured on H200 and driver 580), and at these sizes the host's issue cost, not the copy,
+/// bounds a step. Larger copies go through the copy engine, which moves them at least as fast
+/// and leaves the SMs to the model.
+pub const SM_COPY_MAX_BYTES: usize = 4 << 20;
 
 impl PpNRt {
     /// The process-wide runtime, built on first use against `primary` from the `PPNRT_*`
@@ -169,10 +179,14 @@ impl PpNRt {
                         Ok(slot)
                     })
                     .collect::<Result<Vec<_>>>()?;
+                if bp.transport != Transport::HostStaged {
+                    rx.engine.preload_helpers()?;
+                }
                 Ok(Boundary {
                     plan: bp,
                     tx_stream: Arc::clone(&tx.stream),
                     rx_stream: Arc::clone(&rx.stream),
+                    rx_engine: rx.engine.clone(),
                     ring: Mutex::new(Ring { next: 0, slots }),
                 })
             })
@@ -262,9 +276,10 @@ impl PpNRt {
     }
 
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
-    /// (write-after-read guard; skipped when that RX has already completed), copies `x[..n]`
-    /// into the slot through the boundary's transport on stage `b`'s stream, records the slot's
-    /// TX event. Returns the slot index for the paired [`rx`](Self::rx). Runs on the stage's stream whatever the ambient stream is.
+    /// (write-after-read guard; from the slot's second use on), copies `x[..n]` into the slot
+    /// through the boundary's transport on stage `b`'s stream, records the slot's TX event.
+    /// Returns the slot index for the paired [`rx`](Self::rx). Runs on the stage's stream
+    /// whatever the ambient stream is.
     ///
     /// `x` should be owned by the stage's stream (the usual case inside [`enter`](Self::enter));
     /// if it is owned by another stream, the two are joined both ways so `x` cannot be freed or
@@ -311,12 +326,17 @@ impl PpNRt {
         if foreign_owner {
             tx.join(x.stream())?;
         }
-        // The wait is skipped when the previous reader has already finished (a completed
-        // event orders nothing more); a cross-device wait costs more host time than the query.
-        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait && !slot.ev_rx.is_complete()? {
+        // Always wait, never query first: asking whether an event has completed costs the host
+        // as much as a cross-device wait and ~9× a same-device one (measured, driver 580).
+        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait {
             tx.wait(&slot.ev_rx)?;
         }
         match &mut slot.buffer {
+            SlotBuffer::Device(buffer) if boundary.plan.transport == Transport::Local => {
+                // SAFETY: as below; on a Local boundary x and the slot are on one device, the
+                // RX engine's, which is tx's.
+                unsafe { copy_within_device(&boundary.rx_engine, tx, buffer.device_ptr(), x.device_ptr(), bytes)? }
+            }
             SlotBuffer::Device(buffer) => {
                 // SAFETY: the slot buffer holds ≥ bytes and is cuMemAlloc memory on the RX device
                 // (peer access enabled for Peer boundaries); its last reader is ordered before
@@ -383,15 +403,16 @@ impl PpNRt {
         }
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
-        if self.config.fault() != ProtocolFault::SkipTxWait && !slot.ev_tx.is_complete()? {
+        if self.config.fault() != ProtocolFault::SkipTxWait {
             rx.wait(&slot.ev_tx)?;
         }
         let out = CudaSlice::<T>::alloc(rx, n)?;
         match &slot.buffer {
             SlotBuffer::Device(buffer) => {
                 // SAFETY: the slot's writer is ordered before this copy by the ev_tx wait, and the
-                // next writer waits for ev_rx recorded below; out is fresh, n elements, on rx.
-                unsafe { rx.copy_bytes_async(out.device_ptr(), buffer.device_ptr(), bytes)? }
+                // next writer waits for ev_rx recorded below; out is fresh, n elements, on rx;
+                // both are on the RX engine's device.
+                unsafe { copy_within_device(&boundary.rx_engine, rx, out.device_ptr(), buffer.device_ptr(), bytes)? }
             }
             SlotBuffer::Host(buffer) => {
                 // SAFETY: as above; the slot is pinned host memory of ≥ bytes.
@@ -451,6 +472,28 @@ impl PpNRt {
             stage.stream.synchronize()?;
         }
         self.readback.synchronize()
+    }
+}
+
+/// Enqueues a copy of `bytes` within `engine`'s device on `stream`: the SM copy kernel up to
+/// [`SM_COPY_MAX_BYTES`] with both addresses 16-byte aligned, else the copy engine.
+///
+/// # Safety
+/// As [`CudaStream::copy_bytes_async`]; both ranges are on `engine`'s device, which is `stream`'s.
+unsafe fn copy_within_device(
+    engine: &Engine,
+    stream: &CudaStream,
+    dst: crate::sys::CUdeviceptr,
+    src: crate::sys::CUdeviceptr,
+    bytes: usize,
+) -> Result<()> {
+    if bytes <= SM_COPY_MAX_BYTES && dst % 16 == 0 && src % 16 == 0 {
+        // SAFETY: the caller meets copy_bytes_async's contract; the ranges are on the engine's
+        // device, so its SMs reach them; alignment checked here.
+        unsafe { engine.launch_copy_bytes(stream, dst, src, bytes) }
+    } else {
+        // SAFETY: the caller meets copy_bytes_async's contract.
+        unsafe { stream.copy_bytes_async(dst, src, bytes) }
     }
 }
 

@@ -134,6 +134,11 @@ impl Function {
     pub fn ordinal(&self) -> i32 {
         self.module.ctx.ordinal()
     }
+
+    /// The raw handle, valid while this `Function` (which keeps its module loaded) lives.
+    pub fn raw(&self) -> CUfunction {
+        self.raw
+    }
 }
 
 /// Grid, block and dynamic shared memory of a launch.
