@@ -118,6 +118,21 @@ impl DriverError {
     pub fn is_sticky(&self) -> bool {
         is_sticky_code(self.code)
     }
+
+    /// True for the codes with which a module load says that this driver or device cannot run
+    /// the code given (PTX of a newer ISA than the driver knows, no usable image, JIT
+    /// unavailable): the context stays usable, only that module is missing.
+    pub fn is_unrunnable_code(&self) -> bool {
+        matches!(
+            self.code,
+            CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+                | CUresult::CUDA_ERROR_INVALID_PTX
+                | CUresult::CUDA_ERROR_INVALID_IMAGE
+                | CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU
+                | CUresult::CUDA_ERROR_JIT_COMPILER_NOT_FOUND
+                | CUresult::CUDA_ERROR_JIT_COMPILATION_DISABLED
+        )
+    }
 }
 
 pub(crate) fn is_sticky_code(code: CUresult) -> bool {
@@ -387,8 +402,14 @@ mod tests {
         };
         assert_eq!(err.to_string(), "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2): out of memory");
         assert!(!err.is_sticky());
-        let sticky = DriverError { code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, ..err };
+        assert!(!err.is_unrunnable_code(), "running out of memory is no reason to do without a module");
+        let sticky = DriverError { code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, ..err.clone() };
         assert!(sticky.is_sticky());
+        assert!(!sticky.is_unrunnable_code(), "a sticky error must fail the build, not be worked around");
+        for code in [CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU] {
+            let unrunnable = DriverError { code, ..err.clone() };
+            assert!(unrunnable.is_unrunnable_code() && !unrunnable.is_sticky(), "{code:?}");
+        }
     }
 
     #[test]

@@ -320,17 +320,24 @@ fn bf16_and_other_element_types_cross_boundaries() {
 fn every_copy_path_delivers_every_byte() {
     let Some(count) = devices_or_skip("every_copy_path_delivers_every_byte", 1) else { return };
     let Some(primary) = engine_or_skip("every_copy_path_delivers_every_byte", 0) else { return };
-    let mut placements =
-        vec![("local", vec![0, 0], TransportPolicy::Auto), ("staged", vec![0, 0], TransportPolicy::Staged)];
+    let mut placements = vec![
+        ("local", vec![0, 0], TransportPolicy::Auto, true),
+        ("local, copy engines only", vec![0, 0], TransportPolicy::Auto, false),
+        ("staged", vec![0, 0], TransportPolicy::Staged, true),
+    ];
     if count >= 2 {
-        placements.push(("cross-device", vec![0, 1], TransportPolicy::Auto));
-        placements.push(("cross-device staged", vec![1, 0], TransportPolicy::Staged));
+        placements.push(("cross-device", vec![0, 1], TransportPolicy::Auto, true));
+        placements.push(("cross-device, copy engines only", vec![1, 0], TransportPolicy::Auto, false));
+        placements.push(("cross-device staged", vec![1, 0], TransportPolicy::Staged, true));
     }
     let big = ppnrt::SM_COPY_MAX_BYTES;
     let lengths = [1, 15, 16, 17, 4099, 65_536, big - 1, big, big + 16, big + 4097];
     let mut rng = Rng::new(77);
-    for (name, devices, policy) in placements {
-        let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2).transport(policy), &primary).unwrap();
+    for (name, devices, policy, sm_copies) in placements {
+        let config = PpConfig::with_devices(&devices).slots(2).transport(policy).sm_copies(sm_copies);
+        let rt = PpNRt::new(config, &primary).unwrap();
+        let device_slots = rt.plan().boundaries[0].transport != Transport::HostStaged;
+        assert_eq!(rt.sm_copies(0).unwrap(), sm_copies && device_slots, "{name}: {}", rt.config());
         for &len in &lengths {
             for offset in [0usize, 3] {
                 let data: Vec<u8> = (0..len + offset).map(|_| rng.next_u32() as u8).collect();

@@ -92,6 +92,7 @@ pub struct PpConfig {
     transport: TransportPolicy,
     fault: ProtocolFault,
     reserve_bytes: usize,
+    sm_copies: bool,
 }
 
 impl Default for PpConfig {
@@ -103,6 +104,7 @@ impl Default for PpConfig {
             transport: TransportPolicy::Auto,
             fault: ProtocolFault::None,
             reserve_bytes: 0,
+            sm_copies: true,
         }
     }
 }
@@ -136,6 +138,15 @@ impl PpConfig {
         self
     }
 
+    /// Whether copies within a device (the `tx` of a `Local` boundary, every `rx` from a device
+    /// slot) may run as the SM copy kernel up to [`SM_COPY_MAX_BYTES`](crate::SM_COPY_MAX_BYTES)
+    /// (default: yes; it costs the host less than the copy engine). `false` keeps every boundary
+    /// copy on the copy engines, leaving the SMs to the model alone.
+    pub fn sm_copies(mut self, allowed: bool) -> PpConfig {
+        self.sm_copies = allowed;
+        self
+    }
+
     /// Breaks the protocol on purpose (hazard tests only).
     pub fn inject_fault(mut self, fault: ProtocolFault) -> PpConfig {
         self.fault = fault;
@@ -165,6 +176,11 @@ impl PpConfig {
     /// Bytes reserved per slot at build.
     pub fn reserved_bytes(&self) -> usize {
         self.reserve_bytes
+    }
+
+    /// Whether copies within a device may use the SM copy kernel (see [`sm_copies`](Self::sm_copies)).
+    pub fn sm_copies_allowed(&self) -> bool {
+        self.sm_copies
     }
 
     /// The stage→device map, with `primary` for stages not mapped explicitly.
@@ -259,6 +275,7 @@ impl PpConfig {
             transport: transport.map(TransportPolicy::parse).transpose()?.unwrap_or_default(),
             fault: ProtocolFault::None,
             reserve_bytes: 0,
+            sm_copies: true,
         };
         config.validate()?;
         Ok(config)
@@ -273,6 +290,9 @@ impl fmt::Display for PpConfig {
             None => write!(f, "{DEVICES_VAR}=(primary) ")?,
         }
         write!(f, "{SLOTS_VAR}={} {TRANSPORT_VAR}={}", self.slots, self.transport)?;
+        if !self.sm_copies {
+            f.write_str(" sm_copies=off")?;
+        }
         if self.fault != ProtocolFault::None {
             write!(f, " fault={:?}", self.fault)?;
         }

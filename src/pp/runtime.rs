@@ -33,6 +33,9 @@ struct Boundary {
     rx_stream: Arc<CudaStream>,
     /// The RX stage's engine: its SM copy kernel makes the boundary's same-device copies.
     rx_engine: Engine,
+    /// Whether same-device copies may use that kernel (allowed by the config, the boundary has
+    /// device slots, and the driver runs the embedded PTX).
+    sm_copies: bool,
     ring: Mutex<Ring>,
 }
 
@@ -179,14 +182,15 @@ impl PpNRt {
                         Ok(slot)
                     })
                     .collect::<Result<Vec<_>>>()?;
-                if bp.transport != Transport::HostStaged {
-                    rx.engine.preload_helpers()?;
-                }
+                let sm_copies = bp.transport != Transport::HostStaged
+                    && config.sm_copies_allowed()
+                    && helpers_runnable(&rx.engine)?;
                 Ok(Boundary {
                     plan: bp,
                     tx_stream: Arc::clone(&tx.stream),
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
+                    sm_copies,
                     ring: Mutex::new(Ring { next: 0, slots }),
                 })
             })
@@ -219,6 +223,17 @@ impl PpNRt {
     /// The boundary plan (printable for logs).
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Whether boundary `b`'s copies within a device run as the SM copy kernel (up to
+    /// [`SM_COPY_MAX_BYTES`]): allowed by [`PpConfig::sm_copies`], a boundary with device slots,
+    /// and a driver that runs the embedded PTX (an older driver than the toolkit that built it
+    /// cannot; the boundary then keeps every copy on the copy engines).
+    ///
+    /// # Errors
+    /// [`Error::BoundaryOutOfRange`].
+    pub fn sm_copies(&self, b: usize) -> Result<bool> {
+        Ok(self.boundary(b)?.sm_copies)
     }
 
     /// The configuration the runtime was built from.
@@ -335,7 +350,7 @@ impl PpNRt {
             SlotBuffer::Device(buffer) if boundary.plan.transport == Transport::Local => {
                 // SAFETY: as below; on a Local boundary x and the slot are on one device, the
                 // RX engine's, which is tx's.
-                unsafe { copy_within_device(&boundary.rx_engine, tx, buffer.device_ptr(), x.device_ptr(), bytes)? }
+                unsafe { boundary.copy_within_device(tx, buffer.device_ptr(), x.device_ptr(), bytes)? }
             }
             SlotBuffer::Device(buffer) => {
                 // SAFETY: the slot buffer holds ≥ bytes and is cuMemAlloc memory on the RX device
@@ -412,7 +427,7 @@ impl PpNRt {
                 // SAFETY: the slot's writer is ordered before this copy by the ev_tx wait, and the
                 // next writer waits for ev_rx recorded below; out is fresh, n elements, on rx;
                 // both are on the RX engine's device.
-                unsafe { copy_within_device(&boundary.rx_engine, rx, out.device_ptr(), buffer.device_ptr(), bytes)? }
+                unsafe { boundary.copy_within_device(rx, out.device_ptr(), buffer.device_ptr(), bytes)? }
             }
             SlotBuffer::Host(buffer) => {
                 // SAFETY: as above; the slot is pinned host memory of ≥ bytes.
@@ -475,25 +490,39 @@ impl PpNRt {
     }
 }
 
-/// Enqueues a copy of `bytes` within `engine`'s device on `stream`: the SM copy kernel up to
-/// [`SM_COPY_MAX_BYTES`] with both addresses 16-byte aligned, else the copy engine.
-///
-/// # Safety
-/// As [`CudaStream::copy_bytes_async`]; both ranges are on `engine`'s device, which is `stream`'s.
-unsafe fn copy_within_device(
-    engine: &Engine,
-    stream: &CudaStream,
-    dst: crate::sys::CUdeviceptr,
-    src: crate::sys::CUdeviceptr,
-    bytes: usize,
-) -> Result<()> {
-    if bytes <= SM_COPY_MAX_BYTES && dst % 16 == 0 && src % 16 == 0 {
-        // SAFETY: the caller meets copy_bytes_async's contract; the ranges are on the engine's
-        // device, so its SMs reach them; alignment checked here.
-        unsafe { engine.launch_copy_bytes(stream, dst, src, bytes) }
-    } else {
-        // SAFETY: the caller meets copy_bytes_async's contract.
-        unsafe { stream.copy_bytes_async(dst, src, bytes) }
+impl Boundary {
+    /// Enqueues a copy of `bytes` within the RX device on `stream`: the SM copy kernel when the
+    /// boundary may use it, up to [`SM_COPY_MAX_BYTES`], with both addresses 16-byte aligned;
+    /// else the copy engine.
+    ///
+    /// # Safety
+    /// As [`CudaStream::copy_bytes_async`]; both ranges are on the RX device, which is `stream`'s.
+    unsafe fn copy_within_device(
+        &self,
+        stream: &CudaStream,
+        dst: crate::sys::CUdeviceptr,
+        src: crate::sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        if self.sm_copies && bytes <= SM_COPY_MAX_BYTES && dst % 16 == 0 && src % 16 == 0 {
+            // SAFETY: the caller meets copy_bytes_async's contract; the ranges are on the RX
+            // engine's device, so its SMs reach them; alignment checked here.
+            unsafe { self.rx_engine.launch_copy_bytes(stream, dst, src, bytes) }
+        } else {
+            // SAFETY: the caller meets copy_bytes_async's contract.
+            unsafe { stream.copy_bytes_async(dst, src, bytes) }
+        }
+    }
+}
+
+/// Whether the helper kernels load on `engine`'s device. `Ok(false)` when the driver cannot run
+/// the embedded PTX (a driver older than the toolkit that built it): boundary copies then stay on
+/// the copy engines, which need no kernel. Any other failure is the build's error.
+fn helpers_runnable(engine: &Engine) -> Result<bool> {
+    match engine.preload_helpers() {
+        Ok(()) => Ok(true),
+        Err(Error::Driver(e)) if e.is_unrunnable_code() => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
