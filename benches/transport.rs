@@ -601,12 +601,9 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     });
     let module = Module::load_ptx(e1.context(), "helpers", ppnrt::kernels::HELPERS_PTX).unwrap();
     let copy = module.function("ppnrt_copy_bytes").unwrap();
-    let (n16, tail) = ((bytes / 2 / 16) as u64, 0u64);
-    let config = LaunchConfig::for_elements(bytes / 2 / 16, 1024);
+    let sm_blocks = e1.max_blocks();
     measure("cuLaunchKernel SM copy 16 KiB within a device", &mut || {
-        // SAFETY (bench): ppnrt_copy_bytes(dst, src, n16, tail) over two disjoint 16 KiB halves
-        // of one live buffer on s1's device.
-        unsafe { s1.launch(&copy, config, (dst_ptr, dst_ptr + half, n16, tail)).unwrap() }
+        launch_or_copy(&copy, sm_blocks, dst_ptr, dst_ptr + half, bytes / 2, s1.raw())
     });
     measure("cuEventQuery (completed, this device)", &mut || {
         let _ = ev0.is_complete().unwrap();
@@ -624,7 +621,6 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     let scratch = filled(e1, 2 * big, 9);
     let (from, to) = (scratch.device_ptr(), scratch.device_ptr() + big as u64);
     let events = (CudaEvent::new(e1.context(), true).unwrap(), CudaEvent::new(e1.context(), true).unwrap());
-    let sm_blocks = (e1.device().multiprocessor_count().unwrap() * 8) as u32;
     let _ = writeln!(
         report,
         "\n| copy within a device, device time per copy back to back | copy engine | SM kernel |\n| --- | ---: | ---: |"
