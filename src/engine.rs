@@ -6,14 +6,28 @@
 //! default stream; an ambient stream of another device is an error, never a silent fallback.
 //! `Engine` is cheap to clone and may be used from many threads at once.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::safe::{
     Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, KernelArgs,
-    LaunchConfig, Module, ambient_stream,
+    LaunchConfig, Module, ambient_stream, enable_peer_access,
 };
+
+/// The value in `cell`, made by `load` on first use. A failed load is returned and not kept: the
+/// next call tries again. `lock` serialises loads.
+fn load_once<'a, T>(cell: &'a OnceLock<T>, lock: &Mutex<()>, load: impl FnOnce() -> Result<T>) -> Result<&'a T> {
+    if let Some(value) = cell.get() {
+        return Ok(value);
+    }
+    let _loading = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(value) = cell.get() {
+        return Ok(value);
+    }
+    let value = load()?;
+    Ok(cell.get_or_init(|| value))
+}
 
 /// One device's execution context. See the [module docs](self).
 #[derive(Debug, Clone)]
@@ -27,8 +41,11 @@ struct EngineInner {
     ctx: Arc<Context>,
     stream: Arc<CudaStream>,
     max_blocks: u32,
-    helpers: OnceLock<std::result::Result<Helpers, Error>>,
-    toy_model: OnceLock<std::result::Result<Function, Error>>,
+    /// Loaded on first use; a failed load (say, out of memory) is not kept, the next use retries.
+    helpers: OnceLock<Helpers>,
+    toy_model: OnceLock<Function>,
+    /// Serialises the loads above, so that concurrent first uses load each module once.
+    loading: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -59,6 +76,7 @@ impl Engine {
                 max_blocks,
                 helpers: OnceLock::new(),
                 toy_model: OnceLock::new(),
+                loading: Mutex::new(()),
             }),
         })
     }
@@ -90,7 +108,7 @@ impl Engine {
     /// [`Error::WrongDevice`] when the ambient stream belongs to another device.
     #[inline]
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        match ambient_stream() {
+        match ambient_stream()? {
             None => Ok(Arc::clone(&self.inner.stream)),
             Some(stream) if stream.ordinal() == self.ordinal() => Ok(stream),
             Some(stream) => Err(Error::WrongDevice {
@@ -199,7 +217,7 @@ impl Engine {
     }
 
     fn helpers(&self) -> Result<&Helpers> {
-        let loaded = self.inner.helpers.get_or_init(|| {
+        load_once(&self.inner.helpers, &self.inner.loading, || {
             let module = self.load_ptx("helpers", kernels::HELPERS_PTX)?;
             Ok(Helpers {
                 fill_pattern: module.function("ppnrt_fill_pattern_u32")?,
@@ -209,16 +227,13 @@ impl Engine {
                 copy_bytes: module.function("ppnrt_copy_bytes")?,
                 trap: module.function("ppnrt_trap")?,
             })
-        });
-        loaded.as_ref().map_err(Clone::clone)
+        })
     }
 
     fn toy_layer_function(&self) -> Result<&Function> {
-        let loaded = self
-            .inner
-            .toy_model
-            .get_or_init(|| self.load_ptx("toy_model", kernels::TOY_MODEL_PTX)?.function("ppnrt_toy_layer_f32"));
-        loaded.as_ref().map_err(Clone::clone)
+        load_once(&self.inner.toy_model, &self.inner.loading, || {
+            self.load_ptx("toy_model", kernels::TOY_MODEL_PTX)?.function("ppnrt_toy_layer_f32")
+        })
     }
 
     /// Runs a helper kernel over slices that must live on this engine's device.
@@ -236,10 +251,7 @@ impl Engine {
             stream.join(owner)?;
         }
         launch(&stream)?;
-        for owner in owners {
-            owner.join(&stream)?;
-        }
-        Ok(())
+        stream.settle(owners.iter().try_for_each(|owner| owner.join(&stream)))
     }
 
     /// Writes [`kernels::pattern`]`(seed, i)` into element `i` of `dst`.
@@ -356,12 +368,16 @@ impl Engine {
     }
 
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
-    /// engines). Either side may be on a peer device with peer access enabled and allocated with
-    /// `cuMemAlloc` (pool memory is not peer-mapped).
+    /// engines). Either side may be on another device: peer access to it is enabled first (as
+    /// [`enable_peer_access`](crate::enable_peer_access) does), and it must not be pool memory
+    /// (pools are not peer-mapped; use [`CudaSlice::alloc_persistent`]).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] when either
-    /// address is not 16-byte aligned; the driver's error.
+    /// Checked before anything is enqueued: [`Error::LengthMismatch`] unless the lengths agree;
+    /// [`Error::Misaligned`] when either address is not 16-byte aligned;
+    /// [`Error::NotPeerReachable`] for pool memory of another device;
+    /// [`Error::PeerAccessUnsupported`] when the devices cannot reach each other. Else the
+    /// driver's error.
     pub fn copy_with_sms<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
         &self,
         src: &S,
@@ -376,19 +392,33 @@ impl Engine {
         if src.is_empty() {
             return Ok(());
         }
+        let sides =
+            [(src.stream(), src.is_pooled(), src.device_ptr()), (dst.stream(), dst.is_pooled(), dst.device_ptr())];
+        for (owner, pooled, address) in sides {
+            if owner.ordinal() != self.ordinal() && pooled {
+                return Err(Error::NotPeerReachable {
+                    what: "Engine::copy_with_sms",
+                    device: self.ordinal(),
+                    memory_device: owner.ordinal(),
+                    address,
+                });
+            }
+        }
+        for (owner, _, _) in sides {
+            if owner.ordinal() != self.ordinal() {
+                enable_peer_access(self.context(), owner.context())?;
+            }
+        }
         let stream = self.stream()?;
         let owners = [src.stream(), dst.stream()];
         for owner in owners {
             stream.join(owner)?;
         }
         // SAFETY: both ranges are live, 16-byte aligned, src.byte_len() long (lengths checked
-        // above), reachable from this device (the caller's peer setup) and ordered on `stream`
-        // by the joins above and below.
+        // above), reachable from this device (its own memory, or cuMemAlloc memory of a peer
+        // with peer access enabled above) and ordered on `stream` by the joins above and below.
         unsafe { self.launch_copy_bytes(&stream, dst.device_ptr(), src.device_ptr(), src.byte_len())? };
-        for owner in owners {
-            owner.join(&stream)?;
-        }
-        Ok(())
+        stream.settle(owners.iter().try_for_each(|owner| owner.join(&stream)))
     }
 
     /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.

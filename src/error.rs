@@ -255,6 +255,28 @@ pub enum Error {
         /// The kernel asked for.
         kernel: String,
     },
+    /// Device memory that the SMs of the device running a kernel cannot reach: memory of another
+    /// device that came from a stream-ordered pool (pools are not peer-mapped).
+    #[error(
+        "{what}: memory of device {memory_device} at {address:#x} is pool memory, which device {device}'s kernels cannot reach"
+    )]
+    NotPeerReachable {
+        /// The operation.
+        what: &'static str,
+        /// The device whose kernel would touch the memory.
+        device: i32,
+        /// The device the memory lives on.
+        memory_device: i32,
+        /// The address.
+        address: u64,
+    },
+    /// The calling thread's ambient-stream state is gone: the call came from another
+    /// thread-local's destructor during thread exit.
+    #[error("{what}: the thread's ambient stream state has already been destroyed (thread exit)")]
+    ThreadExiting {
+        /// The operation.
+        what: &'static str,
+    },
     /// Elapsed time asked of an event created without timing.
     #[error("elapsed time needs two events created with timing")]
     EventWithoutTiming,

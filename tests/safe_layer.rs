@@ -174,12 +174,12 @@ fn stream_overrides_nest_and_stay_on_their_thread() {
     let (s1, s2) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
     assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default));
     {
-        let _outer = StreamOverride::new(s1.clone());
+        let _outer = StreamOverride::new(s1.clone()).unwrap();
         assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s1));
         let slice = engine.alloc::<u32>(16).unwrap();
         assert!(Arc::ptr_eq(slice.stream(), &s1), "allocation on the ambient stream");
         {
-            let _inner = StreamOverride::new(s2.clone());
+            let _inner = StreamOverride::new(s2.clone()).unwrap();
             assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s2));
         }
         assert!(Arc::ptr_eq(&engine.stream().unwrap(), &s1));
@@ -192,7 +192,7 @@ fn stream_overrides_nest_and_stay_on_their_thread() {
             let engine = engine.clone();
             std::thread::spawn(move || {
                 let mine = CudaStream::new(engine.context()).unwrap();
-                let _guard = StreamOverride::new(mine.clone());
+                let _guard = StreamOverride::new(mine.clone()).unwrap();
                 for round in 0..50u32 {
                     assert!(Arc::ptr_eq(&engine.stream().unwrap(), &mine));
                     let seed = t * 1000 + round;
@@ -217,7 +217,7 @@ fn an_ambient_stream_of_another_device_is_an_error() {
         return;
     }
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
-    let _guard = StreamOverride::new(e1.default_stream().clone());
+    let _guard = StreamOverride::new(e1.default_stream().clone()).unwrap();
     assert!(matches!(e0.alloc::<f32>(4), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
     assert!(e1.alloc::<f32>(4).is_ok());
 }
@@ -251,7 +251,7 @@ fn one_engine_serves_many_threads() {
             let engine = engine.clone();
             std::thread::spawn(move || {
                 let stream = CudaStream::new(engine.context()).unwrap();
-                let _guard = StreamOverride::new(stream);
+                let _guard = StreamOverride::new(stream).unwrap();
                 let mut rng = Rng::new(100 + t);
                 for _ in 0..25 {
                     let n = 1 + rng.below(50_000) as usize;

@@ -48,6 +48,8 @@ struct Slot {
     state: SlotState,
     ev_tx: CudaEvent,
     ev_rx: CudaEvent,
+    /// Whether `ev_tx` has ever been recorded (a copy into the buffer may then be in flight).
+    tx_recorded: bool,
     /// Whether `ev_rx` has ever been recorded (before that, `tx` has no reader to wait for).
     rx_recorded: bool,
     buffer: SlotBuffer,
@@ -56,8 +58,13 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     NeverFilled,
-    Filled { n: usize, elem: &'static str },
+    Filled {
+        n: usize,
+        elem: &'static str,
+    },
     Received,
+    /// Filled, then given up by [`PpNRt::discard_unreceived`].
+    Discarded,
 }
 
 impl fmt::Display for SlotState {
@@ -66,6 +73,7 @@ impl fmt::Display for SlotState {
             SlotState::NeverFilled => f.write_str("free (never filled)"),
             SlotState::Filled { n, elem } => write!(f, "filled ({n} {elem} sent, not yet received)"),
             SlotState::Received => f.write_str("free (already received)"),
+            SlotState::Discarded => f.write_str("free (discarded unreceived)"),
         }
     }
 }
@@ -173,6 +181,7 @@ impl PpNRt {
                             state: SlotState::NeverFilled,
                             ev_tx: CudaEvent::new(tx.engine.context(), false)?,
                             ev_rx: CudaEvent::new(rx.engine.context(), false)?,
+                            tx_recorded: false,
                             rx_recorded: false,
                             buffer: SlotBuffer::Empty,
                         };
@@ -281,7 +290,7 @@ impl PpNRt {
     /// # Errors
     /// [`Error::StageOutOfRange`].
     pub fn enter(&self, s: usize) -> Result<StreamOverride> {
-        Ok(StreamOverride::new(Arc::clone(&self.stage(s)?.stream)))
+        StreamOverride::new(Arc::clone(&self.stage(s)?.stream))
     }
 
     fn lock(boundary: &Boundary) -> MutexGuard<'_, Ring> {
@@ -366,10 +375,11 @@ impl PpNRt {
             }
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
         }
-        slot.ev_tx.record(tx)?;
-        if foreign_owner {
-            x.stream().join(tx)?;
-        }
+        // The copy is enqueued: if what orders it fails, wait for it before returning the error,
+        // so no copy into the slot (or out of x) is left in flight unordered.
+        let recorded = slot.ev_tx.record(tx);
+        slot.tx_recorded |= recorded.is_ok();
+        tx.settle(recorded.and_then(|()| if foreign_owner { x.stream().join(tx) } else { Ok(()) }))?;
         slot.state = SlotState::Filled { n, elem: T::NAME };
         ring.next = (index + 1) % ring.slots.len();
         Ok(index)
@@ -435,10 +445,30 @@ impl PpNRt {
             }
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
-        slot.ev_rx.record(rx)?;
+        // If recording fails, wait for the copy out before the error returns (and `out` is freed).
+        rx.settle(slot.ev_rx.record(rx))?;
         slot.rx_recorded = true;
         slot.state = SlotState::Received;
         Ok(out)
+    }
+
+    /// Gives up the data of boundary `b`'s filled slots that will never be received (say, the
+    /// receiving stage abandoned a step): they become free for `tx` again, and an `rx` of one is
+    /// a [`Error::SlotState`] error. Returns how many slots were discarded. Enqueues nothing: a
+    /// copy into a discarded slot that is still in flight stays ordered before the slot's next
+    /// `tx` (same stream) and before any reallocation of its buffer.
+    ///
+    /// # Errors
+    /// [`Error::BoundaryOutOfRange`].
+    pub fn discard_unreceived(&self, b: usize) -> Result<usize> {
+        let boundary = self.boundary(b)?;
+        let mut ring = Self::lock(boundary);
+        let mut discarded = 0;
+        for slot in ring.slots.iter_mut().filter(|slot| matches!(slot.state, SlotState::Filled { .. })) {
+            slot.state = SlotState::Discarded;
+            discarded += 1;
+        }
+        Ok(discarded)
     }
 
     /// Deferred readback: records a fresh completion event on the last stage's stream (call after
@@ -527,9 +557,13 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
 }
 
 /// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB). The slot is
-/// free: its last reader is waited for before the old buffer goes, so no copy in flight ever sees
-/// a freed buffer.
+/// free: its last writer and last reader are waited for before the old buffer goes, so no copy in
+/// flight ever sees a freed buffer.
 fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+    // The last copy in (a discarded slot's may never have been received) and the last copy out.
+    if slot.tx_recorded {
+        slot.ev_tx.synchronize()?;
+    }
     if slot.rx_recorded {
         slot.ev_rx.synchronize()?;
     }
@@ -545,9 +579,11 @@ fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, byte
 impl Drop for PpNRt {
     fn drop(&mut self) {
         // Slot buffers are written by TX streams of other devices: drain every stream before the
-        // fields (and the buffers) go.
-        if let Err(e) = self.synchronize() {
-            record_drop_error(e);
+        // fields (and the buffers) go, each one even when another failed.
+        for stream in self.stages.iter().map(|stage| &stage.stream).chain([&self.readback]) {
+            if let Err(e) = stream.synchronize() {
+                record_drop_error(e);
+            }
         }
     }
 }
@@ -578,5 +614,6 @@ mod tests {
         assert_eq!(SlotState::NeverFilled.to_string(), "free (never filled)");
         assert_eq!(SlotState::Filled { n: 42, elem: "f32" }.to_string(), "filled (42 f32 sent, not yet received)");
         assert_eq!(SlotState::Received.to_string(), "free (already received)");
+        assert_eq!(SlotState::Discarded.to_string(), "free (discarded unreceived)");
     }
 }

@@ -4,7 +4,10 @@ use std::os::raw::c_void;
 
 use super::driver_call;
 use crate::error::Result;
-use crate::sys::{CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUstream};
+use crate::sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult,
+    CUstream,
+};
 
 /// `cuMemAlloc_v2`: `bytes` of device memory in the current context (not from a pool).
 ///
@@ -165,4 +168,24 @@ pub unsafe fn memset_d32_async(dst: CUdeviceptr, value: u32, count: usize, strea
 #[doc(alias = "cuMemsetD8Async")]
 pub unsafe fn memset_d8_async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> Result<()> {
     driver_call!(cuMemsetD8Async(dst, value, count, stream))
+}
+
+/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)`: the kind of memory at `ptr`, or
+/// `None` for memory the driver does not know (pageable host memory).
+///
+/// # Errors
+/// The driver's error other than `CUDA_ERROR_INVALID_VALUE` (an unknown address).
+#[doc(alias = "cuPointerGetAttribute")]
+pub fn memory_type(ptr: CUdeviceptr) -> Result<Option<CUmemorytype>> {
+    let mut kind: u32 = 0;
+    let result = driver_call!(cuPointerGetAttribute(
+        (&raw mut kind).cast::<c_void>(),
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        ptr
+    ));
+    match result {
+        Ok(()) => Ok(Some(CUmemorytype(kind))),
+        Err(crate::Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_INVALID_VALUE => Ok(None),
+        Err(e) => Err(e),
+    }
 }

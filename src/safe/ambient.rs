@@ -1,49 +1,70 @@
 //! The ambient stream: a per-thread stream override.
 //!
 //! While a [`StreamOverride`] lives, [`Engine`](crate::Engine) operations on its thread run on its
-//! stream. Guards nest: dropping the innermost restores the one before. A guard cannot be sent to
-//! another thread (it is `!Send`), so each thread's ambient stream is its own.
+//! stream. Guards nest: the newest live guard's stream is the ambient one, and dropping a guard
+//! removes exactly its own entry, so guards may be dropped in any order (dropping an older guard
+//! first leaves the newer one in force). A guard cannot be sent to another thread (it is `!Send`),
+//! so each thread's ambient stream is its own.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::stream::CudaStream;
+use crate::error::{Error, Result};
 
 thread_local! {
-    static AMBIENT: RefCell<Vec<Arc<CudaStream>>> = const { RefCell::new(Vec::new()) };
+    /// The thread's live overrides, oldest first, each with the id of its guard.
+    static AMBIENT: RefCell<Vec<(u64, Arc<CudaStream>)>> = const { RefCell::new(Vec::new()) };
+    static NEXT_ID: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Sets the calling thread's ambient stream until dropped.
 #[must_use = "the override ends when the guard drops"]
 #[derive(Debug)]
 pub struct StreamOverride {
-    depth: usize,
+    id: u64,
     _not_send: PhantomData<*const ()>,
 }
 
 impl StreamOverride {
     /// Makes `stream` the calling thread's ambient stream until the guard drops.
-    pub fn new(stream: Arc<CudaStream>) -> StreamOverride {
-        let depth = AMBIENT.with(|stack| {
-            let mut stack = stack.borrow_mut();
-            stack.push(stream);
-            stack.len() - 1
+    ///
+    /// # Errors
+    /// [`Error::ThreadExiting`] when called from a thread-local destructor after this crate's
+    /// thread state is gone.
+    pub fn new(stream: Arc<CudaStream>) -> Result<StreamOverride> {
+        let gone = |_| Error::ThreadExiting { what: "StreamOverride::new" };
+        let id = NEXT_ID.try_with(|next| {
+            let id = next.get();
+            next.set(id + 1);
+            id
         });
-        StreamOverride { depth, _not_send: PhantomData }
+        let id = id.map_err(gone)?;
+        AMBIENT.try_with(|stack| stack.borrow_mut().push((id, stream))).map_err(gone)?;
+        Ok(StreamOverride { id, _not_send: PhantomData })
     }
 }
 
 impl Drop for StreamOverride {
     fn drop(&mut self) {
-        // Truncating (rather than popping) keeps the stack right even if guards are dropped out
-        // of order: dropping an outer guard ends the inner ones with it. `try_with` tolerates a
-        // guard dropped during thread teardown.
-        let _ = AMBIENT.try_with(|stack| stack.borrow_mut().truncate(self.depth));
+        // `try_with` tolerates a guard dropped during thread teardown.
+        let _ = AMBIENT.try_with(|stack| {
+            let mut stack = stack.borrow_mut();
+            if let Some(at) = stack.iter().rposition(|(id, _)| *id == self.id) {
+                stack.remove(at);
+            }
+        });
     }
 }
 
 /// The calling thread's ambient stream, if an override is active.
-pub fn ambient_stream() -> Option<Arc<CudaStream>> {
-    AMBIENT.with(|stack| stack.borrow().last().cloned())
+///
+/// # Errors
+/// [`Error::ThreadExiting`] when called from a thread-local destructor after this crate's thread
+/// state is gone.
+pub fn ambient_stream() -> Result<Option<Arc<CudaStream>>> {
+    AMBIENT
+        .try_with(|stack| stack.borrow().last().map(|(_, stream)| Arc::clone(stream)))
+        .map_err(|_| Error::ThreadExiting { what: "ambient_stream" })
 }

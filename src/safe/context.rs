@@ -3,7 +3,14 @@
 //! The crate works in each device's primary context, the one the runtime API (cuBLAS, PyTorch)
 //! uses too, so streams and memory can be shared with those libraries. A [`Context`] holds one
 //! reference on it (`cuDevicePrimaryCtxRetain`) and gives it back on drop.
+//!
+//! The calling thread's current context is the caller's: every call of this crate binds the
+//! context it needs through [`Context::bind`], whose guard puts back what was current when the
+//! call returns. So cuBLAS, PyTorch or any runtime-API code on the same thread keeps its current
+//! device across calls into this crate. Binding costs one `cuCtxGetCurrent` when the context is
+//! already current, plus two `cuCtxSetCurrent` when it is not.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::device::Device;
@@ -16,6 +23,7 @@ use crate::sys::{CUcontext, CUmemPool_attribute};
 pub struct Context {
     device: Device,
     raw: CUcontext,
+    pools: bool,
 }
 
 // SAFETY: a CUcontext handle may be bound and used from any thread; the driver serialises what
@@ -34,9 +42,11 @@ impl Context {
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn primary(device: &Device) -> Result<Arc<Context>> {
         let raw_ctx = raw::primary_retain(device.raw())?;
-        let ctx = Arc::new(Context { device: *device, raw: raw_ctx });
-        ctx.bind()?;
-        if device.memory_pools_supported()? {
+        // From here on the reference is given back by Context's drop, on every path.
+        let mut ctx = Context { device: *device, raw: raw_ctx, pools: false };
+        ctx.pools = device.memory_pools_supported()?;
+        if ctx.pools {
+            let _bound = ctx.bind()?;
             let pool = memory::default_mem_pool(device.raw())?;
             // SAFETY: the pool is the device's live default pool and the release threshold is a
             // cuuint64_t attribute.
@@ -44,18 +54,32 @@ impl Context {
                 memory::mem_pool_set_u64(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX)?;
             }
         }
-        Ok(ctx)
+        Ok(Arc::new(ctx))
     }
 
-    /// Makes this context current on the calling thread.
+    /// Whether the device has stream-ordered memory pools. Without them, [`CudaSlice::alloc`](crate::CudaSlice::alloc) falls back to `cuMemAlloc` memory, freed once its owning stream
+    /// drained.
+    pub fn memory_pools_supported(&self) -> bool {
+        self.pools
+    }
+
+    /// Makes this context current on the calling thread until the returned guard drops; the
+    /// guard then makes current again whatever was current before (nothing is changed when this
+    /// context already was).
     ///
     /// # Errors
     /// The driver's error.
     #[doc(alias = "cuCtxSetCurrent")]
+    #[doc(alias = "cuCtxGetCurrent")]
     #[inline]
-    pub fn bind(&self) -> Result<()> {
+    pub fn bind(&self) -> Result<BoundContext<'_>> {
+        let previous = raw::get_current()?;
+        if previous == self.raw {
+            return Ok(BoundContext { restore: None, _ctx: PhantomData });
+        }
         // SAFETY: self.raw is retained for as long as self lives.
-        unsafe { raw::set_current(self.raw) }
+        unsafe { raw::set_current(self.raw)? };
+        Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })
     }
 
     /// The device.
@@ -79,7 +103,7 @@ impl Context {
     /// The driver's error, including errors of earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         raw::synchronize()
     }
 
@@ -89,8 +113,30 @@ impl Context {
     /// The driver's error.
     #[doc(alias = "cuMemGetInfo")]
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.bind()?;
+        let _bound = self.bind()?;
         memory::get_info()
+    }
+}
+
+/// The guard of [`Context::bind`]: while it lives the context is current on this thread; when it
+/// drops, the context that was current before is current again. Not `Send`: the binding is the
+/// thread's.
+#[must_use = "the context is unbound again when the guard drops"]
+#[derive(Debug)]
+pub struct BoundContext<'a> {
+    restore: Option<CUcontext>,
+    _ctx: PhantomData<(&'a Context, *const ())>,
+}
+
+impl Drop for BoundContext<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `previous` was current on this thread when the guard was made (or null,
+            // which unbinds); nothing this crate does in between releases another context.
+            if let Err(e) = unsafe { raw::set_current(previous) } {
+                super::record_drop_error(e);
+            }
+        }
     }
 }
 

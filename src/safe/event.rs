@@ -30,7 +30,7 @@ impl CudaEvent {
     /// The driver's error.
     #[doc(alias = "cuEventCreate")]
     pub fn new(ctx: &Arc<Context>, timing: bool) -> Result<CudaEvent> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         let raw = raw::create(timing)?;
         Ok(CudaEvent { ctx: Arc::clone(ctx), raw, timing })
     }
@@ -50,7 +50,7 @@ impl CudaEvent {
                 found: stream.ordinal(),
             });
         }
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of the same device's primary context.
         unsafe { raw::record(self.raw, stream.raw()) }
     }
@@ -61,7 +61,7 @@ impl CudaEvent {
     /// The driver's error.
     #[doc(alias = "cuEventQuery")]
     pub fn is_complete(&self) -> Result<bool> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::query(self.raw) }
     }
@@ -72,7 +72,7 @@ impl CudaEvent {
     /// The driver's error, including errors of the work it waited for.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::synchronize(self.raw) }
     }
@@ -96,7 +96,7 @@ impl CudaEvent {
                 found: start.ctx.ordinal(),
             });
         }
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both events are live; the driver checks timing and completion.
         unsafe { raw::elapsed_ms(start.raw, self.raw) }
     }
@@ -124,7 +124,7 @@ impl CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        let result = self.ctx.bind().and_then(|()| {
+        let result = self.ctx.bind().and_then(|_bound| {
             // SAFETY: the event is owned and this is its last use; a pending record is released
             // by the driver once it completes.
             unsafe { raw::destroy(self.raw) }

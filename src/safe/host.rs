@@ -42,7 +42,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         let ptr = if bytes == 0 {
             std::ptr::NonNull::<T>::dangling().as_ptr()
         } else {
-            ctx.bind()?;
+            let _bound = ctx.bind()?;
             let flags = CU_MEMHOSTALLOC_PORTABLE | if write_combined { CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
             let ptr = raw::host_alloc(bytes, flags)?.cast::<T>();
             // SAFETY: the allocation is `bytes` long, suitably aligned (page-aligned) and owned.
@@ -102,17 +102,12 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 
-    fn set_pending(&self, stream: &CudaStream) -> Result<()> {
-        let event = CudaEvent::new(stream.context(), false)?;
+    /// Records `event` (created before the copy was enqueued, so that a failure to create one
+    /// enqueues nothing) on `stream` as the buffer's pending copy. The caller waited for the
+    /// previous one before enqueuing.
+    fn set_pending(&self, stream: &CudaStream, event: CudaEvent) -> Result<()> {
         event.record(stream)?;
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        // The new copy is ordered after the old one only if on the same stream: keep waiting for
-        // the old one too by synchronising it now when streams differ.
-        if let Some(old) = pending.take() {
-            if old.ordinal() != event.ordinal() || !old.is_complete()? {
-                old.synchronize()?;
-            }
-        }
         *pending = Some(event);
         Ok(())
     }
@@ -140,13 +135,14 @@ impl CudaStream {
             return Ok(());
         }
         src.wait_pending()?;
+        let pending = CudaEvent::new(self.context(), false)?;
         self.join(dst.stream())?;
-        self.context().bind()?;
-        // SAFETY: src stays allocated until the pending event recorded below completes (Drop
-        // and host access wait for it); dst is valid and ordered after its owner.
+        let _bound = self.context().bind()?;
+        // SAFETY: src stays allocated and unwritten until the pending event recorded below
+        // completes (Drop and host access wait for it; if recording fails, settle waits for the
+        // copy before returning); dst is valid and ordered after its owner.
         unsafe { raw::memcpy_htod_async(dst.device_ptr(), src.ptr.cast(), dst.byte_len(), self.raw())? };
-        src.set_pending(self)?;
-        dst.stream().join(self)
+        self.settle(src.set_pending(self, pending).and_then(|()| dst.stream().join(self)))
     }
 
     /// Copies `src` into pinned `dst`, asynchronously on this stream; `dst`'s contents are
@@ -171,13 +167,14 @@ impl CudaStream {
             return Ok(());
         }
         dst.wait_pending()?;
+        let pending = CudaEvent::new(self.context(), false)?;
         self.join(src.stream())?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         // SAFETY: dst is exclusively borrowed, stays allocated and unread until the pending event
-        // completes; src is valid and ordered after its owner.
+        // completes (or, if recording it fails, settle waits for the copy); src is valid and
+        // ordered after its owner.
         unsafe { raw::memcpy_dtoh_async(dst.ptr.cast(), src.device_ptr(), src.byte_len(), self.raw())? };
-        dst.set_pending(self)?;
-        src.stream().join(self)
+        self.settle(dst.set_pending(self, pending).and_then(|()| src.stream().join(self)))
     }
 }
 
@@ -192,7 +189,7 @@ impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
         if self.len == 0 || std::mem::size_of::<T>() == 0 {
             return;
         }
-        let result = self.ctx.bind().and_then(|()| {
+        let result = self.ctx.bind().and_then(|_bound| {
             // SAFETY: ptr came from cuMemHostAlloc, is freed once, and no copy is in flight.
             unsafe { raw::free_host(self.ptr.cast()) }
         });

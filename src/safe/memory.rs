@@ -74,6 +74,8 @@ pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
     fn len(&self) -> usize;
     /// The stream that owns the memory.
     fn stream(&self) -> &Arc<CudaStream>;
+    /// Whether the memory came from a stream-ordered pool (not reachable by peers' kernels).
+    fn is_pooled(&self) -> bool;
     /// Whether the slice has no elements.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -106,6 +108,7 @@ pub struct CudaSlice<T: DeviceRepr> {
 pub struct CudaView<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
+    pooled: bool,
     stream: &'a Arc<CudaStream>,
     _marker: PhantomData<&'a T>,
 }
@@ -115,6 +118,7 @@ pub struct CudaView<'a, T: DeviceRepr> {
 pub struct CudaViewMut<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
+    pooled: bool,
     stream: &'a Arc<CudaStream>,
     _marker: PhantomData<&'a mut T>,
 }
@@ -135,17 +139,22 @@ pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
 
 impl<T: DeviceRepr> CudaSlice<T> {
     /// Allocates `len` elements from the device's memory pool, ordered on `stream`, which owns the
-    /// slice. The contents are unspecified (any bit pattern, valid for `T`).
+    /// slice. The contents are unspecified (any bit pattern, valid for `T`). On a device without
+    /// memory pools ([`Context::memory_pools_supported`](crate::Context::memory_pools_supported))
+    /// this is [`alloc_persistent`](Self::alloc_persistent).
     ///
     /// # Errors
     /// [`Error::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        if !stream.context().memory_pools_supported() {
+            return Self::alloc_persistent(stream, len);
+        }
         let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
         let ptr = if bytes == 0 {
             0
         } else {
-            stream.context().bind()?;
+            let _bound = stream.context().bind()?;
             // SAFETY: the stream is live; the memory is used only by work ordered after this on
             // `stream` or joined to it (see the module doc).
             unsafe { raw::alloc_async(bytes, stream.raw())? }
@@ -164,7 +173,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         let ptr = if bytes == 0 {
             0
         } else {
-            stream.context().bind()?;
+            let _bound = stream.context().bind()?;
             raw::alloc(bytes)?
         };
         Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: false, _marker: PhantomData })
@@ -185,19 +194,14 @@ impl<T: DeviceRepr> CudaSlice<T> {
         self.stream.ordinal()
     }
 
-    /// Whether the slice came from the memory pool (stream-ordered) rather than `cuMemAlloc`.
-    pub fn is_pooled(&self) -> bool {
-        self.pooled
-    }
-
     /// A view of the whole slice.
     pub fn as_view(&self) -> CudaView<'_, T> {
-        CudaView { ptr: self.ptr, len: self.len, stream: &self.stream, _marker: PhantomData }
+        CudaView { ptr: self.ptr, len: self.len, pooled: self.pooled, stream: &self.stream, _marker: PhantomData }
     }
 
     /// A mutable view of the whole slice.
     pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        CudaViewMut { ptr: self.ptr, len: self.len, stream: &self.stream, _marker: PhantomData }
+        CudaViewMut { ptr: self.ptr, len: self.len, pooled: self.pooled, stream: &self.stream, _marker: PhantomData }
     }
 
     /// A view of `range`.
@@ -217,6 +221,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Ok(CudaViewMut {
             ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
             len: end - start,
+            pooled: self.pooled,
             stream: &self.stream,
             _marker: PhantomData,
         })
@@ -268,6 +273,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         Ok(CudaView {
             ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
             len: end - start,
+            pooled: self.pooled,
             stream: self.stream,
             _marker: PhantomData,
         })
@@ -292,7 +298,13 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         if self.ptr % align as CUdeviceptr != 0 {
             return Err(Error::Misaligned { what: "CudaView::reinterpret", address: self.ptr, align });
         }
-        Ok(CudaView { ptr: self.ptr, len: bytes / size, stream: self.stream, _marker: PhantomData })
+        Ok(CudaView {
+            ptr: self.ptr,
+            len: bytes / size,
+            pooled: self.pooled,
+            stream: self.stream,
+            _marker: PhantomData,
+        })
     }
 }
 
@@ -312,6 +324,10 @@ macro_rules! device_slice_impls {
             fn stream(&self) -> &Arc<CudaStream> {
                 &self.stream
             }
+            #[inline]
+            fn is_pooled(&self) -> bool {
+                self.pooled
+            }
         }
     )*};
 }
@@ -324,7 +340,7 @@ impl<T: DeviceRepr> Drop for CudaSlice<T> {
         if self.ptr == 0 {
             return;
         }
-        let result = self.stream.context().bind().and_then(|()| {
+        let result = self.stream.context().bind().and_then(|_bound| {
             if self.pooled {
                 // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
                 // ordered before this point on the owning stream (see the module doc).
@@ -364,7 +380,12 @@ fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
 }
 
 impl CudaStream {
-    /// Copies host `src` into `dst` on this stream. `src` may be dropped as soon as this returns.
+    /// Copies host `src` into `dst` on this stream. `src` may be dropped or overwritten as soon
+    /// as this returns: pageable memory is staged by the driver during the call, and memory the
+    /// driver reads later (pinned, registered or managed host memory, such as a
+    /// [`PinnedHostBuffer`](crate::PinnedHostBuffer)'s contents) is waited for before returning.
+    /// For an asynchronous copy from pinned memory use
+    /// [`memcpy_htod_pinned`](Self::memcpy_htod_pinned).
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
@@ -374,12 +395,18 @@ impl CudaStream {
         if src.is_empty() {
             return Ok(());
         }
+        let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
         join_owners(self, &[dst.stream()])?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         // SAFETY: dst is valid for byte_len bytes and ordered after its owner's work; src is
-        // pageable host memory, which the driver stages before this call returns.
+        // pageable (staged before the call returns) or memory the driver reads later, which is
+        // waited for below before the borrow of src ends.
         unsafe { raw::memcpy_htod_async(dst.device_ptr(), src.as_ptr().cast(), dst.byte_len(), self.raw())? };
-        release_owners(self, &[dst.stream()])
+        if read_later {
+            // On failure the context is lost and the copy will not run.
+            self.synchronize()?;
+        }
+        self.settle(release_owners(self, &[dst.stream()]))
     }
 
     /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
@@ -393,10 +420,11 @@ impl CudaStream {
             return Ok(());
         }
         join_owners(self, &[src.stream()])?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         // SAFETY: src is valid and ordered after its owner's work; dst is writable for byte_len
         // bytes and exclusively borrowed; it is read only after the synchronisation below.
         unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src.device_ptr(), src.byte_len(), self.raw())? };
+        // A failed wait means the context is lost: the copy will not run after dst is gone.
         self.synchronize()?;
         release_owners(self, &[src.stream()])
     }
@@ -419,7 +447,7 @@ impl CudaStream {
         }
         let owners = [src.stream(), dst.stream()];
         join_owners(self, &owners)?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         let (src_ctx, dst_ctx) = (src.stream().context(), dst.stream().context());
         if Arc::ptr_eq(src_ctx, dst_ctx) {
             // SAFETY: both ranges are valid for byte_len bytes and ordered after their owners.
@@ -437,7 +465,7 @@ impl CudaStream {
                 )?
             };
         }
-        release_owners(self, &owners)
+        self.settle(release_owners(self, &owners))
     }
 
     /// Sets every 32-bit word of `dst` to `value` on this stream.
@@ -451,10 +479,10 @@ impl CudaStream {
             return Ok(());
         }
         join_owners(self, &[dst.stream()])?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         // SAFETY: dst is valid for len 4-byte words and ordered after its owner.
         unsafe { raw::memset_d32_async(dst.device_ptr(), value, dst.len(), self.raw())? };
-        release_owners(self, &[dst.stream()])
+        self.settle(release_owners(self, &[dst.stream()]))
     }
 
     /// Sets every byte of `dst` to `value` on this stream.
@@ -467,10 +495,10 @@ impl CudaStream {
             return Ok(());
         }
         join_owners(self, &[dst.stream()])?;
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         // SAFETY: dst is valid for byte_len bytes and ordered after its owner.
         unsafe { raw::memset_d8_async(dst.device_ptr(), value, dst.byte_len(), self.raw())? };
-        release_owners(self, &[dst.stream()])
+        self.settle(release_owners(self, &[dst.stream()]))
     }
 }
 

@@ -19,7 +19,7 @@ mod peer;
 mod stream;
 
 pub use ambient::{StreamOverride, ambient_stream};
-pub use context::Context;
+pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::take_drop_errors;

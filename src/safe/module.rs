@@ -46,7 +46,7 @@ impl Module {
                 &owned
             }
         };
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         let raw = raw::load_data(image)?;
         Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string(), entries: ptx_entries(ptx) }))
     }
@@ -64,7 +64,7 @@ impl Module {
         }
         let c_name = CString::new(name)
             .map_err(|e| Error::InteriorNul { what: "Module::function: kernel name", position: e.nul_position() })?;
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         match unsafe { raw::get_function(self.raw, &c_name) } {
             Ok(raw) => Ok(Function { module: Arc::clone(self), raw, name: name.to_string() }),
@@ -100,7 +100,7 @@ fn ptx_entries(ptx: &str) -> Vec<String> {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        let result = self.ctx.bind().and_then(|()| {
+        let result = self.ctx.bind().and_then(|_bound| {
             // SAFETY: every Function holds an Arc<Module>, so no function of this module is used
             // after this; launches already queued keep the code resident in the driver.
             unsafe { raw::unload(self.raw) }
@@ -258,7 +258,7 @@ impl CudaStream {
                 found: function.ordinal(),
             });
         }
-        self.context().bind()?;
+        let _bound = self.context().bind()?;
         args.with_params(|params| {
             // SAFETY: the caller guarantees that params match the kernel; function and stream
             // are live and of one context (checked above).

@@ -22,16 +22,11 @@ pub fn enable_peer_access(a: &Context, b: &Context) -> Result<()> {
             return Err(Error::PeerAccessUnsupported { from: from.ordinal(), to: to.ordinal() });
         }
     }
-    let previous = raw_ctx::get_current()?;
-    let result = enable_one_way(a, b).and_then(|()| enable_one_way(b, a));
-    // SAFETY: `previous` was current on this thread a moment ago (or null); restoring it is what
-    // the caller had.
-    let restored = unsafe { raw_ctx::set_current(previous) };
-    result.and(restored)
+    enable_one_way(a, b).and_then(|()| enable_one_way(b, a))
 }
 
 fn enable_one_way(from: &Context, to: &Context) -> Result<()> {
-    from.bind()?;
+    let _bound = from.bind()?;
     let peer: CUcontext = to.raw();
     // SAFETY: `peer` is a live, retained primary context.
     match unsafe { raw_ctx::enable_peer_access(peer) } {

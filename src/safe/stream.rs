@@ -30,7 +30,7 @@ impl CudaStream {
     /// The driver's error.
     #[doc(alias = "cuStreamCreate")]
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<CudaStream>> {
-        ctx.bind()?;
+        let _bound = ctx.bind()?;
         let raw = raw::create_non_blocking()?;
         Ok(Arc::new(CudaStream { ctx: Arc::clone(ctx), raw, owned: true }))
     }
@@ -71,7 +71,7 @@ impl CudaStream {
     /// The driver's error, including errors of earlier asynchronous work.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         unsafe { raw::synchronize(self.raw) }
     }
@@ -82,7 +82,7 @@ impl CudaStream {
     /// The driver's error.
     #[doc(alias = "cuStreamQuery")]
     pub fn is_idle(&self) -> Result<bool> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         unsafe { raw::query(self.raw) }
     }
@@ -95,7 +95,7 @@ impl CudaStream {
     #[doc(alias = "cuStreamWaitEvent")]
     #[inline]
     pub fn wait(&self, event: &CudaEvent) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
@@ -127,12 +127,28 @@ impl CudaStream {
     }
 }
 
+impl CudaStream {
+    /// Passes `result` through; when it is an error, first waits for everything enqueued on this
+    /// stream. Calls that enqueue work and then fail in a step that protects it (an event record,
+    /// a join back into an owner) use it so that no work outlives their `Err` unordered: after
+    /// the wait the work has completed, or the context is lost and it never runs (that error is
+    /// kept for [`take_drop_errors`](crate::take_drop_errors)).
+    pub(crate) fn settle<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            if let Err(e) = self.synchronize() {
+                super::record_drop_error(e);
+            }
+        }
+        result
+    }
+}
+
 impl Drop for CudaStream {
     fn drop(&mut self) {
         if !self.owned {
             return;
         }
-        let result = self.ctx.bind().and_then(|()| {
+        let result = self.ctx.bind().and_then(|_bound| {
             // SAFETY: the stream is owned and this is its last use; work still queued on it
             // completes, the driver releases the stream afterwards.
             unsafe { raw::destroy(self.raw) }
@@ -166,7 +182,7 @@ impl CudaStream {
         src: crate::sys::CUdeviceptr,
         bytes: usize,
     ) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
     }
@@ -187,7 +203,7 @@ impl CudaStream {
         src: crate::sys::CUdeviceptr,
         bytes: usize,
     ) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: the caller meets memcpy_dtoh_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_dtoh_async(dst, src, bytes, self.raw) }
     }
@@ -208,7 +224,7 @@ impl CudaStream {
         src: *const std::ffi::c_void,
         bytes: usize,
     ) -> Result<()> {
-        self.ctx.bind()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: the caller meets memcpy_htod_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_htod_async(dst, src, bytes, self.raw) }
     }
