@@ -88,7 +88,7 @@ fn peer_copies_both_ways_with_the_source_freed_right_after_the_call() {
     if info.access_supported {
         enable_peer_access(engines[0].context(), engines[1].context()).unwrap();
         // Idempotent, and the current context is left alone.
-        engines[1].context().bind().unwrap();
+        let _bound = engines[1].context().bind().unwrap();
         enable_peer_access(engines[1].context(), engines[0].context()).unwrap();
         assert_eq!(ppnrt::result::context::get_current().unwrap(), engines[1].context().raw());
     }
@@ -271,7 +271,7 @@ fn one_engine_serves_many_threads() {
 #[test]
 fn adopted_streams_are_not_destroyed() {
     let Some(engine) = engine_or_skip("adopted_streams_are_not_destroyed", 0) else { return };
-    engine.context().bind().unwrap();
+    let _bound = engine.context().bind().unwrap();
     let raw = ppnrt::result::stream::create_non_blocking().unwrap();
     // SAFETY: raw is a live stream of the engine's context, destroyed below after the wrapper.
     let adopted = unsafe { CudaStream::adopt(engine.context(), raw) };
