@@ -1,0 +1,131 @@
+//! The CUDA driver double (`tests/driver_double/cuda_double.c`): built with the system C compiler
+//! into the test target directory, loaded by ppnrt through `PPNRT_LIBCUDA_PATH`, and steered
+//! through its control functions (fault injection, violation count, flush).
+#![allow(dead_code, unreachable_pub)]
+
+use std::ffi::{CString, c_char, c_int};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// The double's source, relative to the package root.
+const SOURCE: &str = "tests/driver_double/cuda_double.c";
+
+/// Builds the double (`defines` select a variant, e.g. `PPNRT_DOUBLE_CUDA_12_4`) and returns the
+/// library's path, or why it could not be built.
+pub fn build(defines: &[&str]) -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("driver-double");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let variant = if defines.is_empty() { "default".to_string() } else { defines.join("-").to_lowercase() };
+    // One file per process: test binaries build in parallel and must not overwrite a library
+    // another process has loaded.
+    let out = dir.join(format!("libcuda_double-{variant}-{}.so", std::process::id()));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut command = Command::new(&compiler);
+    command.args(["-O1", "-std=gnu11", "-shared", "-fPIC", "-o"]).arg(&out).arg(root.join(SOURCE));
+    for define in defines {
+        command.arg(format!("-D{define}"));
+    }
+    command.args(["-lm", "-lpthread"]);
+    let output = command.output().map_err(|e| format!("cannot run the C compiler `{compiler}`: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("`{compiler}` failed on {SOURCE}:\n{}", String::from_utf8_lossy(&output.stderr)));
+    }
+    Ok(out)
+}
+
+/// The control functions of a loaded double.
+pub struct Double {
+    lib: libloading::Library,
+    pub path: PathBuf,
+}
+
+impl Double {
+    fn symbol<T: Copy>(&self, name: &[u8]) -> T {
+        // SAFETY: the double exports each control function with the C signature given by T at
+        // the call sites below.
+        unsafe { *self.lib.get::<T>(name).expect("the double exports its control functions") }
+    }
+
+    /// Makes the `nth` next call of `entry` fail with `code`.
+    pub fn fail(&self, entry: &str, nth: i32, code: i32) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int = self.symbol(b"ppnrt_double_fail\0");
+        let entry = CString::new(entry).unwrap();
+        // SAFETY: a NUL-terminated name that outlives the call.
+        assert_eq!(unsafe { f(entry.as_ptr(), nth, code) }, 0, "fault table full");
+    }
+
+    /// Clears every injected fault not yet triggered.
+    pub fn clear_faults(&self) {
+        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_double_clear_faults\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Accesses to freed or unallocated memory so far.
+    pub fn violations(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_violations\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// The text of the last violation.
+    pub fn last_violation(&self) -> String {
+        let f: unsafe extern "C" fn(*mut c_char, usize) = self.symbol(b"ppnrt_double_last_violation\0");
+        let mut buf = vec![0 as c_char; 512];
+        // SAFETY: the buffer is writable for its length.
+        unsafe { f(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: the double NUL-terminates within the length.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    /// Runs every queued operation.
+    pub fn flush(&self) {
+        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_double_flush\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Queued operations not yet run.
+    pub fn pending(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_pending\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+}
+
+static DOUBLE: OnceLock<Result<Double, String>> = OnceLock::new();
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Points ppnrt at the double (built once per process) before anything loads a driver, and
+/// serialises the calling test with the others of its binary (the double's fault table and
+/// violation count are process-wide). `None`, after saying why, when it cannot be built and
+/// `PPNRT_REQUIRE_DOUBLE` is unset; with it set (CI sets it) that is a failure.
+pub fn setup(test: &str) -> Option<(MutexGuard<'static, ()>, &'static Double)> {
+    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let double = DOUBLE.get_or_init(|| {
+        let path = match std::env::var_os("PPNRT_LIBCUDA_PATH") {
+            // A child process of a test: the parent chose the library.
+            Some(path) if std::env::var_os("PPNRT_DOUBLE_CHILD").is_some() => PathBuf::from(path),
+            _ => build(&[])?,
+        };
+        // SAFETY: set before any driver load, while every test of this binary waits on SERIAL or
+        // on this OnceLock; nothing else reads the environment concurrently.
+        unsafe { std::env::set_var("PPNRT_LIBCUDA_PATH", &path) };
+        // SAFETY: opening the double runs no initialiser with preconditions.
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
+        Ok(Double { lib, path })
+    });
+    match double {
+        Ok(double) => {
+            double.clear_faults();
+            Some((serial, double))
+        }
+        Err(why) => {
+            assert!(std::env::var_os("PPNRT_REQUIRE_DOUBLE").is_none(), "{test}: the driver double is required: {why}");
+            crate::common::say(&format!("SKIPPED {test}: the driver double could not be built: {why}"));
+            None
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Soundness scenarios written against the public API only. `tests/soundness.rs` runs them on
+//! the GPUs present; `tests/double.rs` runs them through the CUDA driver double on any machine.
+//! Each one failed on the code before its fix (see docs/RELIABILITY.md).
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use ppnrt::result::context::{get_current, set_current};
+use ppnrt::{
+    CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
+    ambient_stream,
+};
+
+/// A pinned host slice handed to `htod` / `htod_into` may be overwritten or freed as soon as the
+/// call returns: the device must receive what it held during the call.
+pub fn pinned_sources_are_read_before_htod_returns(e: &Engine) {
+    let n = 1 << 16;
+    let mut pinned = PinnedHostBuffer::<u32>::new(e.context(), n, false).unwrap();
+    pinned.as_mut_slice().unwrap().fill(1);
+    e.spin(2_000_000).unwrap(); // keeps the stream busy (2 ms on a GPU) so that a late read shows
+    let first = e.htod(pinned.as_slice().unwrap()).unwrap();
+    pinned.as_mut_slice().unwrap().fill(2);
+    let mut second = e.alloc::<u32>(n).unwrap();
+    e.spin(2_000_000).unwrap();
+    e.htod_into(pinned.as_slice().unwrap(), &mut second).unwrap();
+    drop(pinned); // freed right after the call
+    let (first, second) = (e.dtoh(&first).unwrap(), e.dtoh(&second).unwrap());
+    assert!(first.iter().all(|&v| v == 1), "htod read the pinned source after it returned: {:?}", &first[..4]);
+    assert!(second.iter().all(|&v| v == 2), "htod_into read the pinned source after it was freed: {:?}", &second[..4]);
+}
+
+/// `copy_with_sms` refuses memory its SMs cannot reach (pool memory of another device) with a
+/// typed error, before anything runs: the context stays usable, and reachable memory of a peer
+/// works (peer access is enabled by the call).
+pub fn copy_with_sms_refuses_memory_its_sms_cannot_reach(e0: &Engine, e1: &Engine) {
+    let n = 4096;
+    let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let pooled_on_1 = e1.htod(&data).unwrap();
+    let mut dst_on_0 = e0.alloc::<u32>(n).unwrap();
+    let err = e0.copy_with_sms(&pooled_on_1, &mut dst_on_0).unwrap_err();
+    assert!(matches!(err, Error::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
+    let src_on_0 = e0.htod(&data).unwrap();
+    let mut pooled_dst_on_1 = e1.alloc::<u32>(n).unwrap();
+    let err = e0.copy_with_sms(&src_on_0, &mut pooled_dst_on_1).unwrap_err();
+    assert!(matches!(err, Error::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
+    e0.synchronize().expect("device 0's context survives a refused copy");
+    e1.synchronize().expect("device 1's context survives a refused copy");
+
+    let mut persistent_on_1 = e1.alloc_persistent::<u32>(n).unwrap();
+    e1.htod_into(&data, &mut persistent_on_1).unwrap();
+    let peers = e0.device().peer_info(e1.device()).unwrap().access_supported
+        && e1.device().peer_info(e0.device()).unwrap().access_supported;
+    match e0.copy_with_sms(&persistent_on_1, &mut dst_on_0) {
+        Ok(()) => {
+            assert!(peers, "a copy between devices without peer access must be refused");
+            assert_eq!(e0.dtoh(&dst_on_0).unwrap(), data);
+        }
+        Err(Error::PeerAccessUnsupported { .. }) => assert!(!peers),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+    e0.synchronize().unwrap();
+}
+
+/// Guards dropped in any order leave the newest live guard's stream ambient, and the engine
+/// allocates on it.
+pub fn stream_overrides_drop_in_any_order(e: &Engine) {
+    let streams: Vec<Arc<CudaStream>> = (0..3).map(|_| CudaStream::new(e.context()).unwrap()).collect();
+    let orders = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+    for order in orders {
+        let mut guards: Vec<Option<StreamOverride>> =
+            streams.iter().map(|s| Some(StreamOverride::new(Arc::clone(s)).unwrap())).collect();
+        for &dropped in &order {
+            guards[dropped] = None;
+            let ambient = ambient_stream().unwrap();
+            match (0..3).rev().find(|&j| guards[j].is_some()) {
+                Some(newest) => {
+                    let ambient = ambient.expect("a guard is alive");
+                    assert!(Arc::ptr_eq(&ambient, &streams[newest]), "order {order:?}: after dropping {dropped}");
+                    let owned = e.alloc::<u32>(4).unwrap();
+                    assert!(Arc::ptr_eq(owned.stream(), &streams[newest]), "order {order:?}: alloc owner");
+                }
+                None => assert!(ambient.is_none(), "order {order:?}: no guard is alive"),
+            }
+        }
+    }
+}
+
+/// Every call leaves the thread's current context as it found it (a context of another device,
+/// or none).
+pub fn calls_leave_the_current_context_as_they_found_it(e0: &Engine, e1: &Engine) {
+    for before in [e0.context().raw(), std::ptr::null_mut()] {
+        // SAFETY: `before` is e0's live primary context, or null (no context).
+        unsafe { set_current(before) }.unwrap();
+        let check = |what: &str| assert_eq!(get_current().unwrap(), before, "{what} changed the current context");
+        let mut x = e1.htod(&[1u32; 256]).unwrap();
+        check("Engine::htod");
+        e1.fill_u32(&mut x, 3).unwrap();
+        check("Engine::fill_u32");
+        assert_eq!(e1.dtoh(&x).unwrap(), vec![3u32; 256]);
+        check("Engine::dtoh");
+        let event = CudaEvent::new(e1.context(), false).unwrap();
+        event.record(e1.default_stream()).unwrap();
+        event.synchronize().unwrap();
+        check("CudaEvent");
+        let stream = CudaStream::new(e1.context()).unwrap();
+        let mut y = CudaSlice::<u32>::alloc(&stream, 256).unwrap();
+        stream.memcpy_dtod(&x, &mut y).unwrap();
+        stream.synchronize().unwrap();
+        check("CudaStream");
+        drop((x, y, event, stream));
+        check("drops");
+        let rt = PpNRt::new(PpConfig::with_devices(&[1, 0]), e0).unwrap();
+        let sent = {
+            let _stage = rt.enter(0).unwrap();
+            rt.engine(0, e0).unwrap().htod(&[5u32; 64]).unwrap()
+        };
+        let slot = rt.tx(0, &sent, 64).unwrap();
+        let got = rt.rx::<u32>(0, slot, 64).unwrap();
+        rt.synchronize().unwrap();
+        check("PpNRt tx/rx");
+        assert_eq!(e0.dtoh(&got).unwrap(), vec![5u32; 64]);
+        drop((got, sent, rt));
+        check("PpNRt drop");
+    }
+}
+
+/// Filled slots whose receiver gave up can be discarded; the ring then goes on, a discarded slot
+/// cannot be received, and growing its buffer waits for the copy that filled it.
+pub fn discarded_slots_are_free_again(primary: &Engine, devices: &[i32]) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(1), primary).unwrap();
+    let e0 = rt.engine(0, primary).unwrap().clone();
+    let _stage = rt.enter(0).unwrap();
+    let small = e0.htod(&[7u32; 1024]).unwrap();
+    let slot = rt.tx(0, &small, 1024).unwrap();
+    assert!(matches!(rt.tx(0, &small, 1024), Err(Error::SlotState { .. })), "the ring is full");
+    assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
+    assert_eq!(rt.discard_unreceived(0).unwrap(), 0);
+    let err = rt.rx::<u32>(0, slot, 1024).unwrap_err();
+    assert!(err.to_string().contains("discarded"), "{err}");
+    let big_n = 1 << 18;
+    let big_data: Vec<u32> = (0..big_n as u32).collect();
+    let big = e0.htod(&big_data).unwrap();
+    let slot = rt.tx(0, &big, big_n).unwrap();
+    let got = rt.rx::<u32>(0, slot, big_n).unwrap();
+    assert_eq!(e0.dtoh(&got).unwrap(), big_data);
+    rt.synchronize().unwrap();
+}
