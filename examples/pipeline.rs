@@ -65,7 +65,7 @@ fn parse_args(devices_present: i32) -> Result<Args, String> {
         .iter()
         .any(|v| std::env::var_os(v).is_some());
     let config = if !placement_flags && env_set {
-        PpConfig::from_env().map_err(|e| e.to_string())?
+        PpConfig::from_env().map_err(|e| ppnrt::error::chain(&e))?
     } else {
         let devices = match (devices, stages) {
             (Some(d), _) => d,
@@ -158,14 +158,33 @@ impl TxBack for PpNRt {
     }
 }
 
+const USAGE: &str = "\
+usage: pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
+                [--steps K] [--n ELEMENTS] [--layers L]
+
+A decode loop of the toy residual model over N pipeline stages, checked bit for bit against the
+same model on one stage.
+  --stages N        stage count (default: two per visible GPU)
+  --devices LIST    stage-to-device map, e.g. 0,0,1,1 (default: every GPU, two stages each)
+  --slots S         slots per boundary ring (default 2)
+  --transport T     auto, peer or staged (default auto)
+  --steps K         decode steps (default 500)
+  --n ELEMENTS      f32 elements per activation (default 8192 = 32 KiB)
+  --layers L        toy layers in the model (default 32)
+Where no flag sets the placement, the PPNRT_* variables do. Exit status 2 on any error.";
+
 fn run() -> Result<(), String> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let devices = Device::count().map_err(|e| format!("pipeline: no GPU: {e}"))?;
     if devices == 0 {
         return Err("pipeline: no GPU: the driver sees no device".into());
     }
     let args = parse_args(devices)?;
-    let primary = Engine::new(0).map_err(|e| e.to_string())?;
-    let rt = PpNRt::new(args.config.clone(), &primary).map_err(|e| e.to_string())?;
+    let primary = Engine::new(0).map_err(|e| ppnrt::error::chain(&e))?;
+    let rt = PpNRt::new(args.config.clone(), &primary).map_err(|e| ppnrt::error::chain(&e))?;
     println!("config: {}", args.config);
     println!("plan: {}", rt.plan());
     println!(
@@ -180,10 +199,12 @@ fn run() -> Result<(), String> {
 
     // Warm-up (module loads, pool growth), then the measured runs.
     let warm = args.steps.clamp(1, 20);
-    single_stage(&primary, &x0, warm, args.layers).map_err(|e| e.to_string())?;
-    pipelined(&rt, &primary, &x0, warm, args.layers).map_err(|e| e.to_string())?;
-    let (mut one, reference) = single_stage(&primary, &x0, args.steps, args.layers).map_err(|e| e.to_string())?;
-    let (mut many, output) = pipelined(&rt, &primary, &x0, args.steps, args.layers).map_err(|e| e.to_string())?;
+    single_stage(&primary, &x0, warm, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
+    pipelined(&rt, &primary, &x0, warm, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
+    let (mut one, reference) =
+        single_stage(&primary, &x0, args.steps, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
+    let (mut many, output) =
+        pipelined(&rt, &primary, &x0, args.steps, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
     one.sort_by(|a, b| a.total_cmp(b));
     many.sort_by(|a, b| a.total_cmp(b));
     let us = 1e6;

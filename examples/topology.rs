@@ -51,6 +51,14 @@ fn matrix(
     Ok(())
 }
 
+const USAGE: &str = "\
+usage: topology [--bytes BYTES] [--reps R]
+
+Devices, the peer matrix, and bandwidth and latency matrices between every pair of GPUs.
+  --bytes BYTES   bytes per timed copy (default 268435456 = 256 MiB)
+  --reps R        timed copies per figure, the median is reported (default 10)
+Exit status 2 on any error.";
+
 fn run() -> Result<(), String> {
     let mut bytes = 256usize << 20;
     let mut reps = 10usize;
@@ -60,7 +68,11 @@ fn run() -> Result<(), String> {
             "--bytes" => bytes = args.next().and_then(|v| v.parse().ok()).ok_or("--bytes needs a number")?,
             "--reps" => reps = args.next().and_then(|v| v.parse().ok()).ok_or("--reps needs a number")?,
             "--bench" => {}
-            other => return Err(format!("unknown flag {other}")),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
     if bytes < 4 || reps == 0 {
@@ -70,9 +82,9 @@ fn run() -> Result<(), String> {
     if devices.is_empty() {
         return Err("topology: no GPU: the driver sees no device".into());
     }
-    let driver = ppnrt::loader::driver().map_err(|e| e.to_string())?;
+    let driver = ppnrt::loader::driver().map_err(|e| ppnrt::error::chain(&e))?;
     println!("driver: CUDA {} ({})", driver.version(), driver.library());
-    let err = |e: ppnrt::Error| e.to_string();
+    let err = |e: ppnrt::Error| ppnrt::error::chain(&e);
     for d in &devices {
         let (major, minor) = d.compute_capability().map_err(err)?;
         println!(

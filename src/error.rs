@@ -72,7 +72,7 @@ pub enum LoadError {
         symbol: &'static str,
     },
     /// `cuInit` or `cuDriverGetVersion` failed.
-    #[error("the CUDA driver `{library}` failed to initialise: {source}")]
+    #[error("the CUDA driver `{library}` failed to initialise")]
     InitFailed {
         /// The library that was opened.
         library: String,
@@ -150,6 +150,28 @@ pub(crate) fn is_sticky_code(code: CUresult) -> bool {
             | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
             | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
     )
+}
+
+/// The error and each of its causes (`source()`), one per line after the first, each printed
+/// once: what a `main` that reports errors should print.
+///
+/// ```
+/// let cause = ppnrt::ConfigError { setting: "PPNRT_STAGES", value: "x".into(), reason: "not a number".into() };
+/// let err = ppnrt::Error::PipelineBuild { config: "PPNRT_STAGES=\"x\"".into(), source: Box::new(cause.into()) };
+/// assert_eq!(
+///     ppnrt::error::chain(&err),
+///     "building the pipeline runtime failed for PPNRT_STAGES=\"x\"\n  caused by: invalid pipeline configuration: PPNRT_STAGES=\"x\": not a number"
+/// );
+/// ```
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str("\n  caused by: ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
 }
 
 /// Everything that can go wrong in this crate.
@@ -292,7 +314,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The pipeline runtime could not be built; names the configuration and the cause.
-    #[error("building the pipeline runtime failed for {config}: {source}")]
+    #[error("building the pipeline runtime failed for {config}")]
     PipelineBuild {
         /// The configuration, as given.
         config: String,

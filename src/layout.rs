@@ -8,8 +8,7 @@ use static_assertions::{
 };
 
 use crate::safe::{
-    Bf16, Context, CudaEvent, CudaSlice, CudaStream, CudaView, Device, F16, Function, Module, PinnedHostBuffer,
-    StreamOverride,
+    Context, CudaEvent, CudaSlice, CudaStream, CudaView, Device, Function, Module, PinnedHostBuffer, StreamOverride,
 };
 use crate::sys;
 
@@ -31,9 +30,9 @@ assert_type_eq_all!(sys::cudaEvent_t, sys::CUevent);
 // The bindings come from a CUDA 12 or newer header.
 const_assert!(sys::CUDA_VERSION >= 12000);
 // Half-precision element types are two bytes, like their C counterparts.
-assert_eq_size!(Bf16, u16);
-assert_eq_size!(F16, u16);
-assert_eq_align!(Bf16, u16);
+assert_eq_size!(crate::bf16, u16);
+assert_eq_size!(crate::f16, u16);
+assert_eq_align!(crate::bf16, u16);
 
 // Thread-safety promises.
 assert_impl_all!(Context: Send, Sync);

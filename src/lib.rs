@@ -47,9 +47,12 @@ mod layout;
 
 pub use engine::Engine;
 pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
+/// The `half` crate, whose [`bf16`] and [`f16`] are this crate's half-precision element types.
+pub use half;
+pub use half::{bf16, f16};
 pub use pp::{PpConfig, PpNRt, SM_COPY_MAX_BYTES, Transport, TransportPolicy};
 pub use safe::{
-    Bf16, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice,
-    DeviceSliceMut, F16, Function, KernelArgs, KernelParam, LaunchConfig, Module, PeerInfo, PinnedHostBuffer,
+    BoundContext, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice,
+    DeviceSliceMut, Function, KernelArgs, KernelParam, LaunchConfig, Module, PeerInfo, PinnedHostBuffer,
     StreamOverride, ambient_stream, enable_peer_access, take_drop_errors,
 };

@@ -9,7 +9,10 @@
 //! `cuInit(0)` runs and `cuDriverGetVersion` must report at least CUDA 12.0.
 //!
 //! Every entry point is looked up when the library opens and kept as a `Result`: a symbol that an
-//! older driver lacks fails only the calls that need it, with [`Error::MissingEntryPoint`].
+//! older driver lacks fails only the calls that need it, with [`Error::MissingEntryPoint`]. Where
+//! the bindings name a newer version of an entry point than an older driver has (the `_v2` of
+//! `cuEventElapsedTime`), the older version is used instead. An empty `PPNRT_LIBCUDA_PATH` counts
+//! as unset.
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -45,7 +48,7 @@ pub fn driver() -> Result<&'static Driver> {
 
 /// The candidates tried by [`driver`], in order.
 pub fn default_candidates() -> Vec<String> {
-    if let Some(path) = std::env::var_os(LIBCUDA_PATH_VAR) {
+    if let Some(path) = std::env::var_os(LIBCUDA_PATH_VAR).filter(|path| !path.is_empty()) {
         return vec![path.to_string_lossy().into_owned()];
     }
     if cfg!(windows) {
@@ -77,8 +80,9 @@ impl Driver {
         // types bindgen derived from cuda.h; the library is the CUDA driver (or fails the
         // lookups, which are kept as errors). The library value moves into the struct and stays
         // open as long as the pointers live.
-        let api = unsafe { DriverApi::from_library(library) }
+        let mut api = unsafe { DriverApi::from_library(library) }
             .map_err(|_| LoadError::EntryPointMissing { library: name.clone(), symbol: "(library handle)" })?;
+        resolve_older_names(&mut api, &name);
         let missing = |symbol| LoadError::EntryPointMissing { library: name.clone(), symbol };
         let init = api.cuInit.as_ref().map_err(|_| missing("cuInit"))?;
         let get_version = api.cuDriverGetVersion.as_ref().map_err(|_| missing("cuDriverGetVersion"))?;
@@ -139,6 +143,24 @@ impl Driver {
     pub fn missing(&self, symbol: &'static str) -> Error {
         Error::MissingEntryPoint { symbol, driver: self.version }
     }
+}
+
+/// Entry points that the generated bindings name by their newest version: when the driver lacks
+/// that version, the older one (same C signature) serves, so that every driver from CUDA 12.0 on
+/// gets every call it can make. `cuEventElapsedTime_v2` came with CUDA 12.8.
+fn resolve_older_names(api: &mut DriverApi, library: &str) {
+    if api.cuEventElapsedTime_v2.is_ok() {
+        return;
+    }
+    let Ok(handle) = open_library(library) else { return };
+    // SAFETY: `cuEventElapsedTime` has the C signature of `cuEventElapsedTime_v2` (float*,
+    // CUevent, CUevent) -> CUresult in every cuda.h that declares it.
+    if let Ok(older) = unsafe { handle.get(b"cuEventElapsedTime\0") } {
+        api.cuEventElapsedTime_v2 = Ok(*older);
+    }
+    // The pointer must stay valid: keep the handle open for the life of the process (the library
+    // is never unloaded, see the module doc).
+    std::mem::forget(handle);
 }
 
 /// The device of the calling thread's current context, or -1.

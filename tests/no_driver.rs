@@ -29,4 +29,22 @@ fn every_entry_point_reports_the_missing_driver() {
     // Configuration needs no driver and still works.
     assert!(PpConfig::parse(Some("2"), None, None, None).is_ok());
     let _ = PpNRt::get; // needs an Engine, which cannot exist without a driver
+
+    // A malformed PPNRT_* variable is the error reported, naming the missing driver too.
+    // SAFETY: as above.
+    unsafe { std::env::set_var("PPNRT_STAGES", "two") };
+    match Engine::new(0).unwrap_err() {
+        Error::Config(e) => {
+            assert_eq!(e.setting, "PPNRT_STAGES");
+            assert!(e.reason.contains(path), "{e}");
+        }
+        other => panic!("expected the configuration error, got {other:?}"),
+    }
+    // SAFETY: as above.
+    unsafe {
+        std::env::remove_var("PPNRT_STAGES");
+        // An empty path is no path: the default candidates are tried.
+        std::env::set_var("PPNRT_LIBCUDA_PATH", "");
+    }
+    assert_eq!(ppnrt::loader::default_candidates(), ["libcuda.so.1", "libcuda.so"]);
 }

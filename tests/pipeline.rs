@@ -299,12 +299,12 @@ fn bf16_and_other_element_types_cross_boundaries() {
     let Some(primary) = engine_or_skip("bf16_and_other_element_types_cross_boundaries", 0) else { return };
     let rt = PpNRt::new(PpConfig::new(3).slots(2), &primary).unwrap();
     let mut rng = Rng::new(6);
-    let data: Vec<ppnrt::Bf16> = (0..4099).map(|_| ppnrt::Bf16::from_f32(rng.next_f32())).collect();
+    let data: Vec<ppnrt::bf16> = (0..4099).map(|_| ppnrt::bf16::from_f32(rng.next_f32())).collect();
     let x = primary.htod(&data).unwrap();
     let slot = rt.tx(0, &x, data.len()).unwrap();
-    let y = rt.rx::<ppnrt::Bf16>(0, slot, data.len()).unwrap();
+    let y = rt.rx::<ppnrt::bf16>(0, slot, data.len()).unwrap();
     let slot = rt.tx(1, &y, data.len()).unwrap();
-    let z = rt.rx::<ppnrt::Bf16>(1, slot, data.len()).unwrap();
+    let z = rt.rx::<ppnrt::bf16>(1, slot, data.len()).unwrap();
     assert!(primary.dtoh(&z).unwrap() == data);
     let bytes: Vec<u8> = rng.vec_u32(333).iter().map(|&w| w as u8).collect();
     let x = primary.htod(&bytes).unwrap();

@@ -15,7 +15,7 @@ fn a_bad_configuration_fails_every_get_the_same_way() {
     }
     let Some(engine) = engine_or_skip("a_bad_configuration_fails_every_get_the_same_way", 0) else { return };
     let first = PpNRt::get(&engine).unwrap_err();
-    let text = first.to_string();
+    let text = ppnrt::error::chain(&first);
     assert!(text.contains("PPNRT_STAGES") && text.contains("abc") && text.contains("not a whole number"), "{text}");
     assert!(matches!(&first, Error::PipelineBuild { source, .. } if matches!(**source, Error::Config(_))));
     // Fixing the environment later does not change the outcome: the config froze at first build.

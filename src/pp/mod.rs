@@ -22,8 +22,8 @@
 //! Every fallible call returns the crate's typed [`Error`](crate::Error), which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
 //! fallible too: a stage index out of range is [`Error::StageOutOfRange`](crate::Error), never a
-//! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `Bf16`,
-//! `F16`, integers); `rx` checks that it asks for the type and length `tx` sent.
+//! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `bf16`,
+//! `f16`, integers, or a type of yours); `rx` checks that it asks for the type and length `tx` sent.
 
 mod config;
 mod plan;

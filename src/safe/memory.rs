@@ -20,50 +20,35 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Plain-data element types that may live in device memory: no padding, every bit pattern valid,
-/// no pointers or drop glue. Sealed: implemented by this crate for integers, floats, [`Bf16`]
-/// and [`F16`].
-pub trait DeviceRepr: sealed::Sealed + Copy + Send + Sync + 'static {
-    /// The type's name, used in error messages.
+/// Element types that may live in device memory and cross the FFI boundary as raw bytes.
+///
+/// Implemented for the integers, `f32`, `f64`, and `half`'s [`bf16`](half::bf16) and
+/// [`f16`](half::f16). Implement it for your own plain-old-data types (a `#[repr(C)]` struct of
+/// such fields, say) to move them with this crate.
+///
+/// # Safety
+/// - Every bit pattern of `size_of::<Self>()` bytes is a valid `Self` (copies and kernels write
+///   arbitrary bytes, and fresh device memory holds arbitrary bytes).
+/// - `Self` has no padding, no pointers or references, and no drop glue (`Copy` ensures the
+///   last), so its bytes may be read and compared.
+/// - `NAME` names the type unambiguously: `rx` compares it with the type `tx` sent.
+pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {
+    /// The type's name, used in error messages and to match `rx` with `tx`.
     const NAME: &'static str;
 }
 
 macro_rules! device_repr {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl DeviceRepr for $t {
-            const NAME: &'static str = stringify!($t);
+    ($($t:ty => $name:literal),*) => {$(
+        // SAFETY: a primitive numeric type: no padding, every bit pattern valid, no pointers.
+        unsafe impl DeviceRepr for $t {
+            const NAME: &'static str = $name;
         }
     )*};
 }
-device_repr!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, Bf16, F16);
-
-/// A bfloat16 value, stored as its bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(transparent)]
-pub struct Bf16(pub u16);
-
-impl Bf16 {
-    /// Rounds an `f32` to the nearest bfloat16 (ties to even; NaN stays NaN).
-    pub fn from_f32(value: f32) -> Bf16 {
-        let bits = value.to_bits();
-        if value.is_nan() {
-            return Bf16(((bits >> 16) as u16) | 0x0040);
-        }
-        let rounding = 0x7fff + ((bits >> 16) & 1);
-        Bf16((bits.wrapping_add(rounding) >> 16) as u16)
-    }
-
-    /// The exact `f32` of this value.
-    pub fn to_f32(self) -> f32 {
-        f32::from_bits(u32::from(self.0) << 16)
-    }
-}
-
-/// An IEEE half-precision value, stored as its bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(transparent)]
-pub struct F16(pub u16);
+device_repr!(
+    u8 => "u8", i8 => "i8", u16 => "u16", i16 => "i16", u32 => "u32", i32 => "i32", u64 => "u64", i64 => "i64",
+    f32 => "f32", f64 => "f64", half::bf16 => "bf16", half::f16 => "f16"
+);
 
 /// Device memory usable as the source of a copy or kernel. Sealed: implemented by
 /// [`CudaSlice`], [`CudaView`] and [`CudaViewMut`].
@@ -505,17 +490,6 @@ impl CudaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_round_trips_and_rounds_to_nearest_even() {
-        for v in [0.0f32, 1.0, -2.5, 3.140625, 65280.0, f32::INFINITY] {
-            assert_eq!(Bf16::from_f32(v).to_f32(), v);
-        }
-        // 1 + 2^-8 is halfway between two bf16 values: ties to the even one (1.0).
-        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
-        assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 4.0 / 256.0);
-        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
-    }
 
     #[test]
     fn ranges_are_checked() {

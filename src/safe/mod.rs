@@ -25,7 +25,7 @@ pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::take_drop_errors;
 pub use event::CudaEvent;
 pub use host::PinnedHostBuffer;
-pub use memory::{Bf16, CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, F16};
+pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
 pub use module::{Function, KernelArgs, KernelParam, LaunchConfig, Module};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;
