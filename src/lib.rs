@@ -45,6 +45,11 @@ pub mod sys;
 
 mod layout;
 
+/// The README's code blocks, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use engine::Engine;
 pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
 /// The `half` crate, whose [`bf16`] and [`f16`] are this crate's half-precision element types.

@@ -48,3 +48,14 @@ fn every_entry_point_reports_the_missing_driver() {
     }
     assert_eq!(ppnrt::loader::default_candidates(), ["libcuda.so.1", "libcuda.so"]);
 }
+
+/// The README's quick start is `examples/quickstart.rs`, word for word (the README block is
+/// compiled as a doctest, the example runs in the GPU gate).
+#[test]
+fn the_readme_quick_start_is_the_quickstart_example() {
+    let readme = include_str!("../README.md");
+    let example = include_str!("../examples/quickstart.rs");
+    let start = readme.find("```rust,no_run\n").expect("the README has a quick start") + "```rust,no_run\n".len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    assert_eq!(block, example, "README quick start and examples/quickstart.rs differ");
+}
