@@ -36,7 +36,7 @@ run_step() { # name logfile command...
   end=$(date +%s%N)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED|^outputs:|^TARGET' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED|^outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
   if [ $rc -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
 
@@ -46,6 +46,9 @@ echo "PPNRT_REQUIRE_GPUS=$PPNRT_REQUIRE_GPUS"
 if [[ $phases == *tests* ]]; then
   for t in "$bundle"/tests/*; do
     n=$(basename "$t")
+    # double: host tests through the driver double (they need the sources and a C compiler, and
+    # run in CI); here they would only skip.
+    [ "$n" = double ] && continue
     run_step "test $n" "$logs/test-$n.log" "$t" --test-threads=1
   done
 fi
@@ -56,6 +59,9 @@ if [[ $phases == *examples* ]]; then
     n=$(basename "$e")
     run_step "example $n" "$logs/example-$n.log" "$e"
   done
+  if [ -x "$bundle/examples/quickstart" ]; then
+    CUDA_VISIBLE_DEVICES=0 run_step "example quickstart on 1 GPU" "$logs/example-quickstart-1gpu.log" "$bundle/examples/quickstart"
+  fi
   pipeline=$bundle/examples/pipeline
   if [ -x "$pipeline" ]; then
     gpus=$PPNRT_REQUIRE_GPUS
@@ -69,9 +75,9 @@ fi
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
-  # faults: its child processes trap on purpose; unit, no_driver: never reach a GPU (the
+  # faults: its child processes trap on purpose; unit, no_driver, double: never reach a GPU (the
   # sanitizer refuses a program that makes no CUDA call).
-  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver)$' | tr '\n' ' ')
+  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double)$' | tr '\n' ' ')
   tests=${GATE_SANITIZE_TESTS:-$default_tests}
   for tool in $tools; do
     extra=()
