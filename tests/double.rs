@@ -268,3 +268,44 @@ fn child_without_pools() {
     double.flush();
     assert_eq!(double.violations(), 0, "{}", double.last_violation());
 }
+
+/// A CUDA 12.4 driver: `cuEventElapsedTime_v2` (12.8) is missing, so the loader uses
+/// `cuEventElapsedTime`; the embedded PTX (ISA of the toolkit that built it) cannot be JIT-compiled,
+/// so the helper kernels are a typed error and the pipeline keeps its copies on the copy engines.
+#[test]
+fn a_cuda_12_4_driver_gets_every_feature_it_has() {
+    with_double("a_cuda_12_4_driver_gets_every_feature_it_has", |_| {
+        let library = double::build(&["PPNRT_DOUBLE_CUDA_12_4"]).expect("the double builds");
+        run_child("child_cuda_12_4", &library, &[]);
+    });
+}
+
+#[test]
+#[ignore = "runs in a child process of a_cuda_12_4_driver_gets_every_feature_it_has"]
+fn child_cuda_12_4() {
+    assert!(std::env::var_os("PPNRT_DOUBLE_CHILD").is_some(), "run through the parent test");
+    let Some((_serial, double)) = double::setup("child_cuda_12_4") else { panic!("no double") };
+    let driver = ppnrt::loader::driver().unwrap();
+    assert_eq!(driver.version().to_string(), "12.4");
+    let e = Engine::new(0).unwrap();
+    let start = ppnrt::CudaEvent::new(e.context(), true).unwrap();
+    let end = ppnrt::CudaEvent::new(e.context(), true).unwrap();
+    start.record(e.default_stream()).unwrap();
+    let x = e.htod(&vec![1u32; 1 << 20]).unwrap();
+    end.record(e.default_stream()).unwrap();
+    end.synchronize().unwrap();
+    assert!(end.elapsed_ms(&start).unwrap() >= 0.0, "elapsed time through cuEventElapsedTime");
+    let mut y = e.alloc::<u32>(16).unwrap();
+    match e.fill_u32(&mut y, 1).unwrap_err() {
+        Error::Driver(err) => assert!(err.is_unrunnable_code(), "{err}"),
+        other => panic!("expected the driver's PTX error, got {other}"),
+    }
+    let rt = PpNRt::new(PpConfig::with_devices(&[0, 0]), &e).unwrap();
+    assert!(!rt.sm_copies(0).unwrap(), "boundary copies stay on the copy engines");
+    let _stage = rt.enter(0).unwrap();
+    let slot = rt.tx(0, &x, 1 << 20).unwrap();
+    let got = rt.rx::<u32>(0, slot, 1 << 20).unwrap();
+    assert_eq!(e.dtoh(&got).unwrap(), vec![1u32; 1 << 20]);
+    double.flush();
+    assert_eq!(double.violations(), 0, "{}", double.last_violation());
+}

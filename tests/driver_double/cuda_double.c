@@ -590,6 +590,7 @@ static const struct {
     {E_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
     {E_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {E_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain."},
     {E_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -1067,6 +1068,11 @@ CUresult cuModuleLoadData(void** module, const void* image) {
     ENTER("cuModuleLoadData");
     NEED_LIVE_CTX();
     if (!image || !strstr((const char*)image, ".entry")) RETURN(200 /* CUDA_ERROR_INVALID_IMAGE */);
+#ifdef PPNRT_DOUBLE_CUDA_12_4
+    /* A 12.4 driver JITs PTX up to ISA 8.4: newer PTX is refused as by the real driver. */
+    const char* version = strstr((const char*)image, ".version ");
+    if (version && atof(version + 9) > 8.4 + 1e-9) RETURN(222 /* CUDA_ERROR_UNSUPPORTED_PTX_VERSION */);
+#endif
     Module* m = calloc(1, sizeof *m);
     m->ctx = current;
     *module = m;
