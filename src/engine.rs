@@ -175,22 +175,30 @@ impl Engine {
         Ok(dst)
     }
 
-    /// Copies `src` into `dst` on the current stream.
+    /// Copies `src` into `dst` on the current stream, or, for memory of another device, on the
+    /// stream that owns `dst` (host-device copies run on the memory's own device).
     ///
     /// # Errors
     /// As [`CudaStream::memcpy_htod`].
     pub fn htod_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
-        self.stream()?.memcpy_htod(src, dst)
+        let stream = self.stream_for(dst.stream())?;
+        stream.memcpy_htod(src, dst)
     }
 
-    /// The contents of `src` (any device), copied on the current stream; waits for it.
+    /// The contents of `src`, copied on the current stream, or, for memory of another device, on
+    /// the stream that owns `src`; waits for it.
     ///
     /// # Errors
     /// As [`CudaStream::memcpy_dtoh`].
     pub fn dtoh<T: DeviceRepr + Default, S: DeviceSlice<T>>(&self, src: &S) -> Result<Vec<T>> {
         let mut out = vec![T::default(); src.len()];
-        self.stream()?.memcpy_dtoh(src, &mut out)?;
+        self.stream_for(src.stream())?.memcpy_dtoh(src, &mut out)?;
         Ok(out)
+    }
+
+    /// The current stream for memory of this device, else `owner` (of the memory's device).
+    fn stream_for(&self, owner: &Arc<CudaStream>) -> Result<Arc<CudaStream>> {
+        if owner.ordinal() == self.ordinal() { self.stream() } else { Ok(Arc::clone(owner)) }
     }
 
     /// Copies `src` into `dst` (either may be on another device) on the current stream.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::context::Context;
 use super::event::CudaEvent;
-use super::memory::{DeviceRepr, DeviceSlice, DeviceSliceMut, byte_size};
+use super::memory::{DeviceRepr, DeviceSlice, DeviceSliceMut, byte_size, check_host_copy_device};
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::memory as raw;
@@ -117,7 +117,8 @@ impl CudaStream {
     /// Copies pinned `src` into `dst`, asynchronously on this stream.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `dst` is on
+    /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod_pinned<T: DeviceRepr, D: DeviceSliceMut<T>>(
         &self,
@@ -131,6 +132,11 @@ impl CudaStream {
                 found: src.len(),
             });
         }
+        check_host_copy_device(
+            "CudaStream::memcpy_htod_pinned: dst must be on the stream's device",
+            self,
+            dst.ordinal(),
+        )?;
         if src.is_empty() {
             return Ok(());
         }
@@ -149,7 +155,8 @@ impl CudaStream {
     /// readable once the copy completes (its accessors wait).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `src` is on
+    /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh_pinned<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
@@ -163,6 +170,11 @@ impl CudaStream {
                 found: src.len(),
             });
         }
+        check_host_copy_device(
+            "CudaStream::memcpy_dtoh_pinned: src must be on the stream's device",
+            self,
+            src.ordinal(),
+        )?;
         if src.is_empty() {
             return Ok(());
         }

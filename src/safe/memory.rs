@@ -114,6 +114,10 @@ unsafe impl<T: DeviceRepr> Send for CudaSlice<T> {}
 // SAFETY: &CudaSlice only reads the address and length; device access goes through streams.
 unsafe impl<T: DeviceRepr> Sync for CudaSlice<T> {}
 
+pub(crate) fn check_host_copy_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
+    check_same_device(what, stream, memory_device)
+}
+
 pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
     count.checked_mul(std::mem::size_of::<T>()).ok_or(Error::SizeOverflow {
         what,
@@ -360,6 +364,16 @@ fn release_owners(stream: &CudaStream, owners: &[&Arc<CudaStream>]) -> Result<()
     Ok(())
 }
 
+/// Host-device copies run on a stream of the device memory's own device (the driver refuses
+/// others).
+fn check_same_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
+    if stream.ordinal() == memory_device {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what, expected: stream.ordinal(), found: memory_device })
+    }
+}
+
 fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
 }
@@ -373,10 +387,12 @@ impl CudaStream {
     /// [`memcpy_htod_pinned`](Self::memcpy_htod_pinned).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `dst` is on
+    /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
         check_len("CudaStream::memcpy_htod", dst.len(), src.len())?;
+        check_same_device("CudaStream::memcpy_htod: dst must be on the stream's device", self, dst.ordinal())?;
         if src.is_empty() {
             return Ok(());
         }
@@ -397,10 +413,12 @@ impl CudaStream {
     /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `src` is on
+    /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(&self, src: &S, dst: &mut [T]) -> Result<()> {
         check_len("CudaStream::memcpy_dtoh", dst.len(), src.len())?;
+        check_same_device("CudaStream::memcpy_dtoh: src must be on the stream's device", self, src.ordinal())?;
         if dst.is_empty() {
             return Ok(());
         }

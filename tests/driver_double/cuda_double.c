@@ -883,15 +883,24 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void* dst_ctx, CUdeviceptr src, void
     RETURN(enqueue_copy("cuMemcpyPeerAsync", dst, src, bytes, stream, 0, 0));
 }
 
+/* Host-device copies take device memory of the stream's own device only, as the driver does. */
+static int foreign_device_memory(void* stream, CUdeviceptr p) {
+    Stream* s = stream_of(stream);
+    Alloc* a = find_alloc((uintptr_t)p, 1, 0);
+    return s && a && a->kind == MEM_DEVICE && a->device != s->ctx->device;
+}
+
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
     ENTER("cuMemcpyHtoDAsync_v2");
     NEED_LIVE_CTX();
+    if (foreign_device_memory(stream, dst)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyHtoDAsync", dst, (CUdeviceptr)(uintptr_t)src, bytes, stream, 1, 0));
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyDtoHAsync_v2");
     NEED_LIVE_CTX();
+    if (foreign_device_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyDtoHAsync", (CUdeviceptr)(uintptr_t)dst, src, bytes, stream, 0, 1));
 }
 
