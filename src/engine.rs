@@ -390,7 +390,7 @@ impl Engine {
 
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
     /// engines). Either side may be on another device: peer access to it is enabled first (as
-    /// [`enable_peer_access`](crate::enable_peer_access) does), and it must not be pool memory
+    /// [`enable_peer_access`] does), and it must not be pool memory
     /// (pools are not peer-mapped; use [`CudaSlice::alloc_persistent`]).
     ///
     /// # Errors

@@ -52,7 +52,7 @@ pub struct ReadmeDoctests;
 
 pub use engine::Engine;
 pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
-/// The `half` crate, whose [`bf16`] and [`f16`] are this crate's half-precision element types.
+/// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.
 pub use half;
 pub use half::{bf16, f16};
 pub use pp::{PpConfig, PpNRt, SM_COPY_MAX_BYTES, Transport, TransportPolicy};
