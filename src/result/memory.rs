@@ -5,8 +5,7 @@ use std::os::raw::c_void;
 use super::driver_call;
 use crate::error::Result;
 use crate::sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult,
-    CUstream,
+    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUstream,
 };
 
 /// `cuMemAlloc_v2`: `bytes` of device memory in the current context (not from a pool).
@@ -170,22 +169,18 @@ pub unsafe fn memset_d8_async(dst: CUdeviceptr, value: u8, count: usize, stream:
     driver_call!(cuMemsetD8Async(dst, value, count, stream))
 }
 
-/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)`: the kind of memory at `ptr`, or
-/// `None` for memory the driver does not know (pageable host memory).
+/// `cuPointerGetAttributes(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)`: the kind of memory at `ptr`, or
+/// `None` for memory the driver does not know (pageable host memory). Unlike
+/// `cuPointerGetAttribute`, the call succeeds for unknown addresses, so probing pageable memory
+/// raises no driver error (which tools such as compute-sanitizer report).
 ///
 /// # Errors
-/// The driver's error other than `CUDA_ERROR_INVALID_VALUE` (an unknown address).
-#[doc(alias = "cuPointerGetAttribute")]
+/// The driver's error.
+#[doc(alias = "cuPointerGetAttributes")]
 pub fn memory_type(ptr: CUdeviceptr) -> Result<Option<CUmemorytype>> {
     let mut kind: u32 = 0;
-    let result = driver_call!(cuPointerGetAttribute(
-        (&raw mut kind).cast::<c_void>(),
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        ptr
-    ));
-    match result {
-        Ok(()) => Ok(Some(CUmemorytype(kind))),
-        Err(crate::Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_INVALID_VALUE => Ok(None),
-        Err(e) => Err(e),
-    }
+    let mut attribute = CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut data = [(&raw mut kind).cast::<c_void>()];
+    driver_call!(cuPointerGetAttributes(1, &mut attribute, data.as_mut_ptr(), ptr))?;
+    Ok((kind != 0).then_some(CUmemorytype(kind)))
 }

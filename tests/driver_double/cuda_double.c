@@ -849,6 +849,18 @@ CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
     RETURN(E_INVALID_VALUE);
 }
 
+/* cuPointerGetAttributes: unknown addresses succeed with zeroed values. Supports the memory type
+ * (2) only. */
+CUresult cuPointerGetAttributes(unsigned n, int* attributes, void** data, CUdeviceptr ptr) {
+    ENTER("cuPointerGetAttributes");
+    Alloc* a = find_alloc((uintptr_t)ptr, 1, 0);
+    for (unsigned i = 0; i < n; i++) {
+        if (attributes[i] != 2) RETURN(E_INVALID_VALUE);
+        *(unsigned*)data[i] = !a ? 0u : a->kind == MEM_PINNED ? 1u : 2u;
+    }
+    RETURN(OK);
+}
+
 static CUresult enqueue_copy(const char* who, CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream,
                              int host_src, int host_dst) {
     Stream* s = stream_of(stream);
