@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Shows that the driver-double tests catch what they guard: each mutation undoes one soundness
+# fix in a scratch worktree of HEAD, and `cargo test --test double` must then report a failure.
+# Prints, per mutation, the failing tests; "CAUGHT" or "MISSED".
+#
+#   bash scripts/mutation-check.sh
+set -u
+repo=$(cd "$(dirname "$0")/.." && pwd)
+scratch=$(mktemp -d)
+git -C "$repo" worktree add -q "$scratch/tree" HEAD
+trap 'git -C "$repo" worktree remove --force "$scratch/tree"; rm -rf "$scratch"' EXIT
+cd "$scratch/tree"
+export CARGO_TARGET_DIR=$repo/target/mutation
+run() {
+  name=$1; shift
+  git checkout -q -- .
+  python3 - "$@" <<'PY'
+import sys
+path, old, new = sys.argv[1], sys.argv[2], sys.argv[3]
+s = open(path).read()
+assert old in s, (path, old)
+open(path, 'w').write(s.replace(old, new, 1))
+PY
+  out=$(cargo test --test double 2>&1 | grep -E "^test .*FAILED$")
+  if [ -n "$out" ]; then echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'; else echo "MISSED $name"; fi
+}
+run pinned-htod src/safe/memory.rs "        if read_later {" "        if false && read_later {"
+run copy-with-sms src/engine.rs "            if owner.ordinal() != self.ordinal() && pooled {" "            if false && pooled {"
+run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
+run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })" "        Ok(BoundContext { restore: None, _ctx: PhantomData })"
+run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
+run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
+run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
+run grow-waits-tx src/pp/runtime.rs "    if slot.tx_recorded {
+        slot.ev_tx.synchronize()?;
+    }" ""
