@@ -9,10 +9,9 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
-use crate::kernels;
 use crate::safe::{
-    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, KernelArgs,
-    LaunchConfig, Module, ambient_stream, enable_peer_access,
+    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module, ToyModel,
+    ambient_stream,
 };
 
 /// The value in `cell`, made by `load` on first use. A failed load is returned and not kept: the
@@ -42,20 +41,10 @@ struct EngineInner {
     stream: Arc<CudaStream>,
     max_blocks: u32,
     /// Loaded on first use; a failed load (say, out of memory) is not kept, the next use retries.
-    helpers: OnceLock<Helpers>,
-    toy_model: OnceLock<Function>,
+    helpers: OnceLock<HelperKernels>,
+    toy_model: OnceLock<ToyModel>,
     /// Serialises the loads above, so that concurrent first uses load each module once.
     loading: Mutex<()>,
-}
-
-#[derive(Debug)]
-struct Helpers {
-    fill_pattern: Function,
-    fill_u32: Function,
-    checksum: Function,
-    spin: Function,
-    copy_bytes: Function,
-    trap: Function,
 }
 
 impl Engine {
@@ -225,69 +214,24 @@ impl Engine {
         Module::load_ptx(&self.inner.ctx, name, ptx)
     }
 
-    /// Launches `function` on the current stream.
+    /// This device's helper kernels, loaded on first use (a failed load is retried next time).
     ///
     /// # Errors
-    /// As [`CudaStream::launch`].
-    ///
-    /// # Safety
-    /// As [`CudaStream::launch`].
-    pub unsafe fn launch<A: KernelArgs>(&self, function: &Function, config: LaunchConfig, args: A) -> Result<()> {
-        // SAFETY: the caller meets CudaStream::launch's contract.
-        unsafe { self.stream()?.launch(function, config, args) }
+    /// The module load's error.
+    pub fn helper_kernels(&self) -> Result<&HelperKernels> {
+        load_once(&self.inner.helpers, &self.inner.loading, || HelperKernels::load(&self.inner.ctx, self.max_blocks()))
     }
 
-    fn helpers(&self) -> Result<&Helpers> {
-        load_once(&self.inner.helpers, &self.inner.loading, || {
-            let module = self.load_ptx("helpers", kernels::HELPERS_PTX)?;
-            Ok(Helpers {
-                fill_pattern: module.function("ppnrt_fill_pattern_u32")?,
-                fill_u32: module.function("ppnrt_fill_u32")?,
-                checksum: module.function("ppnrt_checksum_u32")?,
-                spin: module.function("ppnrt_spin_ns")?,
-                copy_bytes: module.function("ppnrt_copy_bytes")?,
-                trap: module.function("ppnrt_trap")?,
-            })
-        })
+    fn toy_model(&self) -> Result<&ToyModel> {
+        load_once(&self.inner.toy_model, &self.inner.loading, || ToyModel::load(&self.inner.ctx, self.max_blocks()))
     }
 
-    fn toy_layer_function(&self) -> Result<&Function> {
-        load_once(&self.inner.toy_model, &self.inner.loading, || {
-            self.load_ptx("toy_model", kernels::TOY_MODEL_PTX)?.function("ppnrt_toy_layer_f32")
-        })
-    }
-
-    /// Runs a helper kernel over slices that must live on this engine's device.
-    fn run_on_own_device(
-        &self,
-        what: &'static str,
-        owners: &[&Arc<CudaStream>],
-        launch: impl FnOnce(&CudaStream) -> Result<()>,
-    ) -> Result<()> {
-        let stream = self.stream()?;
-        for owner in owners {
-            if owner.ordinal() != self.ordinal() {
-                return Err(Error::WrongDevice { what, expected: self.ordinal(), found: owner.ordinal() });
-            }
-            stream.join(owner)?;
-        }
-        launch(&stream)?;
-        stream.settle(owners.iter().try_for_each(|owner| owner.join(&stream)))
-    }
-
-    /// Writes [`kernels::pattern`]`(seed, i)` into element `i` of `dst`.
+    /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
     pub fn fill_pattern<D: DeviceSliceMut<u32>>(&self, dst: &mut D, seed: u32) -> Result<()> {
-        let helpers = self.helpers()?;
-        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks());
-        let (ptr, len) = (dst.device_ptr(), dst.len() as u64);
-        self.run_on_own_device("Engine::fill_pattern", &[dst.stream()], |stream| {
-            // SAFETY: ppnrt_fill_pattern_u32(uint32_t*, uint64_t, uint32_t) writes len words at ptr,
-            // which dst owns; dst is joined to the stream.
-            unsafe { stream.launch(&helpers.fill_pattern, config, (ptr, len, seed)) }
-        })
+        self.helper_kernels()?.fill_pattern(&self.stream()?, dst, seed)
     }
 
     /// Sets every element of `dst` to `value`.
@@ -295,50 +239,27 @@ impl Engine {
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
     pub fn fill_u32<D: DeviceSliceMut<u32>>(&self, dst: &mut D, value: u32) -> Result<()> {
-        let helpers = self.helpers()?;
-        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks());
-        let (ptr, len) = (dst.device_ptr(), dst.len() as u64);
-        self.run_on_own_device("Engine::fill_u32", &[dst.stream()], |stream| {
-            // SAFETY: ppnrt_fill_u32(uint32_t*, uint64_t, uint32_t) writes len words at ptr.
-            unsafe { stream.launch(&helpers.fill_u32, config, (ptr, len, value)) }
-        })
+        self.helper_kernels()?.fill_u32(&self.stream()?, dst, value)
     }
 
-    /// The [`kernels::checksum`] of `src`, computed on the device; waits for the result.
+    /// The [`kernels::checksum`](crate::kernels::checksum) of `src`, computed on the device; waits for the result.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
     pub fn checksum<S: DeviceSlice<u32>>(&self, src: &S) -> Result<u64> {
-        let helpers = self.helpers()?;
-        let sum = self.alloc_zeroed::<u64>(1)?;
-        let config = LaunchConfig::for_elements(src.len(), self.max_blocks());
-        let (ptr, len, out_ptr) = (src.device_ptr(), src.len() as u64, sum.device_ptr());
-        self.run_on_own_device("Engine::checksum", &[src.stream(), sum.stream()], |stream| {
-            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads len
-            // words at ptr and adds into one u64 at out_ptr, both owned by live slices.
-            unsafe { stream.launch(&helpers.checksum, config, (ptr, len, out_ptr)) }
-        })?;
+        let mut sum = self.alloc_zeroed::<u64>(1)?;
+        self.checksum_into(src, &mut sum)?;
         Ok(self.dtoh(&sum)?[0])
     }
 
-    /// Adds the [`kernels::checksum`] of `src` into `out[0]` (which should start at zero), without
+    /// Adds the [`kernels::checksum`](crate::kernels::checksum) of `src` into `out[0]` (which should start at zero), without
     /// waiting: for checking many transfers with one readback at the end.
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] unless `out` has exactly one element; [`Error::WrongDevice`] for
     /// memory of another device; the driver's error.
     pub fn checksum_into<S: DeviceSlice<u32>, D: DeviceSliceMut<u64>>(&self, src: &S, out: &mut D) -> Result<()> {
-        if out.len() != 1 {
-            return Err(Error::LengthMismatch { what: "Engine::checksum_into: out", expected: 1, found: out.len() });
-        }
-        let helpers = self.helpers()?;
-        let config = LaunchConfig::for_elements(src.len(), self.max_blocks());
-        let (ptr, len, out_ptr) = (src.device_ptr(), src.len() as u64, out.device_ptr());
-        self.run_on_own_device("Engine::checksum_into", &[src.stream(), out.stream()], |stream| {
-            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads len
-            // words at ptr and adds into the one u64 at out_ptr, both owned by live slices.
-            unsafe { stream.launch(&helpers.checksum, config, (ptr, len, out_ptr)) }
-        })
+        self.helper_kernels()?.checksum_into(&self.stream()?, src, out)
     }
 
     /// Enqueues a kernel that keeps the current stream busy for `ns` nanoseconds.
@@ -346,52 +267,13 @@ impl Engine {
     /// # Errors
     /// The driver's error.
     pub fn spin(&self, ns: u64) -> Result<()> {
-        let helpers = self.helpers()?;
-        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory.
-        unsafe { self.stream()?.launch(&helpers.spin, config, (ns,)) }
-    }
-
-    /// Enqueues the SM copy kernel on `stream`: `bytes` bytes from `src` to `dst`. Loads the
-    /// helper module on first use.
-    ///
-    /// # Errors
-    /// [`Error::Misaligned`] when either address is not 16-byte aligned; [`Error::WrongDevice`]
-    /// when `stream` is of another device; the driver's error.
-    ///
-    /// # Safety
-    /// As [`CudaStream::copy_bytes_async`]; both ranges are reachable from this device's SMs.
-    pub(crate) unsafe fn launch_copy_bytes(
-        &self,
-        stream: &CudaStream,
-        dst: crate::sys::CUdeviceptr,
-        src: crate::sys::CUdeviceptr,
-        bytes: usize,
-    ) -> Result<()> {
-        if let Some(address) = [src, dst].into_iter().find(|p| p % 16 != 0) {
-            return Err(Error::Misaligned { what: "Engine::launch_copy_bytes", address, align: 16 });
-        }
-        let helpers = self.helpers()?;
-        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
-        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks());
-        // SAFETY: ppnrt_copy_bytes(uint4*, const uint4*, uint64_t, uint64_t) copies n16*16+tail
-        // = bytes bytes between two 16-byte-aligned ranges (checked above) that the caller
-        // guarantees live, reachable and ordered on `stream`.
-        unsafe { stream.launch(&helpers.copy_bytes, config, (dst, src, n16, tail)) }
-    }
-
-    /// Loads the helper kernels now rather than on first use (their load errors surface here).
-    ///
-    /// # Errors
-    /// The module load's error.
-    pub(crate) fn preload_helpers(&self) -> Result<()> {
-        self.helpers().map(|_| ())
+        self.helper_kernels()?.spin(&self.stream()?, ns)
     }
 
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
-    /// engines). Either side may be on another device: peer access to it is enabled first (as
-    /// [`enable_peer_access`] does), and it must not be pool memory
-    /// (pools are not peer-mapped; use [`CudaSlice::alloc_persistent`]).
+    /// engines), on the current stream. Either side may be on another device: peer access to it
+    /// is enabled first (as [`enable_peer_access`](crate::enable_peer_access) does), and it must
+    /// not be pool memory (pools are not peer-mapped; use [`CudaSlice::alloc_persistent`]).
     ///
     /// # Errors
     /// Checked before anything is enqueued: [`Error::LengthMismatch`] unless the lengths agree;
@@ -407,39 +289,8 @@ impl Engine {
         if src.len() != dst.len() {
             return Err(Error::LengthMismatch { what: "Engine::copy_with_sms", expected: dst.len(), found: src.len() });
         }
-        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
-            return Err(Error::Misaligned { what: "Engine::copy_with_sms", address, align: 16 });
-        }
-        if src.is_empty() {
-            return Ok(());
-        }
-        let sides =
-            [(src.stream(), src.is_pooled(), src.device_ptr()), (dst.stream(), dst.is_pooled(), dst.device_ptr())];
-        for (owner, pooled, address) in sides {
-            if owner.ordinal() != self.ordinal() && pooled {
-                return Err(Error::NotPeerReachable {
-                    what: "Engine::copy_with_sms",
-                    device: self.ordinal(),
-                    memory_device: owner.ordinal(),
-                    address,
-                });
-            }
-        }
-        for (owner, _, _) in sides {
-            if owner.ordinal() != self.ordinal() {
-                enable_peer_access(self.context(), owner.context())?;
-            }
-        }
         let stream = self.stream()?;
-        let owners = [src.stream(), dst.stream()];
-        for owner in owners {
-            stream.join(owner)?;
-        }
-        // SAFETY: both ranges are live, 16-byte aligned, src.byte_len() long (lengths checked
-        // above), reachable from this device (its own memory, or cuMemAlloc memory of a peer
-        // with peer access enabled above) and ordered on `stream` by the joins above and below.
-        unsafe { self.launch_copy_bytes(&stream, dst.device_ptr(), src.device_ptr(), src.byte_len())? };
-        stream.settle(owners.iter().try_for_each(|owner| owner.join(&stream)))
+        self.helper_kernels()?.copy_bytes(&stream, src.as_view().into_bytes(), dst.as_view_mut().into_bytes())
     }
 
     /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.
@@ -447,14 +298,7 @@ impl Engine {
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
     pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
-        let function = self.toy_layer_function()?;
-        let config = LaunchConfig::for_elements(x.len(), self.max_blocks());
-        let (ptr, len) = (x.device_ptr(), x.len() as u64);
-        self.run_on_own_device("Engine::toy_layer", &[x.stream()], |stream| {
-            // SAFETY: ppnrt_toy_layer_f32(float*, uint64_t, uint32_t, uint32_t) updates len floats
-            // at ptr in place.
-            unsafe { stream.launch(function, config, (ptr, len, step, layer)) }
-        })
+        self.toy_model()?.layer(&self.stream()?, x, step, layer)
     }
 
     /// Launches a kernel that traps: the context becomes unusable and later calls on it return
@@ -463,9 +307,6 @@ impl Engine {
     /// # Errors
     /// The driver's error.
     pub fn inject_trap(&self) -> Result<()> {
-        let helpers = self.helpers()?;
-        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: ppnrt_trap() takes no parameters and touches no memory.
-        unsafe { self.stream()?.launch(&helpers.trap, config, ()) }
+        self.helper_kernels()?.trap(&self.stream()?)
     }
 }

@@ -28,13 +28,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-#[allow(unsafe_code)]
 pub mod engine;
 pub mod error;
 pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
-#[allow(unsafe_code)]
 pub mod pp;
 #[allow(unsafe_code)]
 pub mod result;

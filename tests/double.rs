@@ -11,6 +11,8 @@ mod common;
 
 #[path = "common/double.rs"]
 mod double;
+#[path = "common/ordering.rs"]
+mod ordering;
 #[path = "common/soundness.rs"]
 mod soundness;
 
@@ -121,25 +123,28 @@ fn a_failed_rx_can_be_retried() {
     });
 }
 
-/// Pinned copies whose pending-event record fails do not return with the copy in flight: the
-/// destination holds the data when read, the source may be overwritten at once.
+/// Pinned copies: a host access whose wait cannot be set up (the event record fails) is an error
+/// and leaves the buffer's ordering intact: the next access still waits, and sees the data; the
+/// source of a copy out of pinned memory may be overwritten once the access returns.
 #[test]
-fn failed_pinned_copies_are_complete_when_they_return() {
-    with_double("failed_pinned_copies_are_complete_when_they_return", |double| {
+fn failed_waits_on_pinned_buffers_keep_them_ordered() {
+    with_double("failed_waits_on_pinned_buffers_keep_them_ordered", |double| {
         let e = Engine::new(0).unwrap();
         let stream = e.default_stream();
         let data: Vec<u32> = (0..8192u32).map(|i| i ^ 0x5a5a).collect();
         let src = e.htod(&data).unwrap();
         let mut host = PinnedHostBuffer::<u32>::new(e.context(), data.len(), false).unwrap();
+        stream.memcpy_dtoh_pinned(&src, &mut host).unwrap();
         double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
-        assert!(stream.memcpy_dtoh_pinned(&src, &mut host).is_err());
-        assert_eq!(host.as_slice().unwrap(), &data[..], "the copy into pinned memory was left in flight");
+        assert!(host.as_slice().is_err(), "the wait could not be set up");
+        assert_eq!(host.as_slice().unwrap(), &data[..], "the copy into pinned memory was not waited for");
 
         let mut dst = e.alloc::<u32>(data.len()).unwrap();
+        stream.memcpy_htod_pinned(&host, &mut dst).unwrap();
         double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
-        assert!(stream.memcpy_htod_pinned(&host, &mut dst).is_err());
+        assert!(host.as_mut_slice().is_err());
         host.as_mut_slice().unwrap().fill(9);
-        assert_eq!(e.dtoh(&dst).unwrap(), data, "the copy out of pinned memory was left in flight");
+        assert_eq!(e.dtoh(&dst).unwrap(), data, "the copy out of pinned memory was not waited for");
     });
 }
 
@@ -308,4 +313,30 @@ fn child_cuda_12_4() {
     assert_eq!(e.dtoh(&got).unwrap(), vec![1u32; 1 << 20]);
     double.flush();
     assert_eq!(double.violations(), 0, "{}", double.last_violation());
+}
+
+/// The ordering rule as a user meets it: produced on one stream, consumed on another; dropped on
+/// its owner under a late reader. And the broken variant (a raw address) is caught: the double
+/// runs unordered work late, so the consumer reads before the producer ran, or after the free.
+#[test]
+fn buffers_are_ordered_across_streams_without_a_join() {
+    with_double("buffers_are_ordered_across_streams_without_a_join", |double| {
+        let e = Engine::new(0).unwrap();
+        assert_eq!(ordering::produced_on_one_stream_consumed_on_another(&e, 200, 7, ordering::Handoff::Ordered), 0);
+        assert_eq!(ordering::dropped_on_its_owner_while_read_elsewhere(&e, 200, 11, ordering::Handoff::Ordered), 0);
+        double.flush();
+        assert_eq!(double.violations(), 0, "{}", double.last_violation());
+    });
+}
+
+#[test]
+fn a_consumer_the_ordering_rule_cannot_see_is_caught() {
+    let Some((_serial, double)) = double::setup("a_consumer_the_ordering_rule_cannot_see_is_caught") else { return };
+    let e = Engine::new(0).unwrap();
+    let produced = ordering::produced_on_one_stream_consumed_on_another(&e, 50, 7, ordering::Handoff::RawAddress);
+    assert!(produced > 0, "an unordered consumer went unnoticed");
+    let before = double.violations();
+    let dropped = ordering::dropped_on_its_owner_while_read_elsewhere(&e, 50, 11, ordering::Handoff::RawAddress);
+    double.flush();
+    assert!(dropped > 0 || double.violations() > before, "a read after free went unnoticed");
 }

@@ -59,3 +59,30 @@ fn the_readme_quick_start_is_the_quickstart_example() {
     let block = &readme[start..start + readme[start..].find("```").unwrap()];
     assert_eq!(block, example, "README quick start and examples/quickstart.rs differ");
 }
+
+/// The layers hold: `engine` and `pp` call only the safe layer below them — no raw device
+/// pointers, no `unsafe` (the crate root denies `unsafe_code`; only `sys`, `result`, `safe` and
+/// `loader` opt in).
+#[test]
+fn engine_and_pp_use_no_raw_pointers_and_no_unsafe() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![root.join("engine.rs")];
+    for entry in std::fs::read_dir(root.join("pp")).unwrap() {
+        files.push(entry.unwrap().path());
+    }
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for word in ["unsafe", "CUdeviceptr", "device_ptr", "allow(unsafe_code)"] {
+            assert!(!text.contains(word), "{} mentions `{word}`", file.display());
+        }
+    }
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
+    assert!(lib.contains("#![deny(unsafe_code)]"));
+    let opted_in: Vec<&str> = lib
+        .lines()
+        .zip(lib.lines().skip(1))
+        .filter(|(attr, _)| attr.trim() == "#[allow(unsafe_code)]")
+        .map(|(_, module)| module.trim())
+        .collect();
+    assert_eq!(opted_in, ["pub mod loader;", "pub mod result;", "pub mod safe;", "pub mod sys;"]);
+}

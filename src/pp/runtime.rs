@@ -9,8 +9,8 @@ use super::plan::{BoundaryPlan, Plan, Transport};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
 use crate::safe::{
-    CudaEvent, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer, StreamOverride,
-    enable_peer_access, record_drop_error,
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
+    StreamOverride, enable_peer_access, record_drop_error,
 };
 
 /// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
@@ -44,14 +44,12 @@ struct Ring {
     slots: Vec<Slot>,
 }
 
+/// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
+/// records its event on the TX stream right after the copy (the protocol's `ev_tx`), the copy out
+/// records its event on the RX stream right after that copy (`ev_rx`); the next copy out waits for
+/// the first (read after write), the next copy in for the second (write after read).
 struct Slot {
     state: SlotState,
-    ev_tx: CudaEvent,
-    ev_rx: CudaEvent,
-    /// Whether `ev_tx` has ever been recorded (a copy into the buffer may then be in flight).
-    tx_recorded: bool,
-    /// Whether `ev_rx` has ever been recorded (before that, `tx` has no reader to wait for).
-    rx_recorded: bool,
     buffer: SlotBuffer,
 }
 
@@ -177,14 +175,7 @@ impl PpNRt {
                 let (tx, rx) = (&stages[bp.boundary], &stages[bp.boundary + 1]);
                 let slots = (0..config.n_slots())
                     .map(|_| {
-                        let mut slot = Slot {
-                            state: SlotState::NeverFilled,
-                            ev_tx: CudaEvent::new(tx.engine.context(), false)?,
-                            ev_rx: CudaEvent::new(rx.engine.context(), false)?,
-                            tx_recorded: false,
-                            rx_recorded: false,
-                            buffer: SlotBuffer::Empty,
-                        };
+                        let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
                         if config.reserved_bytes() > 0 {
                             grow(&mut slot, bp.transport, &rx.stream, config.reserved_bytes())?;
                         }
@@ -346,40 +337,27 @@ impl PpNRt {
             grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
         }
         let tx = &boundary.tx_stream;
-        let foreign_owner = !Arc::ptr_eq(x.stream(), tx);
-        if foreign_owner {
-            tx.join(x.stream())?;
-        }
-        // Always wait, never query first: asking whether an event has completed costs the host
-        // as much as a cross-device wait and ~9× a same-device one (measured, driver 580).
-        if slot.rx_recorded && self.config.fault() != ProtocolFault::SkipRxWait {
-            tx.wait(&slot.ev_rx)?;
-        }
+        let src = x.as_view().slice(..n)?.into_bytes();
         match &mut slot.buffer {
-            SlotBuffer::Device(buffer) if boundary.plan.transport == Transport::Local => {
-                // SAFETY: as below; on a Local boundary x and the slot are on one device, the
-                // RX engine's, which is tx's.
-                unsafe { boundary.copy_within_device(tx, buffer.device_ptr(), x.device_ptr(), bytes)? }
-            }
             SlotBuffer::Device(buffer) => {
-                // SAFETY: the slot buffer holds ≥ bytes and is cuMemAlloc memory on the RX device
-                // (peer access enabled for Peer boundaries); its last reader is ordered before
-                // this copy by the ev_rx wait; x holds ≥ n elements and is ordered on tx (owned
-                // by it, or joined to it above and after below).
-                unsafe { tx.copy_bytes_async(buffer.device_ptr(), x.device_ptr(), bytes)? }
+                if self.config.fault() == ProtocolFault::SkipRxWait {
+                    buffer.forget_reads();
+                }
+                let dst = buffer.as_view_mut().slice_mut(..bytes)?;
+                if boundary.plan.transport == Transport::Local {
+                    boundary.copy_within_device(tx, src, dst)?;
+                } else {
+                    tx.memcpy_dtod(&src, &mut { dst })?;
+                }
             }
             SlotBuffer::Host(buffer) => {
-                // SAFETY: as above; the slot is pinned host memory of ≥ bytes, freed only after
-                // every stream using it drained.
-                unsafe { tx.copy_dtoh_bytes_async(buffer.as_mut_ptr().cast(), x.device_ptr(), bytes)? }
+                if self.config.fault() == ProtocolFault::SkipRxWait {
+                    buffer.forget_reads();
+                }
+                buffer.copy_from_device(tx, src)?;
             }
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
         }
-        // The copy is enqueued: if what orders it fails, wait for it before returning the error,
-        // so no copy into the slot (or out of x) is left in flight unordered.
-        let recorded = slot.ev_tx.record(tx);
-        slot.tx_recorded |= recorded.is_ok();
-        tx.settle(recorded.and_then(|()| if foreign_owner { x.stream().join(tx) } else { Ok(()) }))?;
         slot.state = SlotState::Filled { n, elem: T::NAME };
         ring.next = (index + 1) % ring.slots.len();
         Ok(index)
@@ -428,26 +406,23 @@ impl PpNRt {
         }
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
-        if self.config.fault() != ProtocolFault::SkipTxWait {
-            rx.wait(&slot.ev_tx)?;
-        }
-        let out = CudaSlice::<T>::alloc(rx, n)?;
+        let mut out = CudaSlice::<T>::alloc(rx, n)?;
+        let dst = out.as_view_mut().into_bytes();
         match &slot.buffer {
             SlotBuffer::Device(buffer) => {
-                // SAFETY: the slot's writer is ordered before this copy by the ev_tx wait, and the
-                // next writer waits for ev_rx recorded below; out is fresh, n elements, on rx;
-                // both are on the RX engine's device.
-                unsafe { boundary.copy_within_device(rx, out.device_ptr(), buffer.device_ptr(), bytes)? }
+                if self.config.fault() == ProtocolFault::SkipTxWait {
+                    buffer.forget_write();
+                }
+                boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?;
             }
             SlotBuffer::Host(buffer) => {
-                // SAFETY: as above; the slot is pinned host memory of ≥ bytes.
-                unsafe { rx.copy_htod_bytes_async(out.device_ptr(), buffer.as_ptr().cast(), bytes)? }
+                if self.config.fault() == ProtocolFault::SkipTxWait {
+                    buffer.forget_write();
+                }
+                buffer.copy_to_device(rx, dst)?;
             }
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
-        // If recording fails, wait for the copy out before the error returns (and `out` is freed).
-        rx.settle(slot.ev_rx.record(rx))?;
-        slot.rx_recorded = true;
         slot.state = SlotState::Received;
         Ok(out)
     }
@@ -521,26 +496,19 @@ impl PpNRt {
 }
 
 impl Boundary {
-    /// Enqueues a copy of `bytes` within the RX device on `stream`: the SM copy kernel when the
-    /// boundary may use it, up to [`SM_COPY_MAX_BYTES`], with both addresses 16-byte aligned;
-    /// else the copy engine.
-    ///
-    /// # Safety
-    /// As [`CudaStream::copy_bytes_async`]; both ranges are on the RX device, which is `stream`'s.
-    unsafe fn copy_within_device(
+    /// Enqueues a copy within the RX device on `stream` (a stream of that device): the SM copy
+    /// kernel when the boundary may use it, up to [`SM_COPY_MAX_BYTES`], with both addresses
+    /// 16-byte aligned; else the copy engine.
+    fn copy_within_device(
         &self,
-        stream: &CudaStream,
-        dst: crate::sys::CUdeviceptr,
-        src: crate::sys::CUdeviceptr,
-        bytes: usize,
+        stream: &Arc<CudaStream>,
+        src: CudaView<'_, u8>,
+        dst: CudaViewMut<'_, u8>,
     ) -> Result<()> {
-        if self.sm_copies && bytes <= SM_COPY_MAX_BYTES && dst % 16 == 0 && src % 16 == 0 {
-            // SAFETY: the caller meets copy_bytes_async's contract; the ranges are on the RX
-            // engine's device, so its SMs reach them; alignment checked here.
-            unsafe { self.rx_engine.launch_copy_bytes(stream, dst, src, bytes) }
+        if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
+            self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
         } else {
-            // SAFETY: the caller meets copy_bytes_async's contract.
-            unsafe { stream.copy_bytes_async(dst, src, bytes) }
+            stream.memcpy_dtod(&src, &mut { dst })
         }
     }
 }
@@ -549,8 +517,8 @@ impl Boundary {
 /// the embedded PTX (a driver older than the toolkit that built it): boundary copies then stay on
 /// the copy engines, which need no kernel. Any other failure is the build's error.
 fn helpers_runnable(engine: &Engine) -> Result<bool> {
-    match engine.preload_helpers() {
-        Ok(()) => Ok(true),
+    match engine.helper_kernels() {
+        Ok(_) => Ok(true),
         Err(Error::Driver(e)) if e.is_unrunnable_code() => Ok(false),
         Err(e) => Err(e),
     }
@@ -560,18 +528,20 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
 /// free: its last writer and last reader are waited for before the old buffer goes, so no copy in
 /// flight ever sees a freed buffer.
 fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
-    // The last copy in (a discarded slot's may never have been received) and the last copy out.
-    if slot.tx_recorded {
-        slot.ev_tx.synchronize()?;
-    }
-    if slot.rx_recorded {
-        slot.ev_rx.synchronize()?;
+    // Every copy into and out of the old buffer has completed before it goes (its drop would wait
+    // too, but could not report an error).
+    match &slot.buffer {
+        SlotBuffer::Empty => {}
+        SlotBuffer::Device(buffer) => buffer.synchronize()?,
+        SlotBuffer::Host(buffer) => buffer.synchronize()?,
     }
     let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
     slot.buffer = SlotBuffer::Empty;
     slot.buffer = match transport {
-        Transport::Local | Transport::Peer => SlotBuffer::Device(CudaSlice::alloc_persistent(rx_stream, capacity)?),
-        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new(rx_stream.context(), capacity, false)?),
+        Transport::Local | Transport::Peer => {
+            SlotBuffer::Device(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?)
+        }
+        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(rx_stream.context(), capacity)?),
     };
     Ok(())
 }

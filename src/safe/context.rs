@@ -11,12 +11,13 @@
 //! already current, plus two `cuCtxSetCurrent` when it is not.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::device::Device;
 use crate::error::Result;
+use crate::result::event as raw_event;
 use crate::result::{context as raw, memory};
-use crate::sys::{CUcontext, CUmemPool_attribute};
+use crate::sys::{CUcontext, CUevent, CUmemPool_attribute};
 
 /// A retained primary context of one device.
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub struct Context {
     device: Device,
     raw: CUcontext,
     pools: bool,
+    /// Idle events (timing disabled) for the ordering rule, reused instead of created per use.
+    events: Mutex<Vec<CUevent>>,
 }
 
 // SAFETY: a CUcontext handle may be bound and used from any thread; the driver serialises what
@@ -43,7 +46,7 @@ impl Context {
     pub fn primary(device: &Device) -> Result<Arc<Context>> {
         let raw_ctx = raw::primary_retain(device.raw())?;
         // From here on the reference is given back by Context's drop, on every path.
-        let mut ctx = Context { device: *device, raw: raw_ctx, pools: false };
+        let mut ctx = Context { device: *device, raw: raw_ctx, pools: false, events: Mutex::new(Vec::new()) };
         ctx.pools = device.memory_pools_supported()?;
         if ctx.pools {
             let _bound = ctx.bind()?;
@@ -80,6 +83,11 @@ impl Context {
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
         Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })
+    }
+
+    /// The pool of idle events of this context.
+    pub(crate) fn pooled_events(&self) -> MutexGuard<'_, Vec<CUevent>> {
+        self.events.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The device.
@@ -142,6 +150,19 @@ impl Drop for BoundContext<'_> {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        let events = std::mem::take(&mut *self.pooled_events());
+        if !events.is_empty() {
+            let destroyed = self.bind().and_then(|_bound| {
+                events.into_iter().try_for_each(|event| {
+                    // SAFETY: a pooled event belongs to no PooledEvent any more (each returns its
+                    // handle when dropped, and each holds this context alive until then).
+                    unsafe { raw_event::destroy(event) }
+                })
+            });
+            if let Err(e) = destroyed {
+                super::record_drop_error(e);
+            }
+        }
         // SAFETY: this gives back the one reference `primary` took; every handle that uses the
         // context holds an Arc<Context>, so none is left.
         if let Err(e) = unsafe { raw::primary_release(self.device.raw()) } {

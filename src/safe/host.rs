@@ -1,14 +1,18 @@
 //! Page-locked (pinned) host buffers.
 //!
 //! Copies between pinned memory and the device run truly asynchronously, so the buffer must not
-//! be read, written or freed while one is in flight. Every asynchronous copy records an event in
-//! the buffer; host access and `Drop` wait for it first.
+//! be read, written or freed while one is in flight. The buffer follows the crate's ordering rule
+//! like device memory: copies on any stream order themselves after its conflicting uses, and host
+//! access waits on the host first (reading waits for device writes into it; writing and `Drop`
+//! wait for every use).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::context::Context;
-use super::event::CudaEvent;
-use super::memory::{DeviceRepr, DeviceSlice, DeviceSliceMut, byte_size, check_host_copy_device};
+use super::memory::{
+    CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, byte_size, check_same_device, ordered,
+};
+use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::memory as raw;
@@ -20,14 +24,14 @@ pub struct PinnedHostBuffer<T: DeviceRepr> {
     ptr: *mut T,
     len: usize,
     ctx: Arc<Context>,
-    pending: Mutex<Option<CudaEvent>>,
+    access: Access,
 }
 
 // SAFETY: the buffer owns its host allocation; access from any thread goes through &/&mut self
-// and waits for the pending copy first.
+// and waits for the device's conflicting uses first.
 unsafe impl<T: DeviceRepr> Send for PinnedHostBuffer<T> {}
-// SAFETY: &self methods only read the memory after the pending copy completed (guarded by the
-// mutex); no &self method writes it.
+// SAFETY: &self methods only read the memory after every device write into it completed; no &self
+// method writes it.
 unsafe impl<T: DeviceRepr> Sync for PinnedHostBuffer<T> {}
 
 impl<T: DeviceRepr> PinnedHostBuffer<T> {
@@ -49,7 +53,15 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
             ptr
         };
-        Ok(PinnedHostBuffer { ptr, len, ctx: Arc::clone(ctx), pending: Mutex::new(None) })
+        Ok(PinnedHostBuffer { ptr, len, ctx: Arc::clone(ctx), access: Access::new(None, false) })
+    }
+
+    /// Like [`new`](Self::new), for buffers whose every use records its completion event at once
+    /// (the pipeline's host-staged slots).
+    pub(crate) fn new_eager(ctx: &Arc<Context>, len: usize) -> Result<PinnedHostBuffer<T>> {
+        let mut buffer = Self::new(ctx, len, false)?;
+        buffer.access = Access::new(None, true);
+        Ok(buffer)
     }
 
     /// Number of elements.
@@ -72,44 +84,49 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         self.ptr
     }
 
-    fn wait_pending(&self) -> Result<()> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(event) = pending.as_ref() {
-            event.synchronize()?;
-        }
-        *pending = None;
-        Ok(())
-    }
-
-    /// The contents, after any copy in flight has completed.
+    /// The contents, after every device write into the buffer has completed.
     ///
     /// # Errors
-    /// The error of the copy waited for.
+    /// The error of the work waited for.
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.wait_pending()?;
+        self.access.wait_on_host(Use::Read)?;
         // SAFETY: ptr is valid for len initialised elements (zeroed at allocation, T plain data)
-        // and no copy is in flight.
+        // and no device write is in flight.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 
-    /// The contents, mutable, after any copy in flight has completed.
+    /// The contents, mutable, after every device use of the buffer has completed.
     ///
     /// # Errors
-    /// The error of the copy waited for.
+    /// The error of the work waited for.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.wait_pending()?;
-        // SAFETY: as in as_slice, and &mut self makes the access exclusive.
+        self.access.wait_on_host(Use::Write)?;
+        // SAFETY: as in as_slice, no device read is in flight either, and &mut self makes the
+        // access exclusive.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 
-    /// Records `event` (created before the copy was enqueued, so that a failure to create one
-    /// enqueues nothing) on `stream` as the buffer's pending copy. The caller waited for the
-    /// previous one before enqueuing.
-    fn set_pending(&self, stream: &CudaStream, event: CudaEvent) -> Result<()> {
-        event.record(stream)?;
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = Some(event);
-        Ok(())
+    /// The buffer's ordering state.
+    pub(crate) fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// Blocks until every device use of the buffer enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The error of the work waited for.
+    pub fn synchronize(&self) -> Result<()> {
+        self.access.wait_on_host(Use::Write)
+    }
+
+    /// See `Access::forget_reads`: deliberately broken protocols in hazard tests only.
+    pub(crate) fn forget_reads(&self) {
+        self.access.forget_reads();
+    }
+
+    /// See `Access::forget_write`: deliberately broken protocols in hazard tests only.
+    pub(crate) fn forget_write(&self) {
+        self.access.forget_write();
     }
 }
 
@@ -121,7 +138,7 @@ impl CudaStream {
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod_pinned<T: DeviceRepr, D: DeviceSliceMut<T>>(
-        &self,
+        self: &Arc<Self>,
         src: &PinnedHostBuffer<T>,
         dst: &mut D,
     ) -> Result<()> {
@@ -132,23 +149,17 @@ impl CudaStream {
                 found: src.len(),
             });
         }
-        check_host_copy_device(
-            "CudaStream::memcpy_htod_pinned: dst must be on the stream's device",
-            self,
-            dst.ordinal(),
-        )?;
+        check_same_device("CudaStream::memcpy_htod_pinned: dst must be on the stream's device", self, dst.ordinal())?;
         if src.is_empty() {
             return Ok(());
         }
-        src.wait_pending()?;
-        let pending = CudaEvent::new(self.context(), false)?;
-        self.join(dst.stream())?;
-        let _bound = self.context().bind()?;
-        // SAFETY: src stays allocated and unwritten until the pending event recorded below
-        // completes (Drop and host access wait for it; if recording fails, settle waits for the
-        // copy before returning); dst is valid and ordered after its owner.
-        unsafe { raw::memcpy_htod_async(dst.device_ptr(), src.ptr.cast(), dst.byte_len(), self.raw())? };
-        self.settle(src.set_pending(self, pending).and_then(|()| dst.stream().join(self)))
+        let view = dst.as_view();
+        ordered(self, [(src.access(), Use::Read), (view.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: src stays allocated and unwritten until the copy completes (host writes and
+            // Drop wait for its uses); dst is valid; both are ordered on this stream.
+            unsafe { raw::memcpy_htod_async(view.device_ptr(), src.ptr.cast(), view.byte_len(), self.raw()) }
+        })
     }
 
     /// Copies `src` into pinned `dst`, asynchronously on this stream; `dst`'s contents are
@@ -159,7 +170,7 @@ impl CudaStream {
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh_pinned<T: DeviceRepr, S: DeviceSlice<T>>(
-        &self,
+        self: &Arc<Self>,
         src: &S,
         dst: &mut PinnedHostBuffer<T>,
     ) -> Result<()> {
@@ -170,29 +181,89 @@ impl CudaStream {
                 found: src.len(),
             });
         }
-        check_host_copy_device(
-            "CudaStream::memcpy_dtoh_pinned: src must be on the stream's device",
-            self,
+        check_same_device("CudaStream::memcpy_dtoh_pinned: src must be on the stream's device", self, src.ordinal())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let view = src.as_view();
+        ordered(self, [(view.access(), Use::Read), (dst.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: dst stays allocated and unread until the copy completes (host access and
+            // Drop wait for its uses); src is valid; both are ordered on this stream.
+            unsafe { raw::memcpy_dtoh_async(dst.ptr.cast(), view.device_ptr(), view.byte_len(), self.raw()) }
+        })
+    }
+}
+
+impl PinnedHostBuffer<u8> {
+    /// Copies `src` into the first `src.len()` bytes of this buffer, on `stream`, ordered by the
+    /// crate's rule.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when `src` is longer than the buffer; [`Error::WrongDevice`] when
+    /// `src` is on another device than `stream`; the driver's error.
+    pub fn copy_from_device(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
+        if src.len() > self.len {
+            return Err(Error::OutOfBounds {
+                what: "PinnedHostBuffer::copy_from_device",
+                start: 0,
+                end: src.len(),
+                len: self.len,
+            });
+        }
+        check_same_device(
+            "PinnedHostBuffer::copy_from_device: src must be on the stream's device",
+            stream,
             src.ordinal(),
         )?;
         if src.is_empty() {
             return Ok(());
         }
-        dst.wait_pending()?;
-        let pending = CudaEvent::new(self.context(), false)?;
-        self.join(src.stream())?;
-        let _bound = self.context().bind()?;
-        // SAFETY: dst is exclusively borrowed, stays allocated and unread until the pending event
-        // completes (or, if recording it fails, settle waits for the copy); src is valid and
-        // ordered after its owner.
-        unsafe { raw::memcpy_dtoh_async(dst.ptr.cast(), src.device_ptr(), src.byte_len(), self.raw())? };
-        self.settle(dst.set_pending(self, pending).and_then(|()| src.stream().join(self)))
+        ordered(stream, [(src.access(), Use::Read), (&self.access, Use::Write)], || {
+            let _bound = stream.context().bind()?;
+            // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
+            // untouched by the host until the copy completes (host access and Drop wait for its
+            // uses); src is valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
+        })
+    }
+
+    /// Copies the first `dst.len()` bytes of this buffer into `dst`, on `stream`, ordered by the
+    /// crate's rule.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when `dst` is longer than the buffer; [`Error::WrongDevice`] when
+    /// `dst` is on another device than `stream`; the driver's error.
+    pub fn copy_to_device(&self, stream: &Arc<CudaStream>, dst: CudaViewMut<'_, u8>) -> Result<()> {
+        if dst.len() > self.len {
+            return Err(Error::OutOfBounds {
+                what: "PinnedHostBuffer::copy_to_device",
+                start: 0,
+                end: dst.len(),
+                len: self.len,
+            });
+        }
+        check_same_device(
+            "PinnedHostBuffer::copy_to_device: dst must be on the stream's device",
+            stream,
+            dst.ordinal(),
+        )?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        ordered(stream, [(&self.access, Use::Read), (dst.access(), Use::Write)], || {
+            let _bound = stream.context().bind()?;
+            // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
+            // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
+            // valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
+        })
     }
 }
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if let Err(e) = self.wait_pending() {
+        if let Err(e) = self.access.wait_on_host(Use::Write) {
             // The copy failed; its memory may still be in use by a dead context. Leak rather
             // than free memory the device might write.
             super::record_drop_error(e);

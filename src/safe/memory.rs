@@ -1,16 +1,23 @@
 //! Device memory: element types, owning slices, views and copies.
 //!
-//! A [`CudaSlice`] is owned by one stream. Stream-ordered slices come from the device's memory
-//! pool and are freed on that stream; persistent slices are plain `cuMemAlloc` allocations
-//! (reachable by peers through peer access, unlike pool memory) freed after that stream drains.
-//! Work that uses a slice on another stream is ordered after the owner's earlier work, and the
-//! owner's later work (its free, or a write) after it; so a copy's source cannot be freed or
-//! overwritten while the copy is in flight.
+//! A [`CudaSlice`] is owned by one stream, its *owner*: stream-ordered slices come from the
+//! device's memory pool and are freed on that stream; persistent slices are plain `cuMemAlloc`
+//! allocations (reachable by peers through peer access, unlike pool memory), freed once every use
+//! completed. Every copy, memset and kernel launch on any stream orders the slices it touches
+//! through the crate's one ordering rule (see `ordering`): a read waits for the last write, a
+//! write for the last write and the reads since, and the free waits for every use. So a buffer
+//! produced on one stream can be consumed, overwritten or dropped from any other without a join
+//! in user code, and a copy's source cannot be freed or overwritten while the copy is in flight.
+//!
+//! Views ([`CudaView`], [`CudaViewMut`]) borrow their slice and share its ordering state.
+//! Threading: slices are `Send + Sync`; reads from several threads at once are fine, a write
+//! needs `&mut`.
 
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
+use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::memory as raw;
@@ -61,6 +68,8 @@ pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
     fn stream(&self) -> &Arc<CudaStream>;
     /// Whether the memory came from a stream-ordered pool (not reachable by peers' kernels).
     fn is_pooled(&self) -> bool;
+    /// A view of the whole range.
+    fn as_view(&self) -> CudaView<'_, T>;
     /// Whether the slice has no elements.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -76,7 +85,10 @@ pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
 }
 
 /// Device memory usable as the destination of a copy or kernel.
-pub trait DeviceSliceMut<T: DeviceRepr>: DeviceSlice<T> {}
+pub trait DeviceSliceMut<T: DeviceRepr>: DeviceSlice<T> {
+    /// A mutable view of the whole range.
+    fn as_view_mut(&mut self) -> CudaViewMut<'_, T>;
+}
 
 /// An owned array of `T` in device memory.
 #[derive(Debug)]
@@ -85,6 +97,7 @@ pub struct CudaSlice<T: DeviceRepr> {
     len: usize,
     stream: Arc<CudaStream>,
     pooled: bool,
+    access: Access,
     _marker: PhantomData<T>,
 }
 
@@ -95,6 +108,7 @@ pub struct CudaView<'a, T: DeviceRepr> {
     len: usize,
     pooled: bool,
     stream: &'a Arc<CudaStream>,
+    access: &'a Access,
     _marker: PhantomData<&'a T>,
 }
 
@@ -105,6 +119,7 @@ pub struct CudaViewMut<'a, T: DeviceRepr> {
     len: usize,
     pooled: bool,
     stream: &'a Arc<CudaStream>,
+    access: &'a Access,
     _marker: PhantomData<&'a mut T>,
 }
 
@@ -113,10 +128,6 @@ pub struct CudaViewMut<'a, T: DeviceRepr> {
 unsafe impl<T: DeviceRepr> Send for CudaSlice<T> {}
 // SAFETY: &CudaSlice only reads the address and length; device access goes through streams.
 unsafe impl<T: DeviceRepr> Sync for CudaSlice<T> {}
-
-pub(crate) fn check_host_copy_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
-    check_same_device(what, stream, memory_device)
-}
 
 pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
     count.checked_mul(std::mem::size_of::<T>()).ok_or(Error::SizeOverflow {
@@ -148,7 +159,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
             // `stream` or joined to it (see the module doc).
             unsafe { raw::alloc_async(bytes, stream.raw())? }
         };
-        Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: true, _marker: PhantomData })
+        Ok(CudaSlice::new(ptr, len, stream, true, false))
     }
 
     /// Allocates `len` elements with `cuMemAlloc` (not from a pool: peers with peer access can
@@ -165,7 +176,46 @@ impl<T: DeviceRepr> CudaSlice<T> {
             let _bound = stream.context().bind()?;
             raw::alloc(bytes)?
         };
-        Ok(CudaSlice { ptr, len, stream: Arc::clone(stream), pooled: false, _marker: PhantomData })
+        Ok(CudaSlice::new(ptr, len, stream, false, false))
+    }
+
+    /// Blocks until every use of the slice enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The error of the work waited for.
+    pub fn synchronize(&self) -> Result<()> {
+        self.access.wait_on_host(Use::Write)
+    }
+
+    /// See [`Access::forget_reads`]: deliberately broken protocols in hazard tests only.
+    pub(crate) fn forget_reads(&self) {
+        self.access.forget_reads();
+    }
+
+    /// See [`Access::forget_write`]: deliberately broken protocols in hazard tests only.
+    pub(crate) fn forget_write(&self) {
+        self.access.forget_write();
+    }
+
+    /// Like [`alloc_persistent`](Self::alloc_persistent), for buffers whose every use should
+    /// record its completion event at once (rather than when another stream first waits for it):
+    /// the pipeline's slot buffers, whose readers and writers on other devices then wait for
+    /// exactly the copy, not for the later work of its stream.
+    pub(crate) fn alloc_persistent_eager(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        let mut slice = Self::alloc_persistent(stream, len)?;
+        slice.access = Access::new(Some(stream), true);
+        Ok(slice)
+    }
+
+    fn new(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>, pooled: bool, eager: bool) -> CudaSlice<T> {
+        CudaSlice {
+            ptr,
+            len,
+            stream: Arc::clone(stream),
+            pooled,
+            access: Access::new(Some(stream), eager),
+            _marker: PhantomData,
+        }
     }
 
     /// Number of elements.
@@ -185,12 +235,26 @@ impl<T: DeviceRepr> CudaSlice<T> {
 
     /// A view of the whole slice.
     pub fn as_view(&self) -> CudaView<'_, T> {
-        CudaView { ptr: self.ptr, len: self.len, pooled: self.pooled, stream: &self.stream, _marker: PhantomData }
+        CudaView {
+            ptr: self.ptr,
+            len: self.len,
+            pooled: self.pooled,
+            stream: &self.stream,
+            access: &self.access,
+            _marker: PhantomData,
+        }
     }
 
     /// A mutable view of the whole slice.
     pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        CudaViewMut { ptr: self.ptr, len: self.len, pooled: self.pooled, stream: &self.stream, _marker: PhantomData }
+        CudaViewMut {
+            ptr: self.ptr,
+            len: self.len,
+            pooled: self.pooled,
+            stream: &self.stream,
+            access: &self.access,
+            _marker: PhantomData,
+        }
     }
 
     /// A view of `range`.
@@ -212,15 +276,15 @@ impl<T: DeviceRepr> CudaSlice<T> {
             len: end - start,
             pooled: self.pooled,
             stream: &self.stream,
+            access: &self.access,
             _marker: PhantomData,
         })
     }
 
-    /// Hands ownership to `stream`: `stream` is ordered after the old owner's work, and the slice
-    /// will be freed there.
+    /// Hands ownership to `stream`: the slice will be freed there (after every use, as always).
     ///
     /// # Errors
-    /// The driver's error.
+    /// [`Error::WrongDevice`] for a stream of another device.
     pub fn set_stream(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         if stream.ordinal() != self.stream.ordinal() {
             return Err(Error::WrongDevice {
@@ -229,7 +293,6 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 found: stream.ordinal(),
             });
         }
-        stream.join(&self.stream)?;
         self.stream = Arc::clone(stream);
         Ok(())
     }
@@ -253,6 +316,33 @@ fn bounds(what: &'static str, range: &impl RangeBounds<usize>, len: usize) -> Re
 }
 
 impl<'a, T: DeviceRepr> CudaView<'a, T> {
+    /// The ordering state of the viewed slice.
+    pub(crate) fn access(&self) -> &'a Access {
+        self.access
+    }
+
+    /// The stream that owns the viewed slice.
+    pub(crate) fn owner(&self) -> &'a Arc<CudaStream> {
+        self.stream
+    }
+
+    /// Whether the first element's address is a multiple of `align` bytes.
+    pub fn is_aligned_to(&self, align: usize) -> bool {
+        align != 0 && self.ptr % align as CUdeviceptr == 0
+    }
+
+    /// The same memory as bytes.
+    pub fn into_bytes(self) -> CudaView<'a, u8> {
+        CudaView {
+            ptr: self.ptr,
+            len: self.len * std::mem::size_of::<T>(),
+            pooled: self.pooled,
+            stream: self.stream,
+            access: self.access,
+            _marker: PhantomData,
+        }
+    }
+
     /// A view of `range` of this view.
     ///
     /// # Errors
@@ -264,6 +354,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
             len: end - start,
             pooled: self.pooled,
             stream: self.stream,
+            access: self.access,
             _marker: PhantomData,
         })
     }
@@ -292,6 +383,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
             len: bytes / size,
             pooled: self.pooled,
             stream: self.stream,
+            access: self.access,
             _marker: PhantomData,
         })
     }
@@ -317,56 +409,113 @@ macro_rules! device_slice_impls {
             fn is_pooled(&self) -> bool {
                 self.pooled
             }
+            #[inline]
+            fn as_view(&self) -> CudaView<'_, T> {
+                CudaView {
+                    ptr: self.ptr,
+                    len: self.len,
+                    pooled: self.pooled,
+                    stream: &self.stream,
+                    access: &self.access,
+                    _marker: PhantomData,
+                }
+            }
         }
     )*};
 }
 device_slice_impls!(CudaSlice, CudaView<'a>, CudaViewMut<'a>);
-impl<T: DeviceRepr> DeviceSliceMut<T> for CudaSlice<T> {}
-impl<T: DeviceRepr> DeviceSliceMut<T> for CudaViewMut<'_, T> {}
+impl<T: DeviceRepr> DeviceSliceMut<T> for CudaSlice<T> {
+    fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        CudaSlice::as_view_mut(self)
+    }
+}
+impl<T: DeviceRepr> DeviceSliceMut<T> for CudaViewMut<'_, T> {
+    fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        CudaViewMut {
+            ptr: self.ptr,
+            len: self.len,
+            pooled: self.pooled,
+            stream: self.stream,
+            access: self.access,
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
+    /// The ordering state of the viewed slice.
+    pub(crate) fn access(&self) -> &'a Access {
+        self.access
+    }
+
+    /// Whether the first element's address is a multiple of `align` bytes.
+    pub fn is_aligned_to(&self, align: usize) -> bool {
+        align != 0 && self.ptr % align as CUdeviceptr == 0
+    }
+
+    /// The same memory as bytes (writing bytes is sound: every bit pattern is a valid `T`, see
+    /// [`DeviceRepr`]).
+    pub fn into_bytes(self) -> CudaViewMut<'a, u8> {
+        CudaViewMut {
+            ptr: self.ptr,
+            len: self.len * std::mem::size_of::<T>(),
+            pooled: self.pooled,
+            stream: self.stream,
+            access: self.access,
+            _marker: PhantomData,
+        }
+    }
+
+    /// A mutable view of `range` of this view.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the view.
+    pub fn slice_mut(self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'a, T>> {
+        let (start, end) = bounds("CudaViewMut::slice_mut", &range, self.len)?;
+        Ok(CudaViewMut {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
+            len: end - start,
+            pooled: self.pooled,
+            stream: self.stream,
+            access: self.access,
+            _marker: PhantomData,
+        })
+    }
+}
 
 impl<T: DeviceRepr> Drop for CudaSlice<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
         }
-        let result = self.stream.context().bind().and_then(|_bound| {
-            if self.pooled {
+        let result = if self.pooled {
+            // The owner waits for every use, then frees in stream order.
+            self.access.order(&self.stream, Use::Write).and_then(|()| {
+                let _bound = self.stream.context().bind()?;
                 // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
-                // ordered before this point on the owning stream (see the module doc).
+                // ordered before this point on the owning stream (just above).
                 unsafe { raw::free_async(self.ptr, self.stream.raw()) }
-            } else {
-                // cuMemFree does not wait for other streams: drain the owner first (uses on other
-                // streams were joined into it).
-                // SAFETY: the stream is live; the pointer came from cuMemAlloc, freed once, and no
-                // work uses it after the owner drained.
-                unsafe { crate::result::stream::synchronize(self.stream.raw()).and_then(|()| raw::free(self.ptr)) }
-            }
-        });
+            })
+        } else {
+            // cuMemFree does not wait for streams: wait on the host for every use first.
+            self.access.wait_on_host(Use::Write).and_then(|()| {
+                let _bound = self.stream.context().bind()?;
+                // SAFETY: the pointer came from cuMemAlloc, is freed once, and every use of it
+                // has completed (just above).
+                unsafe { raw::free(self.ptr) }
+            })
+        };
         if let Err(e) = result {
+            // Ordering or waiting failed (the context is lost, or out of resources): the memory
+            // may still be in use, so it is not freed.
             super::record_drop_error(e);
         }
     }
 }
 
-/// Orders `stream` after every owner in `owners` that differs from it.
-fn join_owners(stream: &CudaStream, owners: &[&Arc<CudaStream>]) -> Result<()> {
-    for owner in owners {
-        stream.join(owner)?;
-    }
-    Ok(())
-}
-
-/// Orders every owner that differs from `stream` after the work just enqueued on `stream`.
-fn release_owners(stream: &CudaStream, owners: &[&Arc<CudaStream>]) -> Result<()> {
-    for owner in owners {
-        owner.join(stream)?;
-    }
-    Ok(())
-}
-
 /// Host-device copies run on a stream of the device memory's own device (the driver refuses
 /// others).
-fn check_same_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
+pub(crate) fn check_same_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
     if stream.ordinal() == memory_device {
         Ok(())
     } else {
@@ -376,6 +525,21 @@ fn check_same_device(what: &'static str, stream: &CudaStream, memory_device: i32
 
 fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
+}
+
+/// Runs `enqueue` on `stream` under the crate's ordering rule: waits for what each buffer's use
+/// conflicts with, enqueues, then notes the uses (eager buffers record their event then; if that
+/// fails, the stream is waited for, so nothing is left in flight unordered).
+pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl FnOnce() -> Result<R>) -> Result<R>
+where
+    I: IntoIterator<Item = (&'b Access, Use)> + Clone,
+{
+    for (access, use_) in uses.clone() {
+        access.order(stream, use_)?;
+    }
+    let result = enqueue()?;
+    stream.settle(uses.into_iter().try_for_each(|(access, use_)| access.note(stream, use_)))?;
+    Ok(result)
 }
 
 impl CudaStream {
@@ -390,24 +554,26 @@ impl CudaStream {
     /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `dst` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
+    pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, src: &[T], dst: &mut D) -> Result<()> {
         check_len("CudaStream::memcpy_htod", dst.len(), src.len())?;
         check_same_device("CudaStream::memcpy_htod: dst must be on the stream's device", self, dst.ordinal())?;
         if src.is_empty() {
             return Ok(());
         }
         let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
-        join_owners(self, &[dst.stream()])?;
-        let _bound = self.context().bind()?;
-        // SAFETY: dst is valid for byte_len bytes and ordered after its owner's work; src is
-        // pageable (staged before the call returns) or memory the driver reads later, which is
-        // waited for below before the borrow of src ends.
-        unsafe { raw::memcpy_htod_async(dst.device_ptr(), src.as_ptr().cast(), dst.byte_len(), self.raw())? };
+        let view = dst.as_view();
+        ordered(self, [(view.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
+            // (staged before the call returns) or memory the driver reads later, which is waited
+            // for below before the borrow of src ends.
+            unsafe { raw::memcpy_htod_async(view.device_ptr(), src.as_ptr().cast(), view.byte_len(), self.raw()) }
+        })?;
         if read_later {
             // On failure the context is lost and the copy will not run.
             self.synchronize()?;
         }
-        self.settle(release_owners(self, &[dst.stream()]))
+        Ok(())
     }
 
     /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
@@ -416,31 +582,33 @@ impl CudaStream {
     /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `src` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(&self, src: &S, dst: &mut [T]) -> Result<()> {
+    pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(self: &Arc<Self>, src: &S, dst: &mut [T]) -> Result<()> {
         check_len("CudaStream::memcpy_dtoh", dst.len(), src.len())?;
         check_same_device("CudaStream::memcpy_dtoh: src must be on the stream's device", self, src.ordinal())?;
         if dst.is_empty() {
             return Ok(());
         }
-        join_owners(self, &[src.stream()])?;
-        let _bound = self.context().bind()?;
-        // SAFETY: src is valid and ordered after its owner's work; dst is writable for byte_len
-        // bytes and exclusively borrowed; it is read only after the synchronisation below.
-        unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), src.device_ptr(), src.byte_len(), self.raw())? };
+        let view = src.as_view();
+        ordered(self, [(view.access(), Use::Read)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
+            // and exclusively borrowed; it is read only after the synchronisation below.
+            unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
+        })?;
         // A failed wait means the context is lost: the copy will not run after dst is gone.
-        self.synchronize()?;
-        release_owners(self, &[src.stream()])
+        self.synchronize()
     }
 
-    /// Copies `src` into `dst` on this stream; the two may be on different devices (with peer
-    /// access the copy engines move it over NVLink or PCIe; without, the driver stages it).
+    /// Copies `src` into `dst` on this stream; the two may be on different devices (a unified-
+    /// address `cuMemcpyAsync`: with peer access the copy engines move it over NVLink or PCIe,
+    /// without, the driver stages it; unlike `cuMemcpyPeerAsync` it can be captured into a CUDA
+    /// graph).
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
     #[doc(alias = "cuMemcpyAsync")]
-    #[doc(alias = "cuMemcpyPeerAsync")]
     pub fn memcpy_dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
-        &self,
+        self: &Arc<Self>,
         src: &S,
         dst: &mut D,
     ) -> Result<()> {
@@ -448,27 +616,13 @@ impl CudaStream {
         if src.is_empty() {
             return Ok(());
         }
-        let owners = [src.stream(), dst.stream()];
-        join_owners(self, &owners)?;
-        let _bound = self.context().bind()?;
-        let (src_ctx, dst_ctx) = (src.stream().context(), dst.stream().context());
-        if Arc::ptr_eq(src_ctx, dst_ctx) {
-            // SAFETY: both ranges are valid for byte_len bytes and ordered after their owners.
-            unsafe { raw::memcpy_async(dst.device_ptr(), src.device_ptr(), src.byte_len(), self.raw())? };
-        } else {
-            // SAFETY: as above; the contexts are the ranges' live primary contexts.
-            unsafe {
-                raw::memcpy_peer_async(
-                    dst.device_ptr(),
-                    dst_ctx.raw(),
-                    src.device_ptr(),
-                    src_ctx.raw(),
-                    src.byte_len(),
-                    self.raw(),
-                )?
-            };
-        }
-        self.settle(release_owners(self, &owners))
+        let (from, to) = (src.as_view(), dst.as_view());
+        ordered(self, [(from.access(), Use::Read), (to.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered on
+            // this stream.
+            unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+        })
     }
 
     /// Sets every 32-bit word of `dst` to `value` on this stream.
@@ -476,16 +630,17 @@ impl CudaStream {
     /// # Errors
     /// [`Error::LengthMismatch`] unless `T` is 4 bytes wide; the driver's error.
     #[doc(alias = "cuMemsetD32Async")]
-    pub fn memset_u32<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, dst: &mut D, value: u32) -> Result<()> {
+    pub fn memset_u32<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, dst: &mut D, value: u32) -> Result<()> {
         check_len("CudaStream::memset_u32: element size", 4, std::mem::size_of::<T>())?;
         if dst.is_empty() {
             return Ok(());
         }
-        join_owners(self, &[dst.stream()])?;
-        let _bound = self.context().bind()?;
-        // SAFETY: dst is valid for len 4-byte words and ordered after its owner.
-        unsafe { raw::memset_d32_async(dst.device_ptr(), value, dst.len(), self.raw())? };
-        self.settle(release_owners(self, &[dst.stream()]))
+        let view = dst.as_view();
+        ordered(self, [(view.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: dst is valid for len 4-byte words and ordered on this stream.
+            unsafe { raw::memset_d32_async(view.device_ptr(), value, view.len(), self.raw()) }
+        })
     }
 
     /// Sets every byte of `dst` to `value` on this stream.
@@ -493,15 +648,16 @@ impl CudaStream {
     /// # Errors
     /// The driver's error.
     #[doc(alias = "cuMemsetD8Async")]
-    pub fn memset_bytes<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, dst: &mut D, value: u8) -> Result<()> {
+    pub fn memset_bytes<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, dst: &mut D, value: u8) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        join_owners(self, &[dst.stream()])?;
-        let _bound = self.context().bind()?;
-        // SAFETY: dst is valid for byte_len bytes and ordered after its owner.
-        unsafe { raw::memset_d8_async(dst.device_ptr(), value, dst.byte_len(), self.raw())? };
-        self.settle(release_owners(self, &[dst.stream()]))
+        let view = dst.as_view();
+        ordered(self, [(view.access(), Use::Write)], || {
+            let _bound = self.context().bind()?;
+            // SAFETY: dst is valid for byte_len bytes and ordered on this stream.
+            unsafe { raw::memset_d8_async(view.device_ptr(), value, view.byte_len(), self.raw()) }
+        })
     }
 }
 

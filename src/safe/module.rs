@@ -4,7 +4,9 @@ use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
 use super::context::Context;
-use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice};
+use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, ordered};
+use super::ordering::{Access, Use};
+use super::peer::enable_peer_access;
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::module as raw;
@@ -167,6 +169,35 @@ pub trait KernelParam {
     type Raw: Copy;
     /// The value to pass.
     fn raw_param(&self) -> Self::Raw;
+    /// The device memory the parameter hands the kernel, and whether the kernel may write it:
+    /// the launch orders it (see [`CudaStream::launch`]). `None` for plain values.
+    fn buffer_use(&self) -> Option<BufferUse<'_>> {
+        None
+    }
+}
+
+/// Device memory a kernel parameter hands the kernel: which buffer, and whether it is read or
+/// written. Only this crate's slices and views make one (`&CudaSlice` and `CudaView` read,
+/// `&mut CudaSlice`, `CudaViewMut` and `&mut CudaViewMut` write).
+#[derive(Debug, Clone, Copy)]
+pub struct BufferUse<'a> {
+    access: &'a Access,
+    use_: Use,
+    owner: &'a Arc<CudaStream>,
+    pooled: bool,
+    address: CUdeviceptr,
+}
+
+impl<'a> BufferUse<'a> {
+    fn of<T: DeviceRepr>(view: CudaView<'a, T>, use_: Use) -> BufferUse<'a> {
+        BufferUse {
+            access: view.access(),
+            use_,
+            owner: view.owner(),
+            pooled: view.is_pooled(),
+            address: view.device_ptr(),
+        }
+    }
 }
 
 macro_rules! scalar_params {
@@ -181,35 +212,36 @@ macro_rules! scalar_params {
 }
 scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize);
 
-impl<T: DeviceRepr> KernelParam for &CudaSlice<T> {
-    type Raw = CUdeviceptr;
-    fn raw_param(&self) -> CUdeviceptr {
-        self.device_ptr()
-    }
+macro_rules! slice_params {
+    ($($ty:ty => $use_:expr),* $(,)?) => {$(
+        impl<T: DeviceRepr> KernelParam for $ty {
+            type Raw = CUdeviceptr;
+            fn raw_param(&self) -> CUdeviceptr {
+                self.device_ptr()
+            }
+            fn buffer_use(&self) -> Option<BufferUse<'_>> {
+                Some(BufferUse::of(self.as_view(), $use_))
+            }
+        }
+    )*};
 }
-impl<T: DeviceRepr> KernelParam for &mut CudaSlice<T> {
-    type Raw = CUdeviceptr;
-    fn raw_param(&self) -> CUdeviceptr {
-        self.device_ptr()
-    }
-}
-impl<T: DeviceRepr> KernelParam for CudaView<'_, T> {
-    type Raw = CUdeviceptr;
-    fn raw_param(&self) -> CUdeviceptr {
-        self.device_ptr()
-    }
-}
-impl<T: DeviceRepr> KernelParam for &mut CudaViewMut<'_, T> {
-    type Raw = CUdeviceptr;
-    fn raw_param(&self) -> CUdeviceptr {
-        self.device_ptr()
-    }
-}
+slice_params!(
+    &CudaSlice<T> => Use::Read,
+    &mut CudaSlice<T> => Use::Write,
+    CudaView<'_, T> => Use::Read,
+    CudaViewMut<'_, T> => Use::Write,
+    &mut CudaViewMut<'_, T> => Use::Write,
+);
+
+/// The most parameters a launch takes.
+pub const MAX_KERNEL_PARAMS: usize = 8;
 
 /// A tuple of kernel parameters, passed in order.
 pub trait KernelArgs {
     /// Calls `f` with one pointer per parameter, each valid for the duration of the call.
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
+    /// The device memory each parameter hands the kernel (see [`KernelParam::buffer_use`]).
+    fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS];
 }
 
 macro_rules! kernel_args {
@@ -221,12 +253,20 @@ macro_rules! kernel_args {
                 let mut params = [$((&raw mut $name).cast::<c_void>()),*];
                 f(&mut params)
             }
+            fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS] {
+                let mut uses = [None; MAX_KERNEL_PARAMS];
+                $(uses[$idx] = self.$idx.buffer_use();)*
+                uses
+            }
         }
     };
 }
 impl KernelArgs for () {
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
         f(&mut [])
+    }
+    fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS] {
+        [None; MAX_KERNEL_PARAMS]
     }
 }
 kernel_args!(A: 0);
@@ -239,18 +279,31 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
 
 impl CudaStream {
-    /// Launches `function` on this stream.
+    /// Launches `function` on this stream. Device memory passed as slices and views is ordered
+    /// by the crate's rule before the kernel runs and after it (see the `safe` module docs): the
+    /// kernel waits for the last write of what it reads and for every use of what it writes, and
+    /// later users, including the free of a dropped buffer, wait for the kernel. Memory of another
+    /// device must be `cuMemAlloc` memory (pool memory is not peer-mapped); peer access to it is
+    /// enabled first.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] when the function's module is on another device; the driver's error.
+    /// Checked before anything is enqueued: [`Error::WrongDevice`] when the function's module is
+    /// on another device; [`Error::NotPeerReachable`] for pool memory of another device;
+    /// [`Error::PeerAccessUnsupported`]. Else the driver's error.
     ///
     /// # Safety
     /// - `args` matches the kernel's parameter list exactly: count, order and each type's size
     ///   and meaning (a slice passes its device address).
-    /// - The kernel accesses only memory that `args` give it, within their lengths, and every
-    ///   slice it touches is ordered on this stream (owned by it, or joined to it).
+    /// - The kernel accesses only memory that `args` give it, within their lengths, and writes
+    ///   only memory passed as a mutable slice or view. (Device addresses passed as plain integers
+    ///   are not ordered: their ordering is the caller's.)
     #[doc(alias = "cuLaunchKernel")]
-    pub unsafe fn launch<A: KernelArgs>(&self, function: &Function, config: LaunchConfig, args: A) -> Result<()> {
+    pub unsafe fn launch<A: KernelArgs>(
+        self: &Arc<Self>,
+        function: &Function,
+        config: LaunchConfig,
+        args: A,
+    ) -> Result<()> {
         if function.ordinal() != self.ordinal() {
             return Err(Error::WrongDevice {
                 what: "CudaStream::launch: the kernel's module must be on the stream's device",
@@ -258,13 +311,36 @@ impl CudaStream {
                 found: function.ordinal(),
             });
         }
-        let _bound = self.context().bind()?;
-        args.with_params(|params| {
-            // SAFETY: the caller guarantees that params match the kernel; function and stream
-            // are live and of one context (checked above).
-            unsafe {
-                raw::launch_kernel(function.raw, config.grid, config.block, config.shared_mem_bytes, self.raw(), params)
+        let uses = args.buffer_uses();
+        for used in uses.iter().flatten().filter(|used| used.owner.ordinal() != self.ordinal()) {
+            if used.pooled {
+                return Err(Error::NotPeerReachable {
+                    what: "CudaStream::launch",
+                    device: self.ordinal(),
+                    memory_device: used.owner.ordinal(),
+                    address: used.address,
+                });
             }
+            enable_peer_access(self.context(), used.owner.context())?;
+        }
+        ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
+            let _bound = self.context().bind()?;
+            args.with_params(|params| {
+                // SAFETY: the caller guarantees that params match the kernel and that it touches
+                // only the memory they give it; function and stream are live and of one context
+                // (checked above); that memory is reachable from this device (checked above) and
+                // ordered on this stream.
+                unsafe {
+                    raw::launch_kernel(
+                        function.raw,
+                        config.grid,
+                        config.block,
+                        config.shared_mem_bytes,
+                        self.raw(),
+                        params,
+                    )
+                }
+            })
         })
     }
 }

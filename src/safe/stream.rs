@@ -100,6 +100,13 @@ impl CudaStream {
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
 
+    /// Makes later work on this stream wait for the last record of a raw event (of any context).
+    pub(crate) fn wait_raw(&self, event: crate::sys::CUevent) -> Result<()> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: the caller holds the event alive (a PooledEvent or CudaEvent).
+        unsafe { raw::wait_event(self.raw, event) }
+    }
+
     /// Records `event` here; see [`CudaEvent::record`].
     ///
     /// # Errors

@@ -1,0 +1,189 @@
+//! Safe launches of the embedded helper kernels (`kernels/*.cu`): each method checks what the
+//! kernel needs (lengths, alignment, device) and launches it through [`CudaStream::launch`], so
+//! its buffers are ordered by the crate's rule. [`Engine`](crate::Engine) holds one set per device.
+//!
+//! Lifetime: a set holds its modules alive; it belongs to one context. Threading: `Send + Sync`;
+//! launches from several threads are independent.
+
+use std::sync::Arc;
+
+use super::context::Context;
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
+use super::module::{Function, LaunchConfig, Module};
+use super::stream::CudaStream;
+use crate::error::{Error, Result};
+use crate::kernels;
+
+/// The helper kernels of one context.
+#[derive(Debug)]
+pub struct HelperKernels {
+    fill_pattern: Function,
+    fill_u32: Function,
+    checksum: Function,
+    spin: Function,
+    copy_bytes: Function,
+    trap: Function,
+    max_blocks: u32,
+}
+
+/// The toy residual model's layer kernel of one context (tests and examples split this model
+/// over stages).
+#[derive(Debug)]
+pub struct ToyModel {
+    layer: Function,
+    max_blocks: u32,
+}
+
+const ONE_THREAD: LaunchConfig = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+
+fn check_device(what: &'static str, stream: &CudaStream, owner: &CudaStream) -> Result<()> {
+    if owner.ordinal() == stream.ordinal() {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what, expected: stream.ordinal(), found: owner.ordinal() })
+    }
+}
+
+impl HelperKernels {
+    /// Loads the helper module into `ctx`. `max_blocks` caps the grid of grid-stride kernels.
+    ///
+    /// # Errors
+    /// The module load's error (a driver older than the toolkit that built the PTX cannot load
+    /// it: [`DriverError::is_unrunnable_code`](crate::DriverError::is_unrunnable_code)).
+    pub fn load(ctx: &Arc<Context>, max_blocks: u32) -> Result<HelperKernels> {
+        let module = Module::load_ptx(ctx, "helpers", kernels::HELPERS_PTX)?;
+        Ok(HelperKernels {
+            fill_pattern: module.function("ppnrt_fill_pattern_u32")?,
+            fill_u32: module.function("ppnrt_fill_u32")?,
+            checksum: module.function("ppnrt_checksum_u32")?,
+            spin: module.function("ppnrt_spin_ns")?,
+            copy_bytes: module.function("ppnrt_copy_bytes")?,
+            trap: module.function("ppnrt_trap")?,
+            max_blocks,
+        })
+    }
+
+    /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`, on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    pub fn fill_pattern(&self, stream: &Arc<CudaStream>, dst: &mut impl DeviceSliceMut<u32>, seed: u32) -> Result<()> {
+        check_device("fill_pattern", stream, dst.stream())?;
+        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks);
+        let len = dst.len() as u64;
+        // SAFETY: ppnrt_fill_pattern_u32(uint32_t* dst, uint64_t n, uint32_t seed) writes dst[i]
+        // for i < n = dst's length, and nothing else.
+        unsafe { stream.launch(&self.fill_pattern, config, (dst.as_view_mut(), len, seed)) }
+    }
+
+    /// Sets every element of `dst` to `value`, on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    pub fn fill_u32(&self, stream: &Arc<CudaStream>, dst: &mut impl DeviceSliceMut<u32>, value: u32) -> Result<()> {
+        check_device("fill_u32", stream, dst.stream())?;
+        let config = LaunchConfig::for_elements(dst.len(), self.max_blocks);
+        let len = dst.len() as u64;
+        // SAFETY: ppnrt_fill_u32(uint32_t* dst, uint64_t n, uint32_t value) writes dst[i] for
+        // i < n = dst's length, and nothing else.
+        unsafe { stream.launch(&self.fill_u32, config, (dst.as_view_mut(), len, value)) }
+    }
+
+    /// Adds the [`kernels::checksum`](crate::kernels::checksum) of `src` into `out[0]`, on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `out` has one element; [`Error::WrongDevice`] for memory
+    /// of another device than `stream`'s; the driver's error.
+    pub fn checksum_into(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &impl DeviceSlice<u32>,
+        out: &mut impl DeviceSliceMut<u64>,
+    ) -> Result<()> {
+        if out.len() != 1 {
+            return Err(Error::LengthMismatch { what: "checksum_into: out", expected: 1, found: out.len() });
+        }
+        check_device("checksum_into", stream, src.stream())?;
+        check_device("checksum_into", stream, out.stream())?;
+        let config = LaunchConfig::for_elements(src.len(), self.max_blocks);
+        let len = src.len() as u64;
+        // SAFETY: ppnrt_checksum_u32(const uint32_t* src, uint64_t n, unsigned long long* out)
+        // reads src[i] for i < n = src's length and adds into out[0] (out has one element).
+        unsafe { stream.launch(&self.checksum, config, (src.as_view(), len, out.as_view_mut())) }
+    }
+
+    /// Enqueues a kernel that keeps `stream` busy for `ns` nanoseconds (hazard tests widen race
+    /// windows with it).
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn spin(&self, stream: &Arc<CudaStream>, ns: u64) -> Result<()> {
+        // SAFETY: ppnrt_spin_ns(uint64_t ns) touches no memory.
+        unsafe { stream.launch(&self.spin, ONE_THREAD, (ns,)) }
+    }
+
+    /// Copies `src` into `dst` with the SMs of `stream`'s device. Memory of another device must be
+    /// `cuMemAlloc` memory (peer access is enabled by the launch).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] unless both
+    /// addresses are 16-byte aligned; as [`CudaStream::launch`].
+    pub fn copy_bytes(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>, dst: CudaViewMut<'_, u8>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
+        }
+        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
+            return Err(Error::Misaligned { what: "copy_bytes", address, align: 16 });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes = src.len();
+        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks);
+        // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t tail)
+        // copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths, checked), both
+        // 16-byte aligned (checked).
+        unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) }
+    }
+
+    /// Launches a kernel that traps: the context becomes unusable and later calls on it return
+    /// [`Error::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn trap(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        // SAFETY: ppnrt_trap() takes no parameters and touches no memory.
+        unsafe { stream.launch(&self.trap, ONE_THREAD, ()) }
+    }
+}
+
+impl ToyModel {
+    /// Loads the toy model's module into `ctx`.
+    ///
+    /// # Errors
+    /// The module load's error.
+    pub fn load(ctx: &Arc<Context>, max_blocks: u32) -> Result<ToyModel> {
+        let layer = Module::load_ptx(ctx, "toy_model", kernels::TOY_MODEL_PTX)?.function("ppnrt_toy_layer_f32")?;
+        Ok(ToyModel { layer, max_blocks })
+    }
+
+    /// Applies layer `layer` at decode step `step` to `x`, in place, on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    pub fn layer(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut impl DeviceSliceMut<f32>,
+        step: u32,
+        layer: u32,
+    ) -> Result<()> {
+        check_device("toy_layer", stream, x.stream())?;
+        let config = LaunchConfig::for_elements(x.len(), self.max_blocks);
+        let len = x.len() as u64;
+        // SAFETY: ppnrt_toy_layer_f32(float* x, uint64_t n, uint32_t step, uint32_t layer)
+        // updates x[i] in place for i < n = x's length, and nothing else.
+        unsafe { stream.launch(&self.layer, config, (x.as_view_mut(), len, step, layer)) }
+    }
+}

@@ -1,0 +1,221 @@
+//! The ordering rule, in one place: every copy, memset and kernel launch orders the buffers it
+//! touches itself.
+//!
+//! Each buffer (device slice or pinned host buffer) carries an [`Access`]: the stream of its last
+//! write and the streams that read it since, each as a *mark*. Before an operation on stream `S`:
+//!
+//! - a read waits for the last write, a write waits for the last write and every read since;
+//! - a mark on `S` itself needs nothing (stream order); a mark on another stream is waited on
+//!   through an event recorded after that use (`cuStreamWaitEvent`, which works across devices).
+//!
+//! After the operation is enqueued, `S` becomes the buffer's last writer, or one of its readers.
+//! Freeing orders the owning stream after every mark the same way (or, for `cuMemFree` and pinned
+//! memory, waits on the host).
+//!
+//! Events come from a per-context pool and are recorded only when needed: a mark gets its event
+//! when another stream first has to wait on it (recorded then, at the end of the marked stream,
+//! which is after the use), unless the buffer is *eager*, whose every use records its event at
+//! once (the pipeline's slot buffers: the event then sits right after the copy, not behind later
+//! work of the stream). So work that stays on one stream costs no driver call at all, and no
+//! stream is ever queried. The rule is host-side bookkeeping plus event records and waits, which
+//! are also what a stream capture turns into graph dependencies.
+//!
+//! Threading: the bookkeeping is behind a mutex per buffer. A write needs `&mut` of the buffer, so
+//! no read can race with it from safe code; concurrent reads from several threads are recorded
+//! each under the lock.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::context::Context;
+use super::stream::CudaStream;
+use crate::error::Result;
+use crate::result::event as raw_event;
+use crate::sys::CUevent;
+
+/// How an operation uses a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Use {
+    /// Reads it: waits for the last write.
+    Read,
+    /// Writes it: waits for the last write and every read since.
+    Write,
+}
+
+/// An event of a context's pool; returned to the pool when dropped.
+#[derive(Debug)]
+pub(crate) struct PooledEvent {
+    ctx: Arc<Context>,
+    raw: CUevent,
+}
+
+// SAFETY: a CUevent may be recorded, waited on and destroyed from any thread.
+unsafe impl Send for PooledEvent {}
+// SAFETY: as above; the handle is only passed to thread-safe driver calls.
+unsafe impl Sync for PooledEvent {}
+
+impl PooledEvent {
+    /// An event of `ctx` (timing disabled), from its pool or new.
+    pub(crate) fn take(ctx: &Arc<Context>) -> Result<PooledEvent> {
+        if let Some(raw) = ctx.pooled_events().pop() {
+            return Ok(PooledEvent { ctx: Arc::clone(ctx), raw });
+        }
+        let _bound = ctx.bind()?;
+        let raw = raw_event::create(false)?;
+        Ok(PooledEvent { ctx: Arc::clone(ctx), raw })
+    }
+
+    /// Records the event at the current end of `stream` (a stream of the event's context).
+    pub(crate) fn record(&self, stream: &CudaStream) -> Result<()> {
+        debug_assert!(Arc::ptr_eq(stream.context(), &self.ctx), "pooled events are recorded in their own context");
+        let _bound = self.ctx.bind()?;
+        // SAFETY: both handles are live and of the same context.
+        unsafe { raw_event::record(self.raw, stream.raw()) }
+    }
+
+    /// Blocks until the last record completed.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: the event is live.
+        unsafe { raw_event::synchronize(self.raw) }
+    }
+
+    pub(crate) fn raw(&self) -> CUevent {
+        self.raw
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        // A pending record or wait on the event is unaffected when it is recorded again later.
+        self.ctx.pooled_events().push(self.raw);
+    }
+}
+
+/// One use of a buffer: the stream it was enqueued on, and an event recorded after it (made when
+/// first needed).
+#[derive(Debug)]
+struct Mark {
+    stream: Arc<CudaStream>,
+    event: Option<PooledEvent>,
+}
+
+impl Mark {
+    fn on(stream: &CudaStream) -> impl Fn(&&mut Mark) -> bool + '_ {
+        move |mark| same_stream(&mark.stream, stream)
+    }
+
+    /// The mark's event, recorded now at the end of its stream if it has none yet.
+    fn event(&mut self) -> Result<&PooledEvent> {
+        if self.event.is_none() {
+            let event = PooledEvent::take(self.stream.context())?;
+            event.record(&self.stream)?;
+            self.event = Some(event);
+        }
+        Ok(self.event.as_ref().expect("set above"))
+    }
+}
+
+fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.raw() == b.raw() && Arc::ptr_eq(a.context(), b.context())
+}
+
+#[derive(Debug, Default)]
+struct State {
+    write: Option<Mark>,
+    reads: Vec<Mark>,
+}
+
+/// The ordering state of one buffer. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Access {
+    state: Mutex<State>,
+    eager: bool,
+}
+
+impl Access {
+    /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
+    /// with no pending use (`None`).
+    pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
+        let write = owner.map(|stream| Mark { stream: Arc::clone(stream), event: None });
+        Access { state: Mutex::new(State { write, reads: Vec::new() }), eager }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Makes `stream` wait for the uses that `use_` conflicts with: the last write, and for a
+    /// write every read since. Uses on `stream` itself need nothing.
+    pub(crate) fn order(&self, stream: &CudaStream, use_: Use) -> Result<()> {
+        let mut state = self.lock();
+        let State { write, reads } = &mut *state;
+        let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
+        for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
+            stream.wait_raw(mark.event()?.raw())?;
+        }
+        Ok(())
+    }
+
+    /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager
+    /// buffer this records the use's event now (the only call here that can fail; the caller
+    /// then waits for `stream`, see [`CudaStream::settle`]).
+    pub(crate) fn note(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+        let event = if self.eager {
+            let event = PooledEvent::take(stream.context())?;
+            event.record(stream)?;
+            Some(event)
+        } else {
+            None
+        };
+        let mut state = self.lock();
+        match use_ {
+            Use::Write => {
+                // Everything before was waited for by `order`.
+                state.reads.clear();
+                state.write = Some(Mark { stream: Arc::clone(stream), event });
+            }
+            Use::Read => {
+                let State { write, reads } = &mut *state;
+                if let Some(mark) = write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+                    // A later writer waits for the write's mark, which must now come after this
+                    // read too.
+                    mark.event = event;
+                } else if let Some(mark) = reads.iter_mut().find(Mark::on(stream)) {
+                    mark.event = event;
+                } else {
+                    reads.push(Mark { stream: Arc::clone(stream), event });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the record of the reads since the last write, so that the next write does not wait
+    /// for them. Only for deliberately broken protocols in hazard tests
+    /// ([`ProtocolFault`](crate::pp::ProtocolFault)).
+    pub(crate) fn forget_reads(&self) {
+        self.lock().reads.clear();
+    }
+
+    /// Drops the record of the last write, so that the next read does not wait for it. Only for
+    /// deliberately broken protocols in hazard tests.
+    pub(crate) fn forget_write(&self) {
+        self.lock().write = None;
+    }
+
+    /// Blocks the host until every use that `use_` conflicts with has completed (before the host
+    /// reads, writes or frees the buffer).
+    pub(crate) fn wait_on_host(&self, use_: Use) -> Result<()> {
+        let mut state = self.lock();
+        let State { write, reads } = &mut *state;
+        for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
+            mark.event()?.synchronize()?;
+        }
+        if use_ == Use::Write {
+            state.write = None;
+            state.reads.clear();
+        }
+        Ok(())
+    }
+}
