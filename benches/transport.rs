@@ -707,10 +707,43 @@ fn aggregate(gpus: &Gpus, report: &mut String) {
     let _ = writeln!(report, "{line}");
 }
 
+/// Device time of `iters` back-to-back copies of `bytes` from device `a` to `b`, the crate's safe
+/// `memcpy_dtod` and the raw `cuMemcpyAsync` interleaved: (crate, raw) medians of `reps`, seconds.
+fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> (f64, f64) {
+    let (ea, eb) = (&gpus.engines[a], &gpus.engines[b]);
+    let stream = ea.default_stream().clone();
+    let events = (CudaEvent::new(ea.context(), true).unwrap(), CudaEvent::new(ea.context(), true).unwrap());
+    let src = filled(ea, bytes, 5);
+    let mut dst = filled(eb, bytes, 6);
+    let (s, d) = (src.device_ptr(), dst.device_ptr());
+    let iters = (256 * MIB / bytes).clamp(1, 200) as u64;
+    let (mut crate_times, mut raw_times) = (Vec::new(), Vec::new());
+    for rep in 0..reps + 2 {
+        let c = device_time(&stream, &events, iters, || stream.memcpy_dtod(&src, &mut dst).unwrap());
+        let r = device_time(&stream, &events, iters, || raw!(cuMemcpyAsync(d, s, bytes, stream.raw())));
+        if rep >= 2 {
+            crate_times.push(c.as_secs_f64());
+            raw_times.push(r.as_secs_f64());
+        }
+    }
+    eb.synchronize().unwrap();
+    (median(&mut crate_times), median(&mut raw_times))
+}
+
 fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
     let find = |figure: &str| rows.iter().find(|r| r.figure == figure);
     let mut checks: Vec<(String, String, bool)> = Vec::new();
     if gpus.peers {
+        for (a, b) in [(0, 1), (1, 0)] {
+            for bytes in COPY_SIZES {
+                let (c, r) = back_to_back(gpus, a, b, bytes, 7);
+                checks.push((
+                    format!("safe copy {a}->{b} {} back to back ≥ 0.95× raw", label(bytes)),
+                    format!("{:.2} vs raw {:.2} µs per copy ({:.3}×)", c * 1e6, r * 1e6, r / c),
+                    r / c >= 0.95,
+                ));
+            }
+        }
         for (a, b) in [(0, 1), (1, 0)] {
             for bytes in [128 * MIB, 1024 * MIB] {
                 let (c, r) = peer_bandwidth(gpus, a, b, bytes, 9);
@@ -728,6 +761,16 @@ fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
                 format!("{:.2} µs vs raw {:.2} µs ({ratio:.3}×)", row.crate_value, row.raw_value),
                 ratio <= 1.15 && row.crate_value <= 6.0,
             ));
+        }
+        for figure in ["peer 32KiB: host tx+rx", "peer 32KiB: pipelined step", "local 32KiB: host tx+rx"] {
+            if let Some(row) = find(figure) {
+                let ratio = row.crate_value / row.raw_value;
+                checks.push((
+                    format!("{figure} ≤ 1.03× the raw loop"),
+                    format!("{:.2} µs vs raw {:.2} µs ({ratio:.3}×)", row.crate_value, row.raw_value),
+                    ratio <= 1.03,
+                ));
+            }
         }
         if let Some(row) = find("peer 32KiB: pipelined step") {
             checks.push((
