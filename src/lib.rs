@@ -5,7 +5,9 @@
 //! activations between the stages of a model split over one or more GPUs.
 //!
 //! # Layers
-//! Each layer calls only the one below it.
+//! Each layer calls only the layers below it. `engine` and `pp` hold no raw device pointer and no
+//! `unsafe`: the crate root denies `unsafe_code`, and only `sys`, `result`, `safe` and `loader`
+//! opt in (a test, `engine_and_pp_use_no_raw_pointers_and_no_unsafe`, keeps it so).
 //!
 //! | layer | module | what it is |
 //! | --- | --- | --- |

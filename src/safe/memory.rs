@@ -599,14 +599,16 @@ impl CudaStream {
         self.synchronize()
     }
 
-    /// Copies `src` into `dst` on this stream; the two may be on different devices (a unified-
-    /// address `cuMemcpyAsync`: with peer access the copy engines move it over NVLink or PCIe,
-    /// without, the driver stages it; unlike `cuMemcpyPeerAsync` it can be captured into a CUDA
-    /// graph).
+    /// Copies `src` into `dst` on this stream; the two may be on different devices. A
+    /// unified-address `cuMemcpyAsync` (with peer access the copy engines move it over NVLink or
+    /// PCIe; it can be captured into a CUDA graph) unless a side is pool memory of another device
+    /// than the stream's, which the stream's copy engine cannot reach: then `cuMemcpyPeerAsync`,
+    /// which the driver stages.
     ///
     /// # Errors
     /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
     #[doc(alias = "cuMemcpyAsync")]
+    #[doc(alias = "cuMemcpyPeerAsync")]
     pub fn memcpy_dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
         self: &Arc<Self>,
         src: &S,
@@ -617,11 +619,30 @@ impl CudaStream {
             return Ok(());
         }
         let (from, to) = (src.as_view(), dst.as_view());
+        // The stream's copy engine reaches pool memory of its own device only: pool memory of
+        // another device goes through cuMemcpyPeerAsync, which the driver stages.
+        let foreign_pool = |view: &CudaView<'_, T>| view.is_pooled() && view.ordinal() != self.ordinal();
+        let peer_call = foreign_pool(&from) || foreign_pool(&to);
         ordered(self, [(from.access(), Use::Read), (to.access(), Use::Write)], || {
             let _bound = self.context().bind()?;
-            // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered on
-            // this stream.
-            unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+            if peer_call {
+                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
+                // on this stream; the contexts are the ranges' live primary contexts.
+                unsafe {
+                    raw::memcpy_peer_async(
+                        to.device_ptr(),
+                        to.owner().context().raw(),
+                        from.device_ptr(),
+                        from.owner().context().raw(),
+                        from.byte_len(),
+                        self.raw(),
+                    )
+                }
+            } else {
+                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
+                // on this stream.
+                unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+            }
         })
     }
 

@@ -6,6 +6,14 @@
 //! underlying object usable from any thread; each call binds the context it needs on the calling
 //! thread first and never relies on what another call left current. Drops never panic; failures
 //! in `Drop` are kept for [`take_drop_errors`].
+//!
+//! Ordering: every copy, memset and kernel launch orders the device and pinned buffers it touches
+//! itself — a read waits for the buffer's last write, a write for the last write and the reads
+//! since, a free for every use — through events from a per-context pool, recorded and waited on
+//! only when work crosses streams (the `ordering` module). So a buffer produced on one stream
+//! can be consumed, overwritten or dropped on any other with no join in user code. Kernel
+//! parameters that are slices and views are ordered the same way; only the kernel's indexing
+//! stays the caller's `unsafe` promise.
 
 mod ambient;
 mod context;

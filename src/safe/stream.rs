@@ -116,8 +116,9 @@ impl CudaStream {
     }
 
     /// Orders this stream after all work enqueued so far on `other`: a no-op when `other` is this
-    /// stream or has nothing pending (all its work is then already complete), else a wait on a
-    /// fresh event of `other`'s context.
+    /// stream, else a wait on an event (from `other`'s context's pool) recorded on `other` now. No
+    /// query: usable while a stream is captured into a graph. Buffers need no join (copies and
+    /// launches order them, see the `safe` module docs); this is for work the crate cannot see.
     ///
     /// # Errors
     /// The driver's error.
@@ -125,12 +126,9 @@ impl CudaStream {
         if self.raw == other.raw && Arc::ptr_eq(&self.ctx, &other.ctx) {
             return Ok(());
         }
-        if other.is_idle()? {
-            return Ok(());
-        }
-        let event = CudaEvent::new(other.context(), false)?;
+        let event = super::ordering::PooledEvent::take(other.context())?;
         event.record(other)?;
-        self.wait(&event)
+        self.wait_raw(event.raw())
     }
 }
 

@@ -881,9 +881,18 @@ static CUresult enqueue_copy(const char* who, CUdeviceptr dst, CUdeviceptr src, 
     return s->ctx->dead ? s->ctx->dead : OK;
 }
 
+/* Pool memory of another device than the stream's: its copy engine cannot reach it (the driver
+ * refuses a unified-address copy; cuMemcpyPeerAsync stages it). */
+static int foreign_pool_memory(void* stream, CUdeviceptr p) {
+    Stream* s = stream_of(stream);
+    Alloc* a = find_alloc((uintptr_t)p, 1, 0);
+    return s && a && a->kind == MEM_DEVICE && a->pooled && a->device != s->ctx->device;
+}
+
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyAsync");
     NEED_LIVE_CTX();
+    if (foreign_pool_memory(stream, dst) || foreign_pool_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyAsync", dst, src, bytes, stream, 0, 0));
 }
 
