@@ -727,7 +727,7 @@ fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> (
         }
     }
     eb.synchronize().unwrap();
-    (median(&mut crate_times), median(&mut raw_times))
+    (median(&mut crate_times) / iters as f64, median(&mut raw_times) / iters as f64)
 }
 
 fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {

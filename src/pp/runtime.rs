@@ -337,6 +337,8 @@ impl PpNRt {
             grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
         }
         let tx = &boundary.tx_stream;
+        // One binding for the whole call (the copy and its event record find it current).
+        let _bound = tx.context().bind()?;
         let src = x.as_view().slice(..n)?.into_bytes();
         match &mut slot.buffer {
             SlotBuffer::Device(buffer) => {
@@ -406,6 +408,7 @@ impl PpNRt {
         }
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
+        let _bound = rx.context().bind()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
         match &slot.buffer {

@@ -534,6 +534,9 @@ pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl
 where
     I: IntoIterator<Item = (&'b Access, Use)> + Clone,
 {
+    // One binding for the whole operation: the waits, the work and the event records below find
+    // the context current and only check it.
+    let _bound = stream.context().bind()?;
     for (access, use_) in uses.clone() {
         access.order(stream, use_)?;
     }
