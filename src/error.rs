@@ -174,6 +174,8 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+pub use crate::pp::PpError;
+
 /// Everything that can go wrong in this crate.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -321,76 +323,10 @@ pub enum Error {
         /// Why the build failed.
         source: Box<Error>,
     },
-    /// A stage index past the pipeline's stages.
-    #[error("stage {stage} is out of range: the pipeline has {n_stages} stage(s)")]
-    StageOutOfRange {
-        /// The stage asked for.
-        stage: usize,
-        /// The pipeline's stage count.
-        n_stages: usize,
-    },
-    /// A boundary index past the pipeline's boundaries.
-    #[error("boundary {boundary} is out of range: the pipeline has {n_boundaries} boundary(ies)")]
-    BoundaryOutOfRange {
-        /// The boundary asked for.
-        boundary: usize,
-        /// The pipeline's boundary count (stages - 1).
-        n_boundaries: usize,
-    },
-    /// A slot index past the boundary's ring.
-    #[error("boundary {boundary}: slot {slot} is out of range, the ring has {n_slots} slot(s)")]
-    SlotOutOfRange {
-        /// The boundary.
-        boundary: usize,
-        /// The slot asked for.
-        slot: usize,
-        /// The ring's size.
-        n_slots: usize,
-    },
-    /// A transfer of zero elements.
-    #[error("boundary {boundary}: n must be at least 1")]
-    ZeroLength {
-        /// The boundary.
-        boundary: usize,
-    },
-    /// A slot is not in the state the call needs; nothing was enqueued or overwritten.
-    #[error("boundary {boundary}, slot {slot}: {call} needs a {needed} slot, but it is {found}")]
-    SlotState {
-        /// The boundary.
-        boundary: usize,
-        /// The slot.
-        slot: usize,
-        /// `tx` or `rx`.
-        call: &'static str,
-        /// The state the call needs.
-        needed: &'static str,
-        /// The slot's state.
-        found: String,
-    },
-    /// `rx` asked for another length than the slot's `tx` sent.
-    #[error("boundary {boundary}, slot {slot}: rx of {requested} element(s), but tx sent {sent}")]
-    RxLengthMismatch {
-        /// The boundary.
-        boundary: usize,
-        /// The slot.
-        slot: usize,
-        /// The length passed to `rx`.
-        requested: usize,
-        /// The length `tx` sent.
-        sent: usize,
-    },
-    /// `rx` asked for another element type than the slot's `tx` sent.
-    #[error("boundary {boundary}, slot {slot}: rx as {requested}, but tx sent {sent}")]
-    RxTypeMismatch {
-        /// The boundary.
-        boundary: usize,
-        /// The slot.
-        slot: usize,
-        /// The element type passed to `rx`.
-        requested: &'static str,
-        /// The element type `tx` sent.
-        sent: &'static str,
-    },
+    /// Misuse of the pipeline runtime (a stage, boundary or slot out of range, a slot in the
+    /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
+    #[error(transparent)]
+    Pipeline(#[from] PpError),
 }
 
 /// A pipeline configuration that cannot be built; names the setting, the value and the reason.

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc;
 
 use common::{Rng, devices_or_skip, say};
+use ppnrt::PpError;
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{Engine, Error, PpConfig, PpNRt, TransportPolicy, kernels};
 
@@ -195,7 +196,7 @@ fn two_threads_drive_their_own_stages_of_one_runtime() {
             let slot = loop {
                 match rt.tx(0, &x, N) {
                     Ok(slot) => break slot,
-                    Err(Error::SlotState { .. }) => {
+                    Err(Error::Pipeline(PpError::SlotState { .. })) => {
                         refused += 1;
                         std::thread::yield_now();
                     }

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{CudaSlice, Engine, Error, PpConfig, PpNRt, Transport, TransportPolicy, kernels};
+use ppnrt::{PpError, SlotState};
 
 const TOTAL_LAYERS: u32 = 12;
 
@@ -171,8 +172,11 @@ fn engine_and_enter_follow_the_stage_map() {
         let _scope = rt.enter(s).unwrap();
         assert!(std::sync::Arc::ptr_eq(&engine.stream().unwrap(), rt.stage_stream(s).unwrap()));
     }
-    assert_eq!(rt.enter(3).unwrap_err(), Error::StageOutOfRange { stage: 3, n_stages: 3 });
-    assert_eq!(rt.engine(9, &primary).unwrap_err(), Error::StageOutOfRange { stage: 9, n_stages: 3 });
+    assert_eq!(rt.enter(3).unwrap_err(), Error::Pipeline(PpError::StageOutOfRange { stage: 3, n_stages: 3 }));
+    assert_eq!(
+        rt.engine(9, &primary).unwrap_err(),
+        Error::Pipeline(PpError::StageOutOfRange { stage: 9, n_stages: 3 })
+    );
     // record_done / readback_stream live on the last stage's device.
     let done = rt.record_done().unwrap();
     assert_eq!(done.ordinal(), *map.last().unwrap());
@@ -207,19 +211,29 @@ fn misuse_is_a_typed_error_and_overwrites_nothing() {
     let x = payload(&rt, &primary, 1, 1000);
 
     // Out-of-range boundary, zero n, n larger than x.
-    assert_eq!(rt.tx(1, &x, 10).unwrap_err(), Error::BoundaryOutOfRange { boundary: 1, n_boundaries: 1 });
-    assert_eq!(rt.tx(0, &x, 0).unwrap_err(), Error::ZeroLength { boundary: 0 });
+    assert_eq!(
+        rt.tx(1, &x, 10).unwrap_err(),
+        Error::Pipeline(PpError::BoundaryOutOfRange { boundary: 1, n_boundaries: 1 })
+    );
+    assert_eq!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
     assert_eq!(
         rt.tx(0, &x, 1001).unwrap_err(),
         Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: 1001, len: 1000 }
     );
-    assert_eq!(rt.rx::<u32>(5, 0, 10).unwrap_err(), Error::BoundaryOutOfRange { boundary: 5, n_boundaries: 1 });
-    // rx of a slot never filled, out of range, n = 0.
-    assert!(
-        matches!(rt.rx::<u32>(0, 0, 1000), Err(Error::SlotState { call: "rx", ref found, .. }) if found.contains("never filled"))
+    assert_eq!(
+        rt.rx::<u32>(5, 0, 10).unwrap_err(),
+        Error::Pipeline(PpError::BoundaryOutOfRange { boundary: 5, n_boundaries: 1 })
     );
-    assert_eq!(rt.rx::<u32>(0, 1, 1000).unwrap_err(), Error::SlotOutOfRange { boundary: 0, slot: 1, n_slots: 1 });
-    assert_eq!(rt.rx::<u32>(0, 0, 0).unwrap_err(), Error::ZeroLength { boundary: 0 });
+    // rx of a slot never filled, out of range, n = 0.
+    assert!(matches!(
+        rt.rx::<u32>(0, 0, 1000),
+        Err(Error::Pipeline(PpError::SlotState { call: "rx", found: SlotState::NeverFilled, .. }))
+    ));
+    assert_eq!(
+        rt.rx::<u32>(0, 1, 1000).unwrap_err(),
+        Error::Pipeline(PpError::SlotOutOfRange { boundary: 0, slot: 1, n_slots: 1 })
+    );
+    assert_eq!(rt.rx::<u32>(0, 0, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
 
     // A good tx, then a second tx onto the (only) slot before it was received: refused, and the
     // first payload is intact.
@@ -228,17 +242,25 @@ fn misuse_is_a_typed_error_and_overwrites_nothing() {
     let other = payload(&rt, &primary, 2, 1000);
     let err = rt.tx(0, &other, 1000).unwrap_err();
     assert!(
-        matches!(err, Error::SlotState { call: "tx", slot: 0, ref found, .. } if found.contains("not yet received")),
+        matches!(
+            err,
+            Error::Pipeline(PpError::SlotState {
+                call: "tx",
+                slot: 0,
+                found: SlotState::Filled { n: 1000, elem: "u32" },
+                ..
+            })
+        ),
         "{err}"
     );
     // rx with another n or another type: refused, data kept.
     assert_eq!(
         rt.rx::<u32>(0, 0, 999).unwrap_err(),
-        Error::RxLengthMismatch { boundary: 0, slot: 0, requested: 999, sent: 1000 }
+        Error::Pipeline(PpError::RxLengthMismatch { boundary: 0, slot: 0, requested: 999, sent: 1000 })
     );
     assert_eq!(
         rt.rx::<f32>(0, 0, 1000).unwrap_err(),
-        Error::RxTypeMismatch { boundary: 0, slot: 0, requested: "f32", sent: "u32" }
+        Error::Pipeline(PpError::RxTypeMismatch { boundary: 0, slot: 0, requested: "f32", sent: "u32" })
     );
     let y = {
         let _scope = rt.enter(1).unwrap();
@@ -246,9 +268,10 @@ fn misuse_is_a_typed_error_and_overwrites_nothing() {
     };
     assert!(received_is(&rt, &primary, &y, 1), "the refused calls changed the slot");
     // Already received.
-    assert!(
-        matches!(rt.rx::<u32>(0, 0, 1000), Err(Error::SlotState { ref found, .. }) if found.contains("already received"))
-    );
+    assert!(matches!(
+        rt.rx::<u32>(0, 0, 1000),
+        Err(Error::Pipeline(PpError::SlotState { found: SlotState::Received, .. }))
+    ));
     // The runtime is still usable: the refused payload goes through now.
     let slot = rt.tx(0, &other, 1000).unwrap();
     let y2 = rt.rx::<u32>(0, slot, 1000).unwrap();
@@ -273,7 +296,7 @@ fn x_on_another_device_is_refused() {
     let x = Engine::new(1).unwrap().htod(&[POISON; 64]).unwrap();
     assert!(matches!(rt.tx(0, &x, 64), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
     // Nothing was filled: rx still says never filled.
-    assert!(matches!(rt.rx::<u32>(0, 0, 64), Err(Error::SlotState { .. })));
+    assert!(matches!(rt.rx::<u32>(0, 0, 64), Err(Error::Pipeline(PpError::SlotState { .. }))));
 }
 
 #[test]

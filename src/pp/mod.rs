@@ -21,16 +21,18 @@
 //!
 //! Every fallible call returns the crate's typed [`Error`](crate::Error), which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
-//! fallible too: a stage index out of range is [`Error::StageOutOfRange`](crate::Error), never a
+//! fallible too: a stage index out of range is [`PpError::StageOutOfRange`](crate::Error), never a
 //! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `bf16`,
 //! `f16`, integers, or a type of yours); `rx` checks that it asks for the type and length `tx` sent.
 
 mod config;
+mod error;
 mod plan;
 mod runtime;
 
 pub use config::{
     DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
+pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use runtime::{PpNRt, SM_COPY_MAX_BYTES};

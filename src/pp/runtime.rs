@@ -5,9 +5,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::config::{DEVICES_VAR, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
+use super::error::{PpError, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
+use crate::safe::ordering::Access;
 use crate::safe::{
     CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
     StreamOverride, enable_peer_access, record_drop_error,
@@ -53,29 +55,6 @@ struct Slot {
     buffer: SlotBuffer,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotState {
-    NeverFilled,
-    Filled {
-        n: usize,
-        elem: &'static str,
-    },
-    Received,
-    /// Filled, then given up by [`PpNRt::discard_unreceived`].
-    Discarded,
-}
-
-impl fmt::Display for SlotState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SlotState::NeverFilled => f.write_str("free (never filled)"),
-            SlotState::Filled { n, elem } => write!(f, "filled ({n} {elem} sent, not yet received)"),
-            SlotState::Received => f.write_str("free (already received)"),
-            SlotState::Discarded => f.write_str("free (discarded unreceived)"),
-        }
-    }
-}
-
 enum SlotBuffer {
     Empty,
     /// Persistent (`cuMemAlloc`) memory on the RX device, owned by the RX stream.
@@ -85,6 +64,15 @@ enum SlotBuffer {
 }
 
 impl SlotBuffer {
+    /// The buffer's ordering state (the protocol's events live there).
+    fn access(&self) -> &Access {
+        match self {
+            SlotBuffer::Empty => unreachable!("only a slot with a buffer is copied to or from"),
+            SlotBuffer::Device(buffer) => buffer.access(),
+            SlotBuffer::Host(buffer) => buffer.access(),
+        }
+    }
+
     fn capacity(&self) -> usize {
         match self {
             SlotBuffer::Empty => 0,
@@ -231,7 +219,7 @@ impl PpNRt {
     /// cannot; the boundary then keeps every copy on the copy engines).
     ///
     /// # Errors
-    /// [`Error::BoundaryOutOfRange`].
+    /// [`PpError::BoundaryOutOfRange`].
     pub fn sm_copies(&self, b: usize) -> Result<bool> {
         Ok(self.boundary(b)?.sm_copies)
     }
@@ -242,17 +230,19 @@ impl PpNRt {
     }
 
     fn stage(&self, s: usize) -> Result<&Stage> {
-        self.stages.get(s).ok_or(Error::StageOutOfRange { stage: s, n_stages: self.stages.len() })
+        self.stages.get(s).ok_or(Error::Pipeline(PpError::StageOutOfRange { stage: s, n_stages: self.stages.len() }))
     }
 
     fn boundary(&self, b: usize) -> Result<&Boundary> {
-        self.boundaries.get(b).ok_or(Error::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() })
+        self.boundaries
+            .get(b)
+            .ok_or(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))
     }
 
     /// The device of stage `s`.
     ///
     /// # Errors
-    /// [`Error::StageOutOfRange`].
+    /// [`PpError::StageOutOfRange`].
     pub fn stage_device(&self, s: usize) -> Result<i32> {
         Ok(self.stage(s)?.engine.ordinal())
     }
@@ -260,7 +250,7 @@ impl PpNRt {
     /// The stream of stage `s`: everything of the stage runs there.
     ///
     /// # Errors
-    /// [`Error::StageOutOfRange`].
+    /// [`PpError::StageOutOfRange`].
     pub fn stage_stream(&self, s: usize) -> Result<&Arc<CudaStream>> {
         Ok(&self.stage(s)?.stream)
     }
@@ -269,7 +259,7 @@ impl PpNRt {
     /// primary's device, else the stage's own engine.
     ///
     /// # Errors
-    /// [`Error::StageOutOfRange`].
+    /// [`PpError::StageOutOfRange`].
     pub fn engine<'a>(&'a self, s: usize, primary: &'a Engine) -> Result<&'a Engine> {
         let stage = self.stage(s)?;
         Ok(if stage.engine.ordinal() == primary.ordinal() { primary } else { &stage.engine })
@@ -279,7 +269,7 @@ impl PpNRt {
     /// stage's stream.
     ///
     /// # Errors
-    /// [`Error::StageOutOfRange`].
+    /// [`PpError::StageOutOfRange`].
     pub fn enter(&self, s: usize) -> Result<StreamOverride> {
         StreamOverride::new(Arc::clone(&self.stage(s)?.stream))
     }
@@ -301,14 +291,14 @@ impl PpNRt {
     /// overwritten while the copy is in flight.
     ///
     /// # Errors
-    /// Caught before anything is enqueued, nothing overwritten: [`Error::BoundaryOutOfRange`],
-    /// [`Error::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
-    /// (`x` not on stage `b`'s device), [`Error::SlotState`] (the next slot's data was never
+    /// Caught before anything is enqueued, nothing overwritten: [`PpError::BoundaryOutOfRange`],
+    /// [`PpError::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
+    /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
     /// received). Else the driver's error.
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
         let boundary = self.boundary(b)?;
         if n == 0 {
-            return Err(Error::ZeroLength { boundary: b });
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
         if n > x.len() {
             return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
@@ -325,13 +315,13 @@ impl PpNRt {
         let index = ring.next;
         let slot = &mut ring.slots[index];
         if let SlotState::Filled { .. } = slot.state {
-            return Err(Error::SlotState {
+            return Err(Error::Pipeline(PpError::SlotState {
                 boundary: b,
                 slot: index,
                 call: "tx",
                 needed: "free (received)",
-                found: slot.state.to_string(),
-            });
+                found: slot.state,
+            }));
         }
         if slot.buffer.capacity() < bytes {
             grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
@@ -340,11 +330,11 @@ impl PpNRt {
         // One binding for the whole call (the copy and its event record find it current).
         let _bound = tx.context().bind()?;
         let src = x.as_view().slice(..n)?.into_bytes();
+        if self.config.fault() == ProtocolFault::SkipRxWait {
+            slot.buffer.access().forget_reads();
+        }
         match &mut slot.buffer {
             SlotBuffer::Device(buffer) => {
-                if self.config.fault() == ProtocolFault::SkipRxWait {
-                    buffer.forget_reads();
-                }
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
                 if boundary.plan.transport == Transport::Local {
                     boundary.copy_within_device(tx, src, dst)?;
@@ -352,12 +342,7 @@ impl PpNRt {
                     tx.memcpy_dtod(&src, &mut { dst })?;
                 }
             }
-            SlotBuffer::Host(buffer) => {
-                if self.config.fault() == ProtocolFault::SkipRxWait {
-                    buffer.forget_reads();
-                }
-                buffer.copy_from_device(tx, src)?;
-            }
+            SlotBuffer::Host(buffer) => buffer.copy_from_device(tx, src)?,
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
         }
         slot.state = SlotState::Filled { n, elem: T::NAME };
@@ -370,40 +355,48 @@ impl PpNRt {
     /// RX event. The returned buffer is owned by the RX stage's stream and freed there.
     ///
     /// # Errors
-    /// Caught before anything is enqueued: [`Error::BoundaryOutOfRange`], [`Error::ZeroLength`],
-    /// [`Error::SlotOutOfRange`], [`Error::SlotState`] (never filled or already received),
-    /// [`Error::RxLengthMismatch`], [`Error::RxTypeMismatch`]. Else the driver's error.
+    /// Caught before anything is enqueued: [`PpError::BoundaryOutOfRange`], [`PpError::ZeroLength`],
+    /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
+    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error.
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         let boundary = self.boundary(b)?;
         if n == 0 {
-            return Err(Error::ZeroLength { boundary: b });
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
         let mut ring = Self::lock(boundary);
         let n_slots = ring.slots.len();
-        let slot =
-            ring.slots.get_mut(slot_index).ok_or(Error::SlotOutOfRange { boundary: b, slot: slot_index, n_slots })?;
+        let slot = ring.slots.get_mut(slot_index).ok_or(Error::Pipeline(PpError::SlotOutOfRange {
+            boundary: b,
+            slot: slot_index,
+            n_slots,
+        }))?;
         match slot.state {
             SlotState::Filled { n: sent, elem } => {
                 if elem != T::NAME {
-                    return Err(Error::RxTypeMismatch {
+                    return Err(Error::Pipeline(PpError::RxTypeMismatch {
                         boundary: b,
                         slot: slot_index,
                         requested: T::NAME,
                         sent: elem,
-                    });
+                    }));
                 }
                 if sent != n {
-                    return Err(Error::RxLengthMismatch { boundary: b, slot: slot_index, requested: n, sent });
+                    return Err(Error::Pipeline(PpError::RxLengthMismatch {
+                        boundary: b,
+                        slot: slot_index,
+                        requested: n,
+                        sent,
+                    }));
                 }
             }
             state => {
-                return Err(Error::SlotState {
+                return Err(Error::Pipeline(PpError::SlotState {
                     boundary: b,
                     slot: slot_index,
                     call: "rx",
                     needed: "filled",
-                    found: state.to_string(),
-                });
+                    found: state,
+                }));
             }
         }
         let bytes = n * std::mem::size_of::<T>();
@@ -411,19 +404,12 @@ impl PpNRt {
         let _bound = rx.context().bind()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
+        if self.config.fault() == ProtocolFault::SkipTxWait {
+            slot.buffer.access().forget_write();
+        }
         match &slot.buffer {
-            SlotBuffer::Device(buffer) => {
-                if self.config.fault() == ProtocolFault::SkipTxWait {
-                    buffer.forget_write();
-                }
-                boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?;
-            }
-            SlotBuffer::Host(buffer) => {
-                if self.config.fault() == ProtocolFault::SkipTxWait {
-                    buffer.forget_write();
-                }
-                buffer.copy_to_device(rx, dst)?;
-            }
+            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
+            SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
         slot.state = SlotState::Received;
@@ -432,12 +418,12 @@ impl PpNRt {
 
     /// Gives up the data of boundary `b`'s filled slots that will never be received (say, the
     /// receiving stage abandoned a step): they become free for `tx` again, and an `rx` of one is
-    /// a [`Error::SlotState`] error. Returns how many slots were discarded. Enqueues nothing: a
+    /// a [`PpError::SlotState`] error. Returns how many slots were discarded. Enqueues nothing: a
     /// copy into a discarded slot that is still in flight stays ordered before the slot's next
     /// `tx` (same stream) and before any reallocation of its buffer.
     ///
     /// # Errors
-    /// [`Error::BoundaryOutOfRange`].
+    /// [`PpError::BoundaryOutOfRange`].
     pub fn discard_unreceived(&self, b: usize) -> Result<usize> {
         let boundary = self.boundary(b)?;
         let mut ring = Self::lock(boundary);
@@ -576,17 +562,4 @@ fn describe_env() -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::SlotState;
-
-    #[test]
-    fn slot_states_read_well_in_errors() {
-        assert_eq!(SlotState::NeverFilled.to_string(), "free (never filled)");
-        assert_eq!(SlotState::Filled { n: 42, elem: "f32" }.to_string(), "filled (42 f32 sent, not yet received)");
-        assert_eq!(SlotState::Received.to_string(), "free (already received)");
-        assert_eq!(SlotState::Discarded.to_string(), "free (discarded unreceived)");
-    }
 }

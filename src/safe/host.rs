@@ -118,16 +118,6 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     pub fn synchronize(&self) -> Result<()> {
         self.access.wait_on_host(Use::Write)
     }
-
-    /// See `Access::forget_reads`: deliberately broken protocols in hazard tests only.
-    pub(crate) fn forget_reads(&self) {
-        self.access.forget_reads();
-    }
-
-    /// See `Access::forget_write`: deliberately broken protocols in hazard tests only.
-    pub(crate) fn forget_write(&self) {
-        self.access.forget_write();
-    }
 }
 
 impl CudaStream {

@@ -187,14 +187,9 @@ impl<T: DeviceRepr> CudaSlice<T> {
         self.access.wait_on_host(Use::Write)
     }
 
-    /// See [`Access::forget_reads`]: deliberately broken protocols in hazard tests only.
-    pub(crate) fn forget_reads(&self) {
-        self.access.forget_reads();
-    }
-
-    /// See [`Access::forget_write`]: deliberately broken protocols in hazard tests only.
-    pub(crate) fn forget_write(&self) {
-        self.access.forget_write();
+    /// The slice's ordering state.
+    pub(crate) fn access(&self) -> &Access {
+        &self.access
     }
 
     /// Like [`alloc_persistent`](Self::alloc_persistent), for buffers whose every use should

@@ -24,7 +24,7 @@ mod helpers;
 mod host;
 mod memory;
 mod module;
-mod ordering;
+pub(crate) mod ordering;
 mod peer;
 mod stream;
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use ppnrt::PpError;
 use ppnrt::result::context::{get_current, set_current};
 use ppnrt::{
     CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
@@ -132,7 +133,7 @@ pub fn discarded_slots_are_free_again(primary: &Engine, devices: &[i32]) {
     let _stage = rt.enter(0).unwrap();
     let small = e0.htod(&[7u32; 1024]).unwrap();
     let slot = rt.tx(0, &small, 1024).unwrap();
-    assert!(matches!(rt.tx(0, &small, 1024), Err(Error::SlotState { .. })), "the ring is full");
+    assert!(matches!(rt.tx(0, &small, 1024), Err(Error::Pipeline(PpError::SlotState { .. }))), "the ring is full");
     assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
     assert_eq!(rt.discard_unreceived(0).unwrap(), 0);
     let err = rt.rx::<u32>(0, slot, 1024).unwrap_err();

@@ -1,0 +1,135 @@
+//! Errors of the pipeline runtime's calls, and the slot states they name.
+//!
+//! Every variant is caught before anything is enqueued: nothing was overwritten, and the runtime
+//! stays usable. Nested in the crate's [`Error`](crate::Error) as `Error::Pipeline`.
+
+use std::fmt;
+
+/// Where a slot of a boundary's ring stands (host-side state; `tx` fills a free slot, `rx`
+/// receives a filled one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SlotState {
+    /// Free: nothing was ever sent through it.
+    NeverFilled,
+    /// Filled by `tx` and not received yet.
+    Filled {
+        /// Elements sent.
+        n: usize,
+        /// Their type's [`DeviceRepr::NAME`](crate::DeviceRepr::NAME).
+        elem: &'static str,
+    },
+    /// Free: its data was received.
+    Received,
+    /// Free: its data was given up by [`PpNRt::discard_unreceived`](crate::PpNRt::discard_unreceived).
+    Discarded,
+}
+
+impl SlotState {
+    /// Whether `tx` may fill the slot.
+    pub fn is_free(&self) -> bool {
+        !matches!(self, SlotState::Filled { .. })
+    }
+}
+
+impl fmt::Display for SlotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotState::NeverFilled => f.write_str("free (never filled)"),
+            SlotState::Filled { n, elem } => write!(f, "filled ({n} {elem} sent, not yet received)"),
+            SlotState::Received => f.write_str("free (already received)"),
+            SlotState::Discarded => f.write_str("free (discarded unreceived)"),
+        }
+    }
+}
+
+/// Misuse of a [`PpNRt`](crate::PpNRt) call: caught before anything is enqueued, nothing was
+/// overwritten, and the runtime stays usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PpError {
+    /// A stage index past the pipeline's stages.
+    #[error("stage {stage} is out of range: the pipeline has {n_stages} stage(s)")]
+    StageOutOfRange {
+        /// The stage asked for.
+        stage: usize,
+        /// The pipeline's stage count.
+        n_stages: usize,
+    },
+    /// A boundary index past the pipeline's boundaries.
+    #[error("boundary {boundary} is out of range: the pipeline has {n_boundaries} boundary(ies)")]
+    BoundaryOutOfRange {
+        /// The boundary asked for.
+        boundary: usize,
+        /// The pipeline's boundary count (stages - 1).
+        n_boundaries: usize,
+    },
+    /// A slot index past the boundary's ring.
+    #[error("boundary {boundary}: slot {slot} is out of range, the ring has {n_slots} slot(s)")]
+    SlotOutOfRange {
+        /// The boundary.
+        boundary: usize,
+        /// The slot asked for.
+        slot: usize,
+        /// The ring's size.
+        n_slots: usize,
+    },
+    /// A transfer of zero elements.
+    #[error("boundary {boundary}: n must be at least 1")]
+    ZeroLength {
+        /// The boundary.
+        boundary: usize,
+    },
+    /// A slot is not in the state the call needs; nothing was enqueued or overwritten.
+    #[error("boundary {boundary}, slot {slot}: {call} needs a {needed} slot, but it is {found}")]
+    SlotState {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// `tx` or `rx`.
+        call: &'static str,
+        /// The state the call needs.
+        needed: &'static str,
+        /// The slot's state.
+        found: SlotState,
+    },
+    /// `rx` asked for another length than the slot's `tx` sent.
+    #[error("boundary {boundary}, slot {slot}: rx of {requested} element(s), but tx sent {sent}")]
+    RxLengthMismatch {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// The length passed to `rx`.
+        requested: usize,
+        /// The length `tx` sent.
+        sent: usize,
+    },
+    /// `rx` asked for another element type than the slot's `tx` sent.
+    #[error("boundary {boundary}, slot {slot}: rx as {requested}, but tx sent {sent}")]
+    RxTypeMismatch {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// The element type passed to `rx`.
+        requested: &'static str,
+        /// The element type `tx` sent.
+        sent: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SlotState;
+
+    #[test]
+    fn slot_states_read_well_in_errors() {
+        assert_eq!(SlotState::NeverFilled.to_string(), "free (never filled)");
+        assert_eq!(SlotState::Filled { n: 42, elem: "f32" }.to_string(), "filled (42 f32 sent, not yet received)");
+        assert_eq!(SlotState::Received.to_string(), "free (already received)");
+        assert_eq!(SlotState::Discarded.to_string(), "free (discarded unreceived)");
+        assert!(!SlotState::Filled { n: 1, elem: "u8" }.is_free() && SlotState::Discarded.is_free());
+    }
+}
