@@ -10,9 +10,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::safe::{
-    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module, ToyModel,
+    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module,
     ambient_stream,
 };
+#[cfg(feature = "testing")]
+use crate::safe::{TestKernels, ToyModel};
 
 /// The value in `cell`, made by `load` on first use. A failed load is returned and not kept: the
 /// next call tries again. `lock` serialises loads.
@@ -42,6 +44,9 @@ struct EngineInner {
     max_blocks: u32,
     /// Loaded on first use; a failed load (say, out of memory) is not kept, the next use retries.
     helpers: OnceLock<HelperKernels>,
+    #[cfg(feature = "testing")]
+    test_kernels: OnceLock<TestKernels>,
+    #[cfg(feature = "testing")]
     toy_model: OnceLock<ToyModel>,
     /// Serialises the loads above, so that concurrent first uses load each module once.
     loading: Mutex<()>,
@@ -77,6 +82,9 @@ impl Engine {
                 stream,
                 max_blocks,
                 helpers: OnceLock::new(),
+                #[cfg(feature = "testing")]
+                test_kernels: OnceLock::new(),
+                #[cfg(feature = "testing")]
                 toy_model: OnceLock::new(),
                 loading: Mutex::new(()),
             }),
@@ -222,6 +230,18 @@ impl Engine {
         load_once(&self.inner.helpers, &self.inner.loading, || HelperKernels::load(&self.inner.ctx, self.max_blocks()))
     }
 
+    /// This device's test fixtures' kernels (`testing` feature), loaded on first use.
+    ///
+    /// # Errors
+    /// The module load's error.
+    #[cfg(feature = "testing")]
+    pub fn test_kernels(&self) -> Result<&TestKernels> {
+        load_once(&self.inner.test_kernels, &self.inner.loading, || {
+            TestKernels::load(&self.inner.ctx, self.max_blocks())
+        })
+    }
+
+    #[cfg(feature = "testing")]
     fn toy_model(&self) -> Result<&ToyModel> {
         load_once(&self.inner.toy_model, &self.inner.loading, || ToyModel::load(&self.inner.ctx, self.max_blocks()))
     }
@@ -230,22 +250,25 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    #[cfg(feature = "testing")]
     pub fn fill_pattern<D: DeviceSliceMut<u32>>(&self, dst: &mut D, seed: u32) -> Result<()> {
-        self.helper_kernels()?.fill_pattern(&self.stream()?, dst, seed)
+        self.test_kernels()?.fill_pattern(&self.stream()?, dst, seed)
     }
 
     /// Sets every element of `dst` to `value`.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    #[cfg(feature = "testing")]
     pub fn fill_u32<D: DeviceSliceMut<u32>>(&self, dst: &mut D, value: u32) -> Result<()> {
-        self.helper_kernels()?.fill_u32(&self.stream()?, dst, value)
+        self.test_kernels()?.fill_u32(&self.stream()?, dst, value)
     }
 
     /// The [`kernels::checksum`](crate::kernels::checksum) of `src`, computed on the device; waits for the result.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    #[cfg(feature = "testing")]
     pub fn checksum<S: DeviceSlice<u32>>(&self, src: &S) -> Result<u64> {
         let mut sum = self.alloc_zeroed::<u64>(1)?;
         self.checksum_into(src, &mut sum)?;
@@ -258,16 +281,18 @@ impl Engine {
     /// # Errors
     /// [`Error::LengthMismatch`] unless `out` has exactly one element; [`Error::WrongDevice`] for
     /// memory of another device; the driver's error.
+    #[cfg(feature = "testing")]
     pub fn checksum_into<S: DeviceSlice<u32>, D: DeviceSliceMut<u64>>(&self, src: &S, out: &mut D) -> Result<()> {
-        self.helper_kernels()?.checksum_into(&self.stream()?, src, out)
+        self.test_kernels()?.checksum_into(&self.stream()?, src, out)
     }
 
     /// Enqueues a kernel that keeps the current stream busy for `ns` nanoseconds.
     ///
     /// # Errors
     /// The driver's error.
+    #[cfg(feature = "testing")]
     pub fn spin(&self, ns: u64) -> Result<()> {
-        self.helper_kernels()?.spin(&self.stream()?, ns)
+        self.test_kernels()?.spin(&self.stream()?, ns)
     }
 
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
@@ -297,6 +322,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    #[cfg(feature = "testing")]
     pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
         self.toy_model()?.layer(&self.stream()?, x, step, layer)
     }
@@ -306,7 +332,8 @@ impl Engine {
     ///
     /// # Errors
     /// The driver's error.
+    #[cfg(feature = "testing")]
     pub fn inject_trap(&self) -> Result<()> {
-        self.helper_kernels()?.trap(&self.stream()?)
+        self.test_kernels()?.trap(&self.stream()?)
     }
 }

@@ -1,19 +1,34 @@
-//! The helper kernels embedded in the library, and host twins of their hash functions.
+//! The kernels embedded in the library, and (with the `testing` feature) the test fixtures'
+//! kernels with host twins of their hash functions.
 //!
-//! The PTX is compiled from `kernels/*.cu` by `build.rs` (or taken from the committed copy in
-//! `kernels/ptx/`) and included here, NUL-terminated for `cuModuleLoadData`. It targets the lowest
-//! architecture of the toolkit that built it; the driver JIT-compiles it for the device at load.
+//! The PTX comes from `kernels/*.cu` (the committed copies in `kernels/ptx/`, see `build.rs`) and
+//! is included here, NUL-terminated for `cuModuleLoadData`. It targets the lowest architecture of
+//! the toolkit that built it; the driver JIT-compiles it for the device at load. Every build
+//! embeds `helpers` (the SM copy kernel); the `testing` feature adds `testing` (fill, checksum,
+//! spin, trap) and `toy_model`, which an application's binary then does not carry.
 
-/// PTX of `kernels/helpers.cu`: fill, checksum, spin, SM copy, trap.
+/// PTX of `kernels/helpers.cu`: the SM copy kernel.
 pub const HELPERS_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/helpers.ptx")), "\0");
 
+/// PTX of `kernels/testing.cu`: fill, checksum, spin, trap.
+#[cfg(feature = "testing")]
+pub const TESTING_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/testing.ptx")), "\0");
+
 /// PTX of `kernels/toy_model.cu`: the toy residual model's layer.
+#[cfg(feature = "testing")]
 pub const TOY_MODEL_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/toy_model.ptx")), "\0");
 
 /// The embedded modules, by name.
-pub const MODULES: &[(&str, &str)] = &[("helpers", HELPERS_PTX), ("toy_model", TOY_MODEL_PTX)];
+#[cfg(not(feature = "testing"))]
+pub const MODULES: &[(&str, &str)] = &[("helpers", HELPERS_PTX)];
 
-/// MurmurHash3's 32-bit finalizer; twin of `ppnrt_mix32` in `kernels/helpers.cu`.
+/// The embedded modules, by name.
+#[cfg(feature = "testing")]
+pub const MODULES: &[(&str, &str)] =
+    &[("helpers", HELPERS_PTX), ("testing", TESTING_PTX), ("toy_model", TOY_MODEL_PTX)];
+
+/// MurmurHash3's 32-bit finalizer; twin of `ppnrt_mix32` in `kernels/mix.cuh`.
+#[cfg(feature = "testing")]
 #[inline]
 pub const fn mix32(mut h: u32) -> u32 {
     h ^= h >> 16;
@@ -25,12 +40,14 @@ pub const fn mix32(mut h: u32) -> u32 {
 }
 
 /// The word `ppnrt_fill_pattern_u32` writes at index `i` under `seed`.
+#[cfg(feature = "testing")]
 #[inline]
 pub const fn pattern(seed: u32, i: u64) -> u32 {
     mix32(seed ^ mix32((i as u32) ^ mix32(((i >> 32) as u32).wrapping_add(0x9e37_79b9))))
 }
 
 /// The value `ppnrt_checksum_u32` computes over `words`.
+#[cfg(feature = "testing")]
 pub fn checksum(words: &[u32]) -> u64 {
     words
         .iter()
@@ -45,17 +62,17 @@ mod tests {
 
     #[test]
     fn embedded_ptx_defines_every_kernel_the_crate_launches() {
-        for name in [
-            "ppnrt_fill_pattern_u32",
-            "ppnrt_fill_u32",
-            "ppnrt_checksum_u32",
-            "ppnrt_spin_ns",
-            "ppnrt_copy_bytes",
-            "ppnrt_trap",
-        ] {
-            assert!(HELPERS_PTX.contains(&format!(".entry {name}(")), "{name} missing from helpers PTX");
+        assert!(HELPERS_PTX.contains(".entry ppnrt_copy_bytes("));
+        assert!(!HELPERS_PTX.contains("ppnrt_trap"), "test fixtures stay out of the always-embedded module");
+        #[cfg(feature = "testing")]
+        {
+            for name in
+                ["ppnrt_fill_pattern_u32", "ppnrt_fill_u32", "ppnrt_checksum_u32", "ppnrt_spin_ns", "ppnrt_trap"]
+            {
+                assert!(TESTING_PTX.contains(&format!(".entry {name}(")), "{name} missing from testing PTX");
+            }
+            assert!(TOY_MODEL_PTX.contains(".entry ppnrt_toy_layer_f32("));
         }
-        assert!(TOY_MODEL_PTX.contains(".entry ppnrt_toy_layer_f32("));
         for (name, ptx) in MODULES {
             assert!(ptx.ends_with('\0'), "{name} is not NUL-terminated");
             assert_eq!(ptx.matches('\0').count(), 1, "{name} has an inner NUL");
@@ -64,6 +81,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "testing")]
     fn pattern_and_checksum_are_position_sensitive() {
         let words: Vec<u32> = (0..1000).map(|i| pattern(7, i)).collect();
         assert_ne!(pattern(7, 0), pattern(8, 0));

@@ -57,8 +57,9 @@ impl fmt::Display for TransportPolicy {
     }
 }
 
-/// A deliberate protocol break, for tests that must show the hazard checks catch real races.
-/// Never set it in production.
+/// A deliberate protocol break, for tests that must show the hazard checks catch real races
+/// (`testing` feature).
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ProtocolFault {
     /// The protocol as specified.
@@ -90,6 +91,7 @@ pub struct PpConfig {
     n_stages: usize,
     slots: usize,
     transport: TransportPolicy,
+    #[cfg(feature = "testing")]
     fault: ProtocolFault,
     reserve_bytes: usize,
     sm_copies: bool,
@@ -102,6 +104,7 @@ impl Default for PpConfig {
             n_stages: 1,
             slots: 2,
             transport: TransportPolicy::Auto,
+            #[cfg(feature = "testing")]
             fault: ProtocolFault::None,
             reserve_bytes: 0,
             sm_copies: true,
@@ -147,7 +150,8 @@ impl PpConfig {
         self
     }
 
-    /// Breaks the protocol on purpose (hazard tests only).
+    /// Breaks the protocol on purpose (hazard tests only; `testing` feature).
+    #[cfg(feature = "testing")]
     pub fn inject_fault(mut self, fault: ProtocolFault) -> PpConfig {
         self.fault = fault;
         self
@@ -169,6 +173,7 @@ impl PpConfig {
     }
 
     /// The injected fault, if any.
+    #[cfg(feature = "testing")]
     pub fn fault(&self) -> ProtocolFault {
         self.fault
     }
@@ -273,6 +278,7 @@ impl PpConfig {
             n_stages,
             slots: slots.map(|t| parse_count(SLOTS_VAR, t)).transpose()?.unwrap_or(2),
             transport: transport.map(TransportPolicy::parse).transpose()?.unwrap_or_default(),
+            #[cfg(feature = "testing")]
             fault: ProtocolFault::None,
             reserve_bytes: 0,
             sm_copies: true,
@@ -293,6 +299,7 @@ impl fmt::Display for PpConfig {
         if !self.sm_copies {
             f.write_str(" sm_copies=off")?;
         }
+        #[cfg(feature = "testing")]
         if self.fault != ProtocolFault::None {
             write!(f, " fault={:?}", self.fault)?;
         }

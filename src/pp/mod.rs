@@ -30,9 +30,9 @@ mod error;
 mod plan;
 mod runtime;
 
-pub use config::{
-    DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
-};
+#[cfg(feature = "testing")]
+pub use config::ProtocolFault;
+pub use config::{DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy};
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use runtime::{PpNRt, SM_COPY_MAX_BYTES};

@@ -4,11 +4,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::config::{DEVICES_VAR, PpConfig, ProtocolFault, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
+#[cfg(feature = "testing")]
+use super::config::ProtocolFault;
+use super::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
 use super::error::{PpError, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
+#[cfg(feature = "testing")]
 use crate::safe::ordering::Access;
 use crate::safe::{
     CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
@@ -65,6 +68,7 @@ enum SlotBuffer {
 
 impl SlotBuffer {
     /// The buffer's ordering state (the protocol's events live there).
+    #[cfg(feature = "testing")]
     fn access(&self) -> &Access {
         match self {
             SlotBuffer::Empty => unreachable!("only a slot with a buffer is copied to or from"),
@@ -330,6 +334,7 @@ impl PpNRt {
         // One binding for the whole call (the copy and its event record find it current).
         let _bound = tx.context().bind()?;
         let src = x.as_view().slice(..n)?.into_bytes();
+        #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipRxWait {
             slot.buffer.access().forget_reads();
         }
@@ -404,6 +409,7 @@ impl PpNRt {
         let _bound = rx.context().bind()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
+        #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipTxWait {
             slot.buffer.access().forget_write();
         }

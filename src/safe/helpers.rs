@@ -1,6 +1,8 @@
-//! Safe launches of the embedded helper kernels (`kernels/*.cu`): each method checks what the
-//! kernel needs (lengths, alignment, device) and launches it through [`CudaStream::launch`], so
-//! its buffers are ordered by the crate's rule. [`Engine`](crate::Engine) holds one set per device.
+//! Safe launches of the embedded kernels (`kernels/*.cu`): each method checks what the kernel
+//! needs (lengths, alignment, device) and launches it through [`CudaStream::launch`], so its
+//! buffers are ordered by the crate's rule. [`Engine`](crate::Engine) holds one set per device.
+//! [`HelperKernels`] (the SM copy) is always there; [`TestKernels`] and [`ToyModel`] come with the
+//! `testing` feature.
 //!
 //! Lifetime: a set holds its modules alive; it belongs to one context. Threading: `Send + Sync`;
 //! launches from several threads are independent.
@@ -8,34 +10,46 @@
 use std::sync::Arc;
 
 use super::context::Context;
-use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
+#[cfg(feature = "testing")]
+use super::memory::DeviceSliceMut;
+use super::memory::{CudaView, CudaViewMut, DeviceSlice};
 use super::module::{Function, LaunchConfig, Module};
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::kernels;
 
-/// The helper kernels of one context.
+/// The helper kernels of one context: the SM copy.
 #[derive(Debug)]
 pub struct HelperKernels {
+    copy_bytes: Function,
+    max_blocks: u32,
+}
+
+/// The test fixtures' kernels of one context: fill, checksum, spin, trap (`testing` feature).
+#[cfg(feature = "testing")]
+#[derive(Debug)]
+pub struct TestKernels {
     fill_pattern: Function,
     fill_u32: Function,
     checksum: Function,
     spin: Function,
-    copy_bytes: Function,
     trap: Function,
     max_blocks: u32,
 }
 
 /// The toy residual model's layer kernel of one context (tests and examples split this model
-/// over stages).
+/// over stages; `testing` feature).
+#[cfg(feature = "testing")]
 #[derive(Debug)]
 pub struct ToyModel {
     layer: Function,
     max_blocks: u32,
 }
 
+#[cfg(feature = "testing")]
 const ONE_THREAD: LaunchConfig = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
 
+#[cfg(feature = "testing")]
 fn check_device(what: &'static str, stream: &CudaStream, owner: &CudaStream) -> Result<()> {
     if owner.ordinal() == stream.ordinal() {
         Ok(())
@@ -52,12 +66,49 @@ impl HelperKernels {
     /// it: [`DriverError::is_unrunnable_code`](crate::DriverError::is_unrunnable_code)).
     pub fn load(ctx: &Arc<Context>, max_blocks: u32) -> Result<HelperKernels> {
         let module = Module::load_ptx(ctx, "helpers", kernels::HELPERS_PTX)?;
-        Ok(HelperKernels {
+        Ok(HelperKernels { copy_bytes: module.function("ppnrt_copy_bytes")?, max_blocks })
+    }
+
+    /// Copies `src` into `dst` with the SMs of `stream`'s device. Memory of another device must be
+    /// `cuMemAlloc` memory (peer access is enabled by the launch).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] unless both
+    /// addresses are 16-byte aligned; as [`CudaStream::launch`].
+    pub fn copy_bytes(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>, dst: CudaViewMut<'_, u8>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
+        }
+        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
+            return Err(Error::Misaligned { what: "copy_bytes", address, align: 16 });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes = src.len();
+        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks);
+        // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t tail)
+        // copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths, checked), both
+        // 16-byte aligned (checked).
+        unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) }
+    }
+}
+
+#[cfg(feature = "testing")]
+impl TestKernels {
+    /// Loads the test fixtures' module into `ctx`. `max_blocks` caps the grid of grid-stride
+    /// kernels.
+    ///
+    /// # Errors
+    /// The module load's error.
+    pub fn load(ctx: &Arc<Context>, max_blocks: u32) -> Result<TestKernels> {
+        let module = Module::load_ptx(ctx, "testing", kernels::TESTING_PTX)?;
+        Ok(TestKernels {
             fill_pattern: module.function("ppnrt_fill_pattern_u32")?,
             fill_u32: module.function("ppnrt_fill_u32")?,
             checksum: module.function("ppnrt_checksum_u32")?,
             spin: module.function("ppnrt_spin_ns")?,
-            copy_bytes: module.function("ppnrt_copy_bytes")?,
             trap: module.function("ppnrt_trap")?,
             max_blocks,
         })
@@ -122,31 +173,6 @@ impl HelperKernels {
         unsafe { stream.launch(&self.spin, ONE_THREAD, (ns,)) }
     }
 
-    /// Copies `src` into `dst` with the SMs of `stream`'s device. Memory of another device must be
-    /// `cuMemAlloc` memory (peer access is enabled by the launch).
-    ///
-    /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] unless both
-    /// addresses are 16-byte aligned; as [`CudaStream::launch`].
-    pub fn copy_bytes(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>, dst: CudaViewMut<'_, u8>) -> Result<()> {
-        if src.len() != dst.len() {
-            return Err(Error::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
-        }
-        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
-            return Err(Error::Misaligned { what: "copy_bytes", address, align: 16 });
-        }
-        if src.is_empty() {
-            return Ok(());
-        }
-        let bytes = src.len();
-        let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
-        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks);
-        // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t tail)
-        // copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths, checked), both
-        // 16-byte aligned (checked).
-        unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) }
-    }
-
     /// Launches a kernel that traps: the context becomes unusable and later calls on it return
     /// [`Error::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
     ///
@@ -158,6 +184,7 @@ impl HelperKernels {
     }
 }
 
+#[cfg(feature = "testing")]
 impl ToyModel {
     /// Loads the toy model's module into `ctx`.
     ///

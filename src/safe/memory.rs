@@ -188,6 +188,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     }
 
     /// The slice's ordering state.
+    #[cfg(feature = "testing")]
     pub(crate) fn access(&self) -> &Access {
         &self.access
     }

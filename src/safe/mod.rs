@@ -34,7 +34,9 @@ pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::take_drop_errors;
 pub use event::CudaEvent;
-pub use helpers::{HelperKernels, ToyModel};
+pub use helpers::HelperKernels;
+#[cfg(feature = "testing")]
+pub use helpers::{TestKernels, ToyModel};
 pub use host::PinnedHostBuffer;
 pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
 pub use module::{BufferUse, Function, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module};

@@ -194,12 +194,14 @@ impl Access {
     /// Drops the record of the reads since the last write, so that the next write does not wait
     /// for them. Only for deliberately broken protocols in hazard tests
     /// ([`ProtocolFault`](crate::pp::ProtocolFault)).
+    #[cfg(feature = "testing")]
     pub(crate) fn forget_reads(&self) {
         self.lock().reads.clear();
     }
 
     /// Drops the record of the last write, so that the next read does not wait for it. Only for
     /// deliberately broken protocols in hazard tests.
+    #[cfg(feature = "testing")]
     pub(crate) fn forget_write(&self) {
         self.lock().write = None;
     }

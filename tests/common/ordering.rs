@@ -23,7 +23,7 @@ pub enum Handoff {
 /// The checksum kernel for the broken variant (launched with a raw address).
 fn raw_checksum(e: &Engine, handoff: Handoff) -> Option<ppnrt::Function> {
     (handoff == Handoff::RawAddress)
-        .then(|| e.load_ptx("helpers", ppnrt::kernels::HELPERS_PTX).unwrap().function("ppnrt_checksum_u32").unwrap())
+        .then(|| e.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_checksum_u32").unwrap())
 }
 
 /// The device-side checksum of `x` on `stream`, added into `sum` — through the engine (ordered),
