@@ -10,6 +10,7 @@
 //! device across calls into this crate. Binding costs one `cuCtxGetCurrent` when the context is
 //! already current, plus two `cuCtxSetCurrent` when it is not.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -76,13 +77,27 @@ impl Context {
     #[doc(alias = "cuCtxGetCurrent")]
     #[inline]
     pub fn bind(&self) -> Result<BoundContext<'_>> {
+        if CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw) {
+            // Inside one of this crate's calls that bound this context (see `bind_for_call`).
+            return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
+        }
         let previous = raw::get_current()?;
         if previous == self.raw {
-            return Ok(BoundContext { restore: None, _ctx: PhantomData });
+            return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
-        Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })
+        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })
+    }
+
+    /// Like [`bind`](Self::bind), for the whole of one of this crate's calls: while the guard
+    /// lives, nested binds of this context on this thread make no driver call. Only for scopes
+    /// that run no code but the crate's own (no user closure, no other library), so that nothing
+    /// can change the current context behind the scope's back.
+    pub(crate) fn bind_for_call(&self) -> Result<BoundContext<'_>> {
+        let mut guard = self.bind()?;
+        guard.scope = CALL_SCOPE.try_with(|scope| scope.replace(self.raw)).ok();
+        Ok(guard)
     }
 
     /// The pool of idle events of this context.
@@ -133,11 +148,22 @@ impl Context {
 #[derive(Debug)]
 pub struct BoundContext<'a> {
     restore: Option<CUcontext>,
+    /// For a call scope: the scope it replaced.
+    scope: Option<CUcontext>,
     _ctx: PhantomData<(&'a Context, *const ())>,
+}
+
+thread_local! {
+    /// The context that the innermost live call scope of this crate made current on this thread
+    /// (null outside any), so that nested binds inside the call make no driver call.
+    static CALL_SCOPE: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 impl Drop for BoundContext<'_> {
     fn drop(&mut self) {
+        if let Some(outer) = self.scope {
+            let _ = CALL_SCOPE.try_with(|scope| scope.set(outer));
+        }
         if let Some(previous) = self.restore {
             // SAFETY: `previous` was current on this thread when the guard was made (or null,
             // which unbinds); nothing this crate does in between releases another context.

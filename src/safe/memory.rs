@@ -532,7 +532,7 @@ where
 {
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
-    let _bound = stream.context().bind()?;
+    let _bound = stream.context().bind_for_call()?;
     for (access, use_) in uses.clone() {
         access.order(stream, use_)?;
     }

@@ -100,10 +100,6 @@ struct Mark {
 }
 
 impl Mark {
-    fn on(stream: &CudaStream) -> impl Fn(&&mut Mark) -> bool + '_ {
-        move |mark| same_stream(&mark.stream, stream)
-    }
-
     /// The mark's event, recorded now at the end of its stream if it has none yet.
     fn event(&mut self) -> Result<&PooledEvent> {
         if self.event.is_none() {
@@ -161,32 +157,43 @@ impl Access {
     /// buffer this records the use's event now (the only call here that can fail; the caller
     /// then waits for `stream`, see [`CudaStream::settle`]).
     pub(crate) fn note(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        let event = if self.eager {
-            let event = PooledEvent::take(stream.context())?;
-            event.record(stream)?;
-            Some(event)
-        } else {
-            None
-        };
         let mut state = self.lock();
-        match use_ {
+        let State { write, reads } = &mut *state;
+        // The mark this use updates: for a write, the new last write (the old one and every read
+        // were waited for by `order`); for a read, the stream's own mark (the write's, when the
+        // write was on this stream too: a later writer waits for it, so it must come after this
+        // read as well).
+        let mark = match use_ {
             Use::Write => {
-                // Everything before was waited for by `order`.
-                state.reads.clear();
-                state.write = Some(Mark { stream: Arc::clone(stream), event });
-            }
-            Use::Read => {
-                let State { write, reads } = &mut *state;
-                if let Some(mark) = write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
-                    // A later writer waits for the write's mark, which must now come after this
-                    // read too.
-                    mark.event = event;
-                } else if let Some(mark) = reads.iter_mut().find(Mark::on(stream)) {
-                    mark.event = event;
-                } else {
-                    reads.push(Mark { stream: Arc::clone(stream), event });
+                reads.clear();
+                if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
+                    *write = Some(Mark { stream: Arc::clone(stream), event: None });
                 }
+                write.as_mut().expect("set above")
             }
+            Use::Read => match write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+                Some(mark) => mark,
+                None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
+                    Some(at) => &mut reads[at],
+                    None => {
+                        reads.push(Mark { stream: Arc::clone(stream), event: None });
+                        reads.last_mut().expect("pushed above")
+                    }
+                },
+            },
+        };
+        if self.eager {
+            // Re-record the mark's own event (a wait already made on it keeps what it captured),
+            // or one from the pool.
+            let event = match mark.event.take() {
+                Some(event) => event,
+                None => PooledEvent::take(stream.context())?,
+            };
+            event.record(stream)?;
+            mark.event = Some(event);
+        } else {
+            // Its event, if any, was recorded before this use: made again when next needed.
+            mark.event = None;
         }
         Ok(())
     }
