@@ -57,7 +57,7 @@ pub use half;
 pub use half::{bf16, f16};
 pub use pp::{PpConfig, PpError, PpNRt, SM_COPY_MAX_BYTES, SlotState, Transport, TransportPolicy};
 pub use safe::{
-    BoundContext, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice,
-    DeviceSliceMut, Function, KernelArgs, KernelParam, LaunchConfig, Module, PeerInfo, PinnedHostBuffer,
-    StreamOverride, ambient_stream, enable_peer_access, take_drop_errors,
+    BoundContext, BufferUse, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr,
+    DeviceSlice, DeviceSliceMut, Function, HelperKernels, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS,
+    Module, PeerInfo, PinnedHostBuffer, StreamOverride, ambient_stream, enable_peer_access, take_drop_errors,
 };

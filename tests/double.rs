@@ -340,3 +340,44 @@ fn a_consumer_the_ordering_rule_cannot_see_is_caught() {
     double.flush();
     assert!(dropped > 0 || double.violations() > before, "a read after free went unnoticed");
 }
+
+/// A caller's `KernelArgs` that changes the thread's current context while the launch runs
+/// (as another library might): the launch still completes in the right context, later calls in
+/// the same operation are not misled, and the caller's context is current afterwards.
+#[test]
+fn a_kernel_args_implementation_that_switches_contexts_misleads_nothing() {
+    struct Switching<'a> {
+        ns: u64,
+        other: &'a ppnrt::Context,
+    }
+    impl ppnrt::KernelArgs for Switching<'_> {
+        fn with_params<R>(&self, f: impl FnOnce(&mut [*mut std::ffi::c_void]) -> R) -> R {
+            // SAFETY: `other` is a live, retained primary context.
+            unsafe { ppnrt::result::context::set_current(self.other.raw()) }.unwrap();
+            let mut ns = self.ns;
+            f(&mut [(&raw mut ns).cast()])
+        }
+        fn buffer_uses(&self) -> [Option<ppnrt::BufferUse<'_>>; ppnrt::MAX_KERNEL_PARAMS] {
+            [None; ppnrt::MAX_KERNEL_PARAMS]
+        }
+    }
+    with_double("a_kernel_args_implementation_that_switches_contexts_misleads_nothing", |_| {
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let spin = e0.test_kernels().unwrap();
+        let _ = spin; // loads the module in e0's context
+        let f = e0.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_spin_ns").unwrap();
+        let stream = e0.default_stream();
+        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory; one u64 parameter is passed.
+        unsafe {
+            stream.launch(&f, ppnrt::LaunchConfig::for_elements(1, 1), Switching { ns: 1000, other: e1.context() })
+        }
+        .unwrap();
+        // SAFETY: null unbinds.
+        unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+        let x = e0.htod(&[1u32; 64]).unwrap();
+        assert_eq!(x.ordinal(), 0);
+        assert_eq!(e0.dtoh(&x).unwrap(), vec![1u32; 64]);
+        assert!(ppnrt::result::context::get_current().unwrap().is_null(), "the caller's (no) context is current");
+        stream.synchronize().unwrap();
+    });
+}

@@ -153,6 +153,28 @@ pub struct BoundContext<'a> {
     _ctx: PhantomData<(&'a Context, *const ())>,
 }
 
+/// Runs code that is not the crate's own (a caller's trait implementation) inside a call scope:
+/// nested binds meanwhile go to the driver, and when `f` returns, the scope's context is made
+/// current again if `f` changed the current context.
+pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
+    let scope = CALL_SCOPE.try_with(|scope| scope.replace(std::ptr::null_mut())).unwrap_or(std::ptr::null_mut());
+    let result = f();
+    if !scope.is_null() {
+        let _ = CALL_SCOPE.try_with(|cell| cell.set(scope));
+        match raw::get_current() {
+            Ok(current) if current == scope => {}
+            // SAFETY: the scope's context is retained by the guard that opened the scope, which
+            // outlives this call.
+            _ => {
+                if let Err(e) = unsafe { raw::set_current(scope) } {
+                    super::record_drop_error(e);
+                }
+            }
+        }
+    }
+    result
+}
+
 thread_local! {
     /// The context that the innermost live call scope of this crate made current on this thread
     /// (null outside any), so that nested binds inside the call make no driver call.

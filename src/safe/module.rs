@@ -325,21 +325,24 @@ impl CudaStream {
         }
         ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
             let _bound = self.context().bind()?;
-            args.with_params(|params| {
-                // SAFETY: the caller guarantees that params match the kernel and that it touches
-                // only the memory they give it; function and stream are live and of one context
-                // (checked above); that memory is reachable from this device (checked above) and
-                // ordered on this stream.
-                unsafe {
-                    raw::launch_kernel(
-                        function.raw,
-                        config.grid,
-                        config.block,
-                        config.shared_mem_bytes,
-                        self.raw(),
-                        params,
-                    )
-                }
+            // `with_params` may be a caller's implementation: not the crate's own code.
+            super::context::outside_call_scope(|| {
+                args.with_params(|params| {
+                    // SAFETY: the caller guarantees that params match the kernel and that it touches
+                    // only the memory they give it; function and stream are live and of one context
+                    // (checked above); that memory is reachable from this device (checked above) and
+                    // ordered on this stream.
+                    unsafe {
+                        raw::launch_kernel(
+                            function.raw,
+                            config.grid,
+                            config.block,
+                            config.shared_mem_bytes,
+                            self.raw(),
+                            params,
+                        )
+                    }
+                })
             })
         })
     }
