@@ -161,14 +161,12 @@ pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
     let result = f();
     if !scope.is_null() {
         let _ = CALL_SCOPE.try_with(|cell| cell.set(scope));
-        match raw::get_current() {
-            Ok(current) if current == scope => {}
+        if !raw::get_current().is_ok_and(|current| current == scope) {
             // SAFETY: the scope's context is retained by the guard that opened the scope, which
             // outlives this call.
-            _ => {
-                if let Err(e) = unsafe { raw::set_current(scope) } {
-                    super::record_drop_error(e);
-                }
+            let restored = unsafe { raw::set_current(scope) };
+            if let Err(e) = restored {
+                super::record_drop_error(e);
             }
         }
     }
