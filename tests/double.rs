@@ -15,6 +15,8 @@ mod double;
 mod ordering;
 #[path = "common/soundness.rs"]
 mod soundness;
+#[path = "common/threads.rs"]
+mod threads;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -379,5 +381,50 @@ fn a_kernel_args_implementation_that_switches_contexts_misleads_nothing() {
         assert_eq!(e0.dtoh(&x).unwrap(), vec![1u32; 64]);
         assert!(ppnrt::result::context::get_current().unwrap().is_null(), "the caller's (no) context is current");
         stream.synchronize().unwrap();
+    });
+}
+
+/// One host thread per stage, parked in `tx_wait` / `rx_wait`: the same outputs, bit for bit, as
+/// one thread driving every stage.
+#[test]
+fn one_thread_per_stage_matches_one_thread() {
+    with_double("one_thread_per_stage_matches_one_thread", |_| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, slots) in [(&[0, 0, 1, 1][..], 2), (&[0, 1, 0, 1, 0, 1, 0, 1][..], 1), (&[0, 1][..], 3)] {
+            let (expected, _) = threads::one_thread(&primary, devices, slots, 60);
+            let (got, _) = threads::thread_per_stage(&primary, devices, slots, 60);
+            assert!(got == expected, "{devices:?}, {slots} slot(s): outputs differ");
+        }
+    });
+}
+
+/// The waiting calls give up after their timeout with a typed error, having enqueued nothing.
+#[test]
+fn waiting_calls_time_out_with_a_typed_error() {
+    with_double("waiting_calls_time_out_with_a_typed_error", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let timeout = std::time::Duration::from_millis(50);
+        let started = std::time::Instant::now();
+        match rt.rx_wait::<u32>(0, 0, 16, timeout).unwrap_err() {
+            Error::Pipeline(ppnrt::PpError::Timeout {
+                call: "rx",
+                slot: 0,
+                found: ppnrt::SlotState::NeverFilled,
+                ..
+            }) => {}
+            other => panic!("expected a timeout, got {other}"),
+        }
+        assert!(started.elapsed() >= timeout);
+        let x = {
+            let _stage = rt.enter(0).unwrap();
+            rt.engine(0, &primary).unwrap().htod(&[7u32; 16]).unwrap()
+        };
+        assert_eq!(rt.tx_wait(0, &x, 16, timeout).unwrap(), 0);
+        let err = rt.tx_wait(0, &x, 16, timeout).unwrap_err();
+        assert!(matches!(err, Error::Pipeline(ppnrt::PpError::Timeout { call: "tx", .. })), "{err}");
+        // The refused calls enqueued nothing: the first payload arrives intact.
+        let got = rt.rx_wait::<u32>(0, 0, 16, timeout).unwrap();
+        assert_eq!(rt.engine(1, &primary).unwrap().dtoh(&got).unwrap(), vec![7u32; 16]);
     });
 }

@@ -7,6 +7,9 @@
 
 mod common;
 
+#[path = "common/threads.rs"]
+mod threads;
+
 use std::collections::VecDeque;
 
 use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
@@ -385,4 +388,25 @@ fn every_copy_path_delivers_every_byte() {
             lengths.len()
         ));
     }
+}
+
+/// One host thread per stage, parked in `tx_wait` / `rx_wait` (no polling), gives bitwise the
+/// outputs of one thread driving every stage: 4 stages over the GPUs, 10,000 steps
+/// (`PPNRT_HAZARD_STEPS` overrides). The wall times are printed, not asserted (the benches
+/// measure).
+#[test]
+fn one_thread_per_stage_matches_one_thread() {
+    let test = "one_thread_per_stage_matches_one_thread";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let steps: usize = std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let primary = Engine::new(0).unwrap();
+    let map: Vec<i32> = (0..4).map(|s| (s / 2) % devices).collect();
+    let (expected, one) = threads::one_thread(&primary, &map, 2, steps);
+    let (got, many) = threads::thread_per_stage(&primary, &map, 2, steps);
+    say(&format!(
+        "{test}: devices {map:?}, {steps} steps: one thread {:.1} ms, thread per stage {:.1} ms",
+        one.as_secs_f64() * 1e3,
+        many.as_secs_f64() * 1e3
+    ));
+    assert!(got == expected, "outputs differ");
 }

@@ -4,6 +4,7 @@
 //! stays usable. Nested in the crate's [`Error`](crate::Error) as `Error::Pipeline`.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Where a slot of a boundary's ring stands (host-side state; `tx` fills a free slot, `rx`
 /// receives a filled one).
@@ -117,6 +118,21 @@ pub enum PpError {
         requested: &'static str,
         /// The element type `tx` sent.
         sent: &'static str,
+    },
+    /// `tx_wait` or `rx_wait` waited `waited` and the slot never became ready (free for `tx`,
+    /// filled for `rx`); nothing was enqueued.
+    #[error("boundary {boundary}, slot {slot}: {call} waited {waited:?}, and the slot is still {found}")]
+    Timeout {
+        /// The boundary.
+        boundary: usize,
+        /// The slot waited for.
+        slot: usize,
+        /// `tx` or `rx`.
+        call: &'static str,
+        /// How long the call waited.
+        waited: Duration,
+        /// The slot's state when it gave up.
+        found: SlotState,
     },
 }
 

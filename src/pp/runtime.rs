@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use super::config::ProtocolFault;
@@ -42,6 +43,8 @@ struct Boundary {
     /// device slots, and the driver runs the embedded PTX).
     sm_copies: bool,
     ring: Mutex<Ring>,
+    /// Signalled whenever a slot of the ring changes state (for the waiting `tx_wait`/`rx_wait`).
+    changed: Condvar,
 }
 
 struct Ring {
@@ -184,6 +187,7 @@ impl PpNRt {
                     rx_engine: rx.engine.clone(),
                     sm_copies,
                     ring: Mutex::new(Ring { next: 0, slots }),
+                    changed: Condvar::new(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -284,6 +288,41 @@ impl PpNRt {
         boundary.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Parks until the slot `which(ring)` is ready for `call` (`tx`: free; `rx`: filled), for
+    /// at most `timeout`; returns the ring's lock held.
+    fn wait_until<'a>(
+        b: usize,
+        call: &'static str,
+        boundary: &'a Boundary,
+        mut ring: MutexGuard<'a, Ring>,
+        timeout: Duration,
+        which: impl Fn(&Ring) -> usize,
+    ) -> Result<MutexGuard<'a, Ring>> {
+        let start = Instant::now();
+        let ready = |ring: &Ring| {
+            let state = ring.slots[which(ring)].state;
+            if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) }
+        };
+        while !ready(&ring) {
+            let waited = start.elapsed();
+            if waited >= timeout {
+                let slot = which(&ring);
+                return Err(Error::Pipeline(PpError::Timeout {
+                    boundary: b,
+                    slot,
+                    call,
+                    waited,
+                    found: ring.slots[slot].state,
+                }));
+            }
+            ring = match boundary.changed.wait_timeout(ring, timeout - waited) {
+                Ok((ring, _)) => ring,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        Ok(ring)
+    }
+
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
     /// (write-after-read guard; from the slot's second use on), copies `x[..n]` into the slot
     /// through the boundary's transport on stage `b`'s stream, records the slot's TX event.
@@ -300,6 +339,33 @@ impl PpNRt {
     /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
     /// received). Else the driver's error.
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
+        self.tx_impl(b, x, n, None)
+    }
+
+    /// [`tx`](Self::tx) for a thread that drives its own stage: when the ring's next slot still
+    /// holds data not yet received, parks the thread until the receiving stage's `rx` of it has
+    /// been issued (or the slot was discarded), for at most `timeout`. No busy-waiting.
+    ///
+    /// # Errors
+    /// As [`tx`](Self::tx), and [`PpError::Timeout`] when the slot stayed filled for `timeout`
+    /// (nothing was enqueued).
+    pub fn tx_wait<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        b: usize,
+        x: &S,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        self.tx_impl(b, x, n, Some(timeout))
+    }
+
+    fn tx_impl<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        b: usize,
+        x: &S,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<usize> {
         let boundary = self.boundary(b)?;
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
@@ -316,6 +382,9 @@ impl PpNRt {
         }
         let bytes = n * std::mem::size_of::<T>();
         let mut ring = Self::lock(boundary);
+        if let Some(timeout) = wait {
+            ring = Self::wait_until(b, "tx", boundary, ring, timeout, |ring| ring.next)?;
+        }
         let index = ring.next;
         let slot = &mut ring.slots[index];
         if let SlotState::Filled { .. } = slot.state {
@@ -351,6 +420,7 @@ impl PpNRt {
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
         }
         slot.state = SlotState::Filled { n, elem: T::NAME };
+        boundary.changed.notify_all();
         ring.next = (index + 1) % ring.slots.len();
         Ok(index)
     }
@@ -364,11 +434,43 @@ impl PpNRt {
     /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
     /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error.
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
+        self.rx_impl(b, slot_index, n, None)
+    }
+
+    /// [`rx`](Self::rx) for a thread that drives its own stage: when the slot is not filled yet
+    /// (or still holds an earlier step that was received), parks the thread until the sending
+    /// stage's `tx` filled it, for at most `timeout`. No busy-waiting.
+    ///
+    /// # Errors
+    /// As [`rx`](Self::rx), and [`PpError::Timeout`] when the slot stayed unfilled for `timeout`
+    /// (nothing was enqueued).
+    pub fn rx_wait<T: DeviceRepr>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<CudaSlice<T>> {
+        self.rx_impl(b, slot_index, n, Some(timeout))
+    }
+
+    fn rx_impl<T: DeviceRepr>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<CudaSlice<T>> {
         let boundary = self.boundary(b)?;
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
         let mut ring = Self::lock(boundary);
+        if let Some(timeout) = wait {
+            if slot_index < ring.slots.len() {
+                ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
+            }
+        }
         let n_slots = ring.slots.len();
         let slot = ring.slots.get_mut(slot_index).ok_or(Error::Pipeline(PpError::SlotOutOfRange {
             boundary: b,
@@ -419,6 +521,7 @@ impl PpNRt {
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
         slot.state = SlotState::Received;
+        boundary.changed.notify_all();
         Ok(out)
     }
 
@@ -438,6 +541,7 @@ impl PpNRt {
             slot.state = SlotState::Discarded;
             discarded += 1;
         }
+        boundary.changed.notify_all();
         Ok(discarded)
     }
 

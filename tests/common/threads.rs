@@ -1,0 +1,81 @@
+//! A decode loop of the toy model with one host thread per stage, using the waiting `tx_wait` /
+//! `rx_wait`, against the same loop on one thread. `tests/pipeline.rs` runs it on the GPUs
+//! present, `tests/double.rs` through the driver double.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::{Duration, Instant};
+
+use ppnrt::kernels::pattern;
+use ppnrt::{Engine, PpConfig, PpNRt};
+
+const N: usize = 1024;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn input(step: usize) -> Vec<f32> {
+    (0..N as u64).map(|i| (pattern(step as u32, i) >> 8) as f32 / (1u32 << 24) as f32).collect()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Every step's output, one thread driving every stage in turn; and the wall time.
+pub fn one_thread(primary: &Engine, devices: &[i32], slots: usize, steps: usize) -> (Vec<Vec<u32>>, Duration) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(slots), primary).unwrap();
+    let last = rt.n_stages() - 1;
+    let start = Instant::now();
+    let mut outputs = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let mut slot = 0;
+        let mut x = None;
+        for s in 0..rt.n_stages() {
+            let _stage = rt.enter(s).unwrap();
+            let e = rt.engine(s, primary).unwrap();
+            let mut y = if s == 0 { e.htod(&input(step)).unwrap() } else { rt.rx::<f32>(s - 1, slot, N).unwrap() };
+            e.toy_layer(&mut y, step as u32, s as u32).unwrap();
+            if s < last {
+                slot = rt.tx(s, &y, N).unwrap();
+            }
+            x = Some(y);
+        }
+        let e = rt.engine(last, primary).unwrap();
+        outputs.push(bits(&e.dtoh(x.as_ref().unwrap()).unwrap()));
+    }
+    (outputs, start.elapsed())
+}
+
+/// Every step's output, one host thread per stage parked in `tx_wait` / `rx_wait`; and the wall
+/// time.
+pub fn thread_per_stage(primary: &Engine, devices: &[i32], slots: usize, steps: usize) -> (Vec<Vec<u32>>, Duration) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(slots), primary).unwrap();
+    let last = rt.n_stages() - 1;
+    let start = Instant::now();
+    let outputs = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..rt.n_stages())
+            .map(|s| {
+                let rt = &rt;
+                scope.spawn(move || {
+                    let _stage = rt.enter(s).unwrap();
+                    let e = rt.engine(s, primary).unwrap();
+                    let mut outputs = Vec::new();
+                    for step in 0..steps {
+                        let mut y = if s == 0 {
+                            e.htod(&input(step)).unwrap()
+                        } else {
+                            rt.rx_wait::<f32>(s - 1, step % rt.n_slots(), N, TIMEOUT).unwrap()
+                        };
+                        e.toy_layer(&mut y, step as u32, s as u32).unwrap();
+                        if s < last {
+                            assert_eq!(rt.tx_wait(s, &y, N, TIMEOUT).unwrap(), step % rt.n_slots());
+                        } else {
+                            outputs.push(bits(&e.dtoh(&y).unwrap()));
+                        }
+                    }
+                    outputs
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).last().unwrap()
+    });
+    (outputs, start.elapsed())
+}
