@@ -192,7 +192,7 @@ impl PinnedHostBuffer<u8> {
     /// # Errors
     /// [`Error::OutOfBounds`] when `src` is longer than the buffer; [`Error::WrongDevice`] when
     /// `src` is on another device than `stream`; the driver's error.
-    pub fn copy_from_device(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
+    pub fn copy_from_device(&mut self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
         if src.len() > self.len {
             return Err(Error::OutOfBounds {
                 what: "PinnedHostBuffer::copy_from_device",
