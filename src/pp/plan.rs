@@ -1,4 +1,7 @@
 //! The boundary plan: which transport each stage boundary uses.
+//!
+//! Owns nothing but the decision (a value computed once when a runtime is built, from the
+//! stage→device map, the transport policy and the peer-access matrix); immutable, `Send + Sync`.
 
 use std::fmt;
 

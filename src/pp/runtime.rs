@@ -1,4 +1,11 @@
 //! `PpNRt`: stages, boundary slot rings and the TX/RX protocol.
+//!
+//! Owns each stage's stream, each boundary's ring of slots (their buffers and host-side state)
+//! and the readback stream; the engines of other devices are shared. Lifetime: a runtime lives as
+//! long as its owner keeps it (the process-wide one from `get` forever); dropping it drains every
+//! stream before its buffers go. Threading: `Send + Sync`; each boundary's ring has its own lock,
+//! so threads driving different stages run concurrently, and `tx_wait`/`rx_wait` park on the
+//! ring's condition variable.
 
 use std::collections::BTreeMap;
 use std::fmt;

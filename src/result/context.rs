@@ -1,4 +1,5 @@
-//! Primary contexts and the calling thread's current context.
+//! Primary contexts and the calling thread's current context. Stateless; the current context is
+//! the driver's per-thread state.
 
 use super::driver_call;
 use crate::error::Result;

@@ -1,4 +1,5 @@
-//! Devices: count, handles, attributes, peer queries.
+//! Devices: count, handles, attributes, peer queries. Stateless and thread-safe like the driver
+//! calls they make.
 
 use std::os::raw::{c_char, c_int};
 

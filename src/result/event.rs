@@ -1,4 +1,5 @@
-//! Events.
+//! Events: create, record, query, synchronise, elapsed time, destroy. Stateless and
+//! thread-safe like the driver calls they make.
 
 use super::driver_call;
 use crate::error::Result;

@@ -1,4 +1,5 @@
-//! Device memory, memory pools, pinned host memory and copies.
+//! Device memory, memory pools, pinned host memory and copies. Stateless and thread-safe like the
+//! driver calls they make; the `unsafe` ones carry the driver's own contract.
 
 use std::os::raw::c_void;
 

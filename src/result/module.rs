@@ -1,4 +1,5 @@
-//! Modules and kernel launch.
+//! Modules and kernel launch: load PTX, find a function, launch, unload. Stateless and
+//! thread-safe like the driver calls they make.
 
 use std::ffi::{CStr, c_void};
 

@@ -1,4 +1,5 @@
-//! Streams.
+//! Streams: create, destroy, synchronise, query, wait on an event. Stateless and thread-safe
+//! like the driver calls they make.
 
 use super::driver_call;
 use crate::error::Result;

@@ -1,4 +1,7 @@
 //! Devices and the peer matrix.
+//!
+//! A [`Device`] is a plain value (ordinal and handle): no lifetime to manage, `Copy`, usable from
+//! any thread.
 
 use crate::error::{Error, Result};
 use crate::result::device as raw;

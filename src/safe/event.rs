@@ -1,4 +1,8 @@
 //! Events.
+//!
+//! A [`CudaEvent`] owns its event and holds its context alive; dropping it destroys the event
+//! (a pending record completes first, in the driver). `Send + Sync`: it may be recorded, waited on
+//! and queried from any thread.
 
 use std::sync::Arc;
 

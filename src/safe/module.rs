@@ -1,4 +1,8 @@
 //! PTX modules and kernel launch.
+//!
+//! A [`Module`] owns a loaded module of one context (unloaded when the last [`Function`] of it
+//! goes); both are `Send + Sync`. A launch orders the slices and views it is given by the crate's
+//! rule (see `ordering`).
 
 use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;

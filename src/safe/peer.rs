@@ -1,4 +1,7 @@
 //! Peer access between devices.
+//!
+//! Enabling is a property of two contexts and lasts as long as they do; it is idempotent and
+//! leaves the calling thread's current context as it was.
 
 use super::context::Context;
 use crate::error::{Error, Result};

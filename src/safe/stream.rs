@@ -1,4 +1,8 @@
 //! Streams.
+//!
+//! A [`CudaStream`] owns its stream (or adopts one from another library, which it never
+//! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
+//! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
 use std::sync::Arc;
 
