@@ -29,6 +29,7 @@ run copy-with-sms src/engine.rs "            if owner.ordinal() != self.ordinal(
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })" "        Ok(BoundContext { restore: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
+run readback-free-on-readback-stream src/pp/runtime.rs "        source.set_stream(&self.readback)?;" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 run grow-waits-tx src/pp/runtime.rs "    if slot.tx_recorded {

@@ -428,3 +428,70 @@ fn waiting_calls_time_out_with_a_typed_error() {
         assert_eq!(rt.engine(1, &primary).unwrap().dtoh(&got).unwrap(), vec![7u32; 16]);
     });
 }
+
+/// Deferred readback: every step's values arrive bitwise, pinned buffers are reused, and the
+/// stage stream never waits for the readback stream (its work runs while the readback's is still
+/// queued, even after the pending readback and its device buffer were dropped).
+#[test]
+fn readbacks_arrive_and_never_hold_up_the_stage_stream() {
+    with_double("readbacks_arrive_and_never_hold_up_the_stage_stream", |double| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
+        let e = rt.engine(1, &primary).unwrap().clone();
+        let n = 3000;
+        let mut pending = std::collections::VecDeque::new();
+        for step in 0..40u32 {
+            let logits = {
+                let _last = rt.enter(1).unwrap();
+                let mut logits = e.alloc::<u32>(n).unwrap();
+                e.fill_pattern(&mut logits, step).unwrap();
+                logits
+            };
+            pending.push_back((step, rt.readback(logits).unwrap()));
+            if pending.len() > 3 {
+                let (seed, readback) = pending.pop_front().unwrap();
+                let expected: Vec<u32> = (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect();
+                assert_eq!(readback.wait().unwrap(), &expected[..], "step {seed}");
+                assert_eq!(readback.try_get().unwrap(), Some(&expected[..]));
+            }
+        }
+        drop(pending);
+        rt.synchronize().unwrap();
+
+        // The readback stream is held up (a long spin queued on it); the stage stream's work does
+        // not wait for it, not even for the free of the buffer that was read back.
+        {
+            let _readback = ppnrt::StreamOverride::new(rt.readback_stream().clone()).unwrap();
+            e.spin(1_000_000).unwrap();
+        }
+        let logits = {
+            let _last = rt.enter(1).unwrap();
+            let mut logits = e.alloc::<u32>(n).unwrap();
+            e.fill_u32(&mut logits, 5).unwrap();
+            logits
+        };
+        let readback = rt.readback(logits).unwrap();
+        assert_eq!(readback.try_get().unwrap(), None, "the copy waits behind the spin");
+        drop(readback);
+        let stage = rt.stage_stream(1).unwrap();
+        {
+            let _last = rt.enter(1).unwrap();
+            let mut next = e.alloc::<u32>(n).unwrap();
+            e.fill_u32(&mut next, 6).unwrap();
+        }
+        stage.synchronize().unwrap();
+        assert!(double.pending() > 0, "the stage stream waited for the readback stream");
+        rt.synchronize().unwrap();
+    });
+}
+
+/// A readback of a buffer that is not on the last stage's device is refused, nothing enqueued.
+#[test]
+fn a_readback_from_another_device_is_refused() {
+    with_double("a_readback_from_another_device_is_refused", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
+        let wrong = primary.htod(&[1u32; 8]).unwrap();
+        assert!(matches!(rt.readback(wrong), Err(Error::WrongDevice { expected: 1, found: 0, .. })));
+    });
+}

@@ -28,6 +28,7 @@
 mod config;
 mod error;
 mod plan;
+mod readback;
 mod runtime;
 
 #[cfg(feature = "testing")]
@@ -35,4 +36,5 @@ pub use config::ProtocolFault;
 pub use config::{DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy};
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
+pub use readback::PendingReadback;
 pub use runtime::{PpNRt, SM_COPY_MAX_BYTES};

@@ -17,6 +17,7 @@ use super::config::ProtocolFault;
 use super::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
 use super::error::{PpError, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
+use super::readback::{PendingReadback, ReadbackRing};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
 #[cfg(feature = "testing")]
@@ -33,6 +34,7 @@ pub struct PpNRt {
     stages: Vec<Stage>,
     boundaries: Vec<Boundary>,
     readback: Arc<CudaStream>,
+    readback_ring: ReadbackRing,
 }
 
 struct Stage {
@@ -200,7 +202,7 @@ impl PpNRt {
             .collect::<Result<Vec<_>>>()?;
         let last = stages.last().expect("a validated config has at least one stage");
         let readback = CudaStream::new(last.engine.context())?;
-        Ok(PpNRt { config, plan, stages, boundaries, readback })
+        Ok(PpNRt { config, plan, stages, boundaries, readback, readback_ring: ReadbackRing::default() })
     }
 
     /// Number of stages.
@@ -582,6 +584,61 @@ impl PpNRt {
         let event = CudaEvent::new(last.engine.context(), false)?;
         event.record(&last.stream)?;
         Ok(event)
+    }
+
+    /// Deferred readback of `source`, a buffer on the last stage's device (the step's logits, say):
+    /// the readback stream waits for `source`'s last write (the step's work, enqueued before this
+    /// call) and copies it into a pinned buffer from the runtime's ring; `source`'s free is moved
+    /// to the readback stream, so no stage stream ever waits for the copy, and the buffer stays
+    /// alive until the copy is done. Call it after the step's last work on `source` was enqueued.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ppnrt::{Engine, PpNRt};
+    /// let primary = Engine::new(0)?;
+    /// let rt = PpNRt::get(&primary)?;
+    /// let last = rt.n_stages() - 1;
+    /// let logits = {
+    ///     let _scope = rt.enter(last)?;
+    ///     rt.engine(last, &primary)?.alloc_zeroed::<f32>(32_000)? // the step's logits
+    /// };
+    /// let pending = rt.readback(logits)?;
+    /// // ... enqueue the next steps ...
+    /// let values: &[f32] = pending.wait()?;
+    /// # let _ = values; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] when `source` is not on the last stage's device; the driver's
+    /// error (a pinned allocation the first time a size is read back).
+    pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
+        let device = self.stages.last().expect("a runtime has at least one stage").engine.ordinal();
+        if source.ordinal() != device {
+            return Err(Error::WrongDevice {
+                what: "PpNRt::readback: the buffer must be on the last stage's device",
+                expected: device,
+                found: source.ordinal(),
+            });
+        }
+        let bytes = source.len() * std::mem::size_of::<T>();
+        let reused = {
+            let mut ring = self.readback_ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
+        };
+        let mut host = match reused {
+            Some(host) => host,
+            None => {
+                let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
+                PinnedHostBuffer::new_eager(self.readback.context(), capacity)?
+            }
+        };
+        let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
+        if let Err(e) = copied {
+            self.readback_ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
+            return Err(e);
+        }
+        source.set_stream(&self.readback)?;
+        Ok(PendingReadback::new(host, source.len(), source, Arc::clone(&self.readback_ring)))
     }
 
     /// The dedicated readback stream (in the last stage's context).

@@ -186,6 +186,49 @@ impl CudaStream {
 }
 
 impl PinnedHostBuffer<u8> {
+    /// The first `len` elements of the buffer's bytes as `T`s, after every device write into the
+    /// buffer has completed.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when `len` elements of `T` do not fit; [`Error::Misaligned`] when
+    /// the buffer is not aligned for `T` (pinned allocations are page-aligned); the error of the
+    /// work waited for.
+    pub fn as_slice_of<T: DeviceRepr>(&self, len: usize) -> Result<&[T]> {
+        let bytes = byte_size::<T>("PinnedHostBuffer::as_slice_of", len)?;
+        if bytes > self.len {
+            return Err(Error::OutOfBounds {
+                what: "PinnedHostBuffer::as_slice_of",
+                start: 0,
+                end: bytes,
+                len: self.len,
+            });
+        }
+        if len > 0 && (self.ptr as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Error::Misaligned {
+                what: "PinnedHostBuffer::as_slice_of",
+                address: self.ptr as u64,
+                align: std::mem::align_of::<T>(),
+            });
+        }
+        self.access.wait_on_host(Use::Read)?;
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the range holds `bytes` initialised bytes of this allocation (zeroed at
+        // allocation, or written by completed copies), aligned for T (checked); every bit pattern
+        // is a valid T (DeviceRepr); no device write is in flight (waited above) and none can
+        // start while the returned borrow of self lives (device writes need &mut self).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>(), len) })
+    }
+
+    /// Whether every device write into the buffer enqueued so far has completed (does not block).
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn is_ready(&self) -> Result<bool> {
+        self.access.is_complete(Use::Read)
+    }
+
     /// Copies `src` into the first `src.len()` bytes of this buffer, on `stream`, ordered by the
     /// crate's rule.
     ///

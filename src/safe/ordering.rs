@@ -72,6 +72,13 @@ impl PooledEvent {
         unsafe { raw_event::record(self.raw, stream.raw()) }
     }
 
+    /// Whether the last record completed (does not block).
+    pub(crate) fn is_complete(&self) -> Result<bool> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: the event is live.
+        unsafe { raw_event::query(self.raw) }
+    }
+
     /// Blocks until the last record completed.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _bound = self.ctx.bind()?;
@@ -211,6 +218,19 @@ impl Access {
     #[cfg(feature = "testing")]
     pub(crate) fn forget_write(&self) {
         self.lock().write = None;
+    }
+
+    /// Whether every use that `use_` conflicts with has completed, without blocking (a use
+    /// without an event yet gets one now, at the end of its stream).
+    pub(crate) fn is_complete(&self, use_: Use) -> Result<bool> {
+        let mut state = self.lock();
+        let State { write, reads } = &mut *state;
+        for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
+            if !mark.event()?.is_complete()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Blocks the host until every use that `use_` conflicts with has completed (before the host

@@ -1,0 +1,83 @@
+//! Deferred readback: the last stage's results (say, a step's logits) copied to the host on the
+//! runtime's readback stream while the stage streams go on with the next steps.
+//!
+//! [`PpNRt::readback`](crate::PpNRt::readback) takes the device buffer, makes the readback stream
+//! wait for that buffer's last write alone (the step's work, not later steps), copies it into a
+//! pinned buffer from the runtime's ring, and hands the buffer's free to the readback stream, so
+//! no stage stream ever waits for the copy. A [`PendingReadback`] gives the values with
+//! [`wait`](PendingReadback::wait) (blocking) or [`try_get`](PendingReadback::try_get) (not
+//! blocking); dropping it returns its pinned buffer to the ring without waiting.
+//!
+//! Threading: a `PendingReadback` is `Send + Sync`; the ring is shared behind a mutex.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use crate::error::Result;
+use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
+
+/// Pinned buffers kept for reuse; more than this many idle ones are freed.
+pub(crate) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
+
+/// The runtime's ring of idle pinned readback buffers.
+pub(crate) type ReadbackRing = Arc<Mutex<Vec<PinnedHostBuffer<u8>>>>;
+
+/// A readback in flight. See the [module docs](self).
+#[derive(Debug)]
+pub struct PendingReadback<T: DeviceRepr> {
+    host: Option<PinnedHostBuffer<u8>>,
+    len: usize,
+    /// The device buffer, alive until the copy is done; its free is ordered on the readback
+    /// stream.
+    _source: CudaSlice<T>,
+    ring: ReadbackRing,
+    _marker: PhantomData<T>,
+}
+
+impl<T: DeviceRepr> PendingReadback<T> {
+    pub(crate) fn new(host: PinnedHostBuffer<u8>, len: usize, source: CudaSlice<T>, ring: ReadbackRing) -> Self {
+        PendingReadback { host: Some(host), len, _source: source, ring, _marker: PhantomData }
+    }
+
+    fn host(&self) -> &PinnedHostBuffer<u8> {
+        self.host.as_ref().expect("the buffer is taken only by Drop")
+    }
+
+    /// Number of elements read back.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was read back.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The values, once the copy completed (blocks until then).
+    ///
+    /// # Errors
+    /// The error of the work waited for.
+    pub fn wait(&self) -> Result<&[T]> {
+        self.host().as_slice_of::<T>(self.len)
+    }
+
+    /// The values if the copy has completed, else `None` (does not block).
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn try_get(&self) -> Result<Option<&[T]>> {
+        if self.host().is_ready()? { self.wait().map(Some) } else { Ok(None) }
+    }
+}
+
+impl<T: DeviceRepr> Drop for PendingReadback<T> {
+    fn drop(&mut self) {
+        // Back to the ring without waiting: the next copy into it is ordered after this one.
+        if let Some(host) = self.host.take() {
+            let mut ring = self.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if ring.len() < MAX_IDLE_READBACK_BUFFERS {
+                ring.push(host);
+            }
+        }
+    }
+}
