@@ -22,7 +22,9 @@ pub(crate) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
 /// The runtime's ring of idle pinned readback buffers.
 pub(crate) type ReadbackRing = Arc<Mutex<Vec<PinnedHostBuffer<u8>>>>;
 
-/// A readback in flight. See the [module docs](self).
+/// A readback in flight, made by [`PpNRt::readback`](crate::PpNRt::readback): the values with
+/// [`wait`](Self::wait) or [`try_get`](Self::try_get); dropping it returns its pinned buffer to the
+/// runtime's ring without waiting.
 #[derive(Debug)]
 pub struct PendingReadback<T: DeviceRepr> {
     host: Option<PinnedHostBuffer<u8>>,
