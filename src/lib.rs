@@ -55,7 +55,9 @@ pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, Loa
 /// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.
 pub use half;
 pub use half::{bf16, f16};
-pub use pp::{PendingReadback, PpConfig, PpError, PpNRt, SM_COPY_MAX_BYTES, SlotState, Transport, TransportPolicy};
+pub use pp::{
+    PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, Transport, TransportPolicy,
+};
 pub use safe::{
     BoundContext, BufferUse, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr,
     DeviceSlice, DeviceSliceMut, Function, HelperKernels, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS,

@@ -495,3 +495,74 @@ fn a_readback_from_another_device_is_refused() {
         assert!(matches!(rt.readback(wrong), Err(Error::WrongDevice { expected: 1, found: 0, .. })));
     });
 }
+
+/// Receiving in place: the stage reads the slot itself (no copy), the slot stays taken while the
+/// view lives, and the next `tx` into it waits for the reads made through the view (the double
+/// runs the sender's stream first: were the write not ordered after the read, the read would see
+/// the new data). A deliberately broken protocol (no wait for the reads) is caught the same way.
+#[test]
+fn a_slot_received_in_place_is_read_before_it_is_refilled() {
+    with_double("a_slot_received_in_place_is_read_before_it_is_refilled", |_| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, fault, expect_ok) in [
+            ([0, 1], ppnrt::pp::ProtocolFault::None, true),
+            ([0, 0], ppnrt::pp::ProtocolFault::None, true),
+            ([0, 1], ppnrt::pp::ProtocolFault::SkipRxWait, false),
+        ] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1).inject_fault(fault), &primary).unwrap();
+            let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+            let n = 2048;
+            let send = |seed: u32| {
+                let _stage = rt.enter(0).unwrap();
+                let mut x = e0.alloc::<u32>(n).unwrap();
+                e0.fill_pattern(&mut x, seed).unwrap();
+                rt.tx(0, &x, n).unwrap()
+            };
+            let slot = send(1);
+            let mut sum = {
+                let _stage = rt.enter(1).unwrap();
+                e1.alloc_zeroed::<u64>(1).unwrap()
+            };
+            {
+                let received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
+                assert!(received.is_in_place());
+                let err = rt.tx(0, &e0.htod(&[0u32; 16]).unwrap(), 16).unwrap_err();
+                assert!(
+                    matches!(err, Error::Pipeline(ppnrt::PpError::SlotState { found: ppnrt::SlotState::Lent, .. })),
+                    "{err}"
+                );
+                let _stage = rt.enter(1).unwrap();
+                e1.spin(500_000).unwrap();
+                e1.checksum_into(&received.view().unwrap(), &mut sum).unwrap();
+            }
+            send(2); // overwrites the slot as soon as the reads allow
+            rt.stage_stream(0).unwrap().synchronize().unwrap(); // the sender's stream runs first
+            let expected =
+                ppnrt::kernels::checksum(&(0..n as u64).map(|i| ppnrt::kernels::pattern(1, i)).collect::<Vec<_>>());
+            let got = e1.dtoh(&sum).unwrap()[0];
+            assert_eq!(got == expected, expect_ok, "{devices:?} {fault:?}");
+            let received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
+            let values = e1.dtoh(&received.view().unwrap()).unwrap();
+            assert_eq!(values, (0..n as u64).map(|i| ppnrt::kernels::pattern(2, i)).collect::<Vec<_>>());
+            drop(received);
+            rt.synchronize().unwrap();
+        }
+    });
+}
+
+/// A host-staged boundary cannot lend its pinned slot to kernels: the guard holds a copy.
+#[test]
+fn a_host_staged_slot_is_received_as_a_copy() {
+    with_double("a_host_staged_slot_is_received_as_a_copy", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).transport(TransportPolicy::Staged), &primary).unwrap();
+        let x = {
+            let _stage = rt.enter(0).unwrap();
+            rt.engine(0, &primary).unwrap().htod(&[9u32; 100]).unwrap()
+        };
+        let slot = rt.tx(0, &x, 100).unwrap();
+        let received = rt.rx_in_place::<u32>(0, slot, 100).unwrap();
+        assert!(!received.is_in_place());
+        assert_eq!(rt.engine(1, &primary).unwrap().dtoh(&received.view().unwrap()).unwrap(), vec![9u32; 100]);
+    });
+}

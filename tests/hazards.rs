@@ -50,7 +50,8 @@ fn seed_of(step: usize) -> u32 {
     kernels::mix32(step as u32 ^ 0x5eed_0000)
 }
 
-/// Runs `steps` through boundary 0 of a 2-stage pipeline and returns the mismatching steps.
+/// Runs `steps` through boundary 0 of a 2-stage pipeline and returns the mismatching steps;
+/// `in_place` receives with `rx_in_place` (the checksum reads the slot itself) instead of `rx`.
 fn hazard_run(
     primary: &Engine,
     config: PpConfig,
@@ -58,6 +59,7 @@ fn hazard_run(
     expected: &[u64],
     seed: u64,
     delays: (u64, u64),
+    in_place: bool,
 ) -> usize {
     let lag = config.n_slots();
     let rt = PpNRt::new(config, primary).unwrap();
@@ -80,8 +82,14 @@ fn hazard_run(
             let (step, slot) = in_flight.pop_front().unwrap();
             let _scope = rt.enter(1).unwrap();
             rx_engine.spin(rng.below(delays.1)).unwrap();
-            let y = rt.rx::<u32>(0, slot, N).unwrap();
-            rx_engine.checksum_into(&y, &mut sums.slice_mut(step..step + 1).unwrap()).unwrap();
+            let mut sum = sums.slice_mut(step..step + 1).unwrap();
+            if in_place {
+                let received = rt.rx_in_place::<u32>(0, slot, N).unwrap();
+                rx_engine.checksum_into(&received.view().unwrap(), &mut sum).unwrap();
+            } else {
+                let y = rt.rx::<u32>(0, slot, N).unwrap();
+                rx_engine.checksum_into(&y, &mut sum).unwrap();
+            }
         }
     }
     let _scope = rt.enter(1).unwrap();
@@ -122,7 +130,24 @@ fn the_protocol_has_no_ordering_hazards() {
     for (i, case) in cases(devices).iter().enumerate() {
         let config = PpConfig::with_devices(&case.devices).slots(case.slots).transport(case.policy);
         for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {
-            let bad = hazard_run(&primary, config.clone(), steps, &expected, i as u64, delays);
+            let bad = hazard_run(&primary, config.clone(), steps, &expected, i as u64, delays, false);
+            say(&format!("{test}: {} ({config}), {profile} delays: {bad} mismatches in {steps} steps", case.name));
+            assert_eq!(bad, 0, "{} ({config}), {profile} delays", case.name);
+        }
+    }
+}
+
+#[test]
+fn receiving_in_place_has_no_ordering_hazards() {
+    let test = "receiving_in_place_has_no_ordering_hazards";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let steps = steps();
+    let expected = expected_checksums(steps);
+    for (i, case) in cases(devices).iter().enumerate() {
+        let config = PpConfig::with_devices(&case.devices).slots(case.slots).transport(case.policy);
+        for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {
+            let bad = hazard_run(&primary, config.clone(), steps, &expected, 50 + i as u64, delays, true);
             say(&format!("{test}: {} ({config}), {profile} delays: {bad} mismatches in {steps} steps", case.name));
             assert_eq!(bad, 0, "{} ({config}), {profile} delays", case.name);
         }
@@ -150,9 +175,12 @@ fn a_broken_protocol_is_caught() {
         // Each fault meets the delays that open the race its wait closes.
         for (fault, delays) in [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)] {
             let config = base.clone().inject_fault(fault);
-            let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays);
-            say(&format!("{test}: {config}: {bad} mismatches in {steps} steps"));
-            assert!(bad > 0, "{config}: the broken protocol went unnoticed");
+            for in_place in [false, true] {
+                let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays, in_place);
+                let how = if in_place { "received in place" } else { "received by copy" };
+                say(&format!("{test}: {config}, {how}: {bad} mismatches in {steps} steps"));
+                assert!(bad > 0, "{config}, {how}: the broken protocol went unnoticed");
+            }
         }
     }
 }

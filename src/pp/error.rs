@@ -24,12 +24,15 @@ pub enum SlotState {
     Received,
     /// Free: its data was given up by [`PpNRt::discard_unreceived`](crate::PpNRt::discard_unreceived).
     Discarded,
+    /// Received in place ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place)): the receiver's view
+    /// of it is alive, so `tx` cannot refill it yet.
+    Lent,
 }
 
 impl SlotState {
     /// Whether `tx` may fill the slot.
     pub fn is_free(&self) -> bool {
-        !matches!(self, SlotState::Filled { .. })
+        matches!(self, SlotState::NeverFilled | SlotState::Received | SlotState::Discarded)
     }
 }
 
@@ -40,6 +43,7 @@ impl fmt::Display for SlotState {
             SlotState::Filled { n, elem } => write!(f, "filled ({n} {elem} sent, not yet received)"),
             SlotState::Received => f.write_str("free (already received)"),
             SlotState::Discarded => f.write_str("free (discarded unreceived)"),
+            SlotState::Lent => f.write_str("lent (received in place, its view still alive)"),
         }
     }
 }

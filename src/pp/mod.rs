@@ -37,4 +37,4 @@ pub use config::{DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use readback::PendingReadback;
-pub use runtime::{PpNRt, SM_COPY_MAX_BYTES};
+pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES};

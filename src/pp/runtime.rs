@@ -72,8 +72,9 @@ struct Slot {
 
 enum SlotBuffer {
     Empty,
-    /// Persistent (`cuMemAlloc`) memory on the RX device, owned by the RX stream.
-    Device(CudaSlice<u8>),
+    /// Persistent (`cuMemAlloc`) memory on the RX device, owned by the RX stream; shared with a
+    /// [`ReceivedSlot`] while the slot is lent.
+    Device(Arc<CudaSlice<u8>>),
     /// Pinned host memory.
     Host(PinnedHostBuffer<u8>),
 }
@@ -396,7 +397,7 @@ impl PpNRt {
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
-        if let SlotState::Filled { .. } = slot.state {
+        if !slot.state.is_free() {
             return Err(Error::Pipeline(PpError::SlotState {
                 boundary: b,
                 slot: index,
@@ -418,6 +419,15 @@ impl PpNRt {
         }
         match &mut slot.buffer {
             SlotBuffer::Device(buffer) => {
+                // A lent slot is not free, and its view gives its share back before the slot is
+                // marked received: the buffer is not shared here.
+                let buffer = Arc::get_mut(buffer).ok_or(Error::Pipeline(PpError::SlotState {
+                    boundary: b,
+                    slot: index,
+                    call: "tx",
+                    needed: "free (received)",
+                    found: SlotState::Lent,
+                }))?;
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
                 if boundary.plan.transport == Transport::Local {
                     boundary.copy_within_device(tx, src, dst)?;
@@ -480,6 +490,33 @@ impl PpNRt {
                 ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
             }
         }
+        let slot = Self::filled_slot::<T>(b, &mut ring, slot_index, n)?;
+        let bytes = n * std::mem::size_of::<T>();
+        let rx = &boundary.rx_stream;
+        let _bound = rx.context().bind_for_call()?;
+        let mut out = CudaSlice::<T>::alloc(rx, n)?;
+        let dst = out.as_view_mut().into_bytes();
+        #[cfg(feature = "testing")]
+        if self.config.fault() == ProtocolFault::SkipTxWait {
+            slot.buffer.access().forget_write();
+        }
+        match &slot.buffer {
+            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
+            SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
+            SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
+        }
+        slot.state = SlotState::Received;
+        boundary.changed.notify_all();
+        Ok(out)
+    }
+
+    /// The slot `slot_index`, checked to be filled with `n` elements of `T`.
+    fn filled_slot<'r, T: DeviceRepr>(
+        b: usize,
+        ring: &'r mut Ring,
+        slot_index: usize,
+        n: usize,
+    ) -> Result<&'r mut Slot> {
         let n_slots = ring.slots.len();
         let slot = ring.slots.get_mut(slot_index).ok_or(Error::Pipeline(PpError::SlotOutOfRange {
             boundary: b,
@@ -504,34 +541,78 @@ impl PpNRt {
                         sent,
                     }));
                 }
+                Ok(slot)
             }
-            state => {
-                return Err(Error::Pipeline(PpError::SlotState {
-                    boundary: b,
-                    slot: slot_index,
-                    call: "rx",
-                    needed: "filled",
-                    found: state,
-                }));
+            state => Err(Error::Pipeline(PpError::SlotState {
+                boundary: b,
+                slot: slot_index,
+                call: "rx",
+                needed: "filled",
+                found: state,
+            })),
+        }
+    }
+
+    /// Boundary RX without a copy: lends the slot itself to stage `b + 1` as a [`ReceivedSlot`],
+    /// whose [`view`](ReceivedSlot::view) the stage's kernels read in place (ordered after the
+    /// slot's `tx` by the crate's rule, and the slot's next `tx` after them). The slot stays
+    /// taken until the guard drops (a `tx` onto it is refused, `tx_wait` waits); drop it once the
+    /// work that reads the view has been enqueued. A host-staged slot cannot be lent to kernels:
+    /// there the guard holds a copy, as [`rx`](Self::rx) makes.
+    ///
+    /// # Errors
+    /// As [`rx`](Self::rx).
+    pub fn rx_in_place<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<ReceivedSlot<'_, T>> {
+        self.rx_in_place_impl(b, slot_index, n, None)
+    }
+
+    /// [`rx_in_place`](Self::rx_in_place) that parks until the slot is filled, as
+    /// [`rx_wait`](Self::rx_wait) does.
+    ///
+    /// # Errors
+    /// As [`rx_wait`](Self::rx_wait).
+    pub fn rx_in_place_wait<T: DeviceRepr>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<ReceivedSlot<'_, T>> {
+        self.rx_in_place_impl(b, slot_index, n, Some(timeout))
+    }
+
+    fn rx_in_place_impl<T: DeviceRepr>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<ReceivedSlot<'_, T>> {
+        let boundary = self.boundary(b)?;
+        if n == 0 {
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
+        }
+        if matches!(boundary.plan.transport, Transport::HostStaged) {
+            let copy = self.rx_impl::<T>(b, slot_index, n, wait)?;
+            return Ok(ReceivedSlot { lent: None, copy: Some(copy), boundary, slot: slot_index, n });
+        }
+        let mut ring = Self::lock(boundary);
+        if let Some(timeout) = wait {
+            if slot_index < ring.slots.len() {
+                ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
             }
         }
-        let bytes = n * std::mem::size_of::<T>();
-        let rx = &boundary.rx_stream;
-        let _bound = rx.context().bind_for_call()?;
-        let mut out = CudaSlice::<T>::alloc(rx, n)?;
-        let dst = out.as_view_mut().into_bytes();
+        let slot = Self::filled_slot::<T>(b, &mut ring, slot_index, n)?;
+        let SlotBuffer::Device(buffer) = &slot.buffer else {
+            unreachable!("a filled device-transport slot has a device buffer")
+        };
         #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipTxWait {
-            slot.buffer.access().forget_write();
+            buffer.access().forget_write();
         }
-        match &slot.buffer {
-            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
-            SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
-            SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
-        }
-        slot.state = SlotState::Received;
-        boundary.changed.notify_all();
-        Ok(out)
+        let lent = Arc::clone(buffer);
+        slot.state = SlotState::Lent;
+        Ok(ReceivedSlot { lent: Some(lent), copy: None, boundary, slot: slot_index, n })
     }
 
     /// Gives up the data of boundary `b`'s filled slots that will never be received (say, the
@@ -702,11 +783,79 @@ fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, byte
     slot.buffer = SlotBuffer::Empty;
     slot.buffer = match transport {
         Transport::Local | Transport::Peer => {
-            SlotBuffer::Device(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?)
+            SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?))
         }
         Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(rx_stream.context(), capacity)?),
     };
     Ok(())
+}
+
+/// A slot received in place ([`PpNRt::rx_in_place`]): read it through [`view`](Self::view) on
+/// any stream (the crate's ordering rule orders those reads after the slot's `tx`, and the slot's
+/// next `tx` after them). Dropping the guard frees the slot for the next `tx`; drop it once the
+/// work that reads the view has been enqueued.
+#[must_use = "the slot stays taken until the guard drops"]
+pub struct ReceivedSlot<'a, T: DeviceRepr> {
+    /// The slot's own buffer (device transports).
+    lent: Option<Arc<CudaSlice<u8>>>,
+    /// A copy (host-staged transport).
+    copy: Option<CudaSlice<T>>,
+    boundary: &'a Boundary,
+    slot: usize,
+    n: usize,
+}
+
+impl<T: DeviceRepr> ReceivedSlot<'_, T> {
+    /// The received elements.
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`] cannot happen for the crate's element types (slot buffers are
+    /// 256-byte aligned); kept for types of yours with a larger alignment.
+    pub fn view(&self) -> Result<CudaView<'_, T>> {
+        match (&self.lent, &self.copy) {
+            (Some(buffer), _) => buffer.slice(..self.n * std::mem::size_of::<T>())?.reinterpret::<T>(),
+            (None, Some(copy)) => Ok(copy.as_view()),
+            (None, None) => unreachable!("a guard holds the slot or a copy"),
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether no element was received (never: `n` is at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Whether the view is the slot itself (`false`: a copy, for a host-staged boundary).
+    pub fn is_in_place(&self) -> bool {
+        self.lent.is_some()
+    }
+}
+
+impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
+    fn drop(&mut self) {
+        // Give the buffer's share back first: a `tx` woken by the state change finds it unshared.
+        if self.lent.take().is_some() {
+            let mut ring = PpNRt::lock(self.boundary);
+            if ring.slots[self.slot].state == SlotState::Lent {
+                ring.slots[self.slot].state = SlotState::Received;
+            }
+            self.boundary.changed.notify_all();
+        }
+    }
+}
+
+impl<T: DeviceRepr> fmt::Debug for ReceivedSlot<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReceivedSlot")
+            .field("slot", &self.slot)
+            .field("n", &self.n)
+            .field("in_place", &self.is_in_place())
+            .finish()
+    }
 }
 
 impl Drop for PpNRt {
