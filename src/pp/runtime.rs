@@ -511,12 +511,7 @@ impl PpNRt {
     }
 
     /// The slot `slot_index`, checked to be filled with `n` elements of `T`.
-    fn filled_slot<'r, T: DeviceRepr>(
-        b: usize,
-        ring: &'r mut Ring,
-        slot_index: usize,
-        n: usize,
-    ) -> Result<&'r mut Slot> {
+    fn filled_slot<T: DeviceRepr>(b: usize, ring: &mut Ring, slot_index: usize, n: usize) -> Result<&mut Slot> {
         let n_slots = ring.slots.len();
         let slot = ring.slots.get_mut(slot_index).ok_or(Error::Pipeline(PpError::SlotOutOfRange {
             boundary: b,
