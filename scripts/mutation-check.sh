@@ -25,13 +25,11 @@ PY
   if [ -n "$out" ]; then echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'; else echo "MISSED $name"; fi
 }
 run pinned-htod src/safe/memory.rs "        if read_later {" "        if false && read_later {"
-run copy-with-sms src/engine.rs "            if owner.ordinal() != self.ordinal() && pooled {" "            if false && pooled {"
+run copy-with-sms src/safe/module.rs "            if used.pooled {" "            if false && used.pooled {"
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
-run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), _ctx: PhantomData })" "        Ok(BoundContext { restore: None, _ctx: PhantomData })"
+run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
 run readback-free-on-readback-stream src/pp/runtime.rs "        source.set_stream(&self.readback)?;" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
-run grow-waits-tx src/pp/runtime.rs "    if slot.tx_recorded {
-        slot.ev_tx.synchronize()?;
-    }" ""
+run grow-waits-for-the-slot src/pp/runtime.rs "        SlotBuffer::Device(buffer) => buffer.synchronize()?," "        SlotBuffer::Device(_) => {}"
