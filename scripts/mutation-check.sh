@@ -32,4 +32,5 @@ run settle src/safe/stream.rs "        if result.is_err() {" "        if false &
 run readback-free-on-readback-stream src/pp/runtime.rs "        source.set_stream(&self.readback)?;" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
-run grow-waits-for-the-slot src/pp/runtime.rs "        SlotBuffer::Device(buffer) => buffer.synchronize()?," "        SlotBuffer::Device(_) => {}"
+# Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
+# errors, and the old buffer's drop), so undoing either alone changes nothing a test can see.

@@ -92,9 +92,12 @@ fn a_failed_tx_leaves_no_copy_in_flight() {
             let e = rt.engine(0, &primary).unwrap().clone();
             let _stage = rt.enter(0).unwrap();
             let small = e.htod(&[3u32; 1024]).unwrap();
+            double.flush(); // only the failing call's own work is counted below
             double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
             let err = rt.tx(0, &small, 1024).unwrap_err();
             assert!(err.to_string().contains("cuEventRecord"), "{err}");
+            // The error returned with nothing of the call left queued (its stream was drained).
+            assert_eq!(double.pending(), 0, "{policy:?} {devices:?}: work left in flight after the error");
             let big_data: Vec<u32> = (0..1u32 << 18).collect();
             let big = e.htod(&big_data).unwrap();
             let slot = rt.tx(0, &big, big_data.len()).unwrap();
