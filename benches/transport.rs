@@ -20,6 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+
+#[path = "../tests/common/threads.rs"]
+mod threads;
 use ppnrt::sys::{self, CUdeviceptr, CUresult, CUstream, CUstreamWaitValue_flags};
 use ppnrt::{
     CudaEvent, CudaSlice, CudaStream, Device, DeviceSlice, Engine, Function, LaunchConfig, Module, PinnedHostBuffer,
@@ -244,6 +247,17 @@ impl RawBoundary {
         out
     }
 
+    /// The raw in-place receive: the RX stream waits for the slot's `ev_tx` and the slot's
+    /// `ev_rx` is recorded after the consumer's work (here: none), no allocation, no copy.
+    fn rx_in_place(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        let stream: CUstream = self.rx_stream.raw();
+        raw!(cuCtxSetCurrent(self.rx_stream.context().raw()));
+        raw!(cuStreamWaitEvent(stream, slot.ev_tx.raw(), 0));
+        raw!(cuEventRecord(slot.ev_rx.raw(), stream));
+        slot.rx_recorded = true;
+    }
+
     fn free(&self, out: CUdeviceptr) {
         raw!(cuMemFreeAsync(out, self.rx_stream.raw()));
     }
@@ -373,6 +387,30 @@ impl Boundary {
         }
         self.sync();
         (txs, rxs)
+    }
+
+    /// Host seconds of `tx` + in-place receive (guard taken, the consumer's read of the view
+    /// ordered on the RX stream, guard dropped) per step, each issued into an idle queue.
+    fn host_times_in_place(&mut self, raw: bool, iters: usize) -> Vec<f64> {
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..iters {
+            if i % 32 == 0 {
+                self.sync();
+            }
+            let t0 = Instant::now();
+            if raw {
+                let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
+                self.raw.rx_in_place(slot);
+            } else {
+                let slot = self.rt.tx(0, &self.x, self.n).unwrap();
+                let mut received = self.rt.rx_in_place::<u32>(0, slot, self.n).unwrap();
+                received.order_on(self.rt.stage_stream(1).unwrap()).unwrap();
+                drop(received);
+            }
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        self.sync();
+        times
     }
 
     /// Seconds per step with `steps` steps in flight (host clock, final synchronisation included).
@@ -730,6 +768,119 @@ fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> (
     (median(&mut crate_times) / iters as f64, median(&mut raw_times) / iters as f64)
 }
 
+/// The engine-facing paths against their references, each with its target:
+/// receiving in place vs `rx`, deferred readback vs the raw calls it makes, and one host thread
+/// per stage vs one thread driving every stage.
+fn engine_paths(gpus: &Gpus, report: &mut String) {
+    let mut checks: Vec<(String, String, bool)> = Vec::new();
+    let us = 1e6;
+    // In place, 32 KiB, on the peer boundary if there is one.
+    let (name, devices, policy) = transports(gpus).into_iter().find(|t| t.0 == "peer").unwrap_or(transports(gpus)[0]);
+    let mut boundary = Boundary::new(gpus, devices, policy, 32 * KIB);
+    boundary.set_bytes(32 * KIB);
+    boundary.host_times(false, 50);
+    boundary.host_times_in_place(false, 50);
+    boundary.host_times_in_place(true, 50);
+    let (mut copy, mut in_place, mut raw_in_place) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..6 {
+        let (t, r) = boundary.host_times(false, 200);
+        copy.extend(t.iter().zip(&r).map(|(a, b)| a + b));
+        in_place.extend(boundary.host_times_in_place(false, 200));
+        raw_in_place.extend(boundary.host_times_in_place(true, 200));
+    }
+    let (copy, in_place, raw_in_place) = (median(&mut copy), median(&mut in_place), median(&mut raw_in_place));
+    checks.push((
+        format!("{name} 32 KiB: tx + in-place receive ≤ 0.7× tx + rx (host)"),
+        format!(
+            "{:.2} µs vs tx + rx {:.2} µs ({:.3}×); raw in place {:.2} µs",
+            in_place * us,
+            copy * us,
+            in_place / copy,
+            raw_in_place * us
+        ),
+        in_place <= 0.7 * copy,
+    ));
+    drop(boundary);
+
+    // Deferred readback of 32 KiB from the last stage: the crate's call against the raw calls
+    // (record on the stage stream, wait on the readback stream, D2H issue, record after it).
+    let last = gpus.engines.len().min(2) - 1;
+    let rt = PpNRt::new(PpConfig::with_devices(&[0, last as i32]), &gpus.engines[0]).unwrap();
+    let e = rt.engine(1, &gpus.engines[0]).unwrap().clone();
+    let stage = rt.stage_stream(1).unwrap().clone();
+    let readback = rt.readback_stream().clone();
+    let n = 32 * KIB / 4;
+    let mut pinned = PinnedHostBuffer::<u32>::new(e.context(), n, false).unwrap();
+    let (mark, done) = (CudaEvent::new(e.context(), false).unwrap(), CudaEvent::new(e.context(), false).unwrap());
+    let source = {
+        let _stage = rt.enter(1).unwrap();
+        let mut source = e.alloc::<u32>(n).unwrap();
+        e.fill_pattern(&mut source, 9).unwrap();
+        source
+    };
+    let (mut crate_times, mut raw_times) = (Vec::new(), Vec::new());
+    for round in 0..1200 {
+        let logits = {
+            let _stage = rt.enter(1).unwrap();
+            let mut logits = e.alloc::<u32>(n).unwrap();
+            stage.memcpy_dtod(&source, &mut logits).unwrap();
+            logits
+        };
+        rt.synchronize().unwrap();
+        let t0 = Instant::now();
+        let pending = rt.readback(logits).unwrap();
+        let crate_s = t0.elapsed().as_secs_f64();
+        assert_eq!(pending.wait().unwrap()[n - 1], ppnrt::kernels::pattern(9, (n - 1) as u64));
+        drop(pending);
+        rt.synchronize().unwrap();
+        let t0 = Instant::now();
+        raw!(cuCtxSetCurrent(e.context().raw()));
+        raw!(cuEventRecord(mark.raw(), stage.raw()));
+        raw!(cuStreamWaitEvent(readback.raw(), mark.raw(), 0));
+        raw!(cuMemcpyDtoHAsync_v2(pinned.as_mut_ptr().cast(), source.device_ptr(), n * 4, readback.raw()));
+        raw!(cuEventRecord(done.raw(), readback.raw()));
+        let raw_s = t0.elapsed().as_secs_f64();
+        readback.synchronize().unwrap();
+        if round >= 200 {
+            crate_times.push(crate_s);
+            raw_times.push(raw_s);
+        }
+    }
+    let (c, r) = (median(&mut crate_times), median(&mut raw_times));
+    checks.push((
+        "deferred readback 32 KiB: host cost per step ≤ 2 µs".into(),
+        format!("{:.2} µs (raw record + wait + D2H issue + record {:.2} µs, {:.3}×)", c * us, r * us, c / r),
+        c * us <= 2.0,
+    ));
+    drop(rt);
+
+    // One host thread per stage against one thread: 4 stages over the GPUs, 1 KiB activations.
+    let map: Vec<i32> = (0..4).map(|s| (s % gpus.engines.len().min(2)) as i32).collect();
+    let steps = 2_000;
+    threads::one_thread(&gpus.engines[0], &map, 2, 100);
+    threads::thread_per_stage(&gpus.engines[0], &map, 2, 100);
+    let (expected, one) = threads::one_thread(&gpus.engines[0], &map, 2, steps);
+    let (got, many) = threads::thread_per_stage(&gpus.engines[0], &map, 2, steps);
+    assert!(got == expected, "thread-per-stage outputs differ");
+    let ratio = many.as_secs_f64() / one.as_secs_f64();
+    checks.push((
+        format!("one thread per stage ({map:?}, {steps} steps) within 1.15× one thread's time"),
+        format!(
+            "{:.2} vs {:.2} µs per step ({ratio:.3}×)",
+            many.as_secs_f64() / steps as f64 * us,
+            one.as_secs_f64() / steps as f64 * us
+        ),
+        ratio <= 1.15,
+    ));
+
+    let _ = writeln!(report, "\n| engine path | measured | met |\n| --- | --- | --- |");
+    for (name, measured, met) in &checks {
+        let line = format!("| {name} | {measured} | {} |", if *met { "yes" } else { "NO" });
+        println!("TARGET {line}");
+        let _ = writeln!(report, "{line}");
+    }
+}
+
 fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
     let find = |figure: &str| rows.iter().find(|r| r.figure == figure);
     let mut checks: Vec<(String, String, bool)> = Vec::new();
@@ -830,8 +981,9 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,targets picks tables (default: all).
-    let tables = std::env::var("PPNRT_BENCH_TABLES").unwrap_or_else(|_| "comparison,calls,aggregate,targets".into());
+    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets picks tables (default: all).
+    let tables =
+        std::env::var("PPNRT_BENCH_TABLES").unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets".into());
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
@@ -839,6 +991,9 @@ fn main() {
     }
     if wanted("aggregate") {
         aggregate(&gpus, &mut report);
+    }
+    if wanted("engine") {
+        engine_paths(&gpus, &mut report);
     }
     if wanted("targets") {
         targets(&gpus, &rows, &mut report);

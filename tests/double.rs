@@ -569,3 +569,44 @@ fn a_host_staged_slot_is_received_as_a_copy() {
         assert_eq!(rt.engine(1, &primary).unwrap().dtoh(&received.view().unwrap()).unwrap(), vec![9u32; 100]);
     });
 }
+
+/// A consumer that reads the lent slot by other means (a raw address, as another library's
+/// kernel would) orders itself with `order_on`: it reads the new data, and the next `tx` waits for
+/// it (the double runs the sender's stream first).
+#[test]
+fn order_on_orders_a_consumer_the_rule_cannot_see() {
+    with_double("order_on_orders_a_consumer_the_rule_cannot_see", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+        let n = 1024;
+        let send = |seed: u32| {
+            let _stage = rt.enter(0).unwrap();
+            let mut x = e0.alloc::<u32>(n).unwrap();
+            e0.fill_pattern(&mut x, seed).unwrap();
+            rt.tx(0, &x, n).unwrap()
+        };
+        let checksum =
+            e1.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_checksum_u32").unwrap();
+        let stage1 = rt.stage_stream(1).unwrap().clone();
+        let slot = send(3);
+        let mut sum = {
+            let _stage = rt.enter(1).unwrap();
+            e1.alloc_zeroed::<u64>(1).unwrap()
+        };
+        {
+            let mut received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
+            received.order_on(&stage1).unwrap();
+            let address = received.view().unwrap().device_ptr();
+            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads n
+            // words at `address` (the lent slot, alive while `received` is) into sum[0].
+            unsafe { stage1.launch(&checksum, ppnrt::LaunchConfig::for_elements(n, 4), (address, n as u64, &mut sum)) }
+                .unwrap();
+        }
+        send(4);
+        rt.stage_stream(0).unwrap().synchronize().unwrap();
+        let expected =
+            ppnrt::kernels::checksum(&(0..n as u64).map(|i| ppnrt::kernels::pattern(3, i)).collect::<Vec<_>>());
+        assert_eq!(e1.dtoh(&sum).unwrap()[0], expected);
+    });
+}

@@ -22,6 +22,7 @@ use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
 #[cfg(feature = "testing")]
 use crate::safe::ordering::Access;
+use crate::safe::ordering::Use;
 use crate::safe::{
     CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
     StreamOverride, enable_peer_access, record_drop_error,
@@ -589,7 +590,7 @@ impl PpNRt {
         }
         if matches!(boundary.plan.transport, Transport::HostStaged) {
             let copy = self.rx_impl::<T>(b, slot_index, n, wait)?;
-            return Ok(ReceivedSlot { lent: None, copy: Some(copy), boundary, slot: slot_index, n });
+            return Ok(ReceivedSlot { lent: None, reader: None, copy: Some(copy), boundary, slot: slot_index, n });
         }
         let mut ring = Self::lock(boundary);
         if let Some(timeout) = wait {
@@ -607,7 +608,7 @@ impl PpNRt {
         }
         let lent = Arc::clone(buffer);
         slot.state = SlotState::Lent;
-        Ok(ReceivedSlot { lent: Some(lent), copy: None, boundary, slot: slot_index, n })
+        Ok(ReceivedSlot { lent: Some(lent), reader: None, copy: None, boundary, slot: slot_index, n })
     }
 
     /// Gives up the data of boundary `b`'s filled slots that will never be received (say, the
@@ -793,6 +794,9 @@ fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, byte
 pub struct ReceivedSlot<'a, T: DeviceRepr> {
     /// The slot's own buffer (device transports).
     lent: Option<Arc<CudaSlice<u8>>>,
+    /// A stream ordered by [`order_on`](ReceivedSlot::order_on): its reads are recorded when the
+    /// guard drops.
+    reader: Option<Arc<CudaStream>>,
     /// A copy (host-staged transport).
     copy: Option<CudaSlice<T>>,
     boundary: &'a Boundary,
@@ -814,6 +818,23 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
         }
     }
 
+    /// Orders `stream` after the slot's data arrived, for a consumer that reads the view's memory
+    /// by other means than this crate's launches and copies (another library's kernels, say):
+    /// its reads are recorded when the guard drops, so enqueue them on `stream` before dropping
+    /// it. (Reads through this crate order themselves and need no call.)
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn order_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        match (&self.lent, &self.copy) {
+            (Some(buffer), _) => buffer.access().order(stream, Use::Read)?,
+            (None, Some(copy)) => stream.join(copy.stream())?,
+            (None, None) => unreachable!("a guard holds the slot or a copy"),
+        }
+        self.reader = Some(Arc::clone(stream));
+        Ok(())
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.n
@@ -832,6 +853,14 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
 
 impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
     fn drop(&mut self) {
+        // The reads of a stream ordered by `order_on` end here (its work was enqueued before).
+        if let (Some(buffer), Some(reader)) = (&self.lent, self.reader.take()) {
+            if let Err(e) = buffer.access().note(&reader, Use::Read) {
+                // The read stays recorded without its event; a later writer records one at the
+                // end of the reader's stream, after the read.
+                record_drop_error(e);
+            }
+        }
         // Give the buffer's share back first: a `tx` woken by the state change finds it unshared.
         if self.lent.take().is_some() {
             let mut ring = PpNRt::lock(self.boundary);

@@ -188,7 +188,6 @@ impl<T: DeviceRepr> CudaSlice<T> {
     }
 
     /// The slice's ordering state.
-    #[cfg(feature = "testing")]
     pub(crate) fn access(&self) -> &Access {
         &self.access
     }
