@@ -610,3 +610,69 @@ fn order_on_orders_a_consumer_the_rule_cannot_see() {
         assert_eq!(e1.dtoh(&sum).unwrap()[0], expected);
     });
 }
+
+/// What a boundary step costs in driver calls, in steady state: the protocol's calls (per `tx`:
+/// a wait for the slot's last reader, the copy, its event record; per `rx`: a wait for the copy
+/// in, an allocation, the copy out, its event record; the free) and nothing else — no event
+/// created, no query — plus the price of leaving the caller's current context as it was: one
+/// `cuCtxGetCurrent` per call (`tx`, `rx`, the output's free), and a `cuCtxSetCurrent` there and
+/// back for each of them that works in another context than the caller's (here the caller has
+/// the TX stage's context current, as a thread driving that stage would).
+#[test]
+fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
+    with_double("a_boundary_step_makes_the_protocols_driver_calls_and_no_more", |double| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, label) in [([0, 1], "peer"), ([0, 0], "local")] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(false), &primary).unwrap();
+            let e = rt.engine(0, &primary).unwrap().clone();
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                e.htod(&[1u32; 8192]).unwrap()
+            };
+            let step = || {
+                let slot = rt.tx(0, &x, 8192).unwrap();
+                drop(rt.rx::<u32>(0, slot, 8192).unwrap());
+            };
+            for _ in 0..4 {
+                step(); // warm-up: slot buffers and pooled events
+            }
+            // SAFETY: the TX stage's primary context, retained by the runtime's engines.
+            unsafe { ppnrt::result::context::set_current(e.context().raw()) }.unwrap();
+            let entries = [
+                "cuCtxGetCurrent",
+                "cuCtxSetCurrent",
+                "cuStreamWaitEvent",
+                "cuMemcpyAsync",
+                "cuEventRecord",
+                "cuMemAllocAsync",
+                "cuMemFreeAsync",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuStreamQuery",
+            ];
+            let before: Vec<u64> = entries.iter().map(|entry| double.calls(entry)).collect();
+            let steps = 100;
+            for _ in 0..steps {
+                step();
+            }
+            let per_step: Vec<(&str, f64)> = entries
+                .iter()
+                .zip(&before)
+                .map(|(entry, b)| (*entry, (double.calls(entry) - b) as f64 / steps as f64))
+                .collect();
+            common::say(&format!("driver calls per tx+rx step ({label}): {per_step:?}"));
+            let calls = |entry: &str| per_step.iter().find(|(e, _)| *e == entry).unwrap().1;
+            assert_eq!(calls("cuStreamWaitEvent"), 2.0, "{label}");
+            assert_eq!(calls("cuMemcpyAsync"), 2.0, "{label}");
+            assert_eq!(calls("cuEventRecord"), 2.0, "{label}");
+            assert_eq!(calls("cuMemAllocAsync"), 1.0, "{label}");
+            assert_eq!(calls("cuMemFreeAsync"), 1.0, "{label}");
+            assert_eq!(calls("cuEventCreate") + calls("cuEventQuery") + calls("cuStreamQuery"), 0.0, "{label}");
+            assert_eq!(calls("cuCtxGetCurrent"), 3.0, "{label}");
+            // rx and the free run in the RX stage's context: there and back for each when the
+            // stages are on two devices.
+            assert_eq!(calls("cuCtxSetCurrent"), if label == "peer" { 4.0 } else { 0.0 }, "{label}");
+            rt.synchronize().unwrap();
+        }
+    });
+}

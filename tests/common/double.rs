@@ -87,6 +87,14 @@ impl Double {
         unsafe { f() }
     }
 
+    /// Calls of the driver entry point `entry` so far.
+    pub fn calls(&self, entry: &str) -> u64 {
+        let f: unsafe extern "C" fn(*const c_char) -> u64 = self.symbol(b"ppnrt_double_calls\0");
+        let entry = CString::new(entry).unwrap();
+        // SAFETY: a NUL-terminated name that outlives the call.
+        unsafe { f(entry.as_ptr()) }
+    }
+
     /// Queued operations not yet run.
     pub fn pending(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_pending\0");

@@ -206,8 +206,40 @@ static CUresult injected(const char* entry) {
     return OK;
 }
 
+/* Calls per entry point, for tests that count what an operation costs in driver calls. */
+typedef struct CallCount {
+    const char* name;
+    unsigned long long calls;
+} CallCount;
+static CallCount call_counts[96];
+
+static void count_call(const char* name) {
+    for (size_t i = 0; i < sizeof call_counts / sizeof call_counts[0]; i++) {
+        if (call_counts[i].name == name || (call_counts[i].name && strcmp(call_counts[i].name, name) == 0)) {
+            call_counts[i].calls++;
+            return;
+        }
+        if (!call_counts[i].name) {
+            call_counts[i].name = name;
+            call_counts[i].calls = 1;
+            return;
+        }
+    }
+}
+
+/* Calls of `entry` so far (0 for one never called). */
+unsigned long long ppnrt_double_calls(const char* entry) {
+    pthread_mutex_lock(&lock);
+    unsigned long long n = 0;
+    for (size_t i = 0; i < sizeof call_counts / sizeof call_counts[0] && call_counts[i].name; i++)
+        if (strcmp(call_counts[i].name, entry) == 0) n = call_counts[i].calls;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 #define ENTER(name)                              \
     pthread_mutex_lock(&lock);                   \
+    count_call(name);                            \
     CUresult _injected = injected(name);         \
     if (_injected != OK) RETURN(_injected);      \
     if (!initialized && strcmp(name, "cuInit") != 0 && strcmp(name, "cuDriverGetVersion") != 0 && \
