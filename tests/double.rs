@@ -622,8 +622,10 @@ fn order_on_orders_a_consumer_the_rule_cannot_see() {
 fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
     with_double("a_boundary_step_makes_the_protocols_driver_calls_and_no_more", |double| {
         let primary = Engine::new(0).unwrap();
-        for (devices, label) in [([0, 1], "peer"), ([0, 0], "local")] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(false), &primary).unwrap();
+        for (devices, label, sm) in
+            [([0, 1], "peer", false), ([0, 0], "local", false), ([0, 0], "local, SM copies", true)]
+        {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(sm), &primary).unwrap();
             let e = rt.engine(0, &primary).unwrap().clone();
             let x = {
                 let _stage = rt.enter(0).unwrap();
@@ -643,6 +645,7 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
                 "cuCtxSetCurrent",
                 "cuStreamWaitEvent",
                 "cuMemcpyAsync",
+                "cuLaunchKernel",
                 "cuEventRecord",
                 "cuMemAllocAsync",
                 "cuMemFreeAsync",
@@ -663,7 +666,8 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
             common::say(&format!("driver calls per tx+rx step ({label}): {per_step:?}"));
             let calls = |entry: &str| per_step.iter().find(|(e, _)| *e == entry).unwrap().1;
             assert_eq!(calls("cuStreamWaitEvent"), 2.0, "{label}");
-            assert_eq!(calls("cuMemcpyAsync"), 2.0, "{label}");
+            assert_eq!(calls("cuMemcpyAsync") + calls("cuLaunchKernel"), 2.0, "{label}");
+            assert_eq!(calls("cuLaunchKernel"), if sm { 2.0 } else { 0.0 }, "{label}");
             assert_eq!(calls("cuEventRecord"), 2.0, "{label}");
             assert_eq!(calls("cuMemAllocAsync"), 1.0, "{label}");
             assert_eq!(calls("cuMemFreeAsync"), 1.0, "{label}");
@@ -671,7 +675,7 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
             assert_eq!(calls("cuCtxGetCurrent"), 3.0, "{label}");
             // rx and the free run in the RX stage's context: there and back for each when the
             // stages are on two devices.
-            assert_eq!(calls("cuCtxSetCurrent"), if label == "peer" { 4.0 } else { 0.0 }, "{label}");
+            assert_eq!(calls("cuCtxSetCurrent"), if devices[0] != devices[1] { 4.0 } else { 0.0 }, "{label}");
             rt.synchronize().unwrap();
         }
     });

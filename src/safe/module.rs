@@ -242,6 +242,12 @@ pub const MAX_KERNEL_PARAMS: usize = 8;
 
 /// A tuple of kernel parameters, passed in order.
 pub trait KernelArgs {
+    /// Whether [`with_params`](Self::with_params) may run code that is not this crate's (true
+    /// for every implementation but the crate's tuples): the launch then checks afterwards that
+    /// the thread's current context was left as it was.
+    #[doc(hidden)]
+    const FOREIGN: bool = true;
+
     /// Calls `f` with one pointer per parameter, each valid for the duration of the call.
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
     /// The device memory each parameter hands the kernel (see [`KernelParam::buffer_use`]).
@@ -251,6 +257,8 @@ pub trait KernelArgs {
 macro_rules! kernel_args {
     ($($name:ident : $idx:tt),*) => {
         impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
+            const FOREIGN: bool = false;
+
             #[allow(non_snake_case)]
             fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
                 $(let mut $name = self.$idx.raw_param();)*
@@ -266,6 +274,8 @@ macro_rules! kernel_args {
     };
 }
 impl KernelArgs for () {
+    const FOREIGN: bool = false;
+
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
         f(&mut [])
     }
@@ -329,25 +339,28 @@ impl CudaStream {
         }
         ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
             let _bound = self.context().bind()?;
-            // `with_params` may be a caller's implementation: not the crate's own code.
-            super::context::outside_call_scope(|| {
-                args.with_params(|params| {
-                    // SAFETY: the caller guarantees that params match the kernel and that it touches
-                    // only the memory they give it; function and stream are live and of one context
-                    // (checked above); that memory is reachable from this device (checked above) and
-                    // ordered on this stream.
-                    unsafe {
-                        raw::launch_kernel(
-                            function.raw,
-                            config.grid,
-                            config.block,
-                            config.shared_mem_bytes,
-                            self.raw(),
-                            params,
-                        )
-                    }
-                })
-            })
+            let launch = |params: &mut [*mut c_void]| {
+                // SAFETY: the caller guarantees that params match the kernel and that it touches
+                // only the memory they give it; function and stream are live and of one context
+                // (checked above); that memory is reachable from this device (checked above) and
+                // ordered on this stream.
+                unsafe {
+                    raw::launch_kernel(
+                        function.raw,
+                        config.grid,
+                        config.block,
+                        config.shared_mem_bytes,
+                        self.raw(),
+                        params,
+                    )
+                }
+            };
+            if A::FOREIGN {
+                // A caller's implementation runs code that is not the crate's own.
+                super::context::outside_call_scope(|| args.with_params(launch))
+            } else {
+                args.with_params(launch)
+            }
         })
     }
 }
