@@ -82,6 +82,10 @@ pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
     fn byte_len(&self) -> usize {
         self.len() * std::mem::size_of::<T>()
     }
+    /// Whether the first element's address is a multiple of `align` bytes.
+    fn is_aligned_to(&self, align: usize) -> bool {
+        align != 0 && self.device_ptr() % align as CUdeviceptr == 0
+    }
 }
 
 /// Device memory usable as the destination of a copy or kernel.
@@ -230,14 +234,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
 
     /// A view of the whole slice.
     pub fn as_view(&self) -> CudaView<'_, T> {
-        CudaView {
-            ptr: self.ptr,
-            len: self.len,
-            pooled: self.pooled,
-            stream: &self.stream,
-            access: &self.access,
-            _marker: PhantomData,
-        }
+        DeviceSlice::as_view(self)
     }
 
     /// A mutable view of the whole slice.
@@ -265,15 +262,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// # Errors
     /// [`Error::OutOfBounds`] for a range outside the slice.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'_, T>> {
-        let (start, end) = bounds("CudaSlice::slice_mut", &range, self.len)?;
-        Ok(CudaViewMut {
-            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
-            len: end - start,
-            pooled: self.pooled,
-            stream: &self.stream,
-            access: &self.access,
-            _marker: PhantomData,
-        })
+        self.as_view_mut().slice_mut(range)
     }
 
     /// Hands ownership to `stream`: the slice will be freed there (after every use, as always).
@@ -321,21 +310,22 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         self.stream
     }
 
-    /// Whether the first element's address is a multiple of `align` bytes.
-    pub fn is_aligned_to(&self, align: usize) -> bool {
-        align != 0 && self.ptr % align as CUdeviceptr == 0
-    }
-
-    /// The same memory as bytes.
-    pub fn into_bytes(self) -> CudaView<'a, u8> {
+    /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
+    /// they lie inside it and are aligned for `U`.
+    fn part<U: DeviceRepr>(&self, byte_offset: usize, len: usize) -> CudaView<'a, U> {
         CudaView {
-            ptr: self.ptr,
-            len: self.len * std::mem::size_of::<T>(),
+            ptr: self.ptr + byte_offset as CUdeviceptr,
+            len,
             pooled: self.pooled,
             stream: self.stream,
             access: self.access,
             _marker: PhantomData,
         }
+    }
+
+    /// The same memory as bytes.
+    pub fn into_bytes(self) -> CudaView<'a, u8> {
+        self.part(0, self.byte_len())
     }
 
     /// A view of `range` of this view.
@@ -344,14 +334,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     /// [`Error::OutOfBounds`] for a range outside the view.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'a, T>> {
         let (start, end) = bounds("CudaView::slice", &range, self.len)?;
-        Ok(CudaView {
-            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
-            len: end - start,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        })
+        Ok(self.part(start * std::mem::size_of::<T>(), end - start))
     }
 
     /// The same bytes viewed as `U` elements.
@@ -373,14 +356,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         if self.ptr % align as CUdeviceptr != 0 {
             return Err(Error::Misaligned { what: "CudaView::reinterpret", address: self.ptr, align });
         }
-        Ok(CudaView {
-            ptr: self.ptr,
-            len: bytes / size,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        })
+        Ok(self.part(0, bytes / size))
     }
 }
 
@@ -443,22 +419,24 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
         self.access
     }
 
-    /// Whether the first element's address is a multiple of `align` bytes.
-    pub fn is_aligned_to(&self, align: usize) -> bool {
-        align != 0 && self.ptr % align as CUdeviceptr == 0
-    }
-
-    /// The same memory as bytes (writing bytes is sound: every bit pattern is a valid `T`, see
-    /// [`DeviceRepr`]).
-    pub fn into_bytes(self) -> CudaViewMut<'a, u8> {
+    /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
+    /// they lie inside it and are aligned for `U`.
+    fn part<U: DeviceRepr>(self, byte_offset: usize, len: usize) -> CudaViewMut<'a, U> {
         CudaViewMut {
-            ptr: self.ptr,
-            len: self.len * std::mem::size_of::<T>(),
+            ptr: self.ptr + byte_offset as CUdeviceptr,
+            len,
             pooled: self.pooled,
             stream: self.stream,
             access: self.access,
             _marker: PhantomData,
         }
+    }
+
+    /// The same memory as bytes (writing bytes is sound: every bit pattern is a valid `T`, see
+    /// [`DeviceRepr`]).
+    pub fn into_bytes(self) -> CudaViewMut<'a, u8> {
+        let bytes = self.byte_len();
+        self.part(0, bytes)
     }
 
     /// A mutable view of `range` of this view.
@@ -467,14 +445,7 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
     /// [`Error::OutOfBounds`] for a range outside the view.
     pub fn slice_mut(self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'a, T>> {
         let (start, end) = bounds("CudaViewMut::slice_mut", &range, self.len)?;
-        Ok(CudaViewMut {
-            ptr: self.ptr + (start * std::mem::size_of::<T>()) as CUdeviceptr,
-            len: end - start,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        })
+        Ok(self.part(start * std::mem::size_of::<T>(), end - start))
     }
 }
 
