@@ -60,7 +60,7 @@ impl Engine {
     /// variable is malformed too, the configuration error ([`Error::Config`]), which names the
     /// other failure.
     pub fn new(ordinal: i32) -> Result<Engine> {
-        Engine::open(ordinal).map_err(|e| match crate::pp::PpConfig::from_env() {
+        Engine::open(ordinal).map_err(|e| match crate::config::PpConfig::from_env() {
             // The first thing to fix is the configuration: report it, naming the other failure.
             Err(mut config) => {
                 config.reason = format!("{} (and Engine::new({ordinal}) failed: {e})", config.reason);

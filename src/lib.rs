@@ -7,7 +7,9 @@
 //! # Layers
 //! Each layer calls only the layers below it. `engine` and `pp` hold no raw device pointer and no
 //! `unsafe`: the crate root denies `unsafe_code`, and only `sys`, `result`, `safe` and `loader`
-//! opt in (a test, `engine_and_pp_use_no_raw_pointers_and_no_unsafe`, keeps it so).
+//! opt in (a test, `engine_and_pp_use_no_raw_pointers_and_no_unsafe`, keeps it so). The pipeline's
+//! settings (`PpConfig`, published in [`pp`]) are plain data below `engine`, which reports a
+//! malformed `PPNRT_*` variable first when it cannot open a device.
 //!
 //! | layer | module | what it is |
 //! | --- | --- | --- |
@@ -30,6 +32,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
 pub mod engine;
 pub mod error;
 pub mod kernels;

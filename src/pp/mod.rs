@@ -25,15 +25,16 @@
 //! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `bf16`,
 //! `f16`, integers, or a type of yours); `rx` checks that it asks for the type and length `tx` sent.
 
-mod config;
 mod error;
 mod plan;
 mod readback;
 mod runtime;
 
 #[cfg(feature = "testing")]
-pub use config::ProtocolFault;
-pub use config::{DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy};
+pub use crate::config::ProtocolFault;
+pub use crate::config::{
+    DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
+};
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use readback::PendingReadback;

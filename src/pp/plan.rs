@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
+use crate::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
 use crate::error::ConfigError;
 
 /// How one boundary moves data from its TX stage to its RX stage.

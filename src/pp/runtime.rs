@@ -12,12 +12,12 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "testing")]
-use super::config::ProtocolFault;
-use super::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
 use super::error::{PpError, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use super::readback::{PendingReadback, ReadbackRing};
+#[cfg(feature = "testing")]
+use crate::config::ProtocolFault;
+use crate::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
 #[cfg(feature = "testing")]

@@ -1,6 +1,8 @@
 //! Pipeline configuration: stage count, stage→device map, slots per boundary, transport policy.
 //!
-//! See [`PpConfig`] for the settings and the variables that carry them.
+//! See [`PpConfig`] for the settings and the variables that carry them. Plain data and parsing,
+//! below every layer that uses it: `pp` builds runtimes from it, and `engine` reports a malformed
+//! `PPNRT_*` variable first when it cannot open a device. Published as `ppnrt::pp::*`.
 
 use std::fmt;
 
