@@ -120,6 +120,56 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     }
 }
 
+impl<T: DeviceRepr> PinnedHostBuffer<T> {
+    /// Enqueues a copy of `src` into the buffer's first `src.len()` bytes on `stream`, ordered by
+    /// the crate's rule. Callers hold the buffer exclusively (it is written).
+    fn enqueue_from_device(
+        &self,
+        what: (&'static str, &'static str),
+        stream: &Arc<CudaStream>,
+        src: CudaView<'_, u8>,
+    ) -> Result<()> {
+        let capacity = self.len * std::mem::size_of::<T>();
+        if src.len() > capacity {
+            return Err(Error::OutOfBounds { what: what.0, start: 0, end: src.len(), len: capacity });
+        }
+        check_same_device(what.1, stream, src.ordinal())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        ordered(stream, [(src.access(), Use::Read), (&self.access, Use::Write)], || {
+            // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
+            // untouched by the host until the copy completes (host access and Drop wait for its
+            // uses); src is valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
+        })
+    }
+
+    /// Enqueues a copy of the buffer's first `dst.len()` bytes into `dst` on `stream`, ordered by
+    /// the crate's rule.
+    fn enqueue_to_device(
+        &self,
+        what: (&'static str, &'static str),
+        stream: &Arc<CudaStream>,
+        dst: CudaViewMut<'_, u8>,
+    ) -> Result<()> {
+        let capacity = self.len * std::mem::size_of::<T>();
+        if dst.len() > capacity {
+            return Err(Error::OutOfBounds { what: what.0, start: 0, end: dst.len(), len: capacity });
+        }
+        check_same_device(what.1, stream, dst.ordinal())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        ordered(stream, [(&self.access, Use::Read), (dst.access(), Use::Write)], || {
+            // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
+            // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
+            // valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
+        })
+    }
+}
+
 impl CudaStream {
     /// Copies pinned `src` into `dst`, asynchronously on this stream.
     ///
@@ -139,17 +189,11 @@ impl CudaStream {
                 found: src.len(),
             });
         }
-        check_same_device("CudaStream::memcpy_htod_pinned: dst must be on the stream's device", self, dst.ordinal())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let view = dst.as_view();
-        ordered(self, [(src.access(), Use::Read), (view.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
-            // SAFETY: src stays allocated and unwritten until the copy completes (host writes and
-            // Drop wait for its uses); dst is valid; both are ordered on this stream.
-            unsafe { raw::memcpy_htod_async(view.device_ptr(), src.ptr.cast(), view.byte_len(), self.raw()) }
-        })
+        src.enqueue_to_device(
+            ("CudaStream::memcpy_htod_pinned", "CudaStream::memcpy_htod_pinned: dst must be on the stream's device"),
+            self,
+            dst.as_view_mut().into_bytes(),
+        )
     }
 
     /// Copies `src` into pinned `dst`, asynchronously on this stream; `dst`'s contents are
@@ -171,17 +215,11 @@ impl CudaStream {
                 found: src.len(),
             });
         }
-        check_same_device("CudaStream::memcpy_dtoh_pinned: src must be on the stream's device", self, src.ordinal())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let view = src.as_view();
-        ordered(self, [(view.access(), Use::Read), (dst.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
-            // SAFETY: dst stays allocated and unread until the copy completes (host access and
-            // Drop wait for its uses); src is valid; both are ordered on this stream.
-            unsafe { raw::memcpy_dtoh_async(dst.ptr.cast(), view.device_ptr(), view.byte_len(), self.raw()) }
-        })
+        dst.enqueue_from_device(
+            ("CudaStream::memcpy_dtoh_pinned", "CudaStream::memcpy_dtoh_pinned: src must be on the stream's device"),
+            self,
+            src.as_view().into_bytes(),
+        )
     }
 }
 
@@ -236,29 +274,14 @@ impl PinnedHostBuffer<u8> {
     /// [`Error::OutOfBounds`] when `src` is longer than the buffer; [`Error::WrongDevice`] when
     /// `src` is on another device than `stream`; the driver's error.
     pub fn copy_from_device(&mut self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
-        if src.len() > self.len {
-            return Err(Error::OutOfBounds {
-                what: "PinnedHostBuffer::copy_from_device",
-                start: 0,
-                end: src.len(),
-                len: self.len,
-            });
-        }
-        check_same_device(
-            "PinnedHostBuffer::copy_from_device: src must be on the stream's device",
+        self.enqueue_from_device(
+            (
+                "PinnedHostBuffer::copy_from_device",
+                "PinnedHostBuffer::copy_from_device: src must be on the stream's device",
+            ),
             stream,
-            src.ordinal(),
-        )?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        ordered(stream, [(src.access(), Use::Read), (&self.access, Use::Write)], || {
-            let _bound = stream.context().bind()?;
-            // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
-            // untouched by the host until the copy completes (host access and Drop wait for its
-            // uses); src is valid; both are ordered on `stream`.
-            unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
-        })
+            src,
+        )
     }
 
     /// Copies the first `dst.len()` bytes of this buffer into `dst`, on `stream`, ordered by the
@@ -268,29 +291,14 @@ impl PinnedHostBuffer<u8> {
     /// [`Error::OutOfBounds`] when `dst` is longer than the buffer; [`Error::WrongDevice`] when
     /// `dst` is on another device than `stream`; the driver's error.
     pub fn copy_to_device(&self, stream: &Arc<CudaStream>, dst: CudaViewMut<'_, u8>) -> Result<()> {
-        if dst.len() > self.len {
-            return Err(Error::OutOfBounds {
-                what: "PinnedHostBuffer::copy_to_device",
-                start: 0,
-                end: dst.len(),
-                len: self.len,
-            });
-        }
-        check_same_device(
-            "PinnedHostBuffer::copy_to_device: dst must be on the stream's device",
+        self.enqueue_to_device(
+            (
+                "PinnedHostBuffer::copy_to_device",
+                "PinnedHostBuffer::copy_to_device: dst must be on the stream's device",
+            ),
             stream,
-            dst.ordinal(),
-        )?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        ordered(stream, [(&self.access, Use::Read), (dst.access(), Use::Write)], || {
-            let _bound = stream.context().bind()?;
-            // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
-            // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
-            // valid; both are ordered on `stream`.
-            unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
-        })
+            dst,
+        )
     }
 }
 

@@ -493,8 +493,9 @@ fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
 }
 
-/// Runs `enqueue` on `stream` under the crate's ordering rule: waits for what each buffer's use
-/// conflicts with, enqueues, then notes the uses (eager buffers record their event then; if that
+/// Runs `enqueue` on `stream` under the crate's ordering rule, with the stream's context current
+/// (bound once for the whole call): waits for what each buffer's use conflicts with, enqueues,
+/// then notes the uses (eager buffers record their event then; if that
 /// fails, the stream is waited for, so nothing is left in flight unordered).
 pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl FnOnce() -> Result<R>) -> Result<R>
 where
@@ -532,7 +533,6 @@ impl CudaStream {
         let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
         let view = dst.as_view();
         ordered(self, [(view.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
             // (staged before the call returns) or memory the driver reads later, which is waited
             // for below before the borrow of src ends.
@@ -559,7 +559,6 @@ impl CudaStream {
         }
         let view = src.as_view();
         ordered(self, [(view.access(), Use::Read)], || {
-            let _bound = self.context().bind()?;
             // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
             // and exclusively borrowed; it is read only after the synchronisation below.
             unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
@@ -593,7 +592,6 @@ impl CudaStream {
         let foreign_pool = |view: &CudaView<'_, T>| view.is_pooled() && view.ordinal() != self.ordinal();
         let peer_call = foreign_pool(&from) || foreign_pool(&to);
         ordered(self, [(from.access(), Use::Read), (to.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
             if peer_call {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream; the contexts are the ranges' live primary contexts.
@@ -627,7 +625,6 @@ impl CudaStream {
         }
         let view = dst.as_view();
         ordered(self, [(view.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
             // SAFETY: dst is valid for len 4-byte words and ordered on this stream.
             unsafe { raw::memset_d32_async(view.device_ptr(), value, view.len(), self.raw()) }
         })
@@ -644,7 +641,6 @@ impl CudaStream {
         }
         let view = dst.as_view();
         ordered(self, [(view.access(), Use::Write)], || {
-            let _bound = self.context().bind()?;
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream.
             unsafe { raw::memset_d8_async(view.device_ptr(), value, view.byte_len(), self.raw()) }
         })

@@ -338,7 +338,6 @@ impl CudaStream {
             enable_peer_access(self.context(), used.owner.context())?;
         }
         ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
-            let _bound = self.context().bind()?;
             let launch = |params: &mut [*mut c_void]| {
                 // SAFETY: the caller guarantees that params match the kernel and that it touches
                 // only the memory they give it; function and stream are live and of one context
