@@ -481,26 +481,13 @@ impl PpNRt {
         n: usize,
         wait: Option<Duration>,
     ) -> Result<CudaSlice<T>> {
-        let boundary = self.boundary(b)?;
-        if n == 0 {
-            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
-        }
-        let mut ring = Self::lock(boundary);
-        if let Some(timeout) = wait {
-            if slot_index < ring.slots.len() {
-                ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
-            }
-        }
-        let slot = Self::filled_slot::<T>(b, &mut ring, slot_index, n)?;
+        let (boundary, mut ring) = self.receivable::<T>(b, slot_index, n, wait)?;
+        let slot = &mut ring.slots[slot_index];
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
         let _bound = rx.context().bind_for_call()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
-        #[cfg(feature = "testing")]
-        if self.config.fault() == ProtocolFault::SkipTxWait {
-            slot.buffer.access().forget_write();
-        }
         match &slot.buffer {
             SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
             SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
@@ -511,42 +498,61 @@ impl PpNRt {
         Ok(out)
     }
 
-    /// The slot `slot_index`, checked to be filled with `n` elements of `T`.
-    fn filled_slot<T: DeviceRepr>(b: usize, ring: &mut Ring, slot_index: usize, n: usize) -> Result<&mut Slot> {
-        let n_slots = ring.slots.len();
-        let slot = ring.slots.get_mut(slot_index).ok_or(Error::Pipeline(PpError::SlotOutOfRange {
-            boundary: b,
-            slot: slot_index,
-            n_slots,
-        }))?;
-        match slot.state {
-            SlotState::Filled { n: sent, elem } => {
-                if elem != T::NAME {
-                    return Err(Error::Pipeline(PpError::RxTypeMismatch {
-                        boundary: b,
-                        slot: slot_index,
-                        requested: T::NAME,
-                        sent: elem,
-                    }));
-                }
-                if sent != n {
-                    return Err(Error::Pipeline(PpError::RxLengthMismatch {
-                        boundary: b,
-                        slot: slot_index,
-                        requested: n,
-                        sent,
-                    }));
-                }
-                Ok(slot)
-            }
-            state => Err(Error::Pipeline(PpError::SlotState {
-                boundary: b,
-                slot: slot_index,
-                call: "rx",
-                needed: "filled",
-                found: state,
-            })),
+    /// Boundary `b` and its ring, locked, with slot `slot_index` checked to be filled with `n`
+    /// elements of `T` (after waiting up to `wait` for it to be filled).
+    fn receivable<T: DeviceRepr>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<(&Boundary, MutexGuard<'_, Ring>)> {
+        let boundary = self.boundary(b)?;
+        if n == 0 {
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
+        let mut ring = Self::lock(boundary);
+        let n_slots = ring.slots.len();
+        if slot_index >= n_slots {
+            return Err(Error::Pipeline(PpError::SlotOutOfRange { boundary: b, slot: slot_index, n_slots }));
+        }
+        if let Some(timeout) = wait {
+            ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
+        }
+        let slot = &ring.slots[slot_index];
+        match slot.state {
+            SlotState::Filled { elem, .. } if elem != T::NAME => {
+                return Err(Error::Pipeline(PpError::RxTypeMismatch {
+                    boundary: b,
+                    slot: slot_index,
+                    requested: T::NAME,
+                    sent: elem,
+                }));
+            }
+            SlotState::Filled { n: sent, .. } if sent != n => {
+                return Err(Error::Pipeline(PpError::RxLengthMismatch {
+                    boundary: b,
+                    slot: slot_index,
+                    requested: n,
+                    sent,
+                }));
+            }
+            SlotState::Filled { .. } => {}
+            state => {
+                return Err(Error::Pipeline(PpError::SlotState {
+                    boundary: b,
+                    slot: slot_index,
+                    call: "rx",
+                    needed: "filled",
+                    found: state,
+                }));
+            }
+        }
+        #[cfg(feature = "testing")]
+        if self.config.fault() == ProtocolFault::SkipTxWait {
+            slot.buffer.access().forget_write();
+        }
+        Ok((boundary, ring))
     }
 
     /// Boundary RX without a copy: lends the slot itself to stage `b + 1` as a [`ReceivedSlot`],
@@ -592,20 +598,11 @@ impl PpNRt {
             let copy = self.rx_impl::<T>(b, slot_index, n, wait)?;
             return Ok(ReceivedSlot { lent: None, reader: None, copy: Some(copy), boundary, slot: slot_index, n });
         }
-        let mut ring = Self::lock(boundary);
-        if let Some(timeout) = wait {
-            if slot_index < ring.slots.len() {
-                ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
-            }
-        }
-        let slot = Self::filled_slot::<T>(b, &mut ring, slot_index, n)?;
+        let (_, mut ring) = self.receivable::<T>(b, slot_index, n, wait)?;
+        let slot = &mut ring.slots[slot_index];
         let SlotBuffer::Device(buffer) = &slot.buffer else {
             unreachable!("a filled device-transport slot has a device buffer")
         };
-        #[cfg(feature = "testing")]
-        if self.config.fault() == ProtocolFault::SkipTxWait {
-            buffer.access().forget_write();
-        }
         let lent = Arc::clone(buffer);
         slot.state = SlotState::Lent;
         Ok(ReceivedSlot { lent: Some(lent), reader: None, copy: None, boundary, slot: slot_index, n })

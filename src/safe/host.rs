@@ -107,6 +107,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     }
 
     /// The buffer's ordering state.
+    #[cfg(feature = "testing")]
     pub(crate) fn access(&self) -> &Access {
         &self.access
     }
