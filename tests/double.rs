@@ -680,3 +680,22 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
         }
     });
 }
+
+/// Launches that reach a peer's memory enable peer access once per pair of live contexts, not per
+/// launch.
+#[test]
+fn peer_access_is_enabled_once_per_pair_not_per_launch() {
+    with_double("peer_access_is_enabled_once_per_pair_not_per_launch", |double| {
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let src = e1.alloc_persistent::<u32>(1024).unwrap();
+        let mut dst = e0.alloc::<u32>(1024).unwrap();
+        e0.copy_with_sms(&src, &mut dst).unwrap();
+        let (enables, queries) = (double.calls("cuCtxEnablePeerAccess"), double.calls("cuDeviceCanAccessPeer"));
+        for _ in 0..10 {
+            e0.copy_with_sms(&src, &mut dst).unwrap();
+        }
+        assert_eq!(double.calls("cuCtxEnablePeerAccess"), enables);
+        assert_eq!(double.calls("cuDeviceCanAccessPeer"), queries);
+        e0.synchronize().unwrap();
+    });
+}

@@ -12,7 +12,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::device::Device;
 use crate::error::Result;
@@ -28,6 +28,9 @@ pub struct Context {
     pools: bool,
     /// Idle events (timing disabled) for the ordering rule, reused instead of created per use.
     events: Mutex<Vec<CUevent>>,
+    /// Contexts whose memory this one's kernels may reach (peer access enabled both ways). Weak:
+    /// an entry counts only while its context lives (and keeps its primary context retained).
+    peers: Mutex<Vec<Weak<Context>>>,
 }
 
 // SAFETY: a CUcontext handle may be bound and used from any thread; the driver serialises what
@@ -47,7 +50,13 @@ impl Context {
     pub fn primary(device: &Device) -> Result<Arc<Context>> {
         let raw_ctx = raw::primary_retain(device.raw())?;
         // From here on the reference is given back by Context's drop, on every path.
-        let mut ctx = Context { device: *device, raw: raw_ctx, pools: false, events: Mutex::new(Vec::new()) };
+        let mut ctx = Context {
+            device: *device,
+            raw: raw_ctx,
+            pools: false,
+            events: Mutex::new(Vec::new()),
+            peers: Mutex::new(Vec::new()),
+        };
         ctx.pools = device.memory_pools_supported()?;
         if ctx.pools {
             let _bound = ctx.bind()?;
@@ -98,6 +107,11 @@ impl Context {
         let mut guard = self.bind()?;
         guard.scope = CALL_SCOPE.try_with(|scope| scope.replace(self.raw)).ok();
         Ok(guard)
+    }
+
+    /// The contexts recorded by the crate's peer-access cache (`ensure_peer_access`), locked.
+    pub(crate) fn peers(&self) -> MutexGuard<'_, Vec<Weak<Context>>> {
+        self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The pool of idle events of this context.

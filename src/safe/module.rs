@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::context::Context;
 use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, ordered};
 use super::ordering::{Access, Use};
-use super::peer::enable_peer_access;
+use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::module as raw;
@@ -335,7 +335,7 @@ impl CudaStream {
                     address: used.address,
                 });
             }
-            enable_peer_access(self.context(), used.owner.context())?;
+            ensure_peer_access(self.context(), used.owner.context())?;
         }
         ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
             let launch = |params: &mut [*mut c_void]| {

@@ -3,6 +3,8 @@
 //! Enabling is a property of two contexts and lasts as long as they do; it is idempotent and
 //! leaves the calling thread's current context as it was.
 
+use std::sync::Arc;
+
 use super::context::Context;
 use crate::error::{Error, Result};
 use crate::result::{context as raw_ctx, device as raw_dev};
@@ -26,6 +28,27 @@ pub fn enable_peer_access(a: &Context, b: &Context) -> Result<()> {
         }
     }
     enable_one_way(a, b).and_then(|()| enable_one_way(b, a))
+}
+
+/// [`enable_peer_access`] once per pair of live contexts: later calls for the same pair find it
+/// recorded in `a` and make no driver call (kernel launches that reach a peer's memory call this
+/// per launch).
+///
+/// # Errors
+/// As [`enable_peer_access`].
+pub(crate) fn ensure_peer_access(a: &Arc<Context>, b: &Arc<Context>) -> Result<()> {
+    let known =
+        |peers: &[std::sync::Weak<Context>]| peers.iter().any(|p| p.upgrade().is_some_and(|p| Arc::ptr_eq(&p, b)));
+    if known(&a.peers()) {
+        return Ok(());
+    }
+    enable_peer_access(a, b)?;
+    let mut peers = a.peers();
+    peers.retain(|p| p.strong_count() > 0);
+    if !known(&peers) {
+        peers.push(Arc::downgrade(b));
+    }
+    Ok(())
 }
 
 fn enable_one_way(from: &Context, to: &Context) -> Result<()> {
