@@ -155,7 +155,7 @@ impl Access {
         let State { write, reads } = &mut *state;
         let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
         for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
-            stream.wait_raw(mark.event()?.raw())?;
+            stream.wait_pooled(mark.event()?)?;
         }
         Ok(())
     }

@@ -104,11 +104,12 @@ impl CudaStream {
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
 
-    /// Makes later work on this stream wait for the last record of a raw event (of any context).
-    pub(crate) fn wait_raw(&self, event: crate::sys::CUevent) -> Result<()> {
+    /// Makes later work on this stream wait for the last record of a pooled event (of any
+    /// context).
+    pub(crate) fn wait_pooled(&self, event: &super::ordering::PooledEvent) -> Result<()> {
         let _bound = self.ctx.bind()?;
-        // SAFETY: the caller holds the event alive (a PooledEvent or CudaEvent).
-        unsafe { raw::wait_event(self.raw, event) }
+        // SAFETY: both handles are live while their wrappers (borrowed here) live.
+        unsafe { raw::wait_event(self.raw, event.raw()) }
     }
 
     /// Records `event` here; see [`CudaEvent::record`].
@@ -132,7 +133,7 @@ impl CudaStream {
         }
         let event = super::ordering::PooledEvent::take(other.context())?;
         event.record(other)?;
-        self.wait_raw(event.raw())
+        self.wait_pooled(&event)
     }
 }
 
