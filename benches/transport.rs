@@ -558,26 +558,11 @@ fn comparison(gpus: &Gpus, report: &mut String) -> Vec<Row> {
     rows
 }
 
-/// Peer-copy bandwidth (GB/s) of `bytes`, crate copy and raw copy, median of `reps` timed copies.
+/// Peer-copy bandwidth (GB/s) of `bytes`, crate copy and raw copy: [`back_to_back`] per-copy
+/// times, median of `reps` interleaved rounds.
 fn peer_bandwidth(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> (f64, f64) {
-    let (ea, eb) = (&gpus.engines[a], &gpus.engines[b]);
-    let stream = ea.default_stream().clone();
-    let events = (CudaEvent::new(ea.context(), true).unwrap(), CudaEvent::new(ea.context(), true).unwrap());
-    let src = filled(ea, bytes, 5);
-    let mut dst = filled(eb, bytes, 6);
-    let (s, d) = (src.device_ptr(), dst.device_ptr());
-    let mut crate_times = Vec::new();
-    let mut raw_times = Vec::new();
-    for rep in 0..reps + 2 {
-        let c = device_time(&stream, &events, 1, || stream.memcpy_dtod(&src, &mut dst).unwrap());
-        let r = device_time(&stream, &events, 1, || raw!(cuMemcpyAsync(d, s, bytes, stream.raw())));
-        if rep >= 2 {
-            crate_times.push(c.as_secs_f64());
-            raw_times.push(r.as_secs_f64());
-        }
-    }
-    eb.synchronize().unwrap();
-    (bytes as f64 / median(&mut crate_times) / 1e9, bytes as f64 / median(&mut raw_times) / 1e9)
+    let (c, r) = back_to_back(gpus, a, b, bytes, reps);
+    (bytes as f64 / c / 1e9, bytes as f64 / r / 1e9)
 }
 
 /// Host cost of each driver call a peer boundary step makes, one call type at a time, issued into
