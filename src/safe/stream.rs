@@ -169,8 +169,8 @@ impl Drop for CudaStream {
     }
 }
 
-/// Raw byte copies for protocol code that keeps its own ordering (events) instead of the
-/// owner-joins the typed copies make.
+/// A raw byte copy outside the crate's ordering rule, for code that keeps its own ordering (the
+/// topology example times bare copies with it).
 impl CudaStream {
     /// Enqueues a copy of `bytes` from `src` to `dst` (unified addresses: device memory of any
     /// device, or pinned host memory) on this stream.
@@ -195,47 +195,5 @@ impl CudaStream {
         let _bound = self.ctx.bind()?;
         // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
-    }
-
-    /// Enqueues a copy of `bytes` from device `src` into host `dst` on this stream.
-    ///
-    /// # Errors
-    /// The driver's error.
-    ///
-    /// # Safety
-    /// As [`copy_bytes_async`](Self::copy_bytes_async); `dst` is pinned host memory (pageable
-    /// memory makes the call synchronous, which is safe but slow).
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    #[inline]
-    pub unsafe fn copy_dtoh_bytes_async(
-        &self,
-        dst: *mut std::ffi::c_void,
-        src: crate::sys::CUdeviceptr,
-        bytes: usize,
-    ) -> Result<()> {
-        let _bound = self.ctx.bind()?;
-        // SAFETY: the caller meets memcpy_dtoh_async's contract; self.raw is live.
-        unsafe { crate::result::memory::memcpy_dtoh_async(dst, src, bytes, self.raw) }
-    }
-
-    /// Enqueues a copy of `bytes` from host `src` into device `dst` on this stream.
-    ///
-    /// # Errors
-    /// The driver's error.
-    ///
-    /// # Safety
-    /// As [`copy_bytes_async`](Self::copy_bytes_async); `src` is pinned host memory that stays
-    /// unchanged until the copy completes.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    #[inline]
-    pub unsafe fn copy_htod_bytes_async(
-        &self,
-        dst: crate::sys::CUdeviceptr,
-        src: *const std::ffi::c_void,
-        bytes: usize,
-    ) -> Result<()> {
-        let _bound = self.ctx.bind()?;
-        // SAFETY: the caller meets memcpy_htod_async's contract; self.raw is live.
-        unsafe { crate::result::memory::memcpy_htod_async(dst, src, bytes, self.raw) }
     }
 }
