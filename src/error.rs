@@ -327,6 +327,52 @@ pub enum Error {
     /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
     #[error(transparent)]
     Pipeline(#[from] PpError),
+    /// Misuse of stream capture or of a graph: see [`CaptureError`].
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The operation needs the only handle to a device allocation, but a graph that captured
+    /// work on it still holds it (the graph frees it last, after its runs).
+    #[error("{what}: the memory is held by a graph that captured work on it")]
+    HeldByGraph {
+        /// The operation.
+        what: &'static str,
+    },
+}
+
+/// Misuse of stream capture ([`StreamCapture`](crate::StreamCapture)) or of a graph
+/// ([`GraphExec`](crate::GraphExec)). Nothing is enqueued by the call that returns one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    /// A call that cannot be part of a graph (it would run or wait now: a synchronisation, a
+    /// query, a host copy or host wait, an allocation with `cuMemAlloc`, a peer copy through the
+    /// driver's staging) was made on a capturing stream, or on the capturing thread. The capture
+    /// is invalidated: ending it returns [`CaptureError::Invalidated`]; streams, buffers and
+    /// contexts stay usable.
+    #[error("{call} cannot be captured into a graph; the capture in progress is invalidated")]
+    IllegalCall {
+        /// The call.
+        call: &'static str,
+    },
+    /// The capture was invalidated by an illegal call (or by the driver) and produced no graph.
+    #[error("the stream capture was invalidated by {call}; no graph was made")]
+    Invalidated {
+        /// The first illegal call, or the driver's error.
+        call: String,
+    },
+    /// A capture was begun on a stream that is already capturing, or on a stream that cannot be
+    /// captured (the legacy default stream).
+    #[error("cannot begin a capture on this stream: {reason}")]
+    CannotBegin {
+        /// Why.
+        reason: &'static str,
+    },
+    /// `cuGraphExecUpdate` refused the new graph (its topology or node types differ); the
+    /// executable graph is unchanged. Instantiate the new graph instead.
+    #[error("the executable graph cannot take the new graph's parameters: {reason}")]
+    UpdateRefused {
+        /// The driver's reason (`CU_GRAPH_EXEC_UPDATE_ERROR_*`).
+        reason: String,
+    },
 }
 
 /// A pipeline configuration that cannot be built; names the setting, the value and the reason.

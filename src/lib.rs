@@ -54,7 +54,7 @@ mod layout;
 pub struct ReadmeDoctests;
 
 pub use engine::Engine;
-pub use error::{ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
+pub use error::{CaptureError, ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
 /// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.
 pub use half;
 pub use half::{bf16, f16};
@@ -62,7 +62,8 @@ pub use pp::{
     PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, Transport, TransportPolicy,
 };
 pub use safe::{
-    BoundContext, BufferUse, Context, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr,
-    DeviceSlice, DeviceSliceMut, Function, HelperKernels, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS,
-    Module, PeerInfo, PinnedHostBuffer, StreamOverride, ambient_stream, enable_peer_access, take_drop_errors,
+    BoundContext, BufferUse, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgs, KernelParam,
+    LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCapture, StreamOverride, ambient_stream,
+    enable_peer_access, take_drop_errors,
 };

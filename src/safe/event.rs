@@ -43,7 +43,10 @@ impl CudaEvent {
     ///
     /// # Errors
     /// [`Error::WrongDevice`] when `stream` belongs to another device (checked before the driver
-    /// is called); else the driver's error.
+    /// is called); [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing
+    /// stream (a plain record there would fork the capture; use
+    /// [`StreamCapture::record_external`](crate::StreamCapture::record_external)); else the
+    /// driver's error.
     #[doc(alias = "cuEventRecord")]
     #[inline]
     pub fn record(&self, stream: &CudaStream) -> Result<()> {
@@ -54,6 +57,9 @@ impl CudaEvent {
                 found: stream.ordinal(),
             });
         }
+        if stream.is_capturing() {
+            stream.refuse_in_capture("CudaEvent::record on a capturing stream")?;
+        }
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of the same device's primary context.
         unsafe { raw::record(self.raw, stream.raw()) }
@@ -62,9 +68,11 @@ impl CudaEvent {
     /// Whether the last record has completed (true for an event never recorded).
     ///
     /// # Errors
-    /// The driver's error.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a thread that is
+    /// capturing; the driver's error.
     #[doc(alias = "cuEventQuery")]
     pub fn is_complete(&self) -> Result<bool> {
+        super::graph::refuse_in_capture(None, "CudaEvent::is_complete")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::query(self.raw) }
@@ -73,9 +81,11 @@ impl CudaEvent {
     /// Blocks until the last record has completed.
     ///
     /// # Errors
-    /// The driver's error, including errors of the work it waited for.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a thread that is
+    /// capturing; the driver's error, including errors of the work it waited for.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        super::graph::refuse_in_capture(None, "CudaEvent::synchronize")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::synchronize(self.raw) }

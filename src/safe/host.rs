@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::memory::{
-    CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, byte_size, check_same_device, ordered,
+    CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, Tracked, byte_size, check_same_device, ordered,
 };
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
@@ -89,7 +89,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// # Errors
     /// The error of the work waited for.
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.access.wait_on_host(Use::Read)?;
+        self.access.wait_on_host("PinnedHostBuffer::as_slice", Use::Read)?;
         // SAFETY: ptr is valid for len initialised elements (zeroed at allocation, T plain data)
         // and no device write is in flight.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
@@ -100,7 +100,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// # Errors
     /// The error of the work waited for.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.access.wait_on_host(Use::Write)?;
+        self.access.wait_on_host("PinnedHostBuffer::as_mut_slice", Use::Write)?;
         // SAFETY: as in as_slice, no device read is in flight either, and &mut self makes the
         // access exclusive.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
@@ -117,7 +117,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// # Errors
     /// The error of the work waited for.
     pub fn synchronize(&self) -> Result<()> {
-        self.access.wait_on_host(Use::Write)
+        self.access.wait_on_host("PinnedHostBuffer::synchronize", Use::Write)
     }
 }
 
@@ -138,7 +138,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         if src.is_empty() {
             return Ok(());
         }
-        ordered(stream, [(src.access(), Use::Read), (&self.access, Use::Write)], || {
+        ordered(stream, [(src.tracked(), Use::Read), (Tracked::Host(&self.access), Use::Write)], || {
             // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
             // untouched by the host until the copy completes (host access and Drop wait for its
             // uses); src is valid; both are ordered on `stream`.
@@ -162,7 +162,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         if dst.is_empty() {
             return Ok(());
         }
-        ordered(stream, [(&self.access, Use::Read), (dst.access(), Use::Write)], || {
+        ordered(stream, [(Tracked::Host(&self.access), Use::Read), (dst.tracked(), Use::Write)], || {
             // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
             // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
             // valid; both are ordered on `stream`.
@@ -249,7 +249,7 @@ impl PinnedHostBuffer<u8> {
                 align: std::mem::align_of::<T>(),
             });
         }
-        self.access.wait_on_host(Use::Read)?;
+        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;
         if len == 0 {
             return Ok(&[]);
         }
@@ -265,7 +265,7 @@ impl PinnedHostBuffer<u8> {
     /// # Errors
     /// The driver's error.
     pub fn is_ready(&self) -> Result<bool> {
-        self.access.is_complete(Use::Read)
+        self.access.is_complete("PinnedHostBuffer::is_ready", Use::Read)
     }
 
     /// Copies `src` into the first `src.len()` bytes of this buffer, on `stream`, ordered by the
@@ -305,7 +305,7 @@ impl PinnedHostBuffer<u8> {
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if let Err(e) = self.access.wait_on_host(Use::Write) {
+        if let Err(e) = self.access.wait_on_host("PinnedHostBuffer::drop", Use::Write) {
             // The copy failed; its memory may still be in use by a dead context. Leak rather
             // than free memory the device might write.
             super::record_drop_error(e);

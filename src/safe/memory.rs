@@ -99,10 +99,19 @@ pub trait DeviceSliceMut<T: DeviceRepr>: DeviceSlice<T> {
 pub struct CudaSlice<T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
+    mem: Arc<DeviceMemory>,
+    _marker: PhantomData<T>,
+}
+
+/// One device allocation: its address, owning stream and ordering state. Shared by its
+/// [`CudaSlice`] and by the graphs that captured work on it (which keep it alive while they can
+/// run); freed when the last holder goes, after every use.
+#[derive(Debug)]
+pub(crate) struct DeviceMemory {
+    ptr: CUdeviceptr,
     stream: Arc<CudaStream>,
     pooled: bool,
     access: Access,
-    _marker: PhantomData<T>,
 }
 
 /// A borrowed range of a device array.
@@ -110,9 +119,7 @@ pub struct CudaSlice<T: DeviceRepr> {
 pub struct CudaView<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
-    pooled: bool,
-    stream: &'a Arc<CudaStream>,
-    access: &'a Access,
+    mem: &'a Arc<DeviceMemory>,
     _marker: PhantomData<&'a T>,
 }
 
@@ -121,9 +128,7 @@ pub struct CudaView<'a, T: DeviceRepr> {
 pub struct CudaViewMut<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
-    pooled: bool,
-    stream: &'a Arc<CudaStream>,
-    access: &'a Access,
+    mem: &'a Arc<DeviceMemory>,
     _marker: PhantomData<&'a mut T>,
 }
 
@@ -155,6 +160,11 @@ impl<T: DeviceRepr> CudaSlice<T> {
             return Self::alloc_persistent(stream, len);
         }
         let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
+        if stream.is_capturing() {
+            // A graph allocation would be made at every run and outlive none: graphs use memory
+            // allocated before the capture.
+            stream.refuse_in_capture("CudaSlice::alloc on a capturing stream")?;
+        }
         let ptr = if bytes == 0 {
             0
         } else {
@@ -173,14 +183,19 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// [`Error::SizeOverflow`]; the driver's error.
     #[doc(alias = "cuMemAlloc")]
     pub fn alloc_persistent(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        Self::alloc_plain(stream, len, false)
+    }
+
+    fn alloc_plain(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         let bytes = byte_size::<T>("CudaSlice::alloc_persistent", len)?;
+        stream.refuse_in_capture("CudaSlice::alloc_persistent (cuMemAlloc)")?;
         let ptr = if bytes == 0 {
             0
         } else {
             let _bound = stream.context().bind()?;
             raw::alloc(bytes)?
         };
-        Ok(CudaSlice::new(ptr, len, stream, false, false))
+        Ok(CudaSlice::new(ptr, len, stream, false, eager))
     }
 
     /// Blocks until every use of the slice enqueued so far has completed.
@@ -188,12 +203,17 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// # Errors
     /// The error of the work waited for.
     pub fn synchronize(&self) -> Result<()> {
-        self.access.wait_on_host(Use::Write)
+        self.mem.access.wait_on_host("CudaSlice::synchronize", Use::Write)
     }
 
     /// The slice's ordering state.
     pub(crate) fn access(&self) -> &Access {
-        &self.access
+        &self.mem.access
+    }
+
+    /// The slice's allocation.
+    pub(crate) fn memory(&self) -> &Arc<DeviceMemory> {
+        &self.mem
     }
 
     /// Like [`alloc_persistent`](Self::alloc_persistent), for buffers whose every use should
@@ -201,18 +221,19 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// the pipeline's slot buffers, whose readers and writers on other devices then wait for
     /// exactly the copy, not for the later work of its stream.
     pub(crate) fn alloc_persistent_eager(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
-        let mut slice = Self::alloc_persistent(stream, len)?;
-        slice.access = Access::new(Some(stream), true);
-        Ok(slice)
+        Self::alloc_plain(stream, len, true)
     }
 
     fn new(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>, pooled: bool, eager: bool) -> CudaSlice<T> {
         CudaSlice {
             ptr,
             len,
-            stream: Arc::clone(stream),
-            pooled,
-            access: Access::new(Some(stream), eager),
+            mem: Arc::new(DeviceMemory {
+                ptr,
+                stream: Arc::clone(stream),
+                pooled,
+                access: Access::new(Some(stream), eager),
+            }),
             _marker: PhantomData,
         }
     }
@@ -229,7 +250,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
 
     /// The device ordinal of the memory.
     pub fn ordinal(&self) -> i32 {
-        self.stream.ordinal()
+        self.mem.stream.ordinal()
     }
 
     /// A view of the whole slice.
@@ -239,14 +260,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
 
     /// A mutable view of the whole slice.
     pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        CudaViewMut {
-            ptr: self.ptr,
-            len: self.len,
-            pooled: self.pooled,
-            stream: &self.stream,
-            access: &self.access,
-            _marker: PhantomData,
-        }
+        CudaViewMut { ptr: self.ptr, len: self.len, mem: &self.mem, _marker: PhantomData }
     }
 
     /// A view of `range`.
@@ -268,16 +282,18 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// Hands ownership to `stream`: the slice will be freed there (after every use, as always).
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for a stream of another device.
+    /// [`Error::WrongDevice`] for a stream of another device; [`Error::HeldByGraph`] while a
+    /// graph that captured work on the slice lives (it may free the memory last).
     pub fn set_stream(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        if stream.ordinal() != self.stream.ordinal() {
+        if stream.ordinal() != self.mem.stream.ordinal() {
             return Err(Error::WrongDevice {
                 what: "CudaSlice::set_stream: the new owner must be on the slice's device",
-                expected: self.stream.ordinal(),
+                expected: self.mem.stream.ordinal(),
                 found: stream.ordinal(),
             });
         }
-        self.stream = Arc::clone(stream);
+        let mem = Arc::get_mut(&mut self.mem).ok_or(Error::HeldByGraph { what: "CudaSlice::set_stream" })?;
+        mem.stream = Arc::clone(stream);
         Ok(())
     }
 }
@@ -300,27 +316,25 @@ fn bounds(what: &'static str, range: &impl RangeBounds<usize>, len: usize) -> Re
 }
 
 impl<'a, T: DeviceRepr> CudaView<'a, T> {
-    /// The ordering state of the viewed slice.
-    pub(crate) fn access(&self) -> &'a Access {
-        self.access
-    }
-
     /// The stream that owns the viewed slice.
     pub(crate) fn owner(&self) -> &'a Arc<CudaStream> {
-        self.stream
+        &self.mem.stream
+    }
+
+    /// The viewed allocation.
+    pub(crate) fn memory(&self) -> &'a Arc<DeviceMemory> {
+        self.mem
+    }
+
+    /// The viewed allocation, for the ordering rule.
+    pub(crate) fn tracked(&self) -> Tracked<'a> {
+        Tracked::Device(self.mem)
     }
 
     /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
     /// they lie inside it and are aligned for `U`.
     fn part<U: DeviceRepr>(&self, byte_offset: usize, len: usize) -> CudaView<'a, U> {
-        CudaView {
-            ptr: self.ptr + byte_offset as CUdeviceptr,
-            len,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        }
+        CudaView { ptr: self.ptr + byte_offset as CUdeviceptr, len, mem: self.mem, _marker: PhantomData }
     }
 
     /// The same memory as bytes.
@@ -374,20 +388,18 @@ macro_rules! device_slice_impls {
             }
             #[inline]
             fn stream(&self) -> &Arc<CudaStream> {
-                &self.stream
+                &self.memory().stream
             }
             #[inline]
             fn is_pooled(&self) -> bool {
-                self.pooled
+                self.memory().pooled
             }
             #[inline]
             fn as_view(&self) -> CudaView<'_, T> {
                 CudaView {
                     ptr: self.ptr,
                     len: self.len,
-                    pooled: self.pooled,
-                    stream: &self.stream,
-                    access: &self.access,
+                    mem: self.memory(),
                     _marker: PhantomData,
                 }
             }
@@ -402,34 +414,25 @@ impl<T: DeviceRepr> DeviceSliceMut<T> for CudaSlice<T> {
 }
 impl<T: DeviceRepr> DeviceSliceMut<T> for CudaViewMut<'_, T> {
     fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        CudaViewMut {
-            ptr: self.ptr,
-            len: self.len,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        }
+        CudaViewMut { ptr: self.ptr, len: self.len, mem: self.mem, _marker: PhantomData }
     }
 }
 
 impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
-    /// The ordering state of the viewed slice.
-    pub(crate) fn access(&self) -> &'a Access {
-        self.access
+    /// The viewed allocation.
+    pub(crate) fn memory(&self) -> &'a Arc<DeviceMemory> {
+        self.mem
+    }
+
+    /// The viewed allocation, for the ordering rule.
+    pub(crate) fn tracked(&self) -> Tracked<'a> {
+        Tracked::Device(self.mem)
     }
 
     /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
     /// they lie inside it and are aligned for `U`.
     fn part<U: DeviceRepr>(self, byte_offset: usize, len: usize) -> CudaViewMut<'a, U> {
-        CudaViewMut {
-            ptr: self.ptr + byte_offset as CUdeviceptr,
-            len,
-            pooled: self.pooled,
-            stream: self.stream,
-            access: self.access,
-            _marker: PhantomData,
-        }
+        CudaViewMut { ptr: self.ptr + byte_offset as CUdeviceptr, len, mem: self.mem, _marker: PhantomData }
     }
 
     /// The same memory as bytes (writing bytes is sound: every bit pattern is a valid `T`, see
@@ -449,9 +452,21 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
     }
 }
 
-impl<T: DeviceRepr> Drop for CudaSlice<T> {
+impl Drop for DeviceMemory {
     fn drop(&mut self) {
         if self.ptr == 0 {
+            return;
+        }
+        if let Some(capture) = super::graph::capture_for_free(&self.stream) {
+            // A free now would be captured (or break the capture): hand the allocation to the
+            // capture, which frees it when it ends.
+            let held = DeviceMemory {
+                ptr: std::mem::take(&mut self.ptr),
+                stream: Arc::clone(&self.stream),
+                pooled: self.pooled,
+                access: std::mem::replace(&mut self.access, Access::new(None, false)),
+            };
+            capture.defer_free(held);
             return;
         }
         let result = if self.pooled {
@@ -464,7 +479,7 @@ impl<T: DeviceRepr> Drop for CudaSlice<T> {
             })
         } else {
             // cuMemFree does not wait for streams: wait on the host for every use first.
-            self.access.wait_on_host(Use::Write).and_then(|()| {
+            self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {
                 let _bound = self.stream.context().bind()?;
                 // SAFETY: the pointer came from cuMemAlloc, is freed once, and every use of it
                 // has completed (just above).
@@ -493,22 +508,57 @@ fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
 }
 
+/// A buffer an operation touches, as the ordering rule sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Tracked<'b> {
+    /// Device memory (a graph that captures the operation holds it alive).
+    Device(&'b Arc<DeviceMemory>),
+    /// Pinned host memory (cannot be captured).
+    Host(&'b Access),
+}
+
+impl Tracked<'_> {
+    fn access(&self) -> &Access {
+        match self {
+            Tracked::Device(memory) => &memory.access,
+            Tracked::Host(access) => access,
+        }
+    }
+}
+
 /// Runs `enqueue` on `stream` under the crate's ordering rule, with the stream's context current
 /// (bound once for the whole call): waits for what each buffer's use conflicts with, enqueues,
 /// then notes the uses (eager buffers record their event then; if that
 /// fails, the stream is waited for, so nothing is left in flight unordered).
+///
+/// On a capturing stream the work is recorded into the graph instead, and the buffers join the
+/// capture's footprint, to be ordered when the graph is launched (see the `graph` module).
 pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl FnOnce() -> Result<R>) -> Result<R>
 where
-    I: IntoIterator<Item = (&'b Access, Use)> + Clone,
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
 {
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
     let _bound = stream.context().bind_for_call()?;
-    for (access, use_) in uses.clone() {
-        access.order(stream, use_)?;
+    if let Some(capture) = stream.capture() {
+        let mut devices = Vec::new();
+        for (tracked, use_) in uses {
+            match tracked {
+                Tracked::Device(memory) => devices.push((memory, use_)),
+                Tracked::Host(_) => stream.refuse_in_capture("a copy to or from pinned host memory")?,
+            }
+        }
+        let result = enqueue()?;
+        for (memory, use_) in devices {
+            capture.add(memory, use_);
+        }
+        return Ok(result);
+    }
+    for (tracked, use_) in uses.clone() {
+        tracked.access().order(stream, use_)?;
     }
     let result = enqueue()?;
-    stream.settle(uses.into_iter().try_for_each(|(access, use_)| access.note(stream, use_)))?;
+    stream.settle(uses.into_iter().try_for_each(|(tracked, use_)| tracked.access().note(stream, use_)))?;
     Ok(result)
 }
 
@@ -526,13 +576,14 @@ impl CudaStream {
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, src: &[T], dst: &mut D) -> Result<()> {
         check_len("CudaStream::memcpy_htod", dst.len(), src.len())?;
+        self.refuse_in_capture("CudaStream::memcpy_htod")?;
         check_same_device("CudaStream::memcpy_htod: dst must be on the stream's device", self, dst.ordinal())?;
         if src.is_empty() {
             return Ok(());
         }
         let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
         let view = dst.as_view();
-        ordered(self, [(view.access(), Use::Write)], || {
+        ordered(self, [(view.tracked(), Use::Write)], || {
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
             // (staged before the call returns) or memory the driver reads later, which is waited
             // for below before the borrow of src ends.
@@ -553,12 +604,13 @@ impl CudaStream {
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(self: &Arc<Self>, src: &S, dst: &mut [T]) -> Result<()> {
         check_len("CudaStream::memcpy_dtoh", dst.len(), src.len())?;
+        self.refuse_in_capture("CudaStream::memcpy_dtoh")?;
         check_same_device("CudaStream::memcpy_dtoh: src must be on the stream's device", self, src.ordinal())?;
         if dst.is_empty() {
             return Ok(());
         }
         let view = src.as_view();
-        ordered(self, [(view.access(), Use::Read)], || {
+        ordered(self, [(view.tracked(), Use::Read)], || {
             // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
             // and exclusively borrowed; it is read only after the synchronisation below.
             unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
@@ -591,7 +643,10 @@ impl CudaStream {
         // another device goes through cuMemcpyPeerAsync, which the driver stages.
         let foreign_pool = |view: &CudaView<'_, T>| view.is_pooled() && view.ordinal() != self.ordinal();
         let peer_call = foreign_pool(&from) || foreign_pool(&to);
-        ordered(self, [(from.access(), Use::Read), (to.access(), Use::Write)], || {
+        if peer_call && self.is_capturing() {
+            self.refuse_in_capture("CudaStream::memcpy_dtod of another device's pool memory (cuMemcpyPeerAsync)")?;
+        }
+        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
             if peer_call {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream; the contexts are the ranges' live primary contexts.
@@ -624,7 +679,7 @@ impl CudaStream {
             return Ok(());
         }
         let view = dst.as_view();
-        ordered(self, [(view.access(), Use::Write)], || {
+        ordered(self, [(view.tracked(), Use::Write)], || {
             // SAFETY: dst is valid for len 4-byte words and ordered on this stream.
             unsafe { raw::memset_d32_async(view.device_ptr(), value, view.len(), self.raw()) }
         })
@@ -640,7 +695,7 @@ impl CudaStream {
             return Ok(());
         }
         let view = dst.as_view();
-        ordered(self, [(view.access(), Use::Write)], || {
+        ordered(self, [(view.tracked(), Use::Write)], || {
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream.
             unsafe { raw::memset_d8_async(view.device_ptr(), value, view.byte_len(), self.raw()) }
         })

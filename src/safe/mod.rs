@@ -20,6 +20,7 @@ mod context;
 mod device;
 mod drop_errors;
 mod event;
+mod graph;
 mod helpers;
 mod host;
 mod memory;
@@ -34,6 +35,7 @@ pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::take_drop_errors;
 pub use event::CudaEvent;
+pub use graph::{CaptureMode, CudaGraph, GraphExec, StreamCapture};
 pub use helpers::HelperKernels;
 #[cfg(feature = "testing")]
 pub use helpers::{TestKernels, ToyModel};

@@ -8,8 +8,8 @@ use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
 use super::context::Context;
-use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, ordered};
-use super::ordering::{Access, Use};
+use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, DeviceSlice, Tracked, ordered};
+use super::ordering::Use;
 use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
@@ -185,7 +185,7 @@ pub trait KernelParam {
 /// `&mut CudaSlice`, `CudaViewMut` and `&mut CudaViewMut` write).
 #[derive(Debug, Clone, Copy)]
 pub struct BufferUse<'a> {
-    access: &'a Access,
+    memory: &'a Arc<DeviceMemory>,
     use_: Use,
     owner: &'a Arc<CudaStream>,
     pooled: bool,
@@ -195,7 +195,7 @@ pub struct BufferUse<'a> {
 impl<'a> BufferUse<'a> {
     fn of<T: DeviceRepr>(view: CudaView<'a, T>, use_: Use) -> BufferUse<'a> {
         BufferUse {
-            access: view.access(),
+            memory: view.memory(),
             use_,
             owner: view.owner(),
             pooled: view.is_pooled(),
@@ -337,7 +337,7 @@ impl CudaStream {
             }
             ensure_peer_access(self.context(), used.owner.context())?;
         }
-        ordered(self, uses.iter().flatten().map(|used| (used.access, used.use_)), || {
+        ordered(self, uses.iter().flatten().map(|used| (Tracked::Device(used.memory), used.use_)), || {
             let launch = |params: &mut [*mut c_void]| {
                 // SAFETY: the caller guarantees that params match the kernel and that it touches
                 // only the memory they give it; function and stream are live and of one context

@@ -220,9 +220,11 @@ impl Access {
         self.lock().write = None;
     }
 
-    /// Whether every use that `use_` conflicts with has completed, without blocking (a use
+    /// Whether every use that `use_` conflicts with has completed, without blocking (refused as
+    /// `call` on a capturing thread) (a use
     /// without an event yet gets one now, at the end of its stream).
-    pub(crate) fn is_complete(&self, use_: Use) -> Result<bool> {
+    pub(crate) fn is_complete(&self, call: &'static str, use_: Use) -> Result<bool> {
+        super::graph::refuse_in_capture(None, call)?;
         let mut state = self.lock();
         let State { write, reads } = &mut *state;
         for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
@@ -234,8 +236,9 @@ impl Access {
     }
 
     /// Blocks the host until every use that `use_` conflicts with has completed (before the host
-    /// reads, writes or frees the buffer).
-    pub(crate) fn wait_on_host(&self, use_: Use) -> Result<()> {
+    /// reads, writes or frees the buffer); refused as `call` on a capturing thread.
+    pub(crate) fn wait_on_host(&self, call: &'static str, use_: Use) -> Result<()> {
+        super::graph::refuse_in_capture(None, call)?;
         let mut state = self.lock();
         let State { write, reads } = &mut *state;
         for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {

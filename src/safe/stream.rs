@@ -4,10 +4,12 @@
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::context::Context;
 use super::event::CudaEvent;
+use super::graph::{CaptureState, refuse_in_capture};
 use crate::error::Result;
 use crate::result::stream as raw;
 use crate::sys::CUstream;
@@ -19,6 +21,10 @@ pub struct CudaStream {
     ctx: Arc<Context>,
     raw: CUstream,
     owned: bool,
+    /// Whether a capture begun through this crate is active (read without the lock below).
+    capturing: AtomicBool,
+    /// That capture.
+    capture: Mutex<Option<Arc<CaptureState>>>,
 }
 
 // SAFETY: a CUstream may be used from any thread; the driver orders work per stream, not per
@@ -36,7 +42,7 @@ impl CudaStream {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<CudaStream>> {
         let _bound = ctx.bind()?;
         let raw = raw::create_non_blocking()?;
-        Ok(Arc::new(CudaStream { ctx: Arc::clone(ctx), raw, owned: true }))
+        Ok(Arc::new(CudaStream::wrap(ctx, raw, true)))
     }
 
     /// Wraps a stream created elsewhere (a `cudaStream_t` from cuBLAS or PyTorch is a
@@ -46,7 +52,44 @@ impl CudaStream {
     /// - `stream` is a live stream of `ctx` (or null for the legacy default stream of `ctx`).
     /// - It stays live for as long as the returned wrapper and everything holding it live.
     pub unsafe fn adopt(ctx: &Arc<Context>, stream: CUstream) -> Arc<CudaStream> {
-        Arc::new(CudaStream { ctx: Arc::clone(ctx), raw: stream, owned: false })
+        Arc::new(CudaStream::wrap(ctx, stream, false))
+    }
+
+    fn wrap(ctx: &Arc<Context>, raw: CUstream, owned: bool) -> CudaStream {
+        CudaStream { ctx: Arc::clone(ctx), raw, owned, capturing: AtomicBool::new(false), capture: Mutex::new(None) }
+    }
+
+    /// Whether a capture begun with [`begin_capture`](Self::begin_capture) is active on this
+    /// stream.
+    #[inline]
+    pub fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
+    /// The active capture of this stream, if any.
+    pub(crate) fn capture(&self) -> Option<Arc<CaptureState>> {
+        if !self.is_capturing() {
+            return None;
+        }
+        self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Sets (`Some`) or clears (`None`) the stream's capture; setting fails (`false`) when one is
+    /// active already.
+    pub(crate) fn set_capture(&self, capture: Option<Arc<CaptureState>>) -> bool {
+        let mut held = self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if capture.is_some() && held.is_some() {
+            return false;
+        }
+        self.capturing.store(capture.is_some(), Ordering::Release);
+        *held = capture;
+        true
+    }
+
+    /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
+    /// of the calling thread, or a global one).
+    pub(crate) fn refuse_in_capture(&self, call: &'static str) -> Result<()> {
+        refuse_in_capture(Some(self), call)
     }
 
     /// The stream's context.
@@ -72,9 +115,11 @@ impl CudaStream {
     /// Blocks until all work enqueued so far has completed.
     ///
     /// # Errors
-    /// The driver's error, including errors of earlier asynchronous work.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) during a capture it would
+    /// break; the driver's error, including errors of earlier asynchronous work.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture("CudaStream::synchronize")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         unsafe { raw::synchronize(self.raw) }
@@ -83,9 +128,11 @@ impl CudaStream {
     /// Whether all work enqueued so far has completed.
     ///
     /// # Errors
-    /// The driver's error.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) during a capture it would
+    /// break; the driver's error.
     #[doc(alias = "cuStreamQuery")]
     pub fn is_idle(&self) -> Result<bool> {
+        self.refuse_in_capture("CudaStream::is_idle")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         unsafe { raw::query(self.raw) }
@@ -95,10 +142,15 @@ impl CudaStream {
     /// device).
     ///
     /// # Errors
-    /// The driver's error.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing stream (a
+    /// wait there joins the event's stream into the capture; use
+    /// [`StreamCapture::wait_external`](crate::StreamCapture::wait_external)); the driver's error.
     #[doc(alias = "cuStreamWaitEvent")]
     #[inline]
     pub fn wait(&self, event: &CudaEvent) -> Result<()> {
+        if self.is_capturing() {
+            self.refuse_in_capture("CudaStream::wait on a capturing stream")?;
+        }
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
@@ -126,10 +178,15 @@ impl CudaStream {
     /// launches order them, see the `safe` module docs); this is for work the crate cannot see.
     ///
     /// # Errors
-    /// The driver's error.
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) when either stream is
+    /// capturing; the driver's error.
     pub fn join(&self, other: &CudaStream) -> Result<()> {
         if self.raw == other.raw && Arc::ptr_eq(&self.ctx, &other.ctx) {
             return Ok(());
+        }
+        if self.is_capturing() || other.is_capturing() {
+            self.refuse_in_capture("CudaStream::join with a capturing stream")?;
+            other.refuse_in_capture("CudaStream::join with a capturing stream")?;
         }
         let event = super::ordering::PooledEvent::take(other.context())?;
         event.record(other)?;

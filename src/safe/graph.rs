@@ -1,0 +1,517 @@
+//! Stream capture and CUDA graphs: [`StreamCapture`], [`CudaGraph`], [`GraphExec`], and the
+//! record of which captures are active (so that calls which cannot be captured are refused).
+//!
+//! Under capture, a copy, memset or launch on the capturing stream is recorded into the graph
+//! instead of running, and the crate's ordering rule applies to the graph as a whole: the buffers
+//! the captured work touches (its *footprint*, with how each is used) are ordered when the graph
+//! is launched, as one operation on the launch stream — the launch waits for their last writes
+//! (and, for buffers it writes, the reads since), and afterwards they are marked as used by the
+//! launch stream. The graph holds each footprint allocation alive, so freeing a slice cannot free
+//! memory a graph may still run on; the free waits for every launch.
+//!
+//! Calls that cannot be part of a graph — synchronising, querying, waiting on the host, copying
+//! to or from host memory, `cuMemAlloc`, a peer copy the driver stages, a plain event record or
+//! wait that would fork the capture into another stream — are refused with
+//! [`CaptureError::IllegalCall`] naming the call, before the driver sees them, when made on the
+//! capturing stream or (for captures not in [`CaptureMode::Relaxed`]) on the capturing thread,
+//! or (for [`CaptureMode::Global`]) on any thread. The capture is then invalidated: ending it
+//! gives [`CaptureError::Invalidated`]. Frees that would land in a capture are held back and done
+//! when the capture ends.
+//!
+//! Threading: a [`StreamCapture`] stays on the thread that began it (the driver requires the end
+//! on that thread for non-relaxed captures); graphs and executable graphs are `Send` and used
+//! through `&mut` where the driver does not synchronise them.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::context::Context;
+use super::event::CudaEvent;
+use super::memory::{DeviceMemory, Tracked, ordered};
+use super::ordering::Use;
+use super::stream::CudaStream;
+use crate::error::{CaptureError, Error, Result};
+use crate::result::graph as raw;
+use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult, CUstreamCaptureMode};
+
+/// How a capture restricts calls made outside the captured stream (`CUstreamCaptureMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// Calls that cannot be captured are refused on every thread while the capture lasts.
+    Global,
+    /// Calls that cannot be captured are refused on the capturing thread (the usual choice: other
+    /// threads go on with their own work).
+    ThreadLocal,
+    /// Only calls on the captured stream itself are restricted.
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn raw(self) -> CUstreamCaptureMode {
+        match self {
+            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// What one capture has recorded so far.
+#[derive(Debug, Default)]
+struct Recorded {
+    /// The allocations captured work touches, each with its strongest use.
+    footprint: Vec<(Arc<DeviceMemory>, Use)>,
+    /// The first call that invalidated the capture.
+    invalidated_by: Option<&'static str>,
+    /// Allocations dropped while the capture was active: freed when it ends.
+    deferred_frees: Vec<DeviceMemory>,
+}
+
+/// One active capture, shared by its guard, its stream and the registries below.
+#[derive(Debug)]
+pub(crate) struct CaptureState {
+    mode: CaptureMode,
+    recorded: Mutex<Recorded>,
+}
+
+impl CaptureState {
+    fn lock(&self) -> MutexGuard<'_, Recorded> {
+        self.recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn invalidate(&self, call: &'static str) {
+        self.lock().invalidated_by.get_or_insert(call);
+    }
+
+    /// Adds `memory` with `use_` to the footprint (a write supersedes a read).
+    pub(crate) fn add(&self, memory: &Arc<DeviceMemory>, use_: Use) {
+        let mut recorded = self.lock();
+        match recorded.footprint.iter_mut().find(|(held, _)| Arc::ptr_eq(held, memory)) {
+            Some((_, held_use)) => {
+                if use_ == Use::Write {
+                    *held_use = Use::Write;
+                }
+            }
+            None => recorded.footprint.push((Arc::clone(memory), use_)),
+        }
+    }
+
+    /// Holds back the free of `memory` until the capture ends.
+    pub(crate) fn defer_free(&self, memory: DeviceMemory) {
+        self.lock().deferred_frees.push(memory);
+    }
+}
+
+/// Captures active anywhere in the process: the common case (none) costs one atomic load.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Active captures in [`CaptureMode::Global`].
+static GLOBAL: Mutex<Vec<Arc<CaptureState>>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// Active captures begun on this thread in a mode other than [`CaptureMode::Relaxed`].
+    static THREAD: RefCell<Vec<Arc<CaptureState>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn global() -> MutexGuard<'static, Vec<Arc<CaptureState>>> {
+    GLOBAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The captures that a call which cannot be captured, made now on `stream` (if it concerns one),
+/// would break: `stream`'s own, this thread's non-relaxed ones, and every global one.
+fn affected(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
+    let mut found: Vec<Arc<CaptureState>> = stream.and_then(CudaStream::capture).into_iter().collect();
+    let _ = THREAD.try_with(|captures| found.extend(captures.borrow().iter().cloned()));
+    found.extend(global().iter().cloned());
+    found
+}
+
+/// Refuses `call` (a call that cannot be captured) while it would break a capture: see the
+/// [module docs](self). Invalidates each capture it would break.
+pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str) -> Result<()> {
+    let affected = affected(stream);
+    if affected.is_empty() {
+        return Ok(());
+    }
+    for capture in &affected {
+        capture.invalidate(call);
+    }
+    Err(Error::Capture(CaptureError::IllegalCall { call }))
+}
+
+/// The capture that a free of memory owned by `stream` would land in or break, if any.
+pub(crate) fn capture_for_free(stream: &CudaStream) -> Option<Arc<CaptureState>> {
+    affected(Some(stream)).into_iter().next()
+}
+
+/// An active capture of one stream; [`end`](Self::end) it to get the graph. Dropping it without
+/// ending discards what was captured. Stays on the thread that began it.
+#[must_use = "a capture records work until it is ended"]
+pub struct StreamCapture {
+    stream: Arc<CudaStream>,
+    state: Arc<CaptureState>,
+    ended: bool,
+    _same_thread: PhantomData<*const ()>,
+}
+
+impl CudaStream {
+    /// Begins capturing this stream into a graph: until the capture ends, copies, memsets and
+    /// launches enqueued on this stream (from any thread) are recorded instead of run. Engine
+    /// operations under an ambient-stream override of this stream land in the capture too.
+    ///
+    /// # Errors
+    /// [`CaptureError::CannotBegin`] when the stream is capturing already or is the legacy default
+    /// stream; the driver's error.
+    #[doc(alias = "cuStreamBeginCapture")]
+    pub fn begin_capture(self: &Arc<Self>, mode: CaptureMode) -> Result<StreamCapture> {
+        if self.raw().is_null() {
+            return Err(Error::Capture(CaptureError::CannotBegin { reason: "the legacy default stream" }));
+        }
+        let state = Arc::new(CaptureState { mode, recorded: Mutex::new(Recorded::default()) });
+        if !self.set_capture(Some(Arc::clone(&state))) {
+            return Err(Error::Capture(CaptureError::CannotBegin { reason: "the stream is capturing already" }));
+        }
+        let begun = self.context().bind().and_then(|_bound| {
+            // SAFETY: the stream is live, not the legacy stream, and not capturing (claimed above).
+            unsafe { raw::begin_capture(self.raw(), mode.raw()) }
+        });
+        if let Err(e) = begun {
+            self.set_capture(None);
+            return Err(e);
+        }
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
+        match mode {
+            CaptureMode::Global => global().push(Arc::clone(&state)),
+            CaptureMode::ThreadLocal => {
+                let _ = THREAD.try_with(|captures| captures.borrow_mut().push(Arc::clone(&state)));
+            }
+            CaptureMode::Relaxed => {}
+        }
+        Ok(StreamCapture { stream: Arc::clone(self), state, ended: false, _same_thread: PhantomData })
+    }
+}
+
+impl StreamCapture {
+    /// The captured stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Adds an event record node: each run of the graph records `event` at this point (an event
+    /// of the stream's device; other streams and graphs may wait on it).
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for an event of another device; the driver's error.
+    #[doc(alias = "cuEventRecordWithFlags")]
+    pub fn record_external(&self, event: &CudaEvent) -> Result<()> {
+        if event.ordinal() != self.stream.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "StreamCapture::record_external: the event must be on the stream's device",
+                expected: self.stream.ordinal(),
+                found: event.ordinal(),
+            });
+        }
+        let _bound = self.stream.context().bind()?;
+        // SAFETY: both handles are live and of one context; the stream is capturing.
+        unsafe { raw::record_external(event.raw(), self.stream.raw()) }
+    }
+
+    /// Adds an event wait node: each run of the graph waits here for `event`'s last record
+    /// before it was launched. The event must be of the stream's device (the driver refuses a
+    /// wait node on another device's event inside a capture; order a launch after another
+    /// device's work on the launch stream instead, as [`GraphExec::launch`] does for buffers).
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for an event of another device; the driver's error.
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub fn wait_external(&self, event: &CudaEvent) -> Result<()> {
+        if event.ordinal() != self.stream.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "StreamCapture::wait_external: the event must be on the stream's device",
+                expected: self.stream.ordinal(),
+                found: event.ordinal(),
+            });
+        }
+        let _bound = self.stream.context().bind()?;
+        // SAFETY: both handles are live; the stream is capturing.
+        unsafe { raw::wait_external(self.stream.raw(), event.raw()) }
+    }
+
+    /// Ends the capture and returns its graph.
+    ///
+    /// # Errors
+    /// [`CaptureError::Invalidated`] when a call during the capture could not be captured (no
+    /// graph; the stream is usable again); the driver's error.
+    #[doc(alias = "cuStreamEndCapture")]
+    pub fn end(mut self) -> Result<CudaGraph> {
+        let (graph, recorded) = self.finish();
+        let raw_graph = graph?;
+        let graph = CudaGraph {
+            raw: raw_graph,
+            ctx: Arc::clone(self.stream.context()),
+            footprint: recorded.footprint,
+            _not_sync: PhantomData,
+        };
+        match recorded.invalidated_by {
+            // The driver may have kept going after a refused call that never reached it: the
+            // graph is still dropped, as the capture misses that call's work.
+            Some(call) => Err(Error::Capture(CaptureError::Invalidated { call: call.to_string() })),
+            None => Ok(graph),
+        }
+    }
+
+    /// Ends the driver's capture and unregisters it (once); returns the raw graph and the record.
+    /// Deferred frees run here, after the stream stopped capturing.
+    fn finish(&mut self) -> (Result<CUgraph>, Recorded) {
+        self.ended = true;
+        let ended = self.stream.context().bind().and_then(|_bound| {
+            // SAFETY: the stream is live and capturing in this capture, begun on this thread
+            // (StreamCapture is not Send).
+            unsafe { raw::end_capture(self.stream.raw()) }
+        });
+        self.stream.set_capture(None);
+        match self.state.mode {
+            CaptureMode::Global => global().retain(|held| !Arc::ptr_eq(held, &self.state)),
+            CaptureMode::ThreadLocal => {
+                let _ =
+                    THREAD.try_with(|captures| captures.borrow_mut().retain(|held| !Arc::ptr_eq(held, &self.state)));
+            }
+            CaptureMode::Relaxed => {}
+        }
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        let recorded = std::mem::take(&mut *self.state.lock());
+        let graph = match ended {
+            Ok(graph) => Ok(graph),
+            Err(Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+                Err(Error::Capture(CaptureError::Invalidated {
+                    call: recorded.invalidated_by.map_or_else(|| e.to_string(), str::to_string),
+                }))
+            }
+            Err(e) => Err(e),
+        };
+        // Frees held back during the capture happen now, in their streams' order.
+        let Recorded { footprint, invalidated_by, deferred_frees } = recorded;
+        drop(deferred_frees);
+        (graph, Recorded { footprint, invalidated_by, deferred_frees: Vec::new() })
+    }
+}
+
+impl Drop for StreamCapture {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let (Ok(graph), _) = self.finish() {
+            // SAFETY: the graph was just made by the driver and is owned here.
+            if let Err(e) = unsafe { raw::destroy(graph) } {
+                super::record_drop_error(e);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for StreamCapture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamCapture").field("stream", &self.stream.raw()).field("mode", &self.state.mode).finish()
+    }
+}
+
+/// A captured graph: instantiate it to run it.
+pub struct CudaGraph {
+    raw: CUgraph,
+    ctx: Arc<Context>,
+    footprint: Vec<(Arc<DeviceMemory>, Use)>,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+// SAFETY: a CUgraph may be used from any thread as long as it is not used from two at once;
+// CudaGraph is not Sync and every method that touches it takes `&self` of an unshared value.
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Instantiates the graph into an executable graph.
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuGraphInstantiate")]
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: the graph is live.
+        let raw = unsafe { raw::instantiate(self.raw)? };
+        Ok(GraphExec { raw, ctx: Arc::clone(&self.ctx), footprint: self.footprint.clone() })
+    }
+
+    /// How many allocations the captured work touches.
+    pub fn footprint_len(&self) -> usize {
+        self.footprint.len()
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        let result = self.ctx.bind().and_then(|_bound| {
+            // SAFETY: the graph is owned here and not used afterwards.
+            unsafe { raw::destroy(self.raw) }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}
+
+impl fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaGraph")
+            .field("device", &self.ctx.ordinal())
+            .field("footprint", &self.footprint.len())
+            .finish()
+    }
+}
+
+/// An executable graph: launch it on a stream of its device. It holds the memory its work touches
+/// alive; every launch is ordered with the rest of the program's use of that memory by the
+/// crate's ordering rule.
+pub struct GraphExec {
+    raw: CUgraphExec,
+    ctx: Arc<Context>,
+    footprint: Vec<(Arc<DeviceMemory>, Use)>,
+}
+
+// SAFETY: a CUgraphExec may be used from any thread as long as it is not used from two at once;
+// every method that touches it takes `&mut self` (or `&self` of methods that only read Rust
+// state).
+unsafe impl Send for GraphExec {}
+// SAFETY: `&GraphExec` gives no access to the handle.
+unsafe impl Sync for GraphExec {}
+
+impl GraphExec {
+    fn check_stream(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
+        if stream.ordinal() != self.ctx.ordinal() {
+            return Err(Error::WrongDevice { what, expected: self.ctx.ordinal(), found: stream.ordinal() });
+        }
+        Ok(())
+    }
+
+    /// Uploads the graph's device resources on `stream` ahead of the first launch (optional; the
+    /// first launch does it otherwise).
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for a stream of another device; the driver's error.
+    #[doc(alias = "cuGraphUpload")]
+    pub fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_stream("GraphExec::upload: the stream must be on the graph's device", stream)?;
+        refuse_in_capture(Some(stream), "GraphExec::upload")?;
+        let _bound = self.ctx.bind()?;
+        // SAFETY: both handles are live and of one context (checked above).
+        unsafe { raw::upload(self.raw, stream.raw()) }
+    }
+
+    /// Enqueues one run of the graph on `stream`, ordered by the crate's rule: after the last
+    /// writes (and, for memory the graph writes, the reads since) of everything it touches, and
+    /// before their next conflicting use. Launching on a capturing stream captures the launch.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for a stream of another device; the driver's error.
+    #[doc(alias = "cuGraphLaunch")]
+    pub fn launch(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_stream("GraphExec::launch: the stream must be on the graph's device", stream)?;
+        let raw_exec = self.raw;
+        ordered(stream, self.footprint.iter().map(|(memory, use_)| (Tracked::Device(memory), *use_)), || {
+            // SAFETY: both handles are live and of one context (checked above); the memory the
+            // graph uses is held alive by self.footprint and ordered on this stream.
+            unsafe { raw::launch(raw_exec, stream.raw()) }
+        })
+    }
+
+    /// Gives this executable graph the work of `graph` (a re-capture of the same sequence with
+    /// other buffers, sizes or kernel arguments) without instantiating it anew. Runs already
+    /// enqueued are unaffected.
+    ///
+    /// # Errors
+    /// [`CaptureError::UpdateRefused`] when the driver cannot update (another topology or node
+    /// kind): this graph is unchanged; [`Error::WrongDevice`] for a graph of another device.
+    #[doc(alias = "cuGraphExecUpdate")]
+    pub fn update(&mut self, graph: &CudaGraph) -> Result<()> {
+        if graph.ctx.ordinal() != self.ctx.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "GraphExec::update: the graph must be on the executable graph's device",
+                expected: self.ctx.ordinal(),
+                found: graph.ctx.ordinal(),
+            });
+        }
+        let _bound = self.ctx.bind()?;
+        // SAFETY: both handles are live; `&mut self` excludes a concurrent launch.
+        match unsafe { raw::exec_update(self.raw, graph.raw) } {
+            Ok(()) => {
+                // Memory only the old graph used is freed once its launches completed (their
+                // marks are on the buffers).
+                self.footprint = graph.footprint.clone();
+                Ok(())
+            }
+            Err((error, info)) => {
+                // Whatever the driver kept, the union of both footprints stays alive.
+                for (memory, use_) in &graph.footprint {
+                    if !self.footprint.iter().any(|(held, _)| Arc::ptr_eq(held, memory)) {
+                        self.footprint.push((Arc::clone(memory), *use_));
+                    }
+                }
+                match error {
+                    Error::Driver(e) if e.code == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
+                        Err(Error::Capture(CaptureError::UpdateRefused { reason: update_reason(info.result) }))
+                    }
+                    other => Err(other),
+                }
+            }
+        }
+    }
+
+    /// How many allocations the graph's work touches.
+    pub fn footprint_len(&self) -> usize {
+        self.footprint.len()
+    }
+}
+
+fn update_reason(result: CUgraphExecUpdateResult) -> String {
+    let name = match result {
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED => "the topology changed",
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED => "a node's type changed",
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED => "a kernel node's function changed",
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED => {
+            "a node's parameters changed in a way that cannot be updated"
+        }
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED => "the update is not supported",
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE => {
+            "a kernel node's function changed unsupportedly"
+        }
+        CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED => "a node's attributes changed",
+        _ => "the update failed",
+    };
+    format!("{name} (CUgraphExecUpdateResult {})", result.0)
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let result = self.ctx.bind().and_then(|_bound| {
+            // SAFETY: the executable graph is owned here and not used afterwards; runs already
+            // enqueued complete normally (and the footprint's frees wait for them).
+            unsafe { raw::exec_destroy(self.raw) }
+        });
+        if let Err(e) = result {
+            super::record_drop_error(e);
+        }
+    }
+}
+
+impl fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("device", &self.ctx.ordinal())
+            .field("footprint", &self.footprint.len())
+            .finish()
+    }
+}
