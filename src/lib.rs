@@ -59,7 +59,8 @@ pub use error::{CaptureError, ConfigError, DriverError, DriverVersion, Error, Lo
 pub use half;
 pub use half::{bf16, f16};
 pub use pp::{
-    PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, Transport, TransportPolicy,
+    PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, StageCapture, StepGraphs,
+    Transport, TransportPolicy,
 };
 pub use safe::{
     BoundContext, BufferUse, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,

@@ -27,6 +27,9 @@ pub enum SlotState {
     /// Received in place ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place)): the receiver's view
     /// of it is alive, so `tx` cannot refill it yet.
     Lent,
+    /// Taken by [`PpNRt::capture_step`](crate::PpNRt::capture_step) while it captures the step's
+    /// graphs.
+    Capturing,
 }
 
 impl SlotState {
@@ -44,6 +47,7 @@ impl fmt::Display for SlotState {
             SlotState::Received => f.write_str("free (already received)"),
             SlotState::Discarded => f.write_str("free (discarded unreceived)"),
             SlotState::Lent => f.write_str("lent (received in place, its view still alive)"),
+            SlotState::Capturing => f.write_str("taken by a capture of the step's graphs"),
         }
     }
 }
@@ -137,6 +141,45 @@ pub enum PpError {
         waited: Duration,
         /// The slot's state when it gave up.
         found: SlotState,
+    },
+    /// Graph mode ([`PpNRt::capture_step`](crate::PpNRt::capture_step)) does not support the
+    /// boundary's transport (host-staged copies go through pinned host memory, which a graph
+    /// cannot hold).
+    #[error("boundary {boundary}: graph mode does not support the {transport} transport")]
+    GraphTransport {
+        /// The boundary.
+        boundary: usize,
+        /// The transport.
+        transport: &'static str,
+    },
+    /// A stage's captured step broke graph mode's rules (`tx` missing or made twice, `received`
+    /// asked of stage 0, a length other than the step's).
+    #[error("stage {stage}: {problem}")]
+    GraphStage {
+        /// The stage.
+        stage: usize,
+        /// What went wrong.
+        problem: &'static str,
+    },
+    /// A graph step was launched while the boundary rings are not in step (an eager step crossed
+    /// some boundaries but not all): the boundary's next slot is not the one the step would use.
+    #[error("boundary {boundary}: a graph step would use slot {expected}, but the ring's next slot is {found}")]
+    GraphOutOfStep {
+        /// The boundary.
+        boundary: usize,
+        /// The slot of the step (boundary 0's next).
+        expected: usize,
+        /// The boundary's next slot.
+        found: usize,
+    },
+    /// The step's graphs no longer match the runtime (a slot was reallocated by an eager `tx` of
+    /// a larger length, or a re-capture failed): capture the step again.
+    #[error("boundary {boundary}, slot {slot}: the step's graphs are stale (capture the step again)")]
+    GraphStale {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
     },
 }
 

@@ -38,4 +38,4 @@ pub use crate::config::{
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use readback::PendingReadback;
-pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES};
+pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

@@ -100,6 +100,9 @@ impl SlotBuffer {
     }
 }
 
+mod step_graph;
+pub use step_graph::{StageCapture, StepGraphs};
+
 static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
 
 /// The smallest slot allocation, in bytes; slots grow in powers of two from here.
@@ -430,11 +433,7 @@ impl PpNRt {
                     found: SlotState::Lent,
                 }))?;
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
-                if boundary.plan.transport == Transport::Local {
-                    boundary.copy_within_device(tx, src, dst)?;
-                } else {
-                    tx.memcpy_dtod(&src, &mut { dst })?;
-                }
+                boundary.copy_into_slot(tx, src, dst)?;
             }
             SlotBuffer::Host(buffer) => buffer.copy_from_device(tx, src)?,
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),

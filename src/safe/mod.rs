@@ -23,7 +23,7 @@ mod event;
 mod graph;
 mod helpers;
 mod host;
-mod memory;
+pub(crate) mod memory;
 mod module;
 pub(crate) mod ordering;
 mod peer;

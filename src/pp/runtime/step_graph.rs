@@ -1,0 +1,490 @@
+//! Graph mode: each stage's step — its receive, the engine's kernels, its send — captured as one
+//! single-device graph per stage per slot, and whole steps replayed from them.
+//!
+//! The boundary protocol is the eager one, applied by the crate's ordering rule to each stage's
+//! graph as a whole: launching stage `s`'s graph waits for the slot it reads to have been written
+//! (read after write, on `ev_tx`) and for the slot it writes to have been read by the previous
+//! step through it (write after read, on `ev_rx`); the slot buffers record their events right
+//! after each launch. These waits are made on the launch streams, between graph launches, so no
+//! graph holds a node that waits on another device's event. One instance per slot of the ring
+//! keeps each slot's copies in their own graph, and the ring's host-side state advances at every
+//! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, MutexGuard};
+
+use super::{Boundary, PpNRt, Ring, SlotBuffer, grow};
+#[cfg(feature = "testing")]
+use crate::config::ProtocolFault;
+use crate::error::{CaptureError, Error, Result};
+use crate::pp::error::{PpError, SlotState};
+use crate::pp::plan::Transport;
+use crate::safe::memory::{DeviceMemory, byte_size};
+use crate::safe::{
+    CaptureMode, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut,
+    GraphExec,
+};
+
+/// One stage's step being captured ([`PpNRt::capture_step`]): the stage is entered (engine
+/// operations land in the capture), and the boundary calls here record the protocol's copies.
+pub struct StageCapture<'a, T: DeviceRepr> {
+    stage: usize,
+    slot: usize,
+    n: usize,
+    stream: &'a Arc<CudaStream>,
+    /// Boundary `stage - 1` and the slot this stage receives from.
+    input: Option<(&'a Boundary, &'a CudaSlice<u8>)>,
+    /// Boundary `stage` and the slot this stage sends into.
+    output: Option<(&'a Boundary, &'a mut CudaSlice<u8>)>,
+    sent: bool,
+    _elem: PhantomData<T>,
+}
+
+impl<T: DeviceRepr> StageCapture<'_, T> {
+    /// The stage being captured.
+    pub fn stage(&self) -> usize {
+        self.stage
+    }
+
+    /// The ring slot this instance of the stage's graph uses (graphs are captured once per slot).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The step's element count at every boundary.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The stage's stream, which is capturing.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+
+    /// The activations this stage receives, in place: the slot itself, which the stage's kernels
+    /// read in its graph (no copy).
+    ///
+    /// # Errors
+    /// [`PpError::GraphStage`] for stage 0, which receives nothing.
+    pub fn received(&self) -> Result<CudaView<'_, T>> {
+        let (_, slot) = self.input.as_ref().ok_or(Error::Pipeline(PpError::GraphStage {
+            stage: self.stage,
+            problem: "stage 0 receives nothing (received() is for later stages)",
+        }))?;
+        slot.slice(..self.n * std::mem::size_of::<T>())?.reinterpret::<T>()
+    }
+
+    /// Copies the received activations into `dst` (a buffer of this stage's device allocated
+    /// before the capture), as `rx` would.
+    ///
+    /// # Errors
+    /// [`PpError::GraphStage`] for stage 0; [`Error::LengthMismatch`] unless `dst` holds `n`
+    /// elements; [`Error::WrongDevice`] for a `dst` of another device; a capture error.
+    pub fn rx_into<D: DeviceSliceMut<T>>(&self, dst: &mut D) -> Result<()> {
+        let src = self.received()?.into_bytes();
+        let (boundary, _) = self.input.as_ref().expect("received() checked the input");
+        if dst.len() != self.n {
+            return Err(Error::LengthMismatch {
+                what: "StageCapture::rx_into: dst must hold the step's n elements",
+                expected: self.n,
+                found: dst.len(),
+            });
+        }
+        if dst.ordinal() != self.stream.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "StageCapture::rx_into: dst must be on the stage's device",
+                expected: self.stream.ordinal(),
+                found: dst.ordinal(),
+            });
+        }
+        boundary.copy_within_device(self.stream, src, dst.as_view_mut().into_bytes())
+    }
+
+    /// Sends `x[..n]` into this stage's boundary slot (the copy `tx` makes), once per stage.
+    ///
+    /// # Errors
+    /// [`PpError::GraphStage`] for the last stage or a second `tx`; [`Error::OutOfBounds`] when
+    /// `x` is shorter than `n`; [`Error::WrongDevice`] for an `x` of another device; a capture
+    /// error.
+    pub fn tx<S: DeviceSlice<T>>(&mut self, x: &S) -> Result<()> {
+        let stage = self.stage;
+        let n = self.n;
+        let Some((boundary, slot)) = self.output.as_mut() else {
+            return Err(Error::Pipeline(PpError::GraphStage {
+                stage,
+                problem: "the last stage has no boundary to tx into",
+            }));
+        };
+        if self.sent {
+            return Err(Error::Pipeline(PpError::GraphStage { stage, problem: "tx was captured twice in one step" }));
+        }
+        if n > x.len() {
+            return Err(Error::OutOfBounds { what: "StageCapture::tx: n exceeds x", start: 0, end: n, len: x.len() });
+        }
+        if x.ordinal() != self.stream.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "StageCapture::tx: x must be on the stage's device",
+                expected: self.stream.ordinal(),
+                found: x.ordinal(),
+            });
+        }
+        let src = x.as_view().slice(..n)?.into_bytes();
+        let dst = slot.slice_mut(..n * std::mem::size_of::<T>())?;
+        boundary.copy_into_slot(self.stream, src, dst)?;
+        self.sent = true;
+        Ok(())
+    }
+}
+
+impl<T: DeviceRepr> std::fmt::Debug for StageCapture<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageCapture")
+            .field("stage", &self.stage)
+            .field("slot", &self.slot)
+            .field("n", &self.n)
+            .finish()
+    }
+}
+
+/// A whole step of the pipeline as graphs ([`PpNRt::capture_step`]): one executable graph per
+/// stage per ring slot. [`launch`](Self::launch) replays one step with no host synchronisation.
+pub struct StepGraphs<'rt, T: DeviceRepr> {
+    rt: &'rt PpNRt,
+    n: usize,
+    /// `[slot][stage]`.
+    execs: Vec<Vec<GraphExec>>,
+    /// `[slot][boundary]`: the slot allocations the graphs were captured with.
+    slots: Vec<Vec<Arc<DeviceMemory>>>,
+    /// Set when a re-capture failed half-way: the graphs disagree with each other.
+    stale: bool,
+    _elem: PhantomData<T>,
+}
+
+/// The slot buffers taken out of every ring while a step is captured; put back (with their
+/// states) when dropped, on every path.
+struct TakenSlots<'rt> {
+    rt: &'rt PpNRt,
+    /// `[boundary][slot]`: the buffer and the state it had.
+    taken: Vec<Vec<(CudaSlice<u8>, SlotState)>>,
+}
+
+impl Drop for TakenSlots<'_> {
+    fn drop(&mut self) {
+        for (boundary, taken) in self.rt.boundaries.iter().zip(self.taken.drain(..)) {
+            let mut ring = PpNRt::lock(boundary);
+            for (slot, (buffer, state)) in ring.slots.iter_mut().zip(taken) {
+                slot.buffer = SlotBuffer::Device(Arc::new(buffer));
+                slot.state = state;
+            }
+            boundary.changed.notify_all();
+        }
+    }
+}
+
+impl PpNRt {
+    /// Captures one step of the pipeline as CUDA graphs: `body` runs once per stage per ring slot,
+    /// with the stage entered and its stream capturing, and records the stage's step — its
+    /// receive ([`StageCapture::received`] in place, or [`StageCapture::rx_into`]), the engine's
+    /// kernels, and its send ([`StageCapture::tx`], required for every stage but the last). Every
+    /// boundary carries `n` elements of `T`.
+    ///
+    /// Capture between steps: every slot must be free (received or discarded). Buffers the body
+    /// uses must be allocated before (an allocation during the capture is refused), and live as
+    /// long as the graphs need them: the graphs hold them alive. Slots are grown to `n` elements
+    /// first and stay allocated.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ppnrt::{Engine, PpNRt};
+    /// let primary = Engine::new(0)?;
+    /// let rt = PpNRt::get(&primary)?;
+    /// let n = 8192;
+    /// // Persistent per-stage activations, allocated before the capture.
+    /// let mut acts = Vec::new();
+    /// for s in 0..rt.n_stages() {
+    ///     acts.push(rt.engine(s, &primary)?.alloc_persistent::<f32>(n)?);
+    /// }
+    /// let mut step = rt.capture_step::<f32>(n, |stage| {
+    ///     let x = &mut acts[stage.stage()];
+    ///     if stage.stage() > 0 {
+    ///         stage.rx_into(x)?;
+    ///     }
+    ///     // ... the stage's kernels on x, under the ambient stream ...
+    ///     if stage.stage() + 1 < rt.n_stages() {
+    ///         stage.tx(x)?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// for _ in 0..100 {
+    ///     step.launch()?;
+    /// }
+    /// rt.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`PpError::ZeroLength`]; [`PpError::GraphTransport`] for a host-staged boundary;
+    /// [`PpError::SlotState`] when a slot is not free; [`PpError::GraphStage`] when a stage broke
+    /// the step's rules; [`CaptureError`] when the body made a call that cannot be captured (the
+    /// runtime stays usable); the body's own error; the driver's error.
+    pub fn capture_step<T: DeviceRepr>(
+        &self,
+        n: usize,
+        body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>,
+    ) -> Result<StepGraphs<'_, T>> {
+        let (graphs, slots) = self.capture_graphs(n, body)?;
+        let mut execs = Vec::with_capacity(graphs.len());
+        for per_slot in &graphs {
+            let mut row = Vec::with_capacity(per_slot.len());
+            for (stage, graph) in self.stages.iter().zip(per_slot) {
+                let mut exec = graph.instantiate()?;
+                exec.upload(&stage.stream)?;
+                row.push(exec);
+            }
+            execs.push(row);
+        }
+        Ok(StepGraphs { rt: self, n, execs, slots, stale: false, _elem: PhantomData })
+    }
+
+    /// Captures `[slot][stage]` graphs of one step (see [`capture_step`](Self::capture_step)) and
+    /// returns them with the slot allocations they use (`[slot][boundary]`).
+    #[allow(clippy::type_complexity)]
+    fn capture_graphs<T: DeviceRepr>(
+        &self,
+        n: usize,
+        mut body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>,
+    ) -> Result<(Vec<Vec<CudaGraph>>, Vec<Vec<Arc<DeviceMemory>>>)> {
+        if n == 0 {
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
+        }
+        let bytes = byte_size::<T>("PpNRt::capture_step", n)?;
+        for (b, boundary) in self.boundaries.iter().enumerate() {
+            if boundary.plan.transport == Transport::HostStaged {
+                return Err(Error::Pipeline(PpError::GraphTransport { boundary: b, transport: "host-staged" }));
+            }
+            if boundary.sm_copies {
+                // Loaded now: a module load cannot be captured.
+                boundary.rx_engine.helper_kernels()?;
+            }
+        }
+        let mut taken = self.take_slots(bytes)?;
+        let n_slots = if self.boundaries.is_empty() { 1 } else { self.n_slots() };
+        let slots: Vec<Vec<Arc<DeviceMemory>>> =
+            (0..n_slots).map(|k| taken.taken.iter().map(|ring| Arc::clone(ring[k].0.memory())).collect()).collect();
+        let mut graphs = Vec::with_capacity(n_slots);
+        for k in 0..n_slots {
+            let mut row = Vec::with_capacity(self.stages.len());
+            for (s, stage) in self.stages.iter().enumerate() {
+                let capture = stage.stream.begin_capture(CaptureMode::ThreadLocal)?;
+                let (before, after) = taken.taken.split_at_mut(s);
+                let input = s.checked_sub(1).map(|b| (&self.boundaries[b], &before[b][k].0));
+                let output = after.first_mut().map(|ring| (&self.boundaries[s], &mut ring[k].0));
+                let has_output = output.is_some();
+                let mut capture_of_stage = StageCapture {
+                    stage: s,
+                    slot: k,
+                    n,
+                    stream: &stage.stream,
+                    input,
+                    output,
+                    sent: false,
+                    _elem: PhantomData,
+                };
+                {
+                    let _scope = self.enter(s)?;
+                    body(&mut capture_of_stage)?;
+                }
+                if has_output && !capture_of_stage.sent {
+                    return Err(Error::Pipeline(PpError::GraphStage {
+                        stage: s,
+                        problem: "the step did not tx into the stage's boundary",
+                    }));
+                }
+                row.push(capture.end()?);
+            }
+            graphs.push(row);
+        }
+        drop(taken);
+        Ok((graphs, slots))
+    }
+
+    /// Takes every slot buffer out of its ring (grown to `bytes` first), leaving the slots
+    /// [`SlotState::Capturing`]; they come back when the returned value drops.
+    fn take_slots(&self, bytes: usize) -> Result<TakenSlots<'_>> {
+        let mut taken = TakenSlots { rt: self, taken: Vec::with_capacity(self.boundaries.len()) };
+        for (b, boundary) in self.boundaries.iter().enumerate() {
+            let mut ring = PpNRt::lock(boundary);
+            if let Some((k, slot)) = ring.slots.iter().enumerate().find(|(_, slot)| !slot.state.is_free()) {
+                return Err(Error::Pipeline(PpError::SlotState {
+                    boundary: b,
+                    slot: k,
+                    call: "capture_step",
+                    needed: "free (received)",
+                    found: slot.state,
+                }));
+            }
+            for slot in ring.slots.iter_mut() {
+                if slot.buffer.capacity() < bytes {
+                    grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
+                }
+            }
+            let mut row = Vec::with_capacity(ring.slots.len());
+            for slot in ring.slots.iter_mut() {
+                let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
+                    unreachable!("a device-transport slot grown above has a device buffer")
+                };
+                // A free slot is not lent: its buffer is not shared.
+                let buffer = Arc::into_inner(buffer).expect("a free slot's buffer is not shared");
+                row.push((buffer, std::mem::replace(&mut slot.state, SlotState::Capturing)));
+            }
+            taken.taken.push(row);
+        }
+        Ok(taken)
+    }
+}
+
+impl<T: DeviceRepr> StepGraphs<'_, T> {
+    /// Replays one step: launches every stage's graph for the rings' next slot, in stage order,
+    /// each on its stage's stream after the protocol's waits; no host synchronisation. Returns the
+    /// slot used. The rings advance as one eager step's `tx`/`rx` would advance them.
+    ///
+    /// # Errors
+    /// Caught before anything is enqueued: [`PpError::GraphStale`], [`PpError::GraphOutOfStep`],
+    /// [`PpError::SlotState`] (a slot still holds an unreceived eager `tx`). Else the driver's
+    /// error; stages launched before it keep their effect on the rings.
+    pub fn launch(&mut self) -> Result<usize> {
+        let rt = self.rt;
+        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.boundaries.iter().map(PpNRt::lock).collect();
+        let k = rings.first().map_or(0, |ring| ring.next);
+        if self.stale {
+            return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
+        }
+        for (b, ring) in rings.iter().enumerate() {
+            if ring.next != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
+            }
+            let slot = &ring.slots[k];
+            if !slot.state.is_free() {
+                return Err(Error::Pipeline(PpError::SlotState {
+                    boundary: b,
+                    slot: k,
+                    call: "StepGraphs::launch",
+                    needed: "free (received)",
+                    found: slot.state,
+                }));
+            }
+            match &slot.buffer {
+                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}
+                _ => return Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
+            }
+        }
+        let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
+        for (s, stage) in rt.stages.iter().enumerate() {
+            #[cfg(feature = "testing")]
+            self.break_protocol(&rings, s, k);
+            self.execs[k][s].launch(&stage.stream)?;
+            if s > 0 {
+                rings[s - 1].slots[k].state = SlotState::Received;
+            }
+            if let Some(ring) = rings.get_mut(s) {
+                ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
+                ring.next = (k + 1) % n_slots;
+            }
+        }
+        drop(rings);
+        for boundary in &rt.boundaries {
+            boundary.changed.notify_all();
+        }
+        Ok(k)
+    }
+
+    /// Drops the protocol's wait before stage `s`'s launch, as the runtime's
+    /// [`ProtocolFault`] asks (hazard tests show that the broken protocol is caught).
+    #[cfg(feature = "testing")]
+    fn break_protocol(&self, rings: &[MutexGuard<'_, Ring>], s: usize, k: usize) {
+        let buffer_of = |b: usize| match &rings[b].slots[k].buffer {
+            SlotBuffer::Device(buffer) => Some(Arc::clone(buffer)),
+            _ => None,
+        };
+        match self.rt.config.fault() {
+            ProtocolFault::SkipTxWait if s > 0 => {
+                if let Some(buffer) = buffer_of(s - 1) {
+                    buffer.access().forget_write();
+                }
+            }
+            ProtocolFault::SkipRxWait if s < rings.len() => {
+                if let Some(buffer) = buffer_of(s) {
+                    buffer.access().forget_reads();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Captures the step again (a new `n`, other buffers or kernels) and gives the graphs its
+    /// work: each executable graph is updated in place where the driver can
+    /// ([`GraphExec::update`]), else replaced by a new instance.
+    ///
+    /// # Errors
+    /// As [`PpNRt::capture_step`]. When the capture itself fails, the old graphs stay as they
+    /// were; when updating fails half-way, the graphs are stale ([`PpError::GraphStale`] on
+    /// launch) until a re-capture succeeds.
+    pub fn recapture(&mut self, n: usize, body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>) -> Result<()> {
+        let (graphs, slots) = self.rt.capture_graphs(n, body)?;
+        self.stale = true;
+        for (per_slot, execs) in graphs.iter().zip(self.execs.iter_mut()) {
+            for ((graph, exec), stage) in per_slot.iter().zip(execs.iter_mut()).zip(&self.rt.stages) {
+                match exec.update(graph) {
+                    Ok(()) => {}
+                    Err(Error::Capture(CaptureError::UpdateRefused { .. })) => {
+                        let mut fresh = graph.instantiate()?;
+                        fresh.upload(&stage.stream)?;
+                        *exec = fresh;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.n = n;
+        self.slots = slots;
+        self.stale = false;
+        Ok(())
+    }
+
+    /// The step's element count at every boundary.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// How many graphs the step holds (stages × slots).
+    pub fn n_graphs(&self) -> usize {
+        self.execs.iter().map(Vec::len).sum()
+    }
+}
+
+impl<T: DeviceRepr> std::fmt::Debug for StepGraphs<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepGraphs")
+            .field("n", &self.n)
+            .field("graphs", &self.n_graphs())
+            .field("stale", &self.stale)
+            .finish()
+    }
+}
+
+impl Boundary {
+    /// Enqueues the copy of `tx` into a slot of this (device-transport) boundary on `stream`, the
+    /// TX stage's stream: within the device for a local boundary, across devices for a peer one.
+    pub(super) fn copy_into_slot(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: CudaView<'_, u8>,
+        dst: CudaViewMut<'_, u8>,
+    ) -> Result<()> {
+        if self.plan.transport == Transport::Local {
+            self.copy_within_device(stream, src, dst)
+        } else {
+            stream.memcpy_dtod(&src, &mut { dst })
+        }
+    }
+}
