@@ -699,3 +699,38 @@ fn peer_access_is_enabled_once_per_pair_not_per_launch() {
         e0.synchronize().unwrap();
     });
 }
+
+#[path = "common/graphs.rs"]
+mod graphs;
+
+#[test]
+fn graph_mode_matches_eager_and_one_stage_through_the_double() {
+    with_double("graph_mode_matches_eager_and_one_stage_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graphs::graph_mode_matches_eager_and_one_stage("graph_mode (double)", &primary, 2, true);
+    });
+}
+
+#[test]
+fn capture_misuse_is_a_typed_error_through_the_double() {
+    with_double("capture_misuse_is_a_typed_error_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graphs::capture_misuse_is_a_typed_error(&primary, &[0, 1, 0]);
+        graphs::capture_misuse_is_a_typed_error(&primary, &[0]);
+    });
+}
+
+#[test]
+fn mismatched_graph_steps_are_refused_through_the_double() {
+    with_double("mismatched_graph_steps_are_refused_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graphs::mismatched_graph_steps_are_refused(&primary, &[0, 1, 0]);
+    });
+}
+
+#[test]
+fn graphs_keep_their_memory_alive_and_ordered_through_the_double() {
+    with_double("graphs_keep_their_memory_alive_and_ordered_through_the_double", |_| {
+        graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());
+    });
+}

@@ -54,6 +54,10 @@ enum {
     E_PEER_ACCESS_ALREADY_ENABLED = 704,
     E_LAUNCH_FAILED = 719,
     E_NOT_SUPPORTED = 801,
+    E_CAPTURE_UNSUPPORTED = 900,
+    E_CAPTURE_INVALIDATED = 901,
+    E_CAPTURE_ISOLATION = 905,
+    E_GRAPH_EXEC_UPDATE_FAILURE = 910,
     E_UNKNOWN = 999,
 };
 
@@ -101,7 +105,15 @@ typedef struct Op {
     unsigned long long generation;
     Stream* target;
     size_t target_pos;
+    Event* wait_event; /* in a graph: an external event wait, resolved at each launch */
 } Op;
+
+/* A captured graph, and an instantiated one: the ops recorded by a capture, in stream order. */
+typedef struct Graph {
+    Ctx* ctx;
+    Op* ops;
+    size_t len, cap;
+} Graph;
 
 struct Stream {
     int polls; /* queries since work last ran: the device progresses under repeated polling */
@@ -109,6 +121,8 @@ struct Stream {
     Op* ops;
     size_t len, cap, head;
     int destroyed;
+    Graph* capture;       /* the graph being captured, NULL when not capturing */
+    int capture_invalid;  /* a call that cannot be captured was made: ending fails */
 };
 
 struct Event {
@@ -336,7 +350,27 @@ static Stream* stream_of(void* handle) {
     return current->legacy;
 }
 
+static void graph_push(Graph* g, Op op) {
+    if (g->len == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 16;
+        g->ops = realloc(g->ops, g->cap * sizeof(Op));
+    }
+    g->ops[g->len++] = op;
+}
+
+/* A call that cannot be captured, made on a capturing stream: the capture is invalidated, as the
+ * driver does. */
+static CUresult refuse_capture(Stream* s) {
+    s->capture_invalid = 1;
+    return E_CAPTURE_UNSUPPORTED;
+}
+
 static void push(Stream* s, Op op) {
+    if (s->capture) {
+        /* Captured, not queued: it runs at each launch of the graph. */
+        graph_push(s->capture, op);
+        return;
+    }
     if (s->len == s->cap) {
         s->cap = s->cap ? s->cap * 2 : 64;
         s->ops = realloc(s->ops, s->cap * sizeof(Op));
@@ -830,6 +864,7 @@ CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
     if (no_pools) RETURN(E_NOT_SUPPORTED);
     if (bytes == 0) RETURN(E_INVALID_VALUE);
     Stream* s = stream_of(stream);
+    if (s->capture) RETURN(refuse_capture(s)); /* graph allocations are not modelled */
     Alloc* a = new_alloc(bytes, MEM_DEVICE, s->ctx->device, 1);
     if (!a) RETURN(E_OUT_OF_MEMORY);
     *ptr = a->base;
@@ -841,6 +876,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
     NEED_LIVE_CTX();
     Alloc* a = find_alloc((uintptr_t)ptr, 1, 0);
     if (!a || a->base != ptr || !a->pooled) RETURN(E_INVALID_VALUE);
+    if (stream_of(stream)->capture) RETURN(refuse_capture(stream_of(stream)));
     Op op = {.kind = OP_FREE_ASYNC, .dst = ptr};
     push(stream_of(stream), op);
     RETURN(OK);
@@ -899,6 +935,9 @@ static CUresult enqueue_copy(const char* who, CUdeviceptr dst, CUdeviceptr src, 
     if (!s) return E_INVALID_CONTEXT;
     if (s->ctx->dead) return s->ctx->dead;
     Op op = {.kind = OP_COPY, .dst = dst, .src = src, .bytes = bytes, .src_host = host_src, .dst_host = host_dst};
+    if (s->capture && ((host_src && !find_alloc((uintptr_t)src, bytes, 1)) ||
+                       (host_dst && !find_alloc((uintptr_t)dst, bytes, 1))))
+        return refuse_capture(s); /* pageable memory cannot be captured */
     if (host_src && bytes && !find_alloc((uintptr_t)src, bytes, 1)) {
         /* Pageable source: staged now, the caller may reuse it as soon as this returns. */
         op.staged = malloc(bytes);
@@ -1004,6 +1043,7 @@ CUresult cuStreamSynchronize(void* stream) {
     ENTER("cuStreamSynchronize");
     Stream* s = stream_of(stream);
     if (!s) RETURN(E_INVALID_CONTEXT);
+    if (s->capture) RETURN(refuse_capture(s));
     run_until(s, s->len);
     RETURN(s->ctx->dead ? s->ctx->dead : OK);
 }
@@ -1012,6 +1052,7 @@ CUresult cuStreamQuery(void* stream) {
     ENTER("cuStreamQuery");
     Stream* s = stream_of(stream);
     if (!s) RETURN(E_INVALID_CONTEXT);
+    if (s->capture) RETURN(refuse_capture(s));
     if (s->ctx->dead) RETURN(s->ctx->dead);
     if (s->head == s->len) RETURN(OK);
     /* Pending work is not run by one query (that would hide unordered work), but a caller that
@@ -1026,10 +1067,22 @@ CUresult cuStreamQuery(void* stream) {
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     ENTER("cuStreamWaitEvent");
     NEED_LIVE_CTX();
-    (void)flags;
     Stream* s = stream_of(stream);
     Event* e = (Event*)event;
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
+    if (flags & 1) {
+        /* CU_EVENT_WAIT_EXTERNAL: a wait node, valid only in a capture, on an event of the
+         * stream's device (the driver refuses another device's event there). */
+        if (!s->capture || e->ctx != s->ctx) RETURN(E_INVALID_VALUE);
+        Op op = {.kind = OP_WAIT, .wait_event = e};
+        push(s, op);
+        RETURN(OK);
+    }
+    if (s->capture) {
+        /* Joining an event's stream into the capture is not modelled (the crate never does). */
+        s->capture_invalid = 1;
+        RETURN(E_CAPTURE_ISOLATION);
+    }
     if (e->stream) {
         Op op = {.kind = OP_WAIT, .target = e->stream, .target_pos = e->pos};
         push(s, op);
@@ -1062,6 +1115,7 @@ CUresult cuEventRecord(void* event, void* stream) {
     Stream* s = stream_of(stream);
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
     if (e->ctx != s->ctx) RETURN(E_INVALID_HANDLE);
+    if (s->capture) RETURN(refuse_capture(s)); /* capture-internal events are not modelled */
     e->generation++;
     Op op = {.kind = OP_RECORD, .event = e, .generation = e->generation};
     push(s, op);
@@ -1187,5 +1241,150 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
         }
     }
     push(s, op);
+    RETURN(OK);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Stream capture and graphs                                                                  */
+
+CUresult cuStreamBeginCapture_v2(void* stream, int mode) {
+    ENTER("cuStreamBeginCapture_v2");
+    NEED_LIVE_CTX();
+    Stream* s = (Stream*)stream;
+    if (!s || mode < 0 || mode > 2) RETURN(E_INVALID_VALUE);
+    if (s->capture) RETURN(E_CAPTURE_UNSUPPORTED);
+    s->capture = calloc(1, sizeof(Graph));
+    s->capture->ctx = s->ctx;
+    s->capture_invalid = 0;
+    RETURN(OK);
+}
+
+CUresult cuStreamEndCapture(void* stream, void** graph) {
+    ENTER("cuStreamEndCapture");
+    Stream* s = (Stream*)stream;
+    if (!s || !s->capture) RETURN(E_INVALID_VALUE);
+    Graph* g = s->capture;
+    s->capture = NULL;
+    if (s->capture_invalid) {
+        free(g->ops);
+        free(g);
+        *graph = NULL;
+        RETURN(E_CAPTURE_INVALIDATED);
+    }
+    *graph = g;
+    RETURN(OK);
+}
+
+CUresult cuEventRecordWithFlags(void* event, void* stream, unsigned flags) {
+    ENTER("cuEventRecordWithFlags");
+    NEED_LIVE_CTX();
+    Event* e = (Event*)event;
+    Stream* s = stream_of(stream);
+    if (!e || e->destroyed || e->ctx != s->ctx) RETURN(E_INVALID_HANDLE);
+    if (!(flags & 1) || !s->capture) RETURN(E_INVALID_VALUE); /* external records only, in a capture */
+    Op op = {.kind = OP_RECORD, .event = e};
+    push(s, op);
+    RETURN(OK);
+}
+
+static Graph* copy_graph(Graph* g) {
+    Graph* c = calloc(1, sizeof *c);
+    c->ctx = g->ctx;
+    c->len = c->cap = g->len;
+    c->ops = malloc((g->len ? g->len : 1) * sizeof(Op));
+    memcpy(c->ops, g->ops, g->len * sizeof(Op));
+    return c;
+}
+
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
+    ENTER("cuGraphInstantiateWithFlags");
+    NEED_LIVE_CTX();
+    (void)flags;
+    if (!graph) RETURN(E_INVALID_VALUE);
+    *exec = copy_graph((Graph*)graph);
+    RETURN(OK);
+}
+
+CUresult cuGraphUpload(void* exec, void* stream) {
+    ENTER("cuGraphUpload");
+    NEED_LIVE_CTX();
+    Graph* g = (Graph*)exec;
+    if (!g || stream_of(stream)->ctx != g->ctx) RETURN(E_INVALID_VALUE);
+    RETURN(OK);
+}
+
+CUresult cuGraphLaunch(void* exec, void* stream) {
+    ENTER("cuGraphLaunch");
+    NEED_LIVE_CTX();
+    Graph* g = (Graph*)exec;
+    Stream* s = stream_of(stream);
+    if (!g || s->ctx != g->ctx) RETURN(E_INVALID_VALUE);
+    for (size_t i = 0; i < g->len; i++) {
+        Op op = g->ops[i];
+        if (op.kind == OP_RECORD) {
+            /* A record node records the event at this launch. */
+            op.event->generation++;
+            op.generation = op.event->generation;
+            push(s, op);
+            if (!s->capture) {
+                op.event->stream = s;
+                op.event->pos = s->len;
+                op.event->recorded = 1;
+            }
+            continue;
+        }
+        if (op.kind == OP_WAIT && op.wait_event) {
+            /* A wait node waits for the event's last record before this launch. */
+            Event* e = op.wait_event;
+            if (s->capture) {
+                push(s, op);
+            } else if (e->stream) {
+                Op wait = {.kind = OP_WAIT, .target = e->stream, .target_pos = e->pos};
+                push(s, wait);
+            }
+            continue;
+        }
+        push(s, op);
+    }
+    RETURN(OK);
+}
+
+CUresult cuGraphExecUpdate_v2(void* exec, void* graph, void* result_info) {
+    ENTER("cuGraphExecUpdate_v2");
+    NEED_LIVE_CTX();
+    Graph* e = (Graph*)exec;
+    Graph* g = (Graph*)graph;
+    /* CUgraphExecUpdateResultInfo: { result, errorNode, errorFromNode } */
+    struct { int result; void* error_node; void* error_from_node; } *info = result_info;
+    if (!e || !g || !info) RETURN(E_INVALID_VALUE);
+    int topology = e->len != g->len;
+    for (size_t i = 0; !topology && i < g->len; i++)
+        topology = e->ops[i].kind != g->ops[i].kind ||
+                   (g->ops[i].kind == OP_KERNEL && e->ops[i].kernel != g->ops[i].kernel);
+    if (topology) {
+        info->result = 2; /* CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED */
+        RETURN(E_GRAPH_EXEC_UPDATE_FAILURE);
+    }
+    memcpy(e->ops, g->ops, g->len * sizeof(Op));
+    info->result = 0;
+    RETURN(OK);
+}
+
+CUresult cuGraphDestroy(void* graph) {
+    ENTER("cuGraphDestroy");
+    Graph* g = (Graph*)graph;
+    if (!g) RETURN(E_INVALID_VALUE);
+    free(g->ops);
+    free(g);
+    RETURN(OK);
+}
+
+CUresult cuGraphExecDestroy(void* exec) {
+    ENTER("cuGraphExecDestroy");
+    Graph* g = (Graph*)exec;
+    if (!g) RETURN(E_INVALID_VALUE);
+    /* Runs already queued hold copies of the ops. */
+    free(g->ops);
+    free(g);
     RETURN(OK);
 }

@@ -1,0 +1,431 @@
+//! Graph-mode scenarios shared by `tests/graphs.rs` (GPU) and `tests/double.rs` (driver double).
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use crate::common::{Rng, say};
+use ppnrt::{
+    CaptureError, CaptureMode, CudaSlice, CudaStream, Engine, Error, PinnedHostBuffer, PpConfig, PpError, PpNRt,
+    SlotState, StepGraphs,
+};
+
+pub const TOTAL_LAYERS: u32 = 12;
+
+/// Layers of stage `s` out of `n_stages`: a contiguous share of TOTAL_LAYERS.
+pub fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
+    let per = |s: usize| (s as u32 * TOTAL_LAYERS) / n_stages as u32;
+    per(s)..per(s + 1)
+}
+
+/// The model on one stream: input `r` runs every layer with step parameter `step_of(r)`.
+pub fn reference(engine: &Engine, inputs: &[Vec<f32>], step_of: impl Fn(usize) -> u32) -> Vec<Vec<f32>> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(r, input)| {
+            let mut x = engine.htod(input).unwrap();
+            for layer in 0..TOTAL_LAYERS {
+                engine.toy_layer(&mut x, step_of(r), layer).unwrap();
+            }
+            engine.dtoh(&x).unwrap()
+        })
+        .collect()
+}
+
+/// Persistent per-stage activations and the last stage's output, allocated before a capture.
+pub struct StepBuffers {
+    pub acts: Vec<CudaSlice<f32>>,
+}
+
+impl StepBuffers {
+    pub fn new(rt: &PpNRt, primary: &Engine, n: usize) -> StepBuffers {
+        let acts = (0..rt.n_stages())
+            .map(|s| {
+                let _scope = rt.enter(s).unwrap();
+                rt.engine(s, primary).unwrap().alloc_persistent::<f32>(n).unwrap()
+            })
+            .collect();
+        StepBuffers { acts }
+    }
+}
+
+/// Captures the toy model's step: stage `s` receives into its activations (stage 0 finds its
+/// input there), runs its layers with step parameter = the slot, and sends.
+pub fn capture<'rt>(
+    rt: &'rt PpNRt,
+    primary: &Engine,
+    buffers: &mut StepBuffers,
+    n: usize,
+    in_place: bool,
+) -> Result<StepGraphs<'rt, f32>, Error> {
+    let n_stages = rt.n_stages();
+    rt.capture_step::<f32>(n, |stage| {
+        let s = stage.stage();
+        let engine = rt.engine(s, primary)?;
+        let x = &mut buffers.acts[s];
+        if s > 0 {
+            if in_place && s % 2 == 1 {
+                // In place: the first layer reads the slot by copying it with the SMs (a kernel
+                // that reads the slot's memory inside the graph).
+                let received = stage.received()?;
+                engine.copy_with_sms(&received, x)?;
+            } else {
+                stage.rx_into(x)?;
+            }
+        }
+        for layer in layers_of(s, n_stages) {
+            engine.toy_layer(x, stage.slot() as u32, layer)?;
+        }
+        if s + 1 < n_stages {
+            stage.tx(x)?;
+        }
+        Ok(())
+    })
+}
+
+/// One eager step with the same work as the captured one (step parameter `step`); returns the
+/// output on the last stage.
+pub fn eager_step(rt: &PpNRt, primary: &Engine, input: &[f32], step: u32) -> CudaSlice<f32> {
+    let n_stages = rt.n_stages();
+    let n = input.len();
+    let mut slot = None;
+    let mut out = None;
+    for s in 0..n_stages {
+        let engine = rt.engine(s, primary).unwrap();
+        let _scope = rt.enter(s).unwrap();
+        let mut x = match slot {
+            None => engine.htod(input).unwrap(),
+            Some(index) => rt.rx::<f32>(s - 1, index, n).unwrap(),
+        };
+        for layer in layers_of(s, n_stages) {
+            engine.toy_layer(&mut x, step, layer).unwrap();
+        }
+        if s + 1 < n_stages {
+            slot = Some(rt.tx(s, &x, n).unwrap());
+        } else {
+            out = Some(x);
+        }
+    }
+    out.unwrap()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Graph steps (every third step eager instead) through `config` give bitwise the reference's
+/// outputs. Returns how many steps ran.
+pub fn graph_steps_match(primary: &Engine, config: PpConfig, inputs: &[Vec<f32>], expected: &[Vec<f32>]) -> usize {
+    let rt = PpNRt::new(config.clone(), primary).unwrap();
+    let n = inputs[0].len();
+    let n_stages = rt.n_stages();
+    let last = n_stages - 1;
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let in_place = config.n_slots() % 2 == 0;
+    let mut step = capture(&rt, primary, &mut buffers, n, in_place).unwrap();
+    let last_engine = rt.engine(last, primary).unwrap();
+    let mut outputs = Vec::new();
+    for (r, input) in inputs.iter().enumerate() {
+        if r % 3 == 2 {
+            // An eager step between graph steps, with the step parameter the graph would use.
+            let slot = if n_stages > 1 { r % rt.n_slots() } else { 0 };
+            let out = eager_step(&rt, primary, input, slot as u32);
+            outputs.push(out);
+            continue;
+        }
+        {
+            let _scope = rt.enter(0).unwrap();
+            rt.engine(0, primary).unwrap().htod_into(input, &mut buffers.acts[0]).unwrap();
+        }
+        let slot = step.launch().unwrap();
+        if n_stages > 1 {
+            assert_eq!(slot, r % rt.n_slots(), "{config}: graph step {r} used slot {slot}");
+        }
+        // Keep this step's output: an ordered copy on the last stage (no host wait).
+        let _scope = rt.enter(last).unwrap();
+        let mut out = last_engine.alloc::<f32>(n).unwrap();
+        last_engine.dtod(&buffers.acts[last], &mut out).unwrap();
+        outputs.push(out);
+    }
+    let _scope = rt.enter(last).unwrap();
+    for (r, out) in outputs.iter().enumerate() {
+        let got = last_engine.dtoh(out).unwrap();
+        assert!(
+            same_bits(&got, &expected[r]),
+            "{config}: step {r} ({}) differs",
+            if r % 3 == 2 { "eager" } else { "graph" }
+        );
+    }
+    inputs.len()
+}
+
+/// The stage counts, maps and slot counts graph mode is checked on.
+pub fn graph_configs(devices: i32, quick: bool) -> Vec<PpConfig> {
+    let stage_counts: Vec<usize> = if quick { vec![1, 2, 3, 8] } else { (1..=8).collect() };
+    let slot_counts: Vec<usize> = if quick { vec![1, 2] } else { (1..=4).collect() };
+    let mut configs = Vec::new();
+    for &n_stages in &stage_counts {
+        let mut maps = vec![vec![0; n_stages]];
+        if devices >= 2 && n_stages >= 2 {
+            maps.push((0..n_stages).map(|s| (s * 2 / n_stages) as i32).collect());
+            maps.push((0..n_stages).map(|s| (s % 2) as i32).collect());
+        }
+        for map in maps {
+            for &slots in &slot_counts {
+                configs.push(PpConfig::with_devices(&map).slots(slots));
+            }
+        }
+    }
+    configs
+}
+
+/// Every configuration's graph steps match the one-stage model bitwise.
+pub fn graph_mode_matches_eager_and_one_stage(test: &str, primary: &Engine, devices: i32, quick: bool) {
+    let mut rng = Rng::new(14);
+    let n = 3000;
+    let steps = 7;
+    let inputs: Vec<Vec<f32>> = (0..steps).map(|_| rng.vec_f32(n)).collect();
+    let mut runs = 0;
+    for config in graph_configs(devices, quick) {
+        let slots = config.n_slots();
+        let one_stage = config.n_stages() == 1;
+        let expected = reference(primary, &inputs, |r| if one_stage { 0 } else { (r % slots) as u32 });
+        graph_steps_match(primary, config, &inputs, &expected);
+        runs += 1;
+    }
+    say(&format!("{test}: {runs} configurations, {steps} steps each, bitwise identical"));
+}
+
+/// A call that cannot be captured is a typed error naming it, the capture is invalidated, and
+/// the runtime, its slots and streams stay usable.
+pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let n = 1024;
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let illegal: [(&str, &str); 4] = [
+        ("synchronize", "CudaStream::synchronize"),
+        ("alloc", "CudaSlice::alloc on a capturing stream"),
+        ("pinned copy", "a copy to or from pinned host memory"),
+        ("host copy", "CudaStream::memcpy_dtoh"),
+    ];
+    // Pinned memory allocated before the captures (an allocation is no capturable call either).
+    let mut pinned = PinnedHostBuffer::<f32>::new(rt.stage_stream(0).unwrap().context(), n, false).unwrap();
+    for (what, call) in illegal {
+        for swallow in [false, true] {
+            let result = rt.capture_step::<f32>(n, |stage| {
+                let s = stage.stage();
+                let stream = Arc::clone(stage.stream());
+                let x = &mut buffers.acts[s];
+                let misuse = match what {
+                    "synchronize" => stream.synchronize(),
+                    "alloc" => CudaSlice::<f32>::alloc(&stream, 16).map(drop),
+                    "pinned copy" => stream.memcpy_dtoh_pinned(x, &mut pinned),
+                    _ => {
+                        let mut host = vec![0f32; n];
+                        stream.memcpy_dtoh(x, &mut host)
+                    }
+                };
+                match misuse {
+                    Err(Error::Capture(CaptureError::IllegalCall { call: named })) => {
+                        assert_eq!(named, call, "{what}: the error names the call")
+                    }
+                    other => panic!("{what}: expected an IllegalCall error, got {other:?}"),
+                }
+                if !swallow {
+                    misuse?;
+                }
+                if s + 1 < rt.n_stages() {
+                    stage.tx(x)?;
+                }
+                Ok(())
+            });
+            let err = result.expect_err("a capture with an illegal call must fail");
+            match (&err, swallow) {
+                (Error::Capture(CaptureError::IllegalCall { call: named }), false) => assert_eq!(*named, call),
+                (Error::Capture(CaptureError::Invalidated { call: named }), true) => assert_eq!(named, call),
+                _ => panic!("{what} (error swallowed: {swallow}): unexpected {err:?}"),
+            }
+            for s in 0..rt.n_stages() {
+                assert!(!rt.stage_stream(s).unwrap().is_capturing(), "{what}: stage {s} still capturing");
+            }
+        }
+    }
+    // Everything stays usable: an eager step, then a proper capture and a graph step.
+    let input: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+    let eager = eager_step(&rt, primary, &input, 0);
+    let last = rt.n_stages() - 1;
+    let eager_out = {
+        let _scope = rt.enter(last).unwrap();
+        rt.engine(last, primary).unwrap().dtoh(&eager).unwrap()
+    };
+    let mut step = capture(&rt, primary, &mut buffers, n, false).unwrap();
+    {
+        let _scope = rt.enter(0).unwrap();
+        rt.engine(0, primary).unwrap().htod_into(&input, &mut buffers.acts[0]).unwrap();
+    }
+    // The rings moved one slot with the eager step: this graph step uses slot 1.
+    let graph_slot = if rt.n_stages() > 1 { 1 } else { 0 };
+    assert_eq!(step.launch().unwrap(), graph_slot);
+    let graph_out = {
+        let _scope = rt.enter(last).unwrap();
+        rt.engine(last, primary).unwrap().dtoh(&buffers.acts[last]).unwrap()
+    };
+    let expected_eager = reference(primary, std::slice::from_ref(&input), |_| 0);
+    let expected_graph = reference(primary, std::slice::from_ref(&input), |_| graph_slot as u32);
+    assert!(same_bits(&eager_out, &expected_eager[0]), "the eager step after failed captures");
+    assert!(same_bits(&graph_out, &expected_graph[0]), "the graph step after failed captures");
+}
+
+/// Graph steps are refused, with nothing enqueued, when the rings do not match them: a slot
+/// still filled by an eager `tx`, a ring out of step, a slot reallocated since the capture.
+pub fn mismatched_graph_steps_are_refused(primary: &Engine, devices: &[i32]) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let n = 512;
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let mut step = capture(&rt, primary, &mut buffers, n, false).unwrap();
+    let engine0 = rt.engine(0, primary).unwrap();
+    // Boundary 0 crossed eagerly, boundary 1 not: out of step.
+    let x = {
+        let _scope = rt.enter(0).unwrap();
+        engine0.htod(&vec![1f32; n]).unwrap()
+    };
+    let slot = rt.tx(0, &x, n).unwrap();
+    match step.launch() {
+        Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: 1, expected: 1, found: 0 })) => {}
+        other => panic!("expected GraphOutOfStep on boundary 1, got {other:?}"),
+    }
+    {
+        let _scope = rt.enter(1).unwrap();
+        let y = rt.rx::<f32>(0, slot, n).unwrap();
+        let _slot = rt.tx(1, &y, n).unwrap();
+    }
+    // Every ring at slot 1 now, but boundary 1's slot 0 still filled: launch works on slot 1.
+    assert_eq!(step.launch().unwrap(), 1);
+    // Slot 0 of boundary 1 still holds the eager tx: the next graph step is refused.
+    match step.launch() {
+        Err(Error::Pipeline(PpError::SlotState { boundary: 1, slot: 0, found: SlotState::Filled { .. }, .. })) => {}
+        other => panic!("expected a SlotState error, got {other:?}"),
+    }
+    rt.discard_unreceived(1).unwrap();
+    // The graph step filled slot 1 of every boundary and the last stage received: launch again.
+    assert_eq!(step.launch().unwrap(), 0);
+    // An eager tx of a larger length reallocates slot 1: the graphs are stale.
+    let big = {
+        let _scope = rt.enter(0).unwrap();
+        engine0.htod(&vec![2f32; 64 * n]).unwrap()
+    };
+    let slot = rt.tx(0, &big, 64 * n).unwrap();
+    assert_eq!(slot, 1);
+    rt.discard_unreceived(0).unwrap();
+    {
+        let _scope = rt.enter(1).unwrap();
+        let y = rt.engine(1, primary).unwrap().htod(&vec![3f32; n]).unwrap();
+        let _ = rt.tx(1, &y, n).unwrap();
+    }
+    rt.discard_unreceived(1).unwrap();
+    // Slot 0 is as captured; slot 1 of boundary 0 was reallocated.
+    assert_eq!(step.launch().unwrap(), 0);
+    match step.launch() {
+        Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: 1 })) => {}
+        other => panic!("expected the stale graphs to be refused, got {other:?}"),
+    }
+    // A re-capture makes them current again.
+    step.recapture(n, |stage| {
+        let s = stage.stage();
+        if s > 0 {
+            stage.rx_into(&mut buffers.acts[s])?;
+        }
+        if s + 1 < rt.n_stages() {
+            stage.tx(&buffers.acts[s])?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    step.launch().unwrap();
+    rt.synchronize().unwrap();
+}
+
+/// A graph holds the memory its work touches alive, and its launch is ordered after that
+/// memory's earlier writes on other streams and before its later uses.
+pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
+    let capture_stream = engine.stream().unwrap();
+    let other = CudaStream::new(engine.context()).unwrap();
+    let n = 4096;
+    let mut src = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    let mut dst = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    other.memset_u32(&mut dst, 0).unwrap();
+    let scratch = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    assert!(capture_stream.is_capturing());
+    // cuMemAlloc cannot be captured (and would break a thread-local capture).
+    match CudaSlice::<u32>::alloc_persistent(&other, n) {
+        Err(Error::Capture(CaptureError::IllegalCall { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
+        other => panic!("expected an IllegalCall error, got {other:?}"),
+    }
+    capture_stream.memcpy_dtod(&src, &mut dst).unwrap();
+    // A buffer dropped during the capture is freed when it ends, not inside the graph.
+    drop(scratch);
+    match capture.end() {
+        Err(Error::Capture(CaptureError::Invalidated { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
+        other => panic!("expected the capture to be invalidated, got {other:?}"),
+    }
+    let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    capture_stream.memcpy_dtod(&src, &mut dst).unwrap();
+    let graph = capture.end().unwrap();
+    assert!(!capture_stream.is_capturing());
+    assert_eq!(graph.footprint_len(), 2);
+    let mut exec = graph.instantiate().unwrap();
+    drop(graph);
+    for round in 0..3u32 {
+        // Written on another stream: the launch waits for it.
+        other.memset_u32(&mut src, 0x1000 + round).unwrap();
+        exec.launch(&capture_stream).unwrap();
+        // Read on the other stream: waits for the launch.
+        let mut host = vec![0u32; n];
+        other.memcpy_dtoh(&dst, &mut host).unwrap();
+        assert!(host.iter().all(|&v| v == 0x1000 + round), "round {round}: the launch was not ordered");
+    }
+    // The graph keeps src alive: dropping the slice frees nothing the graph still uses.
+    other.memset_u32(&mut src, 0x2222).unwrap();
+    drop(src);
+    exec.launch(&capture_stream).unwrap();
+    let mut host = vec![0u32; n];
+    other.memcpy_dtoh(&dst, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 0x2222));
+    // Update from a re-capture of the same shape, into another destination.
+    let mut dst2 = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    let mut src2 = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    other.memset_u32(&mut src2, 0x3333).unwrap();
+    let capture = capture_stream.begin_capture(CaptureMode::Relaxed).unwrap();
+    capture_stream.memcpy_dtod(&src2, &mut dst2).unwrap();
+    let graph = capture.end().unwrap();
+    exec.update(&graph).unwrap();
+    exec.launch(&capture_stream).unwrap();
+    other.memcpy_dtoh(&dst2, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 0x3333));
+    // Another topology: refused with a typed error, the graph unchanged.
+    let capture = capture_stream.begin_capture(CaptureMode::Global).unwrap();
+    capture_stream.memcpy_dtod(&src2, &mut dst2).unwrap();
+    capture_stream.memset_u32(&mut dst, 7).unwrap();
+    let graph = capture.end().unwrap();
+    match exec.update(&graph) {
+        Err(Error::Capture(CaptureError::UpdateRefused { .. })) => {}
+        other => panic!("expected UpdateRefused, got {other:?}"),
+    }
+    other.memset_u32(&mut src2, 0x4444).unwrap();
+    exec.launch(&capture_stream).unwrap();
+    other.memcpy_dtoh(&dst2, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 0x4444));
+    // A capture on a stream that is capturing, and on the legacy stream, are refused.
+    let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    match capture_stream.begin_capture(CaptureMode::ThreadLocal) {
+        Err(Error::Capture(CaptureError::CannotBegin { .. })) => {}
+        other => panic!("expected CannotBegin, got {other:?}"),
+    }
+    // Dropping an unended capture discards it; the stream works normally afterwards.
+    drop(capture);
+    capture_stream.synchronize().unwrap();
+    drop(exec);
+    capture_stream.synchronize().unwrap();
+    other.synchronize().unwrap();
+}
