@@ -232,3 +232,102 @@ fn two_threads_drive_their_own_stages_of_one_runtime() {
     say(&format!("{test}: {bad} mismatches in {steps} steps ({refused} tx calls refused on a full ring and retried)"));
     assert_eq!(bad, 0);
 }
+
+/// Runs `steps` graph steps of a 2-stage pipeline: stage 0's graph sends a persistent buffer
+/// (filled eagerly with the step's pattern before each launch), stage 1's graph checksums the
+/// slot in place into a persistent word, copied out eagerly after each launch. Random delays (a
+/// spin kernel) run on both stage streams before every launch. Returns the mismatching steps.
+fn graph_hazard_run(
+    primary: &Engine,
+    config: PpConfig,
+    steps: usize,
+    expected: &[u64],
+    seed: u64,
+    delays: (u64, u64),
+) -> usize {
+    let rt = PpNRt::new(config, primary).unwrap();
+    let (tx_engine, rx_engine) = (rt.engine(0, primary).unwrap(), rt.engine(1, primary).unwrap());
+    let mut x = {
+        let _scope = rt.enter(0).unwrap();
+        tx_engine.alloc_persistent::<u32>(N).unwrap()
+    };
+    let (mut sum, mut sums) = {
+        let _scope = rt.enter(1).unwrap();
+        (rx_engine.alloc_persistent::<u64>(1).unwrap(), rx_engine.alloc_zeroed::<u64>(steps).unwrap())
+    };
+    let mut step = rt
+        .capture_step::<u32>(N, |stage| {
+            if stage.stage() == 0 {
+                return stage.tx(&x);
+            }
+            // The checksum kernel accumulates: the graph clears the word first.
+            stage.stream().memset_bytes(&mut sum, 0)?;
+            rx_engine.checksum_into(&stage.received()?, &mut sum)
+        })
+        .unwrap();
+    let mut rng = Rng::new(seed);
+    for k in 0..steps {
+        {
+            let _scope = rt.enter(0).unwrap();
+            tx_engine.fill_pattern(&mut x, seed_of(k)).unwrap();
+            tx_engine.spin(rng.below(delays.0)).unwrap();
+        }
+        {
+            let _scope = rt.enter(1).unwrap();
+            rx_engine.spin(rng.below(delays.1)).unwrap();
+        }
+        step.launch().unwrap();
+        let _scope = rt.enter(1).unwrap();
+        rx_engine.dtod(&sum, &mut sums.slice_mut(k..k + 1).unwrap()).unwrap();
+    }
+    let _scope = rt.enter(1).unwrap();
+    let got = rx_engine.dtoh(&sums).unwrap();
+    got.iter().zip(expected).filter(|(g, e)| g != e).count()
+}
+
+#[test]
+fn graph_steps_have_no_ordering_hazards() {
+    let test = "graph_steps_have_no_ordering_hazards";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let steps = steps();
+    let expected = expected_checksums(steps);
+    let mut configs = vec![PpConfig::new(2).slots(1), PpConfig::new(2).slots(3)];
+    if devices >= 2 {
+        configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
+        configs.push(PpConfig::with_devices(&[1, 0]).slots(2));
+    }
+    for (i, config) in configs.into_iter().enumerate() {
+        for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {
+            let bad = graph_hazard_run(&primary, config.clone(), steps, &expected, 200 + i as u64, delays);
+            say(&format!("{test}: {config}, {profile} delays: {bad} mismatches in {steps} graph steps"));
+            assert_eq!(bad, 0, "{config}, {profile} delays");
+        }
+    }
+}
+
+#[test]
+fn a_broken_graph_protocol_is_caught() {
+    let test = "a_broken_graph_protocol_is_caught";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    if std::env::var_os("PPNRT_SANITIZER").is_some() {
+        say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
+        return;
+    }
+    let primary = Engine::new(0).unwrap();
+    let steps = steps();
+    let expected = expected_checksums(steps);
+    let mut configs = vec![PpConfig::new(2).slots(1)];
+    if devices >= 2 {
+        configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
+    }
+    for base in configs {
+        // The launch's wait for the slot's write (ev_tx), or for its read (ev_rx), left out.
+        for (fault, delays) in [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)] {
+            let config = base.clone().inject_fault(fault);
+            let bad = graph_hazard_run(&primary, config.clone(), steps, &expected, 299, delays);
+            say(&format!("{test}: {config}: {bad} mismatches in {steps} graph steps"));
+            assert!(bad > 0, "{config}: the broken graph protocol went unnoticed");
+        }
+    }
+}

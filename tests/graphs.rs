@@ -1,0 +1,50 @@
+//! Graph mode on the GPUs present: the scenarios of `common/graphs.rs` (graph steps bitwise
+//! identical to eager steps and to the one-stage model for 1–8 stages on one and two GPUs,
+//! contiguous and alternating, 1–4 slots, eager and graph steps interleaved; capture misuse;
+//! mismatched steps refused; graphs keep their memory alive and ordered). `tests/double.rs` runs
+//! the same scenarios without a GPU.
+
+mod common;
+
+#[path = "common/graphs.rs"]
+mod graphs;
+
+use common::devices_or_skip;
+use ppnrt::Engine;
+
+#[test]
+fn graph_mode_matches_eager_and_one_stage() {
+    let test = "graph_mode_matches_eager_and_one_stage";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let quick = std::env::var_os("PPNRT_TEST_QUICK").is_some();
+    graphs::graph_mode_matches_eager_and_one_stage(test, &Engine::new(0).unwrap(), devices.min(2), quick);
+}
+
+#[test]
+fn capture_misuse_is_a_typed_error() {
+    let Some(devices) = devices_or_skip("capture_misuse_is_a_typed_error", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    graphs::capture_misuse_is_a_typed_error(&primary, &[0]);
+    graphs::capture_misuse_is_a_typed_error(&primary, &[0, 0, 0]);
+    if devices >= 2 {
+        graphs::capture_misuse_is_a_typed_error(&primary, &[0, 1, 0]);
+    }
+}
+
+#[test]
+fn mismatched_graph_steps_are_refused() {
+    let Some(devices) = devices_or_skip("mismatched_graph_steps_are_refused", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    graphs::mismatched_graph_steps_are_refused(&primary, &[0, 0, 0]);
+    if devices >= 2 {
+        graphs::mismatched_graph_steps_are_refused(&primary, &[0, 1, 0]);
+    }
+}
+
+#[test]
+fn graphs_keep_their_memory_alive_and_ordered() {
+    if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {
+        return;
+    }
+    graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());
+}
