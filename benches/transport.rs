@@ -49,6 +49,9 @@ macro_rules! raw {
     }};
 }
 
+#[path = "transport/graph_mode.rs"]
+mod graph_mode;
+
 fn label(bytes: usize) -> String {
     if bytes >= MIB { format!("{}MiB", bytes / MIB) } else { format!("{}KiB", bytes / KIB) }
 }
@@ -966,9 +969,9 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets picks tables (default: all).
-    let tables =
-        std::env::var("PPNRT_BENCH_TABLES").unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets".into());
+    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs picks tables (default: all).
+    let tables = std::env::var("PPNRT_BENCH_TABLES")
+        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs".into());
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
@@ -982,6 +985,9 @@ fn main() {
     }
     if wanted("targets") {
         targets(&gpus, &rows, &mut report);
+    }
+    if wanted("graphs") {
+        graph_mode::graph_mode(&gpus, &mut report);
     }
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();

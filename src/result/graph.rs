@@ -77,6 +77,17 @@ pub unsafe fn exec_update(
     result.map_err(|e| (e, info))
 }
 
+/// `cuGraphGetNodes` asking for the count only: how many nodes `graph` has.
+///
+/// # Safety
+/// - `graph` is a live graph.
+#[doc(alias = "cuGraphGetNodes")]
+pub unsafe fn node_count(graph: CUgraph) -> Result<usize> {
+    let mut count = 0usize;
+    driver_call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count))?;
+    Ok(count)
+}
+
 /// `cuGraphDestroy`.
 ///
 /// # Safety

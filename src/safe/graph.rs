@@ -251,11 +251,17 @@ impl StreamCapture {
     pub fn end(mut self) -> Result<CudaGraph> {
         let (graph, recorded) = self.finish();
         let raw_graph = graph?;
-        let graph = CudaGraph {
+        let mut graph = CudaGraph {
             raw: raw_graph,
             ctx: Arc::clone(self.stream.context()),
             footprint: recorded.footprint,
+            nodes: 0,
             _not_sync: PhantomData,
+        };
+        graph.nodes = {
+            let _bound = graph.ctx.bind()?;
+            // SAFETY: the graph was just made by the driver and is owned here.
+            unsafe { raw::node_count(graph.raw)? }
         };
         match recorded.invalidated_by {
             // The driver may have kept going after a refused call that never reached it: the
@@ -326,6 +332,8 @@ pub struct CudaGraph {
     raw: CUgraph,
     ctx: Arc<Context>,
     footprint: Vec<(Arc<DeviceMemory>, Use)>,
+    /// How many nodes the graph has.
+    nodes: usize,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -343,7 +351,12 @@ impl CudaGraph {
         let _bound = self.ctx.bind()?;
         // SAFETY: the graph is live.
         let raw = unsafe { raw::instantiate(self.raw)? };
-        Ok(GraphExec { raw, ctx: Arc::clone(&self.ctx), footprint: self.footprint.clone() })
+        Ok(GraphExec { raw, ctx: Arc::clone(&self.ctx), footprint: self.footprint.clone(), nodes: self.nodes })
+    }
+
+    /// How many nodes the graph has (each captured copy, memset and launch is one).
+    pub fn node_count(&self) -> usize {
+        self.nodes
     }
 
     /// How many allocations the captured work touches.
@@ -380,6 +393,8 @@ pub struct GraphExec {
     raw: CUgraphExec,
     ctx: Arc<Context>,
     footprint: Vec<(Arc<DeviceMemory>, Use)>,
+    /// How many nodes the graph it runs has.
+    nodes: usize,
 }
 
 // SAFETY: a CUgraphExec may be used from any thread as long as it is not used from two at once;
@@ -443,6 +458,12 @@ impl GraphExec {
                 expected: self.ctx.ordinal(),
                 found: graph.ctx.ordinal(),
             });
+        }
+        if graph.nodes != self.nodes {
+            // Another topology for certain: refused without asking the driver.
+            return Err(Error::Capture(CaptureError::UpdateRefused {
+                reason: format!("the topology changed ({} nodes, the new graph has {})", self.nodes, graph.nodes),
+            }));
         }
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live; `&mut self` excludes a concurrent launch.

@@ -42,7 +42,9 @@ impl StepBuffers {
         let acts = (0..rt.n_stages())
             .map(|s| {
                 let _scope = rt.enter(s).unwrap();
-                rt.engine(s, primary).unwrap().alloc_persistent::<f32>(n).unwrap()
+                let mut x = rt.engine(s, primary).unwrap().alloc_persistent::<f32>(n).unwrap();
+                rt.stage_stream(s).unwrap().memset_bytes(&mut x, 0).unwrap();
+                x
             })
             .collect();
         StepBuffers { acts }

@@ -1370,6 +1370,14 @@ CUresult cuGraphExecUpdate_v2(void* exec, void* graph, void* result_info) {
     RETURN(OK);
 }
 
+CUresult cuGraphGetNodes(void* graph, void** nodes, size_t* count) {
+    ENTER("cuGraphGetNodes");
+    Graph* g = (Graph*)graph;
+    if (!g || !count || nodes) RETURN(E_INVALID_VALUE); /* the count query only */
+    *count = g->len;
+    RETURN(OK);
+}
+
 CUresult cuGraphDestroy(void* graph) {
     ENTER("cuGraphDestroy");
     Graph* g = (Graph*)graph;
