@@ -67,9 +67,14 @@ fn the_readme_quick_start_is_the_quickstart_example() {
 fn engine_and_pp_use_no_raw_pointers_and_no_unsafe() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = vec![root.join("engine.rs")];
-    for entry in std::fs::read_dir(root.join("pp")).unwrap() {
-        files.push(entry.unwrap().path());
+    let mut dirs = vec![root.join("pp")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
     }
+    assert!(files.iter().any(|f| f.ends_with("pp/runtime/step_graph.rs")), "the walk reaches nested modules");
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         for word in ["unsafe", "CUdeviceptr", "device_ptr", "allow(unsafe_code)"] {
