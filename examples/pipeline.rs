@@ -6,8 +6,11 @@
 //!
 //! ```text
 //! pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
-//!          [--steps K] [--n ELEMENTS] [--layers L]
+//!          [--steps K] [--n ELEMENTS] [--layers L] [--graph]
 //! ```
+//! `--graph` runs each step as CUDA graphs (`PpNRt::capture_step`, one graph per stage per ring
+//! slot, replayed by `StepGraphs::launch`); a captured layer's step parameter is then the slot, and
+//! the one-stage run uses the same parameters.
 //! Defaults: every visible GPU, two stages each; 2 slots; auto transport; 500 steps; 8192
 //! elements (32 KiB of f32); 32 layers. Where no flag sets the placement, the `PPNRT_*`
 //! variables do (see `PpConfig`). With no GPU it prints why and exits with status 2.
@@ -22,6 +25,7 @@ struct Args {
     steps: usize,
     n: usize,
     layers: u32,
+    graph: bool,
 }
 
 fn parse_args(devices_present: i32) -> Result<Args, String> {
@@ -30,6 +34,7 @@ fn parse_args(devices_present: i32) -> Result<Args, String> {
     let mut slots: Option<usize> = None;
     let mut transport: Option<TransportPolicy> = None;
     let (mut steps, mut n, mut layers) = (500usize, 8192usize, 32u32);
+    let mut graph = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -56,6 +61,7 @@ fn parse_args(devices_present: i32) -> Result<Args, String> {
             "--steps" => steps = number(value()?)?,
             "--n" => n = number(value()?)?,
             "--layers" => layers = number(value()?)? as u32,
+            "--graph" => graph = true,
             "--bench" => {} // tolerated: `cargo bench` passes it to every target
             other => return Err(format!("unknown flag {other}")),
         }
@@ -78,22 +84,29 @@ fn parse_args(devices_present: i32) -> Result<Args, String> {
     if n == 0 || steps == 0 || layers == 0 {
         return Err("--n, --steps and --layers must be at least 1".into());
     }
-    Ok(Args { config, steps, n, layers })
+    Ok(Args { config, steps, n, layers, graph })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Runs `steps` decode steps on one stage; returns per-step seconds and the final state.
-fn single_stage(engine: &Engine, x0: &[f32], steps: usize, layers: u32) -> ppnrt::Result<(Vec<f64>, Vec<f32>)> {
+/// Runs `steps` decode steps on one stage, step `k`'s layers with step parameter `param(k)`;
+/// returns per-step seconds and the final state.
+fn single_stage(
+    engine: &Engine,
+    x0: &[f32],
+    steps: usize,
+    layers: u32,
+    param: &dyn Fn(usize) -> u32,
+) -> ppnrt::Result<(Vec<f64>, Vec<f32>)> {
     let mut x = engine.htod(x0)?;
     engine.synchronize()?;
     let mut times = Vec::with_capacity(steps);
-    for step in 0..steps as u32 {
+    for step in 0..steps {
         let t0 = Instant::now();
         for layer in 0..layers {
-            engine.toy_layer(&mut x, step, layer)?;
+            engine.toy_layer(&mut x, param(step), layer)?;
         }
         engine.synchronize()?;
         times.push(t0.elapsed().as_secs_f64());
@@ -144,6 +157,62 @@ fn pipelined(
     Ok((times, rt.engine(last, primary)?.dtoh(&x)?))
 }
 
+/// Runs `steps` decode steps through the pipeline as CUDA graphs; returns per-step seconds, the
+/// final state, and the slot (the captured step parameter) each step used.
+fn pipelined_graph(
+    rt: &PpNRt,
+    primary: &Engine,
+    x0: &[f32],
+    steps: usize,
+    layers: u32,
+) -> ppnrt::Result<(Vec<f64>, Vec<f32>, Vec<u32>)> {
+    let stages = rt.n_stages();
+    let share = |s: usize| (s as u32 * layers) / stages as u32;
+    let n = x0.len();
+    // Persistent activations per stage: graphs run on memory allocated before the capture.
+    let mut acts = Vec::with_capacity(stages);
+    for s in 0..stages {
+        let _scope = rt.enter(s)?;
+        acts.push(rt.engine(s, primary)?.alloc_persistent::<f32>(n)?);
+    }
+    {
+        let _scope = rt.enter(0)?;
+        rt.engine(0, primary)?.htod_into(x0, &mut acts[0])?;
+    }
+    let mut step_graphs = rt.capture_step::<f32>(n, |stage| {
+        let s = stage.stage();
+        let engine = rt.engine(s, primary)?;
+        let x = &mut acts[s];
+        if s > 0 {
+            stage.rx_into(x)?;
+        }
+        for layer in share(s)..share(s + 1) {
+            engine.toy_layer(x, stage.slot() as u32, layer)?;
+        }
+        if s + 1 < stages {
+            stage.tx(x)?;
+        }
+        Ok(())
+    })?;
+    rt.synchronize()?;
+    let mut times = Vec::with_capacity(steps);
+    let mut slots = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let t0 = Instant::now();
+        if step > 0 && stages > 1 {
+            // The previous step's output comes back to the first stage (the next token).
+            let (first, rest) = acts.split_at_mut(1);
+            rt.stage_stream(0)?.memcpy_dtod(&rest[stages - 2], &mut first[0])?;
+        }
+        slots.push(step_graphs.launch()? as u32);
+        rt.record_done()?.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let last = stages - 1;
+    let _scope = rt.enter(last)?;
+    Ok((times, rt.engine(last, primary)?.dtoh(&acts[last])?, slots))
+}
+
 /// Returning the last stage's output to the first stage for the next step.
 trait TxBack {
     fn tx_back(&self, x: &CudaSlice<f32>) -> ppnrt::Result<CudaSlice<f32>>;
@@ -160,7 +229,7 @@ impl TxBack for PpNRt {
 
 const USAGE: &str = "\
 usage: pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
-                [--steps K] [--n ELEMENTS] [--layers L]
+                [--steps K] [--n ELEMENTS] [--layers L] [--graph]
 
 A decode loop of the toy residual model over N pipeline stages, checked bit for bit against the
 same model on one stage.
@@ -171,6 +240,7 @@ same model on one stage.
   --steps K         decode steps (default 500)
   --n ELEMENTS      f32 elements per activation (default 8192 = 32 KiB)
   --layers L        toy layers in the model (default 32)
+  --graph           run each step as CUDA graphs (capture_step + launch)
 Where no flag sets the placement, the PPNRT_* variables do. Exit status 2 on any error.";
 
 fn run() -> Result<(), String> {
@@ -199,12 +269,20 @@ fn run() -> Result<(), String> {
 
     // Warm-up (module loads, pool growth), then the measured runs.
     let warm = args.steps.clamp(1, 20);
-    single_stage(&primary, &x0, warm, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
-    pipelined(&rt, &primary, &x0, warm, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
-    let (mut one, reference) =
-        single_stage(&primary, &x0, args.steps, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
-    let (mut many, output) =
-        pipelined(&rt, &primary, &x0, args.steps, args.layers).map_err(|e| ppnrt::error::chain(&e))?;
+    let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
+    single_stage(&primary, &x0, warm, args.layers, &|k| k as u32).map_err(chain)?;
+    let (mut one, reference, mut many, output) = if args.graph {
+        println!("mode: CUDA graphs, one per stage per slot (a layer's step parameter is the slot)");
+        pipelined_graph(&rt, &primary, &x0, warm, args.layers).map_err(chain)?;
+        let (many, output, slots) = pipelined_graph(&rt, &primary, &x0, args.steps, args.layers).map_err(chain)?;
+        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| slots[k]).map_err(chain)?;
+        (one, reference, many, output)
+    } else {
+        pipelined(&rt, &primary, &x0, warm, args.layers).map_err(chain)?;
+        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| k as u32).map_err(chain)?;
+        let (many, output) = pipelined(&rt, &primary, &x0, args.steps, args.layers).map_err(chain)?;
+        (one, reference, many, output)
+    };
     one.sort_by(|a, b| a.total_cmp(b));
     many.sort_by(|a, b| a.total_cmp(b));
     let us = 1e6;

@@ -70,6 +70,8 @@ if [[ $phases == *examples* ]]; then
     run_step "example pipeline 8 stages contiguous" "$logs/example-pipeline-cont8.log" "$pipeline" --stages 8 --steps 200
     run_step "example pipeline staged" "$logs/example-pipeline-staged.log" "$pipeline" --transport staged --steps 200
     run_step "example pipeline 4 slots 1 MiB" "$logs/example-pipeline-big.log" "$pipeline" --slots 4 --n 262144 --steps 100
+    run_step "example pipeline --graph 8 stages alternating" "$logs/example-pipeline-graph-alt8.log" "$pipeline" --graph --devices "$alternating" --steps 200
+    run_step "example pipeline --graph 3 slots" "$logs/example-pipeline-graph-slots.log" "$pipeline" --graph --slots 3 --steps 200
   fi
 fi
 
