@@ -24,6 +24,8 @@ failed=0
 
 record() { # name status seconds detail
   rows+=("$(printf '%-44s %-6s %7s  %s' "$1" "$2" "$3" "$4")")
+  # Each row also as soon as it is known: a run cut short by a time limit still shows its steps.
+  printf 'step: %s\n' "${rows[-1]}"
   [ "$2" = PASS ] || failed=1
 }
 
