@@ -34,3 +34,10 @@ run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
 # errors, and the old buffer's drop), so undoing either alone changes nothing a test can see.
+# Graphs: the launch orders the captured footprint; the footprint keeps its memory alive; frees
+# during a capture are held back; illegal calls invalidate the capture.
+run graph-launch-order src/safe/graph.rs "ordered(stream, self.footprint.iter().map(" "ordered(stream, self.footprint.iter().take(0).map("
+run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::clone(memory), use_))," "None => {}"
+run graph-deferred-free src/safe/memory.rs "        if let Some(capture) = super::graph::capture_for_free(&self.stream) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
+run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
+run graph-stale-slot src/pp/runtime/step_graph.rs "                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}" "                SlotBuffer::Device(_) => {}"
