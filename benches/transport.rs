@@ -427,6 +427,31 @@ impl Boundary {
         t0.elapsed().as_secs_f64() / steps as f64
     }
 
+    /// Seconds from `tx` issue to the RX stage's stream having waited for the data, one hop at a
+    /// time, receiving in place (no copy out of the slot).
+    fn hops_in_place(&mut self, raw: bool, iters: usize) -> Vec<f64> {
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            self.sync();
+            let t0 = Instant::now();
+            if raw {
+                let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
+                self.raw.rx_in_place(slot);
+                raw!(cuEventRecord(self.done.raw(), self.raw.rx_stream.raw()));
+                raw!(cuEventSynchronize(self.done.raw()));
+            } else {
+                let slot = self.rt.tx(0, &self.x, self.n).unwrap();
+                let mut received = self.rt.rx_in_place::<u32>(0, slot, self.n).unwrap();
+                received.order_on(self.rt.stage_stream(1).unwrap()).unwrap();
+                drop(received);
+                self.done.record(self.rt.stage_stream(1).unwrap()).unwrap();
+                self.done.synchronize().unwrap();
+            }
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        times
+    }
+
     /// Seconds from `tx` issue to RX data ready, one hop at a time.
     fn hops(&mut self, raw: bool, iters: usize) -> Vec<f64> {
         let mut times = Vec::with_capacity(iters);
@@ -764,7 +789,7 @@ fn engine_paths(gpus: &Gpus, report: &mut String) {
     let us = 1e6;
     // In place, 32 KiB, on the peer boundary if there is one.
     let (name, devices, policy) = transports(gpus).into_iter().find(|t| t.0 == "peer").unwrap_or(transports(gpus)[0]);
-    let mut boundary = Boundary::new(gpus, devices, policy, 32 * KIB);
+    let mut boundary = Boundary::new(gpus, devices, policy, 64 * MIB);
     boundary.set_bytes(32 * KIB);
     boundary.host_times(false, 50);
     boundary.host_times_in_place(false, 50);
@@ -787,6 +812,29 @@ fn engine_paths(gpus: &Gpus, report: &mut String) {
             raw_in_place * us
         ),
         in_place <= 0.7 * copy,
+    ));
+    // One 64 MiB step received in place, against the raw peer copy, event and cross-device wait.
+    boundary.set_bytes(64 * MIB);
+    boundary.hops_in_place(false, 3);
+    boundary.hops_in_place(true, 3);
+    let (mut crate_hops, mut raw_hops) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        crate_hops.extend(boundary.hops_in_place(false, 8));
+        raw_hops.extend(boundary.hops_in_place(true, 8));
+    }
+    let (crate_hop, raw_hop) = (median(&mut crate_hops), median(&mut raw_hops));
+    let gbs = |seconds: f64| (64 * MIB) as f64 / seconds / 1e9;
+    checks.push((
+        format!("{name} 64 MiB single step received in place ≥ 0.97× raw in place"),
+        format!(
+            "{:.1} µs ({:.1} GB/s) vs raw {:.1} µs ({:.1} GB/s): {:.3}×",
+            crate_hop * us,
+            gbs(crate_hop),
+            raw_hop * us,
+            gbs(raw_hop),
+            raw_hop / crate_hop
+        ),
+        raw_hop / crate_hop >= 0.97,
     ));
     drop(boundary);
 
