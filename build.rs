@@ -18,6 +18,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const COMMITTED_BINDINGS: &str = "src/sys/driver_bindings.rs";
+const COMMITTED_NCCL_BINDINGS: &str = "src/sys/nccl_bindings.rs";
 const COMMITTED_PTX_DIR: &str = "kernels/ptx";
 #[cfg(feature = "regenerate")]
 const KERNEL_DIR: &str = "kernels";
@@ -26,6 +27,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PPNRT_UPDATE_GENERATED");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={COMMITTED_BINDINGS}");
+    println!("cargo:rerun-if-changed={COMMITTED_NCCL_BINDINGS}");
     println!("cargo:rerun-if-changed={COMMITTED_PTX_DIR}");
 
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -66,6 +68,7 @@ fn committed_ptx(manifest_dir: &Path) -> Vec<(String, PathBuf)> {
 #[cfg_attr(feature = "regenerate", allow(dead_code))]
 fn copy_committed(manifest_dir: &Path, out_dir: &Path) {
     copy_file(&manifest_dir.join(COMMITTED_BINDINGS), &out_dir.join("driver_bindings.rs"));
+    copy_file(&manifest_dir.join(COMMITTED_NCCL_BINDINGS), &out_dir.join("nccl_bindings.rs"));
     for (stem, path) in committed_ptx(manifest_dir) {
         copy_file(&path, &out_dir.join(format!("{stem}.ptx")));
     }
@@ -91,17 +94,82 @@ mod regenerate {
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
-    use super::{COMMITTED_BINDINGS, COMMITTED_PTX_DIR, KERNEL_DIR, write_if_changed};
+    use super::{COMMITTED_BINDINGS, COMMITTED_NCCL_BINDINGS, COMMITTED_PTX_DIR, KERNEL_DIR, write_if_changed};
 
     pub(super) fn run(manifest_dir: &Path, out_dir: &Path, update_committed: bool) {
-        for var in ["CUDA_PATH", "CUDA_HOME", "PATH", "VIRTUAL_ENV", "PPNRT_PTX_ARCH", "LIBCLANG_PATH"] {
+        for var in ["CUDA_PATH", "CUDA_HOME", "NCCL_HOME", "PATH", "VIRTUAL_ENV", "PPNRT_PTX_ARCH", "LIBCLANG_PATH"] {
             println!("cargo:rerun-if-env-changed={var}");
         }
         println!("cargo:rerun-if-changed=wrapper.h");
+        println!("cargo:rerun-if-changed=nccl_wrapper.h");
         println!("cargo:rerun-if-changed={KERNEL_DIR}");
         let toolkit = Toolkit::find();
         bindings(manifest_dir, out_dir, &toolkit, update_committed);
+        nccl_bindings(manifest_dir, out_dir, &toolkit, update_committed);
         kernels(manifest_dir, out_dir, &toolkit, update_committed);
+    }
+
+    /// Writes `OUT_DIR/nccl_bindings.rs` from `nccl_wrapper.h`: fresh from bindgen when it can
+    /// (nccl.h from `NCCL_HOME/include` or the PyPI wheel layout `site-packages/nvidia/nccl/include`,
+    /// plus the CUDA headers it includes), else the committed copy.
+    fn nccl_bindings(manifest_dir: &Path, out_dir: &Path, toolkit: &Toolkit, update_committed: bool) {
+        let committed = manifest_dir.join(COMMITTED_NCCL_BINDINGS);
+        let out = out_dir.join("nccl_bindings.rs");
+        let mut roots: Vec<PathBuf> = env::var_os("NCCL_HOME").map(PathBuf::from).into_iter().collect();
+        roots.extend(site_packages().into_iter().map(|site| site.join("nvidia").join("nccl")));
+        let nccl_include = roots.iter().map(|root| root.join("include")).find(|dir| dir.join("nccl.h").is_file());
+        let fresh = match (&nccl_include, &toolkit.include_dir) {
+            (None, _) => Err("no nccl.h was found (set NCCL_HOME or install nvidia-nccl-cu13)".to_string()),
+            (_, None) => Err("no CUDA headers (cuda_runtime.h, which nccl.h includes) were found".to_string()),
+            (Some(nccl), Some(cuda)) => generate_nccl_bindings(manifest_dir, nccl, cuda),
+        };
+        emit(fresh, &out, &committed, update_committed, "NCCL bindings");
+    }
+
+    fn generate_nccl_bindings(manifest_dir: &Path, nccl_include: &Path, cuda_include: &Path) -> Result<String, String> {
+        use bindgen::{EnumVariation, Formatter};
+        let header = manifest_dir.join("nccl_wrapper.h");
+        let builder = bindgen::Builder::default()
+            .header(header.to_string_lossy())
+            .clang_arg(format!("-I{}", nccl_include.display()))
+            .clang_arg(format!("-I{}", cuda_include.display()))
+            // The point-to-point, group, communicator and error surface a pipeline boundary needs.
+            .allowlist_function(
+                "nccl(GetVersion|GetUniqueId|CommInitRank|CommFinalize|CommDestroy|CommAbort|\
+                 CommGetAsyncError|CommCount|CommCuDevice|CommUserRank|GetErrorString|GetLastError|Send|Recv|\
+                 GroupStart|GroupEnd)",
+            )
+            .allowlist_type("nccl(Result_t|UniqueId|Comm_t|DataType_t)")
+            .allowlist_var("NCCL_(MAJOR|MINOR|PATCH|VERSION_CODE|UNIQUE_ID_BYTES)")
+            .default_enum_style(EnumVariation::NewType { is_bitfield: false, is_global: false })
+            .dynamic_library_name("NcclApi")
+            .dynamic_link_require_all(false)
+            .layout_tests(false)
+            .derive_default(true)
+            .derive_debug(true)
+            .generate_comments(false)
+            .formatter(Formatter::Prettyplease)
+            .rust_target(bindgen::RustTarget::stable(85, 0).map_err(|e| e.to_string())?);
+        let previous_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+        std::panic::set_hook(previous_hook);
+        let version = fs::read_to_string(nccl_include.join("nccl.h")).ok().and_then(|header| {
+            let value = |name: &str| {
+                header.lines().find_map(|l| l.strip_prefix(&format!("#define {name} ")).map(|v| v.trim().to_string()))
+            };
+            Some(format!("{}.{}.{}", value("NCCL_MAJOR")?, value("NCCL_MINOR")?, value("NCCL_PATCH")?))
+        });
+        match generated {
+            Ok(Ok(bindings)) => Ok(format!(
+                "// Generated by bindgen from nccl_wrapper.h (NCCL {}); do not edit. Regenerate with\n\
+                 // `PPNRT_UPDATE_GENERATED=1 cargo build --features regenerate`.\n{}",
+                version.unwrap_or_else(|| "unknown".into()),
+                bindings
+            )),
+            Ok(Err(e)) => Err(format!("bindgen failed on nccl.h: {e}")),
+            Err(_) => Err("libclang could not be loaded (install libclang-dev or set LIBCLANG_PATH)".into()),
+        }
     }
 
     /// Where the CUDA headers and `nvcc` were found (either may be missing).
@@ -139,6 +207,15 @@ mod regenerate {
         roots.push(PathBuf::from("/usr/local/cuda"));
         // The PyPI wheels (nvidia-cuda-runtime, -nvcc, -crt, nvidia-nvvm 13.x) install into
         // site-packages/nvidia/cu13/{include,bin,nvvm}.
+        for site in site_packages() {
+            roots.push(site.join("nvidia").join("cu13"));
+        }
+        roots
+    }
+
+    /// Python's site-packages directories: the virtual environment's (`VIRTUAL_ENV`), then the
+    /// one `python3` reports.
+    fn site_packages() -> Vec<PathBuf> {
         let mut site_dirs = Vec::new();
         if let Some(venv) = env::var_os("VIRTUAL_ENV") {
             if let Ok(entries) = fs::read_dir(Path::new(&venv).join("lib")) {
@@ -154,10 +231,7 @@ mod regenerate {
                 site_dirs.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
             }
         }
-        for site in site_dirs {
-            roots.push(site.join("nvidia").join("cu13"));
-        }
-        roots
+        site_dirs
     }
 
     /// Writes `OUT_DIR/driver_bindings.rs`: fresh from bindgen when it can, else the committed copy.

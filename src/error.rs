@@ -327,6 +327,10 @@ pub enum Error {
     /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
     #[error(transparent)]
     Pipeline(#[from] PpError),
+    /// NCCL could not be loaded, is too old, or an NCCL call failed: see
+    /// [`NcclError`](crate::nccl::NcclError).
+    #[error(transparent)]
+    Nccl(#[from] crate::nccl::NcclError),
     /// Misuse of stream capture or of a graph: see [`CaptureError`].
     #[error(transparent)]
     Capture(#[from] CaptureError),

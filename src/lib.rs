@@ -38,6 +38,8 @@ pub mod error;
 pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
+#[allow(unsafe_code)]
+pub mod nccl;
 pub mod pp;
 #[allow(unsafe_code)]
 pub mod result;

@@ -89,5 +89,5 @@ fn engine_and_pp_use_no_raw_pointers_and_no_unsafe() {
         .filter(|(attr, _)| attr.trim() == "#[allow(unsafe_code)]")
         .map(|(_, module)| module.trim())
         .collect();
-    assert_eq!(opted_in, ["pub mod loader;", "pub mod result;", "pub mod safe;", "pub mod sys;"]);
+    assert_eq!(opted_in, ["pub mod loader;", "pub mod nccl;", "pub mod result;", "pub mod safe;", "pub mod sys;"]);
 }

@@ -20,3 +20,10 @@
 )]
 
 include!(concat!(env!("OUT_DIR"), "/driver_bindings.rs"));
+
+/// Generated bindings of NCCL (`nccl_wrapper.h`): the version, unique-id, communicator,
+/// point-to-point, group and error calls. [`NcclApi`](nccl::NcclApi) holds one `Result` per entry
+/// point, looked up when the library is opened by [`crate::nccl`].
+pub mod nccl {
+    include!(concat!(env!("OUT_DIR"), "/nccl_bindings.rs"));
+}

@@ -371,9 +371,14 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
         Err(Error::Capture(CaptureError::Invalidated { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
         other => panic!("expected the capture to be invalidated, got {other:?}"),
     }
+    // A stream-ordered buffer of the capturing stream dropped during the capture: its free is held
+    // back until the capture ends (a free inside the capture would break it).
+    let pooled = CudaSlice::<u32>::alloc(&capture_stream, n).unwrap();
     let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
     capture_stream.memcpy_dtod(&src, &mut dst).unwrap();
+    drop(pooled);
     let graph = capture.end().unwrap();
+    assert!(ppnrt::take_drop_errors().is_empty(), "the held-back free failed");
     assert!(!capture_stream.is_capturing());
     assert_eq!(graph.footprint_len(), 2);
     let mut exec = graph.instantiate().unwrap();

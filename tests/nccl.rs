@@ -1,0 +1,117 @@
+//! NCCL loaded at run time: a missing, incomplete or too-old library is a typed error (checked
+//! with small stand-in libraries built by the system C compiler), and on a machine with two GPUs
+//! and NCCL, two ranks in one process exchange buffers bitwise through `NcclComm` send/recv.
+//! `PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure instead of a skip.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use common::{devices_or_skip, say};
+use ppnrt::nccl::{MINIMUM_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, group, nccl};
+use ppnrt::{CudaSlice, Engine, Error};
+
+/// Builds a shared library from `source` (C) and returns its path, or `None` after saying why.
+fn stand_in(name: &str, source: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nccl-stand-ins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let so = dir.join(format!("lib{name}-{}.so", std::process::id()));
+    std::fs::write(&c, source).unwrap();
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    match Command::new(&compiler).args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).output() {
+        Ok(out) if out.status.success() => Some(so),
+        Ok(out) => panic!("{compiler} failed: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => {
+            say(&format!("SKIPPED {name}: no C compiler `{compiler}`: {e}"));
+            None
+        }
+    }
+}
+
+#[test]
+fn an_nccl_older_than_the_minimum_is_a_typed_error() {
+    let Some(library) = stand_in("old_nccl", "int ncclGetVersion(int* v) { *v = 2608; return 0; }\n") else { return };
+    let path = library.to_string_lossy().into_owned();
+    match Nccl::load(std::slice::from_ref(&path)) {
+        Err(NcclError::TooOld { library, found, required }) => {
+            assert_eq!(library, path);
+            assert_eq!(found, NcclVersion { major: 2, minor: 6, patch: 8 });
+            assert_eq!(required, MINIMUM_VERSION);
+        }
+        other => panic!("expected TooOld, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_library_without_nccl_is_a_typed_error() {
+    let Some(library) = stand_in("not_nccl", "int unrelated(void) { return 0; }\n") else { return };
+    let path = library.to_string_lossy().into_owned();
+    match Nccl::load(std::slice::from_ref(&path)) {
+        Err(NcclError::MissingEntryPoint { library, symbol }) => {
+            assert_eq!(library, path);
+            assert_eq!(symbol, "ncclGetVersion");
+        }
+        other => panic!("expected MissingEntryPoint, got {other:?}"),
+    }
+    match Nccl::load(&["/nonexistent/libnccl.so.2".to_string()]) {
+        Err(NcclError::NotFound { tried }) => assert!(tried[0].to_string().contains("/nonexistent/libnccl.so.2")),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+#[test]
+fn two_ranks_exchange_buffers_bitwise() {
+    let test = "two_ranks_exchange_buffers_bitwise";
+    if devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let loaded = match nccl() {
+        Ok(loaded) => loaded,
+        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
+            say(&format!("SKIPPED {test}: {e}"));
+            return;
+        }
+        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
+    };
+    say(&format!("{test}: NCCL {} from {}", loaded.version(), loaded.library()));
+    let id = NcclUniqueId::new().unwrap();
+    // The id crosses as bytes, as it would between processes.
+    let bytes = id.to_bytes();
+    let n = 1 << 20;
+    let results: Vec<(u64, u64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    let engine = Engine::new(rank).unwrap();
+                    let id = NcclUniqueId::from_bytes(&bytes);
+                    let comm = NcclComm::init_rank(engine.context(), 2, &id, rank).unwrap();
+                    assert!(matches!(
+                        NcclComm::init_rank(engine.context(), 2, &id, 2),
+                        Err(Error::Nccl(NcclError::InvalidRank { rank: 2, n_ranks: 2, .. }))
+                    ));
+                    let stream: Arc<_> = engine.stream().unwrap();
+                    let mut mine = CudaSlice::<u32>::alloc(&stream, n).unwrap();
+                    engine.fill_pattern(&mut mine, 100 + rank as u32).unwrap();
+                    let mut theirs = CudaSlice::<u32>::alloc(&stream, n).unwrap();
+                    // Each rank sends its buffer and receives the other's, in one group.
+                    group(|| {
+                        comm.send(&stream, &mine, 1 - rank)?;
+                        comm.recv(&stream, &mut theirs, 1 - rank)
+                    })
+                    .unwrap();
+                    comm.async_error().unwrap();
+                    (engine.checksum(&theirs).unwrap(), engine.checksum(&mine).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Rank 0 received rank 1's buffer and the other way round.
+    assert_eq!(results[0].0, results[1].1, "rank 0 received rank 1's data");
+    assert_eq!(results[1].0, results[0].1, "rank 1 received rank 0's data");
+    assert_ne!(results[0].1, results[1].1, "the two payloads differ");
+    say(&format!("{test}: {} bytes each way, bitwise", n * 4));
+}
