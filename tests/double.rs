@@ -734,3 +734,13 @@ fn graphs_keep_their_memory_alive_and_ordered_through_the_double() {
         graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());
     });
 }
+
+#[test]
+fn one_thread_per_stage_replays_graphs_through_the_double() {
+    with_double("one_thread_per_stage_replays_graphs_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 1, 0, 1], 2, 12);
+        graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 1], 3, 10);
+        graphs::one_thread_per_stage_replays_graphs(&primary, &[0], 1, 5);
+    });
+}

@@ -48,3 +48,15 @@ fn graphs_keep_their_memory_alive_and_ordered() {
     }
     graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());
 }
+
+#[test]
+fn one_thread_per_stage_replays_graphs() {
+    let Some(devices) = devices_or_skip("one_thread_per_stage_replays_graphs", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let steps = if std::env::var_os("PPNRT_TEST_QUICK").is_some() { 20 } else { 500 };
+    graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 0, 0], 2, steps);
+    if devices >= 2 {
+        graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 1, 0, 1], 2, steps);
+        graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 1, 1], 3, steps);
+    }
+}

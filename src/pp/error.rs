@@ -172,6 +172,18 @@ pub enum PpError {
         /// The boundary's next slot.
         found: usize,
     },
+    /// A stage's graph was launched out of turn: the stage's own step count
+    /// ([`StepGraphs::launch_stage`](crate::StepGraphs::launch_stage)) is not the step the whole-step
+    /// [`launch`](crate::StepGraphs::launch) would make, or the reverse.
+    #[error("stage {stage}: a graph step for slot {expected} was asked, but the stage is at slot {found}")]
+    GraphStageOutOfStep {
+        /// The stage.
+        stage: usize,
+        /// The slot the call would use.
+        expected: usize,
+        /// The slot the stage is at.
+        found: usize,
+    },
     /// The step's graphs no longer match the runtime (a slot was reallocated by an eager `tx` of
     /// a larger length, or a re-capture failed): capture the step again.
     #[error("boundary {boundary}, slot {slot}: the step's graphs are stale (capture the step again)")]

@@ -436,3 +436,67 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
     capture_stream.synchronize().unwrap();
     other.synchronize().unwrap();
 }
+
+/// One thread per stage replays its own stage's graph (`launch_stage`) for `steps` steps: the
+/// outputs match the one-stage model bitwise, and the whole-step `launch` refuses to run while
+/// the stages are out of step.
+pub fn one_thread_per_stage_replays_graphs(primary: &Engine, devices: &[i32], slots: usize, steps: usize) {
+    use std::time::Duration;
+    let config = PpConfig::with_devices(devices).slots(slots);
+    let rt = PpNRt::new(config.clone(), primary).unwrap();
+    let n = 2048;
+    let n_stages = rt.n_stages();
+    let last = n_stages - 1;
+    let mut rng = Rng::new(77);
+    let inputs: Vec<Vec<f32>> = (0..steps).map(|_| rng.vec_f32(n)).collect();
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let mut step = capture(&rt, primary, &mut buffers, n, slots % 2 == 0).unwrap();
+    // Stage 0 alone runs ahead: the whole-step launch is refused (stages out of step).
+    if n_stages > 1 {
+        {
+            let _scope = rt.enter(0).unwrap();
+            rt.engine(0, primary).unwrap().htod_into(&inputs[0], &mut buffers.acts[0]).unwrap();
+        }
+        assert_eq!(step.launch_stage(0, Duration::from_secs(5)).unwrap(), 0);
+        match step.launch() {
+            Err(Error::Pipeline(PpError::GraphOutOfStep { .. }))
+            | Err(Error::Pipeline(PpError::GraphStageOutOfStep { .. })) => {}
+            other => panic!("expected the whole-step launch to be refused, got {other:?}"),
+        }
+    }
+    let mut acts = std::mem::take(&mut buffers.acts);
+    let step = &step;
+    let outputs: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (s, x) in acts.iter_mut().enumerate() {
+            let (rt, inputs) = (&rt, &inputs);
+            handles.push(scope.spawn(move || {
+                let engine = rt.engine(s, primary).unwrap();
+                let _scope = rt.enter(s).unwrap();
+                let mut outs = Vec::new();
+                // Stage 0 already ran step 0 above (with more than one stage).
+                let first = usize::from(s == 0 && n_stages > 1);
+                for (r, input) in inputs.iter().enumerate().skip(first) {
+                    if s == 0 {
+                        engine.htod_into(input, x).unwrap();
+                    }
+                    let slot = step.launch_stage(s, Duration::from_secs(30)).unwrap();
+                    assert_eq!(slot, if n_stages > 1 { r % slots } else { 0 }, "stage {s}, step {r}");
+                    if s == last {
+                        let mut out = engine.alloc::<f32>(n).unwrap();
+                        engine.dtod(&*x, &mut out).unwrap();
+                        outs.push(out);
+                    }
+                }
+                outs.iter().map(|out| engine.dtoh(out).unwrap()).collect::<Vec<_>>()
+            }));
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).last().unwrap()
+    });
+    let expected = reference(primary, &inputs, |r| if n_stages > 1 { (r % slots) as u32 } else { 0 });
+    assert_eq!(outputs.len(), steps);
+    for (r, (got, want)) in outputs.iter().zip(&expected).enumerate() {
+        assert!(same_bits(got, want), "{config}: step {r} differs");
+    }
+    say(&format!("one_thread_per_stage_replays_graphs: {config}, {steps} steps, bitwise identical"));
+}

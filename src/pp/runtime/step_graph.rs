@@ -11,7 +11,8 @@
 //! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::{Boundary, PpNRt, Ring, SlotBuffer, grow};
 #[cfg(feature = "testing")]
@@ -151,8 +152,10 @@ impl<T: DeviceRepr> std::fmt::Debug for StageCapture<'_, T> {
 pub struct StepGraphs<'rt, T: DeviceRepr> {
     rt: &'rt PpNRt,
     n: usize,
-    /// `[slot][stage]`.
-    execs: Vec<Vec<GraphExec>>,
+    /// `[slot][stage]`; locked per launch (a stage's thread launches its own).
+    execs: Vec<Vec<Mutex<GraphExec>>>,
+    /// Each stage's next slot (advanced by every launch of its graph).
+    next: Mutex<Vec<usize>>,
     /// `[slot][boundary]`: the slot allocations the graphs were captured with.
     slots: Vec<Vec<Arc<DeviceMemory>>>,
     /// Set when a re-capture failed half-way: the graphs disagree with each other.
@@ -239,11 +242,15 @@ impl PpNRt {
             for (stage, graph) in self.stages.iter().zip(per_slot) {
                 let mut exec = graph.instantiate()?;
                 exec.upload(&stage.stream)?;
-                row.push(exec);
+                row.push(Mutex::new(exec));
             }
             execs.push(row);
         }
-        Ok(StepGraphs { rt: self, n, execs, slots, stale: false, _elem: PhantomData })
+        // Every ring is at the same slot: the capture needed them all free, and rings only move
+        // together (a step crosses every boundary once).
+        let first = self.boundaries.first().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        let next = Mutex::new(vec![first; self.stages.len()]);
+        Ok(StepGraphs { rt: self, n, execs, next, slots, stale: false, _elem: PhantomData })
     }
 
     /// Captures `[slot][stage]` graphs of one step (see [`capture_step`](Self::capture_step)) and
@@ -379,10 +386,18 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             }
         }
         let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
+        let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Between steps every stage is at the same slot (eager steps may have moved the rings:
+        // the stages follow them); a stage that ran ahead with `launch_stage` is refused.
+        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+            return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
+        }
+        next.iter_mut().for_each(|at| *at = k);
         for (s, stage) in rt.stages.iter().enumerate() {
             #[cfg(feature = "testing")]
-            self.break_protocol(&rings, s, k);
-            self.execs[k][s].launch(&stage.stream)?;
+            self.break_protocol(s.checked_sub(1).map(|b| &*rings[b]), rings.get(s).map(|ring| &**ring), k);
+            self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+            next[s] = (k + 1) % n_slots;
             if s > 0 {
                 rings[s - 1].slots[k].state = SlotState::Received;
             }
@@ -398,26 +413,118 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         Ok(k)
     }
 
-    /// Drops the protocol's wait before stage `s`'s launch, as the runtime's
-    /// [`ProtocolFault`] asks (hazard tests show that the broken protocol is caught).
-    #[cfg(feature = "testing")]
-    fn break_protocol(&self, rings: &[MutexGuard<'_, Ring>], s: usize, k: usize) {
-        let buffer_of = |b: usize| match &rings[b].slots[k].buffer {
-            SlotBuffer::Device(buffer) => Some(Arc::clone(buffer)),
-            _ => None,
+    /// Replays stage `s`'s part of its next step, for an engine that drives each stage from its
+    /// own thread: waits (parked, for at most `timeout`) until the slot the stage reads has been
+    /// filled by stage `s - 1` and the slot it writes has been received by stage `s + 1`, then
+    /// launches the stage's graph on its stream, ordered by the same protocol as
+    /// [`launch`](Self::launch), and advances its slot. Returns the slot used. Every stage's
+    /// thread calls it once per step; threads never wait for each other's GPU work on the host.
+    ///
+    /// # Errors
+    /// Caught before anything is enqueued: [`PpError::StageOutOfRange`], [`PpError::GraphStale`],
+    /// [`PpError::Timeout`] (nothing to receive yet, or the slot to send into still taken),
+    /// [`PpError::GraphOutOfStep`] (an eager step moved the ring), [`PpError::RxLengthMismatch`]
+    /// and [`PpError::RxTypeMismatch`] (an eager `tx` of another length or type filled the slot).
+    /// Else the driver's error.
+    pub fn launch_stage(&self, s: usize, timeout: Duration) -> Result<usize> {
+        let rt = self.rt;
+        let stage = rt.stage(s)?;
+        let n_slots = self.execs.len();
+        // Between steps (every stage at the same slot) the stages follow the rings, which eager
+        // steps may have moved; within a step each stage keeps its own count.
+        let rings_at = rt.boundaries.first().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        let k = {
+            let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if next.iter().all(|at| *at == next[0]) {
+                next.iter_mut().for_each(|at| *at = rings_at);
+            }
+            next[s]
         };
-        match self.rt.config.fault() {
-            ProtocolFault::SkipTxWait if s > 0 => {
-                if let Some(buffer) = buffer_of(s - 1) {
-                    buffer.access().forget_write();
+        let start = Instant::now();
+        let left = || timeout.saturating_sub(start.elapsed());
+        // The input: filled by stage s - 1 (it stays filled until this stage receives it).
+        if s > 0 {
+            let boundary = &rt.boundaries[s - 1];
+            let ring = PpNRt::lock(boundary);
+            let ring = PpNRt::wait_until(s - 1, "rx", boundary, ring, left(), |_| k)?;
+            match ring.slots[k].state {
+                SlotState::Filled { elem, .. } if elem != T::NAME => {
+                    return Err(Error::Pipeline(PpError::RxTypeMismatch {
+                        boundary: s - 1,
+                        slot: k,
+                        requested: T::NAME,
+                        sent: elem,
+                    }));
                 }
-            }
-            ProtocolFault::SkipRxWait if s < rings.len() => {
-                if let Some(buffer) = buffer_of(s) {
-                    buffer.access().forget_reads();
+                SlotState::Filled { n, .. } if n != self.n => {
+                    return Err(Error::Pipeline(PpError::RxLengthMismatch {
+                        boundary: s - 1,
+                        slot: k,
+                        requested: self.n,
+                        sent: n,
+                    }));
                 }
+                _ => {}
             }
-            _ => {}
+        }
+        // The output: free, and the ring's next slot (it stays free: only this stage sends).
+        if let Some(boundary) = rt.boundaries.get(s) {
+            let ring = PpNRt::lock(boundary);
+            let ring = PpNRt::wait_until(s, "tx", boundary, ring, left(), |_| k)?;
+            if ring.next != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next }));
+            }
+        }
+        // Both rings, in boundary order (as every caller locks them), re-checked and updated
+        // around the launch.
+        let mut input = s.checked_sub(1).map(|b| PpNRt::lock(&rt.boundaries[b]));
+        let mut output = rt.boundaries.get(s).map(PpNRt::lock);
+        if self.stale {
+            return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
+        }
+        for (b, ring) in [(s.wrapping_sub(1), input.as_deref()), (s, output.as_deref())] {
+            let Some(ring) = ring else { continue };
+            match &ring.slots[k].buffer {
+                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}
+                _ => return Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
+            }
+        }
+        #[cfg(feature = "testing")]
+        self.break_protocol(input.as_deref(), output.as_deref(), k);
+        self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+        self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
+        if let Some(ring) = input.as_deref_mut() {
+            ring.slots[k].state = SlotState::Received;
+        }
+        if let Some(ring) = output.as_deref_mut() {
+            ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
+            ring.next = (k + 1) % n_slots;
+        }
+        drop((input, output));
+        for b in [s.wrapping_sub(1), s] {
+            if let Some(boundary) = rt.boundaries.get(b) {
+                boundary.changed.notify_all();
+            }
+        }
+        Ok(k)
+    }
+
+    /// Drops the protocol's wait before a stage's launch, as the runtime's [`ProtocolFault`]
+    /// asks (hazard tests show that the broken protocol is caught): the wait for the input slot's
+    /// write, or for the output slot's reads.
+    #[cfg(feature = "testing")]
+    fn break_protocol(&self, input: Option<&Ring>, output: Option<&Ring>, k: usize) {
+        let (ring, fault) = match self.rt.config.fault() {
+            ProtocolFault::SkipTxWait => (input, ProtocolFault::SkipTxWait),
+            ProtocolFault::SkipRxWait => (output, ProtocolFault::SkipRxWait),
+            _ => return,
+        };
+        if let Some(SlotBuffer::Device(buffer)) = ring.map(|ring| &ring.slots[k].buffer) {
+            if fault == ProtocolFault::SkipTxWait {
+                buffer.access().forget_write();
+            } else {
+                buffer.access().forget_reads();
+            }
         }
     }
 
@@ -434,6 +541,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         self.stale = true;
         for (per_slot, execs) in graphs.iter().zip(self.execs.iter_mut()) {
             for ((graph, exec), stage) in per_slot.iter().zip(execs.iter_mut()).zip(&self.rt.stages) {
+                let exec = exec.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
                 match exec.update(graph) {
                     Ok(()) => {}
                     Err(Error::Capture(CaptureError::UpdateRefused { .. })) => {
