@@ -331,6 +331,10 @@ pub enum Error {
     /// [`NcclError`](crate::nccl::NcclError).
     #[error(transparent)]
     Nccl(#[from] crate::nccl::NcclError),
+    /// The processes of a pipeline could not meet: see
+    /// [`RendezvousError`](crate::rendezvous::RendezvousError).
+    #[error(transparent)]
+    Rendezvous(#[from] crate::rendezvous::RendezvousError),
     /// Misuse of stream capture or of a graph: see [`CaptureError`].
     #[error(transparent)]
     Capture(#[from] CaptureError),

@@ -41,6 +41,7 @@ pub mod loader;
 #[allow(unsafe_code)]
 pub mod nccl;
 pub mod pp;
+pub mod rendezvous;
 #[allow(unsafe_code)]
 pub mod result;
 #[allow(unsafe_code)]

@@ -1,0 +1,127 @@
+//! The rendezvous of a multi-process pipeline, on this host's loopback (no GPU needed): a world
+//! of ranks meets and gets rank 0's payload; a duplicate rank, another world size, another
+//! configuration and a rank out of range are typed errors on rank 0 and on the ranks; a rank
+//! nobody answers, and a rank 0 missing ranks, time out with a typed error in bounded time.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use ppnrt::rendezvous::{PAYLOAD_BYTES, Rendezvous, RendezvousError};
+
+fn free_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+}
+
+fn member(addr: &str, rank: usize, world: usize, fingerprint: &str, timeout_ms: u64) -> Rendezvous {
+    Rendezvous {
+        addr: addr.to_string(),
+        rank,
+        world,
+        fingerprint: fingerprint.to_string(),
+        timeout: Duration::from_millis(timeout_ms),
+    }
+}
+
+fn payload() -> [u8; PAYLOAD_BYTES] {
+    std::array::from_fn(|i| (i * 7 + 3) as u8)
+}
+
+type Outcome = Result<[u8; PAYLOAD_BYTES], RendezvousError>;
+
+/// Runs rank 0 and the given other ranks (rank, world, fingerprint) at once.
+fn meet(world: usize, others: &[(usize, usize, &str)], timeout_ms: u64) -> (Outcome, Vec<Outcome>) {
+    let addr = free_address();
+    std::thread::scope(|scope| {
+        let server = {
+            let addr = addr.clone();
+            scope.spawn(move || member(&addr, 0, world, "stages=4 slots=2", timeout_ms).serve(&payload()))
+        };
+        let clients: Vec<_> = others
+            .iter()
+            .map(|&(rank, world, fingerprint)| {
+                let addr = addr.clone();
+                scope.spawn(move || member(&addr, rank, world, fingerprint, timeout_ms).join())
+            })
+            .collect();
+        (server.join().unwrap(), clients.into_iter().map(|c| c.join().unwrap()).collect())
+    })
+}
+
+#[test]
+fn a_world_meets_and_shares_rank_0s_payload() {
+    let fp = "stages=4 slots=2";
+    let (server, clients) = meet(4, &[(3, 4, fp), (1, 4, fp), (2, 4, fp)], 10_000);
+    assert_eq!(server.unwrap(), payload());
+    for client in clients {
+        assert_eq!(client.unwrap(), payload());
+    }
+}
+
+#[test]
+fn ranks_that_start_before_rank_0_wait_for_it() {
+    let addr = free_address();
+    let fp = "stages=4 slots=2";
+    let early = {
+        let addr = addr.clone();
+        std::thread::spawn(move || member(&addr, 1, 2, fp, 10_000).join())
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(member(&addr, 0, 2, fp, 10_000).serve(&payload()).unwrap(), payload());
+    assert_eq!(early.join().unwrap().unwrap(), payload());
+}
+
+#[test]
+fn a_duplicate_rank_is_refused_everywhere() {
+    let fp = "stages=4 slots=2";
+    let (server, clients) = meet(3, &[(1, 3, fp), (1, 3, fp)], 10_000);
+    assert_eq!(server.unwrap_err(), RendezvousError::DuplicateRank { rank: 1 });
+    for client in clients {
+        match client {
+            Err(RendezvousError::Refused { reason }) => assert!(reason.contains("rank 1 joined twice"), "{reason}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn another_world_size_or_configuration_is_refused() {
+    let (server, clients) = meet(2, &[(1, 3, "stages=4 slots=2")], 10_000);
+    assert_eq!(server.unwrap_err(), RendezvousError::WorldSizeMismatch { rank: 1, expected: 2, found: 3 });
+    assert!(matches!(&clients[0], Err(RendezvousError::Refused { reason }) if reason.contains("world of 3")));
+    let (server, clients) = meet(2, &[(1, 2, "stages=8 slots=2")], 10_000);
+    assert!(matches!(server, Err(RendezvousError::ConfigMismatch { rank: 1, .. })), "{server:?}");
+    assert!(matches!(&clients[0], Err(RendezvousError::Refused { .. })));
+}
+
+#[test]
+fn ranks_out_of_range_are_typed_errors() {
+    let addr = free_address();
+    assert_eq!(member(&addr, 2, 2, "", 100).join().unwrap_err(), RendezvousError::RankOutOfRange { rank: 2, world: 2 });
+    assert_eq!(
+        member(&addr, 0, 1, "", 100).serve(&payload()).unwrap_err(),
+        RendezvousError::RankOutOfRange { rank: 0, world: 1 }
+    );
+    assert!(matches!(member("no such host:1", 1, 2, "", 100).join(), Err(RendezvousError::Address { .. })));
+}
+
+#[test]
+fn nobody_answering_is_a_timeout_in_bounded_time() {
+    let addr = free_address();
+    let start = Instant::now();
+    match member(&addr, 1, 2, "", 500).join() {
+        Err(RendezvousError::Timeout { waiting_for, .. }) => assert!(waiting_for.contains("rank 0"), "{waiting_for}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    // Rank 0 missing a rank: it times out naming it, and the rank that came is told.
+    let fp = "stages=4 slots=2";
+    let start = Instant::now();
+    let (server, clients) = meet(3, &[(2, 3, fp)], 700);
+    match server {
+        Err(RendezvousError::Timeout { waiting_for, .. }) => assert!(waiting_for.contains("[1]"), "{waiting_for}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(matches!(&clients[0], Err(RendezvousError::Refused { .. }) | Err(RendezvousError::Timeout { .. })));
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+}
