@@ -744,3 +744,33 @@ fn one_thread_per_stage_replays_graphs_through_the_double() {
         graphs::one_thread_per_stage_replays_graphs(&primary, &[0], 1, 5);
     });
 }
+
+mod schedules {
+    use super::*;
+    use graphs::StepKind;
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = StepKind> {
+        prop_oneof![Just(StepKind::Eager), Just(StepKind::Graph), Just(StepKind::StageByStage)]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Any interleaving of eager steps, whole-step graph launches and stage-by-stage graph
+        /// launches, on any stage map over two devices with 1–3 slots, gives bitwise the
+        /// one-stage model's outputs.
+        #[test]
+        fn any_interleaving_of_eager_and_graph_steps_matches_one_stage(
+            map in proptest::collection::vec(0i32..2, 1..6),
+            slots in 1usize..4,
+            kinds in proptest::collection::vec(kind(), 1..10),
+            seed in any::<u64>(),
+        ) {
+            with_double("any_interleaving_of_eager_and_graph_steps_matches_one_stage", |_| {
+                let primary = Engine::new(0).unwrap();
+                graphs::random_schedule_matches(&primary, PpConfig::with_devices(&map).slots(slots), &kinds, seed);
+            });
+        }
+    }
+}

@@ -500,3 +500,62 @@ pub fn one_thread_per_stage_replays_graphs(primary: &Engine, devices: &[i32], sl
     }
     say(&format!("one_thread_per_stage_replays_graphs: {config}, {steps} steps, bitwise identical"));
 }
+
+/// How one step of a random schedule runs.
+#[derive(Debug, Clone, Copy)]
+pub enum StepKind {
+    /// `rx` / layers / `tx`, stage by stage.
+    Eager,
+    /// `StepGraphs::launch`.
+    Graph,
+    /// `StepGraphs::launch_stage` for each stage in turn.
+    StageByStage,
+}
+
+/// Runs `kinds` as consecutive steps through `config` and checks every step's output against the
+/// one-stage model with the same step parameters (the slot each step used).
+pub fn random_schedule_matches(primary: &Engine, config: PpConfig, kinds: &[StepKind], seed: u64) {
+    use std::time::Duration;
+    let rt = PpNRt::new(config.clone(), primary).unwrap();
+    let n = 512;
+    let n_stages = rt.n_stages();
+    let last = n_stages - 1;
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<Vec<f32>> = kinds.iter().map(|_| rng.vec_f32(n)).collect();
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let mut step = capture(&rt, primary, &mut buffers, n, seed % 2 == 0).unwrap();
+    let last_engine = rt.engine(last, primary).unwrap();
+    let mut outputs = Vec::new();
+    let mut params = Vec::new();
+    for (r, kind) in kinds.iter().enumerate() {
+        // The slot this step uses: the rings' next (every ring is there between steps).
+        let slot = if n_stages > 1 { r % rt.n_slots() } else { 0 };
+        params.push(slot as u32);
+        match kind {
+            StepKind::Eager => outputs.push(eager_step(&rt, primary, &inputs[r], slot as u32)),
+            StepKind::Graph | StepKind::StageByStage => {
+                {
+                    let _scope = rt.enter(0).unwrap();
+                    rt.engine(0, primary).unwrap().htod_into(&inputs[r], &mut buffers.acts[0]).unwrap();
+                }
+                if matches!(kind, StepKind::Graph) {
+                    assert_eq!(step.launch().unwrap(), slot, "{config}: step {r}");
+                } else {
+                    for s in 0..n_stages {
+                        assert_eq!(step.launch_stage(s, Duration::from_secs(5)).unwrap(), slot, "{config}: step {r}");
+                    }
+                }
+                let _scope = rt.enter(last).unwrap();
+                let mut out = last_engine.alloc::<f32>(n).unwrap();
+                last_engine.dtod(&buffers.acts[last], &mut out).unwrap();
+                outputs.push(out);
+            }
+        }
+    }
+    let expected = reference(primary, &inputs, |r| params[r]);
+    let _scope = rt.enter(last).unwrap();
+    for (r, out) in outputs.iter().enumerate() {
+        let got = last_engine.dtoh(out).unwrap();
+        assert!(same_bits(&got, &expected[r]), "{config}: step {r} ({:?}) of {kinds:?} differs", kinds[r]);
+    }
+}
