@@ -774,3 +774,11 @@ mod schedules {
         }
     }
 }
+
+#[test]
+fn graph_misuse_leaves_everything_sound_through_the_double() {
+    with_double("graph_misuse_leaves_everything_sound_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graphs::graph_misuse_leaves_everything_sound(&primary, &[0, 1, 0]);
+    });
+}

@@ -60,3 +60,10 @@ fn one_thread_per_stage_replays_graphs() {
         graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 1, 1], 3, steps);
     }
 }
+
+#[test]
+fn graph_misuse_leaves_everything_sound() {
+    let Some(devices) = devices_or_skip("graph_misuse_leaves_everything_sound", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    graphs::graph_misuse_leaves_everything_sound(&primary, if devices >= 2 { &[0, 1, 0] } else { &[0, 0, 0] });
+}

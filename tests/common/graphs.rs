@@ -559,3 +559,64 @@ pub fn random_schedule_matches(primary: &Engine, config: PpConfig, kinds: &[Step
         assert!(same_bits(&got, &expected[r]), "{config}: step {r} ({:?}) of {kinds:?} differs", kinds[r]);
     }
 }
+
+/// Attacks on the graph layer: an executable graph and its memory dropped right after a launch
+/// (nothing freed under the run); a capture body that panics (the stream stops capturing and the
+/// slots come back); a global capture refuses other threads' synchronising calls while it lasts.
+pub fn graph_misuse_leaves_everything_sound(primary: &Engine, devices: &[i32]) {
+    // Dropped right after the launch: the frees wait for the run.
+    let stream = primary.stream().unwrap();
+    let other = CudaStream::new(primary.context()).unwrap();
+    let n = 1 << 14;
+    let mut src = CudaSlice::<u32>::alloc_persistent(&other, n).unwrap();
+    let mut dst = CudaSlice::<u32>::alloc(&other, n).unwrap();
+    other.memset_u32(&mut src, 0x5a5a).unwrap();
+    other.memset_u32(&mut dst, 0).unwrap();
+    let recording = stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    stream.memcpy_dtod(&src, &mut dst).unwrap();
+    let mut exec = recording.end().unwrap().instantiate().unwrap();
+    exec.launch(&stream).unwrap();
+    drop(exec);
+    drop(src);
+    drop(dst);
+    stream.synchronize().unwrap();
+    other.synchronize().unwrap();
+    assert!(ppnrt::take_drop_errors().is_empty());
+
+    // A panicking capture body: nothing stays captured or taken.
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let mut buffers = StepBuffers::new(&rt, primary, 256);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = rt.capture_step::<f32>(256, |stage| {
+            if stage.stage() + 1 == rt.n_stages() {
+                panic!("the engine's code panicked during the capture");
+            }
+            stage.tx(&buffers.acts[stage.stage()])
+        });
+    }));
+    assert!(panicked.is_err());
+    for s in 0..rt.n_stages() {
+        assert!(!rt.stage_stream(s).unwrap().is_capturing(), "stage {s} still capturing after a panic");
+    }
+    // The runtime works on: an eager step, then a capture and a graph step.
+    let input: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let out = eager_step(&rt, primary, &input, 0);
+    drop(out);
+    let mut step = capture(&rt, primary, &mut buffers, 256, false).unwrap();
+    step.launch().unwrap();
+    rt.synchronize().unwrap();
+
+    // A global capture refuses another thread's synchronisation while it lasts, and only then.
+    let recording = stream.begin_capture(CaptureMode::Global).unwrap();
+    let refused = std::thread::scope(|scope| scope.spawn(|| other.synchronize()).join().unwrap());
+    match refused {
+        Err(Error::Capture(CaptureError::IllegalCall { call })) => assert_eq!(call, "CudaStream::synchronize"),
+        other => panic!("expected the global capture to refuse another thread's sync, got {other:?}"),
+    }
+    assert!(matches!(recording.end(), Err(Error::Capture(CaptureError::Invalidated { .. }))));
+    std::thread::scope(|scope| scope.spawn(|| other.synchronize()).join().unwrap()).unwrap();
+    // A thread-local capture does not restrict other threads.
+    let recording = stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    std::thread::scope(|scope| scope.spawn(|| other.synchronize()).join().unwrap()).unwrap();
+    recording.end().unwrap();
+}
