@@ -304,6 +304,26 @@ fn crate_pipeline(gpus: &Gpus, devices: &[i32]) -> (PpNRt, Vec<CudaSlice<f32>>) 
     (rt, acts)
 }
 
+/// One eager step of the crate on slot `k`: `rx` and a copy into the stage's activations, the
+/// layers, `tx`.
+fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k: usize) {
+    let s_count = rt.n_stages();
+    for s in 0..s_count {
+        let engine = rt.engine(s, primary).unwrap();
+        let _scope = rt.enter(s).unwrap();
+        if s > 0 {
+            let received = rt.rx::<f32>(s - 1, k, N).unwrap();
+            engine.dtod(&received, &mut acts[s]).unwrap();
+        }
+        for layer in 0..LAYERS {
+            engine.toy_layer(&mut acts[s], k as u32, layer).unwrap();
+        }
+        if s + 1 < s_count {
+            assert_eq!(rt.tx(s, &acts[s], N).unwrap(), k);
+        }
+    }
+}
+
 fn reset_acts(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], input: &[f32]) {
     for (s, x) in acts.iter_mut().enumerate() {
         let _scope = rt.enter(s).unwrap();
@@ -334,47 +354,11 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
         // The crate, eager.
         let (rt, mut acts) = crate_pipeline(gpus, &devices);
         reset_acts(&rt, primary, &mut acts, &input);
-        let eager = {
-            let acts = &mut acts;
-            time_steps(
-                |k| {
-                    let k = k % SLOTS;
-                    for s in 0..s_count {
-                        let engine = rt.engine(s, primary).unwrap();
-                        let _scope = rt.enter(s).unwrap();
-                        if s > 0 {
-                            let received = rt.rx::<f32>(s - 1, k, N).unwrap();
-                            engine.dtod(&received, &mut acts[s]).unwrap();
-                        }
-                        for layer in 0..LAYERS {
-                            engine.toy_layer(&mut acts[s], k as u32, layer).unwrap();
-                        }
-                        if s + 1 < s_count {
-                            assert_eq!(rt.tx(s, &acts[s], N).unwrap(), k);
-                        }
-                    }
-                },
-                &|| rt.synchronize().unwrap(),
-            )
-        };
+        let eager = time_steps(|k| crate_eager_step(&rt, primary, &mut acts, k % SLOTS), &|| rt.synchronize().unwrap());
         // Same number of steps again from the input, for the output comparison.
         reset_acts(&rt, primary, &mut acts, &input);
         for k in 0..4 {
-            let k = k % SLOTS;
-            for s in 0..s_count {
-                let engine = rt.engine(s, primary).unwrap();
-                let _scope = rt.enter(s).unwrap();
-                if s > 0 {
-                    let received = rt.rx::<f32>(s - 1, k, N).unwrap();
-                    engine.dtod(&received, &mut acts[s]).unwrap();
-                }
-                for layer in 0..LAYERS {
-                    engine.toy_layer(&mut acts[s], k as u32, layer).unwrap();
-                }
-                if s + 1 < s_count {
-                    rt.tx(s, &acts[s], N).unwrap();
-                }
-            }
+            crate_eager_step(&rt, primary, &mut acts, k % SLOTS);
         }
         outputs.push(("crate eager", crate_output(&rt, primary, &acts)));
         // The crate, graph mode.
