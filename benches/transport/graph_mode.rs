@@ -348,6 +348,9 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
         if two { "stages alternating over 2 GPUs" } else { "one GPU" }
     );
     let mut checks: Vec<(String, String, bool)> = Vec::new();
+    // Host issue per step at S = 2 (crate graph mode, raw per-stage graphs): the per-boundary cost
+    // is the growth from S = 2 to S = 8 over the six boundaries added.
+    let mut at_two: Option<(f64, f64)> = None;
     for s_count in [2usize, 4, 8] {
         let devices: Vec<i32> = (0..s_count).map(|s| if two { (s % 2) as i32 } else { 0 }).collect();
         let mut outputs: Vec<(&str, Vec<f32>)> = Vec::new();
@@ -458,6 +461,18 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
             format!("{identical}"),
             identical,
         ));
+        if s_count == 2 {
+            at_two = Some((graph.issue, raw_per_stage.issue));
+        }
+        if let (8, Some((graph_two, raw_two))) = (s_count, at_two) {
+            let (crate_boundary, raw_boundary) =
+                ((graph.issue - graph_two) / 6.0, (raw_per_stage.issue - raw_two) / 6.0);
+            checks.push((
+                "per boundary (host issue, S = 2 → 8): graph mode ≤ 1.1× raw per-stage graphs".into(),
+                format!("{crate_boundary:.1} vs {raw_boundary:.1} µs ({:.3}×)", crate_boundary / raw_boundary),
+                crate_boundary <= 1.1 * raw_boundary,
+            ));
+        }
         if s_count == 8 {
             checks.push((
                 "S = 8: graph mode host issue ≤ 0.2× raw eager".into(),
