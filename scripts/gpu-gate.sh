@@ -40,7 +40,7 @@ run_step() { # name logfile command...
   end=$(date +%s%N)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|SKIPPED|^outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|^outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
   if [ $rc -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
 
