@@ -52,3 +52,17 @@ assert_impl_all!(crate::PendingReadback<f32>: Send, Sync);
 assert_not_impl_any!(crate::safe::BoundContext<'static>: Send);
 // An ambient-stream guard belongs to the thread that made it.
 assert_not_impl_any!(StreamOverride: Send, Sync);
+// Capture belongs to the thread that began it (the driver ends a capture on that thread); a
+// graph is moved between threads but used by one at a time; an executable graph and a step's
+// graphs may be shared (launches take `&mut` or lock).
+assert_not_impl_any!(crate::StreamCapture: Send, Sync);
+assert_impl_all!(crate::CudaGraph: Send);
+assert_not_impl_any!(crate::CudaGraph: Sync);
+assert_impl_all!(crate::GraphExec: Send, Sync);
+assert_impl_all!(crate::StepGraphs<'static, f32>: Send, Sync);
+assert_impl_all!(crate::nccl::NcclComm: Send, Sync);
+assert_impl_all!(crate::nccl::NcclUniqueId: Send, Sync, Copy);
+// NCCL's handles and ids are what nccl.h says.
+assert_eq_size!(sys::nccl::ncclComm_t, *mut c_void);
+assert_eq_size!(sys::nccl::ncclUniqueId, [u8; 128]);
+assert_eq_size!(sys::nccl::ncclResult_t, u32);

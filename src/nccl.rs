@@ -10,6 +10,10 @@
 //! [`MINIMUM_VERSION`] (2.7.0: point-to-point send/recv and groups); an older library, a missing
 //! library or a missing entry point is a typed [`NcclError`]. Every entry point is a per-symbol
 //! `Result`, so an entry point an older NCCL lacks fails only the calls that need it.
+//!
+//! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
+//! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
+//! [`group`] is per thread, as NCCL's groups are.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;

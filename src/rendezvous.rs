@@ -10,6 +10,9 @@
 //! that nobody answers gets [`RendezvousError::Timeout`]. Ranks may start in any order: a
 //! connecting rank retries until rank 0 listens or the time is up.
 //!
+//! Threading and lifetime: every call blocks its thread for at most the timeout and keeps no
+//! state afterwards (rank 0's listener closes when `serve` returns).
+//!
 //! The wire format is private to this crate (all ranks run the same version): a hello of magic,
 //! rank, world size and fingerprint; a reply of a status byte and either the payload or a reason.
 

@@ -9,6 +9,12 @@
 //! graph holds a node that waits on another device's event. One instance per slot of the ring
 //! keeps each slot's copies in their own graph, and the ring's host-side state advances at every
 //! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely.
+//!
+//! Lifetime: a [`StepGraphs`] borrows its runtime and holds every allocation its graphs touch
+//! (slot buffers included) until it drops. Threading: it is `Send + Sync`; the whole-step
+//! [`launch`](StepGraphs::launch) takes `&mut`, [`launch_stage`](StepGraphs::launch_stage) takes
+//! `&self` so that each stage's thread launches its own graph, and locks the rings (in boundary
+//! order) like `tx`/`rx` do.
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
