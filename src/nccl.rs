@@ -359,13 +359,16 @@ pub struct NcclComm {
     ctx: Arc<Context>,
     rank: i32,
     n_ranks: i32,
+    /// NCCL communicators are not to be used by two threads at once: every call that enqueues
+    /// work on this one holds this lock.
+    calls: std::sync::Mutex<()>,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time per communicator;
-// every method that enqueues work takes `&self` but NCCL serialises calls on one communicator
-// internally (its documented thread-safety for non-group calls), and groups are per thread.
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; every call on it
+// that enqueues work holds `calls`, and the others (async-error queries) are callable from any
+// thread at any time.
 unsafe impl Send for NcclComm {}
-// SAFETY: as above.
+// SAFETY: as above: `&NcclComm` only reaches the communicator through those calls.
 unsafe impl Sync for NcclComm {}
 
 impl NcclComm {
@@ -382,7 +385,7 @@ impl NcclComm {
         let _bound = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         nccl_call!(nccl, ncclCommInitRank(&mut raw, n_ranks, id.0, rank))?;
-        Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks })
+        Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(()) })
     }
 
     /// This rank.
@@ -425,6 +428,7 @@ impl NcclComm {
         self.check_peer("NcclComm::send", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view();
+        let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         ordered(stream, [(view.tracked(), Use::Read)], || {
             // The buffer is valid for its byte length and ordered on `stream`; the communicator and
             // stream are live and of this device.
@@ -455,6 +459,7 @@ impl NcclComm {
         self.check_peer("NcclComm::recv", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view_mut();
+        let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         ordered(stream, [(view.tracked(), Use::Write)], || {
             // The buffer is valid for its byte length, exclusively borrowed and ordered on
             // `stream`; the communicator and stream are live and of this device.
@@ -519,7 +524,16 @@ impl Drop for NcclComm {
         }
         let result = nccl().and_then(|nccl| {
             let _bound = self.ctx.bind()?;
-            nccl_call!(nccl, ncclCommDestroy(self.raw))
+            // A communicator whose peer failed is aborted (destroying it would wait for
+            // operations that never complete); a healthy one is destroyed after its work.
+            let mut state = ncclResult_t::ncclSuccess;
+            let healthy = nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state)).is_ok()
+                && matches!(state, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress);
+            if healthy {
+                nccl_call!(nccl, ncclCommDestroy(self.raw))
+            } else {
+                nccl_call!(nccl, ncclCommAbort(self.raw))
+            }
         });
         if let Err(e) = result {
             record_drop_error(e);
