@@ -782,3 +782,64 @@ fn graph_misuse_leaves_everything_sound_through_the_double() {
         graphs::graph_misuse_leaves_everything_sound(&primary, &[0, 1, 0]);
     });
 }
+
+#[test]
+fn a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only() {
+    with_double("a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only", |double| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, label) in [(vec![0, 1, 0, 1], "alternating"), (vec![0, 0, 0, 0], "one device")] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let n = 4096;
+            let mut buffers = graphs::StepBuffers::new(&rt, &primary, n);
+            let mut step = graphs::capture(&rt, &primary, &mut buffers, n, false).unwrap();
+            for _ in 0..4 {
+                step.launch().unwrap(); // warm-up: every slot used once, pooled events made
+            }
+            let entries = [
+                "cuGraphLaunch",
+                "cuStreamWaitEvent",
+                "cuEventRecord",
+                "cuLaunchKernel",
+                "cuMemcpyAsync",
+                "cuMemAllocAsync",
+                "cuMemFreeAsync",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuStreamQuery",
+                "cuStreamSynchronize",
+            ];
+            let before: Vec<u64> = entries.iter().map(|entry| double.calls(entry)).collect();
+            let steps = 50;
+            for _ in 0..steps {
+                step.launch().unwrap();
+            }
+            let calls = |entry: &str| {
+                let at = entries.iter().position(|e| *e == entry).unwrap();
+                (double.calls(entry) - before[at]) as f64 / steps as f64
+            };
+            let boundaries = (devices.len() - 1) as f64;
+            common::say(&format!(
+                "driver calls per graph step ({label}): {:?}",
+                entries.iter().map(|e| (*e, calls(e))).collect::<Vec<_>>()
+            ));
+            assert_eq!(calls("cuGraphLaunch"), devices.len() as f64, "{label}: one launch per stage");
+            // Per boundary: the reader waits for the write, the writer for the read; each side
+            // records its use.
+            assert_eq!(calls("cuStreamWaitEvent"), 2.0 * boundaries, "{label}");
+            assert_eq!(calls("cuEventRecord"), 2.0 * boundaries, "{label}");
+            for entry in [
+                "cuLaunchKernel",
+                "cuMemcpyAsync",
+                "cuMemAllocAsync",
+                "cuMemFreeAsync",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuStreamQuery",
+                "cuStreamSynchronize",
+            ] {
+                assert_eq!(calls(entry), 0.0, "{label}: {entry}");
+            }
+            rt.synchronize().unwrap();
+        }
+    });
+}
