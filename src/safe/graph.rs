@@ -15,8 +15,11 @@
 //! [`CaptureError::IllegalCall`] naming the call, before the driver sees them, when made on the
 //! capturing stream or (for captures not in [`CaptureMode::Relaxed`]) on the capturing thread,
 //! or (for [`CaptureMode::Global`]) on any thread. The capture is then invalidated: ending it
-//! gives [`CaptureError::Invalidated`]. Frees that would land in a capture are held back and done
-//! when the capture ends.
+//! gives [`CaptureError::Invalidated`]. Frees of device memory that would land in a capture are
+//! held back and done when the capture ends; a pinned host buffer dropped on the capturing thread
+//! is not (its free waits on the host): the capture is invalidated and the buffer's memory kept
+//! (an error for [`take_drop_errors`](crate::take_drop_errors)), so drop pinned buffers outside
+//! captures.
 //!
 //! Threading: a [`StreamCapture`] stays on the thread that began it (the driver requires the end
 //! on that thread for non-relaxed captures); graphs and executable graphs are `Send` and used
