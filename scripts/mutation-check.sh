@@ -38,6 +38,7 @@ run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_
 # during a capture are held back; illegal calls invalidate the capture.
 run graph-launch-order src/safe/graph.rs "ordered(stream, self.footprint.iter().map(" "ordered(stream, self.footprint.iter().take(0).map("
 run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::clone(memory), use_))," "None => {}"
-run graph-deferred-free src/safe/memory.rs "        if let Some(capture) = super::graph::capture_for_free(&self.stream) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
+run graph-deferred-free src/safe/memory.rs "        if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
+run graph-deferred-pinned-free src/safe/host.rs "        if let Some(capture) = super::graph::capture_for_free(None) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
 run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
 run graph-stale-slot src/pp/runtime/step_graph.rs "                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}" "                SlotBuffer::Device(_) => {}"

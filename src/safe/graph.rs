@@ -15,11 +15,8 @@
 //! [`CaptureError::IllegalCall`] naming the call, before the driver sees them, when made on the
 //! capturing stream or (for captures not in [`CaptureMode::Relaxed`]) on the capturing thread,
 //! or (for [`CaptureMode::Global`]) on any thread. The capture is then invalidated: ending it
-//! gives [`CaptureError::Invalidated`]. Frees of device memory that would land in a capture are
-//! held back and done when the capture ends; a pinned host buffer dropped on the capturing thread
-//! is not (its free waits on the host): the capture is invalidated and the buffer's memory kept
-//! (an error for [`take_drop_errors`](crate::take_drop_errors)), so drop pinned buffers outside
-//! captures.
+//! gives [`CaptureError::Invalidated`]. Frees that would land in a capture or break it (device
+//! memory, pinned host buffers) are held back and done when the capture ends.
 //!
 //! Threading: a [`StreamCapture`] stays on the thread that began it (the driver requires the end
 //! on that thread for non-relaxed captures); graphs and executable graphs are `Send` and used
@@ -63,14 +60,25 @@ impl CaptureMode {
 }
 
 /// What one capture has recorded so far.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Recorded {
     /// The allocations captured work touches, each with its strongest use.
     footprint: Vec<(Arc<DeviceMemory>, Use)>,
     /// The first call that invalidated the capture.
     invalidated_by: Option<&'static str>,
-    /// Allocations dropped while the capture was active: freed when it ends.
-    deferred_frees: Vec<DeviceMemory>,
+    /// Allocations (device memory, pinned host buffers) dropped while the capture was active:
+    /// freed when it ends.
+    deferred_frees: Vec<Box<dyn Send>>,
+}
+
+impl fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorded")
+            .field("footprint", &self.footprint.len())
+            .field("invalidated_by", &self.invalidated_by)
+            .field("deferred_frees", &self.deferred_frees.len())
+            .finish()
+    }
 }
 
 /// One active capture, shared by its guard, its stream and the registries below.
@@ -102,9 +110,9 @@ impl CaptureState {
         }
     }
 
-    /// Holds back the free of `memory` until the capture ends.
-    pub(crate) fn defer_free(&self, memory: DeviceMemory) {
-        self.lock().deferred_frees.push(memory);
+    /// Holds back the free of `allocation` (dropped when the capture ends).
+    pub(crate) fn defer_free(&self, allocation: Box<dyn Send>) {
+        self.lock().deferred_frees.push(allocation);
     }
 }
 
@@ -147,9 +155,10 @@ pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str)
     Err(Error::Capture(CaptureError::IllegalCall { call }))
 }
 
-/// The capture that a free of memory owned by `stream` would land in or break, if any.
-pub(crate) fn capture_for_free(stream: &CudaStream) -> Option<Arc<CaptureState>> {
-    affected(Some(stream)).into_iter().next()
+/// The capture that a free of memory owned by `stream` (or of host memory, `None`) would land in
+/// or break, if any.
+pub(crate) fn capture_for_free(stream: Option<&CudaStream>) -> Option<Arc<CaptureState>> {
+    affected(stream).into_iter().next()
 }
 
 /// An active capture of one stream; [`end`](Self::end) it to get the graph. Dropping it without

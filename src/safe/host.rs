@@ -305,6 +305,18 @@ impl PinnedHostBuffer<u8> {
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
+        if let Some(capture) = super::graph::capture_for_free(None) {
+            // Waiting on the host would break the capture: hand the buffer to it, which frees it
+            // when it ends.
+            let held = PinnedHostBuffer {
+                ptr: std::mem::replace(&mut self.ptr, std::ptr::null_mut()),
+                len: std::mem::take(&mut self.len),
+                ctx: Arc::clone(&self.ctx),
+                access: std::mem::replace(&mut self.access, Access::new(None, false)),
+            };
+            capture.defer_free(Box::new(held));
+            return;
+        }
         if let Err(e) = self.access.wait_on_host("PinnedHostBuffer::drop", Use::Write) {
             // The copy failed; its memory may still be in use by a dead context. Leak rather
             // than free memory the device might write.

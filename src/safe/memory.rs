@@ -457,7 +457,7 @@ impl Drop for DeviceMemory {
         if self.ptr == 0 {
             return;
         }
-        if let Some(capture) = super::graph::capture_for_free(&self.stream) {
+        if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {
             // A free now would be captured (or break the capture): hand the allocation to the
             // capture, which frees it when it ends.
             let held = DeviceMemory {
@@ -466,7 +466,7 @@ impl Drop for DeviceMemory {
                 pooled: self.pooled,
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
-            capture.defer_free(held);
+            capture.defer_free(Box::new(held));
             return;
         }
         let result = if self.pooled {

@@ -374,9 +374,12 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
     // A stream-ordered buffer of the capturing stream dropped during the capture: its free is held
     // back until the capture ends (a free inside the capture would break it).
     let pooled = CudaSlice::<u32>::alloc(&capture_stream, n).unwrap();
+    // Likewise a pinned host buffer, whose free waits on the host.
+    let pinned = PinnedHostBuffer::<u32>::new(capture_stream.context(), n, false).unwrap();
     let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
     capture_stream.memcpy_dtod(&src, &mut dst).unwrap();
     drop(pooled);
+    drop(pinned);
     let graph = capture.end().unwrap();
     assert!(ppnrt::take_drop_errors().is_empty(), "the held-back free failed");
     assert!(!capture_stream.is_capturing());
