@@ -399,27 +399,24 @@ impl NcclComm {
     }
 
     fn check_peer(&self, what: &'static str, peer: i32, stream: &CudaStream, device: i32) -> Result<()> {
-        if !(0..self.n_ranks).contains(&peer) || peer == self.rank {
+        if !(0..self.n_ranks).contains(&peer) {
             return Err(Error::Nccl(NcclError::InvalidRank { what, rank: peer, n_ranks: self.n_ranks }));
         }
-        for (found, of) in [(stream.ordinal(), "the stream"), (device, "the buffer")] {
-            if found != self.ctx.ordinal() {
-                return Err(Error::WrongDevice {
-                    what: if of == "the stream" {
-                        "NcclComm: the stream must be on the communicator's device"
-                    } else {
-                        "NcclComm: the buffer must be on the communicator's device"
-                    },
-                    expected: self.ctx.ordinal(),
-                    found,
-                });
+        let device_of = |what, found| {
+            if found == self.ctx.ordinal() {
+                Ok(())
+            } else {
+                Err(Error::WrongDevice { what, expected: self.ctx.ordinal(), found })
             }
-        }
+        };
+        device_of("NcclComm: the stream must be on the communicator's device", stream.ordinal())?;
+        device_of("NcclComm: the buffer must be on the communicator's device", device)?;
         Ok(())
     }
 
     /// Sends `buf` to rank `peer` on `stream`, ordered like a copy that reads `buf`. The matching
-    /// [`recv`](Self::recv) of as many bytes must be issued by `peer`.
+    /// [`recv`](Self::recv) of as many bytes must be issued by `peer` (a rank sending to itself
+    /// issues both inside one [`group`]).
     ///
     /// # Errors
     /// [`NcclError::InvalidRank`]; [`Error::WrongDevice`] for a stream or buffer of another

@@ -519,34 +519,7 @@ impl PpNRt {
             ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
         }
         let slot = &ring.slots[slot_index];
-        match slot.state {
-            SlotState::Filled { elem, .. } if elem != T::NAME => {
-                return Err(Error::Pipeline(PpError::RxTypeMismatch {
-                    boundary: b,
-                    slot: slot_index,
-                    requested: T::NAME,
-                    sent: elem,
-                }));
-            }
-            SlotState::Filled { n: sent, .. } if sent != n => {
-                return Err(Error::Pipeline(PpError::RxLengthMismatch {
-                    boundary: b,
-                    slot: slot_index,
-                    requested: n,
-                    sent,
-                }));
-            }
-            SlotState::Filled { .. } => {}
-            state => {
-                return Err(Error::Pipeline(PpError::SlotState {
-                    boundary: b,
-                    slot: slot_index,
-                    call: "rx",
-                    needed: "filled",
-                    found: state,
-                }));
-            }
-        }
+        check_filled::<T>(b, slot_index, "rx", slot.state, n)?;
         #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipTxWait {
             slot.buffer.access().forget_write();
@@ -746,6 +719,22 @@ impl Boundary {
         } else {
             stream.memcpy_dtod(&src, &mut { dst })
         }
+    }
+}
+
+/// Checks that a slot of boundary `b` in `state` holds `n` elements of `T`, for `call` to receive
+/// it: [`PpError::RxTypeMismatch`], [`PpError::RxLengthMismatch`], or [`PpError::SlotState`] when it
+/// is not filled at all.
+fn check_filled<T: DeviceRepr>(b: usize, slot: usize, call: &'static str, state: SlotState, n: usize) -> Result<()> {
+    match state {
+        SlotState::Filled { elem, .. } if elem != T::NAME => {
+            Err(Error::Pipeline(PpError::RxTypeMismatch { boundary: b, slot, requested: T::NAME, sent: elem }))
+        }
+        SlotState::Filled { n: sent, .. } if sent != n => {
+            Err(Error::Pipeline(PpError::RxLengthMismatch { boundary: b, slot, requested: n, sent }))
+        }
+        SlotState::Filled { .. } => Ok(()),
+        found => Err(Error::Pipeline(PpError::SlotState { boundary: b, slot, call, needed: "filled", found })),
     }
 }
 

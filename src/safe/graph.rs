@@ -302,7 +302,7 @@ impl StreamCapture {
             CaptureMode::Relaxed => {}
         }
         ACTIVE.fetch_sub(1, Ordering::AcqRel);
-        let recorded = std::mem::take(&mut *self.state.lock());
+        let mut recorded = std::mem::take(&mut *self.state.lock());
         let graph = match ended {
             Ok(graph) => Ok(graph),
             Err(Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
@@ -313,9 +313,8 @@ impl StreamCapture {
             Err(e) => Err(e),
         };
         // Frees held back during the capture happen now, in their streams' order.
-        let Recorded { footprint, invalidated_by, deferred_frees } = recorded;
-        drop(deferred_frees);
-        (graph, Recorded { footprint, invalidated_by, deferred_frees: Vec::new() })
+        recorded.deferred_frees.clear();
+        (graph, recorded)
     }
 }
 

@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Boundary, PpNRt, Ring, SlotBuffer, grow};
+use super::{Boundary, PpNRt, Ring, SlotBuffer, check_filled, grow};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::error::{CaptureError, Error, Result};
@@ -386,10 +386,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                     found: slot.state,
                 }));
             }
-            match &slot.buffer {
-                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}
-                _ => return Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
-            }
+            self.check_captured(ring, b, k)?;
         }
         let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
         let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -404,13 +401,8 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             self.break_protocol(s.checked_sub(1).map(|b| &*rings[b]), rings.get(s).map(|ring| &**ring), k);
             self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
             next[s] = (k + 1) % n_slots;
-            if s > 0 {
-                rings[s - 1].slots[k].state = SlotState::Received;
-            }
-            if let Some(ring) = rings.get_mut(s) {
-                ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
-                ring.next = (k + 1) % n_slots;
-            }
+            let (before, after) = rings.split_at_mut(s);
+            self.advance(before.last_mut().map(|ring| &mut **ring), after.first_mut().map(|ring| &mut **ring), k);
         }
         drop(rings);
         for boundary in &rt.boundaries {
@@ -453,25 +445,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             let boundary = &rt.boundaries[s - 1];
             let ring = PpNRt::lock(boundary);
             let ring = PpNRt::wait_until(s - 1, "rx", boundary, ring, left(), |_| k)?;
-            match ring.slots[k].state {
-                SlotState::Filled { elem, .. } if elem != T::NAME => {
-                    return Err(Error::Pipeline(PpError::RxTypeMismatch {
-                        boundary: s - 1,
-                        slot: k,
-                        requested: T::NAME,
-                        sent: elem,
-                    }));
-                }
-                SlotState::Filled { n, .. } if n != self.n => {
-                    return Err(Error::Pipeline(PpError::RxLengthMismatch {
-                        boundary: s - 1,
-                        slot: k,
-                        requested: self.n,
-                        sent: n,
-                    }));
-                }
-                _ => {}
-            }
+            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
         }
         // The output: free, and the ring's next slot (it stays free: only this stage sends).
         if let Some(boundary) = rt.boundaries.get(s) {
@@ -488,24 +462,17 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
-        for (b, ring) in [(s.wrapping_sub(1), input.as_deref()), (s, output.as_deref())] {
-            let Some(ring) = ring else { continue };
-            match &ring.slots[k].buffer {
-                SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => {}
-                _ => return Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
-            }
+        if let Some(ring) = input.as_deref() {
+            self.check_captured(ring, s - 1, k)?;
+        }
+        if let Some(ring) = output.as_deref() {
+            self.check_captured(ring, s, k)?;
         }
         #[cfg(feature = "testing")]
         self.break_protocol(input.as_deref(), output.as_deref(), k);
         self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
-        if let Some(ring) = input.as_deref_mut() {
-            ring.slots[k].state = SlotState::Received;
-        }
-        if let Some(ring) = output.as_deref_mut() {
-            ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
-            ring.next = (k + 1) % n_slots;
-        }
+        self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
             if let Some(boundary) = rt.boundaries.get(b) {
@@ -513,6 +480,26 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             }
         }
         Ok(k)
+    }
+
+    /// Checks that boundary `b`'s slot `k` still has the allocation the graphs were captured with.
+    fn check_captured(&self, ring: &Ring, b: usize, k: usize) -> Result<()> {
+        match &ring.slots[k].buffer {
+            SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => Ok(()),
+            _ => Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
+        }
+    }
+
+    /// Moves the rings as a stage's launch on slot `k` does, as its `rx` and `tx` would: the
+    /// input slot received, the output slot filled and its ring at the next slot.
+    fn advance(&self, input: Option<&mut Ring>, output: Option<&mut Ring>, k: usize) {
+        if let Some(ring) = input {
+            ring.slots[k].state = SlotState::Received;
+        }
+        if let Some(ring) = output {
+            ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
+            ring.next = (k + 1) % ring.slots.len();
+        }
     }
 
     /// Drops the protocol's wait before a stage's launch, as the runtime's [`ProtocolFault`]
