@@ -427,52 +427,41 @@ impl Boundary {
         t0.elapsed().as_secs_f64() / steps as f64
     }
 
-    /// Seconds from `tx` issue to the RX stage's stream having waited for the data, one hop at a
-    /// time, receiving in place (no copy out of the slot).
-    fn hops_in_place(&mut self, raw: bool, iters: usize) -> Vec<f64> {
+    /// Seconds from `tx` issue to the RX stage's data being ready, one hop at a time: received by
+    /// a copy out of the slot (`rx`), or in place (the RX stream waits for the slot, no copy).
+    fn hop_times(&mut self, raw: bool, iters: usize, in_place: bool) -> Vec<f64> {
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             self.sync();
             let t0 = Instant::now();
+            // The received buffers are freed after the clock stops, as a stage would later.
+            let (mut raw_out, mut crate_out) = (None, None);
             if raw {
                 let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
-                self.raw.rx_in_place(slot);
+                if in_place {
+                    self.raw.rx_in_place(slot);
+                } else {
+                    raw_out = Some(self.raw.rx(slot, self.n * 4));
+                }
                 raw!(cuEventRecord(self.done.raw(), self.raw.rx_stream.raw()));
                 raw!(cuEventSynchronize(self.done.raw()));
             } else {
                 let slot = self.rt.tx(0, &self.x, self.n).unwrap();
-                let mut received = self.rt.rx_in_place::<u32>(0, slot, self.n).unwrap();
-                received.order_on(self.rt.stage_stream(1).unwrap()).unwrap();
-                drop(received);
-                self.done.record(self.rt.stage_stream(1).unwrap()).unwrap();
+                let rx_stream = self.rt.stage_stream(1).unwrap();
+                if in_place {
+                    let mut received = self.rt.rx_in_place::<u32>(0, slot, self.n).unwrap();
+                    received.order_on(rx_stream).unwrap();
+                } else {
+                    crate_out = Some(self.rt.rx::<u32>(0, slot, self.n).unwrap());
+                }
+                self.done.record(rx_stream).unwrap();
                 self.done.synchronize().unwrap();
             }
             times.push(t0.elapsed().as_secs_f64());
-        }
-        times
-    }
-
-    /// Seconds from `tx` issue to RX data ready, one hop at a time.
-    fn hops(&mut self, raw: bool, iters: usize) -> Vec<f64> {
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            self.sync();
-            let t0 = Instant::now();
-            if raw {
-                let slot = self.raw.tx(self.x.device_ptr(), self.n * 4);
-                let out = self.raw.rx(slot, self.n * 4);
-                raw!(cuEventRecord(self.done.raw(), self.raw.rx_stream.raw()));
-                raw!(cuEventSynchronize(self.done.raw()));
-                times.push(t0.elapsed().as_secs_f64());
+            if let Some(out) = raw_out {
                 self.raw.free(out);
-            } else {
-                let slot = self.rt.tx(0, &self.x, self.n).unwrap();
-                let out = self.rt.rx::<u32>(0, slot, self.n).unwrap();
-                self.done.record(self.rt.stage_stream(1).unwrap()).unwrap();
-                self.done.synchronize().unwrap();
-                times.push(t0.elapsed().as_secs_f64());
-                drop(out);
             }
+            drop(crate_out);
         }
         times
     }
@@ -550,8 +539,8 @@ fn comparison(gpus: &Gpus, report: &mut String) -> Vec<Row> {
                 rrx.extend(r);
                 pcs.push(b.pipelined(false, steps / ROUNDS));
                 prs.push(b.pipelined(true, steps / ROUNDS));
-                hc.extend(b.hops(false, iters / ROUNDS));
-                hr.extend(b.hops(true, iters / ROUNDS));
+                hc.extend(b.hop_times(false, iters / ROUNDS, false));
+                hr.extend(b.hop_times(true, iters / ROUNDS, false));
             }
             let us = 1e6;
             let mut both_c: Vec<f64> = ctx_.iter().zip(&crx).map(|(a, b)| a + b).collect();
@@ -815,12 +804,12 @@ fn engine_paths(gpus: &Gpus, report: &mut String) {
     ));
     // One 64 MiB step received in place, against the raw peer copy, event and cross-device wait.
     boundary.set_bytes(64 * MIB);
-    boundary.hops_in_place(false, 3);
-    boundary.hops_in_place(true, 3);
+    boundary.hop_times(false, 3, true);
+    boundary.hop_times(true, 3, true);
     let (mut crate_hops, mut raw_hops) = (Vec::new(), Vec::new());
     for _ in 0..5 {
-        crate_hops.extend(boundary.hops_in_place(false, 8));
-        raw_hops.extend(boundary.hops_in_place(true, 8));
+        crate_hops.extend(boundary.hop_times(false, 8, true));
+        raw_hops.extend(boundary.hop_times(true, 8, true));
     }
     let (crate_hop, raw_hop) = (median(&mut crate_hops), median(&mut raw_hops));
     let gbs = |seconds: f64| (64 * MIB) as f64 / seconds / 1e9;

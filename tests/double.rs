@@ -653,18 +653,9 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
                 "cuEventQuery",
                 "cuStreamQuery",
             ];
-            let before: Vec<u64> = entries.iter().map(|entry| double.calls(entry)).collect();
-            let steps = 100;
-            for _ in 0..steps {
-                step();
-            }
-            let per_step: Vec<(&str, f64)> = entries
-                .iter()
-                .zip(&before)
-                .map(|(entry, b)| (*entry, (double.calls(entry) - b) as f64 / steps as f64))
-                .collect();
-            common::say(&format!("driver calls per tx+rx step ({label}): {per_step:?}"));
-            let calls = |entry: &str| per_step.iter().find(|(e, _)| *e == entry).unwrap().1;
+            let per_step = double.calls_per_run(&entries, 100, step);
+            common::say(&format!("driver calls per tx+rx step ({label}): {:?}", per_step.0));
+            let calls = |entry: &str| per_step.of(entry);
             assert_eq!(calls("cuStreamWaitEvent"), 2.0, "{label}");
             assert_eq!(calls("cuMemcpyAsync") + calls("cuLaunchKernel"), 2.0, "{label}");
             assert_eq!(calls("cuLaunchKernel"), if sm { 2.0 } else { 0.0 }, "{label}");
@@ -808,20 +799,12 @@ fn a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only() {
                 "cuStreamQuery",
                 "cuStreamSynchronize",
             ];
-            let before: Vec<u64> = entries.iter().map(|entry| double.calls(entry)).collect();
-            let steps = 50;
-            for _ in 0..steps {
+            let per_step = double.calls_per_run(&entries, 50, || {
                 step.launch().unwrap();
-            }
-            let calls = |entry: &str| {
-                let at = entries.iter().position(|e| *e == entry).unwrap();
-                (double.calls(entry) - before[at]) as f64 / steps as f64
-            };
+            });
+            let calls = |entry: &str| per_step.of(entry);
             let boundaries = (devices.len() - 1) as f64;
-            common::say(&format!(
-                "driver calls per graph step ({label}): {:?}",
-                entries.iter().map(|e| (*e, calls(e))).collect::<Vec<_>>()
-            ));
+            common::say(&format!("driver calls per graph step ({label}): {:?}", per_step.0));
             assert_eq!(calls("cuGraphLaunch"), devices.len() as f64, "{label}: one launch per stage");
             // Per boundary: the reader waits for the write, the writer for the read; each side
             // records its use.

@@ -147,33 +147,44 @@ fn receiving_in_place_has_no_ordering_hazards() {
     no_hazards("receiving_in_place_has_no_ordering_hazards", true, 50);
 }
 
-#[test]
-fn a_broken_protocol_is_caught() {
-    let test = "a_broken_protocol_is_caught";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+/// What a broken-protocol test runs: the primary engine, the step count, the expected checksums,
+/// and each deliberately broken configuration (one and two GPUs; no `ev_rx` wait, no `ev_tx` wait)
+/// with the delays that open the race its missing wait would close. `None` (said why) when the
+/// test cannot run here.
+#[allow(clippy::type_complexity)]
+fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfig, (u64, u64))>)> {
+    let devices = devices_or_skip(test, 1)?;
     if std::env::var_os("PPNRT_SANITIZER").is_some() {
         // The sanitizer serialises the streams' work, which closes the race windows this test
         // needs open; it runs (and must catch the bug) outside the sanitizer.
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
-        return;
+        return None;
     }
-    let primary = Engine::new(0).unwrap();
     let steps = steps();
-    let expected = expected_checksums(steps);
-    let mut configs = vec![PpConfig::new(2).slots(1)];
+    let mut bases = vec![PpConfig::new(2).slots(1)];
     if devices >= 2 {
-        configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
+        bases.push(PpConfig::with_devices(&[0, 1]).slots(1));
     }
-    for base in configs {
-        // Each fault meets the delays that open the race its wait closes.
-        for (fault, delays) in [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)] {
-            let config = base.clone().inject_fault(fault);
-            for in_place in [false, true] {
-                let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays, in_place);
-                let how = if in_place { "received in place" } else { "received by copy" };
-                say(&format!("{test}: {config}, {how}: {bad} mismatches in {steps} steps"));
-                assert!(bad > 0, "{config}, {how}: the broken protocol went unnoticed");
-            }
+    let broken = bases
+        .iter()
+        .flat_map(|base| {
+            [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)]
+                .map(|(fault, delays)| (base.clone().inject_fault(fault), delays))
+        })
+        .collect();
+    Some((Engine::new(0).unwrap(), steps, expected_checksums(steps), broken))
+}
+
+#[test]
+fn a_broken_protocol_is_caught() {
+    let test = "a_broken_protocol_is_caught";
+    let Some((primary, steps, expected, broken)) = broken_protocols(test) else { return };
+    for (config, delays) in broken {
+        for in_place in [false, true] {
+            let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays, in_place);
+            let how = if in_place { "received in place" } else { "received by copy" };
+            say(&format!("{test}: {config}, {how}: {bad} mismatches in {steps} steps"));
+            assert!(bad > 0, "{config}, {how}: the broken protocol went unnoticed");
         }
     }
 }
@@ -309,25 +320,11 @@ fn graph_steps_have_no_ordering_hazards() {
 #[test]
 fn a_broken_graph_protocol_is_caught() {
     let test = "a_broken_graph_protocol_is_caught";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
-    if std::env::var_os("PPNRT_SANITIZER").is_some() {
-        say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
-        return;
-    }
-    let primary = Engine::new(0).unwrap();
-    let steps = steps();
-    let expected = expected_checksums(steps);
-    let mut configs = vec![PpConfig::new(2).slots(1)];
-    if devices >= 2 {
-        configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
-    }
-    for base in configs {
-        // The launch's wait for the slot's write (ev_tx), or for its read (ev_rx), left out.
-        for (fault, delays) in [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)] {
-            let config = base.clone().inject_fault(fault);
-            let bad = graph_hazard_run(&primary, config.clone(), steps, &expected, 299, delays);
-            say(&format!("{test}: {config}: {bad} mismatches in {steps} graph steps"));
-            assert!(bad > 0, "{config}: the broken graph protocol went unnoticed");
-        }
+    let Some((primary, steps, expected, broken)) = broken_protocols(test) else { return };
+    // The launch's wait for the slot's write (ev_tx), or for its read (ev_rx), left out.
+    for (config, delays) in broken {
+        let bad = graph_hazard_run(&primary, config.clone(), steps, &expected, 299, delays);
+        say(&format!("{test}: {config}: {bad} mismatches in {steps} graph steps"));
+        assert!(bad > 0, "{config}: the broken graph protocol went unnoticed");
     }
 }

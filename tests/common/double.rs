@@ -95,6 +95,21 @@ impl Double {
         unsafe { f(entry.as_ptr()) }
     }
 
+    /// Runs `body` `runs` times and returns the calls of each of `entries` per run, in order.
+    pub fn calls_per_run(&self, entries: &[&'static str], runs: usize, mut body: impl FnMut()) -> CallCounts {
+        let before: Vec<u64> = entries.iter().map(|entry| self.calls(entry)).collect();
+        for _ in 0..runs {
+            body();
+        }
+        CallCounts(
+            entries
+                .iter()
+                .zip(before)
+                .map(|(entry, b)| (*entry, (self.calls(entry) - b) as f64 / runs as f64))
+                .collect(),
+        )
+    }
+
     /// Queued operations not yet run.
     pub fn pending(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_pending\0");
@@ -135,5 +150,16 @@ pub fn setup(test: &str) -> Option<(MutexGuard<'static, ()>, &'static Double)> {
             crate::common::say(&format!("SKIPPED {test}: the driver double could not be built: {why}"));
             None
         }
+    }
+}
+
+/// Driver calls per run of some work ([`Double::calls_per_run`]).
+#[derive(Debug)]
+pub struct CallCounts(pub Vec<(&'static str, f64)>);
+
+impl CallCounts {
+    /// The calls of `entry` per run (it must be one of the entries counted).
+    pub fn of(&self, entry: &str) -> f64 {
+        self.0.iter().find(|(e, _)| *e == entry).unwrap_or_else(|| panic!("{entry} was not counted")).1
     }
 }
