@@ -9,11 +9,21 @@ mod common;
 #[path = "common/graphs.rs"]
 mod graphs;
 
+use std::sync::{Mutex, MutexGuard};
+
 use common::devices_or_skip;
 use ppnrt::Engine;
 
+/// The scenarios run one at a time: a global capture refuses every thread's synchronising calls
+/// while it lasts, and drop errors are kept process-wide.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn graph_mode_matches_eager_and_one_stage() {
+    let _serial = serial();
     let test = "graph_mode_matches_eager_and_one_stage";
     let Some(devices) = devices_or_skip(test, 1) else { return };
     let quick = std::env::var_os("PPNRT_TEST_QUICK").is_some();
@@ -22,6 +32,7 @@ fn graph_mode_matches_eager_and_one_stage() {
 
 #[test]
 fn capture_misuse_is_a_typed_error() {
+    let _serial = serial();
     let Some(devices) = devices_or_skip("capture_misuse_is_a_typed_error", 1) else { return };
     let primary = Engine::new(0).unwrap();
     graphs::capture_misuse_is_a_typed_error(&primary, &[0]);
@@ -33,6 +44,7 @@ fn capture_misuse_is_a_typed_error() {
 
 #[test]
 fn mismatched_graph_steps_are_refused() {
+    let _serial = serial();
     let Some(devices) = devices_or_skip("mismatched_graph_steps_are_refused", 1) else { return };
     let primary = Engine::new(0).unwrap();
     graphs::mismatched_graph_steps_are_refused(&primary, &[0, 0, 0]);
@@ -43,6 +55,7 @@ fn mismatched_graph_steps_are_refused() {
 
 #[test]
 fn graphs_keep_their_memory_alive_and_ordered() {
+    let _serial = serial();
     if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {
         return;
     }
@@ -51,6 +64,7 @@ fn graphs_keep_their_memory_alive_and_ordered() {
 
 #[test]
 fn one_thread_per_stage_replays_graphs() {
+    let _serial = serial();
     let Some(devices) = devices_or_skip("one_thread_per_stage_replays_graphs", 1) else { return };
     let primary = Engine::new(0).unwrap();
     let steps = if std::env::var_os("PPNRT_TEST_QUICK").is_some() { 20 } else { 500 };
@@ -63,6 +77,7 @@ fn one_thread_per_stage_replays_graphs() {
 
 #[test]
 fn graph_misuse_leaves_everything_sound() {
+    let _serial = serial();
     let Some(devices) = devices_or_skip("graph_misuse_leaves_everything_sound", 1) else { return };
     let primary = Engine::new(0).unwrap();
     graphs::graph_misuse_leaves_everything_sound(&primary, if devices >= 2 { &[0, 1, 0] } else { &[0, 0, 0] });
