@@ -306,7 +306,7 @@ macro_rules! nccl_call {
         match nccl.api.$name.as_ref() {
             Ok(entry) => {
                 // SAFETY: the entry point has the C signature bindgen generated from nccl.h, and
-                // the enclosing function makes the arguments valid (stated at each call).
+                // the arguments meet its contract, stated in a `Contract:` comment at each call.
                 let result = unsafe { entry($($arg),*) };
                 nccl.check(stringify!($name), result)
             }
@@ -331,6 +331,7 @@ impl NcclUniqueId {
     pub fn new() -> Result<NcclUniqueId> {
         let nccl = nccl()?;
         let mut id = ncclUniqueId::default();
+        // Contract: writes one id through a valid pointer.
         nccl_call!(nccl, ncclGetUniqueId(&mut id))?;
         Ok(NcclUniqueId(id))
     }
@@ -384,6 +385,8 @@ impl NcclComm {
         let nccl = nccl()?;
         let _bound = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
+        // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks (checked)
+        // and the device's context is current (bound above).
         nccl_call!(nccl, ncclCommInitRank(&mut raw, n_ranks, id.0, rank))?;
         Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(()) })
     }
@@ -427,8 +430,8 @@ impl NcclComm {
         let view = buf.as_view();
         let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         ordered(stream, [(view.tracked(), Use::Read)], || {
-            // The buffer is valid for its byte length and ordered on `stream`; the communicator and
-            // stream are live and of this device.
+            // Contract: the buffer is valid for its byte length and ordered on `stream`; the
+            // communicator and stream are live and of this device; one call at a time (locked).
             nccl_call!(
                 nccl,
                 ncclSend(
@@ -458,8 +461,9 @@ impl NcclComm {
         let view = buf.as_view_mut();
         let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         ordered(stream, [(view.tracked(), Use::Write)], || {
-            // The buffer is valid for its byte length, exclusively borrowed and ordered on
-            // `stream`; the communicator and stream are live and of this device.
+            // Contract: the buffer is valid for its byte length, exclusively borrowed and ordered on
+            // `stream`; the communicator and stream are live and of this device; one call at a
+            // time (locked).
             nccl_call!(
                 nccl,
                 ncclRecv(
@@ -482,6 +486,7 @@ impl NcclComm {
     pub fn async_error(&self) -> Result<()> {
         let nccl = nccl()?;
         let mut state = ncclResult_t::ncclSuccess;
+        // Contract: the communicator is live while self is; writes one result.
         nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state))?;
         nccl.check("ncclCommGetAsyncError (asynchronous error)", state)
     }
@@ -494,6 +499,8 @@ impl NcclComm {
         let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
         let nccl = nccl()?;
         let _bound = self.ctx.bind()?;
+        // Contract: the communicator is live and this is its last use (taken out of self, whose
+        // drop then does nothing).
         nccl_call!(nccl, ncclCommAbort(raw))
     }
 }
@@ -506,6 +513,7 @@ impl NcclComm {
 /// `f`'s error, else NCCL's.
 pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let nccl = nccl()?;
+    // Contract: no arguments; the group is ended below on this thread, whatever `f` returns.
     nccl_call!(nccl, ncclGroupStart())?;
     let result = f();
     let ended = nccl_call!(nccl, ncclGroupEnd());
@@ -523,6 +531,7 @@ impl Drop for NcclComm {
             let _bound = self.ctx.bind()?;
             // A communicator whose peer failed is aborted (destroying it would wait for
             // operations that never complete); a healthy one is destroyed after its work.
+            // Contract (all three calls): the communicator is live and this drop is its last use.
             let mut state = ncclResult_t::ncclSuccess;
             let healthy = nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state)).is_ok()
                 && matches!(state, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress);
