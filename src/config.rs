@@ -5,6 +5,7 @@
 //! `PPNRT_*` variable first when it cannot open a device. Published as `ppnrt::pp::*`.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::error::ConfigError;
 
@@ -16,6 +17,18 @@ pub const DEVICES_VAR: &str = "PPNRT_DEVICES";
 pub const SLOTS_VAR: &str = "PPNRT_SLOTS";
 /// Variable holding the transport policy.
 pub const TRANSPORT_VAR: &str = "PPNRT_TRANSPORT";
+/// Variable holding the stage→process map of a pipeline that spans processes (`0,0,1,1`).
+pub const RANKS_VAR: &str = "PPNRT_RANKS";
+/// Variable holding this process's rank.
+pub const RANK_VAR: &str = "PPNRT_RANK";
+/// Variable holding rank 0's rendezvous address, `host:port`.
+pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
+/// Variable holding the bound, in milliseconds, on waits for another process (the rendezvous, a
+/// receive from a peer that has not sent yet, a clean shutdown's handshake).
+pub const PEER_TIMEOUT_VAR: &str = "PPNRT_PEER_TIMEOUT_MS";
+
+/// The default of [`PEER_TIMEOUT_VAR`].
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The most stages a pipeline may have (a sanity bound against typos such as `PPNRT_STAGES=1000`).
 pub const MAX_STAGES: usize = 256;
@@ -83,6 +96,14 @@ pub enum ProtocolFault {
 /// | `PPNRT_DEVICES` | comma-separated device ordinal per stage (`0,0,1,1`) | every stage on the primary engine's device |
 /// | `PPNRT_SLOTS` | slots in each boundary's ring, ≥ 1 | 2 |
 /// | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
+/// | `PPNRT_RANKS` | comma-separated process rank per stage (`0,0,1,1`): a pipeline that spans processes or hosts | every stage in this process |
+/// | `PPNRT_RANK` | this process's rank | 0 |
+/// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
+/// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process | 60000 |
+///
+/// Every process of a pipeline that spans processes runs the same configuration (compared at the
+/// rendezvous) except `PPNRT_RANK`; `PPNRT_DEVICES` names, for each stage, a device of the host
+/// that runs the stage's rank.
 ///
 /// Validation that needs no GPU happens in the builder methods and in
 /// [`validate`](Self::validate); device ordinals are checked against the devices present when the
@@ -97,6 +118,10 @@ pub struct PpConfig {
     fault: ProtocolFault,
     reserve_bytes: usize,
     sm_copies: bool,
+    ranks: Option<Vec<usize>>,
+    rank: usize,
+    rendezvous: Option<String>,
+    peer_timeout: Duration,
 }
 
 impl Default for PpConfig {
@@ -110,6 +135,10 @@ impl Default for PpConfig {
             fault: ProtocolFault::None,
             reserve_bytes: 0,
             sm_copies: true,
+            ranks: None,
+            rank: 0,
+            rendezvous: None,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
         }
     }
 }
@@ -152,6 +181,31 @@ impl PpConfig {
         self
     }
 
+    /// Spreads the stages over processes: `ranks[s]` is the rank of the process that runs stage
+    /// `s` (see [`PpConfig`]'s `PPNRT_RANKS`). Ranks are `0..world`, each owning a stage.
+    pub fn ranks(mut self, ranks: &[usize]) -> PpConfig {
+        self.ranks = Some(ranks.to_vec());
+        self
+    }
+
+    /// Sets this process's rank (`PPNRT_RANK`).
+    pub fn rank(mut self, rank: usize) -> PpConfig {
+        self.rank = rank;
+        self
+    }
+
+    /// Sets rank 0's rendezvous address, `host:port` (`PPNRT_RENDEZVOUS`).
+    pub fn rendezvous(mut self, addr: &str) -> PpConfig {
+        self.rendezvous = Some(addr.to_string());
+        self
+    }
+
+    /// Sets the bound on every wait for another process (`PPNRT_PEER_TIMEOUT_MS`).
+    pub fn peer_timeout(mut self, timeout: Duration) -> PpConfig {
+        self.peer_timeout = timeout;
+        self
+    }
+
     /// Breaks the protocol on purpose (hazard tests only; `testing` feature).
     #[cfg(feature = "testing")]
     pub fn inject_fault(mut self, fault: ProtocolFault) -> PpConfig {
@@ -188,6 +242,37 @@ impl PpConfig {
     /// Whether copies within a device may use the SM copy kernel (see [`sm_copies`](Self::sm_copies)).
     pub fn sm_copies_allowed(&self) -> bool {
         self.sm_copies
+    }
+
+    /// The stage→rank map: every stage in rank 0 unless [`ranks`](Self::ranks) was set.
+    pub fn stage_ranks(&self) -> Vec<usize> {
+        self.ranks.clone().unwrap_or_else(|| vec![0; self.n_stages])
+    }
+
+    /// This process's rank.
+    pub fn own_rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of processes the pipeline spans (1 without [`ranks`](Self::ranks)).
+    pub fn world(&self) -> usize {
+        self.ranks.as_ref().and_then(|r| r.iter().max()).map_or(1, |max| max + 1)
+    }
+
+    /// Rank 0's rendezvous address, if set.
+    pub fn rendezvous_addr(&self) -> Option<&str> {
+        self.rendezvous.as_deref()
+    }
+
+    /// The bound on every wait for another process.
+    pub fn peer_timeout_value(&self) -> Duration {
+        self.peer_timeout
+    }
+
+    /// The configuration without this process's rank: every process of one pipeline has the same
+    /// fingerprint (the rendezvous compares them).
+    pub fn fingerprint(&self) -> String {
+        PpConfig { rank: 0, ..self.clone() }.to_string()
     }
 
     /// The stage→device map, with `primary` for stages not mapped explicitly.
@@ -233,6 +318,41 @@ impl PpConfig {
                 reason: format!("the slot count must be between 1 and {MAX_SLOTS}"),
             });
         }
+        self.validate_processes()
+    }
+
+    fn validate_processes(&self) -> Result<(), ConfigError> {
+        let world = self.world();
+        if let Some(ranks) = &self.ranks {
+            let bad = |reason: String| ConfigError { setting: RANKS_VAR, value: join(ranks), reason };
+            if ranks.len() != self.n_stages {
+                return Err(bad(format!("{} rank(s) listed for {} stage(s)", ranks.len(), self.n_stages)));
+            }
+            if let Some(idle) = (0..world).find(|r| !ranks.contains(r)) {
+                return Err(bad(format!("rank {idle} owns no stage (ranks must be 0..{world}, each owning a stage)")));
+            }
+        }
+        if self.rank >= world {
+            return Err(ConfigError {
+                setting: RANK_VAR,
+                value: self.rank.to_string(),
+                reason: format!("the pipeline spans {world} rank(s) ({RANKS_VAR}), so the rank must be below {world}"),
+            });
+        }
+        if world > 1 && self.rendezvous.as_deref().is_none_or(|addr| addr.trim().is_empty()) {
+            return Err(ConfigError {
+                setting: RENDEZVOUS_VAR,
+                value: String::new(),
+                reason: format!("a pipeline of {world} ranks needs rank 0's address, host:port"),
+            });
+        }
+        if self.peer_timeout.is_zero() {
+            return Err(ConfigError {
+                setting: PEER_TIMEOUT_VAR,
+                value: "0".into(),
+                reason: "the peer timeout must be at least 1 ms".into(),
+            });
+        }
         Ok(())
     }
 
@@ -257,7 +377,53 @@ impl PpConfig {
             read(DEVICES_VAR)?.as_deref(),
             read(SLOTS_VAR)?.as_deref(),
             read(TRANSPORT_VAR)?.as_deref(),
+        )?
+        .parse_processes(
+            read(RANKS_VAR)?.as_deref(),
+            read(RANK_VAR)?.as_deref(),
+            read(RENDEZVOUS_VAR)?.as_deref(),
+            read(PEER_TIMEOUT_VAR)?.as_deref(),
         )
+    }
+
+    /// Adds the settings of a pipeline that spans processes, as [`from_env`](Self::from_env) reads
+    /// them (`None` = unset): `PPNRT_RANKS`, `PPNRT_RANK`, `PPNRT_RENDEZVOUS`,
+    /// `PPNRT_PEER_TIMEOUT_MS`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for a malformed or inconsistent value.
+    pub fn parse_processes(
+        mut self,
+        ranks: Option<&str>,
+        rank: Option<&str>,
+        rendezvous: Option<&str>,
+        peer_timeout_ms: Option<&str>,
+    ) -> Result<PpConfig, ConfigError> {
+        if let Some(text) = ranks {
+            let bad = |reason: String| ConfigError { setting: RANKS_VAR, value: text.to_string(), reason };
+            let parsed = text
+                .split(',')
+                .map(|item| {
+                    item.trim().parse::<usize>().map_err(|e| bad(format!("`{}` is not a rank: {e}", item.trim())))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if parsed.iter().any(|&r| r > MAX_STAGES) {
+                return Err(bad(format!("ranks must be below {MAX_STAGES}")));
+            }
+            self.ranks = Some(parsed);
+        }
+        if let Some(text) = rank {
+            self.rank = parse_count(RANK_VAR, text)?;
+        }
+        if let Some(text) = rendezvous {
+            self.rendezvous = Some(text.trim().to_string());
+        }
+        if let Some(text) = peer_timeout_ms {
+            let ms = parse_count(PEER_TIMEOUT_VAR, text)?;
+            self.peer_timeout = Duration::from_millis(ms as u64);
+        }
+        self.validate()?;
+        Ok(self)
     }
 
     /// Parses the four settings as [`from_env`](Self::from_env) reads them (`None` = unset).
@@ -284,6 +450,10 @@ impl PpConfig {
             fault: ProtocolFault::None,
             reserve_bytes: 0,
             sm_copies: true,
+            ranks: None,
+            rank: 0,
+            rendezvous: None,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
         };
         config.validate()?;
         Ok(config)
@@ -301,6 +471,15 @@ impl fmt::Display for PpConfig {
         if !self.sm_copies {
             f.write_str(" sm_copies=off")?;
         }
+        if let Some(ranks) = &self.ranks {
+            write!(f, " {RANKS_VAR}={} {RANK_VAR}={}", join(ranks), self.rank)?;
+            if let Some(addr) = &self.rendezvous {
+                write!(f, " {RENDEZVOUS_VAR}={addr}")?;
+            }
+        }
+        if self.peer_timeout != DEFAULT_PEER_TIMEOUT {
+            write!(f, " {PEER_TIMEOUT_VAR}={}", self.peer_timeout.as_millis())?;
+        }
         #[cfg(feature = "testing")]
         if self.fault != ProtocolFault::None {
             write!(f, " fault={:?}", self.fault)?;
@@ -309,8 +488,8 @@ impl fmt::Display for PpConfig {
     }
 }
 
-fn join(devices: &[i32]) -> String {
-    devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+fn join<T: ToString>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn parse_count(setting: &'static str, text: &str) -> Result<usize, ConfigError> {
@@ -383,6 +562,39 @@ mod tests {
             assert_eq!(err.value, value, "{err}");
             assert!(err.to_string().contains(setting), "{err}");
         }
+    }
+
+    #[test]
+    fn process_settings_parse_and_validate() {
+        let base = PpConfig::parse(None, Some("0,0,1,1"), None, None).unwrap();
+        let config =
+            base.clone().parse_processes(Some("0,0,1,1"), Some("1"), Some("10.0.0.1:29500"), Some("5000")).unwrap();
+        assert_eq!(config.stage_ranks(), vec![0, 0, 1, 1]);
+        assert_eq!((config.own_rank(), config.world()), (1, 2));
+        assert_eq!(config.rendezvous_addr(), Some("10.0.0.1:29500"));
+        assert_eq!(config.peer_timeout_value(), Duration::from_millis(5000));
+        let rank0 = config.clone().rank(0);
+        assert_eq!(rank0.fingerprint(), config.fingerprint(), "the fingerprint leaves the rank out");
+        assert_ne!(rank0.to_string(), config.to_string());
+        type Case<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, Option<&'a str>, &'a str);
+        let cases: &[Case<'_>] = &[
+            (Some("0,1"), None, Some("h:1"), None, RANKS_VAR),
+            (Some("0,0,2,2"), None, Some("h:1"), None, RANKS_VAR),
+            (Some("0,x,1,1"), None, Some("h:1"), None, RANKS_VAR),
+            (Some("0,0,1,1"), Some("2"), Some("h:1"), None, RANK_VAR),
+            (Some("0,0,1,1"), Some("-1"), Some("h:1"), None, RANK_VAR),
+            (Some("0,0,1,1"), Some("1"), None, None, RENDEZVOUS_VAR),
+            (Some("0,0,1,1"), Some("1"), Some(" "), None, RENDEZVOUS_VAR),
+            (Some("0,0,1,1"), Some("1"), Some("h:1"), Some("0"), PEER_TIMEOUT_VAR),
+            (Some("0,0,1,1"), Some("1"), Some("h:1"), Some("soon"), PEER_TIMEOUT_VAR),
+            (None, Some("1"), None, None, RANK_VAR),
+        ];
+        for &(ranks, rank, addr, timeout, setting) in cases {
+            let err = base.clone().parse_processes(ranks, rank, addr, timeout).unwrap_err();
+            assert_eq!(err.setting, setting, "{err}");
+        }
+        // One rank needs no rendezvous.
+        assert_eq!(base.parse_processes(Some("0,0,0,0"), None, None, None).unwrap().world(), 1);
     }
 
     #[test]

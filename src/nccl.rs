@@ -99,6 +99,12 @@ pub enum NcclError {
         /// The communicator's rank count.
         n_ranks: i32,
     },
+    /// A call on a communicator that was aborted ([`NcclComm::abort_now`]).
+    #[error("{what}: the communicator was aborted")]
+    Aborted {
+        /// The call.
+        what: &'static str,
+    },
     /// An NCCL call failed.
     #[error("{call} failed with {name} ({code}): {description}{}", if last_error.is_empty() { String::new() } else { format!(" ({last_error})") })]
     Call {
@@ -360,14 +366,14 @@ pub struct NcclComm {
     ctx: Arc<Context>,
     rank: i32,
     n_ranks: i32,
-    /// NCCL communicators are not to be used by two threads at once: every call that enqueues
-    /// work on this one holds this lock.
-    calls: std::sync::Mutex<()>,
+    /// NCCL communicators are not to be used by two threads at once: every call on this one
+    /// holds this lock. It guards whether the communicator was aborted ([`abort_now`]
+    /// (Self::abort_now)): no call reaches an aborted communicator.
+    calls: std::sync::Mutex<bool>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every call on it
-// that enqueues work holds `calls`, and the others (async-error queries) are callable from any
-// thread at any time.
+// holds `calls`.
 unsafe impl Send for NcclComm {}
 // SAFETY: as above: `&NcclComm` only reaches the communicator through those calls.
 unsafe impl Sync for NcclComm {}
@@ -388,7 +394,7 @@ impl NcclComm {
         // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks (checked)
         // and the device's context is current (bound above).
         nccl_call!(nccl, ncclCommInitRank(&mut raw, n_ranks, id.0, rank))?;
-        Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(()) })
+        Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(false) })
     }
 
     /// This rank.
@@ -399,6 +405,15 @@ impl NcclComm {
     /// The number of ranks.
     pub fn n_ranks(&self) -> i32 {
         self.n_ranks
+    }
+
+    /// The lock of every call, refusing an aborted communicator.
+    fn one_call(&self, what: &'static str) -> Result<std::sync::MutexGuard<'_, bool>> {
+        let aborted = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *aborted {
+            return Err(Error::Nccl(NcclError::Aborted { what }));
+        }
+        Ok(aborted)
     }
 
     fn check_peer(&self, what: &'static str, peer: i32, stream: &CudaStream, device: i32) -> Result<()> {
@@ -428,7 +443,7 @@ impl NcclComm {
         self.check_peer("NcclComm::send", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view();
-        let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one_call = self.one_call("NcclComm::send")?;
         ordered(stream, [(view.tracked(), Use::Read)], || {
             // Contract: the buffer is valid for its byte length and ordered on `stream`; the
             // communicator and stream are live and of this device; one call at a time (locked).
@@ -459,7 +474,7 @@ impl NcclComm {
         self.check_peer("NcclComm::recv", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view_mut();
-        let _one_call = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one_call = self.one_call("NcclComm::recv")?;
         ordered(stream, [(view.tracked(), Use::Write)], || {
             // Contract: the buffer is valid for its byte length, exclusively borrowed and ordered on
             // `stream`; the communicator and stream are live and of this device; one call at a
@@ -485,6 +500,7 @@ impl NcclComm {
     /// The asynchronous error as [`NcclError::Call`], or the query's own failure.
     pub fn async_error(&self) -> Result<()> {
         let nccl = nccl()?;
+        let _one_call = self.one_call("NcclComm::async_error")?;
         let mut state = ncclResult_t::ncclSuccess;
         // Contract: the communicator is live while self is; writes one result.
         nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state))?;
@@ -495,13 +511,28 @@ impl NcclComm {
     ///
     /// # Errors
     /// NCCL's error.
-    pub fn abort(mut self) -> Result<()> {
-        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+    pub fn abort(self) -> Result<()> {
+        self.abort_now()
+    }
+
+    /// Ends the communicator at once from any thread, abandoning its queued operations (their
+    /// kernels return, so the streams they sit on drain): the way out when a peer failed while
+    /// other threads still hold the communicator. Every later call on it returns
+    /// [`NcclError::Aborted`]; a second abort does nothing.
+    ///
+    /// # Errors
+    /// NCCL's error.
+    pub fn abort_now(&self) -> Result<()> {
+        let mut aborted = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *aborted {
+            return Ok(());
+        }
+        *aborted = true;
         let nccl = nccl()?;
         let _bound = self.ctx.bind()?;
-        // Contract: the communicator is live and this is its last use (taken out of self, whose
-        // drop then does nothing).
-        nccl_call!(nccl, ncclCommAbort(raw))
+        // Contract: the communicator is live (not aborted before, checked under the lock every
+        // call holds) and this is its last use: the flag set above refuses every later call.
+        nccl_call!(nccl, ncclCommAbort(self.raw))
     }
 }
 
@@ -524,7 +555,7 @@ pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        if self.raw.is_null() {
+        if *self.calls.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()) {
             return;
         }
         let result = nccl().and_then(|nccl| {

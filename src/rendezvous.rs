@@ -13,22 +13,31 @@
 //! Threading and lifetime: every call blocks its thread for at most the timeout and keeps no
 //! state afterwards (rank 0's listener closes when `serve` returns).
 //!
+//! Beyond the payload, [`Rendezvous::exchange`] gathers a contribution from every rank and hands
+//! each rank the whole table, with the address rank 0 reached each rank at (the pipeline uses it
+//! for the listening port of each rank's boundary connections).
+//!
 //! The wire format is private to this crate (all ranks run the same version): a hello of magic,
-//! rank, world size and fingerprint; a reply of a status byte and either the payload or a reason.
+//! rank, world size, fingerprint and contribution; a reply of a status byte and either the member
+//! table or a reason.
 
 use std::fmt;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// Environment variable with rank 0's rendezvous address, `host:port`.
-pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
+pub use crate::config::RENDEZVOUS_VAR;
 
 /// Bytes of the payload rank 0 hands out (an NCCL unique id).
 pub const PAYLOAD_BYTES: usize = 128;
 
-const MAGIC: &[u8; 8] = b"PPNRTRV1";
+/// The most bytes one rank may contribute to [`Rendezvous::exchange`].
+pub const MAX_CONTRIBUTION: usize = 64 << 10;
+
+const MAGIC: &[u8; 8] = b"PPNRTRV2";
 const MAX_FINGERPRINT: usize = 4096;
+/// A reply carries every rank's address and contribution.
+const MAX_REPLY: usize = 64 << 20;
 const OK: u8 = 0;
 const REFUSED: u8 = 1;
 
@@ -103,6 +112,15 @@ pub enum RendezvousError {
     },
 }
 
+/// One rank as [`Rendezvous::exchange`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The address rank 0 reached the rank at (for rank 0: the address the others reached it at).
+    pub addr: IpAddr,
+    /// The rank's contribution.
+    pub bytes: Vec<u8>,
+}
+
 /// One rank's part in a rendezvous.
 #[derive(Debug, Clone)]
 pub struct Rendezvous {
@@ -126,18 +144,57 @@ impl Rendezvous {
     /// [`RendezvousError`]: the address, a refused rank (which is told why, as are the ranks
     /// already connected), or the time running out before every rank arrived.
     pub fn serve(&self, payload: &[u8; PAYLOAD_BYTES]) -> Result<[u8; PAYLOAD_BYTES], RendezvousError> {
-        self.check_rank()?;
         if self.rank != 0 {
+            self.check_rank()?;
             return Err(RendezvousError::RankOutOfRange { rank: self.rank, world: 1 });
         }
+        self.exchange(payload)?;
+        Ok(*payload)
+    }
+
+    /// Any rank but 0: connects to rank 0 (retrying until it listens), says who it is, and
+    /// returns the payload rank 0 hands out.
+    ///
+    /// # Errors
+    /// [`RendezvousError`]: the address, rank 0's refusal, or the time running out.
+    pub fn join(&self) -> Result<[u8; PAYLOAD_BYTES], RendezvousError> {
+        if self.rank == 0 {
+            self.check_rank()?;
+            return Err(RendezvousError::RankOutOfRange { rank: 0, world: self.world });
+        }
+        let members = self.exchange(&[])?;
+        members[0].bytes.as_slice().try_into().map_err(|_| RendezvousError::Protocol {
+            addr: self.addr.clone(),
+            what: format!("rank 0 handed out {} bytes, not {PAYLOAD_BYTES}", members[0].bytes.len()),
+        })
+    }
+
+    /// Every rank: contributes `contribution` (at most [`MAX_CONTRIBUTION`] bytes) and returns
+    /// every rank's, in rank order, each with the address rank 0 reached that rank at (rank 0's
+    /// own: the address the other ranks reached it at). Rank 0 listens; the others connect.
+    ///
+    /// # Errors
+    /// [`RendezvousError`]: the address, a refused rank, or the time running out.
+    pub fn exchange(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
+        self.check_rank()?;
+        if contribution.len() > MAX_CONTRIBUTION {
+            return Err(RendezvousError::Protocol {
+                addr: self.addr.clone(),
+                what: format!("a contribution of {} bytes (at most {MAX_CONTRIBUTION})", contribution.len()),
+            });
+        }
+        if self.rank == 0 { self.gather(contribution) } else { self.contribute(contribution) }
+    }
+
+    fn gather(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let listener = TcpListener::bind(self.resolve()?)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         listener
             .set_nonblocking(true)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let start = Instant::now();
-        let mut joined: Vec<Option<TcpStream>> = (0..self.world).map(|_| None).collect();
-        let missing = |joined: &[Option<TcpStream>]| -> Vec<usize> {
+        let mut joined: Vec<Option<(TcpStream, Member)>> = (0..self.world).map(|_| None).collect();
+        let missing = |joined: &[Option<(TcpStream, Member)>]| -> Vec<usize> {
             (1..joined.len()).filter(|r| joined[*r].is_none()).collect()
         };
         while !missing(&joined).is_empty() {
@@ -151,22 +208,21 @@ impl Rendezvous {
                 refuse_all(&mut joined, &error);
                 return Err(error);
             }
-            let stream = match listener.accept() {
-                Ok((stream, _)) => stream,
+            let (mut stream, peer) = match listener.accept() {
+                Ok(accepted) => accepted,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(2));
                     continue;
                 }
                 Err(e) => return Err(RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() }),
             };
-            let mut stream = stream;
             let remaining = self.timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
             let hello = stream
                 .set_nonblocking(false)
                 .and_then(|()| stream.set_read_timeout(Some(remaining)))
                 .map_err(|e| e.to_string())
                 .and_then(|()| read_hello(&mut stream));
-            let (rank, world, fingerprint) = match hello {
+            let (rank, world, fingerprint, bytes) = match hello {
                 Ok(hello) => hello,
                 // Not one of ours (or too slow to speak): ignore it and keep waiting.
                 Err(_) => continue,
@@ -187,25 +243,25 @@ impl Rendezvous {
                 refuse_all(&mut joined, &error);
                 return Err(error);
             }
-            joined[rank] = Some(stream);
+            joined[rank] = Some((stream, Member { addr: peer.ip(), bytes }));
         }
-        for stream in joined.iter_mut().flatten() {
+        // Rank 0 is reached at the address the others connected to.
+        let own = joined
+            .iter()
+            .flatten()
+            .find_map(|(stream, _)| stream.local_addr().ok())
+            .map_or(self.resolve()?.ip(), |local| local.ip());
+        let mut members = vec![Member { addr: own, bytes: contribution.to_vec() }];
+        members.extend(joined.iter().skip(1).flatten().map(|(_, member)| member.clone()));
+        let table = encode_members(&members);
+        for (stream, _) in joined.iter_mut().flatten() {
             // A rank that vanished now learns nothing; it fails on its own side.
-            let _ = reply(stream, OK, payload);
+            let _ = reply(stream, OK, &table);
         }
-        Ok(*payload)
+        Ok(members)
     }
 
-    /// Any rank but 0: connects to rank 0 (retrying until it listens), says who it is, and
-    /// returns the payload rank 0 hands out.
-    ///
-    /// # Errors
-    /// [`RendezvousError`]: the address, rank 0's refusal, or the time running out.
-    pub fn join(&self) -> Result<[u8; PAYLOAD_BYTES], RendezvousError> {
-        self.check_rank()?;
-        if self.rank == 0 {
-            return Err(RendezvousError::RankOutOfRange { rank: 0, world: self.world });
-        }
+    fn contribute(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let addr = self.resolve()?;
         let start = Instant::now();
         let mut stream = loop {
@@ -226,12 +282,14 @@ impl Rendezvous {
         let remaining = self.timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
         stream.set_read_timeout(Some(remaining)).map_err(io)?;
         let fingerprint = self.fingerprint.as_bytes();
-        let mut hello = Vec::with_capacity(20 + fingerprint.len());
+        let mut hello = Vec::with_capacity(24 + fingerprint.len() + contribution.len());
         hello.extend_from_slice(MAGIC);
         hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
         hello.extend_from_slice(&(self.world as u32).to_le_bytes());
         hello.extend_from_slice(&(fingerprint.len() as u32).to_le_bytes());
         hello.extend_from_slice(fingerprint);
+        hello.extend_from_slice(&(contribution.len() as u32).to_le_bytes());
+        hello.extend_from_slice(contribution);
         stream.write_all(&hello).map_err(io)?;
         let mut status = [0u8; 1];
         if let Err(e) = stream.read_exact(&mut status) {
@@ -247,17 +305,16 @@ impl Rendezvous {
         let mut len = [0u8; 4];
         stream.read_exact(&mut len).map_err(io)?;
         let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_FINGERPRINT {
+        if len > MAX_REPLY {
             return Err(RendezvousError::Protocol { addr: self.addr.clone(), what: format!("a reply of {len} bytes") });
         }
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body).map_err(io)?;
         match status[0] {
-            OK if body.len() == PAYLOAD_BYTES => {
-                let mut payload = [0u8; PAYLOAD_BYTES];
-                payload.copy_from_slice(&body);
-                Ok(payload)
-            }
+            OK => decode_members(&body, self.world).ok_or_else(|| RendezvousError::Protocol {
+                addr: self.addr.clone(),
+                what: format!("a malformed member table of {} bytes", body.len()),
+            }),
             REFUSED => Err(RendezvousError::Refused { reason: String::from_utf8_lossy(&body).into_owned() }),
             other => Err(RendezvousError::Protocol {
                 addr: self.addr.clone(),
@@ -285,7 +342,7 @@ impl Rendezvous {
     }
 }
 
-fn read_hello(stream: &mut TcpStream) -> Result<(usize, usize, String), String> {
+fn read_hello(stream: &mut TcpStream) -> Result<(usize, usize, String, Vec<u8>), String> {
     let mut head = [0u8; 20];
     stream.read_exact(&mut head).map_err(|e| e.to_string())?;
     if &head[..8] != MAGIC {
@@ -298,7 +355,43 @@ fn read_hello(stream: &mut TcpStream) -> Result<(usize, usize, String), String> 
     }
     let mut fingerprint = vec![0u8; len];
     stream.read_exact(&mut fingerprint).map_err(|e| e.to_string())?;
-    Ok((rank, world, String::from_utf8_lossy(&fingerprint).into_owned()))
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_CONTRIBUTION {
+        return Err(format!("a contribution of {len} bytes"));
+    }
+    let mut bytes = vec![0u8; len];
+    stream.read_exact(&mut bytes).map_err(|e| e.to_string())?;
+    Ok((rank, world, String::from_utf8_lossy(&fingerprint).into_owned(), bytes))
+}
+
+/// The member table: per rank, its address as text and its contribution, each length-prefixed.
+fn encode_members(members: &[Member]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for member in members {
+        for field in [member.addr.to_string().as_bytes(), member.bytes.as_slice()] {
+            out.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            out.extend_from_slice(field);
+        }
+    }
+    out
+}
+
+fn decode_members(mut body: &[u8], world: usize) -> Option<Vec<Member>> {
+    let mut field = || -> Option<Vec<u8>> {
+        let len = u32::from_le_bytes(body.get(..4)?.try_into().ok()?) as usize;
+        let value = body.get(4..4 + len)?.to_vec();
+        body = &body[4 + len..];
+        Some(value)
+    };
+    let members = (0..world)
+        .map(|_| {
+            let addr = String::from_utf8(field()?).ok()?.parse().ok()?;
+            Some(Member { addr, bytes: field()? })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    body.is_empty().then_some(members)
 }
 
 fn reply(stream: &mut TcpStream, status: u8, body: &[u8]) -> std::io::Result<()> {
@@ -310,9 +403,9 @@ fn reply(stream: &mut TcpStream, status: u8, body: &[u8]) -> std::io::Result<()>
 }
 
 /// Tells every rank already connected that the rendezvous failed, and why.
-fn refuse_all(joined: &mut [Option<TcpStream>], error: &RendezvousError) {
+fn refuse_all(joined: &mut [Option<(TcpStream, Member)>], error: &RendezvousError) {
     let reason = format!("the rendezvous failed: {error}");
-    for stream in joined.iter_mut().flatten() {
+    for (stream, _) in joined.iter_mut().flatten() {
         let _ = reply(stream, REFUSED, reason.as_bytes());
     }
 }

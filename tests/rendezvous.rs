@@ -125,3 +125,30 @@ fn nobody_answering_is_a_timeout_in_bounded_time() {
     assert!(matches!(&clients[0], Err(RendezvousError::Refused { .. }) | Err(RendezvousError::Timeout { .. })));
     assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
 }
+
+#[test]
+fn exchange_gathers_every_ranks_contribution_with_its_address() {
+    let addr = free_address();
+    let world = 3;
+    let tables: Vec<_> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                let addr = addr.clone();
+                scope.spawn(move || {
+                    let contribution = vec![rank as u8; 10 + rank * 100];
+                    member(&addr, rank, world, "fp", 10_000).exchange(&contribution)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect()
+    });
+    for table in &tables {
+        assert_eq!(table, &tables[0], "every rank gets the same table");
+        for (rank, member) in table.iter().enumerate() {
+            assert_eq!(member.bytes, vec![rank as u8; 10 + rank * 100]);
+            assert!(member.addr.is_loopback(), "{member:?}");
+        }
+    }
+    let too_big = vec![0u8; ppnrt::rendezvous::MAX_CONTRIBUTION + 1];
+    assert!(matches!(member(&addr, 1, 2, "fp", 100).exchange(&too_big), Err(RendezvousError::Protocol { .. })));
+}

@@ -65,6 +65,30 @@ pub enum PpError {
         /// The pipeline's stage count.
         n_stages: usize,
     },
+    /// A stage that another process of the pipeline runs: this process may not enter it, nor make
+    /// its side of a boundary (`tx` of a stage's boundary, `rx` into it).
+    #[error("stage {stage} runs in rank {owner}; this process is rank {rank}")]
+    StageNotOwned {
+        /// The stage.
+        stage: usize,
+        /// The rank that runs it.
+        owner: usize,
+        /// This process's rank.
+        rank: usize,
+    },
+    /// A boundary to another process failed: the peer exited or closed its connection, NCCL
+    /// reported an asynchronous error, or a call to it failed. The boundary's communicator was
+    /// aborted (no operation of it stays queued) and every later call on the boundary returns
+    /// this error.
+    #[error("boundary {boundary}: the peer process (rank {peer}) failed: {reason}")]
+    PeerFailed {
+        /// The boundary.
+        boundary: usize,
+        /// The peer's rank.
+        peer: usize,
+        /// What happened.
+        reason: String,
+    },
     /// A boundary index past the pipeline's boundaries.
     #[error("boundary {boundary} is out of range: the pipeline has {n_boundaries} boundary(ies)")]
     BoundaryOutOfRange {
@@ -144,7 +168,7 @@ pub enum PpError {
     },
     /// Graph mode ([`PpNRt::capture_step`](crate::PpNRt::capture_step)) does not support the
     /// boundary's transport (host-staged copies go through pinned host memory, which a graph
-    /// cannot hold).
+    /// cannot hold; a boundary to another process checks each step's length on the host).
     #[error("boundary {boundary}: graph mode does not support the {transport} transport")]
     GraphTransport {
         /// The boundary.

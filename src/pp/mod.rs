@@ -28,12 +28,14 @@
 mod error;
 mod plan;
 mod readback;
+mod remote;
 mod runtime;
 
 #[cfg(feature = "testing")]
 pub use crate::config::ProtocolFault;
 pub use crate::config::{
-    DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
+    DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR,
+    RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
 pub use error::{PpError, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};

@@ -18,6 +18,9 @@ pub enum Transport {
     Peer,
     /// Through a pinned host slot: device-to-host on TX, host-to-device on RX.
     HostStaged,
+    /// The stages run in different processes (ranks): an NCCL send on the TX stage's stream, an
+    /// NCCL receive into the RX rank's slot.
+    Nccl,
 }
 
 impl fmt::Display for Transport {
@@ -26,6 +29,7 @@ impl fmt::Display for Transport {
             Transport::Local => "local",
             Transport::Peer => "peer",
             Transport::HostStaged => "host-staged",
+            Transport::Nccl => "nccl",
         })
     }
 }
@@ -39,6 +43,10 @@ pub struct BoundaryPlan {
     pub tx_device: i32,
     /// The RX stage's device.
     pub rx_device: i32,
+    /// The rank of the process that runs the TX stage.
+    pub tx_rank: usize,
+    /// The rank of the process that runs the RX stage.
+    pub rx_rank: usize,
     /// The transport.
     pub transport: Transport,
 }
@@ -46,8 +54,10 @@ pub struct BoundaryPlan {
 /// The transports of every boundary, printable for logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// Device of each stage.
+    /// Device of each stage (on the host of the stage's rank).
     pub stage_devices: Vec<i32>,
+    /// Rank of each stage's process.
+    pub stage_ranks: Vec<usize>,
     /// One entry per boundary, in order.
     pub boundaries: Vec<BoundaryPlan>,
 }
@@ -61,13 +71,35 @@ impl Plan {
     pub fn choose(
         stage_devices: &[i32],
         policy: TransportPolicy,
+        peer_access: impl FnMut(i32, i32) -> bool,
+    ) -> Result<Plan, ConfigError> {
+        Plan::choose_across(stage_devices, &vec![0; stage_devices.len()], 0, policy, peer_access)
+    }
+
+    /// [`choose`](Self::choose) for a pipeline whose stages run in the processes `stage_ranks`,
+    /// as seen by rank `rank`: a boundary between two ranks is [`Transport::Nccl`]; a boundary
+    /// within one rank is chosen as `choose` does, and `peer_access` is asked only about the
+    /// devices of `rank`'s own boundaries (another rank's transports are recorded as if its
+    /// devices were peers; this rank never uses them).
+    ///
+    /// # Errors
+    /// As [`choose`](Self::choose).
+    pub fn choose_across(
+        stage_devices: &[i32],
+        stage_ranks: &[usize],
+        rank: usize,
+        policy: TransportPolicy,
         mut peer_access: impl FnMut(i32, i32) -> bool,
     ) -> Result<Plan, ConfigError> {
         let mut boundaries = Vec::with_capacity(stage_devices.len().saturating_sub(1));
         for (boundary, pair) in stage_devices.windows(2).enumerate() {
             let (tx_device, rx_device) = (pair[0], pair[1]);
+            let (tx_rank, rx_rank) = (stage_ranks[boundary], stage_ranks[boundary + 1]);
             let transport = match policy {
+                _ if tx_rank != rx_rank => Transport::Nccl,
                 TransportPolicy::Staged => Transport::HostStaged,
+                _ if tx_device == rx_device => Transport::Local,
+                _ if tx_rank != rank => Transport::Peer,
                 _ if tx_device == rx_device => Transport::Local,
                 _ if peer_access(tx_device, rx_device) && peer_access(rx_device, tx_device) => Transport::Peer,
                 TransportPolicy::Peer => {
@@ -83,14 +115,19 @@ impl Plan {
                 }
                 TransportPolicy::Auto => Transport::HostStaged,
             };
-            boundaries.push(BoundaryPlan { boundary, tx_device, rx_device, transport });
+            boundaries.push(BoundaryPlan { boundary, tx_device, rx_device, tx_rank, rx_rank, transport });
         }
-        Ok(Plan { stage_devices: stage_devices.to_vec(), boundaries })
+        Ok(Plan { stage_devices: stage_devices.to_vec(), stage_ranks: stage_ranks.to_vec(), boundaries })
     }
 
-    /// Whether any boundary crosses devices.
+    /// Whether any boundary crosses devices (or processes).
     pub fn cross_device(&self) -> bool {
-        self.boundaries.iter().any(|b| b.tx_device != b.rx_device)
+        self.boundaries.iter().any(|b| b.tx_device != b.rx_device || b.tx_rank != b.rx_rank)
+    }
+
+    /// Whether the pipeline spans more than one process.
+    pub fn spans_processes(&self) -> bool {
+        self.stage_ranks.iter().any(|&r| r != self.stage_ranks[0])
     }
 }
 
@@ -101,15 +138,25 @@ impl fmt::Display for Plan {
             write!(f, "{}{d}", if i == 0 { "" } else { "," })?;
         }
         write!(f, "]")?;
+        if self.spans_processes() {
+            write!(f, " in ranks [")?;
+            for (i, r) in self.stage_ranks.iter().enumerate() {
+                write!(f, "{}{r}", if i == 0 { "" } else { "," })?;
+            }
+            write!(f, "]")?;
+        }
         for b in &self.boundaries {
+            let side = |rank: usize, device: i32| {
+                if self.spans_processes() { format!("rank {rank} dev {device}") } else { format!("dev {device}") }
+            };
             write!(
                 f,
-                "; boundary {}: stage {} (dev {}) -> stage {} (dev {}) {}",
+                "; boundary {}: stage {} ({}) -> stage {} ({}) {}",
                 b.boundary,
                 b.boundary,
-                b.tx_device,
+                side(b.tx_rank, b.tx_device),
                 b.boundary + 1,
-                b.rx_device,
+                side(b.rx_rank, b.rx_device),
                 b.transport
             )?;
         }
@@ -150,6 +197,26 @@ mod tests {
         let err = Plan::choose(&[0, 1], TransportPolicy::Peer, |_, _| false).unwrap_err();
         assert_eq!(err.setting, TRANSPORT_VAR);
         assert!(err.reason.contains("devices 0 and 1"), "{err}");
+    }
+
+    #[test]
+    fn boundaries_between_ranks_are_nccl_and_other_ranks_devices_are_never_asked_about() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let access = |a: i32, b: i32| {
+            asked.borrow_mut().push((a, b));
+            true
+        };
+        let plan = Plan::choose_across(&[0, 1, 0, 0, 1], &[0, 0, 1, 1, 1], 0, TransportPolicy::Auto, access).unwrap();
+        let transports: Vec<_> = plan.boundaries.iter().map(|b| b.transport).collect();
+        assert_eq!(transports, vec![Transport::Peer, Transport::Nccl, Transport::Local, Transport::Peer]);
+        assert_eq!(*asked.borrow(), vec![(0, 1), (1, 0)], "only rank 0's own boundary is looked up");
+        assert!(plan.spans_processes() && plan.cross_device());
+        assert!(
+            plan.to_string().contains("boundary 1: stage 1 (rank 0 dev 1) -> stage 2 (rank 1 dev 0) nccl"),
+            "{plan}"
+        );
+        let staged = Plan::choose_across(&[0, 0], &[0, 1], 1, TransportPolicy::Staged, |_, _| false).unwrap();
+        assert_eq!(staged.boundaries[0].transport, Transport::Nccl);
     }
 
     #[test]

@@ -9,12 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::error::{PpError, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use super::readback::{PendingReadback, ReadbackRing};
+use super::remote::{self, Announced, Link, LocalStage, Receiver, Sender, SlotFiller, Watchdog};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
@@ -32,10 +34,26 @@ use crate::safe::{
 pub struct PpNRt {
     config: PpConfig,
     plan: Plan,
-    stages: Vec<Stage>,
-    boundaries: Vec<Boundary>,
+    /// Every stage; `None` for a stage another rank runs.
+    stages: Vec<Option<Stage>>,
+    boundaries: Vec<BoundaryEnd>,
     readback: Arc<CudaStream>,
     readback_ring: ReadbackRing,
+    /// The watchdog of this rank's outbound links to other ranks.
+    watchdog: Option<Watchdog>,
+    /// The receiver threads of this rank's inbound links.
+    receivers: Vec<Receiver>,
+}
+
+/// This process's side of one boundary.
+enum BoundaryEnd {
+    /// A slot ring in this process: both stages run here, or the TX stage runs in another rank
+    /// and a receiver thread fills the ring from it.
+    Ring(Arc<Boundary>),
+    /// The TX stage runs here and the RX stage in another rank.
+    Send(Arc<Sender>),
+    /// Both stages run in other ranks.
+    Foreign,
 }
 
 struct Stage {
@@ -45,6 +63,8 @@ struct Stage {
 
 struct Boundary {
     plan: BoundaryPlan,
+    /// The stream that writes the slots: the TX stage's (the boundary's receive stream when the
+    /// TX stage runs in another rank).
     tx_stream: Arc<CudaStream>,
     rx_stream: Arc<CudaStream>,
     /// The RX stage's engine: its SM copy kernel makes the boundary's same-device copies.
@@ -55,6 +75,10 @@ struct Boundary {
     ring: Mutex<Ring>,
     /// Signalled whenever a slot of the ring changes state (for the waiting `tx_wait`/`rx_wait`).
     changed: Condvar,
+    /// The link to the TX stage's rank, when that stage runs in another process.
+    inbound: Option<Arc<Link>>,
+    /// How long an `rx` without a timeout waits for a step still on its way from another rank.
+    peer_timeout: Duration,
 }
 
 struct Ring {
@@ -144,8 +168,13 @@ impl PpNRt {
     pub fn new(config: PpConfig, primary: &Engine) -> Result<PpNRt> {
         config.validate()?;
         let stage_devices = config.stage_devices(primary.ordinal());
+        let stage_ranks = config.stage_ranks();
+        let rank = config.own_rank();
+        let owned = |s: usize| stage_ranks[s] == rank;
         let count = Device::count()?;
-        if let Some(&bad) = stage_devices.iter().find(|&&d| d >= count) {
+        if let Some(&bad) =
+            stage_devices.iter().enumerate().filter(|&(s, _)| owned(s)).map(|(_, d)| d).find(|&&d| d >= count)
+        {
             return Err(ConfigError {
                 setting: DEVICES_VAR,
                 value: stage_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
@@ -154,7 +183,7 @@ impl PpNRt {
             .into());
         }
         let mut engines: BTreeMap<i32, Engine> = BTreeMap::new();
-        for &ordinal in &stage_devices {
+        for (_, &ordinal) in stage_devices.iter().enumerate().filter(|&(s, _)| owned(s)) {
             if let std::collections::btree_map::Entry::Vacant(entry) = engines.entry(ordinal) {
                 entry.insert(if ordinal == primary.ordinal() { primary.clone() } else { Engine::new(ordinal)? });
             }
@@ -165,23 +194,65 @@ impl PpNRt {
                 access.insert((a, b), a != b && ea.device().peer_info(eb.device())?.access_supported);
             }
         }
-        let plan = Plan::choose(&stage_devices, config.transport_policy(), |a, b| access[&(a, b)])?;
-        for b in plan.boundaries.iter().filter(|b| b.transport == Transport::Peer) {
+        let plan = Plan::choose_across(&stage_devices, &stage_ranks, rank, config.transport_policy(), |a, b| {
+            access.get(&(a, b)).copied().unwrap_or(false)
+        })?;
+        for b in plan.boundaries.iter().filter(|b| b.transport == Transport::Peer && b.tx_rank == rank) {
             enable_peer_access(engines[&b.tx_device].context(), engines[&b.rx_device].context())?;
         }
         let stages = stage_devices
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(s, d)| {
+                if !owned(s) {
+                    return Ok(None);
+                }
                 let engine = engines[d].clone();
                 let stream = CudaStream::new(engine.context())?;
-                Ok(Stage { engine, stream })
+                Ok(Some(Stage { engine, stream }))
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut links = if plan.spans_processes() {
+            let local: Vec<_> = stages
+                .iter()
+                .map(|stage| {
+                    stage.as_ref().map(|stage| LocalStage {
+                        ctx: Arc::clone(stage.engine.context()),
+                        stream: Arc::clone(&stage.stream),
+                    })
+                })
+                .collect();
+            Some(remote::connect(&config, &plan, &local)?)
+        } else {
+            None
+        };
+        let mut inbound_links = Vec::new();
         let boundaries = plan
             .boundaries
             .iter()
             .map(|&bp| {
                 let (tx, rx) = (&stages[bp.boundary], &stages[bp.boundary + 1]);
+                let (tx_stream, rx, inbound) = match (tx, rx) {
+                    (Some(tx), Some(rx)) => (Arc::clone(&tx.stream), rx, None),
+                    (None, Some(rx)) => {
+                        let inbound = links
+                            .as_mut()
+                            .and_then(|links| links.inbound.remove(&bp.boundary))
+                            .expect("connect() links every boundary this rank receives");
+                        let stream = Arc::clone(&inbound.recv_stream);
+                        let link = Arc::clone(&inbound.link);
+                        inbound_links.push((bp.boundary, inbound));
+                        (stream, rx, Some(link))
+                    }
+                    (Some(_), None) => {
+                        let sender = links
+                            .as_ref()
+                            .and_then(|links| links.senders.get(&bp.boundary))
+                            .expect("connect() links every boundary this rank sends");
+                        return Ok(BoundaryEnd::Send(Arc::clone(sender)));
+                    }
+                    (None, None) => return Ok(BoundaryEnd::Foreign),
+                };
                 let slots = (0..config.n_slots())
                     .map(|_| {
                         let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
@@ -194,20 +265,41 @@ impl PpNRt {
                 let sm_copies = bp.transport != Transport::HostStaged
                     && config.sm_copies_allowed()
                     && helpers_runnable(&rx.engine)?;
-                Ok(Boundary {
+                Ok(BoundaryEnd::Ring(Arc::new(Boundary {
                     plan: bp,
-                    tx_stream: Arc::clone(&tx.stream),
+                    tx_stream,
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
                     sm_copies,
                     ring: Mutex::new(Ring { next: 0, slots }),
                     changed: Condvar::new(),
-                })
+                    inbound,
+                    peer_timeout: config.peer_timeout_value(),
+                })))
             })
             .collect::<Result<Vec<_>>>()?;
-        let last = stages.last().expect("a validated config has at least one stage");
+        let mut receivers = Vec::with_capacity(inbound_links.len());
+        for (b, inbound) in inbound_links {
+            let BoundaryEnd::Ring(ring) = &boundaries[b] else { unreachable!("an inbound boundary has a ring") };
+            receivers.push(Receiver::start(inbound, Arc::clone(ring) as Arc<dyn SlotFiller>)?);
+        }
+        let senders =
+            boundaries.iter().filter_map(|end| if let BoundaryEnd::Send(s) = end { Some(Arc::clone(s)) } else { None });
+        let watchdog = Watchdog::start(senders.collect())?;
+        // The readback stream lives in the last stage's context (in this rank's last stage's
+        // when another rank runs the last stage; `readback` is refused there).
+        let last = stages.iter().rev().flatten().next().expect("every rank runs at least one stage");
         let readback = CudaStream::new(last.engine.context())?;
-        Ok(PpNRt { config, plan, stages, boundaries, readback, readback_ring: ReadbackRing::default() })
+        Ok(PpNRt {
+            config,
+            plan,
+            stages,
+            boundaries,
+            readback,
+            readback_ring: ReadbackRing::default(),
+            watchdog,
+            receivers,
+        })
     }
 
     /// Number of stages.
@@ -243,7 +335,10 @@ impl PpNRt {
     /// # Errors
     /// [`PpError::BoundaryOutOfRange`].
     pub fn sm_copies(&self, b: usize) -> Result<bool> {
-        Ok(self.boundary(b)?.sm_copies)
+        Ok(match self.end(b)? {
+            BoundaryEnd::Ring(boundary) => boundary.sm_copies,
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => false,
+        })
     }
 
     /// The configuration the runtime was built from.
@@ -252,13 +347,62 @@ impl PpNRt {
     }
 
     fn stage(&self, s: usize) -> Result<&Stage> {
-        self.stages.get(s).ok_or(Error::Pipeline(PpError::StageOutOfRange { stage: s, n_stages: self.stages.len() }))
+        match self.stages.get(s) {
+            None => Err(Error::Pipeline(PpError::StageOutOfRange { stage: s, n_stages: self.stages.len() })),
+            Some(None) => Err(self.not_owned(s)),
+            Some(Some(stage)) => Ok(stage),
+        }
     }
 
-    fn boundary(&self, b: usize) -> Result<&Boundary> {
+    fn not_owned(&self, s: usize) -> Error {
+        Error::Pipeline(PpError::StageNotOwned {
+            stage: s,
+            owner: self.plan.stage_ranks[s],
+            rank: self.config.own_rank(),
+        })
+    }
+
+    fn end(&self, b: usize) -> Result<&BoundaryEnd> {
         self.boundaries
             .get(b)
             .ok_or(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))
+    }
+
+    /// Boundary `b`'s ring, for the RX stage's calls (`rx`, `discard_unreceived`): refused when
+    /// another rank runs the RX stage.
+    fn boundary(&self, b: usize) -> Result<&Arc<Boundary>> {
+        match self.end(b)? {
+            BoundaryEnd::Ring(boundary) => Ok(boundary),
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => Err(self.not_owned(b + 1)),
+        }
+    }
+
+    /// Every stage, for graph mode (a pipeline in one process: `capture_step` refuses others).
+    fn local_stages(&self) -> impl Iterator<Item = &Stage> {
+        self.stages.iter().map(|stage| stage.as_ref().expect("graph mode runs pipelines of one process"))
+    }
+
+    /// Every boundary's ring, for graph mode (as [`local_stages`](Self::local_stages)).
+    fn rings(&self) -> impl Iterator<Item = &Boundary> {
+        self.boundaries.iter().map(|end| match end {
+            BoundaryEnd::Ring(boundary) => &**boundary,
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => unreachable!("graph mode runs pipelines of one process"),
+        })
+    }
+
+    /// Boundary `b`'s ring, for graph mode (as [`local_stages`](Self::local_stages)).
+    fn ring(&self, b: usize) -> Option<&Boundary> {
+        self.rings().nth(b)
+    }
+
+    /// The rank of this process (0 in a pipeline of one process).
+    pub fn rank(&self) -> usize {
+        self.config.own_rank()
+    }
+
+    /// Whether this process runs stage `s` (every stage, in a pipeline of one process).
+    pub fn owns_stage(&self, s: usize) -> bool {
+        matches!(self.stages.get(s), Some(Some(_)))
     }
 
     /// The device of stage `s`.
@@ -318,6 +462,9 @@ impl PpNRt {
             if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) }
         };
         while !ready(&ring) {
+            if let Some(failed) = boundary.inbound.as_ref().and_then(|link| link.stopped()) {
+                return Err(failed);
+            }
             let waited = start.elapsed();
             if waited >= timeout {
                 let slot = which(&ring);
@@ -380,7 +527,11 @@ impl PpNRt {
         n: usize,
         wait: Option<Duration>,
     ) -> Result<usize> {
-        let boundary = self.boundary(b)?;
+        let boundary = match self.end(b)? {
+            BoundaryEnd::Ring(boundary) if boundary.inbound.is_none() => boundary,
+            BoundaryEnd::Send(sender) => return self.tx_remote(b, sender, x, n),
+            BoundaryEnd::Ring(_) | BoundaryEnd::Foreign => return Err(self.not_owned(b)),
+        };
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
@@ -442,6 +593,24 @@ impl PpNRt {
         boundary.changed.notify_all();
         ring.next = (index + 1) % ring.slots.len();
         Ok(index)
+    }
+
+    /// `tx` over a boundary to another rank: the same checks, then the NCCL send.
+    fn tx_remote<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, sender: &Sender, x: &S, n: usize) -> Result<usize> {
+        if n == 0 {
+            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
+        }
+        if n > x.len() {
+            return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
+        }
+        if x.ordinal() != sender.tx_device {
+            return Err(Error::WrongDevice {
+                what: "PpNRt::tx: x must be on the TX stage's device",
+                expected: sender.tx_device,
+                found: x.ordinal(),
+            });
+        }
+        sender.tx(x, n)
     }
 
     /// Boundary RX at boundary `b` (stage `b + 1`'s side): waits for the slot's TX event, copies
@@ -510,6 +679,12 @@ impl PpNRt {
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
         }
+        if let Some(failed) = boundary.inbound.as_ref().filter(|link| link.aborted()).and_then(|link| link.stopped()) {
+            // Receives of a failed link may have been cut short: no slot of it is trusted.
+            return Err(failed);
+        }
+        // A step from another rank may still be on its way: wait for it, bounded.
+        let wait = wait.or(boundary.inbound.as_ref().map(|_| boundary.peer_timeout));
         let mut ring = Self::lock(boundary);
         let n_slots = ring.slots.len();
         if slot_index >= n_slots {
@@ -626,7 +801,7 @@ impl PpNRt {
     /// # Errors
     /// The driver's error.
     pub fn record_done(&self) -> Result<CudaEvent> {
-        let last = self.stages.last().expect("a runtime has at least one stage");
+        let last = self.stage(self.stages.len() - 1)?;
         let event = CudaEvent::new(last.engine.context(), false)?;
         event.record(&last.stream)?;
         Ok(event)
@@ -658,7 +833,7 @@ impl PpNRt {
     /// [`Error::WrongDevice`] when `source` is not on the last stage's device; the driver's
     /// error (a pinned allocation the first time a size is read back).
     pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
-        let device = self.stages.last().expect("a runtime has at least one stage").engine.ordinal();
+        let device = self.stage(self.stages.len() - 1)?.engine.ordinal();
         if source.ordinal() != device {
             return Err(Error::WrongDevice {
                 what: "PpNRt::readback: the buffer must be on the last stage's device",
@@ -692,15 +867,67 @@ impl PpNRt {
         &self.readback
     }
 
-    /// Blocks until every stage stream and the readback stream are idle.
+    /// This rank's streams: its stages', its boundaries' receive streams and the readback stream.
+    fn local_streams(&self) -> impl Iterator<Item = &Arc<CudaStream>> {
+        let receives = self.boundaries.iter().filter_map(|end| match end {
+            BoundaryEnd::Ring(boundary) if boundary.inbound.is_some() => Some(&boundary.tx_stream),
+            _ => None,
+        });
+        self.stages.iter().flatten().map(|stage| &stage.stream).chain(receives).chain([&self.readback])
+    }
+
+    /// Blocks until every stream of this process's stages, its receives from other ranks, and the
+    /// readback stream are idle.
     ///
     /// # Errors
     /// The first driver error met.
     pub fn synchronize(&self) -> Result<()> {
-        for stage in &self.stages {
-            stage.stream.synchronize()?;
+        for stream in self.local_streams() {
+            stream.synchronize()?;
         }
-        self.readback.synchronize()
+        Ok(())
+    }
+}
+
+impl SlotFiller for Boundary {
+    fn fill(
+        &self,
+        step: &Announced,
+        stop: &AtomicBool,
+        recv: &mut dyn FnMut(&mut CudaViewMut<'_, u8>) -> Result<()>,
+    ) -> Result<bool> {
+        let mut ring = PpNRt::lock(self);
+        while !ring.slots[ring.next].state.is_free() {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            ring = match self.changed.wait_timeout(ring, remote::POLL) {
+                Ok((ring, _)) => ring,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        let index = ring.next;
+        let slot = &mut ring.slots[index];
+        if slot.buffer.capacity() < step.bytes {
+            grow(slot, self.plan.transport, &self.rx_stream, step.bytes)?;
+        }
+        let _bound = self.tx_stream.context().bind_for_call()?;
+        let SlotBuffer::Device(buffer) = &mut slot.buffer else {
+            unreachable!("a slot of a boundary from another rank is device memory")
+        };
+        // A free slot is not lent: its view gave its share back before the slot was freed.
+        let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
+        let mut dst = buffer.as_view_mut().slice_mut(..step.bytes)?;
+        recv(&mut dst)?;
+        slot.state = SlotState::Filled { n: step.n, elem: step.elem };
+        ring.next = (index + 1) % ring.slots.len();
+        self.changed.notify_all();
+        Ok(true)
+    }
+
+    fn wake(&self) {
+        let _ring = PpNRt::lock(self);
+        self.changed.notify_all();
     }
 }
 
@@ -763,7 +990,7 @@ fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, byte
     let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
     slot.buffer = SlotBuffer::Empty;
     slot.buffer = match transport {
-        Transport::Local | Transport::Peer => {
+        Transport::Local | Transport::Peer | Transport::Nccl => {
             SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?))
         }
         Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(rx_stream.context(), capacity)?),
@@ -871,7 +1098,18 @@ impl Drop for PpNRt {
     fn drop(&mut self) {
         // Slot buffers are written by TX streams of other devices: drain every stream before the
         // fields (and the buffers) go, each one even when another failed.
-        for stream in self.stages.iter().map(|stage| &stage.stream).chain([&self.readback]) {
+        // A boundary to another rank first closes cleanly (the receiving rank confirms that it
+        // received every step), or is aborted: no NCCL send of it may stay queued.
+        for end in &self.boundaries {
+            if let BoundaryEnd::Send(sender) = end {
+                sender.close(self.config.peer_timeout_value());
+            }
+        }
+        self.watchdog = None;
+        for receiver in &mut self.receivers {
+            receiver.stop();
+        }
+        for stream in self.local_streams() {
             if let Err(e) = stream.synchronize() {
                 record_drop_error(e);
             }

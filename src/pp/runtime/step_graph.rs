@@ -179,7 +179,7 @@ struct TakenSlots<'rt> {
 
 impl Drop for TakenSlots<'_> {
     fn drop(&mut self) {
-        for (boundary, taken) in self.rt.boundaries.iter().zip(self.taken.drain(..)) {
+        for (boundary, taken) in self.rt.rings().zip(self.taken.drain(..)) {
             let mut ring = PpNRt::lock(boundary);
             for (slot, (buffer, state)) in ring.slots.iter_mut().zip(taken) {
                 slot.buffer = SlotBuffer::Device(Arc::new(buffer));
@@ -245,7 +245,7 @@ impl PpNRt {
         let mut execs = Vec::with_capacity(graphs.len());
         for per_slot in &graphs {
             let mut row = Vec::with_capacity(per_slot.len());
-            for (stage, graph) in self.stages.iter().zip(per_slot) {
+            for (stage, graph) in self.local_stages().zip(per_slot) {
                 let mut exec = graph.instantiate()?;
                 exec.upload(&stage.stream)?;
                 row.push(Mutex::new(exec));
@@ -254,8 +254,8 @@ impl PpNRt {
         }
         // Every ring is at the same slot: the capture needed them all free, and rings only move
         // together (a step crosses every boundary once).
-        let first = self.boundaries.first().map_or(0, |boundary| PpNRt::lock(boundary).next);
-        let next = Mutex::new(vec![first; self.stages.len()]);
+        let first = self.rings().next().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        let next = Mutex::new(vec![first; self.n_stages()]);
         Ok(StepGraphs { rt: self, n, execs, next, slots, stale: false, _elem: PhantomData })
     }
 
@@ -271,7 +271,10 @@ impl PpNRt {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
         }
         let bytes = byte_size::<T>("PpNRt::capture_step", n)?;
-        for (b, boundary) in self.boundaries.iter().enumerate() {
+        if let Some(b) = self.plan.boundaries.iter().find(|b| b.transport == Transport::Nccl) {
+            return Err(Error::Pipeline(PpError::GraphTransport { boundary: b.boundary, transport: "nccl" }));
+        }
+        for (b, boundary) in self.rings().enumerate() {
             if boundary.plan.transport == Transport::HostStaged {
                 return Err(Error::Pipeline(PpError::GraphTransport { boundary: b, transport: "host-staged" }));
             }
@@ -286,12 +289,14 @@ impl PpNRt {
             (0..n_slots).map(|k| taken.taken.iter().map(|ring| Arc::clone(ring[k].0.memory())).collect()).collect();
         let mut graphs = Vec::with_capacity(n_slots);
         for k in 0..n_slots {
-            let mut row = Vec::with_capacity(self.stages.len());
-            for (s, stage) in self.stages.iter().enumerate() {
+            let mut row = Vec::with_capacity(self.n_stages());
+            for (s, stage) in self.local_stages().enumerate() {
                 let capture = stage.stream.begin_capture(CaptureMode::ThreadLocal)?;
                 let (before, after) = taken.taken.split_at_mut(s);
-                let input = s.checked_sub(1).map(|b| (&self.boundaries[b], &before[b][k].0));
-                let output = after.first_mut().map(|ring| (&self.boundaries[s], &mut ring[k].0));
+                let input =
+                    s.checked_sub(1).map(|b| (self.ring(b).expect("boundary b feeds stage s"), &before[b][k].0));
+                let output =
+                    after.first_mut().map(|ring| (self.ring(s).expect("stage s feeds boundary s"), &mut ring[k].0));
                 let has_output = output.is_some();
                 let mut capture_of_stage = StageCapture {
                     stage: s,
@@ -325,7 +330,7 @@ impl PpNRt {
     /// [`SlotState::Capturing`]; they come back when the returned value drops.
     fn take_slots(&self, bytes: usize) -> Result<TakenSlots<'_>> {
         let mut taken = TakenSlots { rt: self, taken: Vec::with_capacity(self.boundaries.len()) };
-        for (b, boundary) in self.boundaries.iter().enumerate() {
+        for (b, boundary) in self.rings().enumerate() {
             let mut ring = PpNRt::lock(boundary);
             if let Some((k, slot)) = ring.slots.iter().enumerate().find(|(_, slot)| !slot.state.is_free()) {
                 return Err(Error::Pipeline(PpError::SlotState {
@@ -367,7 +372,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// error; stages launched before it keep their effect on the rings.
     pub fn launch(&mut self) -> Result<usize> {
         let rt = self.rt;
-        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.boundaries.iter().map(PpNRt::lock).collect();
+        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.rings().map(PpNRt::lock).collect();
         let k = rings.first().map_or(0, |ring| ring.next);
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
@@ -396,7 +401,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
         next.iter_mut().for_each(|at| *at = k);
-        for (s, stage) in rt.stages.iter().enumerate() {
+        for (s, stage) in rt.local_stages().enumerate() {
             #[cfg(feature = "testing")]
             self.break_protocol(s.checked_sub(1).map(|b| &*rings[b]), rings.get(s).map(|ring| &**ring), k);
             self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
@@ -405,7 +410,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             self.advance(before.last_mut().map(|ring| &mut **ring), after.first_mut().map(|ring| &mut **ring), k);
         }
         drop(rings);
-        for boundary in &rt.boundaries {
+        for boundary in rt.rings() {
             boundary.changed.notify_all();
         }
         Ok(k)
@@ -430,7 +435,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let n_slots = self.execs.len();
         // Between steps (every stage at the same slot) the stages follow the rings, which eager
         // steps may have moved; within a step each stage keeps its own count.
-        let rings_at = rt.boundaries.first().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        let rings_at = rt.rings().next().map_or(0, |boundary| PpNRt::lock(boundary).next);
         let k = {
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if next.iter().all(|at| *at == next[0]) {
@@ -442,13 +447,13 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let left = || timeout.saturating_sub(start.elapsed());
         // The input: filled by stage s - 1 (it stays filled until this stage receives it).
         if s > 0 {
-            let boundary = &rt.boundaries[s - 1];
+            let boundary = rt.ring(s - 1).expect("stage s has a boundary before it");
             let ring = PpNRt::lock(boundary);
             let ring = PpNRt::wait_until(s - 1, "rx", boundary, ring, left(), |_| k)?;
             check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
         }
         // The output: free, and the ring's next slot (it stays free: only this stage sends).
-        if let Some(boundary) = rt.boundaries.get(s) {
+        if let Some(boundary) = rt.ring(s) {
             let ring = PpNRt::lock(boundary);
             let ring = PpNRt::wait_until(s, "tx", boundary, ring, left(), |_| k)?;
             if ring.next != k {
@@ -457,8 +462,8 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         // Both rings, in boundary order (as every caller locks them), re-checked and updated
         // around the launch.
-        let mut input = s.checked_sub(1).map(|b| PpNRt::lock(&rt.boundaries[b]));
-        let mut output = rt.boundaries.get(s).map(PpNRt::lock);
+        let mut input = s.checked_sub(1).map(|b| PpNRt::lock(rt.ring(b).expect("stage s has a boundary before it")));
+        let mut output = rt.ring(s).map(PpNRt::lock);
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
@@ -475,7 +480,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
-            if let Some(boundary) = rt.boundaries.get(b) {
+            if let Some(boundary) = rt.ring(b) {
                 boundary.changed.notify_all();
             }
         }
@@ -533,7 +538,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let (graphs, slots) = self.rt.capture_graphs(n, body)?;
         self.stale = true;
         for (per_slot, execs) in graphs.iter().zip(self.execs.iter_mut()) {
-            for ((graph, exec), stage) in per_slot.iter().zip(execs.iter_mut()).zip(&self.rt.stages) {
+            for ((graph, exec), stage) in per_slot.iter().zip(execs.iter_mut()).zip(self.rt.local_stages()) {
                 let exec = exec.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
                 match exec.update(graph) {
                     Ok(()) => {}

@@ -1,0 +1,637 @@
+//! Boundaries between processes: the links of a pipeline whose stages run in several ranks.
+//!
+//! Owns, per boundary whose two stages run in different ranks, the link: a two-rank NCCL
+//! communicator (the TX rank is its rank 0, the RX rank its rank 1) and a TCP control connection
+//! from the TX rank to the RX rank. `tx` sends the payload with NCCL on the TX stage's stream and
+//! writes a record `(step, n, element type)` to the connection; on the RX rank a receiver thread
+//! reads each record, waits for the ring's next slot to be free (as an in-process `tx` does),
+//! posts the NCCL receive of exactly the bytes sent into the slot on the boundary's receive
+//! stream, and marks the slot filled with the sender's `n` and type. The RX stage's `rx` is then
+//! the in-process one: it checks `n` and the type against the sender's (a mismatch is a typed
+//! error, the slot keeps its data) and orders itself after the receive by the crate's rule.
+//!
+//! Failure: a connection that ends without the close record (the peer exited), a failed write,
+//! or an NCCL asynchronous error fails the link: its communicator is aborted at once (so no NCCL
+//! kernel stays queued and every stream drains), waiting `rx` calls wake up, and every later
+//! call on the boundary returns [`PpError::PeerFailed`]. A watchdog thread per runtime polls the
+//! links the receiver threads do not read. Clean shutdown: the TX rank sends a close record and
+//! waits (bounded) until the RX rank's receives of every step are complete.
+//!
+//! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and hands out
+//! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks; the communicators
+//! are initialised in boundary order (every rank in the same order, so none waits on another
+//! cycle); and each link moves one small message to prove it before the runtime is returned.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::error::PpError;
+use super::plan::{Plan, Transport};
+use crate::config::PpConfig;
+use crate::error::{Error, Result};
+use crate::nccl::{NcclComm, NcclUniqueId};
+use crate::rendezvous::Rendezvous;
+use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
+
+/// How often the receiver threads and the watchdog look at a link that is quiet.
+pub(super) const POLL: Duration = Duration::from_millis(10);
+
+const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
+const DATA: u8 = 1;
+const CLOSE: u8 = 2;
+const DONE: u8 = 3;
+/// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
+/// element's size in bytes (u64), then the element type's name.
+const RECORD_HEAD: usize = 32;
+const MAX_TYPE_NAME: usize = 64;
+
+/// Why a link stopped, set once, and whether it was aborted (not closed cleanly).
+#[derive(Default)]
+pub(super) struct Failure {
+    reason: Mutex<Option<(String, bool)>>,
+}
+
+/// One boundary between two ranks, as seen by either of them.
+pub(super) struct Link {
+    pub(super) boundary: usize,
+    /// The other rank.
+    pub(super) peer: usize,
+    pub(super) comm: NcclComm,
+    failure: Failure,
+}
+
+impl Link {
+    /// Fails the link (once): records `reason` and aborts the communicator, so no NCCL kernel of
+    /// it stays queued.
+    pub(super) fn fail(&self, reason: String) {
+        if self.stop(reason, true) {
+            if let Err(e) = self.comm.abort_now() {
+                crate::safe::record_drop_error(e);
+            }
+        }
+    }
+
+    /// Records why the link stopped without aborting (a clean close).
+    fn stop_with(&self, reason: String) {
+        self.stop(reason, false);
+    }
+
+    /// Records why the link stopped; false if it had stopped before.
+    fn stop(&self, reason: String, aborted: bool) -> bool {
+        let mut slot = self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some((reason, aborted));
+        true
+    }
+
+    /// The typed error of a stopped link, if it stopped.
+    pub(super) fn stopped(&self) -> Option<Error> {
+        let (reason, _) = self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()?;
+        Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
+    }
+
+    /// Whether the link failed and its communicator was aborted (its receives may be cut short).
+    pub(super) fn aborted(&self) -> bool {
+        self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref().is_some_and(|(_, a)| *a)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.stopped().map_or(Ok(()), Err)
+    }
+}
+
+/// The TX rank's end of a link.
+pub(super) struct Sender {
+    pub(super) link: Arc<Link>,
+    pub(super) tx_stream: Arc<CudaStream>,
+    pub(super) tx_device: i32,
+    n_slots: usize,
+    control: Mutex<SendControl>,
+    /// A second handle of the control connection: the watchdog peeks at it for the peer's end.
+    watch: TcpStream,
+}
+
+struct SendControl {
+    socket: TcpStream,
+    step: u64,
+    closed: bool,
+}
+
+impl Sender {
+    /// Sends `x[..n]` (checked by the caller) as the boundary's next step: the NCCL send on the TX
+    /// stage's stream, ordered like a copy that reads `x`, then the step's record. Returns the
+    /// step's slot index.
+    pub(super) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
+        self.link.check()?;
+        let mut control = self.lock();
+        if control.closed {
+            return Err(self.link.stopped().unwrap_or(Error::Pipeline(PpError::PeerFailed {
+                boundary: self.link.boundary,
+                peer: self.link.peer,
+                reason: "the boundary was closed".into(),
+            })));
+        }
+        let view = x.as_view().slice(..n)?;
+        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
+            // The send may or may not be queued: the link cannot be trusted with another step.
+            self.link.fail(format!("the NCCL send of step {} failed: {e}", control.step));
+            return Err(e);
+        }
+        let step = control.step;
+        let record = encode_record(DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+        if let Err(e) = control.socket.write_all(&record) {
+            self.link.fail(format!("writing step {step}'s record failed: {e}"));
+            return Err(self.link.stopped().expect("failed above"));
+        }
+        control.step += 1;
+        Ok((step % self.n_slots as u64) as usize)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SendControl> {
+        self.control.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Clean close: sends the close record and waits, at most `timeout`, until the RX rank has
+    /// received every step (its receives are complete). A link that cannot close is failed
+    /// (aborted), so no send of it stays queued.
+    pub(super) fn close(&self, timeout: Duration) {
+        let mut control = self.lock();
+        if control.closed || self.link.stopped().is_some() {
+            return;
+        }
+        control.closed = true;
+        let step = control.step;
+        let answer = control
+            .socket
+            .write_all(&encode_record(CLOSE, step, 0, 0, ""))
+            .and_then(|()| control.socket.set_read_timeout(Some(timeout)))
+            .and_then(|()| {
+                let mut done = [0u8; 1];
+                control.socket.read_exact(&mut done).map(|()| done[0])
+            });
+        match answer {
+            Ok(DONE) => {
+                self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
+            }
+            Ok(other) => self.link.fail(format!("the peer answered the close with {other}")),
+            Err(e) => self.link.fail(format!("the peer did not confirm the close within {timeout:?}: {e}")),
+        }
+    }
+
+    /// The watchdog's look at the link: the peer's end of the connection (it sends nothing
+    /// before the close's answer), and NCCL's asynchronous error.
+    fn watch(&self) {
+        if self.link.stopped().is_some() {
+            return;
+        }
+        let mut byte = [0u8; 1];
+        match self.watch.peek(&mut byte) {
+            Ok(0) => self.link.fail("the peer closed the boundary's connection (its process exited?)".into()),
+            Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                self.link.fail(format!("the boundary's connection failed: {e}"));
+            }
+            _ => watch_comm(&self.link),
+        }
+    }
+}
+
+fn watch_comm(link: &Link) {
+    if let Err(e) = link.comm.async_error() {
+        if link.stopped().is_none() {
+            link.fail(format!("NCCL reported: {e}"));
+        }
+    }
+}
+
+/// The RX rank's end of a link, before its receiver thread starts.
+pub(super) struct Inbound {
+    pub(super) link: Arc<Link>,
+    pub(super) socket: TcpStream,
+    /// The boundary's receive stream (on the RX stage's device): the NCCL receives run there.
+    pub(super) recv_stream: Arc<CudaStream>,
+}
+
+/// A step announced by the TX rank.
+pub(super) struct Announced {
+    pub(super) step: u64,
+    pub(super) n: usize,
+    pub(super) elem: &'static str,
+    pub(super) bytes: usize,
+}
+
+/// What the receiver thread does with each announced step: fill the ring's next slot through
+/// `recv` (which posts the NCCL receive into the slot's bytes), waiting while the slot is taken
+/// and `stop` is not set. Returns `Ok(false)` when stopped first.
+pub(super) trait SlotFiller: Send + Sync + 'static {
+    fn fill(
+        &self,
+        step: &Announced,
+        stop: &AtomicBool,
+        recv: &mut dyn FnMut(&mut crate::safe::CudaViewMut<'_, u8>) -> Result<()>,
+    ) -> Result<bool>;
+    /// Wakes every thread waiting on the ring (the link stopped).
+    fn wake(&self);
+}
+
+/// The receiver thread of one inbound link.
+pub(super) struct Receiver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    pub(super) fn start(inbound: Inbound, filler: Arc<dyn SlotFiller>) -> Result<Receiver> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let link = Arc::clone(&inbound.link);
+        inbound.socket.set_read_timeout(Some(POLL)).map_err(|e| io_error(&link, "the connection's timeout", &e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("ppnrt-rx-b{}", link.boundary))
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || receive_loop(inbound, &*filler, &stop)
+            })
+            .map_err(|e| io_error(&link, "starting the receiver thread", &e))?;
+        Ok(Receiver { stop, thread: Some(thread) })
+    }
+
+    /// Stops the thread and waits for it (within one poll interval once it is not posting).
+    pub(super) fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn io_error(link: &Link, what: &str, e: &std::io::Error) -> Error {
+    Error::Pipeline(PpError::PeerFailed { boundary: link.boundary, peer: link.peer, reason: format!("{what}: {e}") })
+}
+
+fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
+    let link = Arc::clone(&inbound.link);
+    let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
+    let mut expected = 0u64;
+    let mut last_poll = Instant::now();
+    let outcome: std::result::Result<(), String> = loop {
+        if stop.load(Ordering::SeqCst) || link.stopped().is_some() {
+            break Ok(());
+        }
+        if last_poll.elapsed() >= POLL {
+            watch_comm(&link);
+            last_poll = Instant::now();
+        }
+        let record = match read_record(&mut inbound.socket, &mut pending) {
+            Ok(Some(record)) => record,
+            Ok(None) => continue,
+            Err(reason) => break Err(reason),
+        };
+        match record {
+            Record::Close { steps } if steps == expected => {
+                let drained = inbound.recv_stream.synchronize();
+                let answered = inbound.socket.write_all(&[DONE]);
+                match (drained, answered) {
+                    (Ok(()), Ok(())) => {
+                        link.stop_with(format!("the peer closed the boundary after {steps} step(s)"));
+                        break Ok(());
+                    }
+                    (Err(e), _) => break Err(format!("the receives did not complete: {e}")),
+                    (_, Err(e)) => break Err(format!("answering the close failed: {e}")),
+                }
+            }
+            Record::Close { steps } => {
+                break Err(format!("the close names {steps} step(s), {expected} were announced"));
+            }
+            Record::Data(step) if step.step != expected => {
+                break Err(format!("step {} announced where step {expected} was due", step.step));
+            }
+            Record::Data(step) => {
+                let recv_stream = Arc::clone(&inbound.recv_stream);
+                let mut recv = |dst: &mut crate::safe::CudaViewMut<'_, u8>| link.comm.recv(&recv_stream, dst, 0);
+                match filler.fill(&step, stop, &mut recv) {
+                    Ok(true) => expected += 1,
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),
+                }
+            }
+        }
+    };
+    if let Err(reason) = outcome {
+        link.fail(reason);
+    }
+    filler.wake();
+}
+
+enum Record {
+    Data(Announced),
+    Close { steps: u64 },
+}
+
+fn encode_record(kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> Vec<u8> {
+    let mut record = Vec::with_capacity(RECORD_HEAD + elem.len());
+    record.extend_from_slice(&[kind, 0, 0, 0]);
+    record.extend_from_slice(&(elem.len() as u32).to_le_bytes());
+    record.extend_from_slice(&step.to_le_bytes());
+    record.extend_from_slice(&n.to_le_bytes());
+    record.extend_from_slice(&elem_size.to_le_bytes());
+    record.extend_from_slice(elem.as_bytes());
+    record
+}
+
+/// Reads what the connection has into `pending` and returns the first whole record, if any
+/// (`Ok(None)` after a quiet poll interval). A closed connection or a malformed record is the
+/// reason the link fails.
+fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Result<Option<Record>, String> {
+    loop {
+        if pending.len() >= RECORD_HEAD {
+            let word = |at: usize, len: usize| {
+                let mut bytes = [0u8; 8];
+                bytes[..len].copy_from_slice(&pending[at..at + len]);
+                u64::from_le_bytes(bytes)
+            };
+            let name_len = word(4, 4) as usize;
+            if name_len > MAX_TYPE_NAME {
+                return Err(format!("a record with a type name of {name_len} bytes"));
+            }
+            if pending.len() >= RECORD_HEAD + name_len {
+                let (kind, step, n, elem_size) = (pending[0], word(8, 8), word(16, 8), word(24, 8));
+                let name = std::str::from_utf8(&pending[RECORD_HEAD..RECORD_HEAD + name_len])
+                    .map_err(|_| "a record whose type name is not UTF-8".to_string())?;
+                let record = match kind {
+                    DATA => {
+                        let elem = intern(name);
+                        let bytes = n
+                            .checked_mul(elem_size)
+                            .and_then(|bytes| usize::try_from(bytes).ok())
+                            .filter(|&bytes| bytes > 0)
+                            .ok_or_else(|| format!("step {step}: {n} element(s) of {elem_size} byte(s) ({name})"))?;
+                        Record::Data(Announced { step, n: n as usize, elem, bytes })
+                    }
+                    CLOSE => Record::Close { steps: step },
+                    other => return Err(format!("a record of unknown kind {other}")),
+                };
+                pending.drain(..RECORD_HEAD + name_len);
+                return Ok(Some(record));
+            }
+        }
+        let mut chunk = [0u8; 512];
+        match socket.read(&mut chunk) {
+            Ok(0) => return Err("the peer closed the boundary's connection (its process exited?)".into()),
+            Ok(read) => pending.extend_from_slice(&chunk[..read]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading the boundary's connection failed: {e}")),
+        }
+    }
+}
+
+/// Element type names met on the wire, each kept once (`SlotState` names a type by a
+/// `&'static str`).
+static TYPE_NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+fn intern(name: &str) -> &'static str {
+    let mut known = TYPE_NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(&found) = known.iter().find(|&&known| known == name) {
+        return found;
+    }
+    // Bounded by the distinct type names a pipeline sends (each at most MAX_TYPE_NAME bytes).
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    known.push(leaked);
+    leaked
+}
+
+/// The watchdog of a runtime's outbound links (inbound links are watched by their receiver
+/// threads).
+pub(super) struct Watchdog {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    pub(super) fn start(senders: Vec<Arc<Sender>>) -> Result<Option<Watchdog>> {
+        if senders.is_empty() {
+            return Ok(None);
+        }
+        for sender in &senders {
+            sender
+                .watch
+                .set_read_timeout(Some(Duration::from_millis(1)))
+                .map_err(|e| io_error(&sender.link, "the connection's timeout", &e))?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("ppnrt-watchdog".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        for sender in &senders {
+                            sender.watch();
+                        }
+                        std::thread::sleep(POLL);
+                    }
+                }
+            })
+            .map_err(|e| {
+                Error::Pipeline(PpError::PeerFailed {
+                    boundary: 0,
+                    peer: 0,
+                    reason: format!("starting the watchdog thread: {e}"),
+                })
+            })?;
+        Ok(Some(Watchdog { stop, thread: Some(thread) }))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The local side of every cross-rank boundary, keyed by boundary.
+pub(super) struct Links {
+    pub(super) senders: BTreeMap<usize, Arc<Sender>>,
+    pub(super) inbound: BTreeMap<usize, Inbound>,
+}
+
+/// What [`connect`] needs of a local stage: its context and stream.
+pub(super) struct LocalStage {
+    pub(super) ctx: Arc<Context>,
+    pub(super) stream: Arc<CudaStream>,
+}
+
+/// Joins the other ranks of `config` (see the module docs) and returns this rank's links.
+///
+/// # Errors
+/// [`Error::Rendezvous`] for a failed rendezvous; [`PpError::PeerFailed`] for a connection that
+/// fails; NCCL's error.
+pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStage>]) -> Result<Links> {
+    let rank = config.own_rank();
+    let timeout = config.peer_timeout_value();
+    let cross: Vec<_> = plan.boundaries.iter().filter(|b| b.transport == Transport::Nccl).copied().collect();
+    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| setup_error(0, 0, "binding a listener", &e))?;
+    let port = listener.local_addr().map_err(|e| setup_error(0, 0, "the listener's port", &e))?.port();
+    let mut contribution = port.to_le_bytes().to_vec();
+    if rank == 0 {
+        for _ in &cross {
+            contribution.extend_from_slice(&NcclUniqueId::new()?.to_bytes());
+        }
+    }
+    let rendezvous = Rendezvous {
+        addr: config.rendezvous_addr().unwrap_or_default().to_string(),
+        rank,
+        world: config.world(),
+        fingerprint: config.fingerprint(),
+        timeout,
+    };
+    let members = rendezvous.exchange(&contribution)?;
+    let ids = &members[0].bytes[2..];
+    if ids.len() != cross.len() * NcclUniqueId::BYTES || members.iter().any(|m| m.bytes.len() < 2) {
+        return Err(Error::Pipeline(PpError::PeerFailed {
+            boundary: cross.first().map_or(0, |b| b.boundary),
+            peer: 0,
+            reason: format!("rank 0 handed out {} id bytes for {} boundaries", ids.len(), cross.len()),
+        }));
+    }
+    let address_of =
+        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[0], members[r].bytes[1]]));
+
+    // Control connections: every outbound one first (a connect completes in the listener's
+    // backlog, so no rank waits on another here), then accept the inbound ones in any order.
+    let mut outbound = BTreeMap::new();
+    for b in cross.iter().filter(|b| b.tx_rank == rank) {
+        let mut socket = connect_with_retry(address_of(b.rx_rank), timeout)
+            .map_err(|e| setup_error(b.boundary, b.rx_rank, "connecting the boundary", &e))?;
+        let mut hello = HELLO_MAGIC.to_vec();
+        hello.extend_from_slice(&(b.boundary as u32).to_le_bytes());
+        socket.write_all(&hello).map_err(|e| setup_error(b.boundary, b.rx_rank, "greeting the receiver", &e))?;
+        socket.set_nodelay(true).map_err(|e| setup_error(b.boundary, b.rx_rank, "TCP_NODELAY", &e))?;
+        socket.set_write_timeout(Some(timeout)).map_err(|e| setup_error(b.boundary, b.rx_rank, "write timeout", &e))?;
+        outbound.insert(b.boundary, socket);
+    }
+    let mut inbound_sockets = accept_inbound(&listener, &cross, rank, timeout)?;
+
+    // Communicators, in boundary order on every rank.
+    let mut links = Links { senders: BTreeMap::new(), inbound: BTreeMap::new() };
+    for (i, b) in cross.iter().enumerate() {
+        let sending = b.tx_rank == rank;
+        if !sending && b.rx_rank != rank {
+            continue;
+        }
+        let id: &[u8; NcclUniqueId::BYTES] =
+            ids[i * NcclUniqueId::BYTES..(i + 1) * NcclUniqueId::BYTES].try_into().expect("sliced to the id's size");
+        let stage = if sending { b.boundary } else { b.boundary + 1 };
+        let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
+        let comm = NcclComm::init_rank(&local.ctx, 2, &NcclUniqueId::from_bytes(id), i32::from(!sending))?;
+        let peer = if sending { b.rx_rank } else { b.tx_rank };
+        let link = Arc::new(Link { boundary: b.boundary, peer, comm, failure: Failure::default() });
+        let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
+        if sending {
+            let socket = outbound.remove(&b.boundary).expect("connected above");
+            let watch = socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))?;
+            // The probe proves the link (and makes NCCL connect now, not in the first step).
+            link.comm.send(&local.stream, &probe, 1)?;
+            local.stream.synchronize()?;
+            let control = Mutex::new(SendControl { socket, step: 0, closed: false });
+            let sender = Sender {
+                link,
+                tx_stream: Arc::clone(&local.stream),
+                tx_device: b.tx_device,
+                n_slots: config.n_slots(),
+                control,
+                watch,
+            };
+            links.senders.insert(b.boundary, Arc::new(sender));
+        } else {
+            let socket = inbound_sockets.remove(&b.boundary).expect("accepted above");
+            let recv_stream = CudaStream::new(&local.ctx)?;
+            let mut probe = probe;
+            link.comm.recv(&recv_stream, &mut probe, 0)?;
+            recv_stream.synchronize()?;
+            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream });
+        }
+    }
+    Ok(links)
+}
+
+fn setup_error(boundary: usize, peer: usize, what: &str, e: &std::io::Error) -> Error {
+    Error::Pipeline(PpError::PeerFailed { boundary, peer, reason: format!("{what}: {e}") })
+}
+
+fn connect_with_retry(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(socket) => return Ok(socket),
+            Err(e) if start.elapsed() >= timeout => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Accepts one connection per boundary this rank receives, each greeting with its boundary.
+fn accept_inbound(
+    listener: &TcpListener,
+    cross: &[super::plan::BoundaryPlan],
+    rank: usize,
+    timeout: Duration,
+) -> Result<BTreeMap<usize, TcpStream>> {
+    let wanted: Vec<_> = cross.iter().filter(|b| b.rx_rank == rank).map(|b| (b.boundary, b.tx_rank)).collect();
+    let mut sockets = BTreeMap::new();
+    listener.set_nonblocking(true).map_err(|e| setup_error(0, 0, "the listener", &e))?;
+    let start = Instant::now();
+    while sockets.len() < wanted.len() {
+        let missing = || wanted.iter().find(|(b, _)| !sockets.contains_key(b)).copied().unwrap_or((0, 0));
+        let (mut socket, _) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if start.elapsed() >= timeout {
+                    let (b, peer) = missing();
+                    return Err(Error::Pipeline(PpError::PeerFailed {
+                        boundary: b,
+                        peer,
+                        reason: format!("the sending rank never connected within {timeout:?}"),
+                    }));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => {
+                let (b, peer) = missing();
+                return Err(setup_error(b, peer, "accepting a connection", &e));
+            }
+        };
+        let mut hello = [0u8; 12];
+        let greeted = socket
+            .set_nonblocking(false)
+            .and_then(|()| socket.set_read_timeout(Some(timeout.saturating_sub(start.elapsed()).max(POLL))))
+            .and_then(|()| socket.read_exact(&mut hello));
+        if greeted.is_err() || &hello[..8] != HELLO_MAGIC {
+            continue; // not one of ours
+        }
+        let b = u32::from_le_bytes(hello[8..12].try_into().expect("four bytes")) as usize;
+        if wanted.iter().any(|&(w, _)| w == b) && !sockets.contains_key(&b) {
+            let peer = wanted.iter().find(|&&(w, _)| w == b).map_or(0, |&(_, p)| p);
+            socket.set_nodelay(true).map_err(|e| setup_error(b, peer, "TCP_NODELAY", &e))?;
+            socket.set_write_timeout(Some(timeout)).map_err(|e| setup_error(b, peer, "write timeout", &e))?;
+            sockets.insert(b, socket);
+        }
+    }
+    Ok(sockets)
+}

@@ -1,0 +1,456 @@
+//! A pipeline spanning processes: two ranks (this test binary again, one child process per rank,
+//! each seeing one GPU) run 2, 4 and 8 stages, contiguous and alternating, over NCCL through
+//! NVLink and over NCCL's socket transport on loopback (the stand-in for two hosts); the last
+//! rank's outputs are compared bitwise, step by step, with one engine running the whole model.
+//! Also: the contract across the wire (a length or type mismatch is a typed error on the
+//! receiver and the data stays receivable; another rank's stage is refused), a rank killed
+//! mid-run (the survivor gets a typed error within 10 s), and one rank under compute-sanitizer
+//! memcheck.
+//!
+//! Needs two GPUs and NCCL; skips (saying why) otherwise, and fails instead with
+//! `PPNRT_REQUIRE_GPUS=2` / `PPNRT_REQUIRE_NCCL=1`.
+
+mod common;
+#[path = "common/graphs.rs"]
+mod graphs;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Rng, devices_or_skip, say};
+use graphs::{TOTAL_LAYERS, layers_of};
+use ppnrt::{Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback};
+
+const MODE_VAR: &str = "PPNRT_MP_MODE";
+const STEPS_VAR: &str = "PPNRT_MP_STEPS";
+const SEED_VAR: &str = "PPNRT_MP_SEED";
+const OUT_VAR: &str = "PPNRT_MP_OUT";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The length of step `t` (1 to 9000 elements; every rank draws the same).
+fn length_of(seed: u64, t: u64) -> usize {
+    1 + Rng::new(seed ^ t.wrapping_mul(0x9e37)).below(9000) as usize
+}
+
+fn input_of(seed: u64, t: u64) -> Vec<f32> {
+    Rng::new(seed.rotate_left(17) ^ t).vec_f32(length_of(seed, t))
+}
+
+/// FNV-1a over the values' bits.
+fn digest(values: &[f32]) -> u64 {
+    values.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        v.to_bits().to_le_bytes().iter().fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    })
+}
+
+/// The whole model on one engine: the expected digest of every step.
+fn reference_digests(engine: &Engine, seed: u64, steps: u64) -> Vec<u64> {
+    (0..steps)
+        .map(|t| {
+            let mut x = engine.htod(&input_of(seed, t)).unwrap();
+            for layer in 0..TOTAL_LAYERS {
+                engine.toy_layer(&mut x, t as u32, layer).unwrap();
+            }
+            digest(&engine.dtoh(&x).unwrap())
+        })
+        .collect()
+}
+
+fn nccl_or_skip(test: &str) -> bool {
+    match ppnrt::nccl::nccl() {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
+            say(&format!("SKIPPED {test}: {e}"));
+            false
+        }
+        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("processes-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One launch of the ranks.
+struct Launch<'a> {
+    mode: &'a str,
+    ranks: &'a [usize],
+    slots: usize,
+    steps: u64,
+    seed: u64,
+    sockets: bool,
+    /// A command that wraps rank 1 (compute-sanitizer).
+    wrap_rank1: Option<&'a [String]>,
+}
+
+impl Launch<'_> {
+    /// Starts one child per rank; rank r sees GPU r only.
+    fn spawn(&self, dir: &Path) -> Vec<Child> {
+        let world = self.ranks.iter().max().unwrap() + 1;
+        let port = free_port();
+        let exe = std::env::current_exe().unwrap();
+        let devices = vec!["0"; self.ranks.len()].join(",");
+        let ranks = self.ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        (0..world)
+            .map(|rank| {
+                let mut command = match (rank, self.wrap_rank1) {
+                    (1, Some(wrap)) => {
+                        let mut c = Command::new(&wrap[0]);
+                        c.args(&wrap[1..]).arg(&exe);
+                        c
+                    }
+                    _ => Command::new(&exe),
+                };
+                command
+                    .args(["child_rank", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                    .env(MODE_VAR, self.mode)
+                    .env(STEPS_VAR, self.steps.to_string())
+                    .env(SEED_VAR, self.seed.to_string())
+                    .env(OUT_VAR, dir)
+                    .env("CUDA_VISIBLE_DEVICES", rank.to_string())
+                    .env("PPNRT_DEVICES", &devices)
+                    .env("PPNRT_SLOTS", self.slots.to_string())
+                    .env("PPNRT_RANKS", &ranks)
+                    .env("PPNRT_RANK", rank.to_string())
+                    .env("PPNRT_RENDEZVOUS", format!("127.0.0.1:{port}"))
+                    .env("PPNRT_PEER_TIMEOUT_MS", "30000")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                if self.sockets {
+                    command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
+                }
+                command.spawn().unwrap()
+            })
+            .collect()
+    }
+
+    /// Runs the ranks to the end (at most `limit`); returns each rank's (success, output).
+    fn run(&self, dir: &Path, limit: Duration) -> Vec<(bool, String)> {
+        let mut children = self.spawn(dir);
+        let deadline = Instant::now() + limit;
+        while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+            if Instant::now() > deadline {
+                for child in &mut children {
+                    let _ = child.kill();
+                }
+                let outputs: Vec<_> = children.into_iter().map(output_of).collect();
+                panic!("{} ranks {:?} hung for {limit:?}:\n{outputs:#?}", self.mode, self.ranks);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        children.into_iter().map(output_of).collect()
+    }
+}
+
+fn output_of(child: Child) -> (bool, String) {
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn read_digests(dir: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(dir.join("digests")).unwrap_or_default();
+    text.lines().map(|line| u64::from_str_radix(line.trim(), 16).unwrap()).collect()
+}
+
+fn ready(test: &str) -> Option<Engine> {
+    devices_or_skip(test, 2)?;
+    if !nccl_or_skip(test) {
+        return None;
+    }
+    Some(Engine::new(0).unwrap())
+}
+
+/// Runs `ranks` and compares the last rank's digests with the one-engine reference.
+fn matches_reference(engine: &Engine, name: &str, ranks: &[usize], slots: usize, steps: u64, sockets: bool) {
+    let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
+    let dir = scratch(name);
+    let launch = Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None };
+    let started = Instant::now();
+    let results = launch.run(&dir, Duration::from_secs(240));
+    for (rank, (ok, output)) in results.iter().enumerate() {
+        assert!(ok, "{name}: rank {rank} failed:\n{output}");
+    }
+    let got = read_digests(&dir);
+    let expected = reference_digests(engine, seed, steps);
+    assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {steps} steps", got.len());
+    let mismatches = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    say(&format!(
+        "{name}: ranks {ranks:?}, {slots} slot(s), {} transport: {mismatches} mismatches in {steps} randomized steps \
+         ({:.1} s)",
+        if sockets { "socket" } else { "NVLink/P2P" },
+        started.elapsed().as_secs_f64()
+    ));
+    assert_eq!(mismatches, 0, "{name}: outputs differ from one engine's");
+}
+
+#[test]
+fn two_processes_match_one_engine_bitwise() {
+    let test = "two_processes_match_one_engine_bitwise";
+    let Some(engine) = ready(test) else { return };
+    let quick = std::env::var_os("PPNRT_TEST_QUICK").is_some();
+    matches_reference(&engine, "2-stages", &[0, 1], 2, if quick { 500 } else { 10_000 }, false);
+    matches_reference(&engine, "4-contiguous", &[0, 0, 1, 1], 2, 500, false);
+    matches_reference(&engine, "4-alternating", &[0, 1, 0, 1], 3, 500, false);
+    matches_reference(&engine, "8-contiguous", &[0, 0, 0, 0, 1, 1, 1, 1], 2, 300, false);
+    matches_reference(&engine, "8-alternating", &[0, 1, 0, 1, 0, 1, 0, 1], 4, 300, false);
+}
+
+#[test]
+fn two_processes_over_sockets_match_one_engine_bitwise() {
+    let test = "two_processes_over_sockets_match_one_engine_bitwise";
+    let Some(engine) = ready(test) else { return };
+    matches_reference(&engine, "sockets-2-stages", &[0, 1], 2, 2000, true);
+    matches_reference(&engine, "sockets-4-alternating", &[0, 1, 0, 1], 2, 300, true);
+}
+
+#[test]
+fn the_contract_holds_across_processes() {
+    let test = "the_contract_holds_across_processes";
+    if ready(test).is_none() {
+        return;
+    }
+    let dir = scratch("contract");
+    let launch =
+        Launch { mode: "contract", ranks: &[0, 1], slots: 2, steps: 0, seed: 7, sockets: false, wrap_rank1: None };
+    let results = launch.run(&dir, Duration::from_secs(120));
+    for (rank, (ok, output)) in results.iter().enumerate() {
+        say(&format!(
+            "contract rank {rank}: {}",
+            output.lines().filter(|l| l.starts_with("CHILD")).collect::<Vec<_>>().join(" | ")
+        ));
+        assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
+    }
+}
+
+#[test]
+fn a_killed_rank_is_a_typed_error_in_the_survivor() {
+    let test = "a_killed_rank_is_a_typed_error_in_the_survivor";
+    if ready(test).is_none() {
+        return;
+    }
+    let dir = scratch("kill");
+    let launch = Launch {
+        mode: "kill",
+        ranks: &[0, 1, 0],
+        slots: 2,
+        steps: u64::MAX,
+        seed: 9,
+        sockets: false,
+        wrap_rank1: None,
+    };
+    let mut children = launch.spawn(&dir);
+    let running = dir.join("running");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !running.exists() {
+        assert!(Instant::now() < deadline, "the ranks never got going");
+        if let Some(status) = children[0].try_wait().unwrap() {
+            let rest: Vec<_> = children.into_iter().map(output_of).collect();
+            panic!("rank 0 exited early ({status}): {rest:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut victim = children.pop().unwrap();
+    victim.kill().unwrap(); // SIGKILL: no destructor, no goodbye
+    let killed_at = unix_ms();
+    let _ = victim.wait();
+    let survivor = children.pop().unwrap();
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut survivor = survivor;
+    while survivor.try_wait().unwrap().is_none() {
+        if Instant::now() > limit {
+            survivor.kill().unwrap();
+            panic!("the survivor hung for 30 s after its peer was killed:\n{:?}", output_of(survivor));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (ok, output) = output_of(survivor);
+    let line = output.lines().find(|l| l.starts_with("CHILD-PEER-FAILED")).unwrap_or_default().to_string();
+    assert!(ok && !line.is_empty(), "the survivor did not report a typed error:\n{output}");
+    let noticed_at: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let after = Duration::from_millis(noticed_at.saturating_sub(killed_at));
+    say(&format!("{test}: typed error {after:?} after the kill: {line}"));
+    assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the kill");
+}
+
+#[test]
+fn one_rank_under_memcheck() {
+    let test = "one_rank_under_memcheck";
+    if ready(test).is_none() {
+        return;
+    }
+    let sanitizer = std::env::var("PPNRT_COMPUTE_SANITIZER").unwrap_or_else(|_| "compute-sanitizer".into());
+    if Command::new(&sanitizer).arg("--version").output().is_err() {
+        say(&format!("SKIPPED {test}: `{sanitizer}` not found (set PPNRT_COMPUTE_SANITIZER)"));
+        return;
+    }
+    let wrap = vec![sanitizer, "--tool".into(), "memcheck".into(), "--error-exitcode".into(), "99".into()];
+    let dir = scratch("memcheck");
+    let seed = 11;
+    let launch =
+        Launch { mode: "pipeline", ranks: &[0, 1], slots: 2, steps: 50, seed, sockets: false, wrap_rank1: Some(&wrap) };
+    let results = launch.run(&dir, Duration::from_secs(400));
+    for (rank, (ok, output)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank} failed:\n{output}");
+    }
+    let summary = results[1].1.lines().find(|l| l.contains("ERROR SUMMARY")).unwrap_or("no summary").to_string();
+    say(&format!("{test}: rank 1 under memcheck: {summary}"));
+    assert!(summary.contains("0 errors"), "{}", results[1].1);
+    let engine = Engine::new(0).unwrap();
+    assert_eq!(read_digests(&dir), reference_digests(&engine, seed, 50));
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+#[test]
+#[ignore = "one rank of the multi-process tests; run through them"]
+fn child_rank() {
+    let mode = std::env::var(MODE_VAR).expect("run through the parent tests");
+    let steps: u64 = std::env::var(STEPS_VAR).unwrap().parse().unwrap();
+    let seed: u64 = std::env::var(SEED_VAR).unwrap().parse().unwrap();
+    let dir = PathBuf::from(std::env::var(OUT_VAR).unwrap());
+    let primary = Engine::new(0).unwrap();
+    let config = PpConfig::from_env().unwrap();
+    let rt = PpNRt::new(config, &primary).unwrap();
+    println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
+    match mode.as_str() {
+        "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
+        "contract" => contract(&rt, &primary),
+        "kill" => survive_a_kill(&rt, &primary, seed, &dir),
+        other => panic!("unknown mode {other}"),
+    }
+    println!("CHILD-OK");
+}
+
+/// One step of this rank's stages; returns the last stage's output when this rank runs it.
+fn step(rt: &PpNRt, primary: &Engine, seed: u64, t: u64) -> Result<Option<ppnrt::CudaSlice<f32>>, Error> {
+    let n_stages = rt.n_stages();
+    let n = length_of(seed, t);
+    let slot = (t % rt.n_slots() as u64) as usize;
+    let mut carried: Option<(usize, usize)> = None; // (boundary, slot) of an in-process tx
+    for s in (0..n_stages).filter(|&s| rt.owns_stage(s)) {
+        let engine = rt.engine(s, primary)?;
+        let _scope = rt.enter(s)?;
+        let mut x = if s == 0 {
+            engine.htod(&input_of(seed, t))?
+        } else {
+            let index = match carried {
+                Some((b, index)) if b == s - 1 => index,
+                _ => slot,
+            };
+            rt.rx_wait::<f32>(s - 1, index, n, WAIT)?
+        };
+        for layer in layers_of(s, n_stages) {
+            engine.toy_layer(&mut x, t as u32, layer)?;
+        }
+        if s + 1 < n_stages {
+            carried = Some((s, rt.tx(s, &x, n)?));
+        } else {
+            return Ok(Some(x));
+        }
+    }
+    Ok(None)
+}
+
+fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
+    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
+    let mut digests = String::new();
+    for t in 0..steps {
+        if let Some(out) = step(rt, primary, seed, t).unwrap() {
+            pending.push_back(rt.readback(out).unwrap());
+        }
+        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
+            let done = pending.pop_front().unwrap();
+            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+        }
+    }
+    rt.synchronize().unwrap();
+    if rt.owns_stage(rt.n_stages() - 1) {
+        std::fs::write(dir.join("digests"), digests).unwrap();
+    }
+}
+
+/// Two stages, ranks [0, 1]: misuse on either side is a typed error that loses nothing.
+fn contract(rt: &PpNRt, primary: &Engine) {
+    let n = 1000;
+    let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+    match rt.rank() {
+        0 => {
+            let refused = rt.rx::<f32>(0, 0, n).unwrap_err();
+            assert!(
+                matches!(refused, Error::Pipeline(PpError::StageNotOwned { stage: 1, owner: 1, rank: 0 })),
+                "{refused}"
+            );
+            assert!(matches!(rt.enter(1).unwrap_err(), Error::Pipeline(PpError::StageNotOwned { .. })));
+            assert!(matches!(rt.record_done().unwrap_err(), Error::Pipeline(PpError::StageNotOwned { .. })));
+            let x = primary.htod(&values).unwrap();
+            assert!(matches!(rt.tx(0, &x, n + 1).unwrap_err(), Error::OutOfBounds { .. }));
+            assert!(matches!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { .. })));
+            let _scope = rt.enter(0).unwrap();
+            for step in 0..3 {
+                assert_eq!(rt.tx(0, &x, n).unwrap(), step % 2);
+            }
+            println!("CHILD rank 0 sent 3 steps");
+        }
+        _ => {
+            let refused = rt.tx(0, &primary.htod(&values).unwrap(), n).unwrap_err();
+            assert!(
+                matches!(refused, Error::Pipeline(PpError::StageNotOwned { stage: 0, owner: 0, rank: 1 })),
+                "{refused}"
+            );
+            let _scope = rt.enter(1).unwrap();
+            let short = rt.rx_wait::<f32>(0, 0, n - 1, WAIT).unwrap_err();
+            assert!(
+                matches!(short, Error::Pipeline(PpError::RxLengthMismatch { requested: 999, sent: 1000, .. })),
+                "{short}"
+            );
+            println!("CHILD length mismatch: {short}");
+            let typed = rt.rx::<u32>(0, 0, n).unwrap_err();
+            assert!(
+                matches!(typed, Error::Pipeline(PpError::RxTypeMismatch { requested: "u32", sent: "f32", .. })),
+                "{typed}"
+            );
+            println!("CHILD type mismatch: {typed}");
+            for step in 0..3 {
+                let got = rt.rx_wait::<f32>(0, step % 2, n, WAIT).unwrap();
+                let host = primary.dtoh(&got).unwrap();
+                assert!(host.iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()), "step {step} corrupted");
+            }
+            let late = rt.rx_wait::<f32>(0, 1, n, Duration::from_millis(200)).unwrap_err();
+            assert!(matches!(late, Error::Pipeline(PpError::Timeout { .. } | PpError::PeerFailed { .. })), "{late}");
+            println!("CHILD rank 1 received 3 steps bitwise after the refusals");
+        }
+    }
+    rt.synchronize().unwrap();
+}
+
+/// Runs steps until a call fails; the failure must be `PeerFailed` (printed with the time).
+fn survive_a_kill(rt: &PpNRt, primary: &Engine, seed: u64, dir: &Path) {
+    let mut t = 0u64;
+    let error = loop {
+        let result = step(rt, primary, seed, t).and_then(|out| match out {
+            Some(out) if rt.rank() == 0 => rt.readback(out).and_then(|p| p.wait().map(|_| ())),
+            _ => Ok(()),
+        });
+        if let Err(e) = result {
+            break e;
+        }
+        t += 1;
+        if t == 50 && rt.rank() == 0 {
+            std::fs::write(dir.join("running"), b"").unwrap();
+        }
+    };
+    let noticed = unix_ms();
+    assert!(matches!(error, Error::Pipeline(PpError::PeerFailed { .. })), "not a typed peer failure: {error:?}");
+    println!("CHILD-PEER-FAILED {noticed} after {t} steps: {error}");
+}
