@@ -51,6 +51,8 @@ macro_rules! raw {
 
 #[path = "transport/graph_mode.rs"]
 mod graph_mode;
+#[path = "transport/processes.rs"]
+mod processes;
 
 fn label(bytes: usize) -> String {
     if bytes >= MIB { format!("{}MiB", bytes / MIB) } else { format!("{}KiB", bytes / KIB) }
@@ -989,6 +991,10 @@ fn targets(gpus: &Gpus, rows: &[Row], report: &mut String) {
 }
 
 fn main() {
+    // A rank of the processes table (this binary started again by it).
+    if processes::run_role() {
+        return;
+    }
     let Some(gpus) = Gpus::find() else { return };
     let mut criterion = Criterion::default().configure_from_args();
     peer_copy(&mut criterion, &gpus);
@@ -1006,9 +1012,10 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs picks tables (default: all).
+    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs,processes picks tables
+    // (default: all).
     let tables = std::env::var("PPNRT_BENCH_TABLES")
-        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs".into());
+        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs,processes".into());
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
@@ -1025,6 +1032,9 @@ fn main() {
     }
     if wanted("graphs") {
         graph_mode::graph_mode(&gpus, &mut report);
+    }
+    if wanted("processes") {
+        processes::processes(&gpus, &mut report);
     }
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();

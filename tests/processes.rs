@@ -27,6 +27,7 @@ const MODE_VAR: &str = "PPNRT_MP_MODE";
 const STEPS_VAR: &str = "PPNRT_MP_STEPS";
 const SEED_VAR: &str = "PPNRT_MP_SEED";
 const OUT_VAR: &str = "PPNRT_MP_OUT";
+const FAULT_VAR: &str = "PPNRT_MP_SKIP_TX_WAIT";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The length of step `t` (1 to 9000 elements; every rank draws the same).
@@ -90,6 +91,8 @@ struct Launch<'a> {
     sockets: bool,
     /// A command that wraps rank 1 (compute-sanitizer).
     wrap_rank1: Option<&'a [String]>,
+    /// Break the protocol on purpose: `rx` does not wait for the NCCL receive.
+    broken: bool,
 }
 
 impl Launch<'_> {
@@ -123,8 +126,13 @@ impl Launch<'_> {
                     .env("PPNRT_RANK", rank.to_string())
                     .env("PPNRT_RENDEZVOUS", format!("127.0.0.1:{port}"))
                     .env("PPNRT_PEER_TIMEOUT_MS", "30000")
+                    .env("NCCL_DEBUG", "INFO")
+                    .env("NCCL_DEBUG_SUBSYS", "INIT")
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
+                if self.broken {
+                    command.env(FAULT_VAR, "1");
+                }
                 if self.sockets {
                     command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
                 }
@@ -169,26 +177,66 @@ fn ready(test: &str) -> Option<Engine> {
     Some(Engine::new(0).unwrap())
 }
 
-/// Runs `ranks` and compares the last rank's digests with the one-engine reference.
-fn matches_reference(engine: &Engine, name: &str, ranks: &[usize], slots: usize, steps: u64, sockets: bool) {
+/// The NCCL transports the ranks' NCCL logs name (`P2P/CUMEM`, `NET/Socket`, ...).
+fn transports_used(outputs: &[(bool, String)]) -> Vec<String> {
+    let mut found: Vec<String> = outputs
+        .iter()
+        .flat_map(|(_, output)| output.lines())
+        .filter_map(|line| line.split(" via ").nth(1))
+        .map(|via| {
+            via.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches(|c: char| c.is_ascii_digit() || c == '/')
+                .to_string()
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Runs `ranks` and compares the last rank's digests with the one-engine reference; returns
+/// how many steps differ.
+fn mismatches_against_reference(
+    engine: &Engine,
+    name: &str,
+    ranks: &[usize],
+    slots: usize,
+    steps: u64,
+    sockets: bool,
+    broken: bool,
+) -> usize {
     let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
     let dir = scratch(name);
-    let launch = Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None };
+    let launch = Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken };
     let started = Instant::now();
     let results = launch.run(&dir, Duration::from_secs(240));
     for (rank, (ok, output)) in results.iter().enumerate() {
         assert!(ok, "{name}: rank {rank} failed:\n{output}");
+    }
+    let transports = transports_used(&results);
+    if sockets {
+        assert!(
+            !transports.is_empty() && transports.iter().all(|t| t.starts_with("NET/Socket")),
+            "{name}: NCCL was to use sockets only, its logs name {transports:?}"
+        );
     }
     let got = read_digests(&dir);
     let expected = reference_digests(engine, seed, steps);
     assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {steps} steps", got.len());
     let mismatches = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
     say(&format!(
-        "{name}: ranks {ranks:?}, {slots} slot(s), {} transport: {mismatches} mismatches in {steps} randomized steps \
-         ({:.1} s)",
-        if sockets { "socket" } else { "NVLink/P2P" },
+        "{name}: ranks {ranks:?}, {slots} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {steps} \
+         randomized steps ({:.1} s)",
+        if broken { ", protocol broken on purpose" } else { "" },
         started.elapsed().as_secs_f64()
     ));
+    mismatches
+}
+
+fn matches_reference(engine: &Engine, name: &str, ranks: &[usize], slots: usize, steps: u64, sockets: bool) {
+    let mismatches = mismatches_against_reference(engine, name, ranks, slots, steps, sockets, false);
     assert_eq!(mismatches, 0, "{name}: outputs differ from one engine's");
 }
 
@@ -202,6 +250,15 @@ fn two_processes_match_one_engine_bitwise() {
     matches_reference(&engine, "4-alternating", &[0, 1, 0, 1], 3, 500, false);
     matches_reference(&engine, "8-contiguous", &[0, 0, 0, 0, 1, 1, 1, 1], 2, 300, false);
     matches_reference(&engine, "8-alternating", &[0, 1, 0, 1, 0, 1, 0, 1], 4, 300, false);
+}
+
+/// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ.
+#[test]
+fn a_broken_protocol_across_processes_is_caught() {
+    let test = "a_broken_protocol_across_processes_is_caught";
+    let Some(engine) = ready(test) else { return };
+    let mismatches = mismatches_against_reference(&engine, "broken", &[0, 1], 2, 500, false, true);
+    assert!(mismatches > 0, "rx without waiting for the receive went unnoticed");
 }
 
 #[test]
@@ -219,8 +276,16 @@ fn the_contract_holds_across_processes() {
         return;
     }
     let dir = scratch("contract");
-    let launch =
-        Launch { mode: "contract", ranks: &[0, 1], slots: 2, steps: 0, seed: 7, sockets: false, wrap_rank1: None };
+    let launch = Launch {
+        mode: "contract",
+        ranks: &[0, 1],
+        slots: 2,
+        steps: 0,
+        seed: 7,
+        sockets: false,
+        wrap_rank1: None,
+        broken: false,
+    };
     let results = launch.run(&dir, Duration::from_secs(120));
     for (rank, (ok, output)) in results.iter().enumerate() {
         say(&format!(
@@ -246,6 +311,7 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
         seed: 9,
         sockets: false,
         wrap_rank1: None,
+        broken: false,
     };
     let mut children = launch.spawn(&dir);
     let running = dir.join("running");
@@ -295,8 +361,16 @@ fn one_rank_under_memcheck() {
     let wrap = vec![sanitizer, "--tool".into(), "memcheck".into(), "--error-exitcode".into(), "99".into()];
     let dir = scratch("memcheck");
     let seed = 11;
-    let launch =
-        Launch { mode: "pipeline", ranks: &[0, 1], slots: 2, steps: 50, seed, sockets: false, wrap_rank1: Some(&wrap) };
+    let launch = Launch {
+        mode: "pipeline",
+        ranks: &[0, 1],
+        slots: 2,
+        steps: 50,
+        seed,
+        sockets: false,
+        wrap_rank1: Some(&wrap),
+        broken: false,
+    };
     let results = launch.run(&dir, Duration::from_secs(400));
     for (rank, (ok, output)) in results.iter().enumerate() {
         assert!(ok, "rank {rank} failed:\n{output}");
@@ -320,7 +394,10 @@ fn child_rank() {
     let seed: u64 = std::env::var(SEED_VAR).unwrap().parse().unwrap();
     let dir = PathBuf::from(std::env::var(OUT_VAR).unwrap());
     let primary = Engine::new(0).unwrap();
-    let config = PpConfig::from_env().unwrap();
+    let mut config = PpConfig::from_env().unwrap();
+    if std::env::var_os(FAULT_VAR).is_some() {
+        config = config.inject_fault(ppnrt::pp::ProtocolFault::SkipTxWait);
+    }
     let rt = PpNRt::new(config, &primary).unwrap();
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
     match mode.as_str() {

@@ -1,0 +1,268 @@
+//! The processes table: a boundary between two processes (NCCL, over NVLink and over NCCL's
+//! socket transport on loopback) beside the in-process `Peer` boundary, in the same run, with
+//! the same workload code: host cost of `tx` and `rx` at 32 KiB (the receiver is slower than the
+//! sender, so its `rx` never waits for data), the isolated hop (half a round trip over stages
+//! [0, 1, 0]), the pipelined step at 32 KiB and the throughput at 64 MiB (a stream of steps
+//! over [0, 1], timed on the receiver). The ranks are this bench binary again, one child
+//! process per rank, each seeing one GPU.
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ppnrt::{CudaSlice, Engine, PpConfig, PpNRt};
+
+use super::{Gpus, median, say};
+
+const ROLE_VAR: &str = "PPNRT_BENCH_PROCESS_ROLE";
+const SMALL: usize = 8192; // 32 KiB of f32
+const LARGE: usize = 16 << 20; // 64 MiB of f32
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Figures of one transport, in µs (throughput in GB/s).
+#[derive(Default, Clone, Copy)]
+struct Figures {
+    tx: f64,
+    rx: f64,
+    hop: f64,
+    step: f64,
+    large_gbs: f64,
+}
+
+fn slot_of(rt: &PpNRt, t: usize) -> usize {
+    t % rt.n_slots()
+}
+
+fn source(rt: &PpNRt, primary: &Engine, n: usize) -> CudaSlice<f32> {
+    let engine = rt.engine(0, primary).unwrap();
+    let _scope = rt.enter(0).unwrap();
+    let x = engine.htod(&(0..n).map(|i| (i % 977) as f32 * 0.25 + 1.0).collect::<Vec<_>>()).unwrap();
+    rt.synchronize().unwrap();
+    x
+}
+
+/// Stages [0, 1, 0]: the round trip, timed where stage 0 and 2 run; returns the hop (µs).
+fn hop(rt: &PpNRt, primary: &Engine) -> Option<f64> {
+    let x = if rt.owns_stage(0) { Some(source(rt, primary, SMALL)) } else { None };
+    let mut halves = Vec::new();
+    for t in 0..330 {
+        let start = Instant::now();
+        if let Some(x) = &x {
+            let _scope = rt.enter(0).unwrap();
+            rt.tx(0, x, SMALL).unwrap();
+        }
+        if rt.owns_stage(1) {
+            let _scope = rt.enter(1).unwrap();
+            let y = rt.rx_wait::<f32>(0, slot_of(rt, t), SMALL, WAIT).unwrap();
+            rt.tx(1, &y, SMALL).unwrap();
+        }
+        if rt.owns_stage(2) {
+            let _scope = rt.enter(2).unwrap();
+            let z = rt.rx_wait::<f32>(1, slot_of(rt, t), SMALL, WAIT).unwrap();
+            drop(z);
+            rt.stage_stream(2).unwrap().synchronize().unwrap();
+            if t >= 30 {
+                halves.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+        }
+    }
+    rt.synchronize().unwrap();
+    (!halves.is_empty()).then(|| median(&mut halves))
+}
+
+/// Stages [0, 1]: host costs (the receiver sleeps before each `rx`, so the data is there), then
+/// the pipelined step at 32 KiB and the throughput at 64 MiB, timed on the receiver. Returns
+/// (tx µs, rx µs, step µs, GB/s) for what this process runs.
+fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
+    let (sends, receives) = (rt.owns_stage(0), rt.owns_stage(1));
+    let in_process = sends && receives;
+    let small = if sends { Some(source(rt, primary, SMALL)) } else { None };
+    let large = if sends { Some(source(rt, primary, LARGE)) } else { None };
+    let (mut tx_costs, mut rx_costs) = (Vec::new(), Vec::new());
+    let mut t = 0;
+    let mut run = |n: usize, steps: usize, host_costs: bool, t: &mut usize| -> Option<f64> {
+        let mut first = None;
+        for k in 0..steps {
+            if sends {
+                let x = if n == SMALL { small.as_ref() } else { large.as_ref() }.unwrap();
+                let _scope = rt.enter(0).unwrap();
+                let start = Instant::now();
+                rt.tx(0, x, n).unwrap();
+                if host_costs {
+                    tx_costs.push(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            if receives {
+                if host_costs && !in_process {
+                    std::thread::sleep(Duration::from_micros(150));
+                }
+                let _scope = rt.enter(1).unwrap();
+                let start = Instant::now();
+                let y = rt.rx_wait::<f32>(0, slot_of(rt, *t), n, WAIT).unwrap();
+                if host_costs {
+                    rx_costs.push(start.elapsed().as_secs_f64() * 1e6);
+                }
+                drop(y);
+                if k == 4 {
+                    rt.stage_stream(1).unwrap().synchronize().unwrap();
+                    first = Some(Instant::now());
+                }
+            }
+            *t += 1;
+        }
+        rt.synchronize().unwrap();
+        first.map(|first| first.elapsed().as_secs_f64() * 1e6 / (steps - 5) as f64)
+    };
+    run(SMALL, 1000, true, &mut t);
+    let step = run(SMALL, 2000, false, &mut t);
+    let large_step = run(LARGE, 45, false, &mut t);
+    let gbs = large_step.map(|us| (LARGE * 4) as f64 / (us * 1e3));
+    let tx = (!tx_costs.is_empty()).then(|| median(&mut tx_costs));
+    let rx = (!rx_costs.is_empty()).then(|| median(&mut rx_costs));
+    (tx, rx, step, gbs)
+}
+
+/// A child process's work (one rank): returns true when this process is a rank (then `main`
+/// does nothing else).
+pub(crate) fn run_role() -> bool {
+    let Ok(role) = std::env::var(ROLE_VAR) else { return false };
+    let primary = Engine::new(0).unwrap();
+    let rt = PpNRt::new(PpConfig::from_env().unwrap(), &primary).unwrap();
+    let print = |key: &str, value: Option<f64>| {
+        if let Some(value) = value {
+            println!("RESULT {key} {value}");
+        }
+    };
+    match role.as_str() {
+        "hop" => print("hop", hop(&rt, &primary)),
+        _ => {
+            let (tx, rx, step, gbs) = stream(&rt, &primary);
+            print("tx", tx);
+            print("rx", rx);
+            print("step", step);
+            print("gbs", gbs);
+        }
+    }
+    true
+}
+
+/// Runs one workload as two ranks; returns the RESULT lines of both.
+fn ranks(role: &str, stage_ranks: &str, sockets: bool) -> Vec<(String, f64)> {
+    let exe = std::env::current_exe().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let n_stages = stage_ranks.split(',').count();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut command = Command::new(&exe);
+            command
+                .env(ROLE_VAR, role)
+                .env("CUDA_VISIBLE_DEVICES", rank.to_string())
+                .env("PPNRT_DEVICES", vec!["0"; n_stages].join(","))
+                .env("PPNRT_RANKS", stage_ranks)
+                .env("PPNRT_RANK", rank.to_string())
+                .env("PPNRT_SLOTS", "2")
+                .env("PPNRT_RENDEZVOUS", format!("127.0.0.1:{port}"))
+                .env("NCCL_NVLS_ENABLE", "0");
+            if sockets {
+                command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
+            }
+            command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    let mut results = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "a rank failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        results.extend(text.lines().filter_map(|line| {
+            let mut words = line.strip_prefix("RESULT ")?.split_whitespace();
+            Some((words.next()?.to_string(), words.next()?.parse().ok()?))
+        }));
+    }
+    results
+}
+
+fn figures_of(results: &[(String, f64)]) -> Figures {
+    let get = |key: &str| results.iter().find(|(k, _)| k == key).map_or(f64::NAN, |&(_, v)| v);
+    Figures { tx: get("tx"), rx: get("rx"), hop: get("hop"), step: get("step"), large_gbs: get("gbs") }
+}
+
+pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
+    if gpus.engines.len() < 2 || !gpus.peers {
+        say("processes table skipped: needs two GPUs with peer access");
+        return;
+    }
+    if let Err(e) = ppnrt::nccl::nccl() {
+        say(&format!("processes table skipped: {e}"));
+        return;
+    }
+    let primary = &gpus.engines[0];
+    let in_process = {
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1, 0]).slots(2), primary).unwrap();
+        let hop = hop(&rt, primary).unwrap();
+        drop(rt);
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(2), primary).unwrap();
+        let (tx, rx, step, gbs) = stream(&rt, primary);
+        Figures { tx: tx.unwrap(), rx: rx.unwrap(), hop, step: step.unwrap(), large_gbs: gbs.unwrap() }
+    };
+    let across = |sockets: bool| {
+        let mut results = ranks("hop", "0,1,0", sockets);
+        results.extend(ranks("stream", "0,1", sockets));
+        figures_of(&results)
+    };
+    let nvlink = across(false);
+    let sockets = across(true);
+    let _ = writeln!(report, "\n### Boundary between processes (NCCL) beside the in-process peer boundary\n");
+    let _ = writeln!(
+        report,
+        "| boundary | host tx (µs) | host rx (µs) | tx + rx (µs) | isolated hop 32 KiB (µs) | pipelined step 32 KiB (µs) | 64 MiB (GB/s) |"
+    );
+    let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (name, f) in [("in-process peer", in_process), ("NCCL, NVLink", nvlink), ("NCCL, sockets (loopback)", sockets)]
+    {
+        let line = format!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.1} |",
+            f.tx,
+            f.rx,
+            f.tx + f.rx,
+            f.hop,
+            f.step,
+            f.large_gbs
+        );
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    }
+    let _ = writeln!(report);
+    let targets = [
+        (
+            "NCCL 64 MiB boundary throughput ≥ 85% of the in-process peer boundary",
+            format!(
+                "{:.1} vs {:.1} GB/s ({:.1}%)",
+                nvlink.large_gbs,
+                in_process.large_gbs,
+                100.0 * nvlink.large_gbs / in_process.large_gbs
+            ),
+            nvlink.large_gbs >= 0.85 * in_process.large_gbs,
+        ),
+        (
+            "NCCL 32 KiB isolated hop ≤ 1.5× the in-process peer hop",
+            format!("{:.1} vs {:.1} µs ({:.2}×)", nvlink.hop, in_process.hop, nvlink.hop / in_process.hop),
+            nvlink.hop <= 1.5 * in_process.hop,
+        ),
+        (
+            "NCCL host cost per tx + rx ≤ 1.3× in-process",
+            format!(
+                "{:.2} vs {:.2} µs ({:.2}×)",
+                nvlink.tx + nvlink.rx,
+                in_process.tx + in_process.rx,
+                (nvlink.tx + nvlink.rx) / (in_process.tx + in_process.rx)
+            ),
+            nvlink.tx + nvlink.rx <= 1.3 * (in_process.tx + in_process.rx),
+        ),
+    ];
+    for (name, measured, met) in targets {
+        let line = format!("| {name} | {measured} | {} |", if met { "yes" } else { "NO" });
+        println!("TARGET {line}");
+        let _ = writeln!(report, "{line}");
+    }
+}
