@@ -40,7 +40,7 @@ run_step() { # name logfile command...
   end=$(date +%s%N)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|^outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
   if [ $rc -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
 
@@ -76,6 +76,14 @@ if [[ $phases == *examples* ]]; then
     run_step "example pipeline 4 slots 1 MiB" "$logs/example-pipeline-big.log" "$pipeline" --slots 4 --n 262144 --steps 100
     run_step "example pipeline --graph 8 stages alternating" "$logs/example-pipeline-graph-alt8.log" "$pipeline" --graph --devices "$alternating" --steps 200
     run_step "example pipeline --graph 3 slots" "$logs/example-pipeline-graph-slots.log" "$pipeline" --graph --slots 3 --steps 200
+  fi
+  processes=$bundle/examples/processes
+  if [ -x "$processes" ] && [ "$PPNRT_REQUIRE_GPUS" -ge 2 ]; then
+    run_step "example processes 0,1,0,1 (2 ranks, NVLink)" "$logs/example-processes.log" \
+      scripts/launch-local.sh 0,1,0,1 --one-gpu-per-rank -- "$processes" --steps 300
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+      run_step "example processes 0,0,1,1 (2 ranks, sockets)" "$logs/example-processes-sockets.log" \
+      scripts/launch-local.sh 0,0,1,1 --one-gpu-per-rank -- "$processes" --steps 300
   fi
 fi
 

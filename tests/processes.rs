@@ -29,6 +29,8 @@ const SEED_VAR: &str = "PPNRT_MP_SEED";
 const OUT_VAR: &str = "PPNRT_MP_OUT";
 const FAULT_VAR: &str = "PPNRT_MP_SKIP_TX_WAIT";
 const WAIT: Duration = Duration::from_secs(30);
+/// The longest random device delay injected around a boundary.
+const MAX_DELAY_NS: u64 = 40_000;
 
 /// The length of step `t` (1 to 9000 elements; every rank draws the same).
 fn length_of(seed: u64, t: u64) -> usize {
@@ -128,6 +130,7 @@ impl Launch<'_> {
                     .env("PPNRT_PEER_TIMEOUT_MS", "30000")
                     .env("NCCL_DEBUG", "INFO")
                     .env("NCCL_DEBUG_SUBSYS", "INIT")
+                    .env("NCCL_DEBUG_FILE", dir.join(format!("nccl-rank{rank}.%p.log")))
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
                 if self.broken {
@@ -177,11 +180,17 @@ fn ready(test: &str) -> Option<Engine> {
     Some(Engine::new(0).unwrap())
 }
 
-/// The NCCL transports the ranks' NCCL logs name (`P2P/CUMEM`, `NET/Socket`, ...).
-fn transports_used(outputs: &[(bool, String)]) -> Vec<String> {
-    let mut found: Vec<String> = outputs
+/// The NCCL transports the ranks' NCCL logs (files in `dir`) name (`P2P/CUMEM`, `NET/Socket`, ...).
+fn transports_used(dir: &Path) -> Vec<String> {
+    let logs: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("nccl-rank"))
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+        .collect();
+    let mut found: Vec<String> = logs
         .iter()
-        .flat_map(|(_, output)| output.lines())
+        .flat_map(|log| log.lines())
         .filter_map(|line| line.split(" via ").nth(1))
         .map(|via| {
             via.split_whitespace()
@@ -215,7 +224,7 @@ fn mismatches_against_reference(
     for (rank, (ok, output)) in results.iter().enumerate() {
         assert!(ok, "{name}: rank {rank} failed:\n{output}");
     }
-    let transports = transports_used(&results);
+    let transports = transports_used(&dir);
     if sockets {
         assert!(
             !transports.is_empty() && transports.iter().all(|t| t.starts_with("NET/Socket")),
@@ -339,7 +348,8 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let (ok, output) = output_of(survivor);
-    let line = output.lines().find(|l| l.starts_with("CHILD-PEER-FAILED")).unwrap_or_default().to_string();
+    let line =
+        output.lines().find_map(|l| l.find("CHILD-PEER-FAILED").map(|at| l[at..].to_string())).unwrap_or_default();
     assert!(ok && !line.is_empty(), "the survivor did not report a typed error:\n{output}");
     let noticed_at: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     let after = Duration::from_millis(noticed_at.saturating_sub(killed_at));
@@ -358,7 +368,14 @@ fn one_rank_under_memcheck() {
         say(&format!("SKIPPED {test}: `{sanitizer}` not found (set PPNRT_COMPUTE_SANITIZER)"));
         return;
     }
-    let wrap = vec![sanitizer, "--tool".into(), "memcheck".into(), "--error-exitcode".into(), "99".into()];
+    // NCCL probes kernels of other architectures with `cudaFuncGetAttributes` and expects
+    // `cudaErrorNoKernelImageForDevice`: API errors are not reported here (the crate's own API
+    // use is checked, API errors included, by the gate's sanitizer phase on every other test).
+    let wrap: Vec<String> = ["--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "99"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let wrap = [vec![sanitizer], wrap].concat();
     let dir = scratch("memcheck");
     let seed = 11;
     let launch = Launch {
@@ -427,10 +444,18 @@ fn step(rt: &PpNRt, primary: &Engine, seed: u64, t: u64) -> Result<Option<ppnrt:
             };
             rt.rx_wait::<f32>(s - 1, index, n, WAIT)?
         };
+        // Random delays on the device (a spin kernel): after a receive (the slot's next receive
+        // must wait for its copy out), and before a send (a receive not waited for reads the
+        // slot before the data lands).
+        let mut delays = Rng::new(seed ^ (t << 8) ^ s as u64);
+        if s > 0 {
+            engine.spin(delays.below(MAX_DELAY_NS))?;
+        }
         for layer in layers_of(s, n_stages) {
             engine.toy_layer(&mut x, t as u32, layer)?;
         }
         if s + 1 < n_stages {
+            engine.spin(delays.below(MAX_DELAY_NS))?;
             carried = Some((s, rt.tx(s, &x, n)?));
         } else {
             return Ok(Some(x));

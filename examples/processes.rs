@@ -1,0 +1,120 @@
+//! A decode loop whose stages run in several processes: run one copy per rank, each with the
+//! same `PPNRT_*` configuration plus its own `PPNRT_RANK` (`scripts/launch-local.sh` starts the
+//! ranks of one host; on several hosts, start one per host with `PPNRT_RENDEZVOUS` naming rank
+//! 0's address).
+//!
+//! ```text
+//! scripts/launch-local.sh 0,1,0,1 --one-gpu-per-rank -- target/release/examples/processes --steps 200
+//! ```
+//!
+//! Every rank runs its own stages of each step: stage 0 makes the step's input, each stage runs
+//! its share of a toy model's layers, and boundaries between ranks go through NCCL (`tx` and
+//! `rx_wait` as within one process). The rank of the last stage reads each step's output back
+//! with `readback` (overlapping the next steps) and checks it bitwise against one engine
+//! running the whole model. Exit status 0 when identical, 1 on a mismatch or error, 2 without a
+//! GPU.
+
+use std::collections::VecDeque;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ppnrt::pp::PendingReadback;
+use ppnrt::{Device, Engine, PpConfig, PpNRt};
+
+const LAYERS: u32 = 12;
+const N: usize = 8192;
+
+fn input(step: usize) -> Vec<f32> {
+    (0..N).map(|i| ppnrt::kernels::pattern(step as u32, i as u64) as f32 / u32::MAX as f32 - 0.5).collect()
+}
+
+fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
+    let per = |s: usize| (s as u32 * LAYERS) / n_stages as u32;
+    per(s)..per(s + 1)
+}
+
+fn run() -> Result<(), String> {
+    let mut steps = 200;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--steps" => steps = args.next().and_then(|v| v.parse().ok()).ok_or("--steps needs a number")?,
+            "--bench" => {}
+            other => return Err(format!("unknown flag {other} (usage: processes [--steps N])")),
+        }
+    }
+    let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
+    let config = PpConfig::from_env().map_err(|e| ppnrt::error::chain(&e))?;
+    let primary = Engine::new(0).map_err(chain)?;
+    let rt = PpNRt::new(config, &primary).map_err(chain)?;
+    println!("rank {}: {}", rt.rank(), rt.plan());
+    let n_stages = rt.n_stages();
+    let last = n_stages - 1;
+    let timeout = Duration::from_secs(60);
+    let mut pending: VecDeque<(usize, PendingReadback<f32>)> = VecDeque::new();
+    let (mut checked, started) = (0, Instant::now());
+    let mut check = |step: usize, values: &[f32]| -> Result<(), String> {
+        let mut x = primary.htod(&input(step)).map_err(chain)?;
+        for layer in 0..LAYERS {
+            primary.toy_layer(&mut x, step as u32, layer).map_err(chain)?;
+        }
+        let expected = primary.dtoh(&x).map_err(chain)?;
+        if expected.iter().zip(values).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(format!("step {step}: output differs from one engine's"));
+        }
+        checked += 1;
+        Ok(())
+    };
+    for step in 0..steps {
+        let slot = step % rt.n_slots();
+        let mut carried = None;
+        for s in (0..n_stages).filter(|&s| rt.owns_stage(s)) {
+            let engine = rt.engine(s, &primary).map_err(chain)?;
+            let _scope = rt.enter(s).map_err(chain)?;
+            let mut x = match (s, carried) {
+                (0, _) => engine.htod(&input(step)).map_err(chain)?,
+                (_, Some((b, index))) if b + 1 == s => rt.rx::<f32>(b, index, N).map_err(chain)?,
+                _ => rt.rx_wait::<f32>(s - 1, slot, N, timeout).map_err(chain)?,
+            };
+            for layer in layers_of(s, n_stages) {
+                engine.toy_layer(&mut x, step as u32, layer).map_err(chain)?;
+            }
+            if s == last {
+                pending.push_back((step, rt.readback(x).map_err(chain)?));
+            } else {
+                carried = Some((s, rt.tx(s, &x, N).map_err(chain)?));
+            }
+        }
+        while pending.len() > 4 || (step + 1 == steps && !pending.is_empty()) {
+            let (done, readback) = pending.pop_front().expect("not empty");
+            check(done, readback.wait().map_err(chain)?)?;
+        }
+    }
+    rt.synchronize().map_err(chain)?;
+    if rt.owns_stage(last) {
+        println!(
+            "outputs: bitwise identical to one engine after {checked} steps ({:.1} ms)",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    } else {
+        println!("rank {}: ran its stages of {steps} steps", rt.rank());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match Device::count() {
+        Ok(n) if n > 0 => {}
+        other => {
+            eprintln!("processes: no GPU ({other:?})");
+            return ExitCode::from(2);
+        }
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("processes: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
