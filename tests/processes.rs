@@ -28,9 +28,14 @@ const STEPS_VAR: &str = "PPNRT_MP_STEPS";
 const SEED_VAR: &str = "PPNRT_MP_SEED";
 const OUT_VAR: &str = "PPNRT_MP_OUT";
 const FAULT_VAR: &str = "PPNRT_MP_SKIP_TX_WAIT";
+const DELAY_VAR: &str = "PPNRT_MP_MAX_DELAY_NS";
 const WAIT: Duration = Duration::from_secs(30);
-/// The longest random device delay injected around a boundary.
+/// The longest random device delay injected around a boundary (unless the test sets another).
 const MAX_DELAY_NS: u64 = 40_000;
+
+fn max_delay_ns() -> u64 {
+    std::env::var(DELAY_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_DELAY_NS)
+}
 
 /// The length of step `t` (1 to 9000 elements; every rank draws the same).
 fn length_of(seed: u64, t: u64) -> usize {
@@ -95,6 +100,8 @@ struct Launch<'a> {
     wrap_rank1: Option<&'a [String]>,
     /// Break the protocol on purpose: `rx` does not wait for the NCCL receive.
     broken: bool,
+    /// The longest random device delay around each boundary, if not the default.
+    max_delay_ns: Option<u64>,
 }
 
 impl Launch<'_> {
@@ -135,6 +142,9 @@ impl Launch<'_> {
                     .stderr(Stdio::piped());
                 if self.broken {
                     command.env(FAULT_VAR, "1");
+                }
+                if let Some(ns) = self.max_delay_ns {
+                    command.env(DELAY_VAR, ns.to_string());
                 }
                 if self.sockets {
                     command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
@@ -215,10 +225,12 @@ fn mismatches_against_reference(
     steps: u64,
     sockets: bool,
     broken: bool,
+    max_delay_ns: Option<u64>,
 ) -> usize {
     let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
     let dir = scratch(name);
-    let launch = Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken };
+    let launch =
+        Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken, max_delay_ns };
     let started = Instant::now();
     let results = launch.run(&dir, Duration::from_secs(240));
     for (rank, (ok, output)) in results.iter().enumerate() {
@@ -245,7 +257,7 @@ fn mismatches_against_reference(
 }
 
 fn matches_reference(engine: &Engine, name: &str, ranks: &[usize], slots: usize, steps: u64, sockets: bool) {
-    let mismatches = mismatches_against_reference(engine, name, ranks, slots, steps, sockets, false);
+    let mismatches = mismatches_against_reference(engine, name, ranks, slots, steps, sockets, false, None);
     assert_eq!(mismatches, 0, "{name}: outputs differ from one engine's");
 }
 
@@ -261,13 +273,18 @@ fn two_processes_match_one_engine_bitwise() {
     matches_reference(&engine, "8-alternating", &[0, 1, 0, 1, 0, 1, 0, 1], 4, 300, false);
 }
 
-/// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ.
+/// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ. Both
+/// runs use long device delays before each send (up to 1 ms), so the data lands well after the
+/// record that announces it.
 #[test]
 fn a_broken_protocol_across_processes_is_caught() {
     let test = "a_broken_protocol_across_processes_is_caught";
     let Some(engine) = ready(test) else { return };
-    let mismatches = mismatches_against_reference(&engine, "broken", &[0, 1], 2, 500, false, true);
-    assert!(mismatches > 0, "rx without waiting for the receive went unnoticed");
+    let delay = Some(1_000_000);
+    let sound = mismatches_against_reference(&engine, "sound-long-delays", &[0, 1], 2, 300, false, false, delay);
+    assert_eq!(sound, 0, "the protocol as specified must not mismatch");
+    let broken = mismatches_against_reference(&engine, "broken-long-delays", &[0, 1], 2, 300, false, true, delay);
+    assert!(broken > 0, "rx without waiting for the receive went unnoticed");
 }
 
 #[test]
@@ -294,6 +311,7 @@ fn the_contract_holds_across_processes() {
         sockets: false,
         wrap_rank1: None,
         broken: false,
+        max_delay_ns: None,
     };
     let results = launch.run(&dir, Duration::from_secs(120));
     for (rank, (ok, output)) in results.iter().enumerate() {
@@ -321,6 +339,7 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
         sockets: false,
         wrap_rank1: None,
         broken: false,
+        max_delay_ns: None,
     };
     let mut children = launch.spawn(&dir);
     let running = dir.join("running");
@@ -387,6 +406,7 @@ fn one_rank_under_memcheck() {
         sockets: false,
         wrap_rank1: Some(&wrap),
         broken: false,
+        max_delay_ns: None,
     };
     let results = launch.run(&dir, Duration::from_secs(400));
     for (rank, (ok, output)) in results.iter().enumerate() {
@@ -448,14 +468,15 @@ fn step(rt: &PpNRt, primary: &Engine, seed: u64, t: u64) -> Result<Option<ppnrt:
         // must wait for its copy out), and before a send (a receive not waited for reads the
         // slot before the data lands).
         let mut delays = Rng::new(seed ^ (t << 8) ^ s as u64);
+        let max_delay = max_delay_ns();
         if s > 0 {
-            engine.spin(delays.below(MAX_DELAY_NS))?;
+            engine.spin(delays.below(max_delay))?;
         }
         for layer in layers_of(s, n_stages) {
             engine.toy_layer(&mut x, t as u32, layer)?;
         }
         if s + 1 < n_stages {
-            engine.spin(delays.below(MAX_DELAY_NS))?;
+            engine.spin(delays.below(max_delay))?;
             carried = Some((s, rt.tx(s, &x, n)?));
         } else {
             return Ok(Some(x));
