@@ -215,49 +215,46 @@ fn transports_used(dir: &Path) -> Vec<String> {
     found
 }
 
-/// Runs `ranks` and compares the last rank's digests with the one-engine reference; returns
-/// how many steps differ.
-fn mismatches_against_reference(
-    engine: &Engine,
-    name: &str,
-    ranks: &[usize],
-    slots: usize,
-    steps: u64,
-    sockets: bool,
-    broken: bool,
-    max_delay_ns: Option<u64>,
-) -> usize {
+/// The pipeline launch of `ranks` with a seed of its own.
+fn pipeline_launch(ranks: &[usize], slots: usize, steps: u64, sockets: bool) -> Launch<'_> {
     let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
+    Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken: false, max_delay_ns: None }
+}
+
+/// Runs `launch` (a pipeline) and compares the last rank's digests with the one-engine
+/// reference; returns how many steps differ.
+fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>) -> usize {
     let dir = scratch(name);
-    let launch =
-        Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken, max_delay_ns };
     let started = Instant::now();
     let results = launch.run(&dir, Duration::from_secs(240));
     for (rank, (ok, output)) in results.iter().enumerate() {
         assert!(ok, "{name}: rank {rank} failed:\n{output}");
     }
     let transports = transports_used(&dir);
-    if sockets {
+    if launch.sockets {
         assert!(
             !transports.is_empty() && transports.iter().all(|t| t.starts_with("NET/Socket")),
             "{name}: NCCL was to use sockets only, its logs name {transports:?}"
         );
     }
     let got = read_digests(&dir);
-    let expected = reference_digests(engine, seed, steps);
-    assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {steps} steps", got.len());
+    let expected = reference_digests(engine, launch.seed, launch.steps);
+    assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {} steps", got.len(), launch.steps);
     let mismatches = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
     say(&format!(
-        "{name}: ranks {ranks:?}, {slots} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {steps} \
-         randomized steps ({:.1} s)",
-        if broken { ", protocol broken on purpose" } else { "" },
+        "{name}: ranks {:?}, {} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {} randomized steps \
+         ({:.1} s)",
+        launch.ranks,
+        launch.slots,
+        if launch.broken { ", protocol broken on purpose" } else { "" },
+        launch.steps,
         started.elapsed().as_secs_f64()
     ));
     mismatches
 }
 
 fn matches_reference(engine: &Engine, name: &str, ranks: &[usize], slots: usize, steps: u64, sockets: bool) {
-    let mismatches = mismatches_against_reference(engine, name, ranks, slots, steps, sockets, false, None);
+    let mismatches = mismatches_against_reference(engine, name, &pipeline_launch(ranks, slots, steps, sockets));
     assert_eq!(mismatches, 0, "{name}: outputs differ from one engine's");
 }
 
@@ -280,10 +277,11 @@ fn two_processes_match_one_engine_bitwise() {
 fn a_broken_protocol_across_processes_is_caught() {
     let test = "a_broken_protocol_across_processes_is_caught";
     let Some(engine) = ready(test) else { return };
-    let delay = Some(1_000_000);
-    let sound = mismatches_against_reference(&engine, "sound-long-delays", &[0, 1], 2, 300, false, false, delay);
+    let sound = Launch { max_delay_ns: Some(1_000_000), ..pipeline_launch(&[0, 1], 2, 300, false) };
+    let sound = mismatches_against_reference(&engine, "sound-long-delays", &sound);
     assert_eq!(sound, 0, "the protocol as specified must not mismatch");
-    let broken = mismatches_against_reference(&engine, "broken-long-delays", &[0, 1], 2, 300, false, true, delay);
+    let broken = Launch { broken: true, max_delay_ns: Some(1_000_000), ..pipeline_launch(&[0, 1], 2, 300, false) };
+    let broken = mismatches_against_reference(&engine, "broken-long-delays", &broken);
     assert!(broken > 0, "rx without waiting for the receive went unnoticed");
 }
 
