@@ -27,6 +27,10 @@ struct Figures {
     hop: f64,
     step: f64,
     large_gbs: f64,
+    /// NCCL alone (no pipeline): host cost of a send call, of a receive call, and the hop.
+    raw_send: f64,
+    raw_recv: f64,
+    raw_hop: f64,
 }
 
 fn slot_of(rt: &PpNRt, t: usize) -> usize {
@@ -94,7 +98,11 @@ fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64
             }
             if receives {
                 if host_costs && !in_process {
-                    std::thread::sleep(Duration::from_micros(150));
+                    // Busy, not asleep: a thread woken from sleep pays for cold caches.
+                    let until = Instant::now() + Duration::from_micros(150);
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
                 }
                 let _scope = rt.enter(1).unwrap();
                 let start = Instant::now();
@@ -122,11 +130,73 @@ fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64
     (tx, rx, step, gbs)
 }
 
+/// The raw reference: NCCL alone between the two ranks (through `NcclComm`, no pipeline): the
+/// host cost of a 32 KiB send and receive call, and half a send/receive round trip (rank 0 waits
+/// for the echo on the host). Returns (send µs, recv µs, hop µs) on rank 0.
+fn raw_nccl(primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>) {
+    use ppnrt::nccl::{NcclComm, NcclUniqueId};
+    use ppnrt::rendezvous::Rendezvous;
+    let rank: usize = std::env::var("PPNRT_RANK").unwrap().parse().unwrap();
+    let meet = Rendezvous {
+        addr: std::env::var("PPNRT_RENDEZVOUS").unwrap(),
+        rank,
+        world: 2,
+        fingerprint: "raw".into(),
+        timeout: Duration::from_secs(60),
+    };
+    let id = if rank == 0 {
+        let id = NcclUniqueId::new().unwrap();
+        meet.serve(&id.to_bytes()).unwrap();
+        id
+    } else {
+        NcclUniqueId::from_bytes(&meet.join().unwrap())
+    };
+    let comm = NcclComm::init_rank(primary.context(), 2, &id, rank as i32).unwrap();
+    let stream = ppnrt::CudaStream::new(primary.context()).unwrap();
+    let mut buf = primary.htod(&vec![1.5f32; SMALL]).unwrap();
+    primary.synchronize().unwrap();
+    let peer = 1 - rank as i32;
+    let (mut sends, mut recvs, mut hops) = (Vec::new(), Vec::new(), Vec::new());
+    for k in 0..1330 {
+        let start = Instant::now();
+        if rank == 0 {
+            comm.send(&stream, &buf, peer).unwrap();
+            let sent = Instant::now();
+            comm.recv(&stream, &mut buf, peer).unwrap();
+            let received = Instant::now();
+            stream.synchronize().unwrap();
+            if k >= 30 {
+                sends.push((sent - start).as_secs_f64() * 1e6);
+                recvs.push((received - sent).as_secs_f64() * 1e6);
+                hops.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+        } else {
+            comm.recv(&stream, &mut buf, peer).unwrap();
+            comm.send(&stream, &buf, peer).unwrap();
+            if k % 64 == 0 {
+                stream.synchronize().unwrap();
+            }
+        }
+    }
+    stream.synchronize().unwrap();
+    let pick = |v: &mut Vec<f64>| (!v.is_empty()).then(|| median(v));
+    (pick(&mut sends), pick(&mut recvs), pick(&mut hops))
+}
+
 /// A child process's work (one rank): returns true when this process is a rank (then `main`
 /// does nothing else).
 pub(crate) fn run_role() -> bool {
     let Ok(role) = std::env::var(ROLE_VAR) else { return false };
     let primary = Engine::new(0).unwrap();
+    if role == "raw" {
+        let (send, recv, hop) = raw_nccl(&primary);
+        for (key, value) in [("raw_send", send), ("raw_recv", recv), ("raw_hop", hop)] {
+            if let Some(value) = value {
+                println!("RESULT {key} {value}");
+            }
+        }
+        return true;
+    }
     let rt = PpNRt::new(PpConfig::from_env().unwrap(), &primary).unwrap();
     let print = |key: &str, value: Option<f64>| {
         if let Some(value) = value {
@@ -135,6 +205,7 @@ pub(crate) fn run_role() -> bool {
     };
     match role.as_str() {
         "hop" => print("hop", hop(&rt, &primary)),
+
         _ => {
             let (tx, rx, step, gbs) = stream(&rt, &primary);
             print("tx", tx);
@@ -184,7 +255,16 @@ fn ranks(role: &str, stage_ranks: &str, sockets: bool) -> Vec<(String, f64)> {
 
 fn figures_of(results: &[(String, f64)]) -> Figures {
     let get = |key: &str| results.iter().find(|(k, _)| k == key).map_or(f64::NAN, |&(_, v)| v);
-    Figures { tx: get("tx"), rx: get("rx"), hop: get("hop"), step: get("step"), large_gbs: get("gbs") }
+    Figures {
+        tx: get("tx"),
+        rx: get("rx"),
+        hop: get("hop"),
+        step: get("step"),
+        large_gbs: get("gbs"),
+        raw_send: get("raw_send"),
+        raw_recv: get("raw_recv"),
+        raw_hop: get("raw_hop"),
+    }
 }
 
 pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
@@ -203,11 +283,19 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
         drop(rt);
         let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(2), primary).unwrap();
         let (tx, rx, step, gbs) = stream(&rt, primary);
-        Figures { tx: tx.unwrap(), rx: rx.unwrap(), hop, step: step.unwrap(), large_gbs: gbs.unwrap() }
+        Figures {
+            tx: tx.unwrap(),
+            rx: rx.unwrap(),
+            hop,
+            step: step.unwrap(),
+            large_gbs: gbs.unwrap(),
+            ..Figures::default()
+        }
     };
     let across = |sockets: bool| {
         let mut results = ranks("hop", "0,1,0", sockets);
         results.extend(ranks("stream", "0,1", sockets));
+        results.extend(ranks("raw", "0,1", sockets));
         figures_of(&results)
     };
     let nvlink = across(false);
@@ -229,6 +317,18 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
             f.step,
             f.large_gbs
         );
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    }
+    let _ =
+        writeln!(report, "\nNCCL alone between the two processes (the raw reference, through `NcclComm`, 32 KiB):\n");
+    let _ = writeln!(
+        report,
+        "| NCCL transport | host send call (µs) | host recv call (µs) | hop: half a send/recv round trip (µs) |"
+    );
+    let _ = writeln!(report, "| --- | ---: | ---: | ---: |");
+    for (name, f) in [("NVLink", nvlink), ("sockets (loopback)", sockets)] {
+        let line = format!("| {name} | {:.2} | {:.2} | {:.1} |", f.raw_send, f.raw_recv, f.raw_hop);
         println!("{line}");
         let _ = writeln!(report, "{line}");
     }

@@ -41,6 +41,11 @@ use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
+/// How long a thread that expects the next step soon (a receiver thread after a record, an
+/// `rx_wait` on a boundary from another rank) spins before it sleeps: waking a sleeping thread
+/// costs more than a step's host work, and a decode loop's next step comes within this window.
+pub(super) const SPIN: Duration = Duration::from_micros(50);
+
 const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
@@ -285,6 +290,10 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
     let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
     let mut expected = 0u64;
     let mut last_poll = Instant::now();
+    // After each record the connection is read without blocking for SPIN (the next record is
+    // likely near), then with a blocking read bounded by POLL.
+    let mut spin_until: Option<Instant> = None;
+    let mut nonblocking = false;
     let outcome: std::result::Result<(), String> = loop {
         if stop.load(Ordering::SeqCst) || link.stopped().is_some() {
             break Ok(());
@@ -293,14 +302,29 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
             watch_comm(&link);
             last_poll = Instant::now();
         }
+        let spinning = spin_until.is_some_and(|until| Instant::now() < until);
+        if spinning != nonblocking {
+            if let Err(e) = inbound.socket.set_nonblocking(spinning) {
+                break Err(format!("switching the connection's blocking mode failed: {e}"));
+            }
+            nonblocking = spinning;
+        }
         let record = match read_record(&mut inbound.socket, &mut pending) {
             Ok(Some(record)) => record,
-            Ok(None) => continue,
+            Ok(None) => {
+                if !spinning {
+                    spin_until = None;
+                }
+                std::hint::spin_loop();
+                continue;
+            }
             Err(reason) => break Err(reason),
         };
+        spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
                 let drained = inbound.recv_stream.synchronize();
+                let _ = inbound.socket.set_nonblocking(false);
                 let answered = inbound.socket.write_all(&[DONE]);
                 match (drained, answered) {
                     (Ok(()), Ok(())) => {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,9 @@ struct Boundary {
     changed: Condvar,
     /// The link to the TX stage's rank, when that stage runs in another process.
     inbound: Option<Arc<Link>>,
+    /// Counts the receiver thread's changes to the ring (an `rx_wait` spins on it briefly before
+    /// it sleeps on `changed`).
+    filled: AtomicU64,
     /// How long an `rx` without a timeout waits for a step still on its way from another rank.
     peer_timeout: Duration,
 }
@@ -274,6 +277,7 @@ impl PpNRt {
                     ring: Mutex::new(Ring { next: 0, slots }),
                     changed: Condvar::new(),
                     inbound,
+                    filled: AtomicU64::new(0),
                     peer_timeout: config.peer_timeout_value(),
                 })))
             })
@@ -457,6 +461,7 @@ impl PpNRt {
         which: impl Fn(&Ring) -> usize,
     ) -> Result<MutexGuard<'a, Ring>> {
         let start = Instant::now();
+        let spin_until = start + remote::SPIN;
         let ready = |ring: &Ring| {
             let state = ring.slots[which(ring)].state;
             if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) }
@@ -475,6 +480,17 @@ impl PpNRt {
                     waited,
                     found: ring.slots[slot].state,
                 }));
+            }
+            if boundary.inbound.is_some() && Instant::now() < spin_until {
+                // A step from another rank is likely near: spin on the receiver thread's change
+                // count (read under the lock, so no change is missed), then look again.
+                let seen = boundary.filled.load(Ordering::Acquire);
+                drop(ring);
+                while boundary.filled.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
+                    std::hint::spin_loop();
+                }
+                ring = Self::lock(boundary);
+                continue;
             }
             ring = match boundary.changed.wait_timeout(ring, timeout - waited) {
                 Ok((ring, _)) => ring,
@@ -921,12 +937,14 @@ impl SlotFiller for Boundary {
         recv(&mut dst)?;
         slot.state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
+        self.filled.fetch_add(1, Ordering::Release);
         self.changed.notify_all();
         Ok(true)
     }
 
     fn wake(&self) {
         let _ring = PpNRt::lock(self);
+        self.filled.fetch_add(1, Ordering::Release);
         self.changed.notify_all();
     }
 }
