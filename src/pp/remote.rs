@@ -130,9 +130,11 @@ struct SendControl {
 }
 
 impl Sender {
-    /// Sends `x[..n]` (checked by the caller) as the boundary's next step: the NCCL send on the TX
-    /// stage's stream, ordered like a copy that reads `x`, then the step's record. Returns the
-    /// step's slot index.
+    /// Sends `x[..n]` (checked by the caller) as the boundary's next step: the step's record
+    /// first (so the RX rank posts its receive while this rank issues the send), then the NCCL
+    /// send on the TX stage's stream, ordered like a copy that reads `x`. Returns the step's slot
+    /// index. If the send fails after its record went out, the link fails and the connection is
+    /// shut down, so the RX rank aborts its receive instead of waiting for it.
     pub(super) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
         self.link.check()?;
         let mut control = self.lock();
@@ -144,16 +146,18 @@ impl Sender {
             })));
         }
         let view = x.as_view().slice(..n)?;
-        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
-            // The send may or may not be queued: the link cannot be trusted with another step.
-            self.link.fail(format!("the NCCL send of step {} failed: {e}", control.step));
-            return Err(e);
-        }
         let step = control.step;
         let record = encode_record(DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
         if let Err(e) = control.socket.write_all(&record) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
+        }
+        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
+            // The send may or may not be queued, and its record is out: the link cannot be
+            // trusted with another step, and the RX rank must not wait for this one.
+            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
+            let _ = control.socket.shutdown(std::net::Shutdown::Both);
+            return Err(e);
         }
         control.step += 1;
         Ok((step % self.n_slots as u64) as usize)
