@@ -43,8 +43,10 @@ pub(super) const POLL: Duration = Duration::from_millis(10);
 
 /// How long a thread that expects the next step soon (a receiver thread after a record, an
 /// `rx_wait` on a boundary from another rank) spins before it sleeps: waking a sleeping thread
-/// costs more than a step's host work, and a decode loop's next step comes within this window.
-pub(super) const SPIN: Duration = Duration::from_micros(50);
+/// costs tens of µs on a busy host, more than a step's host work, and a decode step's next
+/// boundary crossing comes within this window. Spinning costs one core for at most this long
+/// per wait.
+pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
 const DATA: u8 = 1;
