@@ -97,8 +97,10 @@ fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64
                 }
             }
             if receives {
-                if host_costs && !in_process {
-                    // Busy, not asleep: a thread woken from sleep pays for cold caches.
+                if host_costs {
+                    // The receiver is slower than the sender, so its `rx` never waits for data;
+                    // the same pause in one process keeps the comparison fair. Busy, not asleep:
+                    // a thread woken from sleep pays for cold caches.
                     let until = Instant::now() + Duration::from_micros(150);
                     while Instant::now() < until {
                         std::hint::spin_loop();
