@@ -79,7 +79,6 @@ fn hop(rt: &PpNRt, primary: &Engine) -> Option<f64> {
 /// (tx µs, rx µs, step µs, GB/s) for what this process runs.
 fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
     let (sends, receives) = (rt.owns_stage(0), rt.owns_stage(1));
-    let in_process = sends && receives;
     let small = if sends { Some(source(rt, primary, SMALL)) } else { None };
     let large = if sends { Some(source(rt, primary, LARGE)) } else { None };
     let (mut tx_costs, mut rx_costs) = (Vec::new(), Vec::new());
