@@ -19,6 +19,12 @@
 //! nothing is overwritten when a call fails. Each stage has its own stream; several host threads
 //! may drive different stages of one runtime at once.
 //!
+//! A pipeline may span processes and hosts ([`PpConfig::ranks`], `PPNRT_RANKS`): each process
+//! runs its own stages, and a boundary between two processes is [`Transport::Nccl`] (an NCCL
+//! send on the TX stage's stream, received by the RX process into its slot ring), with the same
+//! `tx`/`rx` contract; a stage of another process is [`PpError::StageNotOwned`], and a failed
+//! peer [`PpError::PeerFailed`].
+//!
 //! Every fallible call returns the crate's typed [`Error`](crate::Error), which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
 //! fallible too: a stage index out of range is [`PpError::StageOutOfRange`](crate::Error), never a

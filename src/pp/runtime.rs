@@ -165,9 +165,15 @@ impl PpNRt {
     /// stages (`primary` for its own device), one stream per stage, peer access where the plan
     /// uses it, and one slot ring per boundary.
     ///
+    /// When the stages span processes ([`PpConfig::ranks`]), this process builds only its own
+    /// stages, and the call blocks until every rank has met at the rendezvous and each boundary
+    /// between two ranks has its NCCL communicator and its connection (at most the peer timeout
+    /// for the rendezvous; see the [module docs](crate::pp)).
+    ///
     /// # Errors
     /// [`Error::Config`] for a configuration that cannot run on the devices present; the driver's
-    /// error.
+    /// error; across processes also [`Error::Rendezvous`], [`Error::Nccl`] and
+    /// [`PpError::PeerFailed`].
     pub fn new(config: PpConfig, primary: &Engine) -> Result<PpNRt> {
         config.validate()?;
         let stage_devices = config.stage_devices(primary.ordinal());
