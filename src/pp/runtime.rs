@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,9 @@ struct Boundary {
     ring: Mutex<Ring>,
     /// Signalled whenever a slot of the ring changes state (for the waiting `tx_wait`/`rx_wait`).
     changed: Condvar,
+    /// Threads asleep on `changed`: a state change signals it only when some are (a signal
+    /// costs a system call, which a step's `tx` and `rx` would otherwise pay each time).
+    sleepers: AtomicUsize,
     /// The link to the TX stage's rank, when that stage runs in another process.
     inbound: Option<Arc<Link>>,
     /// Counts the receiver thread's changes to the ring (an `rx_wait` spins on it briefly before
@@ -282,6 +285,7 @@ impl PpNRt {
                     sm_copies,
                     ring: Mutex::new(Ring { next: 0, slots }),
                     changed: Condvar::new(),
+                    sleepers: AtomicUsize::new(0),
                     inbound,
                     filled: AtomicU64::new(0),
                     peer_timeout: config.peer_timeout_value(),
@@ -498,10 +502,7 @@ impl PpNRt {
                 ring = Self::lock(boundary);
                 continue;
             }
-            ring = match boundary.changed.wait_timeout(ring, timeout - waited) {
-                Ok((ring, _)) => ring,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            ring = boundary.sleep(ring, timeout - waited);
         }
         Ok(ring)
     }
@@ -612,8 +613,9 @@ impl PpNRt {
             SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
         }
         slot.state = SlotState::Filled { n, elem: T::NAME };
-        boundary.changed.notify_all();
         ring.next = (index + 1) % ring.slots.len();
+        drop(ring);
+        boundary.wake_sleepers();
         Ok(index)
     }
 
@@ -684,7 +686,8 @@ impl PpNRt {
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
         slot.state = SlotState::Received;
-        boundary.changed.notify_all();
+        drop(ring);
+        boundary.wake_sleepers();
         Ok(out)
     }
 
@@ -793,7 +796,8 @@ impl PpNRt {
             slot.state = SlotState::Discarded;
             discarded += 1;
         }
-        boundary.changed.notify_all();
+        drop(ring);
+        boundary.wake_sleepers();
         Ok(discarded)
     }
 
@@ -923,10 +927,7 @@ impl SlotFiller for Boundary {
             if stop.load(Ordering::SeqCst) {
                 return Ok(false);
             }
-            ring = match self.changed.wait_timeout(ring, remote::POLL) {
-                Ok((ring, _)) => ring,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            ring = self.sleep(ring, remote::POLL);
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
@@ -944,18 +945,43 @@ impl SlotFiller for Boundary {
         slot.state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
         self.filled.fetch_add(1, Ordering::Release);
-        self.changed.notify_all();
+        drop(ring);
+        self.wake_sleepers();
         Ok(true)
     }
 
     fn wake(&self) {
-        let _ring = PpNRt::lock(self);
+        let ring = PpNRt::lock(self);
         self.filled.fetch_add(1, Ordering::Release);
+        drop(ring);
+        // Unconditionally: the link's failure is no slot state a sleeper could have checked.
         self.changed.notify_all();
     }
 }
 
 impl Boundary {
+    /// Sleeps on the ring's condition variable for at most `timeout` (counted as a sleeper, so
+    /// state changes signal it); returns the lock held again.
+    fn sleep<'a>(&'a self, ring: MutexGuard<'a, Ring>, timeout: Duration) -> MutexGuard<'a, Ring> {
+        // Counted under the lock: a thread that changes a slot's state afterwards (it needs the
+        // lock) sees the count and signals.
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let ring = match self.changed.wait_timeout(ring, timeout) {
+            Ok((ring, _)) => ring,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        ring
+    }
+
+    /// Signals the threads asleep on the ring, if any. Call after a slot's state changed under
+    /// the ring's lock (with the lock held or just released).
+    fn wake_sleepers(&self) {
+        if self.sleepers.load(Ordering::SeqCst) != 0 {
+            self.changed.notify_all();
+        }
+    }
+
     /// Enqueues a copy within the RX device on `stream` (a stream of that device): the SM copy
     /// kernel when the boundary may use it, up to [`SM_COPY_MAX_BYTES`], with both addresses
     /// 16-byte aligned; else the copy engine.
@@ -1103,7 +1129,8 @@ impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
             if ring.slots[self.slot].state == SlotState::Lent {
                 ring.slots[self.slot].state = SlotState::Received;
             }
-            self.boundary.changed.notify_all();
+            drop(ring);
+            self.boundary.wake_sleepers();
         }
     }
 }

@@ -185,7 +185,8 @@ impl Drop for TakenSlots<'_> {
                 slot.buffer = SlotBuffer::Device(Arc::new(buffer));
                 slot.state = state;
             }
-            boundary.changed.notify_all();
+            drop(ring);
+            boundary.wake_sleepers();
         }
     }
 }
@@ -411,7 +412,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         drop(rings);
         for boundary in rt.rings() {
-            boundary.changed.notify_all();
+            boundary.wake_sleepers();
         }
         Ok(k)
     }
@@ -481,7 +482,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
             if let Some(boundary) = rt.ring(b) {
-                boundary.changed.notify_all();
+                boundary.wake_sleepers();
             }
         }
         Ok(k)
