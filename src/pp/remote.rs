@@ -318,10 +318,16 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
         let record = match read_record(&mut inbound.socket, &mut pending) {
             Ok(Some(record)) => record,
             Ok(None) => {
-                if !spinning {
+                if spinning {
+                    // Between two reads, a microsecond of pause instructions rather than a tight
+                    // loop of system calls: the thread may share a core with a stage's thread.
+                    let until = Instant::now() + Duration::from_micros(1);
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                } else {
                     spin_until = None;
                 }
-                std::hint::spin_loop();
                 continue;
             }
             Err(reason) => break Err(reason),
