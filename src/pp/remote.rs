@@ -52,9 +52,6 @@ const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
 const DONE: u8 = 3;
-/// A step whose bytes differ from the previous step's: a filler message of the previous step's
-/// size comes first (it matches the receive the RX rank may have posted ahead for that size).
-const DATA_AFTER_FILLER: u8 = 4;
 /// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
 /// element's size in bytes (u64), then the element type's name.
 const RECORD_HEAD: usize = 32;
@@ -132,11 +129,6 @@ struct SendControl {
     socket: TcpStream,
     step: u64,
     closed: bool,
-    /// The bytes of the previous step: the RX rank may post the next step's receive for this
-    /// size before the step is announced.
-    last_bytes: Option<usize>,
-    /// Zeroed device memory the filler messages are sent from.
-    filler: Option<CudaSlice<u8>>,
 }
 
 impl Sender {
@@ -157,20 +149,12 @@ impl Sender {
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
-        let bytes = view.byte_len();
-        let filler = control.last_bytes.filter(|&last| last != bytes);
-        let kind = if filler.is_some() { DATA_AFTER_FILLER } else { DATA };
-        let record = encode_record(kind, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+        let record = encode_record(DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
         if let Err(e) = control.socket.write_all(&record) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
-        let sent = match filler {
-            Some(last) => self.send_filler(&mut control, last),
-            None => Ok(()),
-        }
-        .and_then(|()| self.link.comm.send(&self.tx_stream, &view, 1));
-        if let Err(e) = sent {
+        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.
             self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
@@ -178,20 +162,7 @@ impl Sender {
             return Err(e);
         }
         control.step += 1;
-        control.last_bytes = Some(bytes);
         Ok((step % self.n_slots as u64) as usize)
-    }
-
-    /// Sends `bytes` of zeros: the message that matches a receive the RX rank posted ahead for
-    /// the previous step's size.
-    fn send_filler(&self, control: &mut SendControl, bytes: usize) -> Result<()> {
-        if control.filler.as_ref().is_none_or(|filler| filler.len() < bytes) {
-            let mut filler = CudaSlice::<u8>::alloc(&self.tx_stream, bytes)?;
-            self.tx_stream.memset_bytes(&mut filler, 0)?;
-            control.filler = Some(filler);
-        }
-        let filler = control.filler.as_ref().expect("allocated above").as_view().slice(..bytes)?;
-        self.link.comm.send(&self.tx_stream, &filler, 1)
     }
 
     fn lock(&self) -> MutexGuard<'_, SendControl> {
@@ -208,18 +179,14 @@ impl Sender {
         }
         control.closed = true;
         let step = control.step;
-        let closed = control.socket.write_all(&encode_record(CLOSE, step, 0, 0, ""));
-        // The RX rank may have posted a receive for the step after the last: a filler ends it.
-        if let (Ok(()), Some(last)) = (&closed, control.last_bytes) {
-            if let Err(e) = self.send_filler(&mut control, last) {
-                self.link.fail(format!("the close's filler could not be sent: {e}"));
-                return;
-            }
-        }
-        let answer = closed.and_then(|()| control.socket.set_read_timeout(Some(timeout))).and_then(|()| {
-            let mut done = [0u8; 1];
-            control.socket.read_exact(&mut done).map(|()| done[0])
-        });
+        let answer = control
+            .socket
+            .write_all(&encode_record(CLOSE, step, 0, 0, ""))
+            .and_then(|()| control.socket.set_read_timeout(Some(timeout)))
+            .and_then(|()| {
+                let mut done = [0u8; 1];
+                control.socket.read_exact(&mut done).map(|()| done[0])
+            });
         match answer {
             Ok(DONE) => {
                 self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
@@ -270,20 +237,16 @@ pub(super) struct Announced {
     pub(super) bytes: usize,
 }
 
-/// The ring a receiver thread fills.
+/// What the receiver thread does with each announced step: fill the ring's next slot through
+/// `recv` (which posts the NCCL receive into the slot's bytes), waiting while the slot is taken
+/// and `stop` is not set. Returns `Ok(false)` when stopped first.
 pub(super) trait SlotFiller: Send + Sync + 'static {
-    /// Posts `recv` (an NCCL receive) into the first `bytes` of the ring's next slot, growing
-    /// it if needed, without marking it filled. With `stop`, waits while the slot is taken and
-    /// `stop` is not set; without, gives up at once when the slot or its lock is taken. Returns
-    /// whether the receive was posted.
-    fn receive_into_next(
+    fn fill(
         &self,
-        bytes: usize,
-        stop: Option<&AtomicBool>,
+        step: &Announced,
+        stop: &AtomicBool,
         recv: &mut dyn FnMut(&mut crate::safe::CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool>;
-    /// Marks the ring's next slot filled with `step` and moves on to the following slot.
-    fn commit_next(&self, step: &Announced);
     /// Wakes every thread waiting on the ring (the link stopped).
     fn wake(&self);
 }
@@ -328,11 +291,6 @@ fn io_error(link: &Link, what: &str, e: &std::io::Error) -> Error {
     Error::Pipeline(PpError::PeerFailed { boundary: link.boundary, peer: link.peer, reason: format!("{what}: {e}") })
 }
 
-/// The receiver thread's loop. Besides posting each announced step's receive, it posts the next
-/// step's receive ahead, for the previous step's size, as soon as the slot is free: a decode
-/// loop's steps keep their size, and a receive already posted takes NCCL's host call off the
-/// path of each step. A step of another size is announced with a filler first (see
-/// [`DATA_AFTER_FILLER`]), which the receive posted ahead (or one posted now) takes.
 fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
     let link = Arc::clone(&inbound.link);
     let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
@@ -342,12 +300,6 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
     // likely near), then with a blocking read bounded by POLL.
     let mut spin_until: Option<Instant> = None;
     let mut nonblocking = false;
-    // The bytes of the last step, and whether a receive of that size is posted ahead into the
-    // ring's next slot.
-    let mut last_bytes: Option<usize> = None;
-    let mut posted_ahead = false;
-    let recv_stream = Arc::clone(&inbound.recv_stream);
-    let mut recv = |dst: &mut crate::safe::CudaViewMut<'_, u8>| link.comm.recv(&recv_stream, dst, 0);
     let outcome: std::result::Result<(), String> = loop {
         if stop.load(Ordering::SeqCst) || link.stopped().is_some() {
             break Ok(());
@@ -355,12 +307,6 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
         if last_poll.elapsed() >= POLL {
             watch_comm(&link);
             last_poll = Instant::now();
-        }
-        if let (false, Some(last)) = (posted_ahead, last_bytes) {
-            match filler.receive_into_next(last, None, &mut recv) {
-                Ok(posted) => posted_ahead = posted,
-                Err(e) => break Err(format!("posting step {expected}'s receive ahead: {e}")),
-            }
         }
         let spinning = spin_until.is_some_and(|until| Instant::now() < until);
         if spinning != nonblocking {
@@ -389,16 +335,6 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
         spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
-                // The sender's close ends a receive posted ahead with a filler; without one
-                // posted, the filler is received into scratch memory.
-                if let (false, Some(last)) = (posted_ahead, last_bytes) {
-                    let scratch = CudaSlice::<u8>::alloc(&inbound.recv_stream, last)
-                        .and_then(|mut scratch| recv(&mut scratch.as_view_mut()).map(|()| scratch));
-                    if let Err(e) = scratch {
-                        break Err(format!("receiving the close's filler: {e}"));
-                    }
-                }
-                posted_ahead = false;
                 let drained = inbound.recv_stream.synchronize();
                 let _ = inbound.socket.set_nonblocking(false);
                 let answered = inbound.socket.write_all(&[DONE]);
@@ -414,62 +350,29 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
             Record::Close { steps } => {
                 break Err(format!("the close names {steps} step(s), {expected} were announced"));
             }
-            Record::Data(step, _) if step.step != expected => {
+            Record::Data(step) if step.step != expected => {
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }
-            Record::Data(step, after_filler) => {
-                let received = if after_filler {
-                    let Some(last) = last_bytes else {
-                        break Err(format!("step {} announced a filler before any step", step.step));
-                    };
-                    let filled = match posted_ahead {
-                        true => Ok(true),
-                        false => filler.receive_into_next(last, Some(stop), &mut recv),
-                    };
-                    posted_ahead = false;
-                    filled.and_then(|filled| {
-                        if filled { filler.receive_into_next(step.bytes, Some(stop), &mut recv) } else { Ok(false) }
-                    })
-                } else if posted_ahead {
-                    if Some(step.bytes) != last_bytes {
-                        break Err(format!(
-                            "step {} announced {} bytes, its receive was posted for {last_bytes:?}",
-                            step.step, step.bytes
-                        ));
-                    }
-                    posted_ahead = false;
-                    Ok(true)
-                } else {
-                    filler.receive_into_next(step.bytes, Some(stop), &mut recv)
-                };
-                match received {
-                    Ok(true) => {
-                        filler.commit_next(&step);
-                        last_bytes = Some(step.bytes);
-                        expected += 1;
-                    }
+            Record::Data(step) => {
+                let recv_stream = Arc::clone(&inbound.recv_stream);
+                let mut recv = |dst: &mut crate::safe::CudaViewMut<'_, u8>| link.comm.recv(&recv_stream, dst, 0);
+                match filler.fill(&step, stop, &mut recv) {
+                    Ok(true) => expected += 1,
                     Ok(false) => break Ok(()),
                     Err(e) => break Err(format!("receiving step {}: {e}", step.step)),
                 }
             }
         }
     };
-    match outcome {
-        Err(reason) => link.fail(reason),
-        // Stopped with a receive posted ahead for a step that never came: abort, so the
-        // receive does not hold its stream forever.
-        Ok(()) if posted_ahead => link.fail("the boundary stopped with a receive posted ahead".into()),
-        Ok(()) => {}
+    if let Err(reason) = outcome {
+        link.fail(reason);
     }
     filler.wake();
 }
 
 enum Record {
-    /// A step; `true` when a filler message comes first.
-    Data(Announced, bool),
-    Close {
-        steps: u64,
-    },
+    Data(Announced),
+    Close { steps: u64 },
 }
 
 fn encode_record(kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> Vec<u8> {
@@ -503,14 +406,14 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
                 let name = std::str::from_utf8(&pending[RECORD_HEAD..RECORD_HEAD + name_len])
                     .map_err(|_| "a record whose type name is not UTF-8".to_string())?;
                 let record = match kind {
-                    DATA | DATA_AFTER_FILLER => {
+                    DATA => {
                         let elem = intern(name);
                         let bytes = n
                             .checked_mul(elem_size)
                             .and_then(|bytes| usize::try_from(bytes).ok())
                             .filter(|&bytes| bytes > 0)
                             .ok_or_else(|| format!("step {step}: {n} element(s) of {elem_size} byte(s) ({name})"))?;
-                        Record::Data(Announced { step, n: n as usize, elem, bytes }, kind == DATA_AFTER_FILLER)
+                        Record::Data(Announced { step, n: n as usize, elem, bytes })
                     }
                     CLOSE => Record::Close { steps: step },
                     other => return Err(format!("a record of unknown kind {other}")),
@@ -681,7 +584,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             // The probe proves the link (and makes NCCL connect now, not in the first step).
             link.comm.send(&local.stream, &probe, 1)?;
             local.stream.synchronize()?;
-            let control = Mutex::new(SendControl { socket, step: 0, closed: false, last_bytes: None, filler: None });
+            let control = Mutex::new(SendControl { socket, step: 0, closed: false });
             let sender = Sender {
                 link,
                 tx_stream: Arc::clone(&local.stream),

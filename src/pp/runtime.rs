@@ -916,31 +916,23 @@ impl PpNRt {
 }
 
 impl SlotFiller for Boundary {
-    fn receive_into_next(
+    fn fill(
         &self,
-        bytes: usize,
-        stop: Option<&AtomicBool>,
+        step: &Announced,
+        stop: &AtomicBool,
         recv: &mut dyn FnMut(&mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool> {
-        let mut ring = match stop {
-            Some(_) => PpNRt::lock(self),
-            None => match self.ring.try_lock() {
-                Ok(ring) => ring,
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
-            },
-        };
+        let mut ring = PpNRt::lock(self);
         while !ring.slots[ring.next].state.is_free() {
-            match stop {
-                None => return Ok(false),
-                Some(stop) if stop.load(Ordering::SeqCst) => return Ok(false),
-                Some(_) => ring = self.sleep(ring, remote::POLL),
+            if stop.load(Ordering::SeqCst) {
+                return Ok(false);
             }
+            ring = self.sleep(ring, remote::POLL);
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
-        if slot.buffer.capacity() < bytes {
-            grow(slot, self.plan.transport, &self.rx_stream, bytes)?;
+        if slot.buffer.capacity() < step.bytes {
+            grow(slot, self.plan.transport, &self.rx_stream, step.bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;
         let SlotBuffer::Device(buffer) = &mut slot.buffer else {
@@ -948,19 +940,14 @@ impl SlotFiller for Boundary {
         };
         // A free slot is not lent: its view gave its share back before the slot was freed.
         let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
-        let mut dst = buffer.as_view_mut().slice_mut(..bytes)?;
+        let mut dst = buffer.as_view_mut().slice_mut(..step.bytes)?;
         recv(&mut dst)?;
-        Ok(true)
-    }
-
-    fn commit_next(&self, step: &Announced) {
-        let mut ring = PpNRt::lock(self);
-        let index = ring.next;
-        ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };
+        slot.state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
         self.filled.fetch_add(1, Ordering::Release);
         drop(ring);
         self.wake_sleepers();
+        Ok(true)
     }
 
     fn wake(&self) {
