@@ -671,3 +671,90 @@ fn accept_inbound(
     }
     Ok(sockets)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair on loopback; the reader's reads time out after 20 ms.
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        reader.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        writer.set_nodelay(true).unwrap();
+        (writer, reader)
+    }
+
+    fn read_until_record(reader: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Result<Record, String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(record) = read_record(reader, pending)? {
+                return Ok(record);
+            }
+            assert!(Instant::now() < deadline, "no record within 5 s");
+        }
+    }
+
+    #[test]
+    fn a_record_written_byte_by_byte_is_read_whole_and_two_in_one_write_both() {
+        let (mut writer, mut reader) = pair();
+        let mut pending = Vec::new();
+        let record = encode_record(DATA, 7, 1000, 4, "f32");
+        for byte in &record {
+            assert!(read_record(&mut reader, &mut pending).unwrap().is_none(), "a partial record is not a record");
+            writer.write_all(std::slice::from_ref(byte)).unwrap();
+        }
+        match read_until_record(&mut reader, &mut pending).unwrap() {
+            Record::Data(step) => {
+                assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
+            }
+            Record::Close { .. } => panic!("expected data"),
+        }
+        let mut both = encode_record(DATA, 8, 3, 2, "bf16");
+        both.extend(encode_record(CLOSE, 9, 0, 0, ""));
+        writer.write_all(&both).unwrap();
+        assert!(
+            matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Data(s) if s.elem == "bf16" && s.bytes == 6)
+        );
+        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Close { steps: 9 }));
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn malformed_records_and_a_closed_connection_are_reasons_to_fail() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (encode_record(9, 0, 1, 4, "f32"), "unknown kind"),
+            (encode_record(DATA, 0, 0, 4, "f32"), "element(s)"),
+            (encode_record(DATA, 0, u64::MAX, 8, "f64"), "element(s)"),
+            (encode_record(DATA, 0, 1, 4, &"x".repeat(MAX_TYPE_NAME + 1)), "type name of"),
+            (
+                {
+                    let mut r = encode_record(DATA, 0, 1, 1, "ab");
+                    let at = r.len() - 2;
+                    r[at] = 0xff;
+                    r
+                },
+                "not UTF-8",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let (mut writer, mut reader) = pair();
+            writer.write_all(&bytes).unwrap();
+            let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+        let (writer, mut reader) = pair();
+        drop(writer);
+        let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+        assert!(err.contains("closed"), "{err}");
+    }
+
+    #[test]
+    fn type_names_from_the_wire_are_kept_once() {
+        let a = intern("my_type_from_the_wire");
+        let b = intern(&String::from("my_type_from_the_wire"));
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(a, "my_type_from_the_wire");
+    }
+}
