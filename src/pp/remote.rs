@@ -407,7 +407,8 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
                     .map_err(|_| "a record whose type name is not UTF-8".to_string())?;
                 let record = match kind {
                     DATA => {
-                        let elem = intern(name);
+                        let elem = intern(name)
+                            .ok_or_else(|| format!("more than {MAX_TYPE_NAMES} element type names crossed the wire"))?;
                         let bytes = n
                             .checked_mul(elem_size)
                             .and_then(|bytes| usize::try_from(bytes).ok())
@@ -437,15 +438,21 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
 /// `&'static str`).
 static TYPE_NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
-fn intern(name: &str) -> &'static str {
+/// The most distinct element type names kept (each at most [`MAX_TYPE_NAME`] bytes).
+const MAX_TYPE_NAMES: usize = 1024;
+
+/// The name kept once for the process, or `None` when [`MAX_TYPE_NAMES`] are kept already.
+fn intern(name: &str) -> Option<&'static str> {
     let mut known = TYPE_NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(&found) = known.iter().find(|&&known| known == name) {
-        return found;
+        return Some(found);
     }
-    // Bounded by the distinct type names a pipeline sends (each at most MAX_TYPE_NAME bytes).
+    if known.len() >= MAX_TYPE_NAMES {
+        return None;
+    }
     let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
     known.push(leaked);
-    leaked
+    Some(leaked)
 }
 
 /// The watchdog of a runtime's outbound links (inbound links are watched by their receiver
@@ -537,13 +544,15 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         timeout,
     };
     let members = rendezvous.exchange(&contribution)?;
+    let malformed = |reason: String| {
+        Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason })
+    };
+    if let Some(short) = members.iter().position(|m| m.bytes.len() < 2) {
+        return Err(malformed(format!("rank {short} contributed no listening port")));
+    }
     let ids = &members[0].bytes[2..];
-    if ids.len() != cross.len() * NcclUniqueId::BYTES || members.iter().any(|m| m.bytes.len() < 2) {
-        return Err(Error::Pipeline(PpError::PeerFailed {
-            boundary: cross.first().map_or(0, |b| b.boundary),
-            peer: 0,
-            reason: format!("rank 0 handed out {} id bytes for {} boundaries", ids.len(), cross.len()),
-        }));
+    if ids.len() != cross.len() * NcclUniqueId::BYTES {
+        return Err(malformed(format!("rank 0 handed out {} id bytes for {} boundaries", ids.len(), cross.len())));
     }
     let address_of =
         |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[0], members[r].bytes[1]]));
@@ -752,8 +761,8 @@ mod tests {
 
     #[test]
     fn type_names_from_the_wire_are_kept_once() {
-        let a = intern("my_type_from_the_wire");
-        let b = intern(&String::from("my_type_from_the_wire"));
+        let a = intern("my_type_from_the_wire").unwrap();
+        let b = intern(&String::from("my_type_from_the_wire")).unwrap();
         assert!(std::ptr::eq(a, b));
         assert_eq!(a, "my_type_from_the_wire");
     }
