@@ -826,3 +826,30 @@ fn a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only() {
         }
     });
 }
+
+/// A rank builds only its own stages: another rank's device ordinal is never checked here, its
+/// own must be present (a `ConfigError` before any network call), and a rendezvous nobody
+/// answers is a typed timeout within the peer timeout, not a hang.
+#[test]
+fn a_rank_builds_only_its_stages_and_a_silent_rendezvous_times_out_typed() {
+    with_double("a_rank_builds_only_its_stages_and_a_silent_rendezvous_times_out_typed", |_| {
+        let primary = Engine::new(0).unwrap();
+        let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let silent = format!("127.0.0.1:{}", unused.port()); // nobody listens there once dropped
+        let timeout = std::time::Duration::from_millis(300);
+        let config = |devices: &[i32]| {
+            PpConfig::with_devices(devices).ranks(&[1, 0, 1]).rank(1).rendezvous(&silent).peer_timeout(timeout)
+        };
+        // Rank 1 runs stages 0 and 2; stage 1's device 99 is rank 0's business.
+        let start = std::time::Instant::now();
+        let err = PpNRt::new(config(&[0, 99, 0]), &primary).unwrap_err();
+        assert!(
+            matches!(err, Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Timeout { .. })),
+            "expected a rendezvous timeout, got {err}"
+        );
+        assert!(start.elapsed() < timeout * 10, "gave up after {:?}", start.elapsed());
+        // Its own stage on a device that is not there is refused first.
+        let err = PpNRt::new(config(&[99, 0, 0]), &primary).unwrap_err();
+        assert!(matches!(&err, Error::Config(e) if e.setting == "PPNRT_DEVICES" && e.reason.contains("99")), "{err}");
+    });
+}
