@@ -19,7 +19,9 @@ use super::readback::{PendingReadback, ReadbackRing};
 use super::remote::{self, Announced, Link, LocalStage, Receiver, Sender, SlotFiller, Watchdog};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
-use crate::config::{DEVICES_VAR, PpConfig, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR};
+use crate::config::{
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
 #[cfg(feature = "testing")]
@@ -1175,12 +1177,13 @@ impl fmt::Debug for PpNRt {
 }
 
 fn describe_env() -> String {
-    [STAGES_VAR, DEVICES_VAR, SLOTS_VAR, TRANSPORT_VAR]
+    let core = [STAGES_VAR, DEVICES_VAR, SLOTS_VAR, TRANSPORT_VAR].iter().map(|name| match std::env::var_os(name) {
+        Some(value) => format!("{name}={:?}", value.to_string_lossy()),
+        None => format!("{name} unset"),
+    });
+    // The settings of a pipeline across processes, where set.
+    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR]
         .iter()
-        .map(|name| match std::env::var_os(name) {
-            Some(value) => format!("{name}={:?}", value.to_string_lossy()),
-            None => format!("{name} unset"),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+        .filter_map(|name| std::env::var_os(name).map(|value| format!("{name}={:?}", value.to_string_lossy())));
+    core.chain(processes).collect::<Vec<_>>().join(" ")
 }
