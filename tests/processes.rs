@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
-use graphs::{TOTAL_LAYERS, layers_of};
+use graphs::layers_of;
 use ppnrt::{Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback};
 
 const MODE_VAR: &str = "PPNRT_MP_MODE";
@@ -53,17 +53,9 @@ fn digest(values: &[f32]) -> u64 {
     })
 }
 
-/// The whole model on one engine: the expected digest of every step.
+/// The whole model on one engine (the graph tests' reference): the expected digest of every step.
 fn reference_digests(engine: &Engine, seed: u64, steps: u64) -> Vec<u64> {
-    (0..steps)
-        .map(|t| {
-            let mut x = engine.htod(&input_of(seed, t)).unwrap();
-            for layer in 0..TOTAL_LAYERS {
-                engine.toy_layer(&mut x, t as u32, layer).unwrap();
-            }
-            digest(&engine.dtoh(&x).unwrap())
-        })
-        .collect()
+    (0..steps).map(|t| digest(&graphs::reference(engine, &[input_of(seed, t)], |_| t as u32)[0])).collect()
 }
 
 fn nccl_or_skip(test: &str) -> bool {

@@ -35,7 +35,7 @@ use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
 use crate::nccl::{NcclComm, NcclUniqueId};
-use crate::rendezvous::Rendezvous;
+use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 
 /// How often the receiver threads and the watchdog look at a link that is quiet.
@@ -474,6 +474,8 @@ impl Watchdog {
                 .map_err(|e| io_error(&sender.link, "the connection's timeout", &e))?;
         }
         let stop = Arc::new(AtomicBool::new(false));
+        // A failure to start names the first link it would have watched.
+        let first = Arc::clone(&senders[0].link);
         let thread = std::thread::Builder::new()
             .name("ppnrt-watchdog".into())
             .spawn({
@@ -487,13 +489,7 @@ impl Watchdog {
                     }
                 }
             })
-            .map_err(|e| {
-                Error::Pipeline(PpError::PeerFailed {
-                    boundary: 0,
-                    peer: 0,
-                    reason: format!("starting the watchdog thread: {e}"),
-                })
-            })?;
+            .map_err(|e| io_error(&first, "starting the watchdog thread", &e))?;
         Ok(Some(Watchdog { stop, thread: Some(thread) }))
     }
 }
@@ -522,14 +518,17 @@ pub(super) struct LocalStage {
 /// Joins the other ranks of `config` (see the module docs) and returns this rank's links.
 ///
 /// # Errors
-/// [`Error::Rendezvous`] for a failed rendezvous; [`PpError::PeerFailed`] for a connection that
+/// [`Error::Rendezvous`] for a failed rendezvous or a listener that cannot be bound;
+/// [`PpError::PeerFailed`] for a connection that
 /// fails; NCCL's error.
 pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStage>]) -> Result<Links> {
     let rank = config.own_rank();
     let timeout = config.peer_timeout_value();
     let cross: Vec<_> = plan.boundaries.iter().filter(|b| b.transport == Transport::Nccl).copied().collect();
-    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| setup_error(0, 0, "binding a listener", &e))?;
-    let port = listener.local_addr().map_err(|e| setup_error(0, 0, "the listener's port", &e))?.port();
+    // The listener of this rank's incoming boundaries, on an ephemeral port of every interface.
+    let unbindable = |e: std::io::Error| RendezvousError::Address { addr: "0.0.0.0:0".into(), reason: e.to_string() };
+    let listener = TcpListener::bind("0.0.0.0:0").map_err(unbindable)?;
+    let port = listener.local_addr().map_err(unbindable)?.port();
     let mut contribution = port.to_le_bytes().to_vec();
     if rank == 0 {
         for _ in &cross {
@@ -639,7 +638,9 @@ fn accept_inbound(
 ) -> Result<BTreeMap<usize, TcpStream>> {
     let wanted: Vec<_> = cross.iter().filter(|b| b.rx_rank == rank).map(|b| (b.boundary, b.tx_rank)).collect();
     let mut sockets = BTreeMap::new();
-    listener.set_nonblocking(true).map_err(|e| setup_error(0, 0, "the listener", &e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| RendezvousError::Address { addr: "0.0.0.0:0".into(), reason: e.to_string() })?;
     let start = Instant::now();
     while sockets.len() < wanted.len() {
         let missing = || wanted.iter().find(|(b, _)| !sockets.contains_key(b)).copied().unwrap_or((0, 0));

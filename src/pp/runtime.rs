@@ -85,8 +85,6 @@ struct Boundary {
     /// Counts the receiver thread's changes to the ring (an `rx_wait` spins on it briefly before
     /// it sleeps on `changed`).
     filled: AtomicU64,
-    /// How long an `rx` without a timeout waits for a step still on its way from another rank.
-    peer_timeout: Duration,
 }
 
 struct Ring {
@@ -290,7 +288,6 @@ impl PpNRt {
                     sleepers: AtomicUsize::new(0),
                     inbound,
                     filled: AtomicU64::new(0),
-                    peer_timeout: config.peer_timeout_value(),
                 })))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -557,19 +554,7 @@ impl PpNRt {
             BoundaryEnd::Send(sender) => return self.tx_remote(b, sender, x, n),
             BoundaryEnd::Ring(_) | BoundaryEnd::Foreign => return Err(self.not_owned(b)),
         };
-        if n == 0 {
-            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
-        }
-        if n > x.len() {
-            return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
-        }
-        if x.ordinal() != boundary.plan.tx_device {
-            return Err(Error::WrongDevice {
-                what: "PpNRt::tx: x must be on the TX stage's device",
-                expected: boundary.plan.tx_device,
-                found: x.ordinal(),
-            });
-        }
+        check_tx_args(b, x, n, boundary.plan.tx_device)?;
         let bytes = n * std::mem::size_of::<T>();
         let mut ring = Self::lock(boundary);
         if let Some(timeout) = wait {
@@ -577,15 +562,7 @@ impl PpNRt {
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
-        if !slot.state.is_free() {
-            return Err(Error::Pipeline(PpError::SlotState {
-                boundary: b,
-                slot: index,
-                call: "tx",
-                needed: "free (received)",
-                found: slot.state,
-            }));
-        }
+        check_free(b, index, "tx", slot.state)?;
         if slot.buffer.capacity() < bytes {
             grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
         }
@@ -601,13 +578,7 @@ impl PpNRt {
             SlotBuffer::Device(buffer) => {
                 // A lent slot is not free, and its view gives its share back before the slot is
                 // marked received: the buffer is not shared here.
-                let buffer = Arc::get_mut(buffer).ok_or(Error::Pipeline(PpError::SlotState {
-                    boundary: b,
-                    slot: index,
-                    call: "tx",
-                    needed: "free (received)",
-                    found: SlotState::Lent,
-                }))?;
+                let buffer = Arc::get_mut(buffer).ok_or_else(|| not_free(b, index, "tx", SlotState::Lent))?;
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
                 boundary.copy_into_slot(tx, src, dst)?;
             }
@@ -623,19 +594,7 @@ impl PpNRt {
 
     /// `tx` over a boundary to another rank: the same checks, then the NCCL send.
     fn tx_remote<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, sender: &Sender, x: &S, n: usize) -> Result<usize> {
-        if n == 0 {
-            return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
-        }
-        if n > x.len() {
-            return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
-        }
-        if x.ordinal() != sender.tx_device {
-            return Err(Error::WrongDevice {
-                what: "PpNRt::tx: x must be on the TX stage's device",
-                expected: sender.tx_device,
-                found: x.ordinal(),
-            });
-        }
+        check_tx_args(b, x, n, sender.tx_device)?;
         sender.tx(x, n)
     }
 
@@ -711,7 +670,7 @@ impl PpNRt {
             return Err(failed);
         }
         // A step from another rank may still be on its way: wait for it, bounded.
-        let wait = wait.or(boundary.inbound.as_ref().map(|_| boundary.peer_timeout));
+        let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout_value()));
         let mut ring = Self::lock(boundary);
         let n_slots = ring.slots.len();
         if slot_index >= n_slots {
@@ -999,6 +958,36 @@ impl Boundary {
             stream.memcpy_dtod(&src, &mut { dst })
         }
     }
+}
+
+/// Checks `tx`'s arguments at boundary `b`: `n` at least 1 and within `x`, `x` on the TX stage's
+/// device `tx_device`.
+fn check_tx_args<T: DeviceRepr, S: DeviceSlice<T>>(b: usize, x: &S, n: usize, tx_device: i32) -> Result<()> {
+    if n == 0 {
+        return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
+    }
+    if n > x.len() {
+        return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
+    }
+    if x.ordinal() != tx_device {
+        return Err(Error::WrongDevice {
+            what: "PpNRt::tx: x must be on the TX stage's device",
+            expected: tx_device,
+            found: x.ordinal(),
+        });
+    }
+    Ok(())
+}
+
+/// The error of `call` finding slot `slot` of boundary `b` not free for a write (`found`).
+fn not_free(b: usize, slot: usize, call: &'static str, found: SlotState) -> Error {
+    Error::Pipeline(PpError::SlotState { boundary: b, slot, call, needed: "free (received)", found })
+}
+
+/// Checks that a slot of boundary `b` in `state` may be written by `call`: [`PpError::SlotState`]
+/// when it is not free.
+fn check_free(b: usize, slot: usize, call: &'static str, state: SlotState) -> Result<()> {
+    if state.is_free() { Ok(()) } else { Err(not_free(b, slot, call, state)) }
 }
 
 /// Checks that a slot of boundary `b` in `state` holds `n` elements of `T`, for `call` to receive

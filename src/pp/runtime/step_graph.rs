@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Boundary, PpNRt, Ring, SlotBuffer, check_filled, grow};
+use super::{Boundary, PpNRt, Ring, SlotBuffer, check_filled, check_free, grow};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::error::{CaptureError, Error, Result};
@@ -333,14 +333,8 @@ impl PpNRt {
         let mut taken = TakenSlots { rt: self, taken: Vec::with_capacity(self.boundaries.len()) };
         for (b, boundary) in self.rings().enumerate() {
             let mut ring = PpNRt::lock(boundary);
-            if let Some((k, slot)) = ring.slots.iter().enumerate().find(|(_, slot)| !slot.state.is_free()) {
-                return Err(Error::Pipeline(PpError::SlotState {
-                    boundary: b,
-                    slot: k,
-                    call: "capture_step",
-                    needed: "free (received)",
-                    found: slot.state,
-                }));
+            for (k, slot) in ring.slots.iter().enumerate() {
+                check_free(b, k, "capture_step", slot.state)?;
             }
             for slot in ring.slots.iter_mut() {
                 if slot.buffer.capacity() < bytes {
@@ -382,16 +376,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             if ring.next != k {
                 return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
             }
-            let slot = &ring.slots[k];
-            if !slot.state.is_free() {
-                return Err(Error::Pipeline(PpError::SlotState {
-                    boundary: b,
-                    slot: k,
-                    call: "StepGraphs::launch",
-                    needed: "free (received)",
-                    found: slot.state,
-                }));
-            }
+            check_free(b, k, "StepGraphs::launch", ring.slots[k].state)?;
             self.check_captured(ring, b, k)?;
         }
         let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
