@@ -41,8 +41,8 @@ use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
-/// How long a thread that expects the next step soon (a receiver thread after a record, an
-/// `rx_wait` on a boundary from another rank) spins before it sleeps: waking a sleeping thread
+/// How long a thread that expects the next step soon (a receiver thread after a record or
+/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it sleeps: waking a sleeping thread
 /// costs tens of µs on a busy host, more than a step's host work, and a decode step's next
 /// boundary crossing comes within this window. Spinning costs one core for at most this long
 /// per wait.

@@ -82,9 +82,11 @@ struct Boundary {
     sleepers: AtomicUsize,
     /// The link to the TX stage's rank, when that stage runs in another process.
     inbound: Option<Arc<Link>>,
-    /// Counts the receiver thread's changes to the ring (an `rx_wait` spins on it briefly before
-    /// it sleeps on `changed`).
-    filled: AtomicU64,
+    /// Counts the ring's state changes (bumped by [`wake_sleepers`](Boundary::wake_sleepers) after
+    /// each): a thread waiting for a slot of a boundary from another rank (an `rx_wait`, or the
+    /// receiver thread waiting for a free slot) spins on it briefly before it sleeps on `changed`,
+    /// so the thread that makes the change pays no wake-up system call.
+    changes: AtomicU64,
 }
 
 struct Ring {
@@ -287,7 +289,7 @@ impl PpNRt {
                     changed: Condvar::new(),
                     sleepers: AtomicUsize::new(0),
                     inbound,
-                    filled: AtomicU64::new(0),
+                    changes: AtomicU64::new(0),
                 })))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -491,14 +493,9 @@ impl PpNRt {
                 }));
             }
             if boundary.inbound.is_some() && Instant::now() < spin_until {
-                // A step from another rank is likely near: spin on the receiver thread's change
-                // count (read under the lock, so no change is missed), then look again.
-                let seen = boundary.filled.load(Ordering::Acquire);
-                drop(ring);
-                while boundary.filled.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                    std::hint::spin_loop();
-                }
-                ring = Self::lock(boundary);
+                // A step from another rank is likely near: spin on the ring's change count
+                // (read under the lock, so no change is missed), then look again.
+                ring = boundary.spin(ring, spin_until, || false);
                 continue;
             }
             ring = boundary.sleep(ring, timeout - waited);
@@ -884,11 +881,18 @@ impl SlotFiller for Boundary {
         recv: &mut dyn FnMut(&mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool> {
         let mut ring = PpNRt::lock(self);
+        // The RX stage's `rx` of the slot is likely near: spin first, so that `rx` finds no
+        // sleeper to wake, then sleep.
+        let spin_until = Instant::now() + remote::SPIN;
         while !ring.slots[ring.next].state.is_free() {
             if stop.load(Ordering::SeqCst) {
                 return Ok(false);
             }
-            ring = self.sleep(ring, remote::POLL);
+            ring = if Instant::now() < spin_until {
+                self.spin(ring, spin_until, || stop.load(Ordering::Relaxed))
+            } else {
+                self.sleep(ring, remote::POLL)
+            };
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
@@ -905,7 +909,6 @@ impl SlotFiller for Boundary {
         recv(&mut dst)?;
         slot.state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
-        self.filled.fetch_add(1, Ordering::Release);
         drop(ring);
         self.wake_sleepers();
         Ok(true)
@@ -913,7 +916,7 @@ impl SlotFiller for Boundary {
 
     fn wake(&self) {
         let ring = PpNRt::lock(self);
-        self.filled.fetch_add(1, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
         drop(ring);
         // Unconditionally: the link's failure is no slot state a sleeper could have checked.
         self.changed.notify_all();
@@ -935,9 +938,27 @@ impl Boundary {
         ring
     }
 
-    /// Signals the threads asleep on the ring, if any. Call after a slot's state changed under
+    /// Releases the ring's lock and spins until its state changes (the change count moves), `until`
+    /// passes or `give_up` says so; returns the lock held again. The count is read under the
+    /// lock, so a change made after it is never missed.
+    fn spin<'a>(
+        &'a self,
+        ring: MutexGuard<'a, Ring>,
+        until: Instant,
+        give_up: impl Fn() -> bool,
+    ) -> MutexGuard<'a, Ring> {
+        let seen = self.changes.load(Ordering::Acquire);
+        drop(ring);
+        while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until && !give_up() {
+            std::hint::spin_loop();
+        }
+        PpNRt::lock(self)
+    }
+
+    /// Signals the threads asleep on the ring, if any, after counting the change. Call after a slot's state changed under
     /// the ring's lock (with the lock held or just released).
     fn wake_sleepers(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
         if self.sleepers.load(Ordering::SeqCst) != 0 {
             self.changed.notify_all();
         }
