@@ -854,19 +854,27 @@ fn engine_paths(gpus: &Gpus, report: &mut String) {
             logits
         };
         rt.synchronize().unwrap();
-        let t0 = Instant::now();
-        let pending = rt.readback(logits).unwrap();
-        let crate_s = t0.elapsed().as_secs_f64();
-        assert_eq!(pending.wait().unwrap()[n - 1], ppnrt::kernels::pattern(9, (n - 1) as u64));
-        drop(pending);
+        // Both inside the last stage's scope, where a decode loop starts its readback (after the
+        // stage's last kernels; `examples/processes.rs`, the README's loops).
+        let crate_s = {
+            let _stage = rt.enter(1).unwrap();
+            let t0 = Instant::now();
+            let pending = rt.readback(logits).unwrap();
+            let crate_s = t0.elapsed().as_secs_f64();
+            assert_eq!(pending.wait().unwrap()[n - 1], ppnrt::kernels::pattern(9, (n - 1) as u64));
+            crate_s
+        };
         rt.synchronize().unwrap();
-        let t0 = Instant::now();
-        raw!(cuCtxSetCurrent(e.context().raw()));
-        raw!(cuEventRecord(mark.raw(), stage.raw()));
-        raw!(cuStreamWaitEvent(readback.raw(), mark.raw(), 0));
-        raw!(cuMemcpyDtoHAsync_v2(pinned.as_mut_ptr().cast(), source.device_ptr(), n * 4, readback.raw()));
-        raw!(cuEventRecord(done.raw(), readback.raw()));
-        let raw_s = t0.elapsed().as_secs_f64();
+        let raw_s = {
+            let _stage = rt.enter(1).unwrap();
+            let t0 = Instant::now();
+            raw!(cuCtxSetCurrent(e.context().raw()));
+            raw!(cuEventRecord(mark.raw(), stage.raw()));
+            raw!(cuStreamWaitEvent(readback.raw(), mark.raw(), 0));
+            raw!(cuMemcpyDtoHAsync_v2(pinned.as_mut_ptr().cast(), source.device_ptr(), n * 4, readback.raw()));
+            raw!(cuEventRecord(done.raw(), readback.raw()));
+            t0.elapsed().as_secs_f64()
+        };
         readback.synchronize().unwrap();
         if round >= 200 {
             crate_times.push(crate_s);
