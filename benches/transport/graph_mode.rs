@@ -21,7 +21,15 @@ use super::{Gpus, api, launch_or_copy, median, say};
 const LAYERS: u32 = 20;
 const N: usize = 8192; // 32 KiB of f32
 const SLOTS: usize = 2;
-const STEPS: usize = 200;
+/// Steps per timed run (`PPNRT_BENCH_GRAPH_STEPS` overrides): enough for the steady state. The
+/// single multi-device graph's launches return in ~20–40 µs for the first few hundred steps, then
+/// block at the device's pace (~300 µs at S = 8 on 2× H200); runs of 200 steps measured only the
+/// first phase.
+const STEPS: usize = 1000;
+
+fn steps_per_run() -> usize {
+    std::env::var("PPNRT_BENCH_GRAPH_STEPS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(STEPS)
+}
 
 /// Figures of one variant, in µs.
 #[derive(Clone, Copy, Default)]
@@ -45,17 +53,18 @@ fn time_steps(mut step: impl FnMut(usize), sync: &dyn Fn()) -> Figures {
     sync();
     let (mut issue, mut issue_call, mut pipelined, mut latency) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut k = 0;
+    let steps = steps_per_run();
     for _ in 0..5 {
         let start = Instant::now();
-        for _ in 0..STEPS {
+        for _ in 0..steps {
             let t = Instant::now();
             step(k);
             issue_call.push(t.elapsed().as_secs_f64());
             k += 1;
         }
-        issue.push(start.elapsed().as_secs_f64() / STEPS as f64);
+        issue.push(start.elapsed().as_secs_f64() / steps as f64);
         sync();
-        pipelined.push(start.elapsed().as_secs_f64() / STEPS as f64);
+        pipelined.push(start.elapsed().as_secs_f64() / steps as f64);
     }
     for _ in 0..200 {
         let t = Instant::now();
@@ -352,8 +361,9 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
     let input: Vec<f32> = (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
     let _ = writeln!(
         report,
-        "\n| S × 20 kernels, 32 KiB, {} | host issue / step (run of {STEPS}) | host issue / step (median call) | pipelined step | isolated step |\n| --- | ---: | ---: | ---: | ---: |",
-        if two { "stages alternating over 2 GPUs" } else { "one GPU" }
+        "\n| S × 20 kernels, 32 KiB, {} | host issue / step (run of {}) | host issue / step (median call) | pipelined step | isolated step |\n| --- | ---: | ---: | ---: | ---: |",
+        if two { "stages alternating over 2 GPUs" } else { "one GPU" },
+        steps_per_run()
     );
     let mut checks: Vec<(String, String, bool)> = Vec::new();
     // Host issue per step at S = 2 (crate graph mode, raw per-stage graphs): the per-boundary cost
