@@ -853,3 +853,40 @@ fn a_rank_builds_only_its_stages_and_a_silent_rendezvous_times_out_typed() {
         assert!(matches!(&err, Error::Config(e) if e.setting == "PPNRT_DEVICES" && e.reason.contains("99")), "{err}");
     });
 }
+
+/// A stream that reads a buffer written on another stream waits for that write once, however
+/// many times it reads the buffer; a new write is waited for again, and every read sees the
+/// write it follows.
+#[test]
+fn a_stream_waits_once_per_write_it_reads_not_once_per_read() {
+    with_double("a_stream_waits_once_per_write_it_reads_not_once_per_read", |double| {
+        let e = Engine::new(0).unwrap();
+        let writer = CudaStream::new(e.context()).unwrap();
+        let reader = CudaStream::new(e.context()).unwrap();
+        let mut x = CudaSlice::<u32>::alloc(&writer, 1024).unwrap();
+        let mut outs: Vec<CudaSlice<u32>> = (0..4).map(|_| CudaSlice::<u32>::alloc(&reader, 1024).unwrap()).collect();
+        writer.synchronize().unwrap();
+        reader.synchronize().unwrap();
+        writer.memset_u32(&mut x, 7).unwrap();
+        let waits = double.calls_per_run(&["cuStreamWaitEvent"], 1, || {
+            for out in &mut outs[..3] {
+                reader.memcpy_dtod(&x, out).unwrap();
+            }
+        });
+        assert_eq!(waits.of("cuStreamWaitEvent"), 1.0, "three reads of one write");
+        writer.memset_u32(&mut x, 9).unwrap();
+        let waits = double.calls_per_run(&["cuStreamWaitEvent"], 1, || {
+            reader.memcpy_dtod(&x, &mut outs[3]).unwrap();
+        });
+        assert_eq!(waits.of("cuStreamWaitEvent"), 1.0, "a new write is waited for again");
+        for (i, out) in outs.iter().enumerate() {
+            let expected = if i < 3 { 7 } else { 9 };
+            assert!(e.dtoh(out).unwrap().iter().all(|&v| v == expected), "read {i} saw another write");
+        }
+        drop(outs);
+        drop(x);
+        writer.synchronize().unwrap();
+        reader.synchronize().unwrap();
+        assert_eq!(double.violations(), 0, "{}", double.last_violation());
+    });
+}

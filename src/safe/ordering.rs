@@ -104,12 +104,35 @@ impl Drop for PooledEvent {
 struct Mark {
     stream: Arc<CudaStream>,
     event: Option<PooledEvent>,
+    /// The last stream made to wait for `event` as it is recorded now (outside a capture): that
+    /// stream's later work is ordered after the use already and needs no second wait. Cleared
+    /// whenever `event` is recorded again or dropped. Holding the stream keeps its handle from
+    /// being reused by another stream.
+    waited_by: Option<Arc<CudaStream>>,
 }
 
 impl Mark {
+    fn new(stream: &Arc<CudaStream>) -> Mark {
+        Mark { stream: Arc::clone(stream), event: None, waited_by: None }
+    }
+
+    /// Makes `stream` (another stream than the mark's) wait for the use, unless it already did
+    /// for the event as recorded now.
+    fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.waited_by.as_ref().is_some_and(|waited| same_stream(waited, stream)) {
+            return Ok(());
+        }
+        stream.wait_pooled(self.event()?)?;
+        // A wait made during a capture lands in the graph, not on the stream: remembered only
+        // outside one.
+        self.waited_by = (!stream.is_capturing()).then(|| Arc::clone(stream));
+        Ok(())
+    }
+
     /// The mark's event, recorded now at the end of its stream if it has none yet.
     fn event(&mut self) -> Result<&PooledEvent> {
         if self.event.is_none() {
+            self.waited_by = None;
             let event = PooledEvent::take(self.stream.context())?;
             event.record(&self.stream)?;
             self.event = Some(event);
@@ -139,7 +162,7 @@ impl Access {
     /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
-        let write = owner.map(|stream| Mark { stream: Arc::clone(stream), event: None });
+        let write = owner.map(Mark::new);
         Access { state: Mutex::new(State { write, reads: Vec::new() }), eager }
     }
 
@@ -149,13 +172,14 @@ impl Access {
     }
 
     /// Makes `stream` wait for the uses that `use_` conflicts with: the last write, and for a
-    /// write every read since. Uses on `stream` itself need nothing.
-    pub(crate) fn order(&self, stream: &CudaStream, use_: Use) -> Result<()> {
+    /// write every read since. Uses on `stream` itself need nothing, nor do uses `stream` already
+    /// waited for.
+    pub(crate) fn order(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
         let mut state = self.lock();
         let State { write, reads } = &mut *state;
         let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
         for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
-            stream.wait_pooled(mark.event()?)?;
+            mark.wait_on(stream)?;
         }
         Ok(())
     }
@@ -174,7 +198,7 @@ impl Access {
             Use::Write => {
                 reads.clear();
                 if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
-                    *write = Some(Mark { stream: Arc::clone(stream), event: None });
+                    *write = Some(Mark::new(stream));
                 }
                 write.as_mut().expect("set above")
             }
@@ -183,12 +207,15 @@ impl Access {
                 None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
                     Some(at) => &mut reads[at],
                     None => {
-                        reads.push(Mark { stream: Arc::clone(stream), event: None });
+                        reads.push(Mark::new(stream));
                         reads.last_mut().expect("pushed above")
                     }
                 },
             },
         };
+        // The mark now stands for this use too: a wait made for its event as it was does not
+        // cover it.
+        mark.waited_by = None;
         if self.eager {
             // Re-record the mark's own event (a wait already made on it keeps what it captured),
             // or one from the pool.
