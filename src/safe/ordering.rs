@@ -6,7 +6,10 @@
 //!
 //! - a read waits for the last write, a write waits for the last write and every read since;
 //! - a mark on `S` itself needs nothing (stream order); a mark on another stream is waited on
-//!   through an event recorded after that use (`cuStreamWaitEvent`, which works across devices).
+//!   through an event recorded after that use (`cuStreamWaitEvent`, which works across devices),
+//!   once: a mark remembers the last stream that waited for its event, until the event is
+//!   recorded again (so a buffer written once and read by many kernels on another stream costs
+//!   that stream one wait).
 //!
 //! After the operation is enqueued, `S` becomes the buffer's last writer, or one of its readers.
 //! Freeing orders the owning stream after every mark the same way (or, for `cuMemFree` and pinned
