@@ -488,6 +488,43 @@ fn readbacks_arrive_and_never_hold_up_the_stage_stream() {
     });
 }
 
+/// A readback's driver calls, in steady state: the readback stream waits for the step once (an
+/// event recorded on the stage stream), copies, records its completion; freeing the device buffer
+/// on the readback stream afterwards needs no second wait for the step.
+#[test]
+fn a_readback_waits_for_its_step_once_copy_and_free_together() {
+    with_double("a_readback_waits_for_its_step_once_copy_and_free_together", |double| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
+        let e = rt.engine(1, &primary).unwrap().clone();
+        let n = 3000;
+        let step = |seed: u32| {
+            let _last = rt.enter(1).unwrap();
+            let mut logits = e.alloc::<u32>(n).unwrap();
+            e.fill_pattern(&mut logits, seed).unwrap();
+            let pending = rt.readback(logits).unwrap();
+            let expected: Vec<u32> = (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect();
+            assert_eq!(pending.wait().unwrap(), &expected[..], "step {seed}");
+        };
+        step(1); // warm-up: the pinned buffer and pooled events
+        let mut seed = 2;
+        let calls = double.calls_per_run(
+            &["cuStreamWaitEvent", "cuEventRecord", "cuMemcpyDtoHAsync_v2", "cuMemFreeAsync"],
+            20,
+            || {
+                step(seed);
+                seed += 1;
+            },
+        );
+        common::say(&format!("driver calls per readback step: {:?}", calls.0));
+        assert_eq!(calls.of("cuStreamWaitEvent"), 1.0, "the copy's wait orders the free too");
+        assert_eq!(calls.of("cuMemcpyDtoHAsync_v2"), 1.0);
+        assert_eq!(calls.of("cuMemFreeAsync"), 1.0);
+        assert_eq!(calls.of("cuEventRecord"), 2.0, "the step's mark and the copy's completion");
+        rt.synchronize().unwrap();
+    });
+}
+
 /// A readback of a buffer that is not on the last stage's device is refused, nothing enqueued.
 #[test]
 fn a_readback_from_another_device_is_refused() {
