@@ -407,7 +407,7 @@ impl PpConfig {
                     item.trim().parse::<usize>().map_err(|e| bad(format!("`{}` is not a rank: {e}", item.trim())))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            if parsed.iter().any(|&r| r > MAX_STAGES) {
+            if parsed.iter().any(|&r| r >= MAX_STAGES) {
                 return Err(bad(format!("ranks must be below {MAX_STAGES}")));
             }
             self.ranks = Some(parsed);

@@ -151,6 +151,21 @@ pub enum PpError {
         /// The element type `tx` sent.
         sent: &'static str,
     },
+    /// `tx` over a boundary to another process of an element type whose name
+    /// ([`DeviceRepr::NAME`](crate::DeviceRepr::NAME)) is longer than the boundary carries;
+    /// nothing was sent.
+    #[error(
+        "boundary {boundary}: the element type name `{name}` is {} bytes; a boundary between processes carries names of at most {max}",
+        name.len()
+    )]
+    TypeNameTooLong {
+        /// The boundary.
+        boundary: usize,
+        /// The element type's name.
+        name: &'static str,
+        /// The longest name the boundary carries, in bytes.
+        max: usize,
+    },
     /// `tx_wait` or `rx_wait` waited `waited` and the slot never became ready (free for `tx`,
     /// filled for `rx`); nothing was enqueued.
     #[error("boundary {boundary}, slot {slot}: {call} waited {waited:?}, and the slot is still {found}")]

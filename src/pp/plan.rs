@@ -100,7 +100,6 @@ impl Plan {
                 TransportPolicy::Staged => Transport::HostStaged,
                 _ if tx_device == rx_device => Transport::Local,
                 _ if tx_rank != rank => Transport::Peer,
-                _ if tx_device == rx_device => Transport::Local,
                 _ if peer_access(tx_device, rx_device) && peer_access(rx_device, tx_device) => Transport::Peer,
                 TransportPolicy::Peer => {
                     return Err(ConfigError {

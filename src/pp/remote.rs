@@ -42,10 +42,10 @@ use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
 /// How long a thread that expects the next step soon (a receiver thread after a record or
-/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it sleeps: waking a sleeping thread
-/// costs tens of µs on a busy host, more than a step's host work, and a decode step's next
-/// boundary crossing comes within this window. Spinning costs one core for at most this long
-/// per wait.
+/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it
+/// sleeps: waking a sleeping thread costs tens of µs on a busy host, more than a step's host
+/// work, and a decode step's next boundary crossing comes within this window. Spinning costs one
+/// core for at most this long per wait.
 pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
@@ -138,6 +138,7 @@ impl Sender {
     /// index. If the send fails after its record went out, the link fails and the connection is
     /// shut down, so the RX rank aborts its receive instead of waiting for it.
     pub(super) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
+        check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
         let mut control = self.lock();
         if control.closed {
@@ -432,6 +433,15 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
             Err(e) => return Err(format!("reading the boundary's connection failed: {e}")),
         }
     }
+}
+
+/// Refuses, at boundary `boundary`, an element type whose name is longer than a record carries
+/// (the receiver would fail the link on it).
+fn check_type_name(boundary: usize, name: &'static str) -> Result<()> {
+    if name.len() > MAX_TYPE_NAME {
+        return Err(Error::Pipeline(PpError::TypeNameTooLong { boundary, name, max: MAX_TYPE_NAME }));
+    }
+    Ok(())
 }
 
 /// Element type names met on the wire, each kept once (`SlotState` names a type by a
@@ -758,6 +768,19 @@ mod tests {
         drop(writer);
         let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
         assert!(err.contains("closed"), "{err}");
+    }
+
+    #[test]
+    fn a_type_name_longer_than_a_record_carries_is_refused_before_sending() {
+        let longest: &'static str = Box::leak("t".repeat(MAX_TYPE_NAME).into_boxed_str());
+        check_type_name(3, longest).unwrap();
+        let long: &'static str = Box::leak("t".repeat(MAX_TYPE_NAME + 1).into_boxed_str());
+        let err = check_type_name(3, long).unwrap_err();
+        assert!(
+            matches!(err, Error::Pipeline(PpError::TypeNameTooLong { boundary: 3, name, max: MAX_TYPE_NAME }) if name == long),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&format!("{} bytes", MAX_TYPE_NAME + 1)), "{err}");
     }
 
     #[test]

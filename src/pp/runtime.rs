@@ -58,6 +58,16 @@ enum BoundaryEnd {
     Foreign,
 }
 
+impl BoundaryEnd {
+    /// The ring of a boundary of a pipeline in one process (graph mode refuses others).
+    fn local_ring(&self) -> &Boundary {
+        match self {
+            BoundaryEnd::Ring(boundary) => boundary,
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => unreachable!("graph mode runs pipelines of one process"),
+        }
+    }
+}
+
 struct Stage {
     engine: Engine,
     stream: Arc<CudaStream>,
@@ -399,15 +409,12 @@ impl PpNRt {
 
     /// Every boundary's ring, for graph mode (as [`local_stages`](Self::local_stages)).
     fn rings(&self) -> impl Iterator<Item = &Boundary> {
-        self.boundaries.iter().map(|end| match end {
-            BoundaryEnd::Ring(boundary) => &**boundary,
-            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => unreachable!("graph mode runs pipelines of one process"),
-        })
+        self.boundaries.iter().map(BoundaryEnd::local_ring)
     }
 
     /// Boundary `b`'s ring, for graph mode (as [`local_stages`](Self::local_stages)).
     fn ring(&self, b: usize) -> Option<&Boundary> {
-        self.rings().nth(b)
+        self.boundaries.get(b).map(BoundaryEnd::local_ring)
     }
 
     /// The rank of this process (0 in a pipeline of one process).
@@ -955,8 +962,8 @@ impl Boundary {
         PpNRt::lock(self)
     }
 
-    /// Signals the threads asleep on the ring, if any, after counting the change. Call after a slot's state changed under
-    /// the ring's lock (with the lock held or just released).
+    /// Counts a change of the ring and signals the threads asleep on it, if any. Call after a
+    /// slot's state changed under the ring's lock (with the lock held or just released).
     fn wake_sleepers(&self) {
         self.changes.fetch_add(1, Ordering::Release);
         if self.sleepers.load(Ordering::SeqCst) != 0 {
