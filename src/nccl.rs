@@ -32,6 +32,12 @@ pub const LIBNCCL_PATH_VAR: &str = "PPNRT_LIBNCCL_PATH";
 /// The oldest NCCL this crate uses: 2.7.0, the first with point-to-point send/recv and groups.
 pub const MINIMUM_VERSION: NcclVersion = NcclVersion { major: 2, minor: 7, patch: 0 };
 
+/// The oldest NCCL whose operations boundaries from other ranks capture into CUDA graphs
+/// ([`PpConfig::nccl_recv_graphs`](crate::PpConfig::nccl_recv_graphs)): 2.13.0, the first that
+/// documents mixing graph launches with ordinary calls on one communicator
+/// (`NCCL_GRAPH_MIXING_SUPPORT`). With an older NCCL every receive is NCCL's call.
+pub const GRAPH_MIXING_VERSION: NcclVersion = NcclVersion { major: 2, minor: 13, patch: 0 };
+
 /// An NCCL version, decoded from `ncclGetVersion`'s integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NcclVersion {

@@ -37,9 +37,19 @@ fn max_delay_ns() -> u64 {
     std::env::var(DELAY_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_DELAY_NS)
 }
 
-/// The length of step `t` (1 to 9000 elements; every rank draws the same).
+/// The length of step `t` (1 to 9000 elements; every rank draws the same). Steps come in runs of
+/// six of one length, as a decode loop's steady size (boundaries from other ranks then receive
+/// through captured graphs); a run's length is one of five lengths of the seed (so each slot's
+/// captures are reused, and replaced when a slot keeps more sizes than it may), or, one run in
+/// four, a fresh one (slots grow, and captures of their old memory must be dropped).
 fn length_of(seed: u64, t: u64) -> usize {
-    1 + Rng::new(seed ^ t.wrapping_mul(0x9e37)).below(9000) as usize
+    let run = t / 6;
+    let mut draw = Rng::new(seed ^ run.wrapping_mul(0x9e37));
+    if draw.below(4) == 0 {
+        return 1 + draw.below(9000) as usize;
+    }
+    let kind = draw.below(5);
+    1 + Rng::new(seed ^ 0x1e57 ^ kind.wrapping_mul(0x51)).below(9000) as usize
 }
 
 fn input_of(seed: u64, t: u64) -> Vec<f32> {
@@ -233,15 +243,23 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
     let expected = reference_digests(engine, launch.seed, launch.steps);
     assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {} steps", got.len(), launch.steps);
     let mismatches = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    // Steps received through captured graphs, over every rank's inbound boundaries.
+    let graph_receives: u64 = results
+        .iter()
+        .flat_map(|(_, output)| output.lines())
+        .filter_map(|line| line.trim().strip_prefix("GRAPH-RECEIVES ")?.parse::<u64>().ok())
+        .sum();
     say(&format!(
-        "{name}: ranks {:?}, {} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {} randomized steps \
-         ({:.1} s)",
+        "{name}: ranks {:?}, {} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {} randomized steps, \
+         {graph_receives} cross-rank receives through captured graphs ({:.1} s)",
         launch.ranks,
         launch.slots,
         if launch.broken { ", protocol broken on purpose" } else { "" },
         launch.steps,
         started.elapsed().as_secs_f64()
     ));
+    // Steps come in runs of one length: the receiver threads must have used captured graphs.
+    assert!(graph_receives > 0, "{name}: no receive went through a captured graph");
     mismatches
 }
 
@@ -488,6 +506,8 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
         }
     }
     rt.synchronize().unwrap();
+    let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
+    println!("GRAPH-RECEIVES {graph_receives}");
     if rt.owns_stage(rt.n_stages() - 1) {
         std::fs::write(dir.join("digests"), digests).unwrap();
     }

@@ -3,8 +3,10 @@
 //! the same workload code: host cost of `tx` and `rx` at 32 KiB (the receiver is slower than the
 //! sender, so its `rx` never waits for data), the isolated hop (half a round trip over stages
 //! [0, 1, 0]), the pipelined step at 32 KiB and the throughput at 64 MiB (a stream of steps
-//! over [0, 1], timed on the receiver). Over NVLink it runs twice: with NCCL's defaults, and with
-//! `NCCL_GRAPH_MIXING_SUPPORT=0` set for the ranks. The ranks are this bench binary again, one
+//! over [0, 1], timed on the receiver). Over NVLink it runs three times: with the defaults (the
+//! receiver threads launch captured receives), with receives by NCCL's call
+//! (`PpConfig::nccl_recv_graphs(false)`), and with `NCCL_GRAPH_MIXING_SUPPORT=0` set for the
+//! ranks (which also turns captured receives off). The ranks are this bench binary again, one
 //! child process per rank, each seeing one GPU.
 
 use std::fmt::Write as _;
@@ -16,6 +18,8 @@ use ppnrt::{CudaSlice, Engine, PpConfig, PpNRt};
 use super::{Gpus, median, say};
 
 const ROLE_VAR: &str = "PPNRT_BENCH_PROCESS_ROLE";
+/// Set for ranks that receive by NCCL's call instead of captured graphs.
+const NO_RECV_GRAPHS_VAR: &str = "PPNRT_BENCH_NO_RECV_GRAPHS";
 const SMALL: usize = 8192; // 32 KiB of f32
 const LARGE: usize = 16 << 20; // 64 MiB of f32
 const WAIT: Duration = Duration::from_secs(60);
@@ -32,6 +36,8 @@ struct Figures {
     raw_send: f64,
     raw_recv: f64,
     raw_hop: f64,
+    /// Steps of the stream workload the receiver took through captured graphs.
+    graph_receives: f64,
 }
 
 fn slot_of(rt: &PpNRt, t: usize) -> usize {
@@ -199,7 +205,8 @@ pub(crate) fn run_role() -> bool {
         }
         return true;
     }
-    let rt = PpNRt::new(PpConfig::from_env().unwrap(), &primary).unwrap();
+    let config = PpConfig::from_env().unwrap().nccl_recv_graphs(std::env::var_os(NO_RECV_GRAPHS_VAR).is_none());
+    let rt = PpNRt::new(config, &primary).unwrap();
     let print = |key: &str, value: Option<f64>| {
         if let Some(value) = value {
             println!("RESULT {key} {value}");
@@ -214,18 +221,23 @@ pub(crate) fn run_role() -> bool {
             print("rx", rx);
             print("step", step);
             print("gbs", gbs);
+            if rt.owns_stage(1) {
+                print("graph_receives", Some(rt.graph_receives(0).unwrap() as f64));
+            }
         }
     }
     true
 }
 
-/// How the ranks' NCCL is set up: over NVLink or its socket transport, and with or without
+/// How the ranks' NCCL is set up: over NVLink or its socket transport, with or without
 /// `NCCL_GRAPH_MIXING_SUPPORT=0` (no support for mixing graph-captured and eager launches on a
-/// communicator, which the pipeline's communicators never need).
+/// communicator; the pipeline then receives by NCCL's call only), and whether the pipeline may
+/// receive through captured graphs.
 #[derive(Clone, Copy)]
 struct Nccl {
     sockets: bool,
     no_graph_mixing: bool,
+    recv_graphs: bool,
 }
 
 /// Runs one workload as two ranks; returns the RESULT lines of both.
@@ -247,6 +259,9 @@ fn ranks(role: &str, stage_ranks: &str, nccl: Nccl) -> Vec<(String, f64)> {
                 .env("NCCL_NVLS_ENABLE", "0");
             if nccl.no_graph_mixing {
                 command.env("NCCL_GRAPH_MIXING_SUPPORT", "0");
+            }
+            if !nccl.recv_graphs {
+                command.env(NO_RECV_GRAPHS_VAR, "1");
             }
             if nccl.sockets {
                 command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
@@ -278,6 +293,7 @@ fn figures_of(results: &[(String, f64)]) -> Figures {
         raw_send: get("raw_send"),
         raw_recv: get("raw_recv"),
         raw_hop: get("raw_hop"),
+        graph_receives: get("graph_receives"),
     }
 }
 
@@ -303,6 +319,7 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
             hop,
             step: step.unwrap(),
             large_gbs: gbs.unwrap(),
+            graph_receives: f64::NAN,
             ..Figures::default()
         }
     };
@@ -312,23 +329,31 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
         results.extend(ranks("raw", "0,1", nccl));
         figures_of(&results)
     };
-    let nvlink = across(Nccl { sockets: false, no_graph_mixing: false });
-    let nvlink_no_mixing = across(Nccl { sockets: false, no_graph_mixing: true });
-    let sockets = across(Nccl { sockets: true, no_graph_mixing: false });
+    let nvlink = across(Nccl { sockets: false, no_graph_mixing: false, recv_graphs: true });
+    let nvlink_calls = across(Nccl { sockets: false, no_graph_mixing: false, recv_graphs: false });
+    let nvlink_no_mixing = across(Nccl { sockets: false, no_graph_mixing: true, recv_graphs: true });
+    let sockets = across(Nccl { sockets: true, no_graph_mixing: false, recv_graphs: true });
     let _ = writeln!(report, "\n### Boundary between processes (NCCL) beside the in-process peer boundary\n");
     let _ = writeln!(
         report,
-        "| boundary | host tx (µs) | host rx (µs) | tx + rx (µs) | isolated hop 32 KiB (µs) | pipelined step 32 KiB (µs) | 64 MiB (GB/s) |"
+        "| boundary | host tx (µs) | host rx (µs) | tx + rx (µs) | isolated hop 32 KiB (µs) | pipelined step 32 KiB (µs) | 64 MiB (GB/s) | receives through graphs |"
     );
-    let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let stream_steps = 1000 + 2000 + 45;
     for (name, f) in [
         ("in-process peer", in_process),
         ("NCCL, NVLink", nvlink),
+        ("NCCL, NVLink, receives by NCCL's call", nvlink_calls),
         ("NCCL, NVLink, `NCCL_GRAPH_MIXING_SUPPORT=0`", nvlink_no_mixing),
         ("NCCL, sockets (loopback)", sockets),
     ] {
+        let graphs = if f.graph_receives.is_nan() {
+            "—".to_string()
+        } else {
+            format!("{} of {stream_steps}", f.graph_receives)
+        };
         let line = format!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.1} |",
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.1} | {graphs} |",
             f.tx,
             f.rx,
             f.tx + f.rx,
@@ -357,7 +382,11 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
     }
     let _ = writeln!(report);
     let mut targets = Vec::new();
-    for (setting, f) in [("", nvlink), (", `NCCL_GRAPH_MIXING_SUPPORT=0`", nvlink_no_mixing)] {
+    for (setting, f) in [
+        ("", nvlink),
+        (", receives by NCCL's call", nvlink_calls),
+        (", `NCCL_GRAPH_MIXING_SUPPORT=0`", nvlink_no_mixing),
+    ] {
         targets.push((
             format!("NCCL{setting}: 64 MiB boundary throughput ≥ 85% of the in-process peer boundary"),
             format!(

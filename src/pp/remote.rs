@@ -10,6 +10,15 @@
 //! the in-process one: it checks `n` and the type against the sender's (a mismatch is a typed
 //! error, the slot keeps its data) and orders itself after the receive by the crate's rule.
 //!
+//! Captured receives: NCCL's receive call costs several µs of host time, on the hop's critical
+//! path. Once a byte count repeats, the receiver thread captures the receive into each slot for
+//! that count in a CUDA graph (on a stream nothing else uses) and from then on launches the
+//! graph, ordered like the call. The graphs live in the link; each slot keeps two counts. A graph
+//! of a slot's old memory (the slot grew) is dropped. NCCL's abort and destroy wait until every
+//! graph holding an operation of the communicator is destroyed, so a failing link destroys its
+//! graphs first (keeping the slots' memory alive until the abort has ended their runs), and a
+//! link drops them before its communicator.
+//!
 //! Failure: a connection that ends without the close record (the peer exited), a failed write,
 //! or an NCCL asynchronous error fails the link: its communicator is aborted at once (so no NCCL
 //! kernel stays queued and every stream drains), waiting `rx` calls wake up, and every later
@@ -25,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,9 +43,11 @@ use super::error::PpError;
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
-use crate::nccl::{NcclComm, NcclUniqueId};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl};
 use crate::rendezvous::{Rendezvous, RendezvousError};
-use crate::safe::{Context, CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
+use crate::safe::{
+    CaptureMode, Context, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
+};
 
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(super) const POLL: Duration = Duration::from_millis(10);
@@ -68,18 +79,42 @@ pub(super) struct Link {
     pub(super) boundary: usize,
     /// The other rank.
     pub(super) peer: usize,
+    /// On the RX rank: the receives captured in CUDA graphs (see [`receive_step`]); `None` once
+    /// the link failed. Declared before `comm`, so dropped first: NCCL's destroy and abort wait
+    /// until every graph holding an operation of the communicator is destroyed.
+    recv_graphs: Mutex<Option<Vec<RecvGraph>>>,
+    /// How many steps were received through captured graphs.
+    graph_receives: AtomicU64,
     pub(super) comm: NcclComm,
     failure: Failure,
 }
+
+/// The receive of `bytes` bytes into slot `slot`, captured once and launched for each step of
+/// that size into that slot.
+struct RecvGraph {
+    slot: usize,
+    bytes: usize,
+    exec: GraphExec,
+}
+
+/// How many byte counts each slot keeps a captured receive for (the oldest is dropped).
+const RECV_GRAPHS_PER_SLOT: usize = 2;
 
 impl Link {
     /// Fails the link (once): records `reason` and aborts the communicator, so no NCCL kernel of
     /// it stays queued.
     pub(super) fn fail(&self, reason: String) {
         if self.stop(reason, true) {
+            // NCCL's abort waits until every graph holding an operation of the communicator is
+            // destroyed: destroy the captured receives first, keeping their slots' memory alive
+            // until the abort has stopped their runs.
+            let graphs = self.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+            let kept: Vec<KeptMemory> =
+                graphs.into_iter().flatten().map(|graph| graph.exec.destroy_keeping_memory()).collect();
             if let Err(e) = self.comm.abort_now() {
                 crate::safe::record_drop_error(e);
             }
+            drop(kept);
         }
     }
 
@@ -96,6 +131,12 @@ impl Link {
         }
         *slot = Some((reason, aborted));
         true
+    }
+
+    /// How many steps were received through captured graphs.
+    #[cfg(feature = "testing")]
+    pub(super) fn graph_receives(&self) -> u64 {
+        self.graph_receives.load(Ordering::Relaxed)
     }
 
     /// The typed error of a stopped link, if it stopped.
@@ -228,6 +269,9 @@ pub(super) struct Inbound {
     pub(super) socket: TcpStream,
     /// The boundary's receive stream (on the RX stage's device): the NCCL receives run there.
     pub(super) recv_stream: Arc<CudaStream>,
+    /// A stream of the same device used only to capture receives into graphs, when allowed
+    /// ([`PpConfig::nccl_recv_graphs`]).
+    pub(super) capture_stream: Option<Arc<CudaStream>>,
 }
 
 /// A step announced by the TX rank.
@@ -239,14 +283,14 @@ pub(super) struct Announced {
 }
 
 /// What the receiver thread does with each announced step: fill the ring's next slot through
-/// `recv` (which posts the NCCL receive into the slot's bytes), waiting while the slot is taken
-/// and `stop` is not set. Returns `Ok(false)` when stopped first.
+/// `recv` (which posts the NCCL receive into the slot's bytes, given the slot's index), waiting
+/// while the slot is taken and `stop` is not set. Returns `Ok(false)` when stopped first.
 pub(super) trait SlotFiller: Send + Sync + 'static {
     fn fill(
         &self,
         step: &Announced,
         stop: &AtomicBool,
-        recv: &mut dyn FnMut(&mut crate::safe::CudaViewMut<'_, u8>) -> Result<()>,
+        recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool>;
     /// Wakes every thread waiting on the ring (the link stopped).
     fn wake(&self);
@@ -296,6 +340,8 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
     let link = Arc::clone(&inbound.link);
     let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
     let mut expected = 0u64;
+    // The previous step's byte count: a count seen twice in a row is worth a captured receive.
+    let mut last_bytes: Option<usize> = None;
     let mut last_poll = Instant::now();
     // After each record the connection is read without blocking for SPIN (the next record is
     // likely near), then with a blocking read bounded by POLL.
@@ -355,10 +401,16 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }
             Record::Data(step) => {
-                let recv_stream = Arc::clone(&inbound.recv_stream);
-                let mut recv = |dst: &mut crate::safe::CudaViewMut<'_, u8>| link.comm.recv(&recv_stream, dst, 0);
+                let repeated = last_bytes == Some(step.bytes);
+                let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
+                let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
+                    receive_step(&link, recv_stream, capture_stream, slot, dst, repeated)
+                };
                 match filler.fill(&step, stop, &mut recv) {
-                    Ok(true) => expected += 1,
+                    Ok(true) => {
+                        expected += 1;
+                        last_bytes = Some(step.bytes);
+                    }
                     Ok(false) => break Ok(()),
                     Err(e) => break Err(format!("receiving step {}: {e}", step.step)),
                 }
@@ -369,6 +421,65 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
         link.fail(reason);
     }
     filler.wake();
+}
+
+/// Posts the receive of one step into slot `slot`'s bytes `dst` on `recv_stream`, ordered like
+/// a copy that writes them: a launch of the receive captured for this slot and byte count when
+/// there is one; else, with `capture_stream` (graphs allowed) and a byte count that `repeated`
+/// the previous step's, the receive is captured now (on `capture_stream`, which nothing else
+/// uses) and launched; else NCCL's receive call. A capture whose graph writes other memory than
+/// the slot's (the slot grew since) is dropped. A failed capture fails the step (the link then
+/// fails): NCCL's state after a half-made capture is not trusted.
+fn receive_step(
+    link: &Link,
+    recv_stream: &Arc<CudaStream>,
+    capture_stream: Option<&Arc<CudaStream>>,
+    slot: usize,
+    dst: &mut CudaViewMut<'_, u8>,
+    repeated: bool,
+) -> Result<()> {
+    let Some(capture_stream) = capture_stream else {
+        return link.comm.recv(recv_stream, dst, 0);
+    };
+    let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(graphs) = held.as_mut() else {
+        return Err(link.stopped().unwrap_or(Error::Pipeline(PpError::PeerFailed {
+            boundary: link.boundary,
+            peer: link.peer,
+            reason: "the boundary failed".into(),
+        })));
+    };
+    let bytes = dst.len();
+    if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
+        if graphs[at].exec.writes(dst) {
+            graphs[at].exec.launch(recv_stream)?;
+            link.graph_receives.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        graphs.remove(at);
+    }
+    if !repeated {
+        return link.comm.recv(recv_stream, dst, 0);
+    }
+    let exec = capture_receive(link, capture_stream, dst)?;
+    if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
+        let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
+        graphs.remove(oldest);
+    }
+    graphs.push(RecvGraph { slot, bytes, exec });
+    graphs.last_mut().expect("pushed above").exec.launch(recv_stream)?;
+    link.graph_receives.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Captures NCCL's receive into `dst` on `capture_stream` (relaxed mode: other threads' calls
+/// are unaffected) and instantiates it.
+fn capture_receive(link: &Link, capture_stream: &Arc<CudaStream>, dst: &mut CudaViewMut<'_, u8>) -> Result<GraphExec> {
+    let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
+    let captured = link.comm.recv(capture_stream, dst, 0);
+    let graph = capture.end();
+    captured?;
+    graph?.instantiate()
 }
 
 enum Record {
@@ -594,7 +705,15 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
         let comm = NcclComm::init_rank(&local.ctx, 2, &NcclUniqueId::from_bytes(id), i32::from(!sending))?;
         let peer = if sending { b.rx_rank } else { b.tx_rank };
-        let link = Arc::new(Link { boundary: b.boundary, peer, comm, failure: Failure::default() });
+        let recv_graphs = Mutex::new(Some(Vec::new()));
+        let link = Arc::new(Link {
+            boundary: b.boundary,
+            peer,
+            recv_graphs,
+            graph_receives: AtomicU64::new(0),
+            comm,
+            failure: Failure::default(),
+        });
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
         if sending {
             let socket = outbound.remove(&b.boundary).expect("connected above");
@@ -618,10 +737,28 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             let mut probe = probe;
             link.comm.recv(&recv_stream, &mut probe, 0)?;
             recv_stream.synchronize()?;
-            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream });
+            let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
+            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
         }
     }
     Ok(links)
+}
+
+/// Whether inbound links may receive through captured graphs: allowed by the configuration, an
+/// NCCL of at least [`GRAPH_MIXING_VERSION`], and NCCL's support for mixing graph launches with
+/// ordinary calls on one communicator not turned off (`NCCL_GRAPH_MIXING_SUPPORT=0`): without
+/// it NCCL does not guarantee an ordinary call made while a graph launch is outstanding, and a
+/// step of a new size is such a call.
+fn recv_graphs_allowed(config: &PpConfig) -> Result<bool> {
+    Ok(config.nccl_recv_graphs_allowed()
+        && nccl()?.version() >= GRAPH_MIXING_VERSION
+        && !mixing_support_off(std::env::var("NCCL_GRAPH_MIXING_SUPPORT").ok().as_deref()))
+}
+
+/// Whether the value of `NCCL_GRAPH_MIXING_SUPPORT` turns the support off (NCCL reads it as an
+/// integer; 0 is off).
+fn mixing_support_off(value: Option<&str>) -> bool {
+    value.is_some_and(|text| text.trim().parse::<i64>() == Ok(0))
 }
 
 fn setup_error(boundary: usize, peer: usize, what: &str, e: &std::io::Error) -> Error {
@@ -714,6 +851,19 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "no record within 5 s");
         }
+    }
+
+    #[test]
+    fn receives_use_graphs_unless_configured_off_or_nccl_mixing_is_off() {
+        assert!(!mixing_support_off(None));
+        assert!(!mixing_support_off(Some("1")));
+        assert!(!mixing_support_off(Some("")));
+        assert!(mixing_support_off(Some("0")));
+        assert!(mixing_support_off(Some(" 0 ")));
+        let config = PpConfig::default();
+        assert!(config.nccl_recv_graphs_allowed());
+        assert!(!config.clone().nccl_recv_graphs(false).nccl_recv_graphs_allowed());
+        assert!(config.nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
     }
 
     #[test]

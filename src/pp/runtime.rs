@@ -337,6 +337,19 @@ impl PpNRt {
         self.boundaries.len()
     }
 
+    /// How many steps boundary `b` received through captured graphs so far (see
+    /// [`PpConfig::nccl_recv_graphs`]): 0 unless this rank receives `b` from another rank.
+    ///
+    /// # Errors
+    /// [`PpError::BoundaryOutOfRange`].
+    #[cfg(feature = "testing")]
+    pub fn graph_receives(&self, b: usize) -> Result<u64> {
+        Ok(match self.end(b)? {
+            BoundaryEnd::Ring(ring) => ring.inbound.as_ref().map_or(0, |link| link.graph_receives()),
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => 0,
+        })
+    }
+
     /// Slots per boundary ring.
     pub fn n_slots(&self) -> usize {
         self.config.n_slots()
@@ -885,7 +898,7 @@ impl SlotFiller for Boundary {
         &self,
         step: &Announced,
         stop: &AtomicBool,
-        recv: &mut dyn FnMut(&mut CudaViewMut<'_, u8>) -> Result<()>,
+        recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool> {
         let mut ring = PpNRt::lock(self);
         // The RX stage's `rx` of the slot is likely near: spin first, so that `rx` finds no
@@ -913,7 +926,7 @@ impl SlotFiller for Boundary {
         // A free slot is not lent: its view gave its share back before the slot was freed.
         let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
         let mut dst = buffer.as_view_mut().slice_mut(..step.bytes)?;
-        recv(&mut dst)?;
+        recv(index, &mut dst)?;
         slot.state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
         drop(ring);

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
 use super::event::CudaEvent;
-use super::memory::{DeviceMemory, Tracked, ordered};
+use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr, Tracked, ordered};
 use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::error::{CaptureError, Error, Result};
@@ -506,7 +506,24 @@ impl GraphExec {
     pub fn footprint_len(&self) -> usize {
         self.footprint.len()
     }
+
+    /// Whether the graph's work writes the allocation `view` is part of.
+    pub(crate) fn writes<T: DeviceRepr>(&self, view: &CudaViewMut<'_, T>) -> bool {
+        self.footprint.iter().any(|(held, use_)| *use_ == Use::Write && Arc::ptr_eq(held, view.memory()))
+    }
+
+    /// Destroys the executable graph but keeps the memory its runs use alive in the returned
+    /// footprint: for a caller that must destroy the graph before its runs can complete (NCCL's
+    /// abort waits until every graph holding an operation of the communicator is destroyed) and
+    /// frees the memory only after that.
+    pub(crate) fn destroy_keeping_memory(mut self) -> KeptMemory {
+        KeptMemory(std::mem::take(&mut self.footprint))
+    }
 }
+
+/// The memory of a destroyed executable graph, kept alive until this is dropped (see
+/// [`GraphExec::destroy_keeping_memory`]).
+pub(crate) struct KeptMemory(#[allow(dead_code)] Vec<(Arc<DeviceMemory>, Use)>);
 
 fn update_reason(result: CUgraphExecUpdateResult) -> String {
     let name = match result {

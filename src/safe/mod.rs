@@ -35,6 +35,7 @@ pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::take_drop_errors;
 pub use event::CudaEvent;
+pub(crate) use graph::KeptMemory;
 pub use graph::{CaptureMode, CudaGraph, GraphExec, StreamCapture};
 pub use helpers::HelperKernels;
 #[cfg(feature = "testing")]
