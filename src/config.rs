@@ -188,7 +188,10 @@ impl PpConfig {
     /// NCCL's receive into each slot for that count once and from then on launches the capture
     /// (one `cuGraphLaunch`, a few µs of host time less per step than NCCL's receive call, on the
     /// hop's critical path). Each slot keeps captures for at most two counts; other counts use
-    /// NCCL's call. `false` always uses NCCL's call.
+    /// NCCL's call. Off whatever this says with an NCCL older than
+    /// [`GRAPH_MIXING_VERSION`](crate::nccl::GRAPH_MIXING_VERSION) or with
+    /// `NCCL_GRAPH_MIXING_SUPPORT=0` in the environment (NCCL then does not guarantee a call made
+    /// while a graph launch is outstanding). `false` always uses NCCL's call.
     pub fn nccl_recv_graphs(mut self, allowed: bool) -> PpConfig {
         self.nccl_recv_graphs = allowed;
         self
