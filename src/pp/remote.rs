@@ -150,6 +150,14 @@ impl Link {
         self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref().is_some_and(|(_, a)| *a)
     }
 
+    /// The typed error of the stopped link, or [`PpError::PeerFailed`] with `reason` if it has no
+    /// recorded one.
+    fn stopped_or(&self, reason: &str) -> Error {
+        self.stopped().unwrap_or_else(|| {
+            Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason: reason.into() })
+        })
+    }
+
     fn check(&self) -> Result<()> {
         self.stopped().map_or(Ok(()), Err)
     }
@@ -183,11 +191,7 @@ impl Sender {
         self.link.check()?;
         let mut control = self.lock();
         if control.closed {
-            return Err(self.link.stopped().unwrap_or(Error::Pipeline(PpError::PeerFailed {
-                boundary: self.link.boundary,
-                peer: self.link.peer,
-                reason: "the boundary was closed".into(),
-            })));
+            return Err(self.link.stopped_or("the boundary was closed"));
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
@@ -443,11 +447,7 @@ fn receive_step(
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
-        return Err(link.stopped().unwrap_or(Error::Pipeline(PpError::PeerFailed {
-            boundary: link.boundary,
-            peer: link.peer,
-            reason: "the boundary failed".into(),
-        })));
+        return Err(link.stopped_or("the boundary failed"));
     };
     let bytes = dst.len();
     if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
