@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
 use graphs::layers_of;
-use ppnrt::{Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback};
+use ppnrt::{CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback};
 
 const MODE_VAR: &str = "PPNRT_MP_MODE";
 const STEPS_VAR: &str = "PPNRT_MP_STEPS";
@@ -530,6 +530,15 @@ fn contract(rt: &PpNRt, primary: &Engine) {
             assert!(matches!(rt.tx(0, &x, n + 1).unwrap_err(), Error::OutOfBounds { .. }));
             assert!(matches!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { .. })));
             let _scope = rt.enter(0).unwrap();
+            // A step to another process cannot be captured: announced once, replayed at will.
+            let capture = rt.stage_stream(0).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+            let captured = rt.tx(0, &x, n).unwrap_err();
+            assert!(
+                matches!(captured, Error::Pipeline(PpError::GraphTransport { boundary: 0, transport: "nccl" })),
+                "{captured}"
+            );
+            assert_eq!(capture.end().unwrap().node_count(), 0, "nothing of the refused tx was captured");
+            println!("CHILD capture refused: {captured}");
             for step in 0..3 {
                 assert_eq!(rt.tx(0, &x, n).unwrap(), step % 2);
             }
@@ -542,6 +551,15 @@ fn contract(rt: &PpNRt, primary: &Engine) {
                 "{refused}"
             );
             let _scope = rt.enter(1).unwrap();
+            // A step from another process cannot be received in a capture either.
+            let capture = rt.stage_stream(1).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+            let captured = rt.rx::<f32>(0, 0, n).unwrap_err();
+            assert!(
+                matches!(captured, Error::Pipeline(PpError::GraphTransport { boundary: 0, transport: "nccl" })),
+                "{captured}"
+            );
+            assert_eq!(capture.end().unwrap().node_count(), 0, "nothing of the refused rx was captured");
+            println!("CHILD capture refused: {captured}");
             let short = rt.rx_wait::<f32>(0, 0, n - 1, WAIT).unwrap_err();
             assert!(
                 matches!(short, Error::Pipeline(PpError::RxLengthMismatch { requested: 999, sent: 1000, .. })),

@@ -537,7 +537,10 @@ impl PpNRt {
     /// Caught before anything is enqueued, nothing overwritten: [`PpError::BoundaryOutOfRange`],
     /// [`PpError::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
     /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
-    /// received). Else the driver's error.
+    /// received). Else the driver's error. To another rank also [`PpError::TypeNameTooLong`],
+    /// [`PpError::PeerFailed`] (the link failed) and [`PpError::GraphTransport`] (the stage's
+    /// stream is being captured: a step to another process is announced once and cannot be
+    /// replayed).
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
         self.tx_impl(b, x, n, None)
     }
@@ -622,7 +625,9 @@ impl PpNRt {
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::BoundaryOutOfRange`], [`PpError::ZeroLength`],
     /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
-    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error.
+    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error. From
+    /// another rank also [`PpError::PeerFailed`] (the link failed) and [`PpError::GraphTransport`]
+    /// (the stage's stream is being captured: the step fills its slot once).
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         self.rx_impl(b, slot_index, n, None)
     }
@@ -685,6 +690,11 @@ impl PpNRt {
         if let Some(failed) = boundary.inbound.as_ref().filter(|link| link.aborted()).and_then(|link| link.stopped()) {
             // Receives of a failed link may have been cut short: no slot of it is trusted.
             return Err(failed);
+        }
+        if boundary.inbound.is_some() && boundary.rx_stream.is_capturing() {
+            // A step from another rank fills its slot once: a captured receive replayed later
+            // would read whatever the slot holds then.
+            return Err(Error::Pipeline(PpError::GraphTransport { boundary: b, transport: "nccl" }));
         }
         // A step from another rank may still be on its way: wait for it, bounded.
         let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout_value()));
