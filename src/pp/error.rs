@@ -183,9 +183,7 @@ pub enum PpError {
     },
     /// Graph mode ([`PpNRt::capture_step`](crate::PpNRt::capture_step)) does not support the
     /// boundary's transport (host-staged copies go through pinned host memory, which a graph
-    /// cannot hold; a boundary to another process checks each step's length on the host). Also a
-    /// `tx` to another process on a capturing stage stream: the step's record goes out once, a
-    /// captured send would run at every launch.
+    /// cannot hold; a boundary to another process checks each step's length on the host).
     #[error("boundary {boundary}: graph mode does not support the {transport} transport")]
     GraphTransport {
         /// The boundary.

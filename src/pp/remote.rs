@@ -187,14 +187,16 @@ impl Sender {
     /// index. If the send fails after its record went out, the link fails and the connection is
     /// shut down, so the RX rank aborts its receive instead of waiting for it.
     ///
-    /// Refused on a capturing TX stream ([`PpError::GraphTransport`]): the record would go out
-    /// once while the captured send runs at every launch of the graph (never, or more than once),
-    /// and the receiver would wait for data that does not come, or the sender for a receive.
+    /// Refused on a capturing TX stream like every call that cannot be captured
+    /// ([`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall), the capture invalidated):
+    /// the record would go out once while the captured send ran at every launch of the graph
+    /// (never, or more than once), and the receiver would wait for data that does not come, or the
+    /// sender for a receive.
     pub(super) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
         check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
         if self.tx_stream.is_capturing() {
-            return Err(Error::Pipeline(PpError::GraphTransport { boundary: self.link.boundary, transport: "nccl" }));
+            self.tx_stream.refuse_in_capture("PpNRt::tx to another rank")?;
         }
         let mut control = self.lock();
         if control.closed {

@@ -538,9 +538,9 @@ impl PpNRt {
     /// [`PpError::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
     /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
     /// received). Else the driver's error. To another rank also [`PpError::TypeNameTooLong`],
-    /// [`PpError::PeerFailed`] (the link failed) and [`PpError::GraphTransport`] (the stage's
+    /// [`PpError::PeerFailed`] (the link failed) and [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's
     /// stream is being captured: a step to another process is announced once and cannot be
-    /// replayed).
+    /// replayed; the capture is invalidated).
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
         self.tx_impl(b, x, n, None)
     }
@@ -626,8 +626,9 @@ impl PpNRt {
     /// Caught before anything is enqueued: [`PpError::BoundaryOutOfRange`], [`PpError::ZeroLength`],
     /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
     /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error. From
-    /// another rank also [`PpError::PeerFailed`] (the link failed) and [`PpError::GraphTransport`]
-    /// (the stage's stream is being captured: the step fills its slot once).
+    /// another rank also [`PpError::PeerFailed`] (the link failed) and [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall)
+    /// (the stage's stream is being captured: the step fills its slot once; the capture is
+    /// invalidated).
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         self.rx_impl(b, slot_index, n, None)
     }
@@ -694,7 +695,7 @@ impl PpNRt {
         if boundary.inbound.is_some() && boundary.rx_stream.is_capturing() {
             // A step from another rank fills its slot once: a captured receive replayed later
             // would read whatever the slot holds then.
-            return Err(Error::Pipeline(PpError::GraphTransport { boundary: b, transport: "nccl" }));
+            boundary.rx_stream.refuse_in_capture("PpNRt::rx from another rank")?;
         }
         // A step from another rank may still be on its way: wait for it, bounded.
         let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout_value()));
