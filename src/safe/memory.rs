@@ -168,7 +168,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         let ptr = if bytes == 0 {
             0
         } else {
-            let _bound = stream.context().bind()?;
+            let _bound = stream.context().bind_stream()?;
             // SAFETY: the stream is live; the memory is used only by work ordered after this on
             // `stream` or joined to it (see the module doc).
             unsafe { raw::alloc_async(bytes, stream.raw())? }
@@ -472,7 +472,7 @@ impl Drop for DeviceMemory {
         let result = if self.pooled {
             // The owner waits for every use, then frees in stream order.
             self.access.order(&self.stream, Use::Write).and_then(|()| {
-                let _bound = self.stream.context().bind()?;
+                let _bound = self.stream.context().bind_stream()?;
                 // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
                 // ordered before this point on the owning stream (just above).
                 unsafe { raw::free_async(self.ptr, self.stream.raw()) }
@@ -539,7 +539,7 @@ where
 {
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
-    let _bound = stream.context().bind_for_call()?;
+    let _bound = stream.context().bind_stream_for_call()?;
     if let Some(capture) = stream.capture() {
         let mut devices = Vec::new();
         for (tracked, use_) in uses {

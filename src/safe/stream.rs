@@ -151,7 +151,7 @@ impl CudaStream {
         if self.is_capturing() {
             self.refuse_in_capture("CudaStream::wait on a capturing stream")?;
         }
-        let _bound = self.ctx.bind()?;
+        let _bound = self.ctx.bind_stream()?;
         // SAFETY: both handles are live while their wrappers live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
@@ -159,7 +159,7 @@ impl CudaStream {
     /// Makes later work on this stream wait for the last record of a pooled event (of any
     /// context).
     pub(crate) fn wait_pooled(&self, event: &super::ordering::PooledEvent) -> Result<()> {
-        let _bound = self.ctx.bind()?;
+        let _bound = self.ctx.bind_stream()?;
         // SAFETY: both handles are live while their wrappers (borrowed here) live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
@@ -249,7 +249,7 @@ impl CudaStream {
         src: crate::sys::CUdeviceptr,
         bytes: usize,
     ) -> Result<()> {
-        let _bound = self.ctx.bind()?;
+        let _bound = self.ctx.bind_stream()?;
         // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
     }

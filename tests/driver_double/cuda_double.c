@@ -139,6 +139,11 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
 static int n_devices = 2;
 static int no_pools, no_peer;
+/* PPNRT_DOUBLE_NEEDS_CURRENT: "1" makes every stream-ordered call need its stream's context
+ * current (a driver that worked in the current context); "launch" makes kernel launches alone
+ * need it. Unset, such calls on a created stream work in the stream's context whatever is
+ * current, as driver 580 does. */
+static int needs_current_all, needs_current_launch;
 #ifdef PPNRT_DOUBLE_CUDA_12_4
 static int driver_version = 12040;
 #else
@@ -182,6 +187,9 @@ static void init_from_env(void) {
     }
     no_pools = getenv("PPNRT_DOUBLE_NO_POOLS") && strcmp(getenv("PPNRT_DOUBLE_NO_POOLS"), "1") == 0;
     no_peer = getenv("PPNRT_DOUBLE_NO_PEER") && strcmp(getenv("PPNRT_DOUBLE_NO_PEER"), "1") == 0;
+    v = getenv("PPNRT_DOUBLE_NEEDS_CURRENT");
+    needs_current_all = v && strcmp(v, "1") == 0;
+    needs_current_launch = v && (strcmp(v, "1") == 0 || strcmp(v, "launch") == 0);
     v = getenv("PPNRT_DOUBLE_VERSION");
     if (v) driver_version = atoi(v);
     for (int d = 0; d < MAX_DEVICES; d++) ctxs[d].device = d;
@@ -791,6 +799,20 @@ CUresult cuCtxGetDevice(CUdevice* dev) {
         if (current->dead) RETURN(current->dead); \
     } while (0)
 
+/* The context of a stream-ordered call on `stream`: the stream's own (the default stream: the
+ * current one), unless this double emulates a driver that needs it current (then it must be). */
+#define NEED_STREAM_CTX(stream, needs_current)                                            \
+    do {                                                                                  \
+        Stream* _s = (Stream*)(stream);                                                   \
+        if (!_s || (needs_current)) {                                                     \
+            NEED_LIVE_CTX();                                                              \
+            if (_s && _s->ctx != current) RETURN(E_INVALID_CONTEXT);                      \
+        } else {                                                                          \
+            if (_s->ctx->refcount == 0) RETURN(E_INVALID_CONTEXT);                        \
+            if (_s->ctx->dead) RETURN(_s->ctx->dead);                                     \
+        }                                                                                 \
+    } while (0)
+
 CUresult cuCtxSynchronize(void) {
     ENTER("cuCtxSynchronize");
     NEED_CTX();
@@ -860,7 +882,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 
 CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
     ENTER("cuMemAllocAsync");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (no_pools) RETURN(E_NOT_SUPPORTED);
     if (bytes == 0) RETURN(E_INVALID_VALUE);
     Stream* s = stream_of(stream);
@@ -873,7 +895,7 @@ CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
 
 CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
     ENTER("cuMemFreeAsync");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     Alloc* a = find_alloc((uintptr_t)ptr, 1, 0);
     if (!a || a->base != ptr || !a->pooled) RETURN(E_INVALID_VALUE);
     if (stream_of(stream)->capture) RETURN(refuse_capture(stream_of(stream)));
@@ -962,7 +984,7 @@ static int foreign_pool_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyAsync");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (foreign_pool_memory(stream, dst) || foreign_pool_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -970,7 +992,7 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* str
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void* dst_ctx, CUdeviceptr src, void* src_ctx, size_t bytes,
                            void* stream) {
     ENTER("cuMemcpyPeerAsync");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (!dst_ctx || !src_ctx) RETURN(E_INVALID_CONTEXT);
     RETURN(enqueue_copy("cuMemcpyPeerAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -984,21 +1006,21 @@ static int foreign_device_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
     ENTER("cuMemcpyHtoDAsync_v2");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (foreign_device_memory(stream, dst)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyHtoDAsync", dst, (CUdeviceptr)(uintptr_t)src, bytes, stream, 1, 0));
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyDtoHAsync_v2");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (foreign_device_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyDtoHAsync", (CUdeviceptr)(uintptr_t)dst, src, bytes, stream, 0, 1));
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, void* stream) {
     ENTER("cuMemsetD8Async");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     Op op = {.kind = OP_SET8, .dst = dst, .bytes = count, .value = value};
     push(stream_of(stream), op);
     RETURN(OK);
@@ -1006,7 +1028,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, voi
 
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, void* stream) {
     ENTER("cuMemsetD32Async");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     if (dst % 4) RETURN(E_INVALID_VALUE);
     Op op = {.kind = OP_SET32, .dst = dst, .bytes = count * 4, .value = value};
     push(stream_of(stream), op);
@@ -1066,7 +1088,7 @@ CUresult cuStreamQuery(void* stream) {
 
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     ENTER("cuStreamWaitEvent");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     Stream* s = stream_of(stream);
     Event* e = (Event*)event;
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
@@ -1110,7 +1132,7 @@ CUresult cuEventDestroy_v2(void* event) {
 
 CUresult cuEventRecord(void* event, void* stream) {
     ENTER("cuEventRecord");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_all);
     Event* e = (Event*)event;
     Stream* s = stream_of(stream);
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
@@ -1221,7 +1243,7 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
     ENTER("cuLaunchKernel");
-    NEED_LIVE_CTX();
+    NEED_STREAM_CTX(stream, needs_current_launch);
     (void)shared;
     Function* f = (Function*)function;
     if (!f || f->module->unloaded || extra) RETURN(E_INVALID_HANDLE);
