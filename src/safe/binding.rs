@@ -3,22 +3,26 @@
 //! The driver documents stream-ordered calls on a created stream as working in the stream's own
 //! context (`cuMemAllocAsync` allocates from "the memory pool current to the stream's device" and
 //! fails for want of a current context only on the default stream; a `CUkernel` launch takes its
-//! context "from the specified stream"), and driver 580 does so for every such call this crate
-//! makes, with another context current or none. Making those calls unbound saves each one a
-//! `cuCtxGetCurrent`, and a call on another device than the caller's current one two
-//! `cuCtxSetCurrent`.
+//! context "from the specified stream"), and driver 580 does so with another context current or
+//! none for event records and waits, stream-ordered allocations and frees, memsets and kernel
+//! launches. Making those calls unbound saves each a `cuCtxGetCurrent`, and a call on another
+//! device than the caller's current one two `cuCtxSetCurrent`.
+//!
+//! Copies always bind: the driver checks a copy's addresses in the current context (on driver
+//! 580 a peer `cuMemcpyAsync` on device 0's stream, with device 1's context current, fails with
+//! `CUDA_ERROR_INVALID_VALUE`), and it could take pinned memory of another context for pageable
+//! memory. NCCL calls and graph launches bind too.
 //!
 //! Nothing is assumed: the first [`Context::primary`](super::Context::primary) of the process
-//! makes each kind of call once with no context current — an event record and a wait, a
-//! stream-ordered allocation, memset, device copy, device-to-host copy and free — and checks that
-//! every byte arrived. Only then are stream-ordered calls made unbound ([`StreamCalls::Unbound`]);
-//! otherwise, or with `PPNRT_BIND_STREAM_CALLS=1`, every call binds its context first as before
-//! ([`StreamCalls::Bound`]). A kernel launch the driver refuses unbound
+//! makes each kind of unbound call once with no context current — an event record and a wait, a
+//! stream-ordered allocation, a memset and a free — and reads the memset's bytes back. Only when
+//! every call succeeded and every byte arrived are those calls made unbound
+//! ([`StreamCalls::Unbound`]); otherwise, or with `PPNRT_BIND_STREAM_CALLS=1`, every call binds
+//! its context first ([`StreamCalls::Bound`]). A kernel launch that the driver refuses unbound
 //! (`CUDA_ERROR_INVALID_CONTEXT`) is made again bound, and from then on every call binds.
 //!
-//! Calls that are not stream-ordered (creating or destroying events and streams, `cuMemAlloc`,
-//! synchronising, querying, graph launches) always bind. Threading: the decision is one atomic,
-//! written once (or once more, to [`StreamCalls::Bound`]), read with relaxed loads.
+//! Threading: the decision is one atomic, written once (or once more, to
+//! [`StreamCalls::Bound`]), read with relaxed loads.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -27,11 +31,13 @@ use crate::error::Result;
 use crate::result::{context as raw_context, event as raw_event, memory, stream as raw_stream};
 use crate::sys::{CUdeviceptr, CUevent, CUstream};
 
-/// How this process makes stream-ordered calls (copies, memsets, kernel launches, event records
-/// and waits, stream-ordered allocations and frees): with the stream's context bound first, or
-/// unbound where the driver makes them in the stream's context anyway. Decided when the process
-/// retains its first context, by making each kind of call once with no context current and
-/// checking the result; `PPNRT_BIND_STREAM_CALLS=1` ([`BIND_STREAM_CALLS_VAR`]) forces binding.
+/// How this process makes stream-ordered calls other than copies (memsets, kernel launches,
+/// event records and waits, stream-ordered allocations and frees): with the stream's context
+/// bound first, or unbound where the driver makes them in the stream's context anyway. Copies
+/// always bind (the driver checks their addresses in the current context). Decided when the
+/// process retains its first context, by making each kind of call once with no context current
+/// and checking the result; `PPNRT_BIND_STREAM_CALLS=1` ([`BIND_STREAM_CALLS_VAR`]) forces
+/// binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamCalls {
     /// No context has been retained yet: nothing is decided.
@@ -126,23 +132,44 @@ const PROBE_PATTERN: u8 = 0x5a;
 fn probe_with(ctx: &Context, stream: CUstream, event: CUevent) -> Result<bool> {
     // Plain memory when there are no pools (the stream-ordered allocation is then not probed).
     let plain = if ctx.memory_pools_supported() { None } else { Some(memory::alloc(PROBE_BYTES)?) };
-    let mut host = [0u8; PROBE_BYTES / 2];
     // SAFETY: null unbinds the calling thread's context; `ctx` is bound again right after.
     let unbound = unsafe { raw_context::set_current(std::ptr::null_mut()) }.map_err(|_| None).and_then(|()| {
         // SAFETY: the stream and event are live and of `ctx`; the memory is PROBE_BYTES long
-        // (allocated on this stream, or the plain block) and used only on this stream; `host` is
-        // writable for its length (pageable: the copy has completed when the call returns).
-        unsafe { unbound_calls(stream, event, plain, &mut host) }
+        // (allocated on this stream, or the plain block) and used only on this stream.
+        unsafe { unbound_calls(stream, event, plain) }
     });
     // SAFETY: `ctx` is retained for as long as it lives.
     let rebound = unsafe { raw_context::set_current(ctx.raw()) };
-    let refused = unbound.is_err();
-    if let Err(Some(block)) = unbound {
-        // SAFETY: the block came from the probe's stream-ordered allocation and was not freed;
-        // the context is current again (or this fails with the error of binding it).
-        rebound.clone().and_then(|()| unsafe { memory::free_async(block, stream) })?;
+    rebound.clone()?;
+    let mut host = [0u8; PROBE_BYTES];
+    let block = match unbound {
+        Ok(block) => Some(block),
+        Err(block) => block,
+    };
+    let checked = match (unbound.is_ok(), block) {
+        (true, Some(block)) => {
+            // SAFETY: the block is PROBE_BYTES long and written only on this stream; `host` is
+            // writable for its length (pageable: the copy has completed when the call returns).
+            unsafe { memory::memcpy_dtoh_async(host.as_mut_ptr().cast(), block, PROBE_BYTES, stream) }
+        }
+        _ => Ok(()),
+    };
+    let mut freed_unbound = false;
+    if let (Some(block), None) = (block, plain) {
+        if unbound.is_ok() {
+            // SAFETY: null unbinds; `ctx` is bound again right after.
+            freed_unbound = unsafe { raw_context::set_current(std::ptr::null_mut()) }.is_ok()
+                // SAFETY: the block came from the probe's stream-ordered allocation, is freed
+                // once, and its uses are on this stream.
+                && unsafe { memory::free_async(block, stream) }.is_ok();
+            // SAFETY: `ctx` is retained for as long as it lives.
+            unsafe { raw_context::set_current(ctx.raw())? };
+        }
+        if !freed_unbound {
+            // SAFETY: as above; the unbound free was refused (or not tried), so not made.
+            unsafe { memory::free_async(block, stream)? };
+        }
     }
-    rebound?;
     // SAFETY: the stream is live; this waits for everything the probe enqueued.
     let drained = unsafe { raw_stream::synchronize(stream) };
     if let (Some(block), Ok(())) = (plain, &drained) {
@@ -150,11 +177,13 @@ fn probe_with(ctx: &Context, stream: CUstream, event: CUevent) -> Result<bool> {
         unsafe { memory::free(block)? };
     }
     drained?;
-    Ok(!refused && host.iter().all(|&byte| byte == PROBE_PATTERN))
+    checked?;
+    Ok(unbound.is_ok() && (freed_unbound || plain.is_some()) && host.iter().all(|&byte| byte == PROBE_PATTERN))
 }
 
-/// The probe's calls with no context current. On the first refusal: the pool block still to be
-/// freed, if one was allocated and not freed.
+/// The probe's calls with no context current: an event record and a wait, an allocation (unless
+/// `plain` is given) and a memset of it. Returns the block; on the first refusal, the block if
+/// one was allocated.
 ///
 /// # Safety
 /// As stated at the call in [`probe_with`].
@@ -162,8 +191,7 @@ unsafe fn unbound_calls(
     stream: CUstream,
     event: CUevent,
     plain: Option<CUdeviceptr>,
-    host: &mut [u8],
-) -> std::result::Result<(), Option<CUdeviceptr>> {
+) -> std::result::Result<CUdeviceptr, Option<CUdeviceptr>> {
     // SAFETY: as the caller promises.
     unsafe {
         raw_event::record(event, stream).map_err(|_| None)?;
@@ -172,15 +200,7 @@ unsafe fn unbound_calls(
             Some(block) => block,
             None => memory::alloc_async(PROBE_BYTES, stream).map_err(|_| None)?,
         };
-        let pool_block = plain.is_none().then_some(block);
-        let half = (PROBE_BYTES / 2) as CUdeviceptr;
-        memory::memset_d8_async(block, PROBE_PATTERN, PROBE_BYTES / 2, stream).map_err(|_| pool_block)?;
-        memory::memcpy_async(block + half, block, PROBE_BYTES / 2, stream).map_err(|_| pool_block)?;
-        memory::memcpy_dtoh_async(host.as_mut_ptr().cast(), block + half, host.len(), stream)
-            .map_err(|_| pool_block)?;
-        if let Some(block) = pool_block {
-            memory::free_async(block, stream).map_err(|_| Some(block))?;
-        }
+        memory::memset_d8_async(block, PROBE_PATTERN, PROBE_BYTES, stream).map_err(|_| Some(block))?;
+        Ok(block)
     }
-    Ok(())
 }

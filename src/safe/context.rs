@@ -8,10 +8,10 @@
 //! context it needs through [`Context::bind`], whose guard puts back what was current when the
 //! call returns. So cuBLAS, PyTorch or any runtime-API code on the same thread keeps its current
 //! device across calls into this crate. Binding costs one `cuCtxGetCurrent` when the context is
-//! already current, plus two `cuCtxSetCurrent` when it is not. Stream-ordered calls (copies,
-//! memsets, launches, event records and waits, stream-ordered allocations and frees) skip it
-//! where the driver makes them in the stream's context anyway, which the first retained context
-//! of the process checks (the `binding` module).
+//! already current, plus two `cuCtxSetCurrent` when it is not. Stream-ordered calls other than
+//! copies (memsets, launches, event records and waits, stream-ordered allocations and frees) skip
+//! it where the driver makes them in the stream's context anyway, which the first retained
+//! context of the process checks (the `binding` module).
 
 use std::cell::Cell;
 use std::marker::PhantomData;

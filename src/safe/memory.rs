@@ -584,6 +584,8 @@ impl CudaStream {
         let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
         let view = dst.as_view();
         ordered(self, [(view.tracked(), Use::Write)], || {
+            // Copies bind: the driver checks their addresses in the current context.
+            let _bound = self.context().bind()?;
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
             // (staged before the call returns) or memory the driver reads later, which is waited
             // for below before the borrow of src ends.
@@ -611,6 +613,8 @@ impl CudaStream {
         }
         let view = src.as_view();
         ordered(self, [(view.tracked(), Use::Read)], || {
+            // Copies bind: the driver checks their addresses in the current context.
+            let _bound = self.context().bind()?;
             // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
             // and exclusively borrowed; it is read only after the synchronisation below.
             unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
@@ -647,6 +651,8 @@ impl CudaStream {
             self.refuse_in_capture("CudaStream::memcpy_dtod of another device's pool memory (cuMemcpyPeerAsync)")?;
         }
         ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
+            // Copies bind: the driver checks their addresses in the current context.
+            let _bound = self.context().bind()?;
             if peer_call {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream; the contexts are the ranges' live primary contexts.

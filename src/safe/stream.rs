@@ -249,7 +249,7 @@ impl CudaStream {
         src: crate::sys::CUdeviceptr,
         bytes: usize,
     ) -> Result<()> {
-        let _bound = self.ctx.bind_stream()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
         unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
     }

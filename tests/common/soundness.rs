@@ -108,7 +108,22 @@ pub fn calls_leave_the_current_context_as_they_found_it(e0: &Engine, e1: &Engine
         stream.memcpy_dtod(&x, &mut y).unwrap();
         stream.synchronize().unwrap();
         check("CudaStream");
-        drop((x, y, event, stream));
+        // Copies across the devices, on either device's stream, and pinned copies: each finds
+        // its addresses with the stream's context, whatever is current.
+        let mut z = CudaSlice::<u32>::alloc_persistent(e0.default_stream(), 256).unwrap();
+        stream.memcpy_dtod(&y, &mut z).unwrap();
+        let mut w = CudaSlice::<u32>::alloc_persistent(&stream, 256).unwrap();
+        e0.default_stream().memcpy_dtod(&z, &mut w).unwrap();
+        let mut pinned = PinnedHostBuffer::<u32>::new(e1.context(), 256, false).unwrap();
+        stream.memcpy_dtoh_pinned(&w, &mut pinned).unwrap();
+        assert_eq!(pinned.as_slice().unwrap(), &[3u32; 256][..], "copies with {before:?} current");
+        pinned.as_mut_slice().unwrap().fill(9);
+        stream.memcpy_htod_pinned(&pinned, &mut y).unwrap();
+        e1.fill_u32(&mut w, 1).unwrap(); // a launch on e1's stream
+        assert_eq!(e1.dtoh(&y).unwrap(), vec![9u32; 256]);
+        assert_eq!(e1.dtoh(&w).unwrap(), vec![1u32; 256]);
+        check("copies across devices, pinned copies, a launch");
+        drop((x, y, z, w, pinned, event, stream));
         check("drops");
         let rt = PpNRt::new(PpConfig::with_devices(&[1, 0]), e0).unwrap();
         let sent = {

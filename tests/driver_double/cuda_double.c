@@ -142,7 +142,9 @@ static int no_pools, no_peer;
 /* PPNRT_DOUBLE_NEEDS_CURRENT: "1" makes every stream-ordered call need its stream's context
  * current (a driver that worked in the current context); "launch" makes kernel launches alone
  * need it. Unset, such calls on a created stream work in the stream's context whatever is
- * current, as driver 580 does. */
+ * current, as driver 580 does, except copies: driver 580 checks a copy's addresses in the current
+ * context (a peer copy with the other device's context current fails with
+ * CUDA_ERROR_INVALID_VALUE), so here a copy always needs its stream's context current. */
 static int needs_current_all, needs_current_launch;
 #ifdef PPNRT_DOUBLE_CUDA_12_4
 static int driver_version = 12040;
@@ -984,7 +986,7 @@ static int foreign_pool_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyAsync");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
     if (foreign_pool_memory(stream, dst) || foreign_pool_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -992,7 +994,7 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* str
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void* dst_ctx, CUdeviceptr src, void* src_ctx, size_t bytes,
                            void* stream) {
     ENTER("cuMemcpyPeerAsync");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
     if (!dst_ctx || !src_ctx) RETURN(E_INVALID_CONTEXT);
     RETURN(enqueue_copy("cuMemcpyPeerAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -1006,14 +1008,14 @@ static int foreign_device_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
     ENTER("cuMemcpyHtoDAsync_v2");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
     if (foreign_device_memory(stream, dst)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyHtoDAsync", dst, (CUdeviceptr)(uintptr_t)src, bytes, stream, 1, 0));
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyDtoHAsync_v2");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
     if (foreign_device_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyDtoHAsync", (CUdeviceptr)(uintptr_t)dst, src, bytes, stream, 0, 1));
 }
