@@ -69,11 +69,6 @@ if [[ $phases == *tests* ]]; then
     [ "$n" = double ] && continue
     run_step "test $n" "$logs/test-$n.log" "$t" --test-threads=1
   done
-  # The same stream-ordered calls made with their context bound (as on a driver that needs it).
-  for n in driver ordering pipeline; do
-    [ -x "$bundle/tests/$n" ] || continue
-    PPNRT_BIND_STREAM_CALLS=1 run_step "test $n (PPNRT_BIND_STREAM_CALLS=1)" "$logs/test-$n-bound.log" "$bundle/tests/$n" --test-threads=1
-  done
 fi
 
 if [[ $phases == *examples* ]]; then

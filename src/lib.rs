@@ -71,8 +71,8 @@ pub use pp::{
     Transport, TransportPolicy,
 };
 pub use safe::{
-    BIND_STREAM_CALLS_VAR, BoundContext, BufferUse, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,
-    CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels,
-    KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCalls,
-    StreamCapture, StreamOverride, ambient_stream, enable_peer_access, stream_calls, take_drop_errors,
+    BoundContext, BufferUse, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgs, KernelParam,
+    LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCapture, StreamOverride, ambient_stream,
+    enable_peer_access, take_drop_errors,
 };

@@ -451,9 +451,6 @@ impl NcclComm {
         let view = buf.as_view();
         let _one_call = self.one_call("NcclComm::send")?;
         ordered(stream, [(view.tracked(), Use::Read)], || {
-            // NCCL works in the current device's context: bound, whatever the driver does with
-            // the crate's own stream-ordered calls.
-            let _bound = stream.context().bind()?;
             // Contract: the buffer is valid for its byte length and ordered on `stream`; the
             // communicator and stream are live and of this device; one call at a time (locked).
             nccl_call!(
@@ -485,8 +482,6 @@ impl NcclComm {
         let view = buf.as_view_mut();
         let _one_call = self.one_call("NcclComm::recv")?;
         ordered(stream, [(view.tracked(), Use::Write)], || {
-            // NCCL works in the current device's context: bound, as for send.
-            let _bound = stream.context().bind()?;
             // Contract: the buffer is valid for its byte length, exclusively borrowed and ordered on
             // `stream`; the communicator and stream are live and of this device; one call at a
             // time (locked).

@@ -651,151 +651,62 @@ fn order_on_orders_a_consumer_the_rule_cannot_see() {
 /// What a boundary step costs in driver calls, in steady state: the protocol's calls (per `tx`:
 /// a wait for the slot's last reader, the copy, its event record; per `rx`: a wait for the copy
 /// in, an allocation, the copy out, its event record; the free) and nothing else — no event
-/// created, no query. This double makes stream-ordered calls other than copies in the stream's
-/// context, as driver 580 does, so only copies bind their context.
+/// created, no query — plus the price of leaving the caller's current context as it was: one
+/// `cuCtxGetCurrent` per call (`tx`, `rx`, the output's free), and a `cuCtxSetCurrent` there and
+/// back for each of them that works in another context than the caller's (here the caller has
+/// the TX stage's context current, as a thread driving that stage would).
 #[test]
 fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
     with_double("a_boundary_step_makes_the_protocols_driver_calls_and_no_more", |double| {
-        boundary_step_calls(double, ppnrt::StreamCalls::Unbound);
-    });
-}
-
-/// A driver that needs the stream's context current for stream-ordered calls (the double with
-/// `PPNRT_DOUBLE_NEEDS_CURRENT=1`, which refuses a call unless the stream's own context is
-/// current): the first context's probe finds it, and every call binds its context, leaving the
-/// caller's current as it was: one `cuCtxGetCurrent` per call (`tx`, `rx`, the output's free),
-/// and a `cuCtxSetCurrent` there and back for each of them that works in another context than the
-/// caller's. The same with `PPNRT_BIND_STREAM_CALLS=1` on a driver that needs none of it.
-#[test]
-fn a_driver_that_needs_the_current_context_gets_it_bound() {
-    with_double("a_driver_that_needs_the_current_context_gets_it_bound", |double| {
-        run_child("child_bound_stream_calls", &double.path, &[("PPNRT_DOUBLE_NEEDS_CURRENT", "1")]);
-        run_child("child_bound_stream_calls", &double.path, &[(ppnrt::BIND_STREAM_CALLS_VAR, "1")]);
-    });
-}
-
-#[test]
-#[ignore = "runs in a child process of a_driver_that_needs_the_current_context_gets_it_bound"]
-fn child_bound_stream_calls() {
-    assert!(std::env::var_os("PPNRT_DOUBLE_CHILD").is_some(), "run through the parent test");
-    let Some((_serial, double)) = double::setup("child_bound_stream_calls") else { panic!("no double") };
-    assert_eq!(ppnrt::stream_calls(), ppnrt::StreamCalls::Undecided);
-    boundary_step_calls(double, ppnrt::StreamCalls::Bound);
-    everything_else_still_works(double);
-    double.flush();
-    assert_eq!(double.violations(), 0, "{}", double.last_violation());
-}
-
-/// A driver that makes every stream-ordered call in the stream's context but a kernel launch
-/// (the double with `PPNRT_DOUBLE_NEEDS_CURRENT=launch`): the probe finds the others unbound;
-/// the first launch made unbound is refused with `CUDA_ERROR_INVALID_CONTEXT`, made again bound
-/// and succeeds, and from then on every call binds. Nothing is lost on the way.
-#[test]
-fn a_launch_refused_unbound_is_made_again_bound() {
-    with_double("a_launch_refused_unbound_is_made_again_bound", |double| {
-        run_child("child_launches_need_the_current_context", &double.path, &[("PPNRT_DOUBLE_NEEDS_CURRENT", "launch")]);
-    });
-}
-
-#[test]
-#[ignore = "runs in a child process of a_launch_refused_unbound_is_made_again_bound"]
-fn child_launches_need_the_current_context() {
-    assert!(std::env::var_os("PPNRT_DOUBLE_CHILD").is_some(), "run through the parent test");
-    let Some((_serial, double)) = double::setup("child_launches_need_the_current_context") else { panic!("no double") };
-    let primary = Engine::new(0).unwrap();
-    assert_eq!(ppnrt::stream_calls(), ppnrt::StreamCalls::Unbound);
-    let rt = PpNRt::new(PpConfig::with_devices(&[1, 1]).sm_copies(true), &primary).unwrap();
-    let e = rt.engine(0, &primary).unwrap().clone();
-    let sent: Vec<u32> = (0..4096).map(|i| i * 7 + 1).collect();
-    let x = {
-        let _stage = rt.enter(0).unwrap();
-        e.htod(&sent).unwrap()
-    };
-    // Device 0's context is current (the engine's): every call of the step is on device 1.
-    let launches_before = double.calls("cuLaunchKernel");
-    let slot = rt.tx(0, &x, sent.len()).unwrap();
-    let got = rt.rx::<u32>(0, slot, sent.len()).unwrap();
-    assert_eq!(ppnrt::stream_calls(), ppnrt::StreamCalls::Bound, "the refused launch switched to binding");
-    // tx and rx each copy with a kernel; the first was refused and made again.
-    assert_eq!(double.calls("cuLaunchKernel") - launches_before, 3, "one launch was made again");
-    assert_eq!(e.dtoh(&got).unwrap(), sent);
-    everything_else_still_works(double);
-    double.flush();
-    assert_eq!(double.violations(), 0, "{}", double.last_violation());
-}
-
-/// Graph mode against eager and one-stage runs, buffers across streams, and the current context
-/// left as found, in a child process that decided for binding.
-fn everything_else_still_works(double: &double::Double) {
-    let primary = Engine::new(0).unwrap();
-    graphs::graph_mode_matches_eager_and_one_stage("graph_mode (bound)", &primary, 2, true);
-    assert_eq!(ordering::produced_on_one_stream_consumed_on_another(&primary, 50, 7, ordering::Handoff::Ordered), 0);
-    assert_eq!(ordering::dropped_on_its_owner_while_read_elsewhere(&primary, 50, 11, ordering::Handoff::Ordered), 0);
-    soundness::calls_leave_the_current_context_as_they_found_it(&primary, &Engine::new(1).unwrap());
-    double.flush();
-    assert_eq!(double.violations(), 0, "{}", double.last_violation());
-}
-
-/// The driver calls of one `tx` + `rx` step, steady state, with the TX stage's context current
-/// (as a thread driving that stage would have), on the peer and local boundaries.
-fn boundary_step_calls(double: &double::Double, expected: ppnrt::StreamCalls) {
-    let primary = Engine::new(0).unwrap();
-    assert_eq!(ppnrt::stream_calls(), expected);
-    let bound = expected == ppnrt::StreamCalls::Bound;
-    for (devices, label, sm) in [([0, 1], "peer", false), ([0, 0], "local", false), ([0, 0], "local, SM copies", true)]
-    {
-        let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(sm), &primary).unwrap();
-        let e = rt.engine(0, &primary).unwrap().clone();
-        let x = {
-            let _stage = rt.enter(0).unwrap();
-            e.htod(&[1u32; 8192]).unwrap()
-        };
-        let step = || {
-            let slot = rt.tx(0, &x, 8192).unwrap();
-            drop(rt.rx::<u32>(0, slot, 8192).unwrap());
-        };
-        for _ in 0..4 {
-            step(); // warm-up: slot buffers and pooled events
-        }
-        // SAFETY: the TX stage's primary context, retained by the runtime's engines.
-        unsafe { ppnrt::result::context::set_current(e.context().raw()) }.unwrap();
-        let entries = [
-            "cuCtxGetCurrent",
-            "cuCtxSetCurrent",
-            "cuStreamWaitEvent",
-            "cuMemcpyAsync",
-            "cuLaunchKernel",
-            "cuEventRecord",
-            "cuMemAllocAsync",
-            "cuMemFreeAsync",
-            "cuEventCreate",
-            "cuEventQuery",
-            "cuStreamQuery",
-        ];
-        let per_step = double.calls_per_run(&entries, 100, step);
-        common::say(&format!("driver calls per tx+rx step ({label}, {expected:?}): {:?}", per_step.0));
-        let calls = |entry: &str| per_step.of(entry);
-        assert_eq!(calls("cuStreamWaitEvent"), 2.0, "{label}");
-        assert_eq!(calls("cuMemcpyAsync") + calls("cuLaunchKernel"), 2.0, "{label}");
-        assert_eq!(calls("cuLaunchKernel"), if sm { 2.0 } else { 0.0 }, "{label}");
-        assert_eq!(calls("cuEventRecord"), 2.0, "{label}");
-        assert_eq!(calls("cuMemAllocAsync"), 1.0, "{label}");
-        assert_eq!(calls("cuMemFreeAsync"), 1.0, "{label}");
-        assert_eq!(calls("cuEventCreate") + calls("cuEventQuery") + calls("cuStreamQuery"), 0.0, "{label}");
-        let two_devices = devices[0] != devices[1];
-        if bound {
-            // One look per call (tx, rx, the free); rx and the free run in the RX stage's
-            // context: there and back for each when the stages are on two devices.
+        let primary = Engine::new(0).unwrap();
+        for (devices, label, sm) in
+            [([0, 1], "peer", false), ([0, 0], "local", false), ([0, 0], "local, SM copies", true)]
+        {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(sm), &primary).unwrap();
+            let e = rt.engine(0, &primary).unwrap().clone();
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                e.htod(&[1u32; 8192]).unwrap()
+            };
+            let step = || {
+                let slot = rt.tx(0, &x, 8192).unwrap();
+                drop(rt.rx::<u32>(0, slot, 8192).unwrap());
+            };
+            for _ in 0..4 {
+                step(); // warm-up: slot buffers and pooled events
+            }
+            // SAFETY: the TX stage's primary context, retained by the runtime's engines.
+            unsafe { ppnrt::result::context::set_current(e.context().raw()) }.unwrap();
+            let entries = [
+                "cuCtxGetCurrent",
+                "cuCtxSetCurrent",
+                "cuStreamWaitEvent",
+                "cuMemcpyAsync",
+                "cuLaunchKernel",
+                "cuEventRecord",
+                "cuMemAllocAsync",
+                "cuMemFreeAsync",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuStreamQuery",
+            ];
+            let per_step = double.calls_per_run(&entries, 100, step);
+            common::say(&format!("driver calls per tx+rx step ({label}): {:?}", per_step.0));
+            let calls = |entry: &str| per_step.of(entry);
+            assert_eq!(calls("cuStreamWaitEvent"), 2.0, "{label}");
+            assert_eq!(calls("cuMemcpyAsync") + calls("cuLaunchKernel"), 2.0, "{label}");
+            assert_eq!(calls("cuLaunchKernel"), if sm { 2.0 } else { 0.0 }, "{label}");
+            assert_eq!(calls("cuEventRecord"), 2.0, "{label}");
+            assert_eq!(calls("cuMemAllocAsync"), 1.0, "{label}");
+            assert_eq!(calls("cuMemFreeAsync"), 1.0, "{label}");
+            assert_eq!(calls("cuEventCreate") + calls("cuEventQuery") + calls("cuStreamQuery"), 0.0, "{label}");
             assert_eq!(calls("cuCtxGetCurrent"), 3.0, "{label}");
-            assert_eq!(calls("cuCtxSetCurrent"), if two_devices { 4.0 } else { 0.0 }, "{label}");
-        } else {
-            // Only copies bind: one look per copy-engine copy, and there and back for the copy
-            // out of the slot when it is on the other device.
-            assert_eq!(calls("cuCtxGetCurrent"), calls("cuMemcpyAsync"), "{label}");
-            assert_eq!(calls("cuCtxSetCurrent"), if two_devices && !sm { 2.0 } else { 0.0 }, "{label}");
+            // rx and the free run in the RX stage's context: there and back for each when the
+            // stages are on two devices.
+            assert_eq!(calls("cuCtxSetCurrent"), if devices[0] != devices[1] { 4.0 } else { 0.0 }, "{label}");
+            rt.synchronize().unwrap();
         }
-        rt.synchronize().unwrap();
-    }
+    });
 }
 
 /// Launches that reach a peer's memory enable peer access once per pair of live contexts, not per

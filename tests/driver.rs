@@ -16,27 +16,6 @@ fn driver_loads_and_reports_a_supported_version() {
     eprintln!("driver {} from {}", driver.version(), driver.library());
 }
 
-/// The first context decides how stream-ordered calls are made: with `PPNRT_BIND_STREAM_CALLS=1`
-/// bound; else by the probe, which finds the stream's context used whatever is current on the
-/// drivers of CUDA 13.0 (580) and later, the ones checked so far.
-#[test]
-fn stream_calls_are_decided_when_the_first_context_is_retained() {
-    let Some(engine) = engine_or_skip("stream_calls_are_decided_when_the_first_context_is_retained", 0) else {
-        return;
-    };
-    let decided = ppnrt::stream_calls();
-    let driver = ppnrt::loader::driver().unwrap().version();
-    eprintln!("driver {driver}: stream-ordered calls {decided:?}");
-    if std::env::var(ppnrt::BIND_STREAM_CALLS_VAR).is_ok_and(|value| value == "1") {
-        assert_eq!(decided, ppnrt::StreamCalls::Bound);
-    } else if driver >= DriverVersion::from_raw(13000) {
-        assert_eq!(decided, ppnrt::StreamCalls::Unbound);
-    } else {
-        assert_ne!(decided, ppnrt::StreamCalls::Undecided);
-    }
-    drop(engine);
-}
-
 #[test]
 fn devices_are_listed_with_name_capability_and_memory() {
     let Some(count) = devices_or_skip("devices_are_listed_with_name_capability_and_memory", 1) else { return };

@@ -588,7 +588,7 @@ impl PpNRt {
         }
         let tx = &boundary.tx_stream;
         // One binding for the whole call (the copy and its event record find it current).
-        let _bound = tx.context().bind_stream_for_call()?;
+        let _bound = tx.context().bind_for_call()?;
         let src = x.as_view().slice(..n)?.into_bytes();
         #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipRxWait {
@@ -661,7 +661,7 @@ impl PpNRt {
         let slot = &mut ring.slots[slot_index];
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
-        let _bound = rx.context().bind_stream_for_call()?;
+        let _bound = rx.context().bind_for_call()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
         match &slot.buffer {

@@ -8,10 +8,7 @@
 //! context it needs through [`Context::bind`], whose guard puts back what was current when the
 //! call returns. So cuBLAS, PyTorch or any runtime-API code on the same thread keeps its current
 //! device across calls into this crate. Binding costs one `cuCtxGetCurrent` when the context is
-//! already current, plus two `cuCtxSetCurrent` when it is not. Stream-ordered calls other than
-//! copies (memsets, launches, event records and waits, stream-ordered allocations and frees) skip
-//! it where the driver makes them in the stream's context anyway, which the first retained
-//! context of the process checks (the `binding` module).
+//! already current, plus two `cuCtxSetCurrent` when it is not.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -70,7 +67,6 @@ impl Context {
                 memory::mem_pool_set_u64(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX)?;
             }
         }
-        super::binding::decide(&ctx);
         Ok(Arc::new(ctx))
     }
 
@@ -169,13 +165,6 @@ pub struct BoundContext<'a> {
     /// For a call scope: the scope it replaced.
     scope: Option<CUcontext>,
     _ctx: PhantomData<(&'a Context, *const ())>,
-}
-
-impl BoundContext<'_> {
-    /// A guard that changed nothing (the context was current, or need not be).
-    pub(crate) fn unchanged() -> Self {
-        BoundContext { restore: None, scope: None, _ctx: PhantomData }
-    }
 }
 
 /// Runs code that is not the crate's own (a caller's trait implementation) inside a call scope:

@@ -60,7 +60,7 @@ impl CudaEvent {
         if stream.is_capturing() {
             stream.refuse_in_capture("CudaEvent::record on a capturing stream")?;
         }
-        let _bound = self.ctx.bind_stream()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of the same device's primary context.
         unsafe { raw::record(self.raw, stream.raw()) }
     }

@@ -448,9 +448,6 @@ impl GraphExec {
         self.check_stream("GraphExec::launch: the stream must be on the graph's device", stream)?;
         let raw_exec = self.raw;
         ordered(stream, self.footprint.iter().map(|(memory, use_)| (Tracked::Device(memory), *use_)), || {
-            // Graph launches are not among the calls the crate makes unbound (the `binding`
-            // module): bound whatever the driver does with other stream-ordered calls.
-            let _bound = stream.context().bind()?;
             // SAFETY: both handles are live and of one context (checked above); the memory the
             // graph uses is held alive by self.footprint and ordered on this stream.
             unsafe { raw::launch(raw_exec, stream.raw()) }

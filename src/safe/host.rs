@@ -139,8 +139,6 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
             return Ok(());
         }
         ordered(stream, [(src.tracked(), Use::Read), (Tracked::Host(&self.access), Use::Write)], || {
-            // Copies bind: the driver checks their addresses in the current context.
-            let _bound = stream.context().bind()?;
             // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
             // untouched by the host until the copy completes (host access and Drop wait for its
             // uses); src is valid; both are ordered on `stream`.
@@ -165,8 +163,6 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
             return Ok(());
         }
         ordered(stream, [(Tracked::Host(&self.access), Use::Read), (dst.tracked(), Use::Write)], || {
-            // Copies bind: the driver checks their addresses in the current context.
-            let _bound = stream.context().bind()?;
             // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
             // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
             // valid; both are ordered on `stream`.

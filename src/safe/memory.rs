@@ -168,7 +168,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         let ptr = if bytes == 0 {
             0
         } else {
-            let _bound = stream.context().bind_stream()?;
+            let _bound = stream.context().bind()?;
             // SAFETY: the stream is live; the memory is used only by work ordered after this on
             // `stream` or joined to it (see the module doc).
             unsafe { raw::alloc_async(bytes, stream.raw())? }
@@ -472,7 +472,7 @@ impl Drop for DeviceMemory {
         let result = if self.pooled {
             // The owner waits for every use, then frees in stream order.
             self.access.order(&self.stream, Use::Write).and_then(|()| {
-                let _bound = self.stream.context().bind_stream()?;
+                let _bound = self.stream.context().bind()?;
                 // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
                 // ordered before this point on the owning stream (just above).
                 unsafe { raw::free_async(self.ptr, self.stream.raw()) }
@@ -539,7 +539,7 @@ where
 {
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
-    let _bound = stream.context().bind_stream_for_call()?;
+    let _bound = stream.context().bind_for_call()?;
     if let Some(capture) = stream.capture() {
         let mut devices = Vec::new();
         for (tracked, use_) in uses {
@@ -584,8 +584,6 @@ impl CudaStream {
         let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
         let view = dst.as_view();
         ordered(self, [(view.tracked(), Use::Write)], || {
-            // Copies bind: the driver checks their addresses in the current context.
-            let _bound = self.context().bind()?;
             // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
             // (staged before the call returns) or memory the driver reads later, which is waited
             // for below before the borrow of src ends.
@@ -613,8 +611,6 @@ impl CudaStream {
         }
         let view = src.as_view();
         ordered(self, [(view.tracked(), Use::Read)], || {
-            // Copies bind: the driver checks their addresses in the current context.
-            let _bound = self.context().bind()?;
             // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
             // and exclusively borrowed; it is read only after the synchronisation below.
             unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
@@ -651,8 +647,6 @@ impl CudaStream {
             self.refuse_in_capture("CudaStream::memcpy_dtod of another device's pool memory (cuMemcpyPeerAsync)")?;
         }
         ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
-            // Copies bind: the driver checks their addresses in the current context.
-            let _bound = self.context().bind()?;
             if peer_call {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream; the contexts are the ranges' live primary contexts.

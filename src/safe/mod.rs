@@ -4,8 +4,7 @@
 //! (a stream keeps its context alive, a slice its owning stream), so drop order cannot free a
 //! context under live work. Threading: handles are `Send + Sync` where the driver makes the
 //! underlying object usable from any thread; each call binds the context it needs on the calling
-//! thread first (stream-ordered calls only where the driver needs it) and never relies on what
-//! another call left current. Drops never panic; failures
+//! thread first and never relies on what another call left current. Drops never panic; failures
 //! in `Drop` are kept for [`take_drop_errors`].
 //!
 //! Ordering: every copy, memset and kernel launch orders the device and pinned buffers it touches
@@ -17,7 +16,6 @@
 //! stays the caller's `unsafe` promise.
 
 mod ambient;
-mod binding;
 mod context;
 mod device;
 mod drop_errors;
@@ -32,7 +30,6 @@ mod peer;
 mod stream;
 
 pub use ambient::{StreamOverride, ambient_stream};
-pub use binding::{BIND_STREAM_CALLS_VAR, StreamCalls, stream_calls};
 pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;

@@ -14,7 +14,7 @@ use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::result::module as raw;
-use crate::sys::{CUdeviceptr, CUfunction, CUmodule, CUresult};
+use crate::sys::{CUdeviceptr, CUfunction, CUmodule};
 
 /// A module loaded into one context.
 #[derive(Debug)]
@@ -338,7 +338,10 @@ impl CudaStream {
             ensure_peer_access(self.context(), used.owner.context())?;
         }
         ordered(self, uses.iter().flatten().map(|used| (Tracked::Device(used.memory), used.use_)), || {
-            let call = |params: &mut [*mut c_void]| {
+            let launch = |params: &mut [*mut c_void]| {
+                // A caller's `with_params` runs its own code first, which may change the current
+                // context: the launch binds the stream's again.
+                let _bound = if A::FOREIGN { Some(self.context().bind()?) } else { None };
                 // SAFETY: the caller guarantees that params match the kernel and that it touches
                 // only the memory they give it; function and stream are live and of one context
                 // (checked above); that memory is reachable from this device (checked above) and
@@ -352,19 +355,6 @@ impl CudaStream {
                         self.raw(),
                         params,
                     )
-                }
-            };
-            let launch = |params: &mut [*mut c_void]| {
-                let unbound = super::binding::stream_calls() == super::binding::StreamCalls::Unbound;
-                match call(params) {
-                    Err(Error::Driver(e)) if unbound && e.code == CUresult::CUDA_ERROR_INVALID_CONTEXT => {
-                        // This driver launches in the current context only: the launch is made
-                        // again bound (nothing was enqueued), and from now on every call binds.
-                        super::binding::bind_from_now_on();
-                        let _bound = self.context().bind()?;
-                        call(params)
-                    }
-                    other => other,
                 }
             };
             if A::FOREIGN {

@@ -70,7 +70,7 @@ impl PooledEvent {
     /// Records the event at the current end of `stream` (a stream of the event's context).
     pub(crate) fn record(&self, stream: &CudaStream) -> Result<()> {
         debug_assert!(Arc::ptr_eq(stream.context(), &self.ctx), "pooled events are recorded in their own context");
-        let _bound = self.ctx.bind_stream()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of the same context.
         unsafe { raw_event::record(self.raw, stream.raw()) }
     }

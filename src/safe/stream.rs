@@ -151,7 +151,7 @@ impl CudaStream {
         if self.is_capturing() {
             self.refuse_in_capture("CudaStream::wait on a capturing stream")?;
         }
-        let _bound = self.ctx.bind_stream()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
@@ -159,7 +159,7 @@ impl CudaStream {
     /// Makes later work on this stream wait for the last record of a pooled event (of any
     /// context).
     pub(crate) fn wait_pooled(&self, event: &super::ordering::PooledEvent) -> Result<()> {
-        let _bound = self.ctx.bind_stream()?;
+        let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers (borrowed here) live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }

@@ -139,13 +139,6 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
 static int n_devices = 2;
 static int no_pools, no_peer;
-/* PPNRT_DOUBLE_NEEDS_CURRENT: "1" makes every stream-ordered call need its stream's context
- * current (a driver that worked in the current context); "launch" makes kernel launches alone
- * need it. Unset, such calls on a created stream work in the stream's context whatever is
- * current, as driver 580 does, except copies: driver 580 checks a copy's addresses in the current
- * context (a peer copy with the other device's context current fails with
- * CUDA_ERROR_INVALID_VALUE), so here a copy always needs its stream's context current. */
-static int needs_current_all, needs_current_launch;
 #ifdef PPNRT_DOUBLE_CUDA_12_4
 static int driver_version = 12040;
 #else
@@ -189,9 +182,6 @@ static void init_from_env(void) {
     }
     no_pools = getenv("PPNRT_DOUBLE_NO_POOLS") && strcmp(getenv("PPNRT_DOUBLE_NO_POOLS"), "1") == 0;
     no_peer = getenv("PPNRT_DOUBLE_NO_PEER") && strcmp(getenv("PPNRT_DOUBLE_NO_PEER"), "1") == 0;
-    v = getenv("PPNRT_DOUBLE_NEEDS_CURRENT");
-    needs_current_all = v && strcmp(v, "1") == 0;
-    needs_current_launch = v && (strcmp(v, "1") == 0 || strcmp(v, "launch") == 0);
     v = getenv("PPNRT_DOUBLE_VERSION");
     if (v) driver_version = atoi(v);
     for (int d = 0; d < MAX_DEVICES; d++) ctxs[d].device = d;
@@ -801,18 +791,15 @@ CUresult cuCtxGetDevice(CUdevice* dev) {
         if (current->dead) RETURN(current->dead); \
     } while (0)
 
-/* The context of a stream-ordered call on `stream`: the stream's own (the default stream: the
- * current one), unless this double emulates a driver that needs it current (then it must be). */
-#define NEED_STREAM_CTX(stream, needs_current)                                            \
-    do {                                                                                  \
-        Stream* _s = (Stream*)(stream);                                                   \
-        if (!_s || (needs_current)) {                                                     \
-            NEED_LIVE_CTX();                                                              \
-            if (_s && _s->ctx != current) RETURN(E_INVALID_CONTEXT);                      \
-        } else {                                                                          \
-            if (_s->ctx->refcount == 0) RETURN(E_INVALID_CONTEXT);                        \
-            if (_s->ctx->dead) RETURN(_s->ctx->dead);                                     \
-        }                                                                                 \
+/* A stream-ordered call on `stream` needs a live current context, and on a created stream its
+ * own: the crate binds the stream's context for each such call (driver 580 checks a copy's
+ * addresses in the current context, so a peer copy with the other device's context current
+ * fails there). */
+#define NEED_STREAM_CTX(stream)                                     \
+    do {                                                            \
+        NEED_LIVE_CTX();                                            \
+        Stream* _s = (Stream*)(stream);                             \
+        if (_s && _s->ctx != current) RETURN(E_INVALID_CONTEXT);    \
     } while (0)
 
 CUresult cuCtxSynchronize(void) {
@@ -884,7 +871,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 
 CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
     ENTER("cuMemAllocAsync");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     if (no_pools) RETURN(E_NOT_SUPPORTED);
     if (bytes == 0) RETURN(E_INVALID_VALUE);
     Stream* s = stream_of(stream);
@@ -897,7 +884,7 @@ CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
 
 CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
     ENTER("cuMemFreeAsync");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     Alloc* a = find_alloc((uintptr_t)ptr, 1, 0);
     if (!a || a->base != ptr || !a->pooled) RETURN(E_INVALID_VALUE);
     if (stream_of(stream)->capture) RETURN(refuse_capture(stream_of(stream)));
@@ -986,7 +973,7 @@ static int foreign_pool_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyAsync");
-    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
+    NEED_STREAM_CTX(stream);
     if (foreign_pool_memory(stream, dst) || foreign_pool_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -994,7 +981,7 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* str
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void* dst_ctx, CUdeviceptr src, void* src_ctx, size_t bytes,
                            void* stream) {
     ENTER("cuMemcpyPeerAsync");
-    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
+    NEED_STREAM_CTX(stream);
     if (!dst_ctx || !src_ctx) RETURN(E_INVALID_CONTEXT);
     RETURN(enqueue_copy("cuMemcpyPeerAsync", dst, src, bytes, stream, 0, 0));
 }
@@ -1008,21 +995,21 @@ static int foreign_device_memory(void* stream, CUdeviceptr p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
     ENTER("cuMemcpyHtoDAsync_v2");
-    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
+    NEED_STREAM_CTX(stream);
     if (foreign_device_memory(stream, dst)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyHtoDAsync", dst, (CUdeviceptr)(uintptr_t)src, bytes, stream, 1, 0));
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
     ENTER("cuMemcpyDtoHAsync_v2");
-    NEED_STREAM_CTX(stream, 1); /* copies: see copies_need_current */
+    NEED_STREAM_CTX(stream);
     if (foreign_device_memory(stream, src)) RETURN(E_INVALID_VALUE);
     RETURN(enqueue_copy("cuMemcpyDtoHAsync", (CUdeviceptr)(uintptr_t)dst, src, bytes, stream, 0, 1));
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, void* stream) {
     ENTER("cuMemsetD8Async");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     Op op = {.kind = OP_SET8, .dst = dst, .bytes = count, .value = value};
     push(stream_of(stream), op);
     RETURN(OK);
@@ -1030,7 +1017,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, voi
 
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, void* stream) {
     ENTER("cuMemsetD32Async");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     if (dst % 4) RETURN(E_INVALID_VALUE);
     Op op = {.kind = OP_SET32, .dst = dst, .bytes = count * 4, .value = value};
     push(stream_of(stream), op);
@@ -1090,7 +1077,7 @@ CUresult cuStreamQuery(void* stream) {
 
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     ENTER("cuStreamWaitEvent");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     Stream* s = stream_of(stream);
     Event* e = (Event*)event;
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
@@ -1134,7 +1121,7 @@ CUresult cuEventDestroy_v2(void* event) {
 
 CUresult cuEventRecord(void* event, void* stream) {
     ENTER("cuEventRecord");
-    NEED_STREAM_CTX(stream, needs_current_all);
+    NEED_STREAM_CTX(stream);
     Event* e = (Event*)event;
     Stream* s = stream_of(stream);
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
@@ -1245,7 +1232,7 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
     ENTER("cuLaunchKernel");
-    NEED_STREAM_CTX(stream, needs_current_launch);
+    NEED_STREAM_CTX(stream);
     (void)shared;
     Function* f = (Function*)function;
     if (!f || f->module->unloaded || extra) RETURN(E_INVALID_HANDLE);
