@@ -401,9 +401,13 @@ impl PpNRt {
     }
 
     fn end(&self, b: usize) -> Result<&BoundaryEnd> {
-        self.boundaries
-            .get(b)
-            .ok_or(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))
+        // A match, not `ok_or`: the error is built only when it is returned (every tx and rx).
+        match self.boundaries.get(b) {
+            Some(end) => Ok(end),
+            None => {
+                Err(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))
+            }
+        }
     }
 
     /// Boundary `b`'s ring, for the RX stage's calls (`rx`, `discard_unreceived`): refused when

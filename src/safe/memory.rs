@@ -139,11 +139,12 @@ unsafe impl<T: DeviceRepr> Send for CudaSlice<T> {}
 unsafe impl<T: DeviceRepr> Sync for CudaSlice<T> {}
 
 pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
-    count.checked_mul(std::mem::size_of::<T>()).ok_or(Error::SizeOverflow {
-        what,
-        count,
-        elem_size: std::mem::size_of::<T>(),
-    })
+    // A match, not `ok_or`: the error is built only when it is returned (this is on every
+    // allocation's path).
+    match count.checked_mul(std::mem::size_of::<T>()) {
+        Some(bytes) => Ok(bytes),
+        None => Err(Error::SizeOverflow { what, count, elem_size: std::mem::size_of::<T>() }),
+    }
 }
 
 impl<T: DeviceRepr> CudaSlice<T> {
