@@ -387,6 +387,41 @@ fn a_kernel_args_implementation_that_switches_contexts_misleads_nothing() {
     });
 }
 
+/// The same through a caller's `KernelParam` inside one of the crate's tuples: its `raw_param`
+/// runs in the middle of the launch, so the tuple counts as foreign and the launch binds the
+/// stream's context again (the double refuses the launch otherwise).
+#[test]
+fn a_kernel_param_that_switches_contexts_misleads_nothing() {
+    struct SwitchingNs<'a> {
+        ns: u64,
+        other: &'a ppnrt::Context,
+    }
+    impl ppnrt::KernelParam for SwitchingNs<'_> {
+        type Raw = u64;
+        fn raw_param(&self) -> u64 {
+            // SAFETY: `other` is a live, retained primary context.
+            unsafe { ppnrt::result::context::set_current(self.other.raw()) }.unwrap();
+            self.ns
+        }
+    }
+    with_double("a_kernel_param_that_switches_contexts_misleads_nothing", |_| {
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let f = e0.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_spin_ns").unwrap();
+        let stream = e0.default_stream();
+        // SAFETY: null unbinds.
+        unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory; one u64 parameter is passed.
+        unsafe {
+            stream.launch(&f, ppnrt::LaunchConfig::for_elements(1, 1), (SwitchingNs { ns: 1000, other: e1.context() },))
+        }
+        .unwrap();
+        assert!(ppnrt::result::context::get_current().unwrap().is_null(), "the caller's (no) context is current");
+        let x = e0.htod(&[2u32; 64]).unwrap();
+        assert_eq!(e0.dtoh(&x).unwrap(), vec![2u32; 64]);
+        stream.synchronize().unwrap();
+    });
+}
+
 /// One host thread per stage, parked in `tx_wait` / `rx_wait`: the same outputs, bit for bit, as
 /// one thread driving every stage.
 #[test]

@@ -169,6 +169,11 @@ impl LaunchConfig {
 
 /// A value that can be passed as one kernel parameter.
 pub trait KernelParam {
+    /// Whether [`raw_param`](Self::raw_param) may run code that is not this crate's (true for
+    /// every implementation but the crate's own): a launch with such a parameter treats its
+    /// arguments as [`KernelArgs::FOREIGN`].
+    #[doc(hidden)]
+    const FOREIGN: bool = true;
     /// The C representation passed to the kernel.
     type Raw: Copy;
     /// The value to pass.
@@ -207,6 +212,7 @@ impl<'a> BufferUse<'a> {
 macro_rules! scalar_params {
     ($($t:ty),*) => {$(
         impl KernelParam for $t {
+            const FOREIGN: bool = false;
             type Raw = $t;
             fn raw_param(&self) -> $t {
                 *self
@@ -219,6 +225,7 @@ scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize);
 macro_rules! slice_params {
     ($($ty:ty => $use_:expr),* $(,)?) => {$(
         impl<T: DeviceRepr> KernelParam for $ty {
+            const FOREIGN: bool = false;
             type Raw = CUdeviceptr;
             fn raw_param(&self) -> CUdeviceptr {
                 self.device_ptr()
@@ -243,7 +250,7 @@ pub const MAX_KERNEL_PARAMS: usize = 8;
 /// A tuple of kernel parameters, passed in order.
 pub trait KernelArgs {
     /// Whether [`with_params`](Self::with_params) may run code that is not this crate's (true
-    /// for every implementation but the crate's tuples): the launch then binds the stream's
+    /// for every implementation but the crate's tuples of the crate's own parameters): the launch then binds the stream's
     /// context again right before `cuLaunchKernel`, and checks afterwards that the thread's
     /// current context was left as it was.
     #[doc(hidden)]
@@ -258,7 +265,8 @@ pub trait KernelArgs {
 macro_rules! kernel_args {
     ($($name:ident : $idx:tt),*) => {
         impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
-            const FOREIGN: bool = false;
+            // A tuple runs its parameters' `raw_param`: foreign when any of them is.
+            const FOREIGN: bool = $($name::FOREIGN ||)* false;
 
             #[allow(non_snake_case)]
             fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
