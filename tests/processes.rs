@@ -531,15 +531,7 @@ fn contract(rt: &PpNRt, primary: &Engine) {
             assert!(matches!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { .. })));
             let _scope = rt.enter(0).unwrap();
             // A step to another process cannot be captured: announced once, replayed at will.
-            let capture = rt.stage_stream(0).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
-            let captured = rt.tx(0, &x, n).unwrap_err();
-            assert!(
-                matches!(captured, Error::Capture(CaptureError::IllegalCall { call: "PpNRt::tx to another rank" })),
-                "{captured}"
-            );
-            let ended = capture.end().unwrap_err();
-            assert!(matches!(ended, Error::Capture(CaptureError::Invalidated { .. })), "{ended}");
-            println!("CHILD capture refused: {captured}");
+            refused_in_capture(rt, 0, "PpNRt::tx to another rank", || rt.tx(0, &x, n).map(drop));
             for step in 0..3 {
                 assert_eq!(rt.tx(0, &x, n).unwrap(), step % 2);
             }
@@ -553,15 +545,7 @@ fn contract(rt: &PpNRt, primary: &Engine) {
             );
             let _scope = rt.enter(1).unwrap();
             // A step from another process cannot be received in a capture either.
-            let capture = rt.stage_stream(1).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
-            let captured = rt.rx::<f32>(0, 0, n).unwrap_err();
-            assert!(
-                matches!(captured, Error::Capture(CaptureError::IllegalCall { call: "PpNRt::rx from another rank" })),
-                "{captured}"
-            );
-            let ended = capture.end().unwrap_err();
-            assert!(matches!(ended, Error::Capture(CaptureError::Invalidated { .. })), "{ended}");
-            println!("CHILD capture refused: {captured}");
+            refused_in_capture(rt, 1, "PpNRt::rx from another rank", || rt.rx::<f32>(0, 0, n).map(drop));
             let short = rt.rx_wait::<f32>(0, 0, n - 1, WAIT).unwrap_err();
             assert!(
                 matches!(short, Error::Pipeline(PpError::RxLengthMismatch { requested: 999, sent: 1000, .. })),
@@ -585,6 +569,17 @@ fn contract(rt: &PpNRt, primary: &Engine) {
         }
     }
     rt.synchronize().unwrap();
+}
+
+/// Begins a capture on stage `stage`'s stream, makes `call`, and checks that it is refused as
+/// `CaptureError::IllegalCall` naming `name` and that ending the capture gives `Invalidated`.
+fn refused_in_capture(rt: &PpNRt, stage: usize, name: &str, call: impl FnOnce() -> Result<(), Error>) {
+    let capture = rt.stage_stream(stage).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+    let captured = call().unwrap_err();
+    assert!(matches!(&captured, Error::Capture(CaptureError::IllegalCall { call }) if *call == name), "{captured}");
+    let ended = capture.end().unwrap_err();
+    assert!(matches!(ended, Error::Capture(CaptureError::Invalidated { .. })), "{ended}");
+    println!("CHILD capture refused: {captured}");
 }
 
 /// Runs steps until a call fails; the failure must be `PeerFailed` (printed with the time).

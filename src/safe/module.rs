@@ -250,9 +250,9 @@ pub const MAX_KERNEL_PARAMS: usize = 8;
 /// A tuple of kernel parameters, passed in order.
 pub trait KernelArgs {
     /// Whether [`with_params`](Self::with_params) may run code that is not this crate's (true
-    /// for every implementation but the crate's tuples of the crate's own parameters): the launch then binds the stream's
-    /// context again right before `cuLaunchKernel`, and checks afterwards that the thread's
-    /// current context was left as it was.
+    /// for every implementation but the crate's tuples of the crate's own parameters): the
+    /// launch then binds the stream's context again right before `cuLaunchKernel`, and checks
+    /// afterwards that the thread's current context was left as it was.
     #[doc(hidden)]
     const FOREIGN: bool = true;
 
