@@ -808,6 +808,21 @@ fn one_thread_per_stage_replays_graphs_through_the_double() {
     });
 }
 
+/// Many steps of one thread per stage, with stages running up to a ring's length ahead of each
+/// other: every stage's slot count stays right while the others' move. (The runtime once read the
+/// first ring's position outside its lock: a stage that fell behind was sent a step ahead, and
+/// this test failed in most runs.)
+#[test]
+fn one_thread_per_stage_keeps_its_slot_count_under_contention_through_the_double() {
+    with_double("one_thread_per_stage_keeps_its_slot_count_under_contention_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        for _ in 0..4 {
+            graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 1], 3, 200);
+            graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 1, 0, 1], 2, 200);
+        }
+    });
+}
+
 mod schedules {
     use super::*;
     use graphs::StepKind;

@@ -420,11 +420,15 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let stage = rt.stage(s)?;
         let n_slots = self.execs.len();
         // Between steps (every stage at the same slot) the stages follow the rings, which eager
-        // steps may have moved; within a step each stage keeps its own count.
-        let rings_at = rt.rings().next().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        // steps may have moved; within a step each stage keeps its own count. The first ring is
+        // read under its lock, held while the counts are compared: stage 0 moves that ring's `next`
+        // and its own count under that lock, so the two agree unless an eager step moved the ring. Read before taking the counts' lock, it could be a step old by then, and send
+        // a stage that is behind to a slot it has not reached.
         let k = {
+            let first_ring = rt.rings().next().map(PpNRt::lock);
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if next.iter().all(|at| *at == next[0]) {
+                let rings_at = first_ring.as_deref().map_or(0, |ring| ring.next);
                 next.iter_mut().for_each(|at| *at = rings_at);
             }
             next[s]
