@@ -808,6 +808,13 @@ fn one_thread_per_stage_replays_graphs_through_the_double() {
     });
 }
 
+#[test]
+fn launch_stage_refusals_lose_nothing_through_the_double() {
+    with_double("launch_stage_refusals_lose_nothing_through_the_double", |_| {
+        graphs::launch_stage_refusals_lose_nothing(&Engine::new(0).unwrap(), &[0, 1, 0]);
+    });
+}
+
 /// Many steps of one thread per stage, with stages running up to a ring's length ahead of each
 /// other: every stage's slot count stays right while the others' move. (The runtime once read the
 /// first ring's position outside its lock: a stage that fell behind was sent a step ahead, and

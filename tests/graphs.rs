@@ -54,6 +54,17 @@ fn mismatched_graph_steps_are_refused() {
 }
 
 #[test]
+fn launch_stage_refusals_lose_nothing() {
+    let _serial = serial();
+    let Some(devices) = devices_or_skip("launch_stage_refusals_lose_nothing", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    graphs::launch_stage_refusals_lose_nothing(&primary, &[0, 0, 0]);
+    if devices >= 2 {
+        graphs::launch_stage_refusals_lose_nothing(&primary, &[0, 1, 0]);
+    }
+}
+
+#[test]
 fn graphs_keep_their_memory_alive_and_ordered() {
     let _serial = serial();
     if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {

@@ -504,6 +504,72 @@ pub fn one_thread_per_stage_replays_graphs(primary: &Engine, devices: &[i32], sl
     say(&format!("one_thread_per_stage_replays_graphs: {config}, {steps} steps, bitwise identical"));
 }
 
+/// `launch_stage` refuses what it cannot run with a typed error, before anything is enqueued,
+/// and loses nothing: a stage out of range, an input that never comes (timeout), an input slot an
+/// eager `tx` filled with another length (the eager data still arrives whole), an output ring an
+/// eager step moved. The graph work already launched still gives the reference's output.
+/// `devices` must give three stages.
+pub fn launch_stage_refusals_lose_nothing(primary: &Engine, devices: &[i32]) {
+    use std::time::Duration;
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(3), primary).unwrap();
+    assert_eq!(rt.n_stages(), 3, "the scenario needs three stages");
+    let n = 512;
+    let mut rng = Rng::new(91);
+    let input = rng.vec_f32(n);
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let step = capture(&rt, primary, &mut buffers, n, false).unwrap();
+    let short = Duration::from_millis(50);
+    match step.launch_stage(3, short) {
+        Err(Error::Pipeline(PpError::StageOutOfRange { stage: 3, n_stages: 3 })) => {}
+        other => panic!("expected StageOutOfRange, got {other:?}"),
+    }
+    // Nothing sent yet: stage 1 times out waiting for its input, and nothing moves.
+    match step.launch_stage(1, short) {
+        Err(Error::Pipeline(PpError::Timeout { boundary: 0, slot: 0, call: "rx", .. })) => {}
+        other => panic!("expected stage 1 to time out on boundary 0, got {other:?}"),
+    }
+    {
+        let _scope = rt.enter(0).unwrap();
+        rt.engine(0, primary).unwrap().htod_into(&input, &mut buffers.acts[0]).unwrap();
+    }
+    assert_eq!(step.launch_stage(0, short).unwrap(), 0);
+    // An eager tx of half the length fills boundary 0's next slot (1).
+    let half: Vec<f32> = rng.vec_f32(n / 2);
+    let eager = {
+        let _scope = rt.enter(0).unwrap();
+        rt.engine(0, primary).unwrap().htod(&half).unwrap()
+    };
+    assert_eq!(rt.tx(0, &eager, n / 2).unwrap(), 1);
+    assert_eq!(step.launch_stage(1, short).unwrap(), 0);
+    // Stage 1's next input is the eager one: refused by length, the slot left filled.
+    match step.launch_stage(1, short) {
+        Err(Error::Pipeline(PpError::RxLengthMismatch { boundary: 0, slot: 1, requested, sent }))
+            if requested == n && sent == n / 2 => {}
+        other => panic!("expected RxLengthMismatch on boundary 0 slot 1, got {other:?}"),
+    }
+    let received = {
+        let _scope = rt.enter(1).unwrap();
+        let y = rt.rx::<f32>(0, 1, n / 2).unwrap();
+        rt.engine(1, primary).unwrap().dtoh(&y).unwrap()
+    };
+    assert!(same_bits(&received, &half), "the eager tx's data did not arrive whole");
+    // Boundary 0's ring moved past stage 0's next slot (1): refused as out of step.
+    match step.launch_stage(0, short) {
+        Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: 0, expected: 1, found: 2 })) => {}
+        other => panic!("expected GraphOutOfStep on boundary 0, got {other:?}"),
+    }
+    // The graph step that did run reaches the last stage with the reference's output.
+    assert_eq!(step.launch_stage(2, short).unwrap(), 0);
+    let out = {
+        let _scope = rt.enter(2).unwrap();
+        rt.engine(2, primary).unwrap().dtoh(&buffers.acts[2]).unwrap()
+    };
+    let expected = reference(primary, std::slice::from_ref(&input), |_| 0);
+    assert!(same_bits(&out, &expected[0]), "the graph step's output differs from the reference");
+    rt.synchronize().unwrap();
+    say("launch_stage_refusals_lose_nothing: out of range, timeout, length mismatch, out of step refused");
+}
+
 /// How one step of a random schedule runs.
 #[derive(Debug, Clone, Copy)]
 pub enum StepKind {

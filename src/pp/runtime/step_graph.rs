@@ -435,32 +435,32 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         };
         let start = Instant::now();
         let left = || timeout.saturating_sub(start.elapsed());
-        // The input: filled by stage s - 1 (it stays filled until this stage receives it).
+        // Parks until the input slot is filled by stage s - 1, then until the output slot is free;
+        // each wait holds one ring's lock at a time.
         if s > 0 {
             let boundary = rt.ring(s - 1).expect("stage s has a boundary before it");
-            let ring = PpNRt::lock(boundary);
-            let ring = PpNRt::wait_until(s - 1, "rx", boundary, ring, left(), |_| k)?;
-            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
+            drop(PpNRt::wait_until(s - 1, "rx", boundary, PpNRt::lock(boundary), left(), |_| k)?);
         }
-        // The output: free, and the ring's next slot (it stays free: only this stage sends).
         if let Some(boundary) = rt.ring(s) {
-            let ring = PpNRt::lock(boundary);
-            let ring = PpNRt::wait_until(s, "tx", boundary, ring, left(), |_| k)?;
-            if ring.next != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next }));
-            }
+            drop(PpNRt::wait_until(s, "tx", boundary, PpNRt::lock(boundary), left(), |_| k)?);
         }
-        // Both rings, in boundary order (as every caller locks them), re-checked and updated
-        // around the launch.
+        // Both rings, in boundary order (as every caller locks them), checked and updated around
+        // the launch under their locks: a call from another thread between the waits and here
+        // (an eager `rx` or `tx` on these slots) is caught, not raced.
         let mut input = s.checked_sub(1).map(|b| PpNRt::lock(rt.ring(b).expect("stage s has a boundary before it")));
         let mut output = rt.ring(s).map(PpNRt::lock);
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
         if let Some(ring) = input.as_deref() {
+            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
             self.check_captured(ring, s - 1, k)?;
         }
         if let Some(ring) = output.as_deref() {
+            if ring.next != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next }));
+            }
+            check_free(s, k, "StepGraphs::launch_stage", ring.slots[k].state)?;
             self.check_captured(ring, s, k)?;
         }
         #[cfg(feature = "testing")]
