@@ -815,6 +815,13 @@ fn launch_stage_refusals_lose_nothing_through_the_double() {
     });
 }
 
+#[test]
+fn racing_launches_of_one_stage_never_share_a_slot_through_the_double() {
+    with_double("racing_launches_of_one_stage_never_share_a_slot_through_the_double", |_| {
+        graphs::racing_launches_of_one_stage_never_share_a_slot(&Engine::new(0).unwrap(), &[0, 1], 300);
+    });
+}
+
 /// Many steps of one thread per stage, with stages running up to a ring's length ahead of each
 /// other: every stage's slot count stays right while the others' move. (The runtime once read the
 /// first ring's position outside its lock: a stage that fell behind was sent a step ahead, and

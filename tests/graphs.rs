@@ -65,6 +65,17 @@ fn launch_stage_refusals_lose_nothing() {
 }
 
 #[test]
+fn racing_launches_of_one_stage_never_share_a_slot() {
+    let _serial = serial();
+    let Some(devices) = devices_or_skip("racing_launches_of_one_stage_never_share_a_slot", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    graphs::racing_launches_of_one_stage_never_share_a_slot(&primary, &[0, 0], 300);
+    if devices >= 2 {
+        graphs::racing_launches_of_one_stage_never_share_a_slot(&primary, &[0, 1], 300);
+    }
+}
+
+#[test]
 fn graphs_keep_their_memory_alive_and_ordered() {
     let _serial = serial();
     if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {

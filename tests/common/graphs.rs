@@ -570,6 +570,63 @@ pub fn launch_stage_refusals_lose_nothing(primary: &Engine, devices: &[i32]) {
     say("launch_stage_refusals_lose_nothing: out of range, timeout, length mismatch, out of step refused");
 }
 
+/// Two threads that race to launch the same stage never launch it twice for one slot: each
+/// `launch_stage` that succeeds has a slot of its own, and the loser of a race gets a typed error.
+/// Returns how many races had both threads succeed (in turn, on successive slots).
+pub fn racing_launches_of_one_stage_never_share_a_slot(primary: &Engine, devices: &[i32], rounds: usize) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    assert_eq!(rt.n_stages(), 2, "the scenario needs two stages");
+    let n = 256;
+    let mut buffers = StepBuffers::new(&rt, primary, n);
+    let step = capture(&rt, primary, &mut buffers, n, false).unwrap();
+    let mut both = 0;
+    for round in 0..rounds {
+        // Both racers spin until both are running, then launch at once.
+        let ready = AtomicUsize::new(0);
+        let results: Vec<Result<usize, Error>> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        ready.fetch_add(1, Ordering::SeqCst);
+                        while ready.load(Ordering::SeqCst) < 2 {
+                            std::hint::spin_loop();
+                        }
+                        step.launch_stage(0, Duration::from_millis(2))
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|racer| racer.join().unwrap()).collect()
+        });
+        let mut slots: Vec<usize> = results.iter().filter_map(|result| result.as_ref().ok().copied()).collect();
+        assert!(!slots.is_empty(), "round {round}: neither launch ran: {results:?}");
+        for result in &results {
+            match result {
+                Ok(_)
+                | Err(Error::Pipeline(PpError::GraphOutOfStep { .. }))
+                | Err(Error::Pipeline(PpError::SlotState { .. }))
+                | Err(Error::Pipeline(PpError::Timeout { .. })) => {}
+                Err(other) => panic!("round {round}: unexpected error {other:?}"),
+            }
+        }
+        slots.sort_unstable();
+        slots.dedup();
+        let succeeded = results.iter().filter(|result| result.is_ok()).count();
+        assert_eq!(slots.len(), succeeded, "round {round}: two launches of stage 0 on one slot: {results:?}");
+        both += usize::from(succeeded == 2);
+        // Stage 1 receives what stage 0 sent, in slot order.
+        for _ in 0..succeeded {
+            step.launch_stage(1, Duration::from_secs(5)).unwrap();
+        }
+    }
+    rt.synchronize().unwrap();
+    say(&format!(
+        "racing_launches_of_one_stage_never_share_a_slot: {rounds} races, {both} with both launches on their own slots"
+    ));
+    both
+}
+
 /// How one step of a random schedule runs.
 #[derive(Debug, Clone, Copy)]
 pub enum StepKind {

@@ -412,9 +412,10 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::StageOutOfRange`], [`PpError::GraphStale`],
     /// [`PpError::Timeout`] (nothing to receive yet, or the slot to send into still taken),
-    /// [`PpError::GraphOutOfStep`] (an eager step moved the ring), [`PpError::RxLengthMismatch`]
-    /// and [`PpError::RxTypeMismatch`] (an eager `tx` of another length or type filled the slot).
-    /// Else the driver's error.
+    /// [`PpError::GraphOutOfStep`] (an eager step moved the ring, or another thread launched this
+    /// stage's slot first), [`PpError::SlotState`] (an eager call took the slot meanwhile),
+    /// [`PpError::RxLengthMismatch`] and [`PpError::RxTypeMismatch`] (an eager `tx` of another
+    /// length or type filled the slot). Else the driver's error.
     pub fn launch_stage(&self, s: usize, timeout: Duration) -> Result<usize> {
         let rt = self.rt;
         let stage = rt.stage(s)?;
