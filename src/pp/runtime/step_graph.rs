@@ -440,7 +440,9 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // each wait holds one ring's lock at a time.
         if s > 0 {
             let boundary = rt.ring(s - 1).expect("stage s has a boundary before it");
-            drop(PpNRt::wait_until(s - 1, "rx", boundary, PpNRt::lock(boundary), left(), |_| k)?);
+            let ring = PpNRt::wait_until(s - 1, "rx", boundary, PpNRt::lock(boundary), left(), |_| k)?;
+            // An input of another length or type is refused now, not after waiting for the output.
+            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
         }
         if let Some(boundary) = rt.ring(s) {
             drop(PpNRt::wait_until(s, "tx", boundary, PpNRt::lock(boundary), left(), |_| k)?);
