@@ -1,7 +1,8 @@
 //! Graph mode on the GPUs present: the scenarios of `common/graphs.rs` (graph steps bitwise
 //! identical to eager steps and to the one-stage model for 1–8 stages on one and two GPUs,
 //! contiguous and alternating, 1–4 slots, eager and graph steps interleaved; capture misuse;
-//! mismatched steps refused; graphs keep their memory alive and ordered). `tests/double.rs` runs
+//! mismatched steps refused; `launch_stage`'s refusals and racing launches; graphs keep their
+//! memory alive and ordered). `tests/double.rs` runs
 //! the same scenarios without a GPU.
 
 mod common;
@@ -19,6 +20,18 @@ use ppnrt::Engine;
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `scenario` with the stages on device 0 (`one_gpu`), then, with two GPUs present, on both
+/// (`two_gpus`); skips, saying why, without a GPU.
+fn on_one_gpu_then_two(test: &str, one_gpu: &[i32], two_gpus: &[i32], scenario: impl Fn(&Engine, &[i32])) {
+    let _serial = serial();
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    scenario(&primary, one_gpu);
+    if devices >= 2 {
+        scenario(&primary, two_gpus);
+    }
 }
 
 #[test]
@@ -44,35 +57,29 @@ fn capture_misuse_is_a_typed_error() {
 
 #[test]
 fn mismatched_graph_steps_are_refused() {
-    let _serial = serial();
-    let Some(devices) = devices_or_skip("mismatched_graph_steps_are_refused", 1) else { return };
-    let primary = Engine::new(0).unwrap();
-    graphs::mismatched_graph_steps_are_refused(&primary, &[0, 0, 0]);
-    if devices >= 2 {
-        graphs::mismatched_graph_steps_are_refused(&primary, &[0, 1, 0]);
-    }
+    on_one_gpu_then_two(
+        "mismatched_graph_steps_are_refused",
+        &[0, 0, 0],
+        &[0, 1, 0],
+        graphs::mismatched_graph_steps_are_refused,
+    );
 }
 
 #[test]
 fn launch_stage_refusals_lose_nothing() {
-    let _serial = serial();
-    let Some(devices) = devices_or_skip("launch_stage_refusals_lose_nothing", 1) else { return };
-    let primary = Engine::new(0).unwrap();
-    graphs::launch_stage_refusals_lose_nothing(&primary, &[0, 0, 0]);
-    if devices >= 2 {
-        graphs::launch_stage_refusals_lose_nothing(&primary, &[0, 1, 0]);
-    }
+    on_one_gpu_then_two(
+        "launch_stage_refusals_lose_nothing",
+        &[0, 0, 0],
+        &[0, 1, 0],
+        graphs::launch_stage_refusals_lose_nothing,
+    );
 }
 
 #[test]
 fn racing_launches_of_one_stage_never_share_a_slot() {
-    let _serial = serial();
-    let Some(devices) = devices_or_skip("racing_launches_of_one_stage_never_share_a_slot", 1) else { return };
-    let primary = Engine::new(0).unwrap();
-    graphs::racing_launches_of_one_stage_never_share_a_slot(&primary, &[0, 0], 300);
-    if devices >= 2 {
-        graphs::racing_launches_of_one_stage_never_share_a_slot(&primary, &[0, 1], 300);
-    }
+    on_one_gpu_then_two("racing_launches_of_one_stage_never_share_a_slot", &[0, 0], &[0, 1], |primary, devices| {
+        graphs::racing_launches_of_one_stage_never_share_a_slot(primary, devices, 300)
+    });
 }
 
 #[test]

@@ -421,10 +421,11 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let stage = rt.stage(s)?;
         let n_slots = self.execs.len();
         // Between steps (every stage at the same slot) the stages follow the rings, which eager
-        // steps may have moved; within a step each stage keeps its own count. The first ring is
-        // read under its lock, held while the counts are compared: stage 0 moves that ring's `next`
-        // and its own count under that lock, so the two agree unless an eager step moved the ring. Read before taking the counts' lock, it could be a step old by then, and send
-        // a stage that is behind to a slot it has not reached.
+        // steps may have moved; within a step each stage keeps its own count. The first ring stays
+        // locked while the counts are compared: stage 0 moves that ring's `next` and its own count
+        // under that lock, so the two agree unless an eager step moved the ring. (Read before
+        // the counts' lock, the ring could be a step old by then and send a stage that is behind
+        // to a slot it has not reached.)
         let k = {
             let first_ring = rt.rings().next().map(PpNRt::lock);
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
