@@ -792,6 +792,14 @@ fn mismatched_graph_steps_are_refused_through_the_double() {
 }
 
 #[test]
+fn graphs_launched_from_two_threads_keep_their_order_through_the_double() {
+    with_double("graphs_launched_from_two_threads_keep_their_order_through_the_double", |_| {
+        let against = graphs::graphs_launched_from_two_threads_keep_their_order(&Engine::new(0).unwrap(), 300);
+        assert_eq!(against, 0, "graph launches from two threads ran against the buffer's recorded order");
+    });
+}
+
+#[test]
 fn graphs_keep_their_memory_alive_and_ordered_through_the_double() {
     with_double("graphs_keep_their_memory_alive_and_ordered_through_the_double", |_| {
         graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());

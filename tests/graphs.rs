@@ -83,6 +83,16 @@ fn racing_launches_of_one_stage_never_share_a_slot() {
 }
 
 #[test]
+fn graphs_launched_from_two_threads_keep_their_order() {
+    let _serial = serial();
+    if devices_or_skip("graphs_launched_from_two_threads_keep_their_order", 1).is_none() {
+        return;
+    }
+    let against = graphs::graphs_launched_from_two_threads_keep_their_order(&Engine::new(0).unwrap(), 2000);
+    assert_eq!(against, 0, "graph launches from two threads ran against the buffer's recorded order");
+}
+
+#[test]
 fn graphs_keep_their_memory_alive_and_ordered() {
     let _serial = serial();
     if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::context::Context;
 use super::event::CudaEvent;
 use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr, Tracked, ordered};
-use super::ordering::Use;
+use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::error::{CaptureError, Error, Result};
 use crate::result::graph as raw;
@@ -440,6 +440,8 @@ impl GraphExec {
     /// Enqueues one run of the graph on `stream`, ordered by the crate's rule: after the last
     /// writes (and, for memory the graph writes, the reads since) of everything it touches, and
     /// before their next conflicting use. Launching on a capturing stream captures the launch.
+    /// Graphs that share memory may be launched from several threads at once: each launch is
+    /// ordered after the ones whose bookkeeping came first, as if they were issued in turn.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for a stream of another device; the driver's error.
@@ -447,11 +449,25 @@ impl GraphExec {
     pub fn launch(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_stream("GraphExec::launch: the stream must be on the graph's device", stream)?;
         let raw_exec = self.raw;
-        ordered(stream, self.footprint.iter().map(|(memory, use_)| (Tracked::Device(memory), *use_)), || {
-            // SAFETY: both handles are live and of one context (checked above); the memory the
-            // graph uses is held alive by self.footprint and ordered on this stream.
-            unsafe { raw::launch(raw_exec, stream.raw()) }
-        })
+        // SAFETY: both handles are live and of one context (checked above); the memory the graph
+        // uses is held alive by self.footprint and ordered on this stream (by the caller below).
+        let launch = || unsafe { raw::launch(raw_exec, stream.raw()) };
+        if stream.is_capturing() {
+            // Into the enclosing capture: its footprint takes this one's.
+            return ordered(
+                stream,
+                self.footprint.iter().map(|(memory, use_)| (Tracked::Device(memory), *use_)),
+                launch,
+            );
+        }
+        // Another graph holding the same memory may be launched from another thread at the same
+        // time (no borrow keeps it away): the footprint stays locked from the waits to the notes,
+        // so one launch is ordered after the other.
+        let _bound = stream.context().bind_for_call()?;
+        let mut held = Access::lock_all(self.footprint.iter().map(|(memory, use_)| (memory.access(), *use_)));
+        held.order(stream)?;
+        launch()?;
+        stream.settle(held.note(stream))
     }
 
     /// Gives this executable graph the work of `graph` (a re-capture of the same sequence with

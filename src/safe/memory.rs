@@ -114,6 +114,13 @@ pub(crate) struct DeviceMemory {
     access: Access,
 }
 
+impl DeviceMemory {
+    /// The allocation's ordering state.
+    pub(crate) fn access(&self) -> &Access {
+        &self.access
+    }
+}
+
 /// A borrowed range of a device array.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaView<'a, T: DeviceRepr> {

@@ -25,7 +25,9 @@
 //!
 //! Threading: the bookkeeping is behind a mutex per buffer. A write needs `&mut` of the buffer, so
 //! no read can race with it from safe code; concurrent reads from several threads are recorded
-//! each under the lock.
+//! each under the lock. A graph holds its buffers by `Arc`, so two graphs writing one buffer can
+//! be launched at once from two threads: a launch keeps its whole footprint locked from the waits
+//! to the notes ([`HeldAccesses`]), so the second is ordered after the first.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -178,61 +180,34 @@ impl Access {
     /// write every read since. Uses on `stream` itself need nothing, nor do uses `stream` already
     /// waited for.
     pub(crate) fn order(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        let mut state = self.lock();
-        let State { write, reads } = &mut *state;
-        let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
-        for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
-            mark.wait_on(stream)?;
-        }
-        Ok(())
+        order_locked(&mut self.lock(), stream, use_)
     }
 
     /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager
     /// buffer this records the use's event now (the only call here that can fail; the caller
     /// then waits for `stream`, see [`CudaStream::settle`]).
     pub(crate) fn note(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        let mut state = self.lock();
-        let State { write, reads } = &mut *state;
-        // The mark this use updates: for a write, the new last write (the old one and every read
-        // were waited for by `order`); for a read, the stream's own mark (the write's, when the
-        // write was on this stream too: a later writer waits for it, so it must come after this
-        // read as well).
-        let mark = match use_ {
-            Use::Write => {
-                reads.clear();
-                if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
-                    *write = Some(Mark::new(stream));
-                }
-                write.as_mut().expect("set above")
-            }
-            Use::Read => match write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
-                Some(mark) => mark,
-                None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
-                    Some(at) => &mut reads[at],
-                    None => {
-                        reads.push(Mark::new(stream));
-                        reads.last_mut().expect("pushed above")
+        note_locked(&mut self.lock(), stream, use_, self.eager)
+    }
+
+    /// Locks the states of several buffers together, for one operation from its waits to its
+    /// notes (see [`HeldAccesses`]). A buffer given twice is locked once, for the stronger use.
+    pub(crate) fn lock_all<'a>(uses: impl IntoIterator<Item = (&'a Access, Use)>) -> HeldAccesses<'a> {
+        let mut uses: Vec<(&'a Access, Use)> = uses.into_iter().collect();
+        // Address order: two threads locking overlapping sets take the common locks in one order.
+        uses.sort_by_key(|(access, _)| std::ptr::from_ref::<Access>(access) as usize);
+        let mut held: Vec<(&'a Access, Use, MutexGuard<'a, State>)> = Vec::with_capacity(uses.len());
+        for (access, use_) in uses {
+            match held.last_mut() {
+                Some((last, last_use, _)) if std::ptr::eq(*last, access) => {
+                    if use_ == Use::Write {
+                        *last_use = Use::Write;
                     }
-                },
-            },
-        };
-        // The mark now stands for this use too: a wait made for its event as it was does not
-        // cover it.
-        mark.waited_by = None;
-        if self.eager {
-            // Re-record the mark's own event (a wait already made on it keeps what it captured),
-            // or one from the pool.
-            let event = match mark.event.take() {
-                Some(event) => event,
-                None => PooledEvent::take(stream.context())?,
-            };
-            event.record(stream)?;
-            mark.event = Some(event);
-        } else {
-            // Its event, if any, was recorded before this use: made again when next needed.
-            mark.event = None;
+                }
+                _ => held.push((access, use_, access.lock())),
+            }
         }
-        Ok(())
+        HeldAccesses { held }
     }
 
     /// Drops the record of the reads since the last write, so that the next write does not wait
@@ -280,4 +255,80 @@ impl Access {
         }
         Ok(())
     }
+}
+
+/// Several buffers' ordering states, locked together (in address order) for one operation: made
+/// by [`Access::lock_all`]. For work whose buffers no borrow keeps from other threads (a graph's
+/// footprint, held by `Arc`): two threads launching such work on the same buffers then order one
+/// after the other, each waiting for the other's marks as they are once its work is enqueued,
+/// never both for what came before.
+pub(crate) struct HeldAccesses<'a> {
+    held: Vec<(&'a Access, Use, MutexGuard<'a, State>)>,
+}
+
+impl HeldAccesses<'_> {
+    /// [`Access::order`] for every buffer held.
+    pub(crate) fn order(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.held.iter_mut().try_for_each(|(_, use_, state)| order_locked(state, stream, *use_))
+    }
+
+    /// [`Access::note`] for every buffer held.
+    pub(crate) fn note(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.held.iter_mut().try_for_each(|(access, use_, state)| note_locked(state, stream, *use_, access.eager))
+    }
+}
+
+/// [`Access::order`] on a locked state.
+fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+    let State { write, reads } = state;
+    let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
+    for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
+        mark.wait_on(stream)?;
+    }
+    Ok(())
+}
+
+/// [`Access::note`] on a locked state; `eager` records the use's event now.
+fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bool) -> Result<()> {
+    let State { write, reads } = state;
+    // The mark this use updates: for a write, the new last write (the old one and every read
+    // were waited for by `order`); for a read, the stream's own mark (the write's, when the
+    // write was on this stream too: a later writer waits for it, so it must come after this
+    // read as well).
+    let mark = match use_ {
+        Use::Write => {
+            reads.clear();
+            if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
+                *write = Some(Mark::new(stream));
+            }
+            write.as_mut().expect("set above")
+        }
+        Use::Read => match write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+            Some(mark) => mark,
+            None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
+                Some(at) => &mut reads[at],
+                None => {
+                    reads.push(Mark::new(stream));
+                    reads.last_mut().expect("pushed above")
+                }
+            },
+        },
+    };
+    // The mark now stands for this use too: a wait made for its event as it was does not
+    // cover it.
+    mark.waited_by = None;
+    if eager {
+        // Re-record the mark's own event (a wait already made on it keeps what it captured),
+        // or one from the pool.
+        let event = match mark.event.take() {
+            Some(event) => event,
+            None => PooledEvent::take(stream.context())?,
+        };
+        event.record(stream)?;
+        mark.event = Some(event);
+    } else {
+        // Its event, if any, was recorded before this use: made again when next needed.
+        mark.event = None;
+    }
+    Ok(())
 }

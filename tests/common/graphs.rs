@@ -570,6 +570,63 @@ pub fn launch_stage_refusals_lose_nothing(primary: &Engine, devices: &[i32]) {
     say("launch_stage_refusals_lose_nothing: out of range, timeout, length mismatch, out of step refused");
 }
 
+/// Two graphs that write one buffer, launched at once from two threads on two streams, run one
+/// after the other in the order the buffer's bookkeeping records: a reader ordered after "the last
+/// write" sees the value the buffer keeps once everything has completed. Returns how many rounds
+/// went against the recorded order (0 when the rule holds).
+pub fn graphs_launched_from_two_threads_keep_their_order(engine: &Engine, rounds: usize) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = 1 << 14;
+    let (first, second, reader) = (
+        engine.stream().unwrap(),
+        CudaStream::new(engine.context()).unwrap(),
+        CudaStream::new(engine.context()).unwrap(),
+    );
+    let mut shared = CudaSlice::<u32>::alloc_persistent(&reader, n).unwrap();
+    reader.memset_u32(&mut shared, 0).unwrap();
+    let mut record = |stream: &Arc<CudaStream>, value: u32| {
+        let capture = stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        stream.memset_u32(&mut shared, value).unwrap();
+        capture.end().unwrap().instantiate().unwrap()
+    };
+    let (mut writes_a, mut writes_b) = (record(&first, 0xA), record(&second, 0xB));
+    let mut against = 0;
+    for round in 0..rounds {
+        reader.memset_u32(&mut shared, 0).unwrap();
+        let ready = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for (exec, stream) in [(&mut writes_a, &first), (&mut writes_b, &second)] {
+                let ready = &ready;
+                scope.spawn(move || {
+                    ready.fetch_add(1, Ordering::SeqCst);
+                    while ready.load(Ordering::SeqCst) < 2 {
+                        std::hint::spin_loop();
+                    }
+                    exec.launch(stream).unwrap();
+                });
+            }
+        });
+        // Ordered after the buffer's last recorded write (and so, by the rule, after both).
+        let mut seen = vec![0u32; n];
+        reader.memcpy_dtoh(&shared, &mut seen).unwrap();
+        engine.context().synchronize().unwrap();
+        let mut kept = vec![0u32; n];
+        reader.memcpy_dtoh(&shared, &mut kept).unwrap();
+        assert!(seen.iter().all(|&v| v == seen[0]), "round {round}: a torn read");
+        assert!(seen[0] == 0xA || seen[0] == 0xB, "round {round}: read {:#x} before both writes", seen[0]);
+        if seen != kept {
+            against += 1;
+        }
+    }
+    for stream in [&first, &second, &reader] {
+        stream.synchronize().unwrap();
+    }
+    say(&format!(
+        "graphs_launched_from_two_threads_keep_their_order: {rounds} races, {against} against the recorded order"
+    ));
+    against
+}
+
 /// Two threads that race to launch the same stage never launch it twice for one slot: each
 /// `launch_stage` that succeeds has a slot of its own, and the loser of a race gets a typed error.
 pub fn racing_launches_of_one_stage_never_share_a_slot(primary: &Engine, devices: &[i32], rounds: usize) {
