@@ -761,7 +761,14 @@ impl PpNRt {
         }
         if matches!(boundary.plan.transport, Transport::HostStaged) {
             let copy = self.rx_impl::<T>(b, slot_index, n, wait)?;
-            return Ok(ReceivedSlot { lent: None, reader: None, copy: Some(copy), boundary, slot: slot_index, n });
+            return Ok(ReceivedSlot {
+                lent: None,
+                readers: Vec::new(),
+                copy: Some(copy),
+                boundary,
+                slot: slot_index,
+                n,
+            });
         }
         let (_, mut ring) = self.receivable::<T>(b, slot_index, n, wait)?;
         let slot = &mut ring.slots[slot_index];
@@ -770,7 +777,7 @@ impl PpNRt {
         };
         let lent = Arc::clone(buffer);
         slot.state = SlotState::Lent;
-        Ok(ReceivedSlot { lent: Some(lent), reader: None, copy: None, boundary, slot: slot_index, n })
+        Ok(ReceivedSlot { lent: Some(lent), readers: Vec::new(), copy: None, boundary, slot: slot_index, n })
     }
 
     /// Gives up the data of boundary `b`'s filled slots that will never be received (say, the
@@ -1103,9 +1110,9 @@ fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, byte
 pub struct ReceivedSlot<'a, T: DeviceRepr> {
     /// The slot's own buffer (device transports).
     lent: Option<Arc<CudaSlice<u8>>>,
-    /// A stream ordered by [`order_on`](ReceivedSlot::order_on): its reads are recorded when the
-    /// guard drops.
-    reader: Option<Arc<CudaStream>>,
+    /// The streams ordered by [`order_on`](ReceivedSlot::order_on), each once: their reads are
+    /// recorded when the guard drops.
+    readers: Vec<Arc<CudaStream>>,
     /// A copy (host-staged transport).
     copy: Option<CudaSlice<T>>,
     boundary: &'a Boundary,
@@ -1130,17 +1137,21 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
     /// Orders `stream` after the slot's data arrived, for a consumer that reads the view's memory
     /// by other means than this crate's launches and copies (another library's kernels, say):
     /// its reads are recorded when the guard drops, so enqueue them on `stream` before dropping
-    /// it. (Reads through this crate order themselves and need no call.)
+    /// it. Call it for each stream that reads so; the slot's next `tx` (or, for a host-staged
+    /// boundary, the free of the copy) waits for all of them. (Reads through this crate order
+    /// themselves and need no call.)
     ///
     /// # Errors
     /// The driver's error.
     pub fn order_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         match (&self.lent, &self.copy) {
             (Some(buffer), _) => buffer.access().order(stream, Use::Read)?,
-            (None, Some(copy)) => stream.join(copy.stream())?,
+            (None, Some(copy)) => copy.access().order(stream, Use::Read)?,
             (None, None) => unreachable!("a guard holds the slot or a copy"),
         }
-        self.reader = Some(Arc::clone(stream));
+        if !self.readers.iter().any(|reader| Arc::ptr_eq(reader, stream)) {
+            self.readers.push(Arc::clone(stream));
+        }
         Ok(())
     }
 
@@ -1162,9 +1173,16 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
 
 impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
     fn drop(&mut self) {
-        // The reads of a stream ordered by `order_on` end here (its work was enqueued before).
-        if let (Some(buffer), Some(reader)) = (&self.lent, self.reader.take()) {
-            if let Err(e) = buffer.access().note(&reader, Use::Read) {
+        // The reads of the streams ordered by `order_on` end here (their work was enqueued
+        // before): the slot's next `tx`, or the copy's free, waits for them.
+        let readers = std::mem::take(&mut self.readers);
+        for reader in &readers {
+            let access = match (&self.lent, &self.copy) {
+                (Some(buffer), _) => buffer.access(),
+                (None, Some(copy)) => copy.access(),
+                (None, None) => unreachable!("a guard holds the slot or a copy"),
+            };
+            if let Err(e) = access.note(reader, Use::Read) {
                 // The read stays recorded without its event; a later writer records one at the
                 // end of the reader's stream, after the read.
                 record_drop_error(e);
