@@ -683,62 +683,15 @@ fn order_on_orders_a_consumer_the_rule_cannot_see() {
     });
 }
 
-/// Two consumers on two streams that read the received slot by other means each order themselves
-/// with `order_on`: both read the step's data, and the next `tx` (peer: the slot itself is lent)
-/// or the copy's free (host-staged: the guard holds a copy) waits for both of them (the double
-/// runs the sender's stream first, then the receiver's, and counts any read of freed memory).
+/// `order_on` for two consumer streams orders both of them (peer and host-staged boundaries; the
+/// double runs the sender's stream first, then the receiver's, and counts any read of freed
+/// memory).
 #[test]
 fn order_on_two_streams_orders_both_consumers() {
     for transport in [TransportPolicy::Auto, TransportPolicy::Staged] {
-        with_double("order_on_two_streams_orders_both_consumers", |_| order_on_two_streams(transport));
-    }
-}
-
-fn order_on_two_streams(transport: TransportPolicy) {
-    {
-        let primary = Engine::new(0).unwrap();
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1).transport(transport), &primary).unwrap();
-        let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
-        let n = 1024;
-        let send = |seed: u32| {
-            let _stage = rt.enter(0).unwrap();
-            let mut x = e0.alloc::<u32>(n).unwrap();
-            e0.fill_pattern(&mut x, seed).unwrap();
-            rt.tx(0, &x, n).unwrap()
-        };
-        let checksum =
-            e1.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_checksum_u32").unwrap();
-        let consumers = [e1.stream().unwrap(), rt.stage_stream(1).unwrap().clone()];
-        let slot = send(3);
-        let mut sums: Vec<CudaSlice<u64>> = consumers
-            .iter()
-            .map(|stream| {
-                let mut sum = CudaSlice::<u64>::alloc(stream, 1).unwrap();
-                stream.memset_bytes(&mut sum, 0).unwrap();
-                sum
-            })
-            .collect();
-        {
-            let mut received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
-            let address = received.view().unwrap().device_ptr();
-            for (stream, sum) in consumers.iter().zip(&mut sums) {
-                received.order_on(stream).unwrap();
-                // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads
-                // n words at `address` (the lent slot, alive while `received` is) into sum[0].
-                unsafe { stream.launch(&checksum, ppnrt::LaunchConfig::for_elements(n, 4), (address, n as u64, sum)) }
-                    .unwrap();
-            }
-        }
-        send(4);
-        rt.stage_stream(0).unwrap().synchronize().unwrap();
-        // Then the receiving stage's stream, which frees a host-staged copy: consumer 0's stream
-        // runs last.
-        rt.stage_stream(1).unwrap().synchronize().unwrap();
-        let expected =
-            ppnrt::kernels::checksum(&(0..n as u64).map(|i| ppnrt::kernels::pattern(3, i)).collect::<Vec<_>>());
-        for (at, sum) in sums.iter().enumerate() {
-            assert_eq!(e1.dtoh(sum).unwrap()[0], expected, "{transport:?}: consumer {at} read other data");
-        }
+        with_double("order_on_two_streams_orders_both_consumers", |_| {
+            soundness::order_on_orders_every_consumer(&Engine::new(0).unwrap(), &[0, 1], transport);
+        });
     }
 }
 

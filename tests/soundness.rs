@@ -1,6 +1,6 @@
 //! Soundness on the GPUs present: the scenarios of `common/soundness.rs` (pinned sources of
 //! `htod`, `copy_with_sms` preconditions, stream guards dropped in any order, the current context
-//! across calls, discarded slots). `tests/double.rs` runs the same scenarios without a GPU.
+//! across calls, discarded slots, consumers ordered by `order_on`). `tests/double.rs` runs the same scenarios without a GPU.
 
 mod common;
 
@@ -8,7 +8,7 @@ mod common;
 mod soundness;
 
 use common::{devices_or_skip, say};
-use ppnrt::Engine;
+use ppnrt::{Engine, TransportPolicy};
 
 #[test]
 fn pinned_sources_are_read_before_htod_returns() {
@@ -51,5 +51,22 @@ fn discarded_slots_are_free_again() {
         soundness::discarded_slots_are_free_again(&primary, &[0, 1]);
     } else {
         say("discarded_slots_are_free_again: one GPU, the two-device case did not run");
+    }
+}
+
+#[test]
+fn order_on_orders_every_consumer() {
+    let Some(devices) = devices_or_skip("order_on_orders_every_consumer", 1) else { return };
+    let primary = Engine::new(0).unwrap();
+    let mut maps: Vec<&[i32]> = vec![&[0, 0]];
+    if devices >= 2 {
+        maps.push(&[0, 1]);
+    } else {
+        say("order_on_orders_every_consumer: one GPU, the two-device case did not run");
+    }
+    for devices in maps {
+        for transport in [TransportPolicy::Auto, TransportPolicy::Staged] {
+            soundness::order_on_orders_every_consumer(&primary, devices, transport);
+        }
     }
 }

@@ -9,7 +9,7 @@ use ppnrt::PpError;
 use ppnrt::result::context::{get_current, set_current};
 use ppnrt::{
     CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
-    ambient_stream,
+    TransportPolicy, ambient_stream,
 };
 
 /// A pinned host slice handed to `htod` / `htod_into` may be overwritten or freed as soon as the
@@ -160,4 +160,64 @@ pub fn discarded_slots_are_free_again(primary: &Engine, devices: &[i32]) {
     let got = rt.rx::<u32>(0, slot, big_n).unwrap();
     assert_eq!(e0.dtoh(&got).unwrap(), big_data);
     rt.synchronize().unwrap();
+}
+
+/// Two consumers on two streams read a received slot by other means (a raw-address checksum, as
+/// another library's kernel would), each ordered with `order_on`; the first is held back 2 ms.
+/// Both must read the step's data: the next `tx` (the slot itself is lent) or the reuse of the
+/// copy's memory (host-staged: the guard holds a copy, freed when it drops) waits for both.
+pub fn order_on_orders_every_consumer(primary: &Engine, devices: &[i32], transport: TransportPolicy) {
+    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(1).transport(transport), primary).unwrap();
+    let (e0, e1) = (rt.engine(0, primary).unwrap().clone(), rt.engine(1, primary).unwrap().clone());
+    let n = 1 << 16;
+    let send = |seed: u32| {
+        let _stage = rt.enter(0).unwrap();
+        let mut x = e0.alloc::<u32>(n).unwrap();
+        e0.fill_pattern(&mut x, seed).unwrap();
+        rt.tx(0, &x, n).unwrap()
+    };
+    let checksum = e1.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_checksum_u32").unwrap();
+    let consumers = [e1.stream().unwrap(), rt.stage_stream(1).unwrap().clone()];
+    let slot = send(3);
+    let mut sums: Vec<CudaSlice<u64>> = consumers
+        .iter()
+        .map(|stream| {
+            let mut sum = CudaSlice::<u64>::alloc(stream, 1).unwrap();
+            stream.memset_bytes(&mut sum, 0).unwrap();
+            sum
+        })
+        .collect();
+    {
+        let mut received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
+        let address = received.view().unwrap().device_ptr();
+        for (at, (stream, sum)) in consumers.iter().zip(&mut sums).enumerate() {
+            received.order_on(stream).unwrap();
+            if at == 0 {
+                let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
+                e1.spin(2_000_000).unwrap();
+            }
+            // SAFETY: ppnrt_checksum_u32(const uint32_t*, uint64_t, unsigned long long*) reads n
+            // words at `address` (the lent slot or the guard's copy, alive while `received` is,
+            // and ordered by `order_on`) into sum[0].
+            unsafe { stream.launch(&checksum, ppnrt::LaunchConfig::for_elements(n, 4), (address, n as u64, sum)) }
+                .unwrap();
+        }
+    }
+    // What would overwrite the data under a consumer not waited for: the next step into the
+    // slot, and new memory of the receiving stage (where a freed copy's block goes first).
+    send(4);
+    let reuse = {
+        let _stage = rt.enter(1).unwrap();
+        let mut reuse = e1.alloc::<u32>(n).unwrap();
+        e1.fill_pattern(&mut reuse, 5).unwrap();
+        reuse
+    };
+    rt.stage_stream(0).unwrap().synchronize().unwrap();
+    // Then the receiving stage's stream: consumer 0's stream runs last.
+    rt.stage_stream(1).unwrap().synchronize().unwrap();
+    let expected = ppnrt::kernels::checksum(&(0..n as u64).map(|i| ppnrt::kernels::pattern(3, i)).collect::<Vec<_>>());
+    for (at, sum) in sums.iter().enumerate() {
+        assert_eq!(e1.dtoh(sum).unwrap()[0], expected, "{devices:?} {transport:?}: consumer {at} read other data");
+    }
+    drop(reuse);
 }
