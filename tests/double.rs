@@ -695,6 +695,50 @@ fn order_on_two_streams_orders_both_consumers() {
     }
 }
 
+/// A zero-sized element type (it carries no bytes) crosses every kind of boundary as a typed
+/// step: `tx` into a slot that has no buffer yet, `rx`, the in-place receive and the readback
+/// give back `n` elements, with no panic.
+#[test]
+fn zero_sized_elements_cross_a_boundary() {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    struct NoBytes;
+    // SAFETY: a zero-sized type has one (empty) bit pattern, no padding, pointers or drop glue;
+    // its name is its own.
+    unsafe impl ppnrt::DeviceRepr for NoBytes {
+        const NAME: &'static str = "NoBytes";
+    }
+    with_double("zero_sized_elements_cross_a_boundary", |_| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, transport) in
+            [([0, 0], TransportPolicy::Auto), ([0, 1], TransportPolicy::Auto), ([0, 1], TransportPolicy::Staged)]
+        {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(transport), &primary).unwrap();
+            let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                e0.htod(&[NoBytes; 5]).unwrap()
+            };
+            let slot = rt.tx(0, &x, 5).unwrap();
+            let y = rt.rx::<NoBytes>(0, slot, 5).unwrap();
+            assert_eq!(e1.dtoh(&y).unwrap(), vec![NoBytes; 5], "{devices:?} {transport:?}");
+            let slot = rt.tx(0, &x, 3).unwrap();
+            {
+                let received = rt.rx_in_place::<NoBytes>(0, slot, 3).unwrap();
+                assert_eq!(received.view().unwrap().len(), 3);
+            }
+            let readback = {
+                let _stage = rt.enter(1).unwrap();
+                rt.readback(e1.htod(&[NoBytes; 7]).unwrap()).unwrap()
+            };
+            assert_eq!(readback.wait().unwrap().len(), 7);
+            // A mismatched type is still refused.
+            let slot = rt.tx(0, &x, 5).unwrap();
+            assert!(matches!(rt.rx::<u32>(0, slot, 5), Err(Error::Pipeline(ppnrt::PpError::RxTypeMismatch { .. }))));
+            rt.synchronize().unwrap();
+        }
+    });
+}
+
 /// What a boundary step costs in driver calls, in steady state: the protocol's calls (per `tx`:
 /// a wait for the slot's last reader, the copy, its event record; per `rx`: a wait for the copy
 /// in, an allocation, the copy out, its event record; the free) and nothing else — no event

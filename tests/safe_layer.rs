@@ -74,6 +74,15 @@ fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
     let bytes = engine.htod(&[0u8; 6]).unwrap();
     assert!(bytes.as_view().reinterpret::<u32>().is_err());
     assert_eq!(dev.as_view().reinterpret::<u8>().unwrap().len(), 32);
+    // A zero-sized target is a typed error, not a division by zero.
+    #[derive(Clone, Copy)]
+    struct NoBytes;
+    // SAFETY: a zero-sized type has one (empty) bit pattern, no padding, pointers or drop glue;
+    // its name is its own.
+    unsafe impl ppnrt::DeviceRepr for NoBytes {
+        const NAME: &'static str = "NoBytes";
+    }
+    assert!(matches!(dev.as_view().reinterpret::<NoBytes>(), Err(Error::LengthMismatch { expected: 1, found: 0, .. })));
 }
 
 #[test]

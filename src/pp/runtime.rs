@@ -140,6 +140,12 @@ impl SlotBuffer {
             SlotBuffer::Host(buffer) => buffer.len(),
         }
     }
+
+    /// Whether the slot has a buffer of at least `bytes` (a step of zero-sized elements, 0 bytes,
+    /// still needs a buffer to be ordered through).
+    fn holds(&self, bytes: usize) -> bool {
+        !matches!(self, SlotBuffer::Empty) && self.capacity() >= bytes
+    }
 }
 
 mod step_graph;
@@ -587,7 +593,7 @@ impl PpNRt {
         let index = ring.next;
         let slot = &mut ring.slots[index];
         check_free(b, index, "tx", slot.state)?;
-        if slot.buffer.capacity() < bytes {
+        if !slot.buffer.holds(bytes) {
             grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
         }
         let tx = &boundary.tx_stream;
@@ -938,7 +944,7 @@ impl SlotFiller for Boundary {
         }
         let index = ring.next;
         let slot = &mut ring.slots[index];
-        if slot.buffer.capacity() < step.bytes {
+        if !slot.buffer.holds(step.bytes) {
             grow(slot, self.plan.transport, &self.rx_stream, step.bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;
@@ -1128,7 +1134,7 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
     /// 256-byte aligned); kept for types of yours with a larger alignment.
     pub fn view(&self) -> Result<CudaView<'_, T>> {
         match (&self.lent, &self.copy) {
-            (Some(buffer), _) => buffer.slice(..self.n * std::mem::size_of::<T>())?.reinterpret::<T>(),
+            (Some(buffer), _) => buffer.as_view().first_as::<T>("ReceivedSlot::view", self.n),
             (None, Some(copy)) => Ok(copy.as_view()),
             (None, None) => unreachable!("a guard holds the slot or a copy"),
         }

@@ -350,6 +350,21 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         self.part(0, self.byte_len())
     }
 
+    /// The view's first `len` elements of `U` (any size, zero-sized types too): `what` names the
+    /// call in the errors, [`Error::OutOfBounds`] when they do not fit and [`Error::Misaligned`]
+    /// when the address is not aligned for `U`.
+    pub(crate) fn first_as<U: DeviceRepr>(&self, what: &'static str, len: usize) -> Result<CudaView<'a, U>> {
+        let bytes = byte_size::<U>(what, len)?;
+        if bytes > self.byte_len() {
+            return Err(Error::OutOfBounds { what, start: 0, end: bytes, len: self.byte_len() });
+        }
+        let align = std::mem::align_of::<U>();
+        if self.ptr % align as CUdeviceptr != 0 {
+            return Err(Error::Misaligned { what, address: self.ptr, align });
+        }
+        Ok(self.part(0, len))
+    }
+
     /// A view of `range` of this view.
     ///
     /// # Errors
@@ -362,11 +377,19 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     /// The same bytes viewed as `U` elements.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size;
-    /// [`Error::Misaligned`] when the address is not aligned for `U`.
+    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size, or `U`
+    /// has no size (no element count would fit); [`Error::Misaligned`] when the address is not
+    /// aligned for `U`.
     pub fn reinterpret<U: DeviceRepr>(&self) -> Result<CudaView<'a, U>> {
         let bytes = self.len * std::mem::size_of::<T>();
         let size = std::mem::size_of::<U>();
+        if size == 0 {
+            return Err(Error::LengthMismatch {
+                what: "CudaView::reinterpret: the target type's size (a zero-sized type)",
+                expected: 1,
+                found: 0,
+            });
+        }
         if bytes % size != 0 {
             return Err(Error::LengthMismatch {
                 what: "CudaView::reinterpret: bytes must be a whole number of target elements",

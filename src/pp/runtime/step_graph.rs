@@ -337,7 +337,7 @@ impl PpNRt {
                 check_free(b, k, "capture_step", slot.state)?;
             }
             for slot in ring.slots.iter_mut() {
-                if slot.buffer.capacity() < bytes {
+                if !slot.buffer.holds(bytes) {
                     grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
                 }
             }
