@@ -450,7 +450,8 @@ impl GraphExec {
         self.check_stream("GraphExec::launch: the stream must be on the graph's device", stream)?;
         let raw_exec = self.raw;
         // SAFETY: both handles are live and of one context (checked above); the memory the graph
-        // uses is held alive by self.footprint and ordered on this stream (by the caller below).
+        // uses is held alive by self.footprint, and the closure runs only after the waits that
+        // order that memory on this stream (both paths below).
         let launch = || unsafe { raw::launch(raw_exec, stream.raw()) };
         if stream.is_capturing() {
             // Into the enclosing capture: its footprint takes this one's.
