@@ -24,9 +24,7 @@ use crate::config::{
 };
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
-#[cfg(feature = "testing")]
-use crate::safe::ordering::Access;
-use crate::safe::ordering::Use;
+use crate::safe::ordering::{Access, Use};
 use crate::safe::{
     CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
     StreamOverride, enable_peer_access, record_drop_error,
@@ -1150,15 +1148,20 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
     /// # Errors
     /// The driver's error.
     pub fn order_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        match (&self.lent, &self.copy) {
-            (Some(buffer), _) => buffer.access().order(stream, Use::Read)?,
-            (None, Some(copy)) => copy.access().order(stream, Use::Read)?,
-            (None, None) => unreachable!("a guard holds the slot or a copy"),
-        }
+        self.access().order(stream, Use::Read)?;
         if !self.readers.iter().any(|reader| Arc::ptr_eq(reader, stream)) {
             self.readers.push(Arc::clone(stream));
         }
         Ok(())
+    }
+
+    /// The ordering state of the memory the guard lends: the slot's buffer, or the copy.
+    fn access(&self) -> &Access {
+        match (&self.lent, &self.copy) {
+            (Some(buffer), _) => buffer.access(),
+            (None, Some(copy)) => copy.access(),
+            (None, None) => unreachable!("a guard holds the slot or a copy"),
+        }
     }
 
     /// Number of elements.
@@ -1181,14 +1184,8 @@ impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
     fn drop(&mut self) {
         // The reads of the streams ordered by `order_on` end here (their work was enqueued
         // before): the slot's next `tx`, or the copy's free, waits for them.
-        let readers = std::mem::take(&mut self.readers);
-        for reader in &readers {
-            let access = match (&self.lent, &self.copy) {
-                (Some(buffer), _) => buffer.access(),
-                (None, Some(copy)) => copy.access(),
-                (None, None) => unreachable!("a guard holds the slot or a copy"),
-            };
-            if let Err(e) = access.note(reader, Use::Read) {
+        for reader in &self.readers {
+            if let Err(e) = self.access().note(reader, Use::Read) {
                 // The read stays recorded without its event; a later writer records one at the
                 // end of the reader's stream, after the read.
                 record_drop_error(e);

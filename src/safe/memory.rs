@@ -397,11 +397,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
                 found: bytes,
             });
         }
-        let align = std::mem::align_of::<U>();
-        if self.ptr % align as CUdeviceptr != 0 {
-            return Err(Error::Misaligned { what: "CudaView::reinterpret", address: self.ptr, align });
-        }
-        Ok(self.part(0, bytes / size))
+        self.first_as::<U>("CudaView::reinterpret", bytes / size)
     }
 }
 
