@@ -115,10 +115,24 @@ if [[ $phases == *sanitize* ]]; then
     jobs=${GATE_SANITIZE_JOBS:-1}
     running=0
     for n in $tests; do
+      skip=()
+      if [ "$tool" = initcheck ] && [ "$n" = pipeline ]; then
+        # initcheck misreports (and at times kills or stalls) the thread-per-stage loops, the
+        # raw-driver one without this crate as much as the crate's: docs/RELIABILITY.md,
+        # "initcheck and the thread-per-stage loop". They run under the other three tools.
+        skip=(--skip _matches_one_thread)
+        echo "sanitize initcheck pipeline: skipping the thread-per-stage loops (*_matches_one_thread): initcheck misreports them, see docs/RELIABILITY.md"
+      fi
+      if [ "$tool" = racecheck ] && [ "$n" = pipeline ]; then
+        # Under racecheck the raw-driver loop (no code of this crate) did not finish in four
+        # minutes: docs/RELIABILITY.md. The crate's own thread-per-stage loops run.
+        skip=(--skip raw_driver_thread_per_stage)
+        echo "sanitize racecheck pipeline: skipping raw_driver_thread_per_stage_matches_one_thread (no crate code; does not finish under racecheck, see docs/RELIABILITY.md)"
+      fi
       PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
         run_logged "$logs/sanitize-$tool-$n.log" \
         compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
-        "$bundle/tests/$n" --test-threads=1 &
+        "$bundle/tests/$n" --test-threads=1 "${skip[@]}" &
       running=$((running + 1))
       if [ "$running" -ge "$jobs" ]; then
         wait -n

@@ -7,6 +7,8 @@
 
 mod common;
 
+#[path = "common/raw_threads.rs"]
+mod raw_threads;
 #[path = "common/threads.rs"]
 mod threads;
 
@@ -396,13 +398,68 @@ fn every_copy_path_delivers_every_byte() {
 /// measure).
 #[test]
 fn one_thread_per_stage_matches_one_thread() {
-    let test = "one_thread_per_stage_matches_one_thread";
+    thread_per_stage_matches_one_thread("one_thread_per_stage_matches_one_thread", threads::Variant::default());
+}
+
+/// The same with every slot allocated when the runtime is built: no `tx` allocates a slot while
+/// the other stages' threads have work in flight.
+#[test]
+fn one_thread_per_stage_with_reserved_slots_matches_one_thread() {
+    thread_per_stage_matches_one_thread(
+        "one_thread_per_stage_with_reserved_slots_matches_one_thread",
+        threads::Variant { reserve_slots: true, ..threads::Variant::default() },
+    );
+}
+
+/// The same with each thread waiting for its stage's stream after every step: no host thread
+/// runs ahead of the device.
+#[test]
+fn one_thread_per_stage_in_lockstep_matches_one_thread() {
+    thread_per_stage_matches_one_thread(
+        "one_thread_per_stage_in_lockstep_matches_one_thread",
+        threads::Variant { synchronize_each_step: true, ..threads::Variant::default() },
+    );
+}
+
+/// The same with every input uploaded before the threads start: no host-to-device copy in the
+/// loop.
+#[test]
+fn one_thread_per_stage_from_device_inputs_matches_one_thread() {
+    thread_per_stage_matches_one_thread(
+        "one_thread_per_stage_from_device_inputs_matches_one_thread",
+        threads::Variant { inputs_on_device: true, ..threads::Variant::default() },
+    );
+}
+
+/// The crate's one-thread loop gives bitwise the outputs of the same protocol written against the
+/// raw driver, one host thread per stage (`tests/common/raw_threads.rs`), with each slot
+/// allocated at its first use and with every slot allocated up front. Four stages on GPU 0,
+/// 10,000 steps (`PPNRT_HAZARD_STEPS` overrides).
+#[test]
+fn raw_driver_thread_per_stage_matches_one_thread() {
+    let test = "raw_driver_thread_per_stage_matches_one_thread";
+    let Some(_) = devices_or_skip(test, 1) else { return };
+    let steps: usize = std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let primary = Engine::new(0).unwrap();
+    let (expected, _) = threads::one_thread(&primary, &[0, 0, 0, 0], 2, steps);
+    for lazy_slots in [true, false] {
+        let got = raw_threads::raw_thread_per_stage(4, 2, steps, lazy_slots);
+        assert!(
+            got == expected,
+            "raw loop (slots allocated {}) differs",
+            if lazy_slots { "at first use" } else { "up front" }
+        );
+    }
+    say(&format!("{test}: {steps} steps, raw thread-per-stage loop equals the crate's one-thread loop"));
+}
+
+fn thread_per_stage_matches_one_thread(test: &str, variant: threads::Variant) {
     let Some(devices) = devices_or_skip(test, 1) else { return };
     let steps: usize = std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let primary = Engine::new(0).unwrap();
     let map: Vec<i32> = (0..4).map(|s| (s / 2) % devices).collect();
     let (expected, one) = threads::one_thread(&primary, &map, 2, steps);
-    let (got, many) = threads::thread_per_stage(&primary, &map, 2, steps);
+    let (got, many) = threads::thread_per_stage_with(&primary, &map, 2, steps, variant);
     say(&format!(
         "{test}: devices {map:?}, {steps} steps: one thread {:.1} ms, thread per stage {:.1} ms",
         one.as_secs_f64() * 1e3,

@@ -44,22 +44,64 @@ pub fn one_thread(primary: &Engine, devices: &[i32], slots: usize, steps: usize)
     (outputs, start.elapsed())
 }
 
+/// How [`thread_per_stage_with`] varies the loop.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Variant {
+    /// Every slot allocated when the runtime is built (`reserve_bytes`), so no `tx` grows one
+    /// while other threads have work in flight.
+    pub reserve_slots: bool,
+    /// Each thread waits for its stage's stream after every step, so no host thread runs ahead
+    /// of the device.
+    pub synchronize_each_step: bool,
+    /// Every step's input uploaded before the threads start; stage 0 copies it on the device
+    /// (no host-to-device copy in the loop).
+    pub inputs_on_device: bool,
+}
+
 /// Every step's output, one host thread per stage parked in `tx_wait` / `rx_wait`; and the wall
 /// time.
 pub fn thread_per_stage(primary: &Engine, devices: &[i32], slots: usize, steps: usize) -> (Vec<Vec<u32>>, Duration) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(slots), primary).unwrap();
+    thread_per_stage_with(primary, devices, slots, steps, Variant::default())
+}
+
+/// [`thread_per_stage`], varied as `variant` says.
+pub fn thread_per_stage_with(
+    primary: &Engine,
+    devices: &[i32],
+    slots: usize,
+    steps: usize,
+    variant: Variant,
+) -> (Vec<Vec<u32>>, Duration) {
+    let mut config = PpConfig::with_devices(devices).slots(slots);
+    if variant.reserve_slots {
+        config = config.reserve_bytes(N * std::mem::size_of::<f32>());
+    }
+    let rt = PpNRt::new(config, primary).unwrap();
     let last = rt.n_stages() - 1;
+    let uploaded: Vec<_> = if variant.inputs_on_device {
+        let _stage = rt.enter(0).unwrap();
+        let e = rt.engine(0, primary).unwrap();
+        let inputs = (0..steps).map(|step| e.htod(&input(step)).unwrap()).collect();
+        e.synchronize().unwrap();
+        inputs
+    } else {
+        Vec::new()
+    };
     let start = Instant::now();
     let outputs = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..rt.n_stages())
             .map(|s| {
-                let rt = &rt;
+                let (rt, uploaded) = (&rt, &uploaded);
                 scope.spawn(move || {
                     let _stage = rt.enter(s).unwrap();
                     let e = rt.engine(s, primary).unwrap();
                     let mut outputs = Vec::new();
                     for step in 0..steps {
-                        let mut y = if s == 0 {
+                        let mut y = if s == 0 && variant.inputs_on_device {
+                            let mut y = e.alloc::<f32>(N).unwrap();
+                            e.dtod(uploaded.get(step).expect("every step uploaded"), &mut y).unwrap();
+                            y
+                        } else if s == 0 {
                             e.htod(&input(step)).unwrap()
                         } else {
                             rt.rx_wait::<f32>(s - 1, step % rt.n_slots(), N, TIMEOUT).unwrap()
@@ -69,6 +111,9 @@ pub fn thread_per_stage(primary: &Engine, devices: &[i32], slots: usize, steps: 
                             assert_eq!(rt.tx_wait(s, &y, N, TIMEOUT).unwrap(), step % rt.n_slots());
                         } else {
                             outputs.push(bits(&e.dtoh(&y).unwrap()));
+                        }
+                        if variant.synchronize_each_step {
+                            e.synchronize().unwrap();
                         }
                     }
                     outputs
