@@ -698,7 +698,9 @@ impl CudaStream {
     /// Sets every 32-bit word of `dst` to `value` on this stream.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless `T` is 4 bytes wide; the driver's error.
+    /// [`Error::LengthMismatch`] unless `T` is 4 bytes wide; [`Error::Misaligned`] unless `dst`
+    /// starts on a 4-byte boundary (a view of a 4-byte type whose alignment is smaller can start
+    /// anywhere); the driver's error.
     #[doc(alias = "cuMemsetD32Async")]
     pub fn memset_u32<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, dst: &mut D, value: u32) -> Result<()> {
         check_len("CudaStream::memset_u32: element size", 4, std::mem::size_of::<T>())?;
@@ -706,8 +708,12 @@ impl CudaStream {
             return Ok(());
         }
         let view = dst.as_view();
+        if view.device_ptr() % 4 != 0 {
+            return Err(Error::Misaligned { what: "CudaStream::memset_u32", address: view.device_ptr(), align: 4 });
+        }
         ordered(self, [(view.tracked(), Use::Write)], || {
-            // SAFETY: dst is valid for len 4-byte words and ordered on this stream.
+            // SAFETY: dst is valid for len 4-byte words, starts on a 4-byte boundary (checked
+            // above) and is ordered on this stream.
             unsafe { raw::memset_d32_async(view.device_ptr(), value, view.len(), self.raw()) }
         })
     }
