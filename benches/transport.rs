@@ -21,33 +21,22 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 
+#[path = "../tests/common/raw_driver.rs"]
+mod raw_driver;
 #[path = "../tests/common/threads.rs"]
 mod threads;
-use ppnrt::sys::{self, CUdeviceptr, CUresult, CUstream, CUstreamWaitValue_flags};
+use ppnrt::sys::{CUdeviceptr, CUstream, CUstreamWaitValue_flags};
 use ppnrt::{
     CudaEvent, CudaSlice, CudaStream, Device, DeviceSlice, Engine, Function, LaunchConfig, Module, PinnedHostBuffer,
     PpConfig, PpNRt, SM_COPY_MAX_BYTES, TransportPolicy, enable_peer_access,
 };
+use raw_driver::raw;
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
 const COPY_SIZES: [usize; 10] =
     [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB];
 const BOUNDARY_SIZES: [usize; 5] = [16 * KIB, 32 * KIB, 256 * KIB, 16 * MIB, 64 * MIB];
-
-fn api() -> &'static sys::DriverApi {
-    ppnrt::loader::driver().expect("the driver loaded").api()
-}
-
-/// Calls a raw driver entry point and checks its result.
-macro_rules! raw {
-    ($name:ident($($arg:expr),* $(,)?)) => {{
-        let entry = api().$name.as_ref().expect(stringify!($name));
-        // SAFETY (bench): each call site passes live handles and valid ranges it set up itself.
-        let code = unsafe { entry($($arg),*) };
-        assert_eq!(code, CUresult::CUDA_SUCCESS, "{} failed", stringify!($name));
-    }};
-}
 
 #[path = "transport/graph_mode.rs"]
 mod graph_mode;

@@ -7,6 +7,8 @@
 
 mod common;
 
+#[path = "common/raw_driver.rs"]
+mod raw_driver;
 #[path = "common/raw_threads.rs"]
 mod raw_threads;
 #[path = "common/threads.rs"]

@@ -13,10 +13,10 @@ use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use ppnrt::sys::{CUgraph, CUgraphExec, CUgraphNode, CUresult, CUstreamCaptureMode};
+use ppnrt::sys::{CUgraph, CUgraphExec, CUgraphNode, CUstreamCaptureMode};
 use ppnrt::{CudaEvent, CudaSlice, CudaStream, Engine, Function, LaunchConfig, Module, PpConfig, PpNRt};
 
-use super::{Gpus, api, launch_or_copy, median, say};
+use super::{Gpus, launch_or_copy, median, raw, say};
 
 const LAYERS: u32 = 20;
 const N: usize = 8192; // 32 KiB of f32

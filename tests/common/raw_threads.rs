@@ -13,24 +13,13 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ppnrt::kernels::{HELPERS_PTX, TOY_MODEL_PTX, pattern};
-use ppnrt::sys::{self, CUcontext, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream};
+use ppnrt::sys::{CUcontext, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
+
+// The includer mounts `raw_driver.rs` at its crate root (as `tests/pipeline.rs` does).
+use crate::raw_driver::raw;
 
 const N: usize = 1024;
 const BYTES: usize = N * 4;
-
-fn api() -> &'static sys::DriverApi {
-    ppnrt::loader::driver().expect("the driver loaded").api()
-}
-
-/// Calls a raw driver entry point and panics, naming it, unless it succeeded.
-macro_rules! raw {
-    ($name:ident($($arg:expr),* $(,)?)) => {{
-        let entry = api().$name.as_ref().expect(stringify!($name));
-        // SAFETY: every call site passes handles it created and ranges it allocated.
-        let code = unsafe { entry($($arg),*) };
-        assert_eq!(code, CUresult::CUDA_SUCCESS, "{} failed", stringify!($name));
-    }};
-}
 
 fn input(step: usize) -> Vec<f32> {
     (0..N as u64).map(|i| (pattern(step as u32, i) >> 8) as f32 / (1u32 << 24) as f32).collect()
