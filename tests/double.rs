@@ -70,6 +70,13 @@ fn calls_leave_the_current_context_as_they_found_it() {
 }
 
 #[test]
+fn work_beside_a_capture_waits_for_the_writes_before_it() {
+    with_double("work_beside_a_capture_waits_for_the_writes_before_it", |_| {
+        soundness::work_beside_a_capture_waits_for_the_writes_before_it(&Engine::new(0).unwrap());
+    });
+}
+
+#[test]
 fn discarded_slots_are_free_again() {
     with_double("discarded_slots_are_free_again", |_| {
         let primary = Engine::new(0).unwrap();

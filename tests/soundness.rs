@@ -43,6 +43,14 @@ fn calls_leave_the_current_context_as_they_found_it() {
 }
 
 #[test]
+fn work_beside_a_capture_waits_for_the_writes_before_it() {
+    if devices_or_skip("work_beside_a_capture_waits_for_the_writes_before_it", 1).is_none() {
+        return;
+    }
+    soundness::work_beside_a_capture_waits_for_the_writes_before_it(&Engine::new(0).unwrap());
+}
+
+#[test]
 fn discarded_slots_are_free_again() {
     let Some(devices) = devices_or_skip("discarded_slots_are_free_again", 1) else { return };
     let primary = Engine::new(0).unwrap();

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::context::Context;
 use super::event::CudaEvent;
 use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr, Tracked, ordered};
-use super::ordering::{Access, Use};
+use super::ordering::{Access, PooledEvent, Use};
 use super::stream::CudaStream;
 use crate::error::{CaptureError, Error, Result};
 use crate::result::graph as raw;
@@ -86,9 +86,17 @@ impl fmt::Debug for Recorded {
 pub(crate) struct CaptureState {
     mode: CaptureMode,
     recorded: Mutex<Recorded>,
+    /// Recorded on the stream just before the capture began: it completes after all the
+    /// stream's work outside the capture (see [`CudaStream::event_after_enqueued`]).
+    before: Arc<PooledEvent>,
 }
 
 impl CaptureState {
+    /// The event recorded on the stream just before the capture began.
+    pub(crate) fn before(&self) -> &Arc<PooledEvent> {
+        &self.before
+    }
+
     fn lock(&self) -> MutexGuard<'_, Recorded> {
         self.recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -184,18 +192,18 @@ impl CudaStream {
         if self.raw().is_null() {
             return Err(Error::Capture(CaptureError::CannotBegin { reason: "the legacy default stream" }));
         }
-        let state = Arc::new(CaptureState { mode, recorded: Mutex::new(Recorded::default()) });
-        if !self.set_capture(Some(Arc::clone(&state))) {
+        let _bound = self.context().bind()?;
+        let claimed = self.claim_capture(
+            || {
+                // SAFETY: the stream is live, not the legacy stream, and not capturing (checked
+                // under its capture lock, which is held).
+                unsafe { raw::begin_capture(self.raw(), mode.raw()) }
+            },
+            |before| Arc::new(CaptureState { mode, recorded: Mutex::new(Recorded::default()), before }),
+        )?;
+        let Some(state) = claimed else {
             return Err(Error::Capture(CaptureError::CannotBegin { reason: "the stream is capturing already" }));
-        }
-        let begun = self.context().bind().and_then(|_bound| {
-            // SAFETY: the stream is live, not the legacy stream, and not capturing (claimed above).
-            unsafe { raw::begin_capture(self.raw(), mode.raw()) }
-        });
-        if let Err(e) = begun {
-            self.set_capture(None);
-            return Err(e);
-        }
+        };
         ACTIVE.fetch_add(1, Ordering::AcqRel);
         match mode {
             CaptureMode::Global => global().push(Arc::clone(&state)),
@@ -287,12 +295,13 @@ impl StreamCapture {
     /// Deferred frees run here, after the stream stopped capturing.
     fn finish(&mut self) -> (Result<CUgraph>, Recorded) {
         self.ended = true;
-        let ended = self.stream.context().bind().and_then(|_bound| {
-            // SAFETY: the stream is live and capturing in this capture, begun on this thread
-            // (StreamCapture is not Send).
-            unsafe { raw::end_capture(self.stream.raw()) }
+        let ended = self.stream.release_capture(|| {
+            self.stream.context().bind().and_then(|_bound| {
+                // SAFETY: the stream is live and capturing in this capture, begun on this thread
+                // (StreamCapture is not Send).
+                unsafe { raw::end_capture(self.stream.raw()) }
+            })
         });
-        self.stream.set_capture(None);
         match self.state.mode {
             CaptureMode::Global => global().retain(|held| !Arc::ptr_eq(held, &self.state)),
             CaptureMode::ThreadLocal => {

@@ -108,7 +108,8 @@ impl Drop for PooledEvent {
 #[derive(Debug)]
 struct Mark {
     stream: Arc<CudaStream>,
-    event: Option<PooledEvent>,
+    /// Shared only while the stream is captured (see [`CudaStream::event_after_enqueued`]).
+    event: Option<Arc<PooledEvent>>,
     /// The last stream made to wait for `event` as it is recorded now (outside a capture): that
     /// stream's later work is ordered after the use already and needs no second wait. Cleared
     /// whenever `event` is recorded again or dropped. Holding the stream keeps its handle from
@@ -134,15 +135,14 @@ impl Mark {
         Ok(())
     }
 
-    /// The mark's event, recorded now at the end of its stream if it has none yet.
+    /// The mark's event, recorded now at the end of its stream if it has none yet (or, while the
+    /// stream is being captured, the event recorded when the capture began).
     fn event(&mut self) -> Result<&PooledEvent> {
         if self.event.is_none() {
             self.waited_by = None;
-            let event = PooledEvent::take(self.stream.context())?;
-            event.record(&self.stream)?;
-            self.event = Some(event);
+            self.event = Some(self.stream.event_after_enqueued(None)?);
         }
-        Ok(self.event.as_ref().expect("set above"))
+        Ok(self.event.as_deref().expect("set above"))
     }
 }
 
@@ -320,12 +320,7 @@ fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bo
     if eager {
         // Re-record the mark's own event (a wait already made on it keeps what it captured),
         // or one from the pool.
-        let event = match mark.event.take() {
-            Some(event) => event,
-            None => PooledEvent::take(stream.context())?,
-        };
-        event.record(stream)?;
-        mark.event = Some(event);
+        mark.event = Some(stream.event_after_enqueued(mark.event.take())?);
     } else {
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;

@@ -4,12 +4,13 @@
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
 use super::event::CudaEvent;
 use super::graph::{CaptureState, refuse_in_capture};
+use super::ordering::PooledEvent;
 use crate::error::Result;
 use crate::result::stream as raw;
 use crate::sys::CUstream;
@@ -71,19 +72,86 @@ impl CudaStream {
         if !self.is_capturing() {
             return None;
         }
-        self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.lock_capture().clone()
     }
 
-    /// Sets (`Some`) or clears (`None`) the stream's capture; setting fails (`false`) when one is
-    /// active already.
-    pub(crate) fn set_capture(&self, capture: Option<Arc<CaptureState>>) -> bool {
-        let mut held = self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if capture.is_some() && held.is_some() {
-            return false;
+    fn lock_capture(&self) -> MutexGuard<'_, Option<Arc<CaptureState>>> {
+        self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Begins a capture of this stream: under the stream's capture lock, records an event from the
+    /// pool at the end of the stream, has `begin` start the driver's capture, and keeps the
+    /// capture `make` builds from that event. `Ok(None)` when a capture is active already.
+    pub(crate) fn claim_capture(
+        &self,
+        begin: impl FnOnce() -> Result<()>,
+        make: impl FnOnce(Arc<PooledEvent>) -> Arc<CaptureState>,
+    ) -> Result<Option<Arc<CaptureState>>> {
+        let mut held = self.lock_capture();
+        if held.is_some() {
+            return Ok(None);
         }
-        self.capturing.store(capture.is_some(), Ordering::Release);
-        *held = capture;
-        true
+        let before = Arc::new(PooledEvent::take(&self.ctx)?);
+        before.record(self)?;
+        // Flagged before the driver begins: a record that lands in the capture is followed by a
+        // look at the flag that sees it (see `event_after_enqueued`). Until the capture is kept
+        // below, a look at it waits for this lock.
+        self.capturing.store(true, Ordering::SeqCst);
+        if let Err(e) = begin() {
+            self.capturing.store(false, Ordering::SeqCst);
+            return Err(e);
+        }
+        let capture = make(before);
+        *held = Some(Arc::clone(&capture));
+        Ok(Some(capture))
+    }
+
+    /// Ends this stream's capture: `end` ends the driver's capture under the stream's capture
+    /// lock, and the capture is cleared with it.
+    pub(crate) fn release_capture<R>(&self, end: impl FnOnce() -> R) -> R {
+        let mut held = self.lock_capture();
+        let ended = end();
+        self.capturing.store(false, Ordering::SeqCst);
+        *held = None;
+        ended
+    }
+
+    /// An event that completes once all the work enqueued on this stream so far has: `reuse` when
+    /// nothing else holds it, else one from the pool, recorded now at the end of the stream.
+    ///
+    /// While a capture begun through this crate is active, a record would land in the capture
+    /// (and a stream waiting for it would join the capture): the event recorded when the capture
+    /// began stands in, as all the stream's work outside the capture came before it. (Work
+    /// enqueued on the stream by another thread while that thread begins the capture is the one
+    /// case this cannot order: see docs/RELIABILITY.md.)
+    pub(crate) fn event_after_enqueued(&self, reuse: Option<Arc<PooledEvent>>) -> Result<Arc<PooledEvent>> {
+        if !self.is_capturing() {
+            let event = match reuse {
+                // Only this caller holds it: record it again (a wait already made on it keeps
+                // what it captured).
+                Some(event) if Arc::strong_count(&event) == 1 => event,
+                _ => Arc::new(PooledEvent::take(&self.ctx)?),
+            };
+            event.record(self)?;
+            // A capture is flagged before the driver begins it, and the driver orders the begin
+            // and this record: had the record landed in a capture, the flag would show it now.
+            fence(Ordering::SeqCst);
+            if !self.is_capturing() {
+                return Ok(event);
+            }
+            // A capture began meanwhile, and the record may be in it: the capture's own event
+            // stands in below. This one goes back to the pool, whose next user records it anew
+            // before anything waits for it.
+        }
+        let held = self.lock_capture();
+        match held.as_ref() {
+            Some(capture) => Ok(Arc::clone(capture.before())),
+            None => {
+                // The capture ended in between: record outside it now.
+                drop(held);
+                self.event_after_enqueued(None)
+            }
+        }
     }
 
     /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
@@ -158,7 +226,7 @@ impl CudaStream {
 
     /// Makes later work on this stream wait for the last record of a pooled event (of any
     /// context).
-    pub(crate) fn wait_pooled(&self, event: &super::ordering::PooledEvent) -> Result<()> {
+    pub(crate) fn wait_pooled(&self, event: &PooledEvent) -> Result<()> {
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers (borrowed here) live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
@@ -188,8 +256,7 @@ impl CudaStream {
             self.refuse_in_capture("CudaStream::join with a capturing stream")?;
             other.refuse_in_capture("CudaStream::join with a capturing stream")?;
         }
-        let event = super::ordering::PooledEvent::take(other.context())?;
-        event.record(other)?;
+        let event = other.event_after_enqueued(None)?;
         self.wait_pooled(&event)
     }
 }

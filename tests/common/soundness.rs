@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ppnrt::PpError;
 use ppnrt::result::context::{get_current, set_current};
 use ppnrt::{
-    CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
-    TransportPolicy, ambient_stream,
+    CaptureMode, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt,
+    StreamOverride, TransportPolicy, ambient_stream,
 };
 
 /// A pinned host slice handed to `htod` / `htod_into` may be overwritten or freed as soon as the
@@ -220,4 +220,46 @@ pub fn order_on_orders_every_consumer(primary: &Engine, devices: &[i32], transpo
         assert_eq!(e1.dtoh(sum).unwrap()[0], expected, "{devices:?} {transport:?}: consumer {at} read other data");
     }
     drop(reuse);
+}
+
+/// While stream `a` is being captured, work on another stream `b` that needs a buffer last
+/// written on `a` before the capture began runs at once, after that write, and stays out of the
+/// capture: an eager copy on `b`, and a host wait from another thread. The capture ends holding
+/// its own work only. (The buffer's write had no event yet: one recorded on `a` now would land in
+/// the capture, and `b` waiting for it would join the capture, its copy captured instead of run.)
+pub fn work_beside_a_capture_waits_for_the_writes_before_it(e: &Engine) {
+    let n = 1 << 16;
+    let a = CudaStream::new(e.context()).unwrap();
+    let b = CudaStream::new(e.context()).unwrap();
+    let mut x = CudaSlice::<u32>::alloc(&a, n).unwrap();
+    let mut z = CudaSlice::<u32>::alloc(&a, n).unwrap();
+    let mut y = CudaSlice::<u32>::alloc(&b, n).unwrap();
+    let mut scratch = CudaSlice::<u32>::alloc(&a, 16).unwrap();
+    {
+        // A long write on `a`: the copy on `b` and the host wait must wait for it.
+        let _on_a = StreamOverride::new(Arc::clone(&a)).unwrap();
+        e.spin(2_000_000).unwrap();
+        a.memset_u32(&mut x, 7).unwrap();
+        a.memset_u32(&mut z, 9).unwrap();
+    }
+    let capture = a.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    a.memset_u32(&mut scratch, 1).unwrap();
+    b.memcpy_dtod(&x, &mut y).expect("a copy on another stream during the capture");
+    std::thread::scope(|s| {
+        s.spawn(|| z.synchronize().expect("a host wait from another thread during the capture")).join().unwrap();
+    });
+    let graph = capture.end().expect("the capture ends with its own work only");
+    assert_eq!(graph.node_count(), 1, "the capture took in work of another stream");
+    let mut host = vec![0u32; n];
+    b.memcpy_dtoh(&y, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 7), "the copy on b did not run after x's write: {:?}", &host[..4]);
+    let mut host = vec![0u32; n];
+    a.memcpy_dtoh(&z, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 9));
+    // The stream captured is usable again, and so is the graph.
+    let mut exec = graph.instantiate().unwrap();
+    exec.launch(&a).unwrap();
+    let mut host = vec![0u32; 16];
+    a.memcpy_dtoh(&scratch, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 1));
 }
