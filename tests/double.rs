@@ -77,6 +77,13 @@ fn work_beside_a_capture_waits_for_the_writes_before_it() {
 }
 
 #[test]
+fn work_racing_a_capture_lands_inside_it_or_outside_it() {
+    with_double("work_racing_a_capture_lands_inside_it_or_outside_it", |_| {
+        soundness::work_racing_a_capture_lands_inside_it_or_outside_it(&Engine::new(0).unwrap(), 3000);
+    });
+}
+
+#[test]
 fn discarded_slots_are_free_again() {
     with_double("discarded_slots_are_free_again", |_| {
         let primary = Engine::new(0).unwrap();
@@ -426,6 +433,57 @@ fn a_kernel_param_that_switches_contexts_misleads_nothing() {
         let x = e0.htod(&[2u32; 64]).unwrap();
         assert_eq!(e0.dtoh(&x).unwrap(), vec![2u32; 64]);
         stream.synchronize().unwrap();
+    });
+}
+
+/// A caller's `KernelArgs` whose own code enqueues on the launch stream (re-entering the
+/// stream's enqueue gate, which must not deadlock) and tries to begin a capture of it (refused
+/// with a typed error: the launch in progress saw the stream not capturing).
+#[test]
+fn kernel_args_that_enqueue_or_capture_on_the_launch_stream_neither_hang_nor_split_the_launch() {
+    type Outcome = std::rc::Rc<std::cell::RefCell<Option<ppnrt::Result<()>>>>;
+    struct Meddling<'a> {
+        ns: u64,
+        stream: &'a Arc<ppnrt::CudaStream>,
+        scratch: std::cell::RefCell<&'a mut ppnrt::CudaSlice<u32>>,
+        begun: Outcome,
+    }
+    impl ppnrt::KernelArgs for Meddling<'_> {
+        fn with_params<R>(&self, f: impl FnOnce(&mut [*mut std::ffi::c_void]) -> R) -> R {
+            self.stream.memset_u32(*self.scratch.borrow_mut(), 5).unwrap();
+            *self.begun.borrow_mut() = Some(self.stream.begin_capture(ppnrt::CaptureMode::Relaxed).map(drop));
+            let mut ns = self.ns;
+            f(&mut [(&raw mut ns).cast()])
+        }
+        fn buffer_uses(&self) -> [Option<ppnrt::BufferUse<'_>>; ppnrt::MAX_KERNEL_PARAMS] {
+            [None; ppnrt::MAX_KERNEL_PARAMS]
+        }
+    }
+    with_double("kernel_args_that_enqueue_or_capture_on_the_launch_stream_neither_hang_nor_split_the_launch", |_| {
+        let e = Engine::new(0).unwrap();
+        let f = e.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_spin_ns").unwrap();
+        let stream = ppnrt::CudaStream::new(e.context()).unwrap();
+        let mut scratch = ppnrt::CudaSlice::<u32>::alloc(&stream, 16).unwrap();
+        let begun = Outcome::default();
+        let args = Meddling {
+            ns: 1000,
+            stream: &stream,
+            scratch: std::cell::RefCell::new(&mut scratch),
+            begun: begun.clone(),
+        };
+        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory; one u64 parameter is passed; the
+        // arguments' code ends no capture.
+        unsafe { stream.launch(&f, ppnrt::LaunchConfig::for_elements(1, 1), args) }.unwrap();
+        match begun.borrow_mut().take().expect("the arguments' code ran") {
+            Err(ppnrt::Error::Capture(ppnrt::CaptureError::CannotBegin { reason })) => {
+                assert!(reason.contains("enqueueing"), "{reason}");
+            }
+            other => panic!("a capture began inside a launch on its stream: {other:?}"),
+        }
+        assert!(!stream.is_capturing());
+        let mut host = vec![0u32; 16];
+        stream.memcpy_dtoh(&scratch, &mut host).unwrap();
+        assert_eq!(host, vec![5u32; 16]);
     });
 }
 

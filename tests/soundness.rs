@@ -51,6 +51,14 @@ fn work_beside_a_capture_waits_for_the_writes_before_it() {
 }
 
 #[test]
+fn work_racing_a_capture_lands_inside_it_or_outside_it() {
+    if devices_or_skip("work_racing_a_capture_lands_inside_it_or_outside_it", 1).is_none() {
+        return;
+    }
+    soundness::work_racing_a_capture_lands_inside_it_or_outside_it(&Engine::new(0).unwrap(), 20_000);
+}
+
+#[test]
 fn discarded_slots_are_free_again() {
     let Some(devices) = devices_or_skip("discarded_slots_are_free_again", 1) else { return };
     let primary = Engine::new(0).unwrap();

@@ -195,6 +195,8 @@ impl Sender {
     pub(super) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
         check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
+        // No capture of the TX stream begins between this check and the send.
+        let _gate = self.tx_stream.enqueue_gate();
         if self.tx_stream.is_capturing() {
             self.tx_stream.refuse_in_capture("PpNRt::tx to another rank")?;
         }

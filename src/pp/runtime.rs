@@ -700,6 +700,8 @@ impl PpNRt {
             // Receives of a failed link may have been cut short: no slot of it is trusted.
             return Err(failed);
         }
+        // From another rank: no capture of the RX stream begins between this check and the copy.
+        let _gate = boundary.inbound.as_ref().map(|_| boundary.rx_stream.enqueue_gate());
         if boundary.inbound.is_some() && boundary.rx_stream.is_capturing() {
             // A step from another rank fills its slot once: a captured receive replayed later
             // would read whatever the slot holds then.

@@ -57,6 +57,7 @@ impl CudaEvent {
                 found: stream.ordinal(),
             });
         }
+        let _gate = stream.enqueue_gate();
         if stream.is_capturing() {
             stream.refuse_in_capture("CudaEvent::record on a capturing stream")?;
         }

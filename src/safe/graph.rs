@@ -440,6 +440,7 @@ impl GraphExec {
     #[doc(alias = "cuGraphUpload")]
     pub fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_stream("GraphExec::upload: the stream must be on the graph's device", stream)?;
+        let _gate = stream.enqueue_gate();
         refuse_in_capture(Some(stream), "GraphExec::upload")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of one context (checked above).
@@ -462,6 +463,7 @@ impl GraphExec {
         // uses is held alive by self.footprint, and the closure runs only after the waits that
         // order that memory on this stream (both paths below).
         let launch = || unsafe { raw::launch(raw_exec, stream.raw()) };
+        let _gate = stream.enqueue_gate();
         if stream.is_capturing() {
             // Into the enclosing capture: its footprint takes this one's.
             return ordered(

@@ -168,6 +168,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
             return Self::alloc_persistent(stream, len);
         }
         let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
+        let _gate = stream.enqueue_gate();
         if stream.is_capturing() {
             // A graph allocation would be made at every run and outlive none: graphs use memory
             // allocated before the capture.
@@ -484,6 +485,8 @@ impl Drop for DeviceMemory {
         if self.ptr == 0 {
             return;
         }
+        let stream = Arc::clone(&self.stream);
+        let _gate = stream.enqueue_gate();
         if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {
             // A free now would be captured (or break the capture): hand the allocation to the
             // capture, which frees it when it ends.
@@ -567,6 +570,8 @@ where
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
     let _bound = stream.context().bind_for_call()?;
+    // The capture seen here is the one the work lands in (or none).
+    let _gate = stream.enqueue_gate();
     if let Some(capture) = stream.capture() {
         let mut devices = Vec::new();
         for (tracked, use_) in uses {

@@ -320,6 +320,9 @@ impl CudaStream {
     /// - The kernel accesses only memory that `args` give it, within their lengths, and writes
     ///   only memory passed as a mutable slice or view. (Device addresses passed as plain integers
     ///   are not ordered: their ordering is the caller's.)
+    /// - The arguments' own code ([`KernelArgs::with_params`], [`KernelParam::raw_param`]), which
+    ///   runs during the launch, does not end a capture of this stream. (Beginning one there is
+    ///   refused with [`CaptureError::CannotBegin`](crate::CaptureError::CannotBegin).)
     #[doc(alias = "cuLaunchKernel")]
     pub unsafe fn launch<A: KernelArgs>(
         self: &Arc<Self>,

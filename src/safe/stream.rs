@@ -4,14 +4,15 @@
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::context::Context;
 use super::event::CudaEvent;
 use super::graph::{CaptureState, refuse_in_capture};
 use super::ordering::PooledEvent;
-use crate::error::Result;
+use crate::error::{CaptureError, Error, Result};
 use crate::result::stream as raw;
 use crate::sys::CUstream;
 
@@ -26,6 +27,37 @@ pub struct CudaStream {
     capturing: AtomicBool,
     /// That capture.
     capture: Mutex<Option<Arc<CaptureState>>>,
+    /// Held shared by each call that looks at whether this stream is capturing and then enqueues
+    /// on it ([`enqueue_gate`](Self::enqueue_gate)), and exclusively while a capture of it
+    /// begins or ends: what such a call saw stays true until its work is enqueued.
+    gate: RwLock<()>,
+}
+
+thread_local! {
+    /// The streams whose enqueue gate this thread holds, by address (innermost last): a nested
+    /// call on the same stream does not take the gate again (a shared lock taken twice can wait
+    /// behind a waiting exclusive one).
+    static GATES_HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A stream's enqueue gate, held shared (see [`CudaStream::enqueue_gate`]).
+pub(crate) struct EnqueueGate<'a> {
+    _shared: Option<RwLockReadGuard<'a, ()>>,
+    key: usize,
+    counted: bool,
+}
+
+impl Drop for EnqueueGate<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            let _ = GATES_HELD.try_with(|held| {
+                let mut held = held.borrow_mut();
+                if let Some(at) = held.iter().rposition(|&key| key == self.key) {
+                    held.remove(at);
+                }
+            });
+        }
+    }
 }
 
 // SAFETY: a CUstream may be used from any thread; the driver orders work per stream, not per
@@ -57,7 +89,14 @@ impl CudaStream {
     }
 
     fn wrap(ctx: &Arc<Context>, raw: CUstream, owned: bool) -> CudaStream {
-        CudaStream { ctx: Arc::clone(ctx), raw, owned, capturing: AtomicBool::new(false), capture: Mutex::new(None) }
+        CudaStream {
+            ctx: Arc::clone(ctx),
+            raw,
+            owned,
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
+            gate: RwLock::new(()),
+        }
     }
 
     /// Whether a capture begun with [`begin_capture`](Self::begin_capture) is active on this
@@ -79,6 +118,45 @@ impl CudaStream {
         self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn gate_key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
+    /// Whether this thread holds this stream's enqueue gate.
+    fn gate_held_here(&self) -> bool {
+        let key = self.gate_key();
+        GATES_HELD.try_with(|held| held.borrow().contains(&key)).unwrap_or(false)
+    }
+
+    /// Holds this stream's capture state still (no capture of it begins or ends) until the
+    /// returned gate drops: taken by every call that checks whether the stream is capturing and
+    /// then enqueues on it, around both. Re-entrant on one thread.
+    ///
+    /// Lock order: a gate is taken before any buffer's ordering lock, and a call holds the gate
+    /// of one stream only (the ordering rule's records on other streams take none, see
+    /// [`event_after_enqueued`](Self::event_after_enqueued)).
+    pub(crate) fn enqueue_gate(&self) -> EnqueueGate<'_> {
+        let key = self.gate_key();
+        let nested = GATES_HELD.try_with(|held| {
+            let mut held = held.borrow_mut();
+            let nested = held.contains(&key);
+            held.push(key);
+            nested
+        });
+        let shared = match nested {
+            Ok(true) => None,
+            _ => Some(self.gate.read().unwrap_or_else(PoisonError::into_inner)),
+        };
+        EnqueueGate { _shared: shared, key, counted: nested.is_ok() }
+    }
+
+    /// The gate held exclusively, to begin or end a capture; `None` when this thread holds it
+    /// shared, inside a call that enqueues on this stream (a kernel argument's own code, run by
+    /// [`launch`](Self::launch)).
+    fn gate_exclusive(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        (!self.gate_held_here()).then(|| self.gate.write().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Begins a capture of this stream: under the stream's capture lock, records an event from the
     /// pool at the end of the stream, has `begin` start the driver's capture, and keeps the
     /// capture `make` builds from that event. `Ok(None)` when a capture is active already.
@@ -87,6 +165,11 @@ impl CudaStream {
         begin: impl FnOnce() -> Result<()>,
         make: impl FnOnce(Arc<PooledEvent>) -> Arc<CaptureState>,
     ) -> Result<Option<Arc<CaptureState>>> {
+        let Some(_exclusive) = self.gate_exclusive() else {
+            return Err(Error::Capture(CaptureError::CannotBegin {
+                reason: "this thread is enqueueing work on the stream (inside a launch's kernel arguments)",
+            }));
+        };
         let mut held = self.lock_capture();
         if held.is_some() {
             return Ok(None);
@@ -107,8 +190,10 @@ impl CudaStream {
     }
 
     /// Ends this stream's capture: `end` ends the driver's capture under the stream's capture
-    /// lock, and the capture is cleared with it.
+    /// lock, and the capture is cleared with it. (Inside a launch's kernel arguments on this
+    /// stream, the gate is not taken: ending the capture there is outside the launch's contract.)
     pub(crate) fn release_capture<R>(&self, end: impl FnOnce() -> R) -> R {
+        let _exclusive = self.gate_exclusive();
         let mut held = self.lock_capture();
         let ended = end();
         self.capturing.store(false, Ordering::SeqCst);
@@ -121,9 +206,9 @@ impl CudaStream {
     ///
     /// While a capture begun through this crate is active, a record would land in the capture
     /// (and a stream waiting for it would join the capture): the event recorded when the capture
-    /// began stands in, as all the stream's work outside the capture came before it. (Work
-    /// enqueued on the stream by another thread while that thread begins the capture is the one
-    /// case this cannot order: see docs/RELIABILITY.md.)
+    /// began stands in, as all the stream's work outside the capture came before it. Takes no
+    /// gate (it is called for other streams' buffers while one gate is held): a record that
+    /// races with the capture's begin is seen afterwards and replaced.
     pub(crate) fn event_after_enqueued(&self, reuse: Option<Arc<PooledEvent>>) -> Result<Arc<PooledEvent>> {
         if !self.is_capturing() {
             let event = match reuse {
@@ -187,6 +272,7 @@ impl CudaStream {
     /// break; the driver's error, including errors of earlier asynchronous work.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        let _gate = self.enqueue_gate();
         self.refuse_in_capture("CudaStream::synchronize")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
@@ -200,6 +286,7 @@ impl CudaStream {
     /// break; the driver's error.
     #[doc(alias = "cuStreamQuery")]
     pub fn is_idle(&self) -> Result<bool> {
+        let _gate = self.enqueue_gate();
         self.refuse_in_capture("CudaStream::is_idle")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
@@ -216,6 +303,7 @@ impl CudaStream {
     #[doc(alias = "cuStreamWaitEvent")]
     #[inline]
     pub fn wait(&self, event: &CudaEvent) -> Result<()> {
+        let _gate = self.enqueue_gate();
         if self.is_capturing() {
             self.refuse_in_capture("CudaStream::wait on a capturing stream")?;
         }
@@ -252,6 +340,7 @@ impl CudaStream {
         if self.raw == other.raw && Arc::ptr_eq(&self.ctx, &other.ctx) {
             return Ok(());
         }
+        let _gate = self.enqueue_gate();
         if self.is_capturing() || other.is_capturing() {
             self.refuse_in_capture("CudaStream::join with a capturing stream")?;
             other.refuse_in_capture("CudaStream::join with a capturing stream")?;

@@ -263,3 +263,57 @@ pub fn work_beside_a_capture_waits_for_the_writes_before_it(e: &Engine) {
     a.memcpy_dtoh(&scratch, &mut host).unwrap();
     assert!(host.iter().all(|&v| v == 1));
 }
+
+/// One thread begins and ends captures of stream `s` while another keeps writing a buffer on `s`
+/// and copying it on a second stream: each write lands either outside every capture (and runs,
+/// ordered for the copies) or inside one, and then that graph holds the buffer; never in a capture
+/// unbeknown to the crate (a graph node on memory the graph does not hold). The copies' waits for
+/// the writes never join a capture either.
+pub fn work_racing_a_capture_lands_inside_it_or_outside_it(e: &Engine, captures: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let n = 1 << 10;
+    let s = CudaStream::new(e.context()).unwrap();
+    let b = CudaStream::new(e.context()).unwrap();
+    let mut x = CudaSlice::<u32>::alloc(&s, n).unwrap();
+    let mut y = CudaSlice::<u32>::alloc(&b, n).unwrap();
+    let stop = AtomicBool::new(false);
+    let (mut with_nodes, mut writes) = (0usize, 0u32);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut value = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                value += 1;
+                s.memset_u32(&mut x, value).expect("a write on a stream another thread captures");
+                b.memcpy_dtod(&x, &mut y).expect("a copy on another stream of what that write wrote");
+            }
+            value
+        });
+        for _ in 0..captures {
+            let capture = s.begin_capture(CaptureMode::ThreadLocal).expect("begin");
+            for _ in 0..200 {
+                std::hint::spin_loop();
+            }
+            let graph = capture.end().expect("the capture holds only work it knows of");
+            assert_eq!(
+                graph.node_count() > 0,
+                graph.footprint_len() > 0,
+                "a graph of {} node(s) holding {} buffer(s): work landed in the capture unbeknown to the crate",
+                graph.node_count(),
+                graph.footprint_len()
+            );
+            with_nodes += usize::from(graph.node_count() > 0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        writes = writer.join().unwrap();
+    });
+    // Both streams are usable, and ordered, afterwards.
+    s.memset_u32(&mut x, u32::MAX).unwrap();
+    b.memcpy_dtod(&x, &mut y).unwrap();
+    let mut host = vec![0u32; n];
+    b.memcpy_dtoh(&y, &mut host).unwrap();
+    assert!(host.iter().all(|&v| v == u32::MAX), "the last copy did not see the last write: {:?}", &host[..4]);
+    println!(
+        "work_racing_a_capture_lands_inside_it_or_outside_it: {captures} captures, {with_nodes} took in some of the \
+         {writes} writes of the other thread"
+    );
+}

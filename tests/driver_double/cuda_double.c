@@ -133,6 +133,10 @@ struct Event {
     unsigned long long generation, done_generation;
     double time_ms;
     int timing, recorded, destroyed;
+    /* Last recorded into a capture (a capture-internal event): a wait on it from a stream not
+     * capturing would join that stream into the capture, a query or synchronisation is refused by
+     * the driver. Both are violations here; recording it again outside a capture clears this. */
+    int in_capture;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1094,6 +1098,10 @@ CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
         s->capture_invalid = 1;
         RETURN(E_CAPTURE_ISOLATION);
     }
+    if (e->in_capture) {
+        violation("cuStreamWaitEvent: the event was last recorded into a capture (the waiting stream would join it)");
+        RETURN(E_CAPTURE_ISOLATION);
+    }
     if (e->stream) {
         Op op = {.kind = OP_WAIT, .target = e->stream, .target_pos = e->pos};
         push(s, op);
@@ -1126,7 +1134,13 @@ CUresult cuEventRecord(void* event, void* stream) {
     Stream* s = stream_of(stream);
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
     if (e->ctx != s->ctx) RETURN(E_INVALID_HANDLE);
-    if (s->capture) RETURN(refuse_capture(s)); /* capture-internal events are not modelled */
+    if (s->capture) {
+        /* Legal: the event now stands for the capture's work so far. Nothing here runs it. */
+        e->in_capture = 1;
+        e->stream = NULL;
+        RETURN(OK);
+    }
+    e->in_capture = 0;
     e->generation++;
     Op op = {.kind = OP_RECORD, .event = e, .generation = e->generation};
     push(s, op);
@@ -1141,6 +1155,10 @@ CUresult cuEventQuery(void* event) {
     Event* e = (Event*)event;
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
     if (e->ctx->dead) RETURN(e->ctx->dead);
+    if (e->in_capture) {
+        violation("cuEventQuery: the event was last recorded into a capture");
+        RETURN(E_CAPTURE_ISOLATION);
+    }
     if (event_complete(e)) RETURN(OK);
     if (++e->polls >= 3) {
         e->polls = 0;
@@ -1153,6 +1171,10 @@ CUresult cuEventSynchronize(void* event) {
     ENTER("cuEventSynchronize");
     Event* e = (Event*)event;
     if (!e || e->destroyed) RETURN(E_INVALID_HANDLE);
+    if (e->in_capture) {
+        violation("cuEventSynchronize: the event was last recorded into a capture");
+        RETURN(E_CAPTURE_ISOLATION);
+    }
     if (e->stream) run_until(e->stream, e->pos);
     RETURN(e->ctx->dead ? e->ctx->dead : OK);
 }
@@ -1338,6 +1360,7 @@ CUresult cuGraphLaunch(void* exec, void* stream) {
             op.generation = op.event->generation;
             push(s, op);
             if (!s->capture) {
+                op.event->in_capture = 0;
                 op.event->stream = s;
                 op.event->pos = s->len;
                 op.event->recorded = 1;
