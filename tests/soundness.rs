@@ -1,8 +1,13 @@
 //! Soundness on the GPUs present: the scenarios of `common/soundness.rs` (pinned sources of
 //! `htod`, `copy_with_sms` preconditions, stream guards dropped in any order, the current context
-//! across calls, discarded slots, consumers ordered by `order_on`). `tests/double.rs` runs the same scenarios without a GPU.
+//! across calls, discarded slots, consumers ordered by `order_on`, work beside and racing a
+//! capture). `tests/double.rs` runs the same scenarios without a GPU. Also the capture race's
+//! driver calls on the raw driver alone, to tell a sanitizer's trouble with them from the crate's.
 
 mod common;
+
+#[path = "common/raw_driver.rs"]
+mod raw_driver;
 
 #[path = "common/soundness.rs"]
 mod soundness;
@@ -85,4 +90,83 @@ fn order_on_orders_every_consumer() {
             soundness::order_on_orders_every_consumer(&primary, devices, transport);
         }
     }
+}
+
+/// The driver calls of `work_racing_a_capture_lands_inside_it_or_outside_it` on the raw driver,
+/// with no crate code in the loop: one thread begins and ends thread-local captures of stream `s`
+/// while another writes `x` on `s` and copies it to `y` on stream `b` (unordered: only the calls
+/// matter here, for running under compute-sanitizer beside the crate's scenario).
+#[test]
+#[allow(unsafe_code)]
+fn raw_driver_capture_race_runs() {
+    use ppnrt::sys::{CUdeviceptr, CUgraph, CUstream, CUstreamCaptureMode};
+    use raw_driver::raw;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let test = "raw_driver_capture_race_runs";
+    if devices_or_skip(test, 1).is_none() {
+        return;
+    }
+    let captures: usize =
+        std::env::var("PPNRT_CAPTURE_RACE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let e = Engine::new(0).unwrap();
+    let ctx = e.context().raw();
+    raw!(cuCtxSetCurrent(ctx));
+    let n = 1024usize;
+    let (mut s, mut b): (CUstream, CUstream) = (std::ptr::null_mut(), std::ptr::null_mut());
+    raw!(cuStreamCreate(&mut s, 1));
+    raw!(cuStreamCreate(&mut b, 1));
+    let (mut x, mut y): (CUdeviceptr, CUdeviceptr) = (0, 0);
+    raw!(cuMemAlloc_v2(&mut x, n * 4));
+    raw!(cuMemAlloc_v2(&mut y, n * 4));
+    raw!(cuMemsetD32Async(x, 0, n, s));
+    raw!(cuMemsetD32Async(y, 0, n, b));
+    raw!(cuStreamSynchronize(s));
+    raw!(cuStreamSynchronize(b));
+    struct Handles(ppnrt::sys::CUcontext, CUstream, CUstream);
+    // SAFETY: context and stream handles may be used from any thread.
+    unsafe impl Sync for Handles {}
+    impl Handles {
+        fn get(&self) -> (ppnrt::sys::CUcontext, CUstream, CUstream) {
+            (self.0, self.1, self.2)
+        }
+    }
+    let handles = Handles(ctx, s, b);
+    let stop = AtomicBool::new(false);
+    let mut with_nodes = 0usize;
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let (ctx, s, b) = handles.get();
+            raw!(cuCtxSetCurrent(ctx));
+            let mut value = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                value += 1;
+                raw!(cuMemsetD32Async(x, value, n, s));
+                raw!(cuMemcpyAsync(y, x, n * 4, b));
+            }
+            value
+        });
+        for _ in 0..captures {
+            raw!(cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+            for _ in 0..200 {
+                std::hint::spin_loop();
+            }
+            let mut graph: CUgraph = std::ptr::null_mut();
+            raw!(cuStreamEndCapture(s, &mut graph));
+            let mut nodes = 0usize;
+            raw!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes));
+            with_nodes += usize::from(nodes > 0);
+            raw!(cuGraphDestroy(graph));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let writes = writer.join().unwrap();
+        say(&format!(
+            "{test}: {captures} captures, {with_nodes} took in some of the {writes} writes of the other thread"
+        ));
+    });
+    raw!(cuStreamSynchronize(s));
+    raw!(cuStreamSynchronize(b));
+    raw!(cuMemFree_v2(x));
+    raw!(cuMemFree_v2(y));
+    raw!(cuStreamDestroy_v2(s));
+    raw!(cuStreamDestroy_v2(b));
 }

@@ -20,7 +20,12 @@
 //!
 //! Threading: a [`StreamCapture`] stays on the thread that began it (the driver requires the end
 //! on that thread for non-relaxed captures); graphs and executable graphs are `Send` and used
-//! through `&mut` where the driver does not synchronise them.
+//! through `&mut` where the driver does not synchronise them. Work another thread enqueues on a
+//! stream while it is captured lands in the capture (and its buffers in the graph's footprint);
+//! a capture's begin and end wait for calls on the stream in progress, so each call lands wholly
+//! inside or wholly outside (see `CudaStream::enqueue_gate`). Work on other streams that needs a
+//! buffer last used on the capturing stream before the capture waits for that use, never for the
+//! captured work.
 
 use std::cell::RefCell;
 use std::fmt;

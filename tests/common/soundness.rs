@@ -276,6 +276,9 @@ pub fn work_racing_a_capture_lands_inside_it_or_outside_it(e: &Engine, captures:
     let b = CudaStream::new(e.context()).unwrap();
     let mut x = CudaSlice::<u32>::alloc(&s, n).unwrap();
     let mut y = CudaSlice::<u32>::alloc(&b, n).unwrap();
+    // Initialised before any capture: a write the first capture takes in leaves x as it was.
+    s.memset_u32(&mut x, 0).unwrap();
+    b.memset_u32(&mut y, 0).unwrap();
     let stop = AtomicBool::new(false);
     let (mut with_nodes, mut writes) = (0usize, 0u32);
     std::thread::scope(|scope| {
