@@ -79,7 +79,7 @@ fn work_beside_a_capture_waits_for_the_writes_before_it() {
 #[test]
 fn work_racing_a_capture_lands_inside_it_or_outside_it() {
     with_double("work_racing_a_capture_lands_inside_it_or_outside_it", |_| {
-        soundness::work_racing_a_capture_lands_inside_it_or_outside_it(&Engine::new(0).unwrap(), 3000);
+        soundness::work_racing_a_capture_lands_inside_it_or_outside_it(&Engine::new(0).unwrap(), 20_000);
     });
 }
 

@@ -371,7 +371,7 @@ impl CudaStream {
             };
             if A::FOREIGN {
                 // A caller's implementation runs code that is not the crate's own.
-                super::context::outside_call_scope(|| args.with_params(launch))
+                self.run_launch_arguments(|| super::context::outside_call_scope(|| args.with_params(launch)))
             } else {
                 args.with_params(launch)
             }

@@ -4,9 +4,9 @@
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
 use super::event::CudaEvent;
@@ -23,40 +23,56 @@ pub struct CudaStream {
     ctx: Arc<Context>,
     raw: CUstream,
     owned: bool,
-    /// Whether a capture begun through this crate is active (read without the lock below).
-    capturing: AtomicBool,
+    /// Counts the begins and ends of captures through this crate: odd while one is active (read
+    /// without the lock below). A begin counts before the driver begins, an end after it ends.
+    capture_epoch: AtomicUsize,
     /// That capture.
     capture: Mutex<Option<Arc<CaptureState>>>,
-    /// Held shared by each call that looks at whether this stream is capturing and then enqueues
-    /// on it ([`enqueue_gate`](Self::enqueue_gate)), and exclusively while a capture of it
-    /// begins or ends: what such a call saw stays true until its work is enqueued.
-    gate: RwLock<()>,
+    /// The enqueue gate ([`enqueue_gate`](Self::enqueue_gate)): the number of calls in progress
+    /// that checked whether this stream is capturing and will enqueue on it, plus
+    /// [`GATE_EXCLUSIVE`] while a capture of it begins or ends.
+    gate: AtomicUsize,
 }
 
+/// The enqueue gate's bit for a capture beginning or ending.
+const GATE_EXCLUSIVE: usize = 1 << (usize::BITS - 1);
+
 thread_local! {
-    /// The streams whose enqueue gate this thread holds, by address (innermost last): a nested
-    /// call on the same stream does not take the gate again (a shared lock taken twice can wait
-    /// behind a waiting exclusive one).
-    static GATES_HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// The stream whose launch is running a caller's kernel-argument code on this thread (null
+    /// when none): that thread holds the stream's enqueue gate, so a capture of it cannot begin
+    /// or end there by waiting for the gate.
+    static LAUNCHING_ON: Cell<*const CudaStream> = const { Cell::new(std::ptr::null()) };
 }
 
 /// A stream's enqueue gate, held shared (see [`CudaStream::enqueue_gate`]).
 pub(crate) struct EnqueueGate<'a> {
-    _shared: Option<RwLockReadGuard<'a, ()>>,
-    key: usize,
-    counted: bool,
+    stream: &'a CudaStream,
 }
 
 impl Drop for EnqueueGate<'_> {
     fn drop(&mut self) {
-        if self.counted {
-            let _ = GATES_HELD.try_with(|held| {
-                let mut held = held.borrow_mut();
-                if let Some(at) = held.iter().rposition(|&key| key == self.key) {
-                    held.remove(at);
-                }
-            });
-        }
+        self.stream.gate.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A stream's enqueue gate, held exclusively (see [`CudaStream::enqueue_gate`]).
+struct ExclusiveGate<'a> {
+    stream: &'a CudaStream,
+}
+
+impl Drop for ExclusiveGate<'_> {
+    fn drop(&mut self) {
+        self.stream.gate.fetch_sub(GATE_EXCLUSIVE, Ordering::Release);
+    }
+}
+
+/// Waits a little, longer on each call: a gate is held only for the span of one call.
+fn back_off(round: &mut u32) {
+    *round += 1;
+    if *round < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 
@@ -93,9 +109,9 @@ impl CudaStream {
             ctx: Arc::clone(ctx),
             raw,
             owned,
-            capturing: AtomicBool::new(false),
+            capture_epoch: AtomicUsize::new(0),
             capture: Mutex::new(None),
-            gate: RwLock::new(()),
+            gate: AtomicUsize::new(0),
         }
     }
 
@@ -103,7 +119,7 @@ impl CudaStream {
     /// stream.
     #[inline]
     pub fn is_capturing(&self) -> bool {
-        self.capturing.load(Ordering::Acquire)
+        self.capture_epoch.load(Ordering::Acquire) & 1 == 1
     }
 
     /// The active capture of this stream, if any.
@@ -118,43 +134,57 @@ impl CudaStream {
         self.capture.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn gate_key(&self) -> usize {
-        std::ptr::from_ref(self) as usize
-    }
-
-    /// Whether this thread holds this stream's enqueue gate.
-    fn gate_held_here(&self) -> bool {
-        let key = self.gate_key();
-        GATES_HELD.try_with(|held| held.borrow().contains(&key)).unwrap_or(false)
-    }
-
     /// Holds this stream's capture state still (no capture of it begins or ends) until the
     /// returned gate drops: taken by every call that checks whether the stream is capturing and
-    /// then enqueues on it, around both. Re-entrant on one thread.
+    /// then enqueues on it, around both. Shared: calls on one stream from several threads do not
+    /// wait for each other, and a call may take it again inside (a free, a nested copy). It waits
+    /// only while a capture's begin or end holds it exclusively, which waits for no other lock.
     ///
-    /// Lock order: a gate is taken before any buffer's ordering lock, and a call holds the gate
-    /// of one stream only (the ordering rule's records on other streams take none, see
-    /// [`event_after_enqueued`](Self::event_after_enqueued)).
+    /// A gate is held across the crate's own code, and across a caller's code only inside a
+    /// launch's kernel arguments ([`run_launch_arguments`](Self::run_launch_arguments)).
+    #[inline]
     pub(crate) fn enqueue_gate(&self) -> EnqueueGate<'_> {
-        let key = self.gate_key();
-        let nested = GATES_HELD.try_with(|held| {
-            let mut held = held.borrow_mut();
-            let nested = held.contains(&key);
-            held.push(key);
-            nested
-        });
-        let shared = match nested {
-            Ok(true) => None,
-            _ => Some(self.gate.read().unwrap_or_else(PoisonError::into_inner)),
-        };
-        EnqueueGate { _shared: shared, key, counted: nested.is_ok() }
+        let mut round = 0;
+        loop {
+            if self.gate.fetch_add(1, Ordering::Acquire) & GATE_EXCLUSIVE == 0 {
+                return EnqueueGate { stream: self };
+            }
+            self.gate.fetch_sub(1, Ordering::Relaxed);
+            while self.gate.load(Ordering::Relaxed) & GATE_EXCLUSIVE != 0 {
+                back_off(&mut round);
+            }
+        }
     }
 
-    /// The gate held exclusively, to begin or end a capture; `None` when this thread holds it
-    /// shared, inside a call that enqueues on this stream (a kernel argument's own code, run by
-    /// [`launch`](Self::launch)).
-    fn gate_exclusive(&self) -> Option<RwLockWriteGuard<'_, ()>> {
-        (!self.gate_held_here()).then(|| self.gate.write().unwrap_or_else(PoisonError::into_inner))
+    /// Runs a caller's kernel-argument code during a launch on this stream (whose enqueue gate
+    /// this thread holds): a capture of this stream cannot begin or end in there.
+    pub(crate) fn run_launch_arguments<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Restore(*const CudaStream);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let _ = LAUNCHING_ON.try_with(|on| on.set(self.0));
+            }
+        }
+        let _restore = Restore(LAUNCHING_ON.try_with(|on| on.replace(self)).unwrap_or(std::ptr::null()));
+        f()
+    }
+
+    /// Whether this thread runs a caller's kernel-argument code inside a launch on this stream.
+    fn launching_here(&self) -> bool {
+        LAUNCHING_ON.try_with(|on| std::ptr::eq(on.get(), self)).unwrap_or(false)
+    }
+
+    /// The gate held exclusively, to begin or end a capture, once no call holds it; `None` inside
+    /// a launch's kernel-argument code on this stream (this thread holds it there).
+    fn gate_exclusive(&self) -> Option<ExclusiveGate<'_>> {
+        if self.launching_here() {
+            return None;
+        }
+        let mut round = 0;
+        while self.gate.compare_exchange_weak(0, GATE_EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            back_off(&mut round);
+        }
+        Some(ExclusiveGate { stream: self })
     }
 
     /// Begins a capture of this stream: under the stream's capture lock, records an event from the
@@ -176,12 +206,12 @@ impl CudaStream {
         }
         let before = Arc::new(PooledEvent::take(&self.ctx)?);
         before.record(self)?;
-        // Flagged before the driver begins: a record that lands in the capture is followed by a
-        // look at the flag that sees it (see `event_after_enqueued`). Until the capture is kept
+        // Counted before the driver begins: a record that lands in the capture is followed by a
+        // look at the count that sees it (see `event_after_enqueued`). Until the capture is kept
         // below, a look at it waits for this lock.
-        self.capturing.store(true, Ordering::SeqCst);
+        self.capture_epoch.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = begin() {
-            self.capturing.store(false, Ordering::SeqCst);
+            self.capture_epoch.fetch_add(1, Ordering::SeqCst);
             return Err(e);
         }
         let capture = make(before);
@@ -196,7 +226,7 @@ impl CudaStream {
         let _exclusive = self.gate_exclusive();
         let mut held = self.lock_capture();
         let ended = end();
-        self.capturing.store(false, Ordering::SeqCst);
+        self.capture_epoch.fetch_add(1, Ordering::SeqCst);
         *held = None;
         ended
     }
@@ -208,34 +238,33 @@ impl CudaStream {
     /// (and a stream waiting for it would join the capture): the event recorded when the capture
     /// began stands in, as all the stream's work outside the capture came before it. Takes no
     /// gate (it is called for other streams' buffers while one gate is held): a record that
-    /// races with the capture's begin is seen afterwards and replaced.
-    pub(crate) fn event_after_enqueued(&self, reuse: Option<Arc<PooledEvent>>) -> Result<Arc<PooledEvent>> {
-        if !self.is_capturing() {
-            let event = match reuse {
-                // Only this caller holds it: record it again (a wait already made on it keeps
-                // what it captured).
-                Some(event) if Arc::strong_count(&event) == 1 => event,
-                _ => Arc::new(PooledEvent::take(&self.ctx)?),
-            };
-            event.record(self)?;
-            // A capture is flagged before the driver begins it, and the driver orders the begin
-            // and this record: had the record landed in a capture, the flag would show it now.
-            fence(Ordering::SeqCst);
-            if !self.is_capturing() {
-                return Ok(event);
+    /// races with a capture's begin (or a whole capture) is seen afterwards and replaced.
+    pub(crate) fn event_after_enqueued(&self, mut reuse: Option<Arc<PooledEvent>>) -> Result<Arc<PooledEvent>> {
+        loop {
+            let epoch = self.capture_epoch.load(Ordering::SeqCst);
+            if epoch & 1 == 0 {
+                let event = match reuse.take() {
+                    // Only this caller holds it: record it again (a wait already made on it keeps
+                    // what it captured).
+                    Some(event) if Arc::strong_count(&event) == 1 => event,
+                    _ => Arc::new(PooledEvent::take(&self.ctx)?),
+                };
+                event.record(self)?;
+                // A capture is counted before the driver begins it, and the driver orders the
+                // begin and this record: had the record landed in a capture (even one that has
+                // ended since), the count would have moved by now.
+                fence(Ordering::SeqCst);
+                if self.capture_epoch.load(Ordering::SeqCst) == epoch {
+                    return Ok(event);
+                }
+                // A capture began meanwhile, and the record may be in it. This event goes back
+                // to the pool, whose next user records it anew before anything waits for it.
             }
-            // A capture began meanwhile, and the record may be in it: the capture's own event
-            // stands in below. This one goes back to the pool, whose next user records it anew
-            // before anything waits for it.
-        }
-        let held = self.lock_capture();
-        match held.as_ref() {
-            Some(capture) => Ok(Arc::clone(capture.before())),
-            None => {
-                // The capture ended in between: record outside it now.
-                drop(held);
-                self.event_after_enqueued(None)
+            if let Some(capture) = self.lock_capture().as_ref() {
+                // All the stream's work outside the capture came before this event.
+                return Ok(Arc::clone(capture.before()));
             }
+            // The capture ended in between: record again, outside it.
         }
     }
 
