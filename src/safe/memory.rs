@@ -485,8 +485,8 @@ impl Drop for DeviceMemory {
         if self.ptr == 0 {
             return;
         }
-        let stream = Arc::clone(&self.stream);
-        let _gate = stream.enqueue_gate();
+        // The owner's capture state holds still from the look below to the free.
+        let _gate = self.stream.enqueue_gate();
         if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {
             // A free now would be captured (or break the capture): hand the allocation to the
             // capture, which frees it when it ends.
