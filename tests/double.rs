@@ -343,6 +343,12 @@ fn buffers_are_ordered_across_streams_without_a_join() {
         let e = Engine::new(0).unwrap();
         assert_eq!(ordering::produced_on_one_stream_consumed_on_another(&e, 200, 7, ordering::Handoff::Ordered), 0);
         assert_eq!(ordering::dropped_on_its_owner_while_read_elsewhere(&e, 200, 11, ordering::Handoff::Ordered), 0);
+        let e1 = Engine::new(1).unwrap();
+        for (from, to) in [(&e, &e1), (&e1, &e)] {
+            let across =
+                ordering::produced_on_one_device_consumed_on_another(from, to, 200, 13, ordering::Handoff::Ordered);
+            assert_eq!(across, Some(0));
+        }
         double.flush();
         assert_eq!(double.violations(), 0, "{}", double.last_violation());
     });
@@ -358,6 +364,9 @@ fn a_consumer_the_ordering_rule_cannot_see_is_caught() {
     let dropped = ordering::dropped_on_its_owner_while_read_elsewhere(&e, 50, 11, ordering::Handoff::RawAddress);
     double.flush();
     assert!(dropped > 0 || double.violations() > before, "a read after free went unnoticed");
+    let e1 = Engine::new(1).unwrap();
+    let across = ordering::produced_on_one_device_consumed_on_another(&e, &e1, 50, 13, ordering::Handoff::RawAddress);
+    assert!(across.expect("the double has peer access") > 0, "an unordered consumer on another device went unnoticed");
 }
 
 /// A caller's `KernelArgs` that changes the thread's current context while the launch runs

@@ -1,6 +1,7 @@
 //! The ordering rule on the GPUs present, written as a user would (no join in user code): a
 //! buffer produced on one stream and consumed on another, and a buffer dropped on its owner while
-//! a delayed reader on another stream still needs it. 10,000 randomized rounds each
+//! a delayed reader on another stream still needs it, each on every GPU alone and, with two GPUs,
+//! produced on one GPU and read on the other (both ways). 10,000 randomized rounds each
 //! (`PPNRT_HAZARD_STEPS` overrides), and the deliberately broken variant (the consumer gets a raw
 //! address the rule cannot see) is shown to fail.
 
@@ -25,6 +26,26 @@ fn a_buffer_produced_on_one_stream_is_consumed_on_another_without_a_join() {
         let e = Engine::new(ordinal).unwrap();
         let bad = ordering::produced_on_one_stream_consumed_on_another(&e, rounds(), 7, Handoff::Ordered);
         say(&format!("{test}: device {ordinal}: {bad} wrong checksums in {} rounds", rounds()));
+        assert_eq!(bad, 0);
+    }
+}
+
+#[test]
+fn a_buffer_produced_on_one_gpu_is_consumed_on_another_without_a_join() {
+    let test = "a_buffer_produced_on_one_gpu_is_consumed_on_another_without_a_join";
+    if devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+    for (from, to) in [(&e0, &e1), (&e1, &e0)] {
+        let bad =
+            ordering::produced_on_one_device_consumed_on_another(from, to, rounds(), 13, Handoff::Ordered).unwrap();
+        say(&format!(
+            "{test}: device {} -> {}: {bad} wrong checksums in {} rounds",
+            from.ordinal(),
+            to.ordinal(),
+            rounds()
+        ));
         assert_eq!(bad, 0);
     }
 }
@@ -59,4 +80,14 @@ fn the_ordering_checks_catch_a_consumer_the_rule_cannot_see() {
     ));
     assert!(produced > 0, "an unordered consumer went unnoticed");
     assert!(dropped > 0, "a read after free went unnoticed");
+    if devices_or_skip(&format!("{test} (across two GPUs)"), 2).is_some() {
+        let e1 = Engine::new(1).unwrap();
+        match ordering::produced_on_one_device_consumed_on_another(&e, &e1, 2_000, 13, Handoff::RawAddress) {
+            Some(across) => {
+                say(&format!("{test}: raw address across GPUs: {across} / 2000 unordered reads wrong"));
+                assert!(across > 0, "an unordered consumer on another GPU went unnoticed");
+            }
+            None => say(&format!("SKIPPED {test} (across two GPUs): no peer access between GPUs 0 and 1")),
+        }
+    }
 }

@@ -81,6 +81,67 @@ pub fn produced_on_one_stream_consumed_on_another(e: &Engine, rounds: usize, see
     got.iter().zip(&expected).filter(|(g, x)| g != x).count()
 }
 
+/// Across two devices: the producer on device 0's stream A rewrites one of a few buffers each
+/// round (after a random delay); the consumer on device 1's stream B (after its own delay) reads
+/// it, with no join in user code, and checksums what it read on device 1. So every round is a
+/// read after a write and, from the second lap over the buffers on, a write after a read, each
+/// across devices. Ordered: the consumer copies the buffer into device 1 memory
+/// (`memcpy_dtod`) and checksums the copy. Broken: device 1's checksum kernel reads the buffer
+/// over peer access at its raw address, which the ordering rule cannot see (needs peer access;
+/// `None` without it). Returns the rounds whose checksum was wrong.
+pub fn produced_on_one_device_consumed_on_another(
+    e0: &Engine,
+    e1: &Engine,
+    rounds: usize,
+    seed: u64,
+    handoff: Handoff,
+) -> Option<usize> {
+    assert_ne!(e0.ordinal(), e1.ordinal(), "two devices");
+    if handoff == Handoff::RawAddress && ppnrt::enable_peer_access(e0.context(), e1.context()).is_err() {
+        return None;
+    }
+    let a = CudaStream::new(e0.context()).unwrap();
+    let b = CudaStream::new(e1.context()).unwrap();
+    let n = 4096;
+    let mut rng = Rng::new(seed);
+    let raw = raw_checksum(e1, handoff);
+    // Peer-reachable (cuMemAlloc) memory, for the broken variant's direct read.
+    let mut buffers: Vec<CudaSlice<u32>> = {
+        let _on_a = StreamOverride::new(Arc::clone(&a)).unwrap();
+        (0..4).map(|_| e0.alloc_persistent::<u32>(n).unwrap()).collect()
+    };
+    let mut sums = Vec::with_capacity(rounds);
+    let mut expected = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let seed = round as u32 ^ 0x5eed_0d1e;
+        let x = &mut buffers[round % 4];
+        {
+            let _on_a = StreamOverride::new(Arc::clone(&a)).unwrap();
+            e0.spin(rng.below(40_000)).unwrap();
+            e0.fill_pattern(x, seed).unwrap();
+        }
+        let mut sum = CudaSlice::<u64>::alloc(&b, 1).unwrap();
+        b.memset_bytes(&mut sum, 0).unwrap();
+        {
+            let _on_b = StreamOverride::new(Arc::clone(&b)).unwrap();
+            e1.spin(rng.below(10_000)).unwrap();
+            match &raw {
+                None => {
+                    let mut copy = e1.alloc::<u32>(n).unwrap();
+                    b.memcpy_dtod(&*x, &mut copy).unwrap();
+                    e1.checksum_into(&copy, &mut sum).unwrap();
+                }
+                Some(_) => checksum_on(e1, &b, x, &mut sum, raw.as_ref()),
+            }
+        }
+        expected.push(checksum(&(0..n as u64).map(|i| pattern(seed, i)).collect::<Vec<_>>()));
+        sums.push(sum);
+    }
+    let got: Vec<u64> = sums.iter().map(|s| b.synchronize().and_then(|()| e1.dtoh(s)).unwrap()[0]).collect();
+    a.synchronize().unwrap();
+    Some(got.iter().zip(&expected).filter(|(g, x)| g != x).count())
+}
+
 /// A buffer read on stream B (delayed) is dropped on its owner A right after the read was
 /// enqueued, and A allocates and fills a new buffer at once (the pool hands out the freed block):
 /// the late reader must still see the old contents. Returns the rounds whose checksum was wrong.
