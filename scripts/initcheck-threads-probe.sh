@@ -15,9 +15,9 @@
 #
 # Logs go to $OUT (or initcheck-probe/). PROBE_TOOL=memcheck (or another compute-sanitizer tool,
 # with PROBE_TOOL_ARGS) runs the same under that tool instead. PROBE_BINARY names another test
-# executable (default pipeline): PROBE_BINARY=soundness PROBE_TOOL=synccheck with
+# executable (default pipeline): e.g. PROBE_BINARY=soundness PROBE_TOOL=synccheck with
 # work_racing_a_capture_lands_inside_it_or_outside_it, and then raw_driver_capture_race_runs (the
-# same driver calls without the crate), probes the open synccheck finding of the capture race.
+# same driver calls without the crate), reruns the capture race under synccheck.
 set -u
 cd "$(dirname "$0")/.."
 processes=${1:-4}
