@@ -586,7 +586,7 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     let (s0, s1) = (e0.default_stream().clone(), e1.default_stream().clone());
     let bytes = 32 * KIB;
     let src = filled(e0, bytes, 7);
-    let dst = filled(e1, bytes, 8);
+    let mut dst = filled(e1, bytes, 8);
     let ev0 = CudaEvent::new(e0.context(), false).unwrap();
     let ev1 = CudaEvent::new(e1.context(), false).unwrap();
     ev1.record(&s1).unwrap();
@@ -619,6 +619,16 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     });
     measure("cuStreamWaitEvent (event of the other device)", &mut || raw!(cuStreamWaitEvent(s0.raw(), ev1.raw(), 0)));
     measure("cuMemcpyAsync 32 KiB to the peer", &mut || raw!(cuMemcpyAsync(dst_ptr, src_ptr, bytes, s0.raw())));
+    // The safe copy's cost beside the raw call, and the one driver call it adds (with the
+    // stream's context current, as here, it makes no other).
+    measure("cuCtxGetCurrent + cuMemcpyAsync 32 KiB to the peer", &mut || {
+        let mut current: ppnrt::sys::CUcontext = std::ptr::null_mut();
+        raw!(cuCtxGetCurrent(&mut current));
+        raw!(cuMemcpyAsync(dst_ptr, src_ptr, bytes, s0.raw()));
+    });
+    measure("safe memcpy_dtod 32 KiB to the peer (its context current)", &mut || {
+        s0.memcpy_dtod(&src, &mut dst).unwrap()
+    });
     measure("cuEventRecord", &mut || raw!(cuEventRecord(ev0.raw(), s0.raw())));
     measure("cuMemAllocAsync + cuMemFreeAsync 32 KiB", &mut || {
         let mut p: CUdeviceptr = 0;
