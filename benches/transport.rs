@@ -630,6 +630,8 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
         s0.memcpy_dtod(&src, &mut dst).unwrap()
     });
     measure("cuEventRecord", &mut || raw!(cuEventRecord(ev0.raw(), s0.raw())));
+    // Each raw call runs with its stream's context current, set outside the timed calls.
+    raw!(cuCtxSetCurrent(c1));
     measure("cuMemAllocAsync + cuMemFreeAsync 32 KiB", &mut || {
         let mut p: CUdeviceptr = 0;
         raw!(cuMemAllocAsync(&mut p, bytes, s1.raw()));
@@ -655,8 +657,10 @@ fn call_costs(gpus: &Gpus, report: &mut String) {
     measure("cuEventQuery (completed, other device)", &mut || {
         let _ = ev1.is_complete().unwrap();
     });
+    raw!(cuCtxSetCurrent(c0));
     measure("cuStreamWaitEvent (event of this device)", &mut || raw!(cuStreamWaitEvent(s0.raw(), ev0.raw(), 0)));
     measure("cuStreamWriteValue32 into peer memory", &mut || raw!(cuStreamWriteValue32_v2(s0.raw(), dst_ptr, 1, 0)));
+    raw!(cuCtxSetCurrent(c1));
     measure("cuStreamWaitValue32 (already satisfied)", &mut || {
         raw!(cuStreamWaitValue32_v2(s1.raw(), dst_ptr, 0, CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ.0))
     });
