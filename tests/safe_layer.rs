@@ -3,6 +3,9 @@
 
 mod common;
 
+#[path = "common/raw_driver.rs"]
+mod raw_driver;
+
 use std::sync::Arc;
 
 use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
@@ -218,6 +221,76 @@ fn stream_overrides_nest_and_stay_on_their_thread() {
         t.join().unwrap();
     }
     assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default), "other threads' guards do not leak here");
+}
+
+/// The memory traffic of `stream_overrides_nest_and_stay_on_their_thread` on the raw driver, with
+/// no crate code in the loop: four threads, each on its own stream, allocate 10,000 words from the
+/// device's pool, fill them with the pattern kernel, read them back, check them and free them, 50
+/// rounds each. Beside the crate's test under initcheck, it tells the tool's reports from the
+/// crate's (docs/RELIABILITY.md).
+#[test]
+#[allow(unsafe_code)]
+fn raw_driver_threads_fill_and_read_back_pool_memory() {
+    use ppnrt::sys::{CUcontext, CUdeviceptr, CUfunction, CUmodule, CUstream};
+    use raw_driver::raw;
+    let Some(engine) = engine_or_skip("raw_driver_threads_fill_and_read_back_pool_memory", 0) else { return };
+    struct Handles(CUcontext, CUfunction);
+    // SAFETY: a context and a function of a loaded module may be used from any thread.
+    unsafe impl Sync for Handles {}
+    impl Handles {
+        fn get(&self) -> (CUcontext, CUfunction) {
+            (self.0, self.1)
+        }
+    }
+    let ctx = engine.context().raw();
+    raw!(cuCtxSetCurrent(ctx));
+    let mut module: CUmodule = std::ptr::null_mut();
+    raw!(cuModuleLoadData(&raw mut module, kernels::TESTING_PTX.as_ptr().cast()));
+    let mut fill: CUfunction = std::ptr::null_mut();
+    raw!(cuModuleGetFunction(&raw mut fill, module, c"ppnrt_fill_pattern_u32".as_ptr()));
+    let handles = Handles(ctx, fill);
+    let n = 10_000usize;
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let handles = &handles;
+            scope.spawn(move || {
+                let (ctx, fill) = handles.get();
+                raw!(cuCtxSetCurrent(ctx));
+                let mut stream: CUstream = std::ptr::null_mut();
+                raw!(cuStreamCreate(&raw mut stream, 1));
+                let mut host = vec![0u32; n];
+                for round in 0..50u32 {
+                    let seed = t * 1000 + round;
+                    let mut buffer: CUdeviceptr = 0;
+                    raw!(cuMemAllocAsync(&raw mut buffer, n * 4, stream));
+                    let (mut dst, mut len, mut seed_arg) = (buffer, n as u64, seed);
+                    let mut params: [*mut std::ffi::c_void; 3] =
+                        [(&raw mut dst).cast(), (&raw mut len).cast(), (&raw mut seed_arg).cast()];
+                    let blocks = n.div_ceil(256) as u32;
+                    raw!(cuLaunchKernel(
+                        fill,
+                        blocks,
+                        1,
+                        1,
+                        256,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut()
+                    ));
+                    raw!(cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buffer, n * 4, stream));
+                    raw!(cuStreamSynchronize(stream));
+                    assert!(host.iter().enumerate().all(|(i, &w)| w == kernels::pattern(seed, i as u64)));
+                    raw!(cuMemFreeAsync(buffer, stream));
+                }
+                raw!(cuStreamSynchronize(stream));
+                raw!(cuStreamDestroy_v2(stream));
+            });
+        }
+    });
+    raw!(cuModuleUnload(module));
 }
 
 #[test]
