@@ -123,6 +123,13 @@ if [[ $phases == *sanitize* ]]; then
         skip=(--skip _matches_one_thread)
         echo "sanitize initcheck pipeline: skipping the thread-per-stage loops (*_matches_one_thread): initcheck misreports them, see docs/RELIABILITY.md"
       fi
+      if [ "$tool" = initcheck ] && [ "$n" = safe_layer ]; then
+        # initcheck misreports the device-to-host copies of pool memory that several threads
+        # allocate and fill at once, the raw-driver twin's as much as the crate's:
+        # docs/RELIABILITY.md, "The gate of 2026-12-01 on 2× H200". They run under the other three.
+        skip=(--skip stream_overrides_nest_and_stay_on_their_thread --skip raw_driver_threads_fill_and_read_back_pool_memory)
+        echo "sanitize initcheck safe_layer: skipping the four-thread pool tests: initcheck misreports them, see docs/RELIABILITY.md"
+      fi
       if [ "$tool" = racecheck ] && [ "$n" = pipeline ]; then
         # Under racecheck the raw-driver loop (no code of this crate) did not finish in four
         # minutes: docs/RELIABILITY.md. The crate's own thread-per-stage loops run.
