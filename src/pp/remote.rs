@@ -196,10 +196,7 @@ impl Sender {
         check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
         // No capture of the TX stream begins between this check and the send.
-        let _gate = self.tx_stream.enqueue_gate();
-        if self.tx_stream.is_capturing() {
-            self.tx_stream.refuse_in_capture("PpNRt::tx to another rank")?;
-        }
+        let _gate = self.tx_stream.enqueue_gate_uncaptured("PpNRt::tx to another rank")?;
         let mut control = self.lock();
         if control.closed {
             return Err(self.link.stopped_or("the boundary was closed"));

@@ -57,10 +57,7 @@ impl CudaEvent {
                 found: stream.ordinal(),
             });
         }
-        let _gate = stream.enqueue_gate();
-        if stream.is_capturing() {
-            stream.refuse_in_capture("CudaEvent::record on a capturing stream")?;
-        }
+        let _gate = stream.enqueue_gate_uncaptured("CudaEvent::record on a capturing stream")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of the same device's primary context.
         unsafe { raw::record(self.raw, stream.raw()) }

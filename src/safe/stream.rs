@@ -44,25 +44,16 @@ thread_local! {
     static LAUNCHING_ON: Cell<*const CudaStream> = const { Cell::new(std::ptr::null()) };
 }
 
-/// A stream's enqueue gate, held shared (see [`CudaStream::enqueue_gate`]).
+/// A stream's enqueue gate, held shared (`held` 1, see [`CudaStream::enqueue_gate`]) or
+/// exclusively (`held` [`GATE_EXCLUSIVE`], to begin or end a capture).
 pub(crate) struct EnqueueGate<'a> {
     stream: &'a CudaStream,
+    held: usize,
 }
 
 impl Drop for EnqueueGate<'_> {
     fn drop(&mut self) {
-        self.stream.gate.fetch_sub(1, Ordering::Release);
-    }
-}
-
-/// A stream's enqueue gate, held exclusively (see [`CudaStream::enqueue_gate`]).
-struct ExclusiveGate<'a> {
-    stream: &'a CudaStream,
-}
-
-impl Drop for ExclusiveGate<'_> {
-    fn drop(&mut self) {
-        self.stream.gate.fetch_sub(GATE_EXCLUSIVE, Ordering::Release);
+        self.stream.gate.fetch_sub(self.held, Ordering::Release);
     }
 }
 
@@ -147,13 +138,27 @@ impl CudaStream {
         let mut round = 0;
         loop {
             if self.gate.fetch_add(1, Ordering::Acquire) & GATE_EXCLUSIVE == 0 {
-                return EnqueueGate { stream: self };
+                return EnqueueGate { stream: self, held: 1 };
             }
             self.gate.fetch_sub(1, Ordering::Relaxed);
             while self.gate.load(Ordering::Relaxed) & GATE_EXCLUSIVE != 0 {
                 back_off(&mut round);
             }
         }
+    }
+
+    /// [`enqueue_gate`](Self::enqueue_gate), refusing `call` (a call that cannot be captured)
+    /// while a capture of this stream is active.
+    ///
+    /// # Errors
+    /// While this stream is captured, the error of [`refuse_in_capture`](Self::refuse_in_capture)
+    /// for `call`.
+    pub(crate) fn enqueue_gate_uncaptured(&self, call: &'static str) -> Result<EnqueueGate<'_>> {
+        let gate = self.enqueue_gate();
+        if self.is_capturing() {
+            self.refuse_in_capture(call)?;
+        }
+        Ok(gate)
     }
 
     /// Runs a caller's kernel-argument code during a launch on this stream (whose enqueue gate
@@ -176,7 +181,7 @@ impl CudaStream {
 
     /// The gate held exclusively, to begin or end a capture, once no call holds it; `None` inside
     /// a launch's kernel-argument code on this stream (this thread holds it there).
-    fn gate_exclusive(&self) -> Option<ExclusiveGate<'_>> {
+    fn gate_exclusive(&self) -> Option<EnqueueGate<'_>> {
         if self.launching_here() {
             return None;
         }
@@ -184,7 +189,7 @@ impl CudaStream {
         while self.gate.compare_exchange_weak(0, GATE_EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed).is_err() {
             back_off(&mut round);
         }
-        Some(ExclusiveGate { stream: self })
+        Some(EnqueueGate { stream: self, held: GATE_EXCLUSIVE })
     }
 
     /// Begins a capture of this stream: under the stream's capture lock, records an event from the
@@ -332,10 +337,7 @@ impl CudaStream {
     #[doc(alias = "cuStreamWaitEvent")]
     #[inline]
     pub fn wait(&self, event: &CudaEvent) -> Result<()> {
-        let _gate = self.enqueue_gate();
-        if self.is_capturing() {
-            self.refuse_in_capture("CudaStream::wait on a capturing stream")?;
-        }
+        let _gate = self.enqueue_gate_uncaptured("CudaStream::wait on a capturing stream")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers live.
         unsafe { raw::wait_event(self.raw, event.raw()) }
