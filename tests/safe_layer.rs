@@ -231,24 +231,16 @@ fn stream_overrides_nest_and_stay_on_their_thread() {
 #[test]
 #[allow(unsafe_code)]
 fn raw_driver_threads_fill_and_read_back_pool_memory() {
-    use ppnrt::sys::{CUcontext, CUdeviceptr, CUfunction, CUmodule, CUstream};
+    use ppnrt::sys::{CUdeviceptr, CUfunction, CUmodule, CUstream};
     use raw_driver::raw;
     let Some(engine) = engine_or_skip("raw_driver_threads_fill_and_read_back_pool_memory", 0) else { return };
-    struct Handles(CUcontext, CUfunction);
-    // SAFETY: a context and a function of a loaded module may be used from any thread.
-    unsafe impl Sync for Handles {}
-    impl Handles {
-        fn get(&self) -> (CUcontext, CUfunction) {
-            (self.0, self.1)
-        }
-    }
     let ctx = engine.context().raw();
     raw!(cuCtxSetCurrent(ctx));
     let mut module: CUmodule = std::ptr::null_mut();
     raw!(cuModuleLoadData(&raw mut module, kernels::TESTING_PTX.as_ptr().cast()));
     let mut fill: CUfunction = std::ptr::null_mut();
     raw!(cuModuleGetFunction(&raw mut fill, module, c"ppnrt_fill_pattern_u32".as_ptr()));
-    let handles = Handles(ctx, fill);
+    let handles = raw_driver::AnyThread((ctx, fill));
     let n = 10_000usize;
     std::thread::scope(|scope| {
         for t in 0..4u32 {

@@ -146,15 +146,7 @@ fn raw_capture_race(test: &str, serialised: bool) {
     raw!(cuMemsetD32Async(y, 0, n, b));
     raw!(cuStreamSynchronize(s));
     raw!(cuStreamSynchronize(b));
-    struct Handles(ppnrt::sys::CUcontext, CUstream, CUstream);
-    // SAFETY: context and stream handles may be used from any thread.
-    unsafe impl Sync for Handles {}
-    impl Handles {
-        fn get(&self) -> (ppnrt::sys::CUcontext, CUstream, CUstream) {
-            (self.0, self.1, self.2)
-        }
-    }
-    let handles = Handles(ctx, s, b);
+    let handles = raw_driver::AnyThread((ctx, s, b));
     let gate = RwLock::new(());
     let shared = || serialised.then(|| gate.read().unwrap());
     let exclusive = || serialised.then(|| gate.write().unwrap());

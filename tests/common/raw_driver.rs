@@ -20,3 +20,16 @@ macro_rules! raw {
     }};
 }
 pub(crate) use raw;
+
+/// Driver handles (contexts, streams, functions, events), shared with other threads: the driver
+/// accepts each from any thread. `get` hands out a copy.
+pub struct AnyThread<T: Copy>(pub T);
+
+// SAFETY: only driver handles are wrapped, and the driver accepts them from any thread.
+unsafe impl<T: Copy> Sync for AnyThread<T> {}
+
+impl<T: Copy> AnyThread<T> {
+    pub fn get(&self) -> T {
+        self.0
+    }
+}
