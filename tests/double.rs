@@ -496,6 +496,94 @@ fn kernel_args_that_enqueue_or_capture_on_the_launch_stream_neither_hang_nor_spl
     });
 }
 
+/// A launch keeps the states of the buffers it orders locked from its waits to its notes, except
+/// while a caller's parameter code runs: a `KernelParam` whose `raw_param` reads, through the
+/// crate, the very buffer the launch reads must neither deadlock nor disturb the ordering. (With
+/// the states held locked across that code, the copy inside `raw_param` would wait for a lock
+/// its own thread holds: the launch below then never returns and the test fails on its timeout.)
+#[test]
+fn parameter_code_that_uses_a_launched_buffer_does_not_deadlock() {
+    struct ReadingLength<'a> {
+        src: &'a ppnrt::CudaSlice<u32>,
+        stream: &'a Arc<ppnrt::CudaStream>,
+        seen: &'a std::cell::Cell<u32>,
+    }
+    impl ppnrt::KernelParam for ReadingLength<'_> {
+        type Raw = u64;
+        fn raw_param(&self) -> u64 {
+            let mut host = vec![0u32; self.src.len()];
+            self.stream.memcpy_dtoh(self.src, &mut host).unwrap();
+            self.seen.set(host[3]);
+            self.src.len() as u64
+        }
+    }
+    with_double("parameter_code_that_uses_a_launched_buffer_does_not_deadlock", |_| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let e = Engine::new(0).unwrap();
+            let checksum =
+                e.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_checksum_u32").unwrap();
+            let stream = e.default_stream().clone();
+            let values: Vec<u32> = (0..256u32).map(|i| i * 7 + 1).collect();
+            let src = e.htod(&values).unwrap();
+            let mut out = e.htod(&[0u64]).unwrap();
+            let seen = std::cell::Cell::new(0);
+            let length = ReadingLength { src: &src, stream: &stream, seen: &seen };
+            // SAFETY: ppnrt_checksum_u32(const uint32_t* src, uint64_t n, unsigned long long* out)
+            // reads src[i] for i < n = src's length and adds into out[0] (one element).
+            unsafe { stream.launch(&checksum, ppnrt::LaunchConfig::for_elements(256, 4), (&src, length, &mut out)) }
+                .unwrap();
+            assert_eq!(seen.get(), 22, "the parameter's code read the buffer");
+            let sum = e.dtoh(&out).unwrap()[0];
+            done_tx.send(sum).unwrap();
+        });
+        let values: Vec<u32> = (0..256u32).map(|i| i * 7 + 1).collect();
+        let expected = ppnrt::kernels::checksum(&values);
+        match done_rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(sum) => assert_eq!(sum, expected, "the checksum kernel saw the buffer"),
+            Err(_) => panic!("a launch whose parameter code reads a launched buffer did not return in 60 s"),
+        }
+    });
+}
+
+/// A slot's events are reused from step to step (the read's event that a write retires serves
+/// the next read), but only within one context: a slot lent in place and read by a stream of the
+/// TX device, then received by a copy on the RX device's stream, records an event of the RX
+/// context there. (Reusing the TX device's event would make the receive fail: the double, like
+/// the driver, refuses to record an event on a stream of another context.)
+#[test]
+fn slot_events_are_reused_within_their_context_only() {
+    with_double("slot_events_are_reused_within_their_context_only", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let e0 = rt.engine(0, &primary).unwrap().clone();
+        let reader = ppnrt::CudaStream::new(e0.context()).unwrap();
+        let n = 256;
+        for step in 0..4u32 {
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                let mut x = e0.alloc::<u32>(n).unwrap();
+                e0.fill_pattern(&mut x, step).unwrap();
+                x
+            };
+            let slot = rt.tx(0, &x, n).unwrap();
+            if step % 2 == 0 {
+                // Lent in place, read by a stream of the TX device (another library's kernel).
+                let mut received = rt.rx_in_place::<u32>(0, slot, n).unwrap();
+                received.order_on(&reader).unwrap();
+                drop(received);
+            } else {
+                let out = rt.rx::<u32>(0, slot, n).unwrap();
+                let e1 = rt.engine(1, &primary).unwrap();
+                let host = e1.dtoh(&out).unwrap();
+                assert_eq!(host, (0..n as u64).map(|i| ppnrt::kernels::pattern(step, i)).collect::<Vec<_>>());
+            }
+        }
+        rt.synchronize().unwrap();
+        assert!(ppnrt::take_drop_errors().is_empty(), "a drop failed");
+    });
+}
+
 /// One host thread per stage, parked in `tx_wait` / `rx_wait`: the same outputs, bit for bit, as
 /// one thread driving every stage.
 #[test]

@@ -90,6 +90,12 @@ impl Context {
             // Inside one of this crate's calls that bound this context (see `bind_for_call`).
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }
+        self.make_current()
+    }
+
+    /// [`bind`](Self::bind) outside a call scope of this context: asks the driver.
+    #[inline(never)]
+    fn make_current(&self) -> Result<BoundContext<'_>> {
         let previous = raw::get_current()?;
         if previous == self.raw {
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
@@ -194,7 +200,18 @@ thread_local! {
 }
 
 impl Drop for BoundContext<'_> {
+    #[inline]
     fn drop(&mut self) {
+        if self.scope.is_some() || self.restore.is_some() {
+            self.unbind();
+        }
+    }
+}
+
+impl BoundContext<'_> {
+    /// Closes the guard's call scope and makes the previous context current again.
+    #[inline(never)]
+    fn unbind(&mut self) {
         if let Some(outer) = self.scope {
             let _ = CALL_SCOPE.try_with(|scope| scope.set(outer));
         }

@@ -1,5 +1,6 @@
 //! Safe launches of the embedded kernels (`kernels/*.cu`): each method checks what the kernel
-//! needs (lengths, alignment, device) and launches it through [`CudaStream::launch`], so its
+//! needs (lengths, alignment, device) and launches it through [`CudaStream::launch`] (the SM copy
+//! within one device through the same ordering, without the general parameter handling), so its
 //! buffers are ordered by the crate's rule. [`Engine`](crate::Engine) holds one set per device.
 //! [`HelperKernels`] (the SM copy) is always there; [`TestKernels`] and [`ToyModel`] come with the
 //! `testing` feature.
@@ -7,16 +8,19 @@
 //! Lifetime: a set holds its modules alive; it belongs to one context. Threading: `Send + Sync`;
 //! launches from several threads are independent.
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::context::Context;
 #[cfg(feature = "testing")]
 use super::memory::DeviceSliceMut;
-use super::memory::{CudaView, CudaViewMut, DeviceSlice};
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, ordered};
 use super::module::{Function, LaunchConfig, Module};
+use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::error::{Error, Result};
 use crate::kernels;
+use crate::result::module as raw_module;
 
 /// The helper kernels of one context: the SM copy.
 #[derive(Debug)]
@@ -88,10 +92,38 @@ impl HelperKernels {
         let bytes = src.len();
         let (n16, tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
         let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks);
-        // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t tail)
-        // copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths, checked), both
-        // 16-byte aligned (checked).
-        unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) }
+        let device = stream.ordinal();
+        if self.copy_bytes.ordinal() != device || src.ordinal() != device || dst.ordinal() != device {
+            // Memory of another device (peer access to enable, pool memory to refuse) or a
+            // stream of another device (refused): the general launch checks all of it.
+            // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t
+            // tail) copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths,
+            // checked), both 16-byte aligned (checked).
+            return unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) };
+        }
+        // Everything on the stream's device: the launch's own path, with the two buffers ordered
+        // by the crate's rule as `CudaStream::launch` orders them.
+        let (function, raw_stream) = (self.copy_bytes.raw(), stream.raw());
+        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], || {
+            let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst.device_ptr(), src.device_ptr(), n16, tail);
+            let mut params: [*mut c_void; 4] =
+                [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
+            // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
+            // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
+            // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
+            // are of one device and context (checked above), the memory is ordered on the stream
+            // (by `ordered`), and the function is held alive by self.
+            unsafe {
+                raw_module::launch_kernel(
+                    function,
+                    config.grid,
+                    config.block,
+                    config.shared_mem_bytes,
+                    raw_stream,
+                    &mut params,
+                )
+            }
+        })
     }
 }
 

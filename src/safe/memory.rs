@@ -301,7 +301,10 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 found: stream.ordinal(),
             });
         }
-        let mem = Arc::get_mut(&mut self.mem).ok_or(Error::HeldByGraph { what: "CudaSlice::set_stream" })?;
+        // A match, not `ok_or`: the error is built only when it is returned (the readback's path).
+        let Some(mem) = Arc::get_mut(&mut self.mem) else {
+            return Err(Error::HeldByGraph { what: "CudaSlice::set_stream" });
+        };
         mem.stream = Arc::clone(stream);
         Ok(())
     }
@@ -547,8 +550,8 @@ pub(crate) enum Tracked<'b> {
     Host(&'b Access),
 }
 
-impl Tracked<'_> {
-    fn access(&self) -> &Access {
+impl<'b> Tracked<'b> {
+    fn access(self) -> &'b Access {
         match self {
             Tracked::Device(memory) => &memory.access,
             Tracked::Host(access) => access,
@@ -558,12 +561,29 @@ impl Tracked<'_> {
 
 /// Runs `enqueue` on `stream` under the crate's ordering rule, with the stream's context current
 /// (bound once for the whole call): waits for what each buffer's use conflicts with, enqueues,
-/// then notes the uses (eager buffers record their event then; if that
-/// fails, the stream is waited for, so nothing is left in flight unordered).
+/// then notes the uses (eager buffers record their event then; if that fails, the stream is
+/// waited for, so nothing is left in flight unordered). The buffers' states stay locked from the
+/// waits to the notes, so `enqueue` must run only the crate's own code (see [`ordered_with`]).
 ///
 /// On a capturing stream the work is recorded into the graph instead, and the buffers join the
 /// capture's footprint, to be ordered when the graph is launched (see the `graph` module).
 pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl FnOnce() -> Result<R>) -> Result<R>
+where
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
+{
+    ordered_with(stream, uses, true, enqueue)
+}
+
+/// [`ordered`], holding the buffers' states locked while `enqueue` runs when `locked`; else (a
+/// launch whose kernel arguments run a caller's code, which may use the same buffers through this
+/// crate) unlocked between the waits and the notes.
+#[inline]
+pub(crate) fn ordered_with<'b, R, I>(
+    stream: &Arc<CudaStream>,
+    uses: I,
+    locked: bool,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R>
 where
     I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
 {
@@ -584,6 +604,23 @@ where
         for (memory, use_) in devices {
             capture.add(memory, use_);
         }
+        return Ok(result);
+    }
+    if locked {
+        // One lock per buffer, from the waits to the notes.
+        let mut each = uses.clone().into_iter();
+        match (each.next(), each.next(), each.next()) {
+            (None, ..) => return enqueue(),
+            (Some((a, use_a)), None, _) => return a.access().around(use_a, stream, enqueue),
+            (Some((a, use_a)), Some((b, use_b)), None) => {
+                return Access::around_two((a.access(), use_a), (b.access(), use_b), stream, enqueue);
+            }
+            _ => {}
+        }
+        let mut held = Access::lock_all(uses.into_iter().map(|(tracked, use_)| (tracked.access(), use_)));
+        held.order(stream)?;
+        let result = enqueue()?;
+        stream.settle(held.note(stream))?;
         return Ok(result);
     }
     for (tracked, use_) in uses.clone() {

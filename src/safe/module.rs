@@ -8,7 +8,7 @@ use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
 use super::context::Context;
-use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, DeviceSlice, Tracked, ordered};
+use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, DeviceSlice, Tracked, ordered_with};
 use super::ordering::Use;
 use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
@@ -349,7 +349,10 @@ impl CudaStream {
             }
             ensure_peer_access(self.context(), used.owner.context())?;
         }
-        ordered(self, uses.iter().flatten().map(|used| (Tracked::Device(used.memory), used.use_)), || {
+        let tracked = uses.iter().flatten().map(|used| (Tracked::Device(used.memory), used.use_));
+        // A caller's kernel-argument code may use the same buffers through this crate: their
+        // states are not held locked while it runs.
+        ordered_with(self, tracked, !A::FOREIGN, || {
             let launch = |params: &mut [*mut c_void]| {
                 // A caller's `with_params` runs its own code first, which may change the current
                 // context: the launch binds the stream's again.

@@ -94,6 +94,11 @@ impl PooledEvent {
     pub(crate) fn raw(&self) -> CUevent {
         self.raw
     }
+
+    /// The context the event belongs to.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
 }
 
 impl Drop for PooledEvent {
@@ -103,13 +108,35 @@ impl Drop for PooledEvent {
     }
 }
 
+/// An event recorded after work on a stream: one of the stream context's pool, or, while the
+/// stream is being captured, the event recorded when the capture began (shared with the capture;
+/// see [`CudaStream::event_after_enqueued`]).
+#[derive(Debug)]
+pub(crate) enum StreamEvent {
+    /// The stream's own, recorded after the work.
+    Own(PooledEvent),
+    /// The capture's event, which stands for all the stream's work outside the capture.
+    Shared(Arc<PooledEvent>),
+}
+
+impl std::ops::Deref for StreamEvent {
+    type Target = PooledEvent;
+
+    fn deref(&self) -> &PooledEvent {
+        match self {
+            StreamEvent::Own(event) => event,
+            StreamEvent::Shared(event) => event,
+        }
+    }
+}
+
 /// One use of a buffer: the stream it was enqueued on, and an event recorded after it (made when
 /// first needed).
 #[derive(Debug)]
 struct Mark {
     stream: Arc<CudaStream>,
     /// Shared only while the stream is captured (see [`CudaStream::event_after_enqueued`]).
-    event: Option<Arc<PooledEvent>>,
+    event: Option<StreamEvent>,
     /// The last stream made to wait for `event` as it is recorded now (outside a capture): that
     /// stream's later work is ordered after the use already and needs no second wait. Cleared
     /// whenever `event` is recorded again or dropped. Holding the stream keeps its handle from
@@ -146,14 +173,23 @@ impl Mark {
     }
 }
 
+/// A buffer state's address: the order in which several are locked together.
+fn address(access: &Access) -> usize {
+    std::ptr::from_ref(access) as usize
+}
+
+#[inline]
 fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
-    a.raw() == b.raw() && Arc::ptr_eq(a.context(), b.context())
+    std::ptr::eq(a, b) || (a.raw() == b.raw() && Arc::ptr_eq(a.context(), b.context()))
 }
 
 #[derive(Debug, Default)]
 struct State {
     write: Option<Mark>,
     reads: Vec<Mark>,
+    /// An eager buffer's event that a write took from a read mark it replaced, held for the next
+    /// read mark instead of going back to the pool (a slot's `ev_rx`, once per step).
+    spare: Option<StreamEvent>,
 }
 
 /// The ordering state of one buffer. See the [module docs](self).
@@ -168,7 +204,7 @@ impl Access {
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
         let write = owner.map(Mark::new);
-        Access { state: Mutex::new(State { write, reads: Vec::new() }), eager }
+        Access { state: Mutex::new(State { write, reads: Vec::new(), spare: None }), eager }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -190,12 +226,53 @@ impl Access {
         note_locked(&mut self.lock(), stream, use_, self.eager)
     }
 
+    /// Orders `stream` for this buffer's `use_`, runs `enqueue`, and notes the use, with the
+    /// buffer's state locked once for the whole span. A failed note waits for `stream` (see
+    /// [`CudaStream::settle`]).
+    pub(crate) fn around<R>(
+        &self,
+        use_: Use,
+        stream: &Arc<CudaStream>,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let mut state = self.lock();
+        order_locked(&mut state, stream, use_)?;
+        let result = enqueue()?;
+        stream.settle(note_locked(&mut state, stream, use_, self.eager))?;
+        Ok(result)
+    }
+
+    /// [`around`](Self::around) for two buffers' uses (a copy's), both locked for the whole span,
+    /// in address order; the same buffer twice is locked once, for the stronger use.
+    pub(crate) fn around_two<R>(
+        a: (&Access, Use),
+        b: (&Access, Use),
+        stream: &Arc<CudaStream>,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        if std::ptr::eq(a.0, b.0) {
+            let use_ = if a.1 == Use::Write || b.1 == Use::Write { Use::Write } else { Use::Read };
+            return a.0.around(use_, stream, enqueue);
+        }
+        let (first, second) = if address(a.0) < address(b.0) { (a, b) } else { (b, a) };
+        let mut first_state = first.0.lock();
+        let mut second_state = second.0.lock();
+        order_locked(&mut first_state, stream, first.1)?;
+        order_locked(&mut second_state, stream, second.1)?;
+        let result = enqueue()?;
+        stream.settle(
+            note_locked(&mut first_state, stream, first.1, first.0.eager)
+                .and_then(|()| note_locked(&mut second_state, stream, second.1, second.0.eager)),
+        )?;
+        Ok(result)
+    }
+
     /// Locks the states of several buffers together, for one operation from its waits to its
     /// notes (see [`HeldAccesses`]). A buffer given twice is locked once, for the stronger use.
     pub(crate) fn lock_all<'a>(uses: impl IntoIterator<Item = (&'a Access, Use)>) -> HeldAccesses<'a> {
         let mut uses: Vec<(&'a Access, Use)> = uses.into_iter().collect();
         // Address order: two threads locking overlapping sets take the common locks in one order.
-        uses.sort_by_key(|(access, _)| std::ptr::from_ref::<Access>(access) as usize);
+        uses.sort_by_key(|(access, _)| address(access));
         let mut held: Vec<(&'a Access, Use, MutexGuard<'a, State>)> = Vec::with_capacity(uses.len());
         for (access, use_) in uses {
             match held.last_mut() {
@@ -231,7 +308,7 @@ impl Access {
     pub(crate) fn is_complete(&self, call: &'static str, use_: Use) -> Result<bool> {
         super::graph::refuse_in_capture(None, call)?;
         let mut state = self.lock();
-        let State { write, reads } = &mut *state;
+        let State { write, reads, .. } = &mut *state;
         for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
             if !mark.event()?.is_complete()? {
                 return Ok(false);
@@ -245,7 +322,7 @@ impl Access {
     pub(crate) fn wait_on_host(&self, call: &'static str, use_: Use) -> Result<()> {
         super::graph::refuse_in_capture(None, call)?;
         let mut state = self.lock();
-        let State { write, reads } = &mut *state;
+        let State { write, reads, .. } = &mut *state;
         for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
             mark.event()?.synchronize()?;
         }
@@ -279,8 +356,20 @@ impl HeldAccesses<'_> {
 }
 
 /// [`Access::order`] on a locked state.
+#[inline]
 fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-    let State { write, reads } = state;
+    // The usual case needs nothing: the last write on this stream, and no read to wait for.
+    let write_here = state.write.as_ref().is_none_or(|mark| same_stream(&mark.stream, stream));
+    if write_here && (use_ == Use::Read || state.reads.is_empty()) {
+        return Ok(());
+    }
+    order_waits(state, stream, use_)
+}
+
+/// The waits of [`order_locked`] on other streams.
+#[inline(never)]
+fn order_waits(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+    let State { write, reads, .. } = state;
     let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
     for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
         mark.wait_on(stream)?;
@@ -289,14 +378,35 @@ fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Resul
 }
 
 /// [`Access::note`] on a locked state; `eager` records the use's event now.
+#[inline]
 fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bool) -> Result<()> {
-    let State { write, reads } = state;
+    // The usual case of a buffer that is not eager: its last write was on this stream, whose mark
+    // then stands for this use too (for a write, the reads since were waited for by `order`).
+    if !eager && state.reads.is_empty() {
+        if let Some(mark) = state.write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+            mark.waited_by = None;
+            mark.event = None;
+            return Ok(());
+        }
+    }
+    note_marks(state, stream, use_, eager)
+}
+
+/// [`note_locked`] beyond its usual case.
+#[inline(never)]
+fn note_marks(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bool) -> Result<()> {
+    let State { write, reads, spare } = state;
     // The mark this use updates: for a write, the new last write (the old one and every read
     // were waited for by `order`); for a read, the stream's own mark (the write's, when the
     // write was on this stream too: a later writer waits for it, so it must come after this
     // read as well).
     let mark = match use_ {
         Use::Write => {
+            if eager && spare.is_none() {
+                // The read marks' events would go back to the pool, and the next read take one
+                // out again: one is kept instead.
+                *spare = reads.iter_mut().find_map(|mark| mark.event.take());
+            }
             reads.clear();
             if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
                 *write = Some(Mark::new(stream));
@@ -320,7 +430,8 @@ fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bo
     if eager {
         // Re-record the mark's own event (a wait already made on it keeps what it captured),
         // or one from the pool.
-        mark.event = Some(stream.event_after_enqueued(mark.event.take())?);
+        let reuse = mark.event.take().or_else(|| spare.take());
+        mark.event = Some(stream.event_after_enqueued(reuse)?);
     } else {
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;

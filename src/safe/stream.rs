@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::context::Context;
 use super::event::CudaEvent;
 use super::graph::{CaptureState, refuse_in_capture};
-use super::ordering::PooledEvent;
+use super::ordering::{PooledEvent, StreamEvent};
 use crate::error::{CaptureError, Error, Result};
 use crate::result::stream as raw;
 use crate::sys::CUstream;
@@ -237,22 +237,22 @@ impl CudaStream {
     }
 
     /// An event that completes once all the work enqueued on this stream so far has: `reuse` when
-    /// nothing else holds it, else one from the pool, recorded now at the end of the stream.
+    /// it is this stream context's own, else one from the pool, recorded now at the end of the
+    /// stream.
     ///
     /// While a capture begun through this crate is active, a record would land in the capture
     /// (and a stream waiting for it would join the capture): the event recorded when the capture
     /// began stands in, as all the stream's work outside the capture came before it. Takes no
     /// gate (it is called for other streams' buffers while one gate is held): a record that
     /// races with a capture's begin (or a whole capture) is seen afterwards and replaced.
-    pub(crate) fn event_after_enqueued(&self, mut reuse: Option<Arc<PooledEvent>>) -> Result<Arc<PooledEvent>> {
+    pub(crate) fn event_after_enqueued(&self, mut reuse: Option<StreamEvent>) -> Result<StreamEvent> {
         loop {
             let epoch = self.capture_epoch.load(Ordering::SeqCst);
             if epoch & 1 == 0 {
                 let event = match reuse.take() {
-                    // Only this caller holds it: record it again (a wait already made on it keeps
-                    // what it captured).
-                    Some(event) if Arc::strong_count(&event) == 1 => event,
-                    _ => Arc::new(PooledEvent::take(&self.ctx)?),
+                    // Record it again (a wait already made on it keeps what it captured).
+                    Some(StreamEvent::Own(event)) if Arc::ptr_eq(event.context(), &self.ctx) => event,
+                    _ => PooledEvent::take(&self.ctx)?,
                 };
                 event.record(self)?;
                 // A capture is counted before the driver begins it, and the driver orders the
@@ -260,14 +260,14 @@ impl CudaStream {
                 // ended since), the count would have moved by now.
                 fence(Ordering::SeqCst);
                 if self.capture_epoch.load(Ordering::SeqCst) == epoch {
-                    return Ok(event);
+                    return Ok(StreamEvent::Own(event));
                 }
                 // A capture began meanwhile, and the record may be in it. This event goes back
                 // to the pool, whose next user records it anew before anything waits for it.
             }
             if let Some(capture) = self.lock_capture().as_ref() {
                 // All the stream's work outside the capture came before this event.
-                return Ok(Arc::clone(capture.before()));
+                return Ok(StreamEvent::Shared(Arc::clone(capture.before())));
             }
             // The capture ended in between: record again, outside it.
         }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs several builds of the transport bench alternately on one GPU machine, so that their
+# figures come from the same VM minutes apart (host costs swing 30–50% between VMs of one kind).
+#
+#   scripts/bench-ab.sh ROUNDS OUTDIR NAME=BINARY [NAME=BINARY ...]
+#
+# Each round runs every binary once, in the order given, with PPNRT_BENCH_TABLES (default:
+# comparison) and writes OUTDIR/NAME.roundN.md; then prints, for each figure of the comparison
+# table, every build's crate / raw ratio per round. Build an older commit's bench with
+#   git worktree add /tmp/old COMMIT && (cd /tmp/old && CARGO_TARGET_DIR=/tmp/old-target cargo bench --no-run)
+# and copy its executable (target/release/deps/transport-*) next to gpu-bundle/.
+set -euo pipefail
+rounds=$1 out=$2
+shift 2
+mkdir -p "$out"
+tables=${PPNRT_BENCH_TABLES:-comparison}
+for round in $(seq 1 "$rounds"); do
+  for pair in "$@"; do
+    name=${pair%%=*} binary=${pair#*=}
+    start=$(date +%s)
+    PPNRT_BENCH_TABLES=$tables PPNRT_BENCH_REPORT="$out/$name.round$round.md" \
+      "$binary" --bench zzz_none > "$out/$name.round$round.log" 2>&1 || echo "$name round $round: exit $?"
+    echo "$name round $round: $(( $(date +%s) - start )) s"
+  done
+done
+python3 - "$out" "$rounds" "$@" <<'PY'
+import re, sys
+out, rounds, pairs = sys.argv[1], int(sys.argv[2]), [p.split("=", 1)[0] for p in sys.argv[3:]]
+rows = {}
+for name in pairs:
+    for r in range(1, rounds + 1):
+        try:
+            text = open(f"{out}/{name}.round{r}.md").read()
+        except OSError:
+            continue
+        for m in re.finditer(r"^\| ([^|]+) \| ([\d.]+) (µs|GB/s) \| ([\d.]+) (?:µs|GB/s) \| ([\d.]+) \|$", text, re.M):
+            rows.setdefault(m.group(1).strip(), {}).setdefault(name, []).append((float(m.group(2)), float(m.group(4)), float(m.group(5))))
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2 if values else float("nan")
+print("| figure | " + " | ".join(f"{n} crate/raw per round (median)" for n in pairs) + " |")
+print("| --- |" + " --- |" * len(pairs))
+for figure, by in rows.items():
+    cells = []
+    for n in pairs:
+        runs = by.get(n, [])
+        cells.append(", ".join(f"{c:.2f}/{w:.2f}={q:.3f}" for c, w, q in runs) + f" ({median([q for _, _, q in runs]):.3f})")
+    print(f"| {figure} | " + " | ".join(cells) + " |")
+# The first build's crate figure against each other build's, round by round (the same VM minutes
+# apart): for times below 1 means the first build is faster.
+first = pairs[0]
+print()
+print("| figure | " + " | ".join(f"{first} / {n} crate, per round (median)" for n in pairs[1:]) + " |")
+print("| --- |" + " --- |" * (len(pairs) - 1))
+for figure, by in rows.items():
+    cells = []
+    for n in pairs[1:]:
+        ratios = [a[0] / b[0] for a, b in zip(by.get(first, []), by.get(n, [])) if b[0]]
+        cells.append(", ".join(f"{q:.3f}" for q in ratios) + f" ({median(ratios):.3f})")
+    print(f"| {figure} | " + " | ".join(cells) + " |")
+PY
