@@ -468,7 +468,7 @@ impl GraphExec {
         // uses is held alive by self.footprint, and the closure runs only after the waits that
         // order that memory on this stream (both paths below).
         let launch = || unsafe { raw::launch(raw_exec, stream.raw()) };
-        let _gate = stream.enqueue_gate();
+        let gate = stream.enqueue_gate();
         if stream.is_capturing() {
             // Into the enclosing capture: its footprint takes this one's.
             return ordered(
@@ -484,7 +484,7 @@ impl GraphExec {
         let mut held = Access::lock_all(self.footprint.iter().map(|(memory, use_)| (memory.access(), *use_)));
         held.order(stream)?;
         launch()?;
-        stream.settle(held.note(stream))
+        stream.settle(held.note(stream, &gate))
     }
 
     /// Gives this executable graph the work of `graph` (a re-capture of the same sequence with

@@ -591,7 +591,7 @@ where
     // the context current and only check it.
     let _bound = stream.context().bind_for_call()?;
     // The capture seen here is the one the work lands in (or none).
-    let _gate = stream.enqueue_gate();
+    let gate = stream.enqueue_gate();
     if let Some(capture) = stream.capture() {
         let mut devices = Vec::new();
         for (tracked, use_) in uses {
@@ -611,16 +611,16 @@ where
         let mut each = uses.clone().into_iter();
         match (each.next(), each.next(), each.next()) {
             (None, ..) => return enqueue(),
-            (Some((a, use_a)), None, _) => return a.access().around(use_a, stream, enqueue),
+            (Some((a, use_a)), None, _) => return a.access().around(use_a, stream, &gate, enqueue),
             (Some((a, use_a)), Some((b, use_b)), None) => {
-                return Access::around_two((a.access(), use_a), (b.access(), use_b), stream, enqueue);
+                return Access::around_two((a.access(), use_a), (b.access(), use_b), stream, &gate, enqueue);
             }
             _ => {}
         }
         let mut held = Access::lock_all(uses.into_iter().map(|(tracked, use_)| (tracked.access(), use_)));
         held.order(stream)?;
         let result = enqueue()?;
-        stream.settle(held.note(stream))?;
+        stream.settle(held.note(stream, &gate))?;
         return Ok(result);
     }
     for (tracked, use_) in uses.clone() {

@@ -32,7 +32,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
-use super::stream::CudaStream;
+use super::stream::{CudaStream, EnqueueGate};
 use crate::error::Result;
 use crate::result::event as raw_event;
 use crate::sys::CUevent;
@@ -223,22 +223,24 @@ impl Access {
     /// buffer this records the use's event now (the only call here that can fail; the caller
     /// then waits for `stream`, see [`CudaStream::settle`]).
     pub(crate) fn note(&self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        note_locked(&mut self.lock(), stream, use_, self.eager)
+        note_locked(&mut self.lock(), stream, use_, self.eager, None)
     }
 
     /// Orders `stream` for this buffer's `use_`, runs `enqueue`, and notes the use, with the
-    /// buffer's state locked once for the whole span. A failed note waits for `stream` (see
-    /// [`CudaStream::settle`]).
+    /// buffer's state locked once for the whole span. `gate` is `stream`'s enqueue gate, held by
+    /// the caller, which saw the stream not capturing under it. A failed note waits for `stream`
+    /// (see [`CudaStream::settle`]).
     pub(crate) fn around<R>(
         &self,
         use_: Use,
         stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let mut state = self.lock();
         order_locked(&mut state, stream, use_)?;
         let result = enqueue()?;
-        stream.settle(note_locked(&mut state, stream, use_, self.eager))?;
+        stream.settle(note_locked(&mut state, stream, use_, self.eager, Some(gate)))?;
         Ok(result)
     }
 
@@ -248,11 +250,12 @@ impl Access {
         a: (&Access, Use),
         b: (&Access, Use),
         stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         if std::ptr::eq(a.0, b.0) {
             let use_ = if a.1 == Use::Write || b.1 == Use::Write { Use::Write } else { Use::Read };
-            return a.0.around(use_, stream, enqueue);
+            return a.0.around(use_, stream, gate, enqueue);
         }
         let (first, second) = if address(a.0) < address(b.0) { (a, b) } else { (b, a) };
         let mut first_state = first.0.lock();
@@ -261,8 +264,8 @@ impl Access {
         order_locked(&mut second_state, stream, second.1)?;
         let result = enqueue()?;
         stream.settle(
-            note_locked(&mut first_state, stream, first.1, first.0.eager)
-                .and_then(|()| note_locked(&mut second_state, stream, second.1, second.0.eager)),
+            note_locked(&mut first_state, stream, first.1, first.0.eager, Some(gate))
+                .and_then(|()| note_locked(&mut second_state, stream, second.1, second.0.eager, Some(gate))),
         )?;
         Ok(result)
     }
@@ -349,9 +352,12 @@ impl HeldAccesses<'_> {
         self.held.iter_mut().try_for_each(|(_, use_, state)| order_locked(state, stream, *use_))
     }
 
-    /// [`Access::note`] for every buffer held.
-    pub(crate) fn note(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.held.iter_mut().try_for_each(|(access, use_, state)| note_locked(state, stream, *use_, access.eager))
+    /// [`Access::note`] for every buffer held; `gate` is `stream`'s enqueue gate, held by the
+    /// caller, which saw the stream not capturing under it.
+    pub(crate) fn note(&mut self, stream: &Arc<CudaStream>, gate: &EnqueueGate<'_>) -> Result<()> {
+        self.held
+            .iter_mut()
+            .try_for_each(|(access, use_, state)| note_locked(state, stream, *use_, access.eager, Some(gate)))
     }
 }
 
@@ -377,9 +383,16 @@ fn order_waits(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result
     Ok(())
 }
 
-/// [`Access::note`] on a locked state; `eager` records the use's event now.
+/// [`Access::note`] on a locked state; `eager` records the use's event now (`gate`: `stream`'s
+/// enqueue gate when the caller holds it and saw the stream not capturing under it).
 #[inline]
-fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bool) -> Result<()> {
+fn note_locked(
+    state: &mut State,
+    stream: &Arc<CudaStream>,
+    use_: Use,
+    eager: bool,
+    gate: Option<&EnqueueGate<'_>>,
+) -> Result<()> {
     // The usual case of a buffer that is not eager: its last write was on this stream, whose mark
     // then stands for this use too (for a write, the reads since were waited for by `order`).
     if !eager && state.reads.is_empty() {
@@ -389,12 +402,18 @@ fn note_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bo
             return Ok(());
         }
     }
-    note_marks(state, stream, use_, eager)
+    note_marks(state, stream, use_, eager, gate)
 }
 
 /// [`note_locked`] beyond its usual case.
 #[inline(never)]
-fn note_marks(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: bool) -> Result<()> {
+fn note_marks(
+    state: &mut State,
+    stream: &Arc<CudaStream>,
+    use_: Use,
+    eager: bool,
+    gate: Option<&EnqueueGate<'_>>,
+) -> Result<()> {
     let State { write, reads, spare } = state;
     // The mark this use updates: for a write, the new last write (the old one and every read
     // were waited for by `order`); for a read, the stream's own mark (the write's, when the
@@ -431,7 +450,10 @@ fn note_marks(state: &mut State, stream: &Arc<CudaStream>, use_: Use, eager: boo
         // Re-record the mark's own event (a wait already made on it keeps what it captured),
         // or one from the pool.
         let reuse = mark.event.take().or_else(|| spare.take());
-        mark.event = Some(stream.event_after_enqueued(reuse)?);
+        mark.event = Some(match gate {
+            Some(gate) => stream.event_after_enqueued_gated(gate, reuse)?,
+            None => stream.event_after_enqueued(reuse)?,
+        });
     } else {
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;

@@ -273,6 +273,26 @@ impl CudaStream {
         }
     }
 
+    /// [`event_after_enqueued`](Self::event_after_enqueued) for a caller that holds this
+    /// stream's enqueue gate (`gate`): while the stream is not capturing, no capture of it can
+    /// begin until the gate drops, so the record needs no second look at the capture count.
+    pub(crate) fn event_after_enqueued_gated(
+        &self,
+        gate: &EnqueueGate<'_>,
+        reuse: Option<StreamEvent>,
+    ) -> Result<StreamEvent> {
+        if !std::ptr::eq(gate.stream, self) || self.is_capturing() {
+            return self.event_after_enqueued(reuse);
+        }
+        let event = match reuse {
+            // Record it again (a wait already made on it keeps what it captured).
+            Some(StreamEvent::Own(event)) if Arc::ptr_eq(event.context(), &self.ctx) => event,
+            _ => PooledEvent::take(&self.ctx)?,
+        };
+        event.record(self)?;
+        Ok(StreamEvent::Own(event))
+    }
+
     /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
     /// of the calling thread, or a global one).
     pub(crate) fn refuse_in_capture(&self, call: &'static str) -> Result<()> {
