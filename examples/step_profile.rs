@@ -1,0 +1,80 @@
+//! Runs one hot-path operation a given number of times, so that what the crate's own code costs
+//! per operation can be counted: `scripts/count-instructions.sh` runs it under callgrind against
+//! the driver double (no GPU needed) at two step counts and takes the difference. It runs on GPUs
+//! too; timing belongs to `cargo bench`, this only checks that every step succeeds.
+//!
+//! ```text
+//! step_profile MODE STEPS
+//!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
+//!   local     the same with both stages on device 0
+//!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1, device 0's context current
+//!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step)
+//! ```
+use std::process::ExitCode;
+
+use ppnrt::{DeviceSlice, Engine, PpConfig, PpNRt};
+
+/// Elements of `u32` per operation: 32 KiB, the bench's decode-step activation.
+const N: usize = 8192;
+
+fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
+    let primary = Engine::new(0)?;
+    let devices: &[i32] = if mode == "local" { &[0, 0] } else { &[0, 1] };
+    let rt = PpNRt::new(PpConfig::with_devices(devices), &primary)?;
+    let (e0, e1) = (rt.engine(0, &primary)?.clone(), rt.engine(1, &primary)?.clone());
+    let x = {
+        let _stage = rt.enter(0)?;
+        let mut x = e0.alloc::<u32>(N)?;
+        e0.fill_pattern(&mut x, 3)?;
+        x
+    };
+    let stream = e0.default_stream().clone();
+    let mut src = e0.alloc_persistent::<u32>(N)?;
+    e0.fill_pattern(&mut src, 4)?;
+    let mut dst = e1.alloc_persistent::<u32>(N)?;
+    e1.fill_pattern(&mut dst, 5)?;
+    rt.synchronize()?;
+    // The copy runs with its stream's context current, as a stage's thread would have it.
+    let _bound = if mode == "copy" { Some(e0.context().bind()?) } else { None };
+    for step in 0..steps {
+        if step % 32 == 0 {
+            rt.synchronize()?;
+            stream.synchronize()?;
+        }
+        match mode {
+            "peer" | "local" => {
+                let slot = rt.tx(0, &x, N)?;
+                drop(rt.rx::<u32>(0, slot, N)?);
+            }
+            "copy" => stream.memcpy_dtod(&src, &mut dst)?,
+            "readback" => {
+                let _stage = rt.enter(1)?;
+                let mut logits = e1.alloc::<u32>(N)?;
+                rt.stage_stream(1)?.memcpy_dtod(&dst, &mut logits)?;
+                drop(rt.readback(logits)?);
+            }
+            other => {
+                eprintln!("unknown mode {other:?}: peer, local, copy or readback");
+                std::process::exit(2);
+            }
+        }
+    }
+    drop(_bound);
+    rt.synchronize()?;
+    stream.synchronize()?;
+    println!("{mode}: {steps} steps, {} bytes each", x.byte_len());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "peer".into());
+    let steps = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    match run(&mode, steps) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("step_profile {mode}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

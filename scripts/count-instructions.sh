@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Counts the instructions the crate's own code executes per hot-path operation, without a GPU:
+# runs examples/step_profile.rs under callgrind against the CUDA driver double at two step
+# counts and prints the difference per step, for the example binary's own code (the crate and
+# the standard library inlined into it; not the double, not libc), with the heap allocations
+# per step. Deterministic, so it compares two versions of the hot path exactly; it is not a
+# time (the GPU machine's bench is).
+#
+#   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, copy, readback
+#
+# Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
+# (default 1000 and 3000). For `readback` only the `PpNRt::readback` call is counted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind > /dev/null || { echo "count-instructions: needs valgrind (apt-get install valgrind)"; exit 2; }
+command -v callgrind_annotate > /dev/null || { echo "count-instructions: needs callgrind_annotate (valgrind)"; exit 2; }
+lo=${LO:-1000} hi=${HI:-3000}
+out=target/count
+mkdir -p "$out"
+cc -O2 -shared -fPIC -o "$out/libcuda_double.so" tests/driver_double/cuda_double.c -lpthread -lm
+cargo build --release --example step_profile 2> "$out/build.log" || { cat "$out/build.log"; exit 1; }
+bin=target/release/examples/step_profile
+modes=("$@")
+[ ${#modes[@]} -gt 0 ] || modes=(peer)
+for mode in "${modes[@]}"; do
+  toggle=()
+  [ "$mode" = readback ] && toggle=(--collect-atstart=no "--toggle-collect=ppnrt::pp::runtime::PpNRt::readback*")
+  for n in "$lo" "$hi"; do
+    PPNRT_LIBCUDA_PATH="$PWD/$out/libcuda_double.so" PPNRT_DOUBLE_DEVICES=2 \
+      valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" \
+      > "$out/$mode.$n.log" 2>&1 || { tail -5 "$out/$mode.$n.log"; exit 1; }
+  done
+  python3 - "$out/$mode" "$lo" "$hi" "$mode" <<'PY'
+import re, subprocess, sys
+base, lo, hi, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def costs(path):
+    text = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", path],
+                          capture_output=True, text=True, check=True).stdout
+    own, allocs = {}, 0
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S.*)", line)
+        if not m or m.group(2).startswith("=>") or "PROGRAM TOTALS" in m.group(2):
+            continue
+        key = m.group(2).strip()
+        # The example binary's own code: its functions, and library code inlined into them.
+        if "examples/step_profile" in key or key.startswith("/rustc/"):
+            own[key] = own.get(key, 0) + int(m.group(1).replace(",", ""))
+    tree = subprocess.run(["callgrind_annotate", "--tree=caller", path], capture_output=True, text=True).stdout
+    for line in tree.splitlines():
+        m = re.search(r"< .*__rdl_alloc \(([\d,]+)x\)", line)
+        if m:
+            allocs += int(m.group(1).replace(",", ""))
+    return own, allocs
+
+(a, alloc_a), (b, alloc_b) = costs(f"{base}.{lo}"), costs(f"{base}.{hi}")
+steps = hi - lo
+per = {k: (b.get(k, 0) - a.get(k, 0)) / steps for k in set(a) | set(b)}
+print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
+      f"{(alloc_b - alloc_a) / steps:.2f} heap allocations per step")
+for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:12]:
+    if value >= 5:
+        name = re.sub(r" \[.*\]$", "", key.split(":", 1)[-1])
+        print(f"  {value:7.1f}  {name[:110]}")
+PY
+done
