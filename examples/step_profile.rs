@@ -4,7 +4,7 @@
 //! too; timing belongs to `cargo bench`, this only checks that every step succeeds.
 //!
 //! ```text
-//! step_profile MODE STEPS
+//! step_profile [MODE [STEPS]]   (default: peer with two devices, else local; 1000 steps)
 //!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
 //!   local     the same with both stages on device 0
 //!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1, device 0's context current
@@ -12,7 +12,7 @@
 //! ```
 use std::process::ExitCode;
 
-use ppnrt::{DeviceSlice, Engine, PpConfig, PpNRt};
+use ppnrt::{Device, DeviceSlice, Engine, PpConfig, PpNRt};
 
 /// Elements of `u32` per operation: 32 KiB, the bench's decode-step activation.
 const N: usize = 8192;
@@ -68,7 +68,8 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let mode = args.next().unwrap_or_else(|| "peer".into());
+    let two_devices = Device::count().is_ok_and(|count| count > 1);
+    let mode = args.next().unwrap_or_else(|| if two_devices { "peer" } else { "local" }.into());
     let steps = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
     match run(&mode, steps) {
         Ok(()) => ExitCode::SUCCESS,
