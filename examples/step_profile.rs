@@ -7,7 +7,8 @@
 //! step_profile [MODE [STEPS]]   (default: peer with two devices, else local; 1000 steps)
 //!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
 //!   local     the same with both stages on device 0
-//!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1, device 0's context current
+//!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1 (or 0), device 0's context
+//!             current
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step)
 //! ```
 use std::process::ExitCode;
@@ -19,7 +20,10 @@ const N: usize = 8192;
 
 fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     let primary = Engine::new(0)?;
-    let devices: &[i32] = if mode == "local" { &[0, 0] } else { &[0, 1] };
+    // `peer` needs two devices (a one-device machine gets the configuration's typed error);
+    // `copy` and `readback` use device 1 when there is one.
+    let second = if mode == "peer" || Device::count()? > 1 { 1 } else { 0 };
+    let devices: &[i32] = if mode == "local" { &[0, 0] } else { &[0, second] };
     let rt = PpNRt::new(PpConfig::with_devices(devices), &primary)?;
     let (e0, e1) = (rt.engine(0, &primary)?.clone(), rt.engine(1, &primary)?.clone());
     let x = {
