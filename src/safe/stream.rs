@@ -249,12 +249,7 @@ impl CudaStream {
         loop {
             let epoch = self.capture_epoch.load(Ordering::SeqCst);
             if epoch & 1 == 0 {
-                let event = match reuse.take() {
-                    // Record it again (a wait already made on it keeps what it captured).
-                    Some(StreamEvent::Own(event)) if Arc::ptr_eq(event.context(), &self.ctx) => event,
-                    _ => PooledEvent::take(&self.ctx)?,
-                };
-                event.record(self)?;
+                let event = self.record_event(reuse.take())?;
                 // A capture is counted before the driver begins it, and the driver orders the
                 // begin and this record: had the record landed in a capture (even one that has
                 // ended since), the count would have moved by now.
@@ -284,13 +279,18 @@ impl CudaStream {
         if !std::ptr::eq(gate.stream, self) || self.is_capturing() {
             return self.event_after_enqueued(reuse);
         }
+        Ok(StreamEvent::Own(self.record_event(reuse)?))
+    }
+
+    /// Records `reuse` at the end of this stream when it is this stream context's own event (a
+    /// wait already made on it keeps what it captured), else an event from the pool.
+    fn record_event(&self, reuse: Option<StreamEvent>) -> Result<PooledEvent> {
         let event = match reuse {
-            // Record it again (a wait already made on it keeps what it captured).
             Some(StreamEvent::Own(event)) if Arc::ptr_eq(event.context(), &self.ctx) => event,
             _ => PooledEvent::take(&self.ctx)?,
         };
         event.record(self)?;
-        Ok(StreamEvent::Own(event))
+        Ok(event)
     }
 
     /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
