@@ -34,6 +34,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use super::context::Context;
 use super::stream::{CudaStream, EnqueueGate};
 use crate::error::Result;
@@ -140,11 +142,11 @@ struct Mark {
     stream: Arc<CudaStream>,
     /// Shared only while the stream is captured (see [`CudaStream::event_after_enqueued`]).
     event: Option<StreamEvent>,
-    /// The last stream made to wait for `event` as it is recorded now (outside a capture): that
-    /// stream's later work is ordered after the use already and needs no second wait. Cleared
-    /// whenever `event` is recorded again or dropped. Holding the stream keeps its handle from
-    /// being reused by another stream.
-    waited_by: Option<Arc<CudaStream>>,
+    /// The last stream made to wait for `event` as it is recorded now (outside a capture), by
+    /// its [`id`](CudaStream::id), which no other stream ever gets (a raw handle may be reused
+    /// once its stream is destroyed): that stream's later work is ordered after the use already
+    /// and needs no second wait. Cleared whenever `event` is recorded again or dropped.
+    waited_by: Option<u64>,
 }
 
 impl Mark {
@@ -155,13 +157,13 @@ impl Mark {
     /// Makes `stream` (another stream than the mark's) wait for the use, unless it already did
     /// for the event as recorded now.
     fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        if self.waited_by.as_ref().is_some_and(|waited| same_stream(waited, stream)) {
+        if self.waited_by == Some(stream.id()) {
             return Ok(());
         }
         stream.wait_pooled(self.event()?)?;
         // A wait made during a capture lands in the graph, not on the stream: remembered only
         // outside one.
-        self.waited_by = (!stream.is_capturing()).then(|| Arc::clone(stream));
+        self.waited_by = (!stream.is_capturing()).then(|| stream.id());
         Ok(())
     }
 
@@ -189,7 +191,9 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
 #[derive(Debug, Default)]
 struct State {
     write: Option<Mark>,
-    reads: Vec<Mark>,
+    /// The reads since `write`, one mark per stream: inline for the usual one (a buffer made on
+    /// one stream and read on another), so a fresh buffer's first read allocates nothing.
+    reads: SmallVec<[Mark; 1]>,
     /// An eager buffer's event that a write took from a read mark it replaced, held for the next
     /// read mark instead of going back to the pool (a slot's `ev_rx`, once per step).
     spare: Option<StreamEvent>,
@@ -207,7 +211,7 @@ impl Access {
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
         let write = owner.map(Mark::new);
-        Access { state: Mutex::new(State { write, reads: Vec::new(), spare: None }), eager }
+        Access { state: Mutex::new(State { write, reads: SmallVec::new(), spare: None }), eager }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

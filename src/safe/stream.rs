@@ -5,7 +5,7 @@
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
@@ -32,7 +32,12 @@ pub struct CudaStream {
     /// that checked whether this stream is capturing and will enqueue on it, plus
     /// [`GATE_EXCLUSIVE`] while a capture of it begins or ends.
     gate: AtomicUsize,
+    /// This wrapper's identity, never given to another: see [`id`](Self::id).
+    id: u64,
 }
+
+/// The next [`CudaStream::id`].
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The enqueue gate's bit for a capture beginning or ending.
 const GATE_EXCLUSIVE: usize = 1 << (usize::BITS - 1);
@@ -103,7 +108,16 @@ impl CudaStream {
             capture_epoch: AtomicUsize::new(0),
             capture: Mutex::new(None),
             gate: AtomicUsize::new(0),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// A number that identifies this wrapper for the life of the process: unlike the raw handle,
+    /// which the driver may give to a new stream once this one is destroyed, it is never reused.
+    /// (Two wrappers of one adopted stream have two identities.)
+    #[inline]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether a capture begun with [`begin_capture`](Self::begin_capture) is active on this
