@@ -40,6 +40,8 @@ const BOUNDARY_SIZES: [usize; 5] = [16 * KIB, 32 * KIB, 256 * KIB, 16 * MIB, 64 
 
 #[path = "transport/graph_mode.rs"]
 mod graph_mode;
+#[path = "transport/host_model.rs"]
+mod host_model;
 #[path = "transport/processes.rs"]
 mod processes;
 
@@ -1057,10 +1059,10 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs,processes picks tables
-    // (default: all).
+    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs,processes,model picks
+    // tables (default: all).
     let tables = std::env::var("PPNRT_BENCH_TABLES")
-        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs,processes".into());
+        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs,processes,model".into());
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
@@ -1080,6 +1082,9 @@ fn main() {
     }
     if wanted("processes") {
         processes::processes(&gpus, &mut report);
+    }
+    if wanted("model") {
+        host_model::host_model(&gpus, &mut report);
     }
     if let Ok(path) = std::env::var("PPNRT_BENCH_REPORT") {
         std::fs::write(&path, &report).unwrap();

@@ -58,7 +58,7 @@ steps = hi - lo
 per = {k: (b.get(k, 0) - a.get(k, 0)) / steps for k in set(a) | set(b)}
 print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
       f"{(alloc_b - alloc_a) / steps:.2f} heap allocations per step")
-for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:12]:
+for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:int(__import__("os").environ.get("TOP", "12"))]:
     if value >= 5:
         name = re.sub(r" \[.*\]$", "", key.split(":", 1)[-1])
         print(f"  {value:7.1f}  {name[:110]}")
