@@ -504,7 +504,7 @@ impl Drop for DeviceMemory {
         }
         let result = if self.pooled {
             // The owner waits for every use, then frees in stream order.
-            self.access.order(&self.stream, Use::Write).and_then(|()| {
+            self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {
                 let _bound = self.stream.context().bind()?;
                 // SAFETY: the pointer came from alloc_async and is freed once; every use of it is
                 // ordered before this point on the owning stream (just above).

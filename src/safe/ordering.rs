@@ -226,6 +226,13 @@ impl Access {
         order_locked(&mut self.lock(), stream, use_)
     }
 
+    /// [`order`](Self::order) through exclusive access (the buffer's last owner, freeing it):
+    /// no lock to take.
+    pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        order_locked(state, stream, use_)
+    }
+
     /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager
     /// buffer this records the use's event now (the only call here that can fail; the caller
     /// then waits for `stream`, see [`CudaStream::settle`]).
