@@ -317,6 +317,53 @@ fn buffers_dropped_while_their_stream_is_busy_are_freed_in_order() {
     assert!(take_drop_errors().is_empty());
 }
 
+/// A thread blocked in a host wait for a buffer (`CudaSlice::synchronize`, waiting for a 200 ms
+/// kernel) does not hold up another thread's copy from that buffer: the copy is enqueued at once,
+/// ordered after the write on the device, and delivers the written values. (Were the buffer's
+/// ordering state locked for the whole host wait, as it once was, the copy's call would return
+/// only after the kernel.)
+#[test]
+fn a_host_wait_on_a_buffer_does_not_hold_up_other_threads_using_it() {
+    let test = "a_host_wait_on_a_buffer_does_not_hold_up_other_threads_using_it";
+    let Some(engine) = engine_or_skip(test, 0) else { return };
+    let n = 1 << 16;
+    let (writer, reader) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
+    let mut source = engine.alloc::<u32>(n).unwrap();
+    {
+        let _writer = StreamOverride::new(writer.clone()).unwrap();
+        engine.spin(200_000_000).unwrap();
+        engine.fill_pattern(&mut source, 21).unwrap();
+    }
+    let mut copy = engine.alloc::<u32>(n).unwrap();
+    engine.fill_u32(&mut copy, POISON).unwrap();
+    engine.synchronize().unwrap();
+    let started = std::time::Instant::now();
+    let copy_call = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| source.synchronize().unwrap());
+        // Give the waiter time to enter its wait.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let before = std::time::Instant::now();
+        reader.memcpy_dtod(&source, &mut copy).unwrap();
+        let copy_call = before.elapsed();
+        waiter.join().unwrap();
+        copy_call
+    });
+    let waited = started.elapsed();
+    say(&format!("{test}: the copy's call took {copy_call:?} while the other thread waited {waited:?}"));
+    // The driver double runs queued work at once, kernels take no time there: only the values
+    // are checked.
+    if !engine.device().name().unwrap().contains("driver double") {
+        assert!(waited >= std::time::Duration::from_millis(100), "the wait ended before the kernel: {waited:?}");
+        assert!(copy_call < std::time::Duration::from_millis(50), "the copy waited for the host wait: {copy_call:?}");
+    }
+    reader.synchronize().unwrap();
+    let host = engine.dtoh(&copy).unwrap();
+    assert!(
+        host.iter().enumerate().all(|(i, &w)| w == kernels::pattern(21, i as u64)),
+        "the copy ran before the write"
+    );
+}
+
 #[test]
 fn one_engine_serves_many_threads() {
     let Some(engine) = engine_or_skip("one_engine_serves_many_threads", 0) else { return };

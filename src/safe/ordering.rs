@@ -117,12 +117,14 @@ impl Drop for PooledEvent {
 
 /// An event recorded after work on a stream: one of the stream context's pool, or, while the
 /// stream is being captured, the event recorded when the capture began (shared with the capture;
-/// see [`CudaStream::event_after_enqueued`]).
+/// see [`CudaStream::event_after_enqueued`]), or one a host wait holds too
+/// ([`Access::wait_on_host`]).
 #[derive(Debug)]
 pub(crate) enum StreamEvent {
     /// The stream's own, recorded after the work.
     Own(PooledEvent),
-    /// The capture's event, which stands for all the stream's work outside the capture.
+    /// Shared with a capture (the capture's event, which stands for all the stream's work outside
+    /// the capture) or with a host wait: never recorded again.
     Shared(Arc<PooledEvent>),
 }
 
@@ -167,6 +169,23 @@ impl Mark {
         // outside one.
         self.waited_by = (!stream.is_capturing()).then(|| stream.id());
         Ok(())
+    }
+
+    /// The mark's event (recorded now if it has none), shared with the mark: for a host wait
+    /// made without the buffer's state locked.
+    fn shared_event(&mut self) -> Result<Arc<PooledEvent>> {
+        self.event()?;
+        let shared = match self.event.take().expect("set above") {
+            StreamEvent::Shared(event) => event,
+            StreamEvent::Own(event) => Arc::new(event),
+        };
+        self.event = Some(StreamEvent::Shared(Arc::clone(&shared)));
+        Ok(shared)
+    }
+
+    /// Whether the mark's event is `event`, as shared by [`shared_event`](Self::shared_event).
+    fn holds(&self, event: &Arc<PooledEvent>) -> bool {
+        matches!(&self.event, Some(StreamEvent::Shared(own)) if Arc::ptr_eq(own, event))
     }
 
     /// The mark's event, recorded now at the end of its stream if it has none yet (or, while the
@@ -346,16 +365,32 @@ impl Access {
 
     /// Blocks the host until every use that `use_` conflicts with has completed (before the host
     /// reads, writes or frees the buffer); refused as `call` on a capturing thread.
+    ///
+    /// The wait itself runs with the state unlocked, so that operations on the buffer from other
+    /// threads are not held up by it: the events waited for are shared with their marks
+    /// meanwhile (a shared event is never recorded again, see [`CudaStream::record_event`]), and
+    /// for a write, afterwards, the marks that no operation changed in between are cleared.
     pub(crate) fn wait_on_host(&self, call: &'static str, use_: Use) -> Result<()> {
         super::graph::refuse_in_capture(None, call)?;
-        let mut state = self.lock();
-        let State { write, reads, .. } = &mut *state;
-        for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
-            mark.event()?.synchronize()?;
+        let waited: SmallVec<[Arc<PooledEvent>; 2]> = {
+            let mut state = self.lock();
+            let State { write, reads, .. } = &mut *state;
+            write
+                .iter_mut()
+                .chain(reads.iter_mut().filter(|_| use_ == Use::Write))
+                .map(Mark::shared_event)
+                .collect::<Result<_>>()?
+        };
+        for event in &waited {
+            event.synchronize()?;
         }
         if use_ == Use::Write {
-            state.write = None;
-            state.reads.clear();
+            let mut state = self.lock();
+            let done = |mark: &Mark| waited.iter().any(|event| mark.holds(event));
+            if state.write.as_ref().is_some_and(done) {
+                state.write = None;
+            }
+            state.reads.retain(|mark| !done(mark));
         }
         Ok(())
     }
