@@ -23,10 +23,12 @@
 //! stream is ever queried. The rule is host-side bookkeeping plus event records and waits, which
 //! are also what a stream capture turns into graph dependencies.
 //!
-//! Threading: the bookkeeping is behind a mutex per buffer. An operation holds the locks of its
-//! buffers (in address order) from its waits to its notes ([`Access::around`],
-//! [`Access::around_two`], [`HeldAccesses`]), except while a caller's kernel-parameter code runs,
-//! which may use the same buffers through the crate. A write needs `&mut` of the buffer, so no
+//! Threading: the bookkeeping is behind a lock per buffer (a spin lock that yields: it is held
+//! only for the span of one operation). An operation holds the locks of its buffers (in address
+//! order) from its waits to its notes ([`Access::around`], [`Access::around_two`],
+//! [`HeldAccesses`]), except while a caller's kernel-parameter code runs, which may use the same
+//! buffers through the crate; a host wait for a buffer ([`Access::wait_on_host`]) waits with it
+//! unlocked. A write needs `&mut` of the buffer, so no
 //! read can race with it from safe code; concurrent reads from several threads are recorded each
 //! under the lock. A graph holds its buffers by `Arc`, so two graphs writing one buffer can be
 //! launched at once from two threads: each launch keeps its whole footprint locked from the waits
