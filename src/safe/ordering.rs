@@ -23,8 +23,8 @@
 //! stream is ever queried. The rule is host-side bookkeeping plus event records and waits, which
 //! are also what a stream capture turns into graph dependencies.
 //!
-//! Threading: the bookkeeping is behind a lock per buffer (a spin lock whose waiters back off to
-//! naps: it is held only for the span of one operation). An operation holds the locks of its buffers (in address
+//! Threading: the bookkeeping is behind a mutex per buffer, held only for the span of one
+//! operation. An operation holds the locks of its buffers (in address
 //! order) from its waits to its notes ([`Access::around`], [`Access::around_two`],
 //! [`HeldAccesses`]), except while a caller's kernel-parameter code runs, which may use the same
 //! buffers through the crate; a host wait for a buffer ([`Access::wait_on_host`]) waits with it
@@ -34,13 +34,9 @@
 //! launched at once from two threads: each launch keeps its whole footprint locked from the waits
 //! to the notes, so the second is ordered after the first.
 
-use std::cell::Cell;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
-use spin::mutex::{SpinMutex, SpinMutexGuard};
-use spin::relax::RelaxStrategy;
 
 use super::context::Context;
 use super::stream::{CudaStream, EnqueueGate};
@@ -224,61 +220,11 @@ struct State {
     spare: Option<StreamEvent>,
 }
 
-/// The lock of a buffer's ordering state. Held for the span of one operation (its waits, the
-/// driver call that enqueues it, its notes) and contended only by operations on the same buffer
-/// from several threads. Uncontended it costs one atomic read-modify-write to take and a plain
-/// store to release, where a `std` mutex makes two read-modify-writes (~10 ns more per operation
-/// between driver calls: `cargo bench`, table `model`); a waiter backs off ([`BackOff`]). It does
-/// not poison: the state is updated in single assignments, and a panic elsewhere cannot leave it
-/// torn.
-type StateLock = SpinMutex<State, BackOff>;
-type StateGuard<'a> = SpinMutexGuard<'a, State, BackOff>;
-
-/// How a thread waits for a buffer's ordering state that another thread holds: it spins
-/// briefly (an operation holds it for a few microseconds), then yields, then naps, so that a
-/// holder blocked in a driver call (a synchronous copy, a full launch queue) does not keep the
-/// waiter's core busy.
-struct BackOff;
-
-thread_local! {
-    /// The calling thread's current wait: how many times it looked, and when it last did.
-    static BACK_OFF: Cell<(u32, Option<Instant>)> = const { Cell::new((0, None)) };
-}
-
-impl BackOff {
-    /// Looks this close after the previous one belong to the same wait.
-    const SAME_WAIT: Duration = Duration::from_millis(1);
-    /// Looks that spin, then looks that yield; every later look naps for [`NAP`](Self::NAP).
-    const SPINS: u32 = 64;
-    const YIELDS: u32 = 128;
-    const NAP: Duration = Duration::from_micros(20);
-}
-
-impl RelaxStrategy for BackOff {
-    #[cold]
-    #[inline(never)]
-    fn relax() {
-        let now = Instant::now();
-        let looks = BACK_OFF
-            .try_with(|wait| {
-                let (looks, last) = wait.get();
-                let looks = match last {
-                    Some(last) if now.duration_since(last) < Self::SAME_WAIT => looks.saturating_add(1),
-                    _ => 0,
-                };
-                wait.set((looks, Some(now)));
-                looks
-            })
-            .unwrap_or(u32::MAX);
-        if looks < Self::SPINS {
-            std::hint::spin_loop();
-        } else if looks < Self::YIELDS {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Self::NAP);
-        }
-    }
-}
+/// The lock of a buffer's ordering state: held for the span of one operation (its waits, the
+/// driver call that enqueues it, its notes), contended only by operations on the same buffer from
+/// several threads.
+type StateLock = Mutex<State>;
+type StateGuard<'a> = MutexGuard<'a, State>;
 
 /// The ordering state of one buffer. See the [module docs](self).
 #[derive(Debug)]
@@ -297,7 +243,8 @@ impl Access {
 
     #[inline]
     fn lock(&self) -> StateGuard<'_> {
-        self.state.lock()
+        // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Makes `stream` wait for the uses that `use_` conflicts with: the last write, and for a
@@ -310,7 +257,8 @@ impl Access {
     /// [`order`](Self::order) through exclusive access (the buffer's last owner, freeing it):
     /// no lock to take.
     pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        order_locked(self.state.get_mut(), stream, use_)
+        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        order_locked(state, stream, use_)
     }
 
     /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager
@@ -569,32 +517,4 @@ fn note_marks(
         mark.event = None;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A thread waiting while another holds a buffer's state for 30 ms ends up napping: it looks
-    /// a bounded number of times (a lock that only spun or yielded would look hundreds of
-    /// thousands of times), and it gets the state once the holder lets go.
-    #[test]
-    fn a_long_wait_for_a_buffers_state_backs_off_to_naps() {
-        let lock = StateLock::new(State::default());
-        let held = lock.lock();
-        let (looks, waited) = std::thread::scope(|scope| {
-            let waiter = scope.spawn(|| {
-                let started = Instant::now();
-                drop(lock.lock());
-                (BACK_OFF.with(|wait| wait.get().0), started.elapsed())
-            });
-            std::thread::sleep(Duration::from_millis(30));
-            drop(held);
-            waiter.join().unwrap()
-        });
-        assert!(waited >= Duration::from_millis(25), "the waiter got the state while it was held: {waited:?}");
-        let most = BackOff::YIELDS + (waited.as_micros() / BackOff::NAP.as_micros()) as u32;
-        assert!(looks >= BackOff::YIELDS, "the waiter never napped: {looks} looks in {waited:?}");
-        assert!(looks <= most, "{looks} looks in {waited:?}, more than spinning, yielding and napping make");
-    }
 }
