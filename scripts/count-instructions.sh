@@ -9,7 +9,8 @@
 #   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, copy, readback
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
-# (default 1000 and 3000). For `readback` only the `PpNRt::readback` call is counted.
+# (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the
+# `PpNRt::readback` call is counted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind > /dev/null || { echo "count-instructions: needs valgrind (apt-get install valgrind)"; exit 2; }
@@ -31,7 +32,7 @@ for mode in "${modes[@]}"; do
       > "$out/$mode.$n.log" 2>&1 || { tail -5 "$out/$mode.$n.log"; exit 1; }
   done
   python3 - "$out/$mode" "$lo" "$hi" "$mode" <<'PY'
-import re, subprocess, sys
+import os, re, subprocess, sys
 base, lo, hi, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 def costs(path):
@@ -58,7 +59,7 @@ steps = hi - lo
 per = {k: (b.get(k, 0) - a.get(k, 0)) / steps for k in set(a) | set(b)}
 print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
       f"{(alloc_b - alloc_a) / steps:.2f} heap allocations per step")
-for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:int(__import__("os").environ.get("TOP", "12"))]:
+for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:int(os.environ.get("TOP", "12"))]:
     if value >= 5:
         name = re.sub(r" \[.*\]$", "", key.split(":", 1)[-1])
         print(f"  {value:7.1f}  {name[:110]}")

@@ -144,7 +144,8 @@ impl std::ops::Deref for StreamEvent {
 #[derive(Debug)]
 struct Mark {
     stream: Arc<CudaStream>,
-    /// Shared only while the stream is captured (see [`CudaStream::event_after_enqueued`]).
+    /// Shared while the stream is captured (see [`CudaStream::event_after_enqueued`]) or while a
+    /// host wait holds it (see [`Access::wait_on_host`]).
     event: Option<StreamEvent>,
     /// The last stream made to wait for `event` as it is recorded now (outside a capture), by
     /// its [`id`](CudaStream::id), which no other stream ever gets (a raw handle may be reused
@@ -220,16 +221,10 @@ struct State {
     spare: Option<StreamEvent>,
 }
 
-/// The lock of a buffer's ordering state: held for the span of one operation (its waits, the
-/// driver call that enqueues it, its notes), contended only by operations on the same buffer from
-/// several threads.
-type StateLock = Mutex<State>;
-type StateGuard<'a> = MutexGuard<'a, State>;
-
 /// The ordering state of one buffer. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Access {
-    state: StateLock,
+    state: Mutex<State>,
     eager: bool,
 }
 
@@ -238,11 +233,11 @@ impl Access {
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
         let write = owner.map(Mark::new);
-        Access { state: StateLock::new(State { write, reads: SmallVec::new(), spare: None }), eager }
+        Access { state: Mutex::new(State { write, reads: SmallVec::new(), spare: None }), eager }
     }
 
     #[inline]
-    fn lock(&self) -> StateGuard<'_> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -318,7 +313,7 @@ impl Access {
         let mut uses: Vec<(&'a Access, Use)> = uses.into_iter().collect();
         // Address order: two threads locking overlapping sets take the common locks in one order.
         uses.sort_by_key(|(access, _)| address(access));
-        let mut held: Vec<(&'a Access, Use, StateGuard<'a>)> = Vec::with_capacity(uses.len());
+        let mut held: Vec<(&'a Access, Use, MutexGuard<'a, State>)> = Vec::with_capacity(uses.len());
         for (access, use_) in uses {
             match held.last_mut() {
                 Some((last, last_use, _)) if std::ptr::eq(*last, access) => {
@@ -401,7 +396,7 @@ impl Access {
 /// after the other, each waiting for the other's marks as they are once its work is enqueued,
 /// never both for what came before.
 pub(crate) struct HeldAccesses<'a> {
-    held: Vec<(&'a Access, Use, StateGuard<'a>)>,
+    held: Vec<(&'a Access, Use, MutexGuard<'a, State>)>,
 }
 
 impl HeldAccesses<'_> {
