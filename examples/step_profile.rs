@@ -7,13 +7,14 @@
 //! step_profile [MODE [STEPS]]   (default: peer with two devices, else local; 1000 steps)
 //!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
 //!   local     the same with both stages on device 0
+//!   staged    the same through pinned host memory (host-staged), stages on devices 0 and 1 (or 0)
 //!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1 (or 0), device 0's context
 //!             current
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step)
 //! ```
 use std::process::ExitCode;
 
-use ppnrt::{Device, DeviceSlice, Engine, PpConfig, PpNRt};
+use ppnrt::{Device, DeviceSlice, Engine, PpConfig, PpNRt, TransportPolicy};
 
 /// Elements of `u32` per operation: 32 KiB, the bench's decode-step activation.
 const N: usize = 8192;
@@ -24,7 +25,9 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     // `copy` and `readback` use device 1 when there is one.
     let second = if mode == "peer" || Device::count()? > 1 { 1 } else { 0 };
     let devices: &[i32] = if mode == "local" { &[0, 0] } else { &[0, second] };
-    let rt = PpNRt::new(PpConfig::with_devices(devices), &primary)?;
+    let config = PpConfig::with_devices(devices);
+    let config = if mode == "staged" { config.transport(TransportPolicy::Staged) } else { config };
+    let rt = PpNRt::new(config, &primary)?;
     let (e0, e1) = (rt.engine(0, &primary)?.clone(), rt.engine(1, &primary)?.clone());
     let x = {
         let _stage = rt.enter(0)?;
@@ -46,7 +49,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
             stream.synchronize()?;
         }
         match mode {
-            "peer" | "local" => {
+            "peer" | "local" | "staged" => {
                 let slot = rt.tx(0, &x, N)?;
                 drop(rt.rx::<u32>(0, slot, N)?);
             }
@@ -58,7 +61,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
                 drop(rt.readback(logits)?);
             }
             other => {
-                eprintln!("unknown mode {other:?}: peer, local, copy or readback");
+                eprintln!("unknown mode {other:?}: peer, local, staged, copy or readback");
                 std::process::exit(2);
             }
         }
