@@ -142,6 +142,48 @@ fn a_failed_rx_can_be_retried() {
     });
 }
 
+/// In a warm ring (every slot's events made and reused), a `tx` or `rx` whose event record fails
+/// returns the error with its work drained, and the ring goes on: the next steps deliver their
+/// data, ordered (no violation), on every transport.
+#[test]
+fn a_failed_record_in_a_warm_ring_leaves_it_ordered() {
+    with_double("a_failed_record_in_a_warm_ring_leaves_it_ordered", |double| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, policy) in
+            [([0, 1], TransportPolicy::Staged), ([0, 1], TransportPolicy::Auto), ([0, 0], TransportPolicy::Auto)]
+        {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
+            let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+            let step_data =
+                |step: u32| -> Vec<u32> { (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761) ^ step).collect() };
+            let inputs: Vec<_> = {
+                let _stage = rt.enter(0).unwrap();
+                (0..12).map(|step| e0.htod(&step_data(step)).unwrap()).collect()
+            };
+            let step = |at: usize| {
+                let slot = rt.tx(0, &inputs[at], 4096).unwrap();
+                let got = rt.rx::<u32>(0, slot, 4096).unwrap();
+                assert_eq!(e1.dtoh(&got).unwrap(), step_data(at as u32), "{policy:?} {devices:?} step {at}");
+            };
+            (0..4).for_each(step); // every slot's events made
+            double.flush();
+            double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
+            let err = rt.tx(0, &inputs[4], 4096).unwrap_err();
+            assert!(err.to_string().contains("cuEventRecord"), "{policy:?} {devices:?}: {err}");
+            assert_eq!(double.pending(), 0, "{policy:?} {devices:?}: the failed tx left work in flight");
+            (5..7).for_each(step);
+            let slot = rt.tx(0, &inputs[7], 4096).unwrap();
+            double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
+            assert!(rt.rx::<u32>(0, slot, 4096).is_err(), "{policy:?} {devices:?}");
+            let got = rt.rx::<u32>(0, slot, 4096).unwrap();
+            assert_eq!(e1.dtoh(&got).unwrap(), step_data(7), "{policy:?} {devices:?}: the retried rx");
+            (8..12).for_each(step);
+            rt.synchronize().unwrap();
+            assert_eq!(double.violations(), 0, "{policy:?} {devices:?}: {}", double.last_violation());
+        }
+    });
+}
+
 /// Pinned copies: a host access whose wait cannot be set up (the event record fails) is an error
 /// and leaves the buffer's ordering intact: the next access still waits, and sees the data; the
 /// source of a copy out of pinned memory may be overwritten once the access returns.

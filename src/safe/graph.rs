@@ -157,7 +157,11 @@ fn affected(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
 
 /// Refuses `call` (a call that cannot be captured) while it would break a capture: see the
 /// [module docs](self). Invalidates each capture it would break.
+#[inline]
 pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str) -> Result<()> {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
     let affected = affected(stream);
     if affected.is_empty() {
         return Ok(());
@@ -170,7 +174,11 @@ pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str)
 
 /// The capture that a free of memory owned by `stream` (or of host memory, `None`) would land in
 /// or break, if any.
+#[inline]
 pub(crate) fn capture_for_free(stream: Option<&CudaStream>) -> Option<Arc<CaptureState>> {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return None;
+    }
     affected(stream).into_iter().next()
 }
 

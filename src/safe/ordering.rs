@@ -161,6 +161,7 @@ impl Mark {
 
     /// Makes `stream` (another stream than the mark's) wait for the use, unless it already did
     /// for the event as recorded now.
+    #[inline]
     fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         if self.waited_by == Some(stream.id()) {
             return Ok(());
@@ -216,9 +217,10 @@ struct State {
     /// The reads since `write`, one mark per stream: inline for the usual one (a buffer made on
     /// one stream and read on another), so a fresh buffer's first read allocates nothing.
     reads: SmallVec<[Mark; 1]>,
-    /// An eager buffer's event that a write took from a read mark it replaced, held for the next
-    /// read mark instead of going back to the pool (a slot's `ev_rx`, once per step).
-    spare: Option<StreamEvent>,
+    /// An eager buffer's read mark that a write retired, with its event, held for the next read
+    /// instead of being dropped and made again (a slot's `ev_rx` and the RX stream, once per
+    /// step). It stands for no use: nothing waits for it until a read takes it up again.
+    spare: Option<Mark>,
 }
 
 /// The ordering state of one buffer. See the [module docs](self).
@@ -428,10 +430,13 @@ fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Resul
 /// The waits of [`order_locked`] on other streams.
 #[inline(never)]
 fn order_waits(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-    let State { write, reads, .. } = state;
-    let others = write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write));
-    for mark in others.filter(|mark| !same_stream(&mark.stream, stream)) {
+    if let Some(mark) = state.write.as_mut().filter(|mark| !same_stream(&mark.stream, stream)) {
         mark.wait_on(stream)?;
+    }
+    if use_ == Use::Write {
+        for mark in state.reads.iter_mut().filter(|mark| !same_stream(&mark.stream, stream)) {
+            mark.wait_on(stream)?;
+        }
     }
     Ok(())
 }
@@ -475,9 +480,9 @@ fn note_marks(
     let mark = match use_ {
         Use::Write => {
             if eager && spare.is_none() {
-                // The read marks' events would go back to the pool, and the next read take one
-                // out again: one is kept instead.
-                *spare = reads.iter_mut().find_map(|mark| mark.event.take());
+                // The read marks would be dropped, and the next read make one again, its event
+                // from the pool: one is kept instead.
+                *spare = reads.pop();
             }
             reads.clear();
             if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
@@ -490,7 +495,12 @@ fn note_marks(
             None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
                 Some(at) => &mut reads[at],
                 None => {
-                    reads.push(Mark::new(stream));
+                    reads.push(match spare.take() {
+                        Some(retired) if same_stream(&retired.stream, stream) => retired,
+                        // Another stream's: only its event is taken up.
+                        Some(mut retired) => Mark { event: retired.event.take(), ..Mark::new(stream) },
+                        None => Mark::new(stream),
+                    });
                     reads.last_mut().expect("pushed above")
                 }
             },
@@ -499,17 +509,28 @@ fn note_marks(
     // The mark now stands for this use too: a wait made for its event as it was does not
     // cover it.
     mark.waited_by = None;
-    if eager {
-        // Re-record the mark's own event (a wait already made on it keeps what it captured),
-        // or one from the pool.
-        let reuse = mark.event.take().or_else(|| spare.take());
-        mark.event = Some(match gate {
-            Some(gate) => stream.event_after_enqueued_gated(gate, reuse)?,
-            None => stream.event_after_enqueued(reuse)?,
-        });
-    } else {
+    if !eager {
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
+        return Ok(());
     }
+    // Re-record the mark's own event in place when the caller's gate shows the stream outside a
+    // capture (a wait already made on the event keeps what it captured).
+    if let (Some(gate), Some(StreamEvent::Own(event))) = (gate, &mark.event) {
+        if gate.holds(stream) && !stream.is_capturing() && Arc::ptr_eq(event.context(), stream.context()) {
+            if let Err(e) = event.record(stream) {
+                // Recorded before this use: made again when next needed.
+                mark.event = None;
+                return Err(e);
+            }
+            return Ok(());
+        }
+    }
+    // Else re-record it through the stream's capture check, or one from the pool.
+    let reuse = mark.event.take();
+    mark.event = Some(match gate {
+        Some(gate) => stream.event_after_enqueued_gated(gate, reuse)?,
+        None => stream.event_after_enqueued(reuse)?,
+    });
     Ok(())
 }

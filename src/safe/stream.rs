@@ -56,6 +56,14 @@ pub(crate) struct EnqueueGate<'a> {
     held: usize,
 }
 
+impl EnqueueGate<'_> {
+    /// Whether this is `stream`'s gate.
+    #[inline]
+    pub(crate) fn holds(&self, stream: &CudaStream) -> bool {
+        std::ptr::eq(self.stream, stream)
+    }
+}
+
 impl Drop for EnqueueGate<'_> {
     fn drop(&mut self) {
         self.stream.gate.fetch_sub(self.held, Ordering::Release);
@@ -290,7 +298,7 @@ impl CudaStream {
         gate: &EnqueueGate<'_>,
         reuse: Option<StreamEvent>,
     ) -> Result<StreamEvent> {
-        if !std::ptr::eq(gate.stream, self) || self.is_capturing() {
+        if !gate.holds(self) || self.is_capturing() {
             return self.event_after_enqueued(reuse);
         }
         Ok(StreamEvent::Own(self.record_event(reuse)?))
