@@ -264,10 +264,18 @@ impl CudaStream {
     ///
     /// While a capture begun through this crate is active, a record would land in the capture
     /// (and a stream waiting for it would join the capture): the event recorded when the capture
-    /// began stands in, as all the stream's work outside the capture came before it. Takes no
-    /// gate (it is called for other streams' buffers while one gate is held): a record that
-    /// races with a capture's begin (or a whole capture) is seen afterwards and replaced.
+    /// began stands in, as all the stream's work outside the capture came before it.
+    ///
+    /// Takes this stream's enqueue gate around the record, like every call that enqueues on a
+    /// stream: it is called for other streams' buffers too (a mark's event recorded when another
+    /// stream first waits for it), from threads that hold no gate of this stream, and the driver
+    /// does not survive a capture of the stream beginning or ending while another thread records
+    /// on it. The gate is shared, so holding another stream's meanwhile cannot deadlock (a
+    /// capture's begin or end waits for no other lock while it holds the gate). Inside a launch's
+    /// kernel arguments a capture may still end without the gate: a record that races with it is
+    /// seen afterwards and replaced.
     pub(crate) fn event_after_enqueued(&self, mut reuse: Option<StreamEvent>) -> Result<StreamEvent> {
+        let _gate = self.enqueue_gate();
         loop {
             let epoch = self.capture_epoch.load(Ordering::SeqCst);
             if epoch & 1 == 0 {

@@ -29,6 +29,7 @@
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,6 +124,9 @@ struct Stream {
     int destroyed;
     Graph* capture;       /* the graph being captured, NULL when not capturing */
     int capture_invalid;  /* a call that cannot be captured was made: ending fails */
+    /* A capture's begin or end is in progress on some thread (see capture_transition): the real
+     * driver hangs or crashes when another thread enqueues on the stream meanwhile. */
+    int in_transition;
 };
 
 struct Event {
@@ -370,6 +374,10 @@ static CUresult refuse_capture(Stream* s) {
 }
 
 static void push(Stream* s, Op op) {
+    if (s->in_transition) {
+        violation("an enqueue on a stream while another thread began or ended its capture (the driver hangs or "
+                  "crashes on this)");
+    }
     if (s->capture) {
         /* Captured, not queued: it runs at each launch of the graph. */
         graph_push(s->capture, op);
@@ -1280,11 +1288,25 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
 /* ------------------------------------------------------------------------------------------ */
 /* Stream capture and graphs                                                                  */
 
+/* A capture's begin or end is not atomic in the real driver against other threads' calls on the
+ * stream (driver 580 hung, and under compute-sanitizer crashed, when one thread enqueued on a
+ * stream while another began and ended its captures). Called with the lock held: lets other
+ * threads in for a moment with the stream marked, so that an enqueue on it meanwhile is seen. */
+static void capture_transition(Stream* s) {
+    s->in_transition = 1;
+    pthread_mutex_unlock(&lock);
+    for (int i = 0; i < 20; i++) sched_yield();
+    pthread_mutex_lock(&lock);
+    s->in_transition = 0;
+}
+
 CUresult cuStreamBeginCapture_v2(void* stream, int mode) {
     ENTER("cuStreamBeginCapture_v2");
     NEED_LIVE_CTX();
     Stream* s = (Stream*)stream;
     if (!s || mode < 0 || mode > 2) RETURN(E_INVALID_VALUE);
+    if (s->capture) RETURN(E_CAPTURE_UNSUPPORTED);
+    capture_transition(s);
     if (s->capture) RETURN(E_CAPTURE_UNSUPPORTED);
     s->capture = calloc(1, sizeof(Graph));
     s->capture->ctx = s->ctx;
@@ -1296,6 +1318,8 @@ CUresult cuStreamEndCapture(void* stream, void** graph) {
     ENTER("cuStreamEndCapture");
     Stream* s = (Stream*)stream;
     if (!s || !s->capture) RETURN(E_INVALID_VALUE);
+    capture_transition(s);
+    if (!s->capture) RETURN(E_INVALID_VALUE);
     Graph* g = s->capture;
     s->capture = NULL;
     if (s->capture_invalid) {
