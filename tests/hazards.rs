@@ -160,6 +160,12 @@ fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfi
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
         return None;
     }
+    if std::env::var_os("PPNRT_LIBCUDA_PATH").is_some_and(|path| path.to_string_lossy().contains("cuda_double")) {
+        // The driver double runs stream work only when something waits for it, in an order that
+        // keeps each stream's work together: the race a missing wait opens never runs there.
+        say(&format!("SKIPPED {test}: through the driver double the races cannot occur"));
+        return None;
+    }
     let steps = steps();
     let mut bases = vec![PpConfig::new(2).slots(1)];
     if devices >= 2 {
