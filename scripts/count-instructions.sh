@@ -10,7 +10,9 @@
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
 # (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the
-# `PpNRt::readback` call is counted.
+# `PpNRt::readback` call is counted. ATOMICS=1 also counts the atomic read-modify-writes executed
+# in the binary's own code per step (`lock`-prefixed instructions and `xchg` with memory, found by
+# objdump, counted by callgrind per instruction), by function.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind > /dev/null || { echo "count-instructions: needs valgrind (apt-get install valgrind)"; exit 2; }
@@ -25,7 +27,8 @@ modes=("$@")
 [ ${#modes[@]} -gt 0 ] || modes=(peer)
 for mode in "${modes[@]}"; do
   toggle=()
-  [ "$mode" = readback ] && toggle=(--collect-atstart=no "--toggle-collect=ppnrt::pp::runtime::PpNRt::readback*")
+  [ "${ATOMICS:-0}" = 1 ] && toggle=(--dump-instr=yes --compress-pos=no --compress-strings=no)
+  [ "$mode" = readback ] && toggle+=(--collect-atstart=no "--toggle-collect=ppnrt::pp::runtime::PpNRt::readback*")
   for n in "$lo" "$hi"; do
     PPNRT_LIBCUDA_PATH="$PWD/$out/libcuda_double.so" PPNRT_DOUBLE_DEVICES=2 \
       valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" \
@@ -63,5 +66,48 @@ for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:int(os
     if value >= 5:
         name = re.sub(r" \[.*\]$", "", key.split(":", 1)[-1])
         print(f"  {value:7.1f}  {name[:110]}")
+PY
+  [ "${ATOMICS:-0}" = 1 ] || continue
+  python3 - "$bin" "$out/$mode" "$lo" "$hi" <<'PY'
+import os, re, subprocess, sys
+binary, base, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+name = os.path.basename(binary)
+
+def per_instruction(path):
+    """Instructions executed at each address of the binary (the cost lines of its functions, not
+    the inclusive costs that follow a `calls=` line)."""
+    counts, ob, after_call = {}, None, False
+    for line in open(path):
+        if line.startswith("ob="):
+            ob = line[3:].strip()
+        elif line.startswith("calls="):
+            after_call = True
+        elif line.startswith("0x"):
+            if not after_call and ob and os.path.basename(ob) == name:
+                addr, _line, cost = line.split()[:3]
+                counts[int(addr, 16)] = counts.get(int(addr, 16), 0) + int(cost)
+            after_call = False
+    return counts
+
+listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", binary], capture_output=True, text=True,
+                         check=True).stdout
+atomic, function = {}, None
+for line in listing.splitlines():
+    m = re.match(r"^([0-9a-f]+) <(.*)>:$", line)
+    if m:
+        function = m.group(2)
+        continue
+    if re.match(r"^\s+[0-9a-f]+:\s+(lock |xchg\s+\S+,\()", line):
+        atomic[int(line.split(":")[0], 16)] = function
+a, b = per_instruction(f"{base}.{lo}"), per_instruction(f"{base}.{hi}")
+by = {}
+for addr, function in atomic.items():
+    n = (b.get(addr, 0) - a.get(addr, 0)) / (hi - lo)
+    if n > 0:
+        by[function] = by.get(function, 0) + n
+print(f"  {sum(by.values()):.1f} atomic read-modify-writes per step in the binary's own code:")
+for function, n in sorted(by.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", "12"))]:
+    if n >= 0.05:
+        print(f"  {n:7.1f}  {function[:110]}")
 PY
 done
