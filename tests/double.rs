@@ -92,6 +92,10 @@ fn discarded_slots_are_free_again() {
     });
 }
 
+/// A boundary of each transport: host-staged and peer across two devices, local on one.
+const EVERY_TRANSPORT: [([i32; 2], TransportPolicy); 3] =
+    [([0, 1], TransportPolicy::Staged), ([0, 1], TransportPolicy::Auto), ([0, 0], TransportPolicy::Auto)];
+
 /// A `tx` whose event record fails leaves no copy in flight: the next, larger `tx` reallocates
 /// the slot, and the failed copy must not land in the freed buffer (pinned memory for
 /// `HostStaged`, device memory for `Peer` and `Local`).
@@ -99,9 +103,7 @@ fn discarded_slots_are_free_again() {
 fn a_failed_tx_leaves_no_copy_in_flight() {
     with_double("a_failed_tx_leaves_no_copy_in_flight", |double| {
         let primary = Engine::new(0).unwrap();
-        for (devices, policy) in
-            [([0, 1], TransportPolicy::Staged), ([0, 1], TransportPolicy::Auto), ([0, 0], TransportPolicy::Auto)]
-        {
+        for (devices, policy) in EVERY_TRANSPORT {
             let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
             let e = rt.engine(0, &primary).unwrap().clone();
             let _stage = rt.enter(0).unwrap();
@@ -149,9 +151,7 @@ fn a_failed_rx_can_be_retried() {
 fn a_failed_record_in_a_warm_ring_leaves_it_ordered() {
     with_double("a_failed_record_in_a_warm_ring_leaves_it_ordered", |double| {
         let primary = Engine::new(0).unwrap();
-        for (devices, policy) in
-            [([0, 1], TransportPolicy::Staged), ([0, 1], TransportPolicy::Auto), ([0, 0], TransportPolicy::Auto)]
-        {
+        for (devices, policy) in EVERY_TRANSPORT {
             let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
             let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
             let step_data =

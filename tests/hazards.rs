@@ -14,7 +14,7 @@ mod common;
 use std::collections::VecDeque;
 use std::sync::mpsc;
 
-use common::{Rng, devices_or_skip, say};
+use common::{Rng, devices_or_skip, on_driver_double, say};
 use ppnrt::PpError;
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{Engine, Error, PpConfig, PpNRt, TransportPolicy, kernels};
@@ -160,7 +160,8 @@ fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfi
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
         return None;
     }
-    if std::env::var_os("PPNRT_LIBCUDA_PATH").is_some_and(|path| path.to_string_lossy().contains("cuda_double")) {
+    let primary = Engine::new(0).unwrap();
+    if on_driver_double(&primary) {
         // The driver double runs stream work only when something waits for it, in an order that
         // keeps each stream's work together: the race a missing wait opens never runs there.
         say(&format!("SKIPPED {test}: through the driver double the races cannot occur"));
@@ -178,7 +179,7 @@ fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfi
                 .map(|(fault, delays)| (base.clone().inject_fault(fault), delays))
         })
         .collect();
-    Some((Engine::new(0).unwrap(), steps, expected_checksums(steps), broken))
+    Some((primary, steps, expected_checksums(steps), broken))
 }
 
 #[test]

@@ -145,10 +145,17 @@ fn global() -> MutexGuard<'static, Vec<Arc<CaptureState>>> {
 
 /// The captures that a call which cannot be captured, made now on `stream` (if it concerns one),
 /// would break: `stream`'s own, this thread's non-relaxed ones, and every global one.
+#[inline]
 fn affected(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return Vec::new();
     }
+    active_captures(stream)
+}
+
+/// [`affected`] while some capture is active.
+#[inline(never)]
+fn active_captures(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
     let mut found: Vec<Arc<CaptureState>> = stream.and_then(CudaStream::capture).into_iter().collect();
     let _ = THREAD.try_with(|captures| found.extend(captures.borrow().iter().cloned()));
     found.extend(global().iter().cloned());
@@ -159,9 +166,6 @@ fn affected(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
 /// [module docs](self). Invalidates each capture it would break.
 #[inline]
 pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str) -> Result<()> {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return Ok(());
-    }
     let affected = affected(stream);
     if affected.is_empty() {
         return Ok(());
@@ -176,9 +180,6 @@ pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str)
 /// or break, if any.
 #[inline]
 pub(crate) fn capture_for_free(stream: Option<&CudaStream>) -> Option<Arc<CaptureState>> {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return None;
-    }
     affected(stream).into_iter().next()
 }
 

@@ -509,28 +509,12 @@ fn note_marks(
     // The mark now stands for this use too: a wait made for its event as it was does not
     // cover it.
     mark.waited_by = None;
-    if !eager {
+    if eager {
+        // Its event recorded again after this use (or one from the pool).
+        stream.record_after_enqueued(gate, &mut mark.event)
+    } else {
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
-        return Ok(());
+        Ok(())
     }
-    // Re-record the mark's own event in place when the caller's gate shows the stream outside a
-    // capture (a wait already made on the event keeps what it captured).
-    if let (Some(gate), Some(StreamEvent::Own(event))) = (gate, &mark.event) {
-        if gate.holds(stream) && !stream.is_capturing() && Arc::ptr_eq(event.context(), stream.context()) {
-            if let Err(e) = event.record(stream) {
-                // Recorded before this use: made again when next needed.
-                mark.event = None;
-                return Err(e);
-            }
-            return Ok(());
-        }
-    }
-    // Else re-record it through the stream's capture check, or one from the pool.
-    let reuse = mark.event.take();
-    mark.event = Some(match gate {
-        Some(gate) => stream.event_after_enqueued_gated(gate, reuse)?,
-        None => stream.event_after_enqueued(reuse)?,
-    });
-    Ok(())
 }

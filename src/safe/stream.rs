@@ -298,18 +298,34 @@ impl CudaStream {
         }
     }
 
-    /// [`event_after_enqueued`](Self::event_after_enqueued) for a caller that holds this
-    /// stream's enqueue gate (`gate`): while the stream is not capturing, no capture of it can
-    /// begin until the gate drops, so the record needs no second look at the capture count.
-    pub(crate) fn event_after_enqueued_gated(
+    /// Sets `event` to an event after the work enqueued so far, as
+    /// [`event_after_enqueued`](Self::event_after_enqueued) with `event` to reuse; `gate` is this
+    /// stream's enqueue gate when the caller holds it. Under the gate, while the stream is not
+    /// capturing, no capture of it can begin until the gate drops: the record needs no second
+    /// look at the capture count, and an event of this stream's context is recorded again where
+    /// it is (a wait already made on it keeps what it captured). On failure `event` is left
+    /// empty.
+    #[inline]
+    pub(crate) fn record_after_enqueued(
         &self,
-        gate: &EnqueueGate<'_>,
-        reuse: Option<StreamEvent>,
-    ) -> Result<StreamEvent> {
-        if !gate.holds(self) || self.is_capturing() {
-            return self.event_after_enqueued(reuse);
+        gate: Option<&EnqueueGate<'_>>,
+        event: &mut Option<StreamEvent>,
+    ) -> Result<()> {
+        if !gate.is_some_and(|gate| gate.holds(self)) || self.is_capturing() {
+            *event = Some(self.event_after_enqueued(event.take())?);
+            return Ok(());
         }
-        Ok(StreamEvent::Own(self.record_event(reuse)?))
+        if let Some(StreamEvent::Own(own)) = event {
+            if Arc::ptr_eq(own.context(), &self.ctx) {
+                if let Err(e) = own.record(self) {
+                    *event = None;
+                    return Err(e);
+                }
+                return Ok(());
+            }
+        }
+        *event = Some(StreamEvent::Own(self.record_event(event.take())?));
+        Ok(())
     }
 
     /// Records `reuse` at the end of this stream when it is this stream context's own event (a

@@ -38,6 +38,13 @@ pub fn engine_or_skip(test: &str, ordinal: i32) -> Option<Engine> {
     Some(Engine::new(ordinal).unwrap_or_else(|e| panic!("{test}: Engine::new({ordinal}) failed: {e}")))
 }
 
+/// Whether the tests run through the CUDA driver double (`tests/driver_double`), which names its
+/// devices so: queued work runs there when waited for, taking no time, so races and overlaps a
+/// test needs from a GPU do not happen.
+pub fn on_driver_double(engine: &Engine) -> bool {
+    engine.device().name().is_ok_and(|name| name.contains("driver double"))
+}
+
 /// SplitMix64: deterministic, seedable, good enough for test data and delays.
 pub struct Rng(u64);
 
