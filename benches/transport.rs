@@ -794,6 +794,35 @@ fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: usize) -> B
     }
 }
 
+/// The safe copy against `cuMemcpyAsync`, copies back to back ([`back_to_back`]), 4 KiB to 16
+/// MiB, within each device and between the first two devices if they are peers: the copy's own
+/// cost where the host's issue bounds it. The targets table checks the peer copies at every size.
+fn copies(gpus: &Gpus, report: &mut String) {
+    let mut pairs = vec![(0, 0)];
+    if gpus.peers {
+        pairs.extend([(1, 1), (0, 1), (1, 0)]);
+    }
+    let _ = writeln!(
+        report,
+        "\n| copy back to back | safe (µs per copy) | raw (µs per copy) | raw / safe | safe, no context current (µs) |\n| --- | ---: | ---: | ---: | ---: |"
+    );
+    for (a, b) in pairs {
+        for bytes in COPY_SIZES.into_iter().filter(|&bytes| bytes <= 16 * MIB) {
+            let BackToBack { safe, raw, unbound } = back_to_back(gpus, a, b, bytes, 9);
+            let line = format!(
+                "| {a} -> {b} {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                label(bytes),
+                safe * 1e6,
+                raw * 1e6,
+                raw / safe,
+                unbound * 1e6
+            );
+            println!("COPY {line}");
+            let _ = writeln!(report, "{line}");
+        }
+    }
+}
+
 /// Device time per copy of copies issued back to back (seconds).
 struct BackToBack {
     /// The safe copy, with the stream's context current.
@@ -1059,14 +1088,17 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,aggregate,engine,targets,graphs,processes,model picks
-    // tables (default: all).
+    // PPNRT_BENCH_TABLES=comparison,calls,copies,aggregate,engine,targets,graphs,processes,model
+    // picks tables (default: all).
     let tables = std::env::var("PPNRT_BENCH_TABLES")
-        .unwrap_or_else(|_| "comparison,calls,aggregate,engine,targets,graphs,processes,model".into());
+        .unwrap_or_else(|_| "comparison,calls,copies,aggregate,engine,targets,graphs,processes,model".into());
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
         call_costs(&gpus, &mut report);
+    }
+    if wanted("copies") {
+        copies(&gpus, &mut report);
     }
     if wanted("aggregate") {
         aggregate(&gpus, &mut report);
