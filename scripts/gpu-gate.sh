@@ -92,6 +92,10 @@ if [[ $phases == *examples* ]]; then
     run_step "example pipeline --graph 3 slots" "$logs/example-pipeline-graph-slots.log" "$pipeline" --graph --slots 3 --steps 200
   fi
   processes=$bundle/examples/processes
+  if [ -x "$processes" ] && [ "$PPNRT_REQUIRE_GPUS" = 1 ]; then
+    run_step "example processes 0,1,0,1 (2 ranks share 1 GPU, sockets)" "$logs/example-processes-shared.log" \
+      scripts/launch-local.sh 0,1,0,1 --share-one-gpu -- "$processes" --steps 300
+  fi
   if [ -x "$processes" ] && [ "$PPNRT_REQUIRE_GPUS" -ge 2 ]; then
     run_step "example processes 0,1,0,1 (2 ranks, NVLink)" "$logs/example-processes.log" \
       scripts/launch-local.sh 0,1,0,1 --one-gpu-per-rank -- "$processes" --steps 300

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Starts the ranks of a pipeline that spans processes, all on this host, and waits for them.
 #
-#   scripts/launch-local.sh RANKS [--one-gpu-per-rank] [--port P] -- PROGRAM [ARGS...]
+#   scripts/launch-local.sh RANKS [--one-gpu-per-rank | --share-one-gpu] [--port P] -- PROGRAM [ARGS...]
 #
 # RANKS is the stage-to-rank map (PPNRT_RANKS), e.g. 0,0,1,1. Every rank gets the same
 # environment plus PPNRT_RANKS, PPNRT_RANK and PPNRT_RENDEZVOUS=127.0.0.1:P (a free port unless
 # --port is given). With --one-gpu-per-rank, rank r sees GPU r only (CUDA_VISIBLE_DEVICES=r) and,
-# unless PPNRT_DEVICES is set, every stage is on its rank's device 0. Each rank's output is
-# prefixed with its rank. Exits with the first failing rank's status (the others are stopped).
-# On several hosts, start one process per host by hand with the same variables and
+# unless PPNRT_DEVICES is set, every stage is on its rank's device 0. With --share-one-gpu every
+# rank sees GPU 0 only and gets a host id of its own (NCCL_HOSTID), so NCCL treats the ranks as
+# hosts and moves data over sockets on loopback (a test setup for a one-GPU machine). Each rank's
+# output is prefixed with its rank. Exits with the first failing rank's status (the others are
+# stopped). On several hosts, start one process per host by hand with the same variables and
 # PPNRT_RENDEZVOUS naming rank 0's reachable address.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 3 ] || usage
 ranks=$1; shift
 one_gpu=0
@@ -20,6 +22,7 @@ port=
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --one-gpu-per-rank) one_gpu=1 ;;
+    --share-one-gpu) one_gpu=shared ;;
     --port) port=$2; shift ;;
     *) usage ;;
   esac
@@ -39,7 +42,7 @@ if [ -z "$port" ]; then
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 fi
 export PPNRT_RANKS=$ranks PPNRT_RENDEZVOUS=127.0.0.1:$port
-if [ $one_gpu = 1 ] && [ -z "${PPNRT_DEVICES:-}" ]; then
+if [ $one_gpu != 0 ] && [ -z "${PPNRT_DEVICES:-}" ]; then
   export PPNRT_DEVICES=$(yes 0 | head -n "$stages" | paste -sd,)
 fi
 
@@ -48,6 +51,10 @@ for ((rank = 0; rank < world; rank++)); do
   (
     export PPNRT_RANK=$rank
     [ $one_gpu = 1 ] && export CUDA_VISIBLE_DEVICES=$rank
+    if [ $one_gpu = shared ]; then
+      export CUDA_VISIBLE_DEVICES=0 NCCL_HOSTID=ppnrt-local-rank-$rank NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+      export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+    fi
     exec "$@" > >(sed -u "s/^/[rank $rank] /") 2> >(sed -u "s/^/[rank $rank] /" >&2)
   ) &
   pids+=($!)

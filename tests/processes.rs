@@ -7,8 +7,10 @@
 //! mid-run (the survivor gets a typed error within 10 s), and one rank under compute-sanitizer
 //! memcheck.
 //!
-//! Needs two GPUs and NCCL; skips (saying why) otherwise, and fails instead with
-//! `PPNRT_REQUIRE_GPUS=2` / `PPNRT_REQUIRE_NCCL=1`.
+//! Needs NCCL and a GPU; skips (saying why) otherwise, and fails instead with
+//! `PPNRT_REQUIRE_GPUS=1` / `PPNRT_REQUIRE_NCCL=1`. With one GPU the two ranks share it: each
+//! gets a host id of its own (`NCCL_HOSTID`), so NCCL sees two hosts and moves every step over
+//! its socket transport on loopback (the NVLink runs become socket runs, checked from NCCL's log).
 
 mod common;
 #[path = "common/graphs.rs"]
@@ -113,6 +115,7 @@ impl Launch<'_> {
         let port = free_port();
         let exe = std::env::current_exe().unwrap();
         let devices = vec!["0"; self.ranks.len()].join(",");
+        let shared = sharing_one_gpu();
         let ranks = self.ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
         (0..world)
             .map(|rank| {
@@ -130,7 +133,7 @@ impl Launch<'_> {
                     .env(STEPS_VAR, self.steps.to_string())
                     .env(SEED_VAR, self.seed.to_string())
                     .env(OUT_VAR, dir)
-                    .env("CUDA_VISIBLE_DEVICES", rank.to_string())
+                    .env("CUDA_VISIBLE_DEVICES", if shared { "0".to_string() } else { rank.to_string() })
                     .env("PPNRT_DEVICES", &devices)
                     .env("PPNRT_SLOTS", self.slots.to_string())
                     .env("PPNRT_RANKS", &ranks)
@@ -148,8 +151,12 @@ impl Launch<'_> {
                 if let Some(ns) = self.max_delay_ns {
                     command.env(DELAY_VAR, ns.to_string());
                 }
-                if self.sockets {
+                if self.sockets || shared {
                     command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
+                }
+                if shared {
+                    // Two ranks on one GPU: NCCL refuses that within one host ("duplicate GPU").
+                    command.env("NCCL_HOSTID", format!("ppnrt-test-rank-{rank}"));
                 }
                 command.spawn().unwrap()
             })
@@ -184,8 +191,16 @@ fn read_digests(dir: &Path) -> Vec<u64> {
     text.lines().map(|line| u64::from_str_radix(line.trim(), 16).unwrap()).collect()
 }
 
+/// Whether the ranks share GPU 0 (this machine has one), NCCL then over sockets.
+fn sharing_one_gpu() -> bool {
+    ppnrt::Device::count().is_ok_and(|count| count < 2)
+}
+
 fn ready(test: &str) -> Option<Engine> {
-    devices_or_skip(test, 2)?;
+    devices_or_skip(test, 1)?;
+    if sharing_one_gpu() {
+        say(&format!("{test}: one GPU: both ranks share it, NCCL over sockets (NCCL_HOSTID per rank)"));
+    }
     if !nccl_or_skip(test) {
         return None;
     }
@@ -233,7 +248,7 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         assert!(ok, "{name}: rank {rank} failed:\n{output}");
     }
     let transports = transports_used(&dir);
-    if launch.sockets {
+    if launch.sockets || sharing_one_gpu() {
         assert!(
             !transports.is_empty() && transports.iter().all(|t| t.starts_with("NET/Socket")),
             "{name}: NCCL was to use sockets only, its logs name {transports:?}"
