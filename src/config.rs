@@ -84,6 +84,9 @@ pub enum ProtocolFault {
     SkipRxWait,
     /// `rx` does not wait for the slot's `tx` (read-before-write hazard).
     SkipTxWait,
+    /// A boundary to another process is not failed when its peer stays silent for longer than
+    /// the peer timeout (the liveness check off).
+    IgnoreSilence,
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -99,7 +102,7 @@ pub enum ProtocolFault {
 /// | `PPNRT_RANKS` | comma-separated process rank per stage (`0,0,1,1`): a pipeline that spans processes or hosts | every stage in this process |
 /// | `PPNRT_RANK` | this process's rank | 0 |
 /// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
-/// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process | 60000 |
+/// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process, and on its silence (a peer that shows no sign of life for longer fails its boundaries) | 60000 |
 ///
 /// Every process of a pipeline that spans processes runs the same configuration (compared at the
 /// rendezvous) except `PPNRT_RANK`; `PPNRT_DEVICES` names, for each stage, a device of the host
@@ -216,7 +219,8 @@ impl PpConfig {
         self
     }
 
-    /// Sets the bound on every wait for another process (`PPNRT_PEER_TIMEOUT_MS`).
+    /// Sets the bound on every wait for another process, and on its silence
+    /// (`PPNRT_PEER_TIMEOUT_MS`).
     pub fn peer_timeout(mut self, timeout: Duration) -> PpConfig {
         self.peer_timeout = timeout;
         self

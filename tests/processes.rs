@@ -31,6 +31,7 @@ const SEED_VAR: &str = "PPNRT_MP_SEED";
 const OUT_VAR: &str = "PPNRT_MP_OUT";
 const FAULT_VAR: &str = "PPNRT_MP_SKIP_TX_WAIT";
 const DELAY_VAR: &str = "PPNRT_MP_MAX_DELAY_NS";
+const IGNORE_SILENCE_VAR: &str = "PPNRT_MP_IGNORE_SILENCE";
 const WAIT: Duration = Duration::from_secs(30);
 /// The longest random device delay injected around a boundary (unless the test sets another).
 const MAX_DELAY_NS: u64 = 40_000;
@@ -106,6 +107,10 @@ struct Launch<'a> {
     broken: bool,
     /// The longest random device delay around each boundary, if not the default.
     max_delay_ns: Option<u64>,
+    /// `PPNRT_PEER_TIMEOUT_MS`, if not 30 s.
+    peer_timeout_ms: Option<u64>,
+    /// Break the liveness check on purpose: a silent peer does not fail the link.
+    ignore_silence: bool,
 }
 
 impl Launch<'_> {
@@ -139,7 +144,7 @@ impl Launch<'_> {
                     .env("PPNRT_RANKS", &ranks)
                     .env("PPNRT_RANK", rank.to_string())
                     .env("PPNRT_RENDEZVOUS", format!("127.0.0.1:{port}"))
-                    .env("PPNRT_PEER_TIMEOUT_MS", "30000")
+                    .env("PPNRT_PEER_TIMEOUT_MS", self.peer_timeout_ms.unwrap_or(30_000).to_string())
                     .env("NCCL_DEBUG", "INFO")
                     .env("NCCL_DEBUG_SUBSYS", "INIT")
                     .env("NCCL_DEBUG_FILE", dir.join(format!("nccl-rank{rank}.%p.log")))
@@ -147,6 +152,9 @@ impl Launch<'_> {
                     .stderr(Stdio::piped());
                 if self.broken {
                     command.env(FAULT_VAR, "1");
+                }
+                if self.ignore_silence {
+                    command.env(IGNORE_SILENCE_VAR, "1");
                 }
                 if let Some(ns) = self.max_delay_ns {
                     command.env(DELAY_VAR, ns.to_string());
@@ -235,7 +243,19 @@ fn transports_used(dir: &Path) -> Vec<String> {
 /// The pipeline launch of `ranks` with a seed of its own.
 fn pipeline_launch(ranks: &[usize], slots: usize, steps: u64, sockets: bool) -> Launch<'_> {
     let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
-    Launch { mode: "pipeline", ranks, slots, steps, seed, sockets, wrap_rank1: None, broken: false, max_delay_ns: None }
+    Launch {
+        mode: "pipeline",
+        ranks,
+        slots,
+        steps,
+        seed,
+        sockets,
+        wrap_rank1: None,
+        broken: false,
+        max_delay_ns: None,
+        peer_timeout_ms: None,
+        ignore_silence: false,
+    }
 }
 
 /// Runs `launch` (a pipeline) and compares the last rank's digests with the one-engine
@@ -335,6 +355,8 @@ fn the_contract_holds_across_processes() {
         wrap_rank1: None,
         broken: false,
         max_delay_ns: None,
+        peer_timeout_ms: None,
+        ignore_silence: false,
     };
     let results = launch.run(&dir, Duration::from_secs(120));
     for (rank, (ok, output)) in results.iter().enumerate() {
@@ -363,6 +385,8 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
         wrap_rank1: None,
         broken: false,
         max_delay_ns: None,
+        peer_timeout_ms: None,
+        ignore_silence: false,
     };
     let mut children = launch.spawn(&dir);
     let running = dir.join("running");
@@ -399,6 +423,80 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the kill");
 }
 
+/// A rank that stops (SIGSTOP: alive, silent, its NCCL work stalled) mid-run is a typed error in
+/// the survivor within 10 s, with a peer timeout of 2 s: the survivor's waits (for the stopped
+/// rank's data, and on the host for a readback behind a receive that will not complete) end
+/// when its watchdog fails the silent link and aborts its communicator. The check can fail: with
+/// the liveness check off, the survivor reports nothing in 12 s.
+#[test]
+fn a_stopped_rank_is_a_typed_error_in_the_survivor() {
+    let test = "a_stopped_rank_is_a_typed_error_in_the_survivor";
+    if ready(test).is_none() {
+        return;
+    }
+    let (after, line) = stop_a_rank("stop", false);
+    let after = after.unwrap_or_else(|| panic!("{test}: the survivor did not report the stopped rank: {line}"));
+    say(&format!("{test}: typed error {after:?} after the stop (peer timeout 2 s): {line}"));
+    assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the stop");
+    let (broken, line) = stop_a_rank("stop-no-liveness", true);
+    say(&format!(
+        "{test}: with the liveness check off: {}",
+        broken.map_or("nothing in 12 s".into(), |d| format!("{d:?}: {line}"))
+    ));
+    assert!(broken.is_none(), "without the liveness check the survivor still reported the stopped rank: {line}");
+}
+
+/// Runs ranks [0, 1, 0] in kill mode, stops rank 1 once they run, and waits at most 12 s for
+/// rank 0 to report a typed peer failure; returns how long after the stop it did, and its line
+/// (or its output). Both ranks are killed afterwards.
+fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
+    let dir = scratch(name);
+    let launch = Launch {
+        mode: "kill",
+        ranks: &[0, 1, 0],
+        slots: 2,
+        steps: u64::MAX,
+        seed: 13,
+        sockets: false,
+        wrap_rank1: None,
+        broken: false,
+        max_delay_ns: None,
+        peer_timeout_ms: Some(2_000),
+        ignore_silence,
+    };
+    let mut children = launch.spawn(&dir);
+    let running = dir.join("running");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !running.exists() {
+        assert!(Instant::now() < deadline, "{name}: the ranks never got going");
+        if let Some(status) = children[0].try_wait().unwrap() {
+            let rest: Vec<_> = children.into_iter().map(output_of).collect();
+            panic!("{name}: rank 0 exited early ({status}): {rest:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut stopped = children.pop().unwrap();
+    let status = Command::new("kill").args(["-STOP", &stopped.id().to_string()]).status().unwrap();
+    assert!(status.success(), "{name}: kill -STOP failed");
+    let stopped_at = unix_ms();
+    let mut survivor = children.pop().unwrap();
+    let limit = Instant::now() + Duration::from_secs(12);
+    while survivor.try_wait().unwrap().is_none() && Instant::now() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = survivor.kill();
+    let _ = stopped.kill(); // SIGKILL ends a stopped process too
+    let _ = stopped.wait();
+    let (_, output) = output_of(survivor);
+    match output.lines().find_map(|l| l.find("CHILD-PEER-FAILED").map(|at| l[at..].to_string())) {
+        Some(line) => {
+            let noticed_at: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            (Some(Duration::from_millis(noticed_at.saturating_sub(stopped_at))), line)
+        }
+        None => (None, output.lines().rev().take(5).collect::<Vec<_>>().join(" | ")),
+    }
+}
+
 #[test]
 fn one_rank_under_memcheck() {
     let test = "one_rank_under_memcheck";
@@ -430,6 +528,8 @@ fn one_rank_under_memcheck() {
         wrap_rank1: Some(&wrap),
         broken: false,
         max_delay_ns: None,
+        peer_timeout_ms: None,
+        ignore_silence: false,
     };
     let results = launch.run(&dir, Duration::from_secs(400));
     for (rank, (ok, output)) in results.iter().enumerate() {
@@ -457,6 +557,9 @@ fn child_rank() {
     let mut config = PpConfig::from_env().unwrap();
     if std::env::var_os(FAULT_VAR).is_some() {
         config = config.inject_fault(ppnrt::pp::ProtocolFault::SkipTxWait);
+    }
+    if std::env::var_os(IGNORE_SILENCE_VAR).is_some() {
+        config = config.inject_fault(ppnrt::pp::ProtocolFault::IgnoreSilence);
     }
     let rt = PpNRt::new(config, &primary).unwrap();
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());

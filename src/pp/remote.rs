@@ -20,11 +20,15 @@
 //! link drops them before its communicator.
 //!
 //! Failure: a connection that ends without the close record (the peer exited), a failed write,
-//! or an NCCL asynchronous error fails the link: its communicator is aborted at once (so no NCCL
-//! kernel stays queued and every stream drains), waiting `rx` calls wake up, and every later
-//! call on the boundary returns [`PpError::PeerFailed`]. A watchdog thread per runtime polls the
-//! links the receiver threads do not read. Clean shutdown: the TX rank sends a close record and
-//! waits (bounded) until the RX rank's receives of every step are complete.
+//! an NCCL asynchronous error, or a peer silent for the peer timeout (its process hung or
+//! stopped) fails the link: its communicator is aborted at once (so no NCCL kernel stays queued
+//! and every stream drains, a stream synchronisation waiting for a send or receive included),
+//! waiting `rx` calls wake up, and every later call on the boundary returns
+//! [`PpError::PeerFailed`]. Liveness: a watchdog thread per runtime sends a sign of life on every
+//! link of this rank a few times per timeout (an `ALIVE` record to the RX rank, an `ALIVE` byte
+//! back to the TX rank), reads the TX side's, and polls NCCL; the receiver threads read the RX
+//! side's with the records. Clean shutdown: the TX rank sends a close record and waits (bounded)
+//! until the RX rank's receives of every step are complete.
 //!
 //! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and hands out
 //! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks; the communicators
@@ -35,7 +39,7 @@ use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -59,10 +63,14 @@ pub(super) const POLL: Duration = Duration::from_millis(10);
 /// core for at most this long per wait.
 pub(super) const SPIN: Duration = Duration::from_micros(250);
 
-const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD1";
+/// The greeting of a control connection; the digit is the wire protocol's version.
+const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD2";
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
+/// The RX rank's one-byte answer to a close: every step was received.
 const DONE: u8 = 3;
+/// A sign of life: a record with no payload from the TX rank, one byte from the RX rank.
+const ALIVE: u8 = 4;
 /// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
 /// element's size in bytes (u64), then the element type's name.
 const RECORD_HEAD: usize = 32;
@@ -170,14 +178,44 @@ pub(super) struct Sender {
     pub(super) tx_device: i32,
     n_slots: usize,
     control: Mutex<SendControl>,
-    /// A second handle of the control connection: the watchdog peeks at it for the peer's end.
+    /// A second handle of the control connection: the watchdog reads the peer's signs of life
+    /// (and sees its end) through it.
     watch: TcpStream,
+    /// The peer timeout: a peer silent for longer fails the link.
+    timeout: Duration,
+    /// Whether silence fails the link (see [`silence_fails`]).
+    silence_fails: bool,
 }
 
 struct SendControl {
     socket: TcpStream,
     step: u64,
     closed: bool,
+    /// When this rank last wrote to the connection (a record or a sign of life).
+    written: Instant,
+}
+
+/// How often a rank shows a peer it is alive, for a peer `timeout`: ten times per timeout,
+/// at most once per poll interval and at least once a second.
+fn heartbeat_interval(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(POLL, Duration::from_secs(1))
+}
+
+/// Whether a peer silent for longer than the peer timeout fails its link: always, except with
+/// the liveness check broken on purpose ([`ProtocolFault::IgnoreSilence`], tests only).
+fn silence_fails(config: &PpConfig) -> bool {
+    #[cfg(feature = "testing")]
+    if config.fault() == crate::config::ProtocolFault::IgnoreSilence {
+        return false;
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = config;
+    true
+}
+
+/// Why a link whose peer was silent for `silent` (more than the peer timeout) fails.
+fn silence(silent: Duration) -> String {
+    format!("no sign of life from the peer for {silent:?}, more than the peer timeout (its process hung or stopped?)")
 }
 
 impl Sender {
@@ -208,12 +246,15 @@ impl Sender {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
+        control.written = Instant::now();
         if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.
+            // A send that failed because the link failed meanwhile (its communicator aborted by
+            // the watchdog or a receiver thread) reports that failure, as every later call does.
             self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
             let _ = control.socket.shutdown(std::net::Shutdown::Both);
-            return Err(e);
+            return Err(self.link.stopped().unwrap_or(e));
         }
         control.step += 1;
         Ok((step % self.n_slots as u64) as usize)
@@ -233,14 +274,19 @@ impl Sender {
         }
         control.closed = true;
         let step = control.step;
-        let answer = control
-            .socket
-            .write_all(&encode_record(CLOSE, step, 0, 0, ""))
-            .and_then(|()| control.socket.set_read_timeout(Some(timeout)))
-            .and_then(|()| {
-                let mut done = [0u8; 1];
-                control.socket.read_exact(&mut done).map(|()| done[0])
-            });
+        let deadline = Instant::now() + timeout;
+        let answer = control.socket.write_all(&encode_record(CLOSE, step, 0, 0, "")).and_then(|()| {
+            // The answer, past the signs of life the peer sent meanwhile.
+            let mut byte = [0u8; 1];
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                control.socket.set_read_timeout(Some(left))?;
+                control.socket.read_exact(&mut byte)?;
+                if byte[0] != ALIVE {
+                    return Ok(byte[0]);
+                }
+            }
+        });
         match answer {
             Ok(DONE) => {
                 self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
@@ -250,20 +296,64 @@ impl Sender {
         }
     }
 
-    /// The watchdog's look at the link: the peer's end of the connection (it sends nothing
-    /// before the close's answer), and NCCL's asynchronous error.
-    fn watch(&self) {
+    /// The watchdog's look at the link: a sign of life to the peer when this rank wrote nothing
+    /// for a heartbeat interval; the peer's signs of life (`heard` is when the last came) and its
+    /// end of the connection; silence longer than the timeout; NCCL's asynchronous error. Skipped
+    /// while a `tx` or the close holds the connection (the close reads the peer's answer, and a
+    /// `tx` blocked on a full connection fails by its own write timeout).
+    fn watch(&self, heard: &mut Instant) {
         if self.link.stopped().is_some() {
             return;
         }
-        let mut byte = [0u8; 1];
-        match self.watch.peek(&mut byte) {
-            Ok(0) => self.link.fail("the peer closed the boundary's connection (its process exited?)".into()),
-            Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                self.link.fail(format!("the boundary's connection failed: {e}"));
-            }
-            _ => watch_comm(&self.link),
+        let mut control = match self.control.try_lock() {
+            Ok(control) => control,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if control.closed {
+            return;
         }
+        let now = Instant::now();
+        if now.duration_since(control.written) >= heartbeat_interval(self.timeout) {
+            if let Err(e) = control.socket.write_all(&encode_record(ALIVE, 0, 0, 0, "")) {
+                drop(control);
+                self.link.fail(format!("writing a sign of life failed: {e}"));
+                return;
+            }
+            control.written = now;
+        }
+        let mut bytes = [0u8; 64];
+        loop {
+            match (&self.watch).read(&mut bytes) {
+                Ok(0) => {
+                    drop(control);
+                    self.link.fail("the peer closed the boundary's connection (its process exited?)".into());
+                    return;
+                }
+                Ok(read) => {
+                    if let Some(other) = bytes[..read].iter().find(|&&byte| byte != ALIVE) {
+                        drop(control);
+                        self.link.fail(format!("the peer sent {other} before the close"));
+                        return;
+                    }
+                    *heard = Instant::now();
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    drop(control);
+                    self.link.fail(format!("the boundary's connection failed: {e}"));
+                    return;
+                }
+            }
+        }
+        drop(control);
+        let silent = heard.elapsed();
+        if self.silence_fails && silent > self.timeout {
+            self.link.fail(silence(silent));
+            return;
+        }
+        watch_comm(&self.link);
     }
 }
 
@@ -284,6 +374,42 @@ pub(super) struct Inbound {
     /// A stream of the same device used only to capture receives into graphs, when allowed
     /// ([`PpConfig::nccl_recv_graphs`]).
     pub(super) capture_stream: Option<Arc<CudaStream>>,
+    /// The peer timeout: a TX rank silent for longer fails the link.
+    pub(super) timeout: Duration,
+    /// Whether silence fails the link (see [`silence_fails`]).
+    pub(super) silence_fails: bool,
+}
+
+impl Inbound {
+    /// The watchdog's end of this link: a second handle of the connection, for this rank's
+    /// signs of life.
+    pub(super) fn heartbeat(&self) -> Result<Heartbeat> {
+        let socket = self.socket.try_clone().map_err(|e| io_error(&self.link, "cloning the connection", &e))?;
+        Ok(Heartbeat { link: Arc::clone(&self.link), socket, interval: heartbeat_interval(self.timeout) })
+    }
+}
+
+/// Signs of life from the RX rank to the TX rank of one link, sent by the watchdog.
+pub(super) struct Heartbeat {
+    link: Arc<Link>,
+    socket: TcpStream,
+    interval: Duration,
+}
+
+impl Heartbeat {
+    /// Sends a sign of life when `sent` (the last one's time) is an interval ago. The connection
+    /// may be non-blocking at the time (the receiver thread switches it): a full buffer skips
+    /// this one.
+    fn beat(&self, sent: &mut Instant) {
+        if self.link.stopped().is_some() || sent.elapsed() < self.interval {
+            return;
+        }
+        match (&self.socket).write(&[ALIVE]) {
+            Ok(_) => *sent = Instant::now(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(e) => self.link.fail(format!("writing a sign of life failed: {e}")),
+        }
+    }
 }
 
 /// A step announced by the TX rank.
@@ -359,6 +485,9 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
     // likely near), then with a blocking read bounded by POLL.
     let mut spin_until: Option<Instant> = None;
     let mut nonblocking = false;
+    // When the TX rank was last heard from (or this thread last came back from waiting for a
+    // slot, when it read nothing).
+    let mut heard = Instant::now();
     let outcome: std::result::Result<(), String> = loop {
         if stop.load(Ordering::SeqCst) || link.stopped().is_some() {
             break Ok(());
@@ -387,10 +516,18 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                 } else {
                     spin_until = None;
                 }
+                let silent = heard.elapsed();
+                if inbound.silence_fails && silent > inbound.timeout {
+                    break Err(silence(silent));
+                }
                 continue;
             }
             Err(reason) => break Err(reason),
         };
+        heard = Instant::now();
+        if matches!(record, Record::Alive) {
+            continue;
+        }
         spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
@@ -409,6 +546,7 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
             Record::Close { steps } => {
                 break Err(format!("the close names {steps} step(s), {expected} were announced"));
             }
+            Record::Alive => unreachable!("handled above"),
             Record::Data(step) if step.step != expected => {
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }
@@ -418,7 +556,10 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
                     receive_step(&link, recv_stream, capture_stream, slot, dst, repeated)
                 };
-                match filler.fill(&step, stop, &mut recv) {
+                let filled = filler.fill(&step, stop, &mut recv);
+                // The wait for a free slot is this rank's, not the peer's silence.
+                heard = Instant::now();
+                match filled {
                     Ok(true) => {
                         expected += 1;
                         last_bytes = Some(step.bytes);
@@ -493,6 +634,7 @@ fn capture_receive(link: &Link, capture_stream: &Arc<CudaStream>, dst: &mut Cuda
 enum Record {
     Data(Announced),
     Close { steps: u64 },
+    Alive,
 }
 
 fn encode_record(kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> Vec<u8> {
@@ -537,6 +679,7 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
                         Record::Data(Announced { step, n: n as usize, elem, bytes })
                     }
                     CLOSE => Record::Close { steps: step },
+                    ALIVE => Record::Alive,
                     other => return Err(format!("a record of unknown kind {other}")),
                 };
                 pending.drain(..RECORD_HEAD + name_len);
@@ -592,10 +735,14 @@ pub(super) struct Watchdog {
 }
 
 impl Watchdog {
-    pub(super) fn start(senders: Vec<Arc<Sender>>) -> Result<Option<Watchdog>> {
-        if senders.is_empty() {
+    /// Starts the thread that watches this rank's outgoing links (`senders`) and sends the
+    /// signs of life of its incoming ones (`heartbeats`); none when there are neither.
+    pub(super) fn start(senders: Vec<Arc<Sender>>, heartbeats: Vec<Heartbeat>) -> Result<Option<Watchdog>> {
+        let Some(first) = senders.first().map(|s| &s.link).or(heartbeats.first().map(|h| &h.link)) else {
             return Ok(None);
-        }
+        };
+        // A failure to start names the first link it would have watched.
+        let first = Arc::clone(first);
         for sender in &senders {
             sender
                 .watch
@@ -603,16 +750,20 @@ impl Watchdog {
                 .map_err(|e| io_error(&sender.link, "the connection's timeout", &e))?;
         }
         let stop = Arc::new(AtomicBool::new(false));
-        // A failure to start names the first link it would have watched.
-        let first = Arc::clone(&senders[0].link);
         let thread = std::thread::Builder::new()
             .name("ppnrt-watchdog".into())
             .spawn({
                 let stop = Arc::clone(&stop);
                 move || {
+                    let start = Instant::now();
+                    let mut heard = vec![start; senders.len()];
+                    let mut sent = vec![start; heartbeats.len()];
                     while !stop.load(Ordering::SeqCst) {
-                        for sender in &senders {
-                            sender.watch();
+                        for (sender, heard) in senders.iter().zip(&mut heard) {
+                            sender.watch(heard);
+                        }
+                        for (heartbeat, sent) in heartbeats.iter().zip(&mut sent) {
+                            heartbeat.beat(sent);
                         }
                         std::thread::sleep(POLL);
                     }
@@ -729,7 +880,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             // The probe proves the link (and makes NCCL connect now, not in the first step).
             link.comm.send(&local.stream, &probe, 1)?;
             local.stream.synchronize()?;
-            let control = Mutex::new(SendControl { socket, step: 0, closed: false });
+            let control = Mutex::new(SendControl { socket, step: 0, closed: false, written: Instant::now() });
             let sender = Sender {
                 link,
                 tx_stream: Arc::clone(&local.stream),
@@ -737,6 +888,8 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
                 n_slots: config.n_slots(),
                 control,
                 watch,
+                timeout,
+                silence_fails: silence_fails(config),
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
@@ -746,7 +899,10 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             link.comm.recv(&recv_stream, &mut probe, 0)?;
             recv_stream.synchronize()?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
-            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
+            links.inbound.insert(
+                b.boundary,
+                Inbound { link, socket, recv_stream, capture_stream, timeout, silence_fails: silence_fails(config) },
+            );
         }
     }
     Ok(links)
@@ -887,16 +1043,26 @@ mod tests {
             Record::Data(step) => {
                 assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
             }
-            Record::Close { .. } => panic!("expected data"),
+            Record::Close { .. } | Record::Alive => panic!("expected data"),
         }
-        let mut both = encode_record(DATA, 8, 3, 2, "bf16");
-        both.extend(encode_record(CLOSE, 9, 0, 0, ""));
-        writer.write_all(&both).unwrap();
+        let mut three = encode_record(DATA, 8, 3, 2, "bf16");
+        three.extend(encode_record(ALIVE, 0, 0, 0, ""));
+        three.extend(encode_record(CLOSE, 9, 0, 0, ""));
+        writer.write_all(&three).unwrap();
         assert!(
             matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Data(s) if s.elem == "bf16" && s.bytes == 6)
         );
+        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Alive));
         assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Close { steps: 9 }));
         assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn signs_of_life_come_ten_times_per_timeout_within_bounds() {
+        assert_eq!(heartbeat_interval(Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(heartbeat_interval(Duration::from_secs(2)), Duration::from_millis(200));
+        assert_eq!(heartbeat_interval(Duration::from_millis(20)), POLL);
+        assert!(silence(Duration::from_secs(3)).contains("no sign of life from the peer for 3s"));
     }
 
     #[test]

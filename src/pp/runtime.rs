@@ -308,13 +308,15 @@ impl PpNRt {
             })
             .collect::<Result<Vec<_>>>()?;
         let mut receivers = Vec::with_capacity(inbound_links.len());
+        let mut heartbeats = Vec::with_capacity(inbound_links.len());
         for (b, inbound) in inbound_links {
             let BoundaryEnd::Ring(ring) = &boundaries[b] else { unreachable!("an inbound boundary has a ring") };
+            heartbeats.push(inbound.heartbeat()?);
             receivers.push(Receiver::start(inbound, Arc::clone(ring) as Arc<dyn SlotFiller>)?);
         }
         let senders =
             boundaries.iter().filter_map(|end| if let BoundaryEnd::Send(s) = end { Some(Arc::clone(s)) } else { None });
-        let watchdog = Watchdog::start(senders.collect())?;
+        let watchdog = Watchdog::start(senders.collect(), heartbeats)?;
         // The readback stream lives in the last stage's context (in this rank's last stage's
         // when another rank runs the last stage; `readback` is refused there).
         let last = stages.iter().rev().flatten().next().expect("every rank runs at least one stage");
