@@ -296,15 +296,30 @@ impl Sender {
         }
     }
 
-    /// The watchdog's look at the link: a sign of life to the peer when this rank wrote nothing
-    /// for a heartbeat interval; the peer's signs of life (`heard` is when the last came) and its
-    /// end of the connection; silence longer than the timeout; NCCL's asynchronous error. Skipped
-    /// while a `tx` or the close holds the connection (the close reads the peer's answer, and a
+    /// The watchdog's look at the link: the peer's end of the connection and its signs of life
+    /// (`heard` is when the last came); silence longer than the timeout; a sign of life to the
+    /// peer when this rank wrote nothing for a heartbeat interval; NCCL's asynchronous error.
+    /// The connection is looked at without the link's lock (a peek waits up to a millisecond
+    /// when nothing came), and read or written under it only when that cannot block a `tx` for
+    /// long: skipped while a `tx` or the close holds it (the close reads the peer's answer, and a
     /// `tx` blocked on a full connection fails by its own write timeout).
     fn watch(&self, heard: &mut Instant) {
         if self.link.stopped().is_some() {
             return;
         }
+        let mut byte = [0u8; 1];
+        let waiting = match self.watch.peek(&mut byte) {
+            Ok(0) => {
+                self.link.fail("the peer closed the boundary's connection (its process exited?)".into());
+                return;
+            }
+            Ok(_) => true,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => false,
+            Err(e) => {
+                self.link.fail(format!("the boundary's connection failed: {e}"));
+                return;
+            }
+        };
         let mut control = match self.control.try_lock() {
             Ok(control) => control,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -313,17 +328,10 @@ impl Sender {
         if control.closed {
             return;
         }
-        let now = Instant::now();
-        if now.duration_since(control.written) >= heartbeat_interval(self.timeout) {
-            if let Err(e) = control.socket.write_all(&encode_record(ALIVE, 0, 0, 0, "")) {
-                drop(control);
-                self.link.fail(format!("writing a sign of life failed: {e}"));
-                return;
-            }
-            control.written = now;
-        }
-        let mut bytes = [0u8; 64];
-        loop {
+        if waiting {
+            // Bytes are there (only this thread and the close, which holds the lock, read them):
+            // the read returns at once.
+            let mut bytes = [0u8; 64];
             match (&self.watch).read(&mut bytes) {
                 Ok(0) => {
                     drop(control);
@@ -338,8 +346,7 @@ impl Sender {
                     }
                     *heard = Instant::now();
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(e) => {
                     drop(control);
                     self.link.fail(format!("the boundary's connection failed: {e}"));
@@ -347,12 +354,22 @@ impl Sender {
                 }
             }
         }
-        drop(control);
         let silent = heard.elapsed();
         if self.silence_fails && silent > self.timeout {
+            drop(control);
             self.link.fail(silence(silent));
             return;
         }
+        let now = Instant::now();
+        if now.duration_since(control.written) >= heartbeat_interval(self.timeout) {
+            if let Err(e) = control.socket.write_all(&encode_record(ALIVE, 0, 0, 0, "")) {
+                drop(control);
+                self.link.fail(format!("writing a sign of life failed: {e}"));
+                return;
+            }
+            control.written = now;
+        }
+        drop(control);
         watch_comm(&self.link);
     }
 }
