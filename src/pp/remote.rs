@@ -95,6 +95,9 @@ pub(super) struct Link {
     graph_receives: AtomicU64,
     pub(super) comm: NcclComm,
     failure: Failure,
+    /// A handle of the link's control connection, shut down when the link fails so that the
+    /// peer learns it at once (its end reads the connection's end).
+    connection: TcpStream,
 }
 
 /// The receive of `bytes` bytes into slot `slot`, captured once and launched for each step of
@@ -109,10 +112,12 @@ struct RecvGraph {
 const RECV_GRAPHS_PER_SLOT: usize = 2;
 
 impl Link {
-    /// Fails the link (once): records `reason` and aborts the communicator, so no NCCL kernel of
-    /// it stays queued.
+    /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
+    /// link fails too, within milliseconds, whatever this side's reason) and aborts the
+    /// communicator, so no NCCL kernel of it stays queued.
     pub(super) fn fail(&self, reason: String) {
         if self.stop(reason, true) {
+            let _ = self.connection.shutdown(std::net::Shutdown::Both);
             // NCCL's abort waits until every graph holding an operation of the communicator is
             // destroyed: destroy the captured receives first, keeping their slots' memory alive
             // until the abort has stopped their runs.
@@ -253,7 +258,6 @@ impl Sender {
             // A send that failed because the link failed meanwhile (its communicator aborted by
             // the watchdog or a receiver thread) reports that failure, as every later call does.
             self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            let _ = control.socket.shutdown(std::net::Shutdown::Both);
             return Err(self.link.stopped().unwrap_or(e));
         }
         control.step += 1;
@@ -310,7 +314,10 @@ impl Sender {
         let mut byte = [0u8; 1];
         let waiting = match self.watch.peek(&mut byte) {
             Ok(0) => {
-                self.link.fail("the peer closed the boundary's connection (its process exited?)".into());
+                self.link.fail(
+                    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)"
+                        .into(),
+                );
                 return;
             }
             Ok(_) => true,
@@ -335,7 +342,7 @@ impl Sender {
             match (&self.watch).read(&mut bytes) {
                 Ok(0) => {
                     drop(control);
-                    self.link.fail("the peer closed the boundary's connection (its process exited?)".into());
+                    self.link.fail("the peer closed the boundary's connection (its process exited, or its end of the boundary failed)".into());
                     return;
                 }
                 Ok(read) => {
@@ -705,7 +712,12 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
         }
         let mut chunk = [0u8; 512];
         match socket.read(&mut chunk) {
-            Ok(0) => return Err("the peer closed the boundary's connection (its process exited?)".into()),
+            Ok(0) => {
+                return Err(
+                    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)"
+                        .into(),
+                );
+            }
             Ok(read) => pending.extend_from_slice(&chunk[..read]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -881,6 +893,14 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
         let comm = NcclComm::init_rank(&local.ctx, 2, &NcclUniqueId::from_bytes(id), i32::from(!sending))?;
         let peer = if sending { b.rx_rank } else { b.tx_rank };
+        let socket = if sending {
+            outbound.remove(&b.boundary).expect("connected above")
+        } else {
+            inbound_sockets.remove(&b.boundary).expect("accepted above")
+        };
+        let clone = |socket: &TcpStream| {
+            socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))
+        };
         let recv_graphs = Mutex::new(Some(Vec::new()));
         let link = Arc::new(Link {
             boundary: b.boundary,
@@ -889,11 +909,11 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             graph_receives: AtomicU64::new(0),
             comm,
             failure: Failure::default(),
+            connection: clone(&socket)?,
         });
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
         if sending {
-            let socket = outbound.remove(&b.boundary).expect("connected above");
-            let watch = socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))?;
+            let watch = clone(&socket)?;
             // The probe proves the link (and makes NCCL connect now, not in the first step).
             link.comm.send(&local.stream, &probe, 1)?;
             local.stream.synchronize()?;
@@ -910,7 +930,6 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
-            let socket = inbound_sockets.remove(&b.boundary).expect("accepted above");
             let recv_stream = CudaStream::new(&local.ctx)?;
             let mut probe = probe;
             link.comm.recv(&recv_stream, &mut probe, 0)?;
