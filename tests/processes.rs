@@ -374,38 +374,13 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     if ready(test).is_none() {
         return;
     }
-    let dir = scratch("kill");
-    let launch = Launch {
-        mode: "kill",
-        ranks: &[0, 1, 0],
-        slots: 2,
-        steps: u64::MAX,
-        seed: 9,
-        sockets: false,
-        wrap_rank1: None,
-        broken: false,
-        max_delay_ns: None,
-        peer_timeout_ms: None,
-        ignore_silence: false,
-    };
-    let mut children = launch.spawn(&dir);
-    let running = dir.join("running");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !running.exists() {
-        assert!(Instant::now() < deadline, "the ranks never got going");
-        if let Some(status) = children[0].try_wait().unwrap() {
-            let rest: Vec<_> = children.into_iter().map(output_of).collect();
-            panic!("rank 0 exited early ({status}): {rest:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (mut children, _dir) = running_ranks("kill", 9, None, false);
     let mut victim = children.pop().unwrap();
     victim.kill().unwrap(); // SIGKILL: no destructor, no goodbye
     let killed_at = unix_ms();
     let _ = victim.wait();
-    let survivor = children.pop().unwrap();
+    let mut survivor = children.pop().unwrap();
     let limit = Instant::now() + Duration::from_secs(30);
-    let mut survivor = survivor;
     while survivor.try_wait().unwrap().is_none() {
         if Instant::now() > limit {
             survivor.kill().unwrap();
@@ -414,11 +389,10 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let (ok, output) = output_of(survivor);
-    let line =
-        output.lines().find_map(|l| l.find("CHILD-PEER-FAILED").map(|at| l[at..].to_string())).unwrap_or_default();
-    assert!(ok && !line.is_empty(), "the survivor did not report a typed error:\n{output}");
-    let noticed_at: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let after = Duration::from_millis(noticed_at.saturating_sub(killed_at));
+    let reported = peer_failure(&output, killed_at);
+    let Some((after, line)) = reported.filter(|_| ok) else {
+        panic!("the survivor did not report a typed error:\n{output}");
+    };
     say(&format!("{test}: typed error {after:?} after the kill: {line}"));
     assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the kill");
 }
@@ -446,22 +420,21 @@ fn a_stopped_rank_is_a_typed_error_in_the_survivor() {
     assert!(broken.is_none(), "without the liveness check the survivor still reported the stopped rank: {line}");
 }
 
-/// Runs ranks [0, 1, 0] in kill mode, stops rank 1 once they run, and waits at most 12 s for
-/// rank 0 to report a typed peer failure; returns how long after the stop it did, and its line
-/// (or its output). Both ranks are killed afterwards.
-fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
+/// Starts ranks [0, 1, 0] in kill mode (rank 0 steps until a typed peer failure) and returns
+/// them once rank 0 has run 50 steps, with their scratch folder.
+fn running_ranks(name: &str, seed: u64, peer_timeout_ms: Option<u64>, ignore_silence: bool) -> (Vec<Child>, PathBuf) {
     let dir = scratch(name);
     let launch = Launch {
         mode: "kill",
         ranks: &[0, 1, 0],
         slots: 2,
         steps: u64::MAX,
-        seed: 13,
+        seed,
         sockets: false,
         wrap_rank1: None,
         broken: false,
         max_delay_ns: None,
-        peer_timeout_ms: Some(2_000),
+        peer_timeout_ms,
         ignore_silence,
     };
     let mut children = launch.spawn(&dir);
@@ -475,6 +448,22 @@ fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    (children, dir)
+}
+
+/// The survivor's typed peer failure in `output`: how long after `since` (Unix ms) it came, and
+/// its line.
+fn peer_failure(output: &str, since: u64) -> Option<(Duration, String)> {
+    let line = output.lines().find_map(|l| l.find("CHILD-PEER-FAILED").map(|at| l[at..].to_string()))?;
+    let noticed_at: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((Duration::from_millis(noticed_at.saturating_sub(since)), line))
+}
+
+/// Runs ranks [0, 1, 0] in kill mode with a peer timeout of 2 s, stops rank 1 once they run,
+/// and waits at most 12 s for rank 0 to report a typed peer failure; returns how long after the
+/// stop it did, and its line (or the end of its output). Both ranks are killed afterwards.
+fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
+    let (mut children, _dir) = running_ranks(name, 13, Some(2_000), ignore_silence);
     let mut stopped = children.pop().unwrap();
     let status = Command::new("kill").args(["-STOP", &stopped.id().to_string()]).status().unwrap();
     assert!(status.success(), "{name}: kill -STOP failed");
@@ -488,11 +477,8 @@ fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
     let _ = stopped.kill(); // SIGKILL ends a stopped process too
     let _ = stopped.wait();
     let (_, output) = output_of(survivor);
-    match output.lines().find_map(|l| l.find("CHILD-PEER-FAILED").map(|at| l[at..].to_string())) {
-        Some(line) => {
-            let noticed_at: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-            (Some(Duration::from_millis(noticed_at.saturating_sub(stopped_at))), line)
-        }
+    match peer_failure(&output, stopped_at) {
+        Some((after, line)) => (Some(after), line),
         None => (None, output.lines().rev().take(5).collect::<Vec<_>>().join(" | ")),
     }
 }
