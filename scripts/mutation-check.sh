@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Shows that the driver-double tests catch what they guard: each mutation undoes one soundness
-# fix in a scratch worktree of HEAD, and `cargo test --test double` must then report a failure.
+# fix in a scratch worktree of HEAD, and `cargo test --test double` (or the test binary the
+# mutation names: `processes` runs its ranks through the driver and NCCL doubles) must then
+# report a failure.
 # Prints, per mutation, the failing tests; "CAUGHT" or "MISSED" ("STALE" when the code it
 # mutates has changed and the mutation no longer applies).
 #
@@ -13,9 +15,9 @@ trap 'git -C "$repo" worktree remove --force "$scratch/tree"; rm -rf "$scratch"'
 cd "$scratch/tree"
 export CARGO_TARGET_DIR=$repo/target/mutation
 run() {
-  name=$1; shift
+  name=$1; test=${5:-double}; shift
   git checkout -q -- .
-  if ! python3 - "$@" <<'PY'
+  if ! python3 - "$1" "$2" "$3" <<'PY'
 import sys
 path, old, new = sys.argv[1], sys.argv[2], sys.argv[3]
 s = open(path).read()
@@ -26,7 +28,7 @@ PY
   then
     echo "STALE $name (update its anchor)"; return
   fi
-  out=$(cargo test --test double 2>&1 | grep -E "^test .*FAILED$")
+  out=$(cargo test --test "$test" 2>&1 | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'; else echo "MISSED $name"; fi
 }
 run pinned-htod src/safe/memory.rs "        if read_later {" "        if false && read_later {"
@@ -49,3 +51,10 @@ run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
 run graph-stale-slot src/pp/runtime/step_graph.rs "SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => Ok(())," "SlotBuffer::Device(_) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
+# Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
+# fails the link.
+run liveness src/pp/remote.rs "    let _ = config;
+    true
+}" "    let _ = config;
+    false
+}" processes

@@ -8,17 +8,23 @@
 //! memcheck.
 //!
 //! Needs NCCL and a GPU; skips (saying why) otherwise, and fails instead with
-//! `PPNRT_REQUIRE_GPUS=1` / `PPNRT_REQUIRE_NCCL=1`. With one GPU the two ranks share it: each
+//! `PPNRT_REQUIRE_GPUS=1` / `PPNRT_REQUIRE_NCCL=1`. On a machine where no CUDA driver can be
+//! loaded, the tests run through the driver double and the NCCL double
+//! (`tests/driver_double/`), which move each step between the ranks over a Unix socket; what
+//! only a GPU shows (NCCL's transports, memcheck) is then skipped, saying so. With one GPU the two ranks share it: each
 //! gets a host id of its own (`NCCL_HOSTID`), so NCCL sees two hosts and moves every step over
 //! its socket transport on loopback (the NVLink runs become socket runs, checked from NCCL's log).
 
 mod common;
+#[path = "common/double.rs"]
+mod double;
 #[path = "common/graphs.rs"]
 mod graphs;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
@@ -199,12 +205,50 @@ fn read_digests(dir: &Path) -> Vec<u64> {
     text.lines().map(|line| u64::from_str_radix(line.trim(), 16).unwrap()).collect()
 }
 
+/// Whether the tests run through the driver and NCCL doubles: where no CUDA driver can be
+/// loaded (and `PPNRT_LIBCUDA_PATH` names none), both doubles are built and named in the
+/// environment, which the ranks inherit, before anything in this process loads a driver. Every
+/// test calls it first (through [`ready`]).
+fn through_doubles() -> bool {
+    static DOUBLES: OnceLock<bool> = OnceLock::new();
+    *DOUBLES.get_or_init(|| {
+        if let Some(path) = std::env::var_os("PPNRT_LIBCUDA_PATH") {
+            return path.to_string_lossy().contains("cuda_double");
+        }
+        // SAFETY: opening the system's driver library only to see whether there is one; its
+        // initialisers have no preconditions.
+        if unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
+            return false;
+        }
+        let built = double::build(&[]).and_then(|cuda| Ok((cuda, double::build_nccl()?)));
+        match built {
+            Ok((cuda, nccl)) => {
+                // SAFETY: set before any driver or NCCL load, while every other test of this
+                // binary waits on this OnceLock; nothing else reads the environment meanwhile.
+                unsafe {
+                    std::env::set_var("PPNRT_LIBCUDA_PATH", cuda);
+                    std::env::set_var(ppnrt::nccl::LIBNCCL_PATH_VAR, nccl);
+                }
+                true
+            }
+            Err(why) => {
+                assert!(std::env::var_os("PPNRT_REQUIRE_DOUBLE").is_none(), "the doubles are required: {why}");
+                say(&format!("no GPU, and the doubles could not be built: {why}"));
+                false
+            }
+        }
+    })
+}
+
 /// Whether the ranks share GPU 0 (this machine has one), NCCL then over sockets.
 fn sharing_one_gpu() -> bool {
     ppnrt::Device::count().is_ok_and(|count| count < 2)
 }
 
 fn ready(test: &str) -> Option<Engine> {
+    if through_doubles() {
+        say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
+    }
     devices_or_skip(test, 1)?;
     if sharing_one_gpu() {
         say(&format!("{test}: one GPU: both ranks share it, NCCL over sockets (NCCL_HOSTID per rank)"));
@@ -268,7 +312,7 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         assert!(ok, "{name}: rank {rank} failed:\n{output}");
     }
     let transports = transports_used(&dir);
-    if launch.sockets || sharing_one_gpu() {
+    if (launch.sockets || sharing_one_gpu()) && !through_doubles() {
         assert!(
             !transports.is_empty() && transports.iter().all(|t| t.starts_with("NET/Socket")),
             "{name}: NCCL was to use sockets only, its logs name {transports:?}"
@@ -285,10 +329,11 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         .filter_map(|line| line.trim().strip_prefix("GRAPH-RECEIVES ")?.parse::<u64>().ok())
         .sum();
     say(&format!(
-        "{name}: ranks {:?}, {} slot(s), NCCL via {transports:?}{}: {mismatches} mismatches in {} randomized steps, \
+        "{name}: ranks {:?}, {} slot(s), {}{}: {mismatches} mismatches in {} randomized steps, \
          {graph_receives} cross-rank receives through captured graphs ({:.1} s)",
         launch.ranks,
         launch.slots,
+        if through_doubles() { "through the NCCL double".to_string() } else { format!("NCCL via {transports:?}") },
         if launch.broken { ", protocol broken on purpose" } else { "" },
         launch.steps,
         started.elapsed().as_secs_f64()
@@ -487,6 +532,10 @@ fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
 fn one_rank_under_memcheck() {
     let test = "one_rank_under_memcheck";
     if ready(test).is_none() {
+        return;
+    }
+    if through_doubles() {
+        say(&format!("SKIPPED {test}: memcheck needs a GPU (running through the doubles)"));
         return;
     }
     let sanitizer = std::env::var("PPNRT_COMPUTE_SANITIZER").unwrap_or_else(|_| "compute-sanitizer".into());

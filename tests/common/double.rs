@@ -11,26 +11,39 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// The double's source, relative to the package root.
 const SOURCE: &str = "tests/driver_double/cuda_double.c";
 
+/// The NCCL double's source (`tests/driver_double/nccl_double.c`), relative to the package root.
+const NCCL_SOURCE: &str = "tests/driver_double/nccl_double.c";
+
 /// Builds the double (`defines` select a variant, e.g. `PPNRT_DOUBLE_CUDA_12_4`) and returns the
 /// library's path, or why it could not be built.
 pub fn build(defines: &[&str]) -> Result<PathBuf, String> {
+    let variant = if defines.is_empty() { "default".to_string() } else { defines.join("-").to_lowercase() };
+    compile(SOURCE, &format!("libcuda_double-{variant}"), defines, &["-lm", "-lpthread"])
+}
+
+/// Builds the NCCL double, which works with the driver double (it finds it through
+/// `PPNRT_LIBCUDA_PATH`), and returns the library's path, or why it could not be built.
+pub fn build_nccl() -> Result<PathBuf, String> {
+    compile(NCCL_SOURCE, "libnccl_double", &[], &["-lpthread", "-ldl"])
+}
+
+fn compile(source: &str, name: &str, defines: &[&str], libraries: &[&str]) -> Result<PathBuf, String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("driver-double");
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let variant = if defines.is_empty() { "default".to_string() } else { defines.join("-").to_lowercase() };
     // One file per process: test binaries build in parallel and must not overwrite a library
     // another process has loaded.
-    let out = dir.join(format!("libcuda_double-{variant}-{}.so", std::process::id()));
+    let out = dir.join(format!("{name}-{}.so", std::process::id()));
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut command = Command::new(&compiler);
-    command.args(["-O1", "-std=gnu11", "-shared", "-fPIC", "-o"]).arg(&out).arg(root.join(SOURCE));
+    command.args(["-O1", "-std=gnu11", "-shared", "-fPIC", "-o"]).arg(&out).arg(root.join(source));
     for define in defines {
         command.arg(format!("-D{define}"));
     }
-    command.args(["-lm", "-lpthread"]);
+    command.args(libraries);
     let output = command.output().map_err(|e| format!("cannot run the C compiler `{compiler}`: {e}"))?;
     if !output.status.success() {
-        return Err(format!("`{compiler}` failed on {SOURCE}:\n{}", String::from_utf8_lossy(&output.stderr)));
+        return Err(format!("`{compiler}` failed on {source}:\n{}", String::from_utf8_lossy(&output.stderr)));
     }
     Ok(out)
 }

@@ -88,7 +88,7 @@ typedef struct Alloc {
     struct Alloc* next;
 } Alloc;
 
-enum { OP_COPY, OP_SET8, OP_SET32, OP_KERNEL, OP_RECORD, OP_WAIT, OP_FREE_ASYNC };
+enum { OP_COPY, OP_SET8, OP_SET32, OP_KERNEL, OP_RECORD, OP_WAIT, OP_FREE_ASYNC, OP_EXTERNAL };
 
 typedef struct Stream Stream;
 typedef struct Event Event;
@@ -107,6 +107,11 @@ typedef struct Op {
     Stream* target;
     size_t target_pos;
     Event* wait_event; /* in a graph: an external event wait, resolved at each launch */
+    /* OP_EXTERNAL: work of another library's (the NCCL double's send or receive): it runs when
+     * `ready` says it can; until then the stream waits there, with the lock released. */
+    int (*ready)(void*);
+    void (*run)(void*);
+    void* arg;
 } Op;
 
 /* A captured graph, and an instantiated one: the ops recorded by a capture, in stream order. */
@@ -499,7 +504,7 @@ illegal:
 /* ------------------------------------------------------------------------------------------ */
 /* Execution                                                                                  */
 
-static void run_until(Stream* s, size_t pos);
+static int run_until(Stream* s, size_t pos);
 
 static void execute(Stream* s, Op* op) {
     if (s->ctx->dead && op->kind != OP_RECORD && op->kind != OP_WAIT) return;
@@ -543,23 +548,48 @@ static void execute(Stream* s, Op* op) {
         if (a) free_alloc(a);
         break;
     }
+    case OP_EXTERNAL:
+        op->run(op->arg);
+        break;
     }
 }
 
-static void run_until(Stream* s, size_t pos) {
+/* Runs `s` up to `pos`; 0 when an external operation that is not ready yet stops it there. */
+static int run_until(Stream* s, size_t pos) {
     while (s->head < pos) {
         Op* op = &s->ops[s->head];
-        if (op->kind == OP_WAIT) run_until(op->target, op->target_pos);
-        execute(s, &s->ops[s->head]);
+        if (op->kind == OP_WAIT && !run_until(op->target, op->target_pos)) return 0;
+        op = &s->ops[s->head];
+        if (op->kind == OP_EXTERNAL && !op->ready(op->arg)) return 0;
+        execute(s, op);
         s->head++;
     }
+    return 1;
+}
+
+/* Lets other threads in for a moment (an external operation waits for another process). */
+static void pause_unlocked(void) {
+    pthread_mutex_unlock(&lock);
+    struct timespec pause = {0, 50000};
+    nanosleep(&pause, NULL);
+    pthread_mutex_lock(&lock);
+}
+
+/* run_until, waiting (the lock released) while an external operation is not ready. */
+static void run_until_done(Stream* s, size_t pos) {
+    while (!run_until(s, pos)) pause_unlocked();
 }
 
 static void run_all(Ctx* only) {
-    for (size_t i = 0; i < n_streams; i++)
-        if (!only || streams[i]->ctx == only) run_until(streams[i], streams[i]->len);
-    for (int d = 0; d < n_devices; d++)
-        if (ctxs[d].legacy && (!only || only == &ctxs[d])) run_until(ctxs[d].legacy, ctxs[d].legacy->len);
+    for (;;) {
+        int done = 1;
+        for (size_t i = 0; i < n_streams; i++)
+            if (!only || streams[i]->ctx == only) done &= run_until(streams[i], streams[i]->len);
+        for (int d = 0; d < n_devices; d++)
+            if (ctxs[d].legacy && (!only || only == &ctxs[d])) done &= run_until(ctxs[d].legacy, ctxs[d].legacy->len);
+        if (done) return;
+        pause_unlocked();
+    }
 }
 
 static int event_complete(Event* e) {
@@ -601,6 +631,41 @@ void ppnrt_double_last_violation(char* buf, size_t len) {
     pthread_mutex_lock(&lock);
     snprintf(buf, len, "%s", last_violation);
     pthread_mutex_unlock(&lock);
+}
+
+/* Enqueues another library's work on `stream` (the NCCL double's sends and receives): `run(arg)`
+ * runs in stream order once `ready(arg)` says it can (both called with the double's lock held;
+ * neither may call the driver); captured like any work on a capturing stream, and then run at
+ * each launch of the graph with the same `arg`. */
+int ppnrt_double_enqueue_external(void* stream, int (*ready)(void*), void (*run)(void*), void* arg) {
+    pthread_mutex_lock(&lock);
+    Stream* s = stream_of(stream);
+    int rc = OK;
+    if (!s || s->destroyed) {
+        rc = E_INVALID_HANDLE;
+    } else if (s->ctx->dead) {
+        rc = s->ctx->dead;
+    } else {
+        Op op = {.kind = OP_EXTERNAL, .ready = ready, .run = run, .arg = arg};
+        push(s, op);
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* Runs `stream`'s queued work, waiting (unlocked) for external operations: the NCCL double's
+ * send runs at once with everything before it, as a GPU makes progress without being asked (a
+ * receiver in another process waits for it). */
+int ppnrt_double_run_stream(void* stream) {
+    pthread_mutex_lock(&lock);
+    Stream* s = stream_of(stream);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        return E_INVALID_HANDLE;
+    }
+    if (!s->capture) run_until_done(s, s->len);
+    pthread_mutex_unlock(&lock);
+    return OK;
 }
 
 /* Runs every queued operation of every stream. */
@@ -969,7 +1034,7 @@ static CUresult enqueue_copy(const char* who, CUdeviceptr dst, CUdeviceptr src, 
     push(s, op);
     if (host_dst && bytes && !find_alloc((uintptr_t)dst, bytes, 1)) {
         /* Pageable destination: the call returns once the copy is done. */
-        run_until(s, s->len);
+        run_until_done(s, s->len);
     }
     (void)who;
     return s->ctx->dead ? s->ctx->dead : OK;
@@ -1067,7 +1132,7 @@ CUresult cuStreamSynchronize(void* stream) {
     Stream* s = stream_of(stream);
     if (!s) RETURN(E_INVALID_CONTEXT);
     if (s->capture) RETURN(refuse_capture(s));
-    run_until(s, s->len);
+    run_until_done(s, s->len);
     RETURN(s->ctx->dead ? s->ctx->dead : OK);
 }
 
@@ -1183,7 +1248,8 @@ CUresult cuEventSynchronize(void* event) {
         violation("cuEventSynchronize: the event was last recorded into a capture");
         RETURN(E_CAPTURE_ISOLATION);
     }
-    if (e->stream) run_until(e->stream, e->pos);
+    /* The record as it is now (the event may be recorded again while this waits unlocked). */
+    if (e->stream) run_until_done(e->stream, e->pos);
     RETURN(e->ctx->dead ? e->ctx->dead : OK);
 }
 

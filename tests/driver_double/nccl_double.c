@@ -1,0 +1,376 @@
+/* A test double of NCCL for machines without a GPU, beside the CUDA driver double
+ * (cuda_double.c), loaded by ppnrt through PPNRT_LIBNCCL_PATH. What it models, and why:
+ *
+ * - Two-rank communicators between processes (or threads): ncclGetUniqueId names an abstract Unix
+ *   socket; ncclCommInitRank's rank 0 listens on it, rank 1 connects (retrying), as NCCL's init
+ *   blocks until both ranks joined (inside a group, rank 0 accepts at ncclGroupEnd).
+ * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
+ *   in the library PPNRT_LIBCUDA_PATH names): a send runs in stream order, at once with the work
+ *   before it on its stream (a GPU progresses unasked, and the receiver in another process waits
+ *   for it), and writes the bytes to the connection (it does not wait for the receiver: a reader
+ *   thread per communicator queues what arrives); a receive runs in stream order once a message is there and copies it into its
+ *   buffer, so a stream waits for its receive as a GPU's does, and captured into a graph, each
+ *   launch receives the next message. Device memory is host memory in the double.
+ * - ncclCommAbort ends the connection: a receive waiting then runs with its buffer as it was (cut
+ *   short), later calls fail. A peer that vanished (the connection ended without an abort) is an
+ *   asynchronous error (ncclRemoteError).
+ * - The version is 2.28.9, so graph launches may mix with calls on one communicator. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int ncclResult_t;
+enum { SUCCESS = 0, SYSTEM_ERROR = 2, INTERNAL_ERROR = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+enum { ID_BYTES = 128, CONNECT_TIMEOUT_S = 120 };
+static const char MAGIC[8] = "PPNRTND1";
+
+typedef struct { char internal[ID_BYTES]; } ncclUniqueId;
+
+typedef struct Message {
+    struct Message* next;
+    size_t len;
+    unsigned char bytes[];
+} Message;
+
+typedef struct Comm {
+    int rank;
+    int fd;        /* the connection to the other rank; -1 until connected */
+    int listen_fd; /* rank 0 before it accepted */
+    pthread_mutex_t lock;
+    pthread_t reader;
+    int reader_started;
+    Message *head, *tail; /* received, not yet taken by a receive */
+    int aborted;          /* ncclCommAbort */
+    int ended;            /* the connection ended (peer gone, or aborted) */
+    int remote_error;     /* it ended without this side's abort or destroy */
+    int destroying;
+} Comm;
+
+/* One send or receive, kept for the life of the process: a graph may run it again. */
+typedef struct Work {
+    Comm* comm;
+    void* buf;
+    size_t bytes;
+} Work;
+
+static __thread int group_depth;
+static __thread Comm* group_pending[64];
+static __thread int n_group_pending;
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int (*enqueue_external)(void*, int (*)(void*), void (*)(void*), void*);
+static int (*run_stream)(void*);
+
+static int find_driver_double(void) {
+    if (enqueue_external) return 1;
+    const char* path = getenv("PPNRT_LIBCUDA_PATH");
+    if (!path) return 0;
+    void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen(path, RTLD_NOW);
+    if (!lib) return 0;
+    run_stream = (int (*)(void*))dlsym(lib, "ppnrt_double_run_stream");
+    enqueue_external = (int (*)(void*, int (*)(void*), void (*)(void*), void*))dlsym(lib, "ppnrt_double_enqueue_external");
+    return enqueue_external != NULL && run_stream != NULL;
+}
+
+static void address(const ncclUniqueId* id, struct sockaddr_un* addr, socklen_t* len) {
+    memset(addr, 0, sizeof *addr);
+    addr->sun_family = AF_UNIX;
+    /* Abstract name: a NUL, then "ppnrt-nccl-double-" and the id's random bytes in hex. */
+    int at = 1 + snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "ppnrt-nccl-double-");
+    for (int i = 8; i < 24; i++) at += snprintf(addr->sun_path + at, sizeof addr->sun_path - at, "%02x", (unsigned char)id->internal[i]);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + at);
+}
+
+static int write_all(int fd, const void* p, size_t len) {
+    const unsigned char* b = p;
+    while (len) {
+        ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        b += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void* p, size_t len) {
+    unsigned char* b = p;
+    while (len) {
+        ssize_t n = recv(fd, b, len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        b += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Queues every message the other rank sends until the connection ends. */
+static void* reader_main(void* arg) {
+    Comm* c = arg;
+    for (;;) {
+        uint64_t len;
+        if (read_all(c->fd, &len, sizeof len) != 0) break;
+        Message* m = malloc(sizeof(Message) + len);
+        m->next = NULL;
+        m->len = len;
+        if (read_all(c->fd, m->bytes, len) != 0) {
+            free(m);
+            break;
+        }
+        pthread_mutex_lock(&c->lock);
+        if (c->tail) c->tail->next = m; else c->head = m;
+        c->tail = m;
+        pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_lock(&c->lock);
+    c->ended = 1;
+    if (!c->aborted && !c->destroying) c->remote_error = 1;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static ncclResult_t start(Comm* c) {
+    if (pthread_create(&c->reader, NULL, reader_main, c) != 0) return SYSTEM_ERROR;
+    c->reader_started = 1;
+    return SUCCESS;
+}
+
+/* Rank 0: accepts the other rank (at most CONNECT_TIMEOUT_S). */
+static ncclResult_t accept_peer(Comm* c) {
+    struct pollfd p = {.fd = c->listen_fd, .events = POLLIN};
+    int ready = poll(&p, 1, CONNECT_TIMEOUT_S * 1000);
+    if (ready <= 0) return SYSTEM_ERROR;
+    c->fd = accept(c->listen_fd, NULL, NULL);
+    close(c->listen_fd);
+    c->listen_fd = -1;
+    if (c->fd < 0) return SYSTEM_ERROR;
+    return start(c);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry points                                                                               */
+
+ncclResult_t ncclGetVersion(int* version) {
+    if (!version) return INVALID_ARGUMENT;
+    *version = 22809;
+    return SUCCESS;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+    if (!id) return INVALID_ARGUMENT;
+    memset(id, 0, sizeof *id);
+    memcpy(id->internal, MAGIC, sizeof MAGIC);
+    FILE* random = fopen("/dev/urandom", "rb");
+    size_t got = random ? fread(id->internal + 8, 1, 16, random) : 0;
+    if (random) fclose(random);
+    if (got != 16) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        uint64_t seed = (uint64_t)now.tv_nsec ^ ((uint64_t)now.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+        memcpy(id->internal + 8, &seed, 8);
+        memcpy(id->internal + 16, &id, 8);
+    }
+    return SUCCESS;
+}
+
+ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank) {
+    if (!out || nranks != 2 || rank < 0 || rank > 1 || memcmp(id.internal, MAGIC, sizeof MAGIC) != 0) return INVALID_ARGUMENT;
+    if (!find_driver_double()) return INTERNAL_ERROR;
+    Comm* c = calloc(1, sizeof(Comm));
+    c->rank = rank;
+    c->fd = c->listen_fd = -1;
+    pthread_mutex_init(&c->lock, NULL);
+    struct sockaddr_un addr;
+    socklen_t len;
+    address(&id, &addr, &len);
+    if (rank == 0) {
+        c->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (c->listen_fd < 0 || bind(c->listen_fd, (struct sockaddr*)&addr, len) != 0 || listen(c->listen_fd, 1) != 0) {
+            free(c);
+            return SYSTEM_ERROR;
+        }
+        if (group_depth > 0 && n_group_pending < 64) {
+            group_pending[n_group_pending++] = c; /* accepted at ncclGroupEnd */
+        } else {
+            ncclResult_t rc = accept_peer(c);
+            if (rc != SUCCESS) {
+                free(c);
+                return rc;
+            }
+        }
+    } else {
+        time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
+        for (;;) {
+            c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (c->fd >= 0 && connect(c->fd, (struct sockaddr*)&addr, len) == 0) break;
+            if (c->fd >= 0) close(c->fd);
+            c->fd = -1;
+            if (time(NULL) > deadline) {
+                free(c);
+                return SYSTEM_ERROR;
+            }
+            struct timespec pause = {0, 2000000};
+            nanosleep(&pause, NULL);
+        }
+        if (start(c) != SUCCESS) {
+            free(c);
+            return SYSTEM_ERROR;
+        }
+    }
+    *out = c;
+    return SUCCESS;
+}
+
+ncclResult_t ncclGroupStart(void) {
+    group_depth++;
+    return SUCCESS;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth == 0) return INVALID_USAGE;
+    if (--group_depth > 0) return SUCCESS;
+    ncclResult_t rc = SUCCESS;
+    for (int i = 0; i < n_group_pending; i++) {
+        ncclResult_t r = accept_peer(group_pending[i]);
+        if (r != SUCCESS) rc = r;
+    }
+    n_group_pending = 0;
+    return rc;
+}
+
+static int send_ready(void* arg) {
+    (void)arg;
+    return 1;
+}
+
+static void send_run(void* arg) {
+    Work* w = arg;
+    Comm* c = w->comm;
+    pthread_mutex_lock(&c->lock);
+    int usable = !c->aborted && c->fd >= 0;
+    pthread_mutex_unlock(&c->lock);
+    if (!usable) return;
+    uint64_t len = w->bytes;
+    if (write_all(c->fd, &len, sizeof len) != 0 || write_all(c->fd, w->buf, w->bytes) != 0) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->aborted) c->remote_error = 1;
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
+static int recv_ready(void* arg) {
+    Work* w = arg;
+    Comm* c = w->comm;
+    pthread_mutex_lock(&c->lock);
+    int ready = c->head != NULL || c->ended || c->aborted;
+    pthread_mutex_unlock(&c->lock);
+    return ready;
+}
+
+static void recv_run(void* arg) {
+    Work* w = arg;
+    Comm* c = w->comm;
+    pthread_mutex_lock(&c->lock);
+    Message* m = c->aborted ? NULL : c->head;
+    if (m) {
+        c->head = m->next;
+        if (!c->head) c->tail = NULL;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!m) return; /* aborted or ended: the buffer stays as it was */
+    memcpy(w->buf, m->bytes, m->len < w->bytes ? m->len : w->bytes);
+    free(m);
+}
+
+static ncclResult_t enqueue(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending) {
+    if (!c || datatype != 1 /* ncclUint8 */ || peer != 1 - c->rank) return INVALID_ARGUMENT;
+    pthread_mutex_lock(&c->lock);
+    int aborted = c->aborted;
+    pthread_mutex_unlock(&c->lock);
+    if (aborted) return INVALID_USAGE;
+    Work* w = malloc(sizeof(Work));
+    *w = (Work){.comm = c, .buf = buf, .bytes = count};
+    int rc = sending ? enqueue_external(stream, send_ready, send_run, w) : enqueue_external(stream, recv_ready, recv_run, w);
+    /* A send goes out at once (its receiver, in another process, waits for it). */
+    if (rc == 0 && sending) rc = run_stream(stream);
+    return rc == 0 ? SUCCESS : INTERNAL_ERROR;
+}
+
+ncclResult_t ncclSend(const void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
+    return enqueue(comm, (void*)buf, count, datatype, peer, stream, 1);
+}
+
+ncclResult_t ncclRecv(void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
+    return enqueue(comm, buf, count, datatype, peer, stream, 0);
+}
+
+ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
+    if (!comm || !state) return INVALID_ARGUMENT;
+    pthread_mutex_lock(&comm->lock);
+    *state = comm->remote_error ? REMOTE_ERROR : SUCCESS;
+    pthread_mutex_unlock(&comm->lock);
+    return SUCCESS;
+}
+
+/* Ends the connection: the reader thread stops, a receive waiting runs cut short. The
+ * communicator's memory is kept (work of it may still sit in a stream or graph). */
+static void end(Comm* c, int aborting) {
+    pthread_mutex_lock(&c->lock);
+    if (aborting) c->aborted = 1; else c->destroying = 1;
+    int fd = c->fd;
+    pthread_mutex_unlock(&c->lock);
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    if (c->reader_started) {
+        pthread_join(c->reader, NULL);
+        c->reader_started = 0;
+    }
+    if (c->listen_fd >= 0) close(c->listen_fd);
+    c->listen_fd = -1;
+}
+
+ncclResult_t ncclCommAbort(Comm* comm) {
+    if (!comm) return INVALID_ARGUMENT;
+    end(comm, 1);
+    return SUCCESS;
+}
+
+ncclResult_t ncclCommDestroy(Comm* comm) {
+    if (!comm) return INVALID_ARGUMENT;
+    end(comm, 0);
+    return SUCCESS;
+}
+
+ncclResult_t ncclCommFinalize(Comm* comm) {
+    return comm ? SUCCESS : INVALID_ARGUMENT;
+}
+
+const char* ncclGetErrorString(ncclResult_t result) {
+    switch (result) {
+    case SUCCESS: return "no error (NCCL double)";
+    case SYSTEM_ERROR: return "system error (NCCL double)";
+    case INTERNAL_ERROR: return "internal error (NCCL double)";
+    case INVALID_ARGUMENT: return "invalid argument (NCCL double)";
+    case INVALID_USAGE: return "invalid usage (NCCL double)";
+    case REMOTE_ERROR: return "remote process exited or there was a network error (NCCL double)";
+    default: return "unknown result (NCCL double)";
+    }
+}
+
+const char* ncclGetLastError(Comm* comm) {
+    (void)comm;
+    return "";
+}
