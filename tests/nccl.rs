@@ -1,9 +1,12 @@
 //! NCCL loaded at run time: a missing, incomplete or too-old library is a typed error (checked
 //! with small stand-in libraries built by the system C compiler), and on a machine with two GPUs
-//! and NCCL, two ranks in one process exchange buffers bitwise through `NcclComm` send/recv.
+//! and NCCL (or, without a GPU, through the driver and NCCL doubles), two ranks in one process
+//! exchange buffers bitwise through `NcclComm` send/recv.
 //! `PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure instead of a skip.
 
 mod common;
+#[path = "common/double.rs"]
+mod double;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,6 +18,8 @@ use ppnrt::{CudaSlice, Engine, Error};
 
 /// Builds a shared library from `source` (C) and returns its path, or `None` after saying why.
 fn stand_in(name: &str, source: &str) -> Option<PathBuf> {
+    // Every test of this binary waits for the doubles' choice first: it may set the environment.
+    double::doubles_unless_a_gpu();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nccl-stand-ins");
     std::fs::create_dir_all(&dir).unwrap();
     let c = dir.join(format!("{name}.c"));
@@ -65,6 +70,9 @@ fn a_library_without_nccl_is_a_typed_error() {
 #[test]
 fn two_ranks_exchange_buffers_bitwise() {
     let test = "two_ranks_exchange_buffers_bitwise";
+    if double::doubles_unless_a_gpu() {
+        say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
+    }
     if devices_or_skip(test, 2).is_none() {
         return;
     }

@@ -24,7 +24,6 @@ mod graphs;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
@@ -205,39 +204,10 @@ fn read_digests(dir: &Path) -> Vec<u64> {
     text.lines().map(|line| u64::from_str_radix(line.trim(), 16).unwrap()).collect()
 }
 
-/// Whether the tests run through the driver and NCCL doubles: where no CUDA driver can be
-/// loaded (and `PPNRT_LIBCUDA_PATH` names none), both doubles are built and named in the
-/// environment, which the ranks inherit, before anything in this process loads a driver. Every
-/// test calls it first (through [`ready`]).
+/// Whether the tests run through the driver and NCCL doubles (see
+/// [`double::doubles_unless_a_gpu`]). Every test calls it first (through [`ready`]).
 fn through_doubles() -> bool {
-    static DOUBLES: OnceLock<bool> = OnceLock::new();
-    *DOUBLES.get_or_init(|| {
-        if let Some(path) = std::env::var_os("PPNRT_LIBCUDA_PATH") {
-            return path.to_string_lossy().contains("cuda_double");
-        }
-        // SAFETY: opening the system's driver library only to see whether there is one; its
-        // initialisers have no preconditions.
-        if unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
-            return false;
-        }
-        let built = double::build(&[]).and_then(|cuda| Ok((cuda, double::build_nccl()?)));
-        match built {
-            Ok((cuda, nccl)) => {
-                // SAFETY: set before any driver or NCCL load, while every other test of this
-                // binary waits on this OnceLock; nothing else reads the environment meanwhile.
-                unsafe {
-                    std::env::set_var("PPNRT_LIBCUDA_PATH", cuda);
-                    std::env::set_var(ppnrt::nccl::LIBNCCL_PATH_VAR, nccl);
-                }
-                true
-            }
-            Err(why) => {
-                assert!(std::env::var_os("PPNRT_REQUIRE_DOUBLE").is_none(), "the doubles are required: {why}");
-                say(&format!("no GPU, and the doubles could not be built: {why}"));
-                false
-            }
-        }
-    })
+    double::doubles_unless_a_gpu()
 }
 
 /// Whether the ranks share GPU 0 (this machine has one), NCCL then over sockets.

@@ -176,3 +176,39 @@ impl CallCounts {
         self.0.iter().find(|(e, _)| *e == entry).unwrap_or_else(|| panic!("{entry} was not counted")).1
     }
 }
+
+/// Whether this process runs through the driver and NCCL doubles: where no CUDA driver can be
+/// loaded (and `PPNRT_LIBCUDA_PATH` names none), both doubles are built and named in the
+/// environment (`PPNRT_LIBCUDA_PATH`, `PPNRT_LIBNCCL_PATH`), which child processes inherit.
+/// Call it before anything in the process loads a driver or NCCL, from every test of the binary
+/// (the first call decides, the others wait for it). Where they cannot be built it says why and
+/// returns false, unless `PPNRT_REQUIRE_DOUBLE` is set (CI sets it): then that is a failure.
+pub fn doubles_unless_a_gpu() -> bool {
+    static DOUBLES: OnceLock<bool> = OnceLock::new();
+    *DOUBLES.get_or_init(|| {
+        if let Some(path) = std::env::var_os("PPNRT_LIBCUDA_PATH") {
+            return path.to_string_lossy().contains("cuda_double");
+        }
+        // SAFETY: opening the system's driver library only to see whether there is one; its
+        // initialisers have no preconditions.
+        if unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
+            return false;
+        }
+        match build(&[]).and_then(|cuda| Ok((cuda, build_nccl()?))) {
+            Ok((cuda, nccl)) => {
+                // SAFETY: set before any driver or NCCL load, while every other test of this
+                // binary waits on this OnceLock; nothing else reads the environment meanwhile.
+                unsafe {
+                    std::env::set_var("PPNRT_LIBCUDA_PATH", cuda);
+                    std::env::set_var(ppnrt::nccl::LIBNCCL_PATH_VAR, nccl);
+                }
+                true
+            }
+            Err(why) => {
+                assert!(std::env::var_os("PPNRT_REQUIRE_DOUBLE").is_none(), "the doubles are required: {why}");
+                crate::common::say(&format!("no GPU, and the doubles could not be built: {why}"));
+                false
+            }
+        }
+    })
+}
