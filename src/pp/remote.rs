@@ -98,6 +98,11 @@ pub(super) struct Link {
     /// A handle of the link's control connection, shut down when the link fails so that the
     /// peer learns it at once (its end reads the connection's end).
     connection: TcpStream,
+    /// The peer timeout: a peer silent for longer fails the link; signs of life go out ten times
+    /// as often.
+    timeout: Duration,
+    /// Whether silence fails the link (see [`silence_fails`]).
+    silence_fails: bool,
 }
 
 /// The receive of `bytes` bytes into slot `slot`, captured once and launched for each step of
@@ -174,6 +179,18 @@ impl Link {
     fn check(&self) -> Result<()> {
         self.stopped().map_or(Ok(()), Err)
     }
+
+    /// Why the link fails when the peer, last heard from at `heard`, has been silent for longer
+    /// than the peer timeout; `None` while it has not (or silence does not fail links).
+    fn silent_too_long(&self, heard: Instant) -> Option<String> {
+        let silent = heard.elapsed();
+        (self.silence_fails && silent > self.timeout).then(|| silence(silent))
+    }
+
+    /// How often this rank shows the peer it is alive.
+    fn heartbeat_interval(&self) -> Duration {
+        heartbeat_interval(self.timeout)
+    }
 }
 
 /// The TX rank's end of a link.
@@ -186,10 +203,6 @@ pub(super) struct Sender {
     /// A second handle of the control connection: the watchdog reads the peer's signs of life
     /// (and sees its end) through it.
     watch: TcpStream,
-    /// The peer timeout: a peer silent for longer fails the link.
-    timeout: Duration,
-    /// Whether silence fails the link (see [`silence_fails`]).
-    silence_fails: bool,
 }
 
 struct SendControl {
@@ -222,6 +235,10 @@ fn silence_fails(config: &PpConfig) -> bool {
 fn silence(silent: Duration) -> String {
     format!("no sign of life from the peer for {silent:?}, more than the peer timeout (its process hung or stopped?)")
 }
+
+/// Why a link fails when its connection ends without the close record.
+const PEER_CLOSED: &str =
+    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)";
 
 impl Sender {
     /// Sends `x[..n]` (checked by the caller) as the boundary's next step: the step's record
@@ -311,73 +328,61 @@ impl Sender {
         if self.link.stopped().is_some() {
             return;
         }
+        match self.look(heard) {
+            Ok(()) => watch_comm(&self.link),
+            Err(reason) => self.link.fail(reason),
+        }
+    }
+
+    /// [`watch`](Self::watch) of the connection; the reason the link fails, if it does.
+    fn look(&self, heard: &mut Instant) -> std::result::Result<(), String> {
+        let quiet = |e: &std::io::Error| {
+            matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
+        };
+        let failed = |e: std::io::Error| format!("the boundary's connection failed: {e}");
         let mut byte = [0u8; 1];
         let waiting = match self.watch.peek(&mut byte) {
-            Ok(0) => {
-                self.link.fail(
-                    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)"
-                        .into(),
-                );
-                return;
-            }
+            Ok(0) => return Err(PEER_CLOSED.into()),
             Ok(_) => true,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => false,
-            Err(e) => {
-                self.link.fail(format!("the boundary's connection failed: {e}"));
-                return;
-            }
+            Err(e) if quiet(&e) => false,
+            Err(e) => return Err(failed(e)),
         };
         let mut control = match self.control.try_lock() {
             Ok(control) => control,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::WouldBlock) => return Ok(()),
         };
         if control.closed {
-            return;
+            return Ok(());
         }
         if waiting {
             // Bytes are there (only this thread and the close, which holds the lock, read them):
             // the read returns at once.
             let mut bytes = [0u8; 64];
             match (&self.watch).read(&mut bytes) {
-                Ok(0) => {
-                    drop(control);
-                    self.link.fail("the peer closed the boundary's connection (its process exited, or its end of the boundary failed)".into());
-                    return;
-                }
+                Ok(0) => return Err(PEER_CLOSED.into()),
                 Ok(read) => {
                     if let Some(other) = bytes[..read].iter().find(|&&byte| byte != ALIVE) {
-                        drop(control);
-                        self.link.fail(format!("the peer sent {other} before the close"));
-                        return;
+                        return Err(format!("the peer sent {other} before the close"));
                     }
                     *heard = Instant::now();
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
-                Err(e) => {
-                    drop(control);
-                    self.link.fail(format!("the boundary's connection failed: {e}"));
-                    return;
-                }
+                Err(e) if quiet(&e) => {}
+                Err(e) => return Err(failed(e)),
             }
         }
-        let silent = heard.elapsed();
-        if self.silence_fails && silent > self.timeout {
-            drop(control);
-            self.link.fail(silence(silent));
-            return;
+        if let Some(reason) = self.link.silent_too_long(*heard) {
+            return Err(reason);
         }
         let now = Instant::now();
-        if now.duration_since(control.written) >= heartbeat_interval(self.timeout) {
-            if let Err(e) = control.socket.write_all(&encode_record(ALIVE, 0, 0, 0, "")) {
-                drop(control);
-                self.link.fail(format!("writing a sign of life failed: {e}"));
-                return;
-            }
+        if now.duration_since(control.written) >= self.link.heartbeat_interval() {
+            control
+                .socket
+                .write_all(&encode_record(ALIVE, 0, 0, 0, ""))
+                .map_err(|e| format!("writing a sign of life failed: {e}"))?;
             control.written = now;
         }
-        drop(control);
-        watch_comm(&self.link);
+        Ok(())
     }
 }
 
@@ -398,10 +403,6 @@ pub(super) struct Inbound {
     /// A stream of the same device used only to capture receives into graphs, when allowed
     /// ([`PpConfig::nccl_recv_graphs`]).
     pub(super) capture_stream: Option<Arc<CudaStream>>,
-    /// The peer timeout: a TX rank silent for longer fails the link.
-    pub(super) timeout: Duration,
-    /// Whether silence fails the link (see [`silence_fails`]).
-    pub(super) silence_fails: bool,
 }
 
 impl Inbound {
@@ -409,7 +410,7 @@ impl Inbound {
     /// signs of life.
     pub(super) fn heartbeat(&self) -> Result<Heartbeat> {
         let socket = self.socket.try_clone().map_err(|e| io_error(&self.link, "cloning the connection", &e))?;
-        Ok(Heartbeat { link: Arc::clone(&self.link), socket, interval: heartbeat_interval(self.timeout) })
+        Ok(Heartbeat { link: Arc::clone(&self.link), socket })
     }
 }
 
@@ -417,7 +418,6 @@ impl Inbound {
 pub(super) struct Heartbeat {
     link: Arc<Link>,
     socket: TcpStream,
-    interval: Duration,
 }
 
 impl Heartbeat {
@@ -425,7 +425,7 @@ impl Heartbeat {
     /// may be non-blocking at the time (the receiver thread switches it): a full buffer skips
     /// this one.
     fn beat(&self, sent: &mut Instant) {
-        if self.link.stopped().is_some() || sent.elapsed() < self.interval {
+        if self.link.stopped().is_some() || sent.elapsed() < self.link.heartbeat_interval() {
             return;
         }
         match (&self.socket).write(&[ALIVE]) {
@@ -540,9 +540,8 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                 } else {
                     spin_until = None;
                 }
-                let silent = heard.elapsed();
-                if inbound.silence_fails && silent > inbound.timeout {
-                    break Err(silence(silent));
+                if let Some(reason) = link.silent_too_long(heard) {
+                    break Err(reason);
                 }
                 continue;
             }
@@ -712,12 +711,7 @@ fn read_record(socket: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Re
         }
         let mut chunk = [0u8; 512];
         match socket.read(&mut chunk) {
-            Ok(0) => {
-                return Err(
-                    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)"
-                        .into(),
-                );
-            }
+            Ok(0) => return Err(PEER_CLOSED.into()),
             Ok(read) => pending.extend_from_slice(&chunk[..read]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -910,6 +904,8 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             comm,
             failure: Failure::default(),
             connection: clone(&socket)?,
+            timeout,
+            silence_fails: silence_fails(config),
         });
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
         if sending {
@@ -925,8 +921,6 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
                 n_slots: config.n_slots(),
                 control,
                 watch,
-                timeout,
-                silence_fails: silence_fails(config),
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
@@ -935,10 +929,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             link.comm.recv(&recv_stream, &mut probe, 0)?;
             recv_stream.synchronize()?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
-            links.inbound.insert(
-                b.boundary,
-                Inbound { link, socket, recv_stream, capture_stream, timeout, silence_fails: silence_fails(config) },
-            );
+            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
         }
     }
     Ok(links)
