@@ -11,9 +11,10 @@
 //! `PPNRT_REQUIRE_GPUS=1` / `PPNRT_REQUIRE_NCCL=1`. On a machine where no CUDA driver can be
 //! loaded, the tests run through the driver double and the NCCL double
 //! (`tests/driver_double/`), which move each step between the ranks over a Unix socket; what
-//! only a GPU shows (NCCL's transports, memcheck) is then skipped, saying so. With one GPU the two ranks share it: each
-//! gets a host id of its own (`NCCL_HOSTID`), so NCCL sees two hosts and moves every step over
-//! its socket transport on loopback (the NVLink runs become socket runs, checked from NCCL's log).
+//! only a GPU shows (NCCL's transports, memcheck) is then skipped, saying so. With one GPU the
+//! two ranks share it: each gets a host id of its own (`NCCL_HOSTID`), so NCCL sees two hosts and
+//! moves every step over its socket transport on loopback (the NVLink runs become socket runs,
+//! checked from NCCL's log).
 
 mod common;
 #[path = "common/double.rs"]
@@ -360,19 +361,7 @@ fn the_contract_holds_across_processes() {
         return;
     }
     let dir = scratch("contract");
-    let launch = Launch {
-        mode: "contract",
-        ranks: &[0, 1],
-        slots: 2,
-        steps: 0,
-        seed: 7,
-        sockets: false,
-        wrap_rank1: None,
-        broken: false,
-        max_delay_ns: None,
-        peer_timeout_ms: None,
-        ignore_silence: false,
-    };
+    let launch = Launch { mode: "contract", seed: 7, ..pipeline_launch(&[0, 1], 2, 0, false) };
     let results = launch.run(&dir, Duration::from_secs(120));
     for (rank, (ok, output)) in results.iter().enumerate() {
         say(&format!(
@@ -441,16 +430,10 @@ fn running_ranks(name: &str, seed: u64, peer_timeout_ms: Option<u64>, ignore_sil
     let dir = scratch(name);
     let launch = Launch {
         mode: "kill",
-        ranks: &[0, 1, 0],
-        slots: 2,
-        steps: u64::MAX,
         seed,
-        sockets: false,
-        wrap_rank1: None,
-        broken: false,
-        max_delay_ns: None,
         peer_timeout_ms,
         ignore_silence,
+        ..pipeline_launch(&[0, 1, 0], 2, u64::MAX, false)
     };
     let mut children = launch.spawn(&dir);
     let running = dir.join("running");
@@ -523,19 +506,7 @@ fn one_rank_under_memcheck() {
     let wrap = [vec![sanitizer], wrap].concat();
     let dir = scratch("memcheck");
     let seed = 11;
-    let launch = Launch {
-        mode: "pipeline",
-        ranks: &[0, 1],
-        slots: 2,
-        steps: 50,
-        seed,
-        sockets: false,
-        wrap_rank1: Some(&wrap),
-        broken: false,
-        max_delay_ns: None,
-        peer_timeout_ms: None,
-        ignore_silence: false,
-    };
+    let launch = Launch { seed, wrap_rank1: Some(&wrap), ..pipeline_launch(&[0, 1], 2, 50, false) };
     let results = launch.run(&dir, Duration::from_secs(400));
     for (rank, (ok, output)) in results.iter().enumerate() {
         assert!(ok, "rank {rank} failed:\n{output}");
