@@ -11,7 +11,9 @@
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
 # GATE_SANITIZE_TESTS (test executables to sanitize; default all but faults, unit, no_driver),
 # GATE_SANITIZE_JOBS (how many of them run at once under each tool; default 1. With 4 the whole
-# racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5).
+# racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5),
+# GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
+# with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call).
 set -u
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -25,6 +27,9 @@ export NCCL_NVLS_ENABLE=0
 export PPNRT_REQUIRE_NCCL=${PPNRT_REQUIRE_NCCL:-1}
 rows=()
 failed=0
+# The command prefix that bounds one sanitizer run (empty: unbounded).
+bounded=()
+if [ "${GATE_STEP_TIMEOUT:-0}" -gt 0 ]; then bounded=(timeout -k 10 "$GATE_STEP_TIMEOUT"); fi
 
 record() { # name status seconds detail
   rows+=("$(printf '%-44s %-6s %7s  %s' "$1" "$2" "$3" "$4")")
@@ -49,6 +54,7 @@ record_logged() { # name logfile: records the step run_logged ran into the log
   rm -f "$log.status"
   local detail
   detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  [ "$rc" -eq 124 ] && detail="timed out after ${GATE_STEP_TIMEOUT:-?} s; $detail"
   if [ "$rc" -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
 
@@ -109,18 +115,21 @@ fi
 # pattern each in a process of its own (at once), the others together; prints every log; fails
 # if any run fails.
 sanitize_one_per_process() {
-  local tool=$1 n=$2 pattern=$3 dir rc=0 names name
+  local tool=$1 n=$2 pattern=$3 dir rc=0 names name log job
   dir=$(mktemp -d)
   names=$("$bundle/tests/$n" --list 2>/dev/null | sed -n 's/: test$//p' | grep -F -- "$pattern")
   export PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1
-  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+  "${bounded[@]}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     "$bundle/tests/$n" --test-threads=1 --skip "$pattern" >"$dir/rest.log" 2>&1 &
   for name in $names; do
-    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    "${bounded[@]}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
       "$bundle/tests/$n" --test-threads=1 --exact "$name" >"$dir/$name.log" 2>&1 &
   done
-  for job in $(jobs -p); do wait "$job" || rc=1; done
-  cat "$dir"/*.log
+  for job in $(jobs -p); do
+    wait "$job"
+    case $? in 0) ;; 124) rc=124 ;; *) [ $rc -eq 124 ] || rc=1 ;; esac
+  done
+  for log in "$dir"/*.log; do echo "==== $(basename "$log" .log)"; cat "$log"; done
   rm -rf "$dir"
   [ -n "$names" ] || { echo "no test matches $pattern"; rc=1; }
   return $rc
@@ -164,7 +173,7 @@ if [[ $phases == *sanitize* ]]; then
       else
         PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
           run_logged "$logs/sanitize-$tool-$n.log" \
-          compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
+          "${bounded[@]}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
           "$bundle/tests/$n" --test-threads=1 "${skip[@]}" &
       fi
       running=$((running + 1))
