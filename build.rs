@@ -132,13 +132,14 @@ mod regenerate {
             .header(header.to_string_lossy())
             .clang_arg(format!("-I{}", nccl_include.display()))
             .clang_arg(format!("-I{}", cuda_include.display()))
-            // The point-to-point, group, communicator and error surface a pipeline boundary needs.
+            // The point-to-point, group, communicator and error surface a pipeline boundary needs,
+            // and the configured (non-blocking) join.
             .allowlist_function(
-                "nccl(GetVersion|GetUniqueId|CommInitRank|CommFinalize|CommDestroy|CommAbort|\
+                "nccl(GetVersion|GetUniqueId|CommInitRank|CommInitRankConfig|CommFinalize|CommDestroy|CommAbort|\
                  CommGetAsyncError|CommCount|CommCuDevice|CommUserRank|GetErrorString|GetLastError|Send|Recv|\
                  GroupStart|GroupEnd)",
             )
-            .allowlist_type("nccl(Result_t|UniqueId|Comm_t|DataType_t)")
+            .allowlist_type("nccl(Result_t|UniqueId|Comm_t|DataType_t|Config_t)")
             .allowlist_var("NCCL_(MAJOR|MINOR|PATCH|VERSION_CODE|UNIQUE_ID_BYTES)");
         let generated = generate_dynamic(builder, "NcclApi");
         let version = fs::read_to_string(nccl_include.join("nccl.h")).ok().and_then(|header| {

@@ -87,6 +87,12 @@ pub enum ProtocolFault {
     /// A boundary to another process is not failed when its peer stays silent for longer than
     /// the peer timeout (the liveness check off).
     IgnoreSilence,
+    /// This rank exits (status 86) after the rendezvous, right before it joins its first NCCL
+    /// communicator: a peer that dies during the others' setup.
+    ExitBeforeCommJoin,
+    /// The setup joins NCCL communicators blocking and waits for each link's first message with
+    /// no bound (a peer that dies meanwhile hangs it): the bounded setup off.
+    UnwatchedSetup,
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -296,9 +302,21 @@ impl PpConfig {
     }
 
     /// The configuration without this process's rank: every process of one pipeline has the same
-    /// fingerprint (the rendezvous compares them).
+    /// fingerprint (the rendezvous compares them). A fault of one rank's setup (`testing`) is
+    /// that rank's alone and left out.
     pub fn fingerprint(&self) -> String {
-        PpConfig { rank: 0, ..self.clone() }.to_string()
+        #[cfg(feature = "testing")]
+        let fault = match self.fault {
+            ProtocolFault::ExitBeforeCommJoin | ProtocolFault::UnwatchedSetup => ProtocolFault::None,
+            other => other,
+        };
+        PpConfig {
+            rank: 0,
+            #[cfg(feature = "testing")]
+            fault,
+            ..self.clone()
+        }
+        .to_string()
     }
 
     /// The stage→device map, with `primary` for stages not mapped explicitly.

@@ -66,3 +66,9 @@ assert_impl_all!(crate::nccl::NcclUniqueId: Send, Sync, Copy);
 assert_eq_size!(sys::nccl::ncclComm_t, *mut c_void);
 assert_eq_size!(sys::nccl::ncclUniqueId, [u8; 128]);
 assert_eq_size!(sys::nccl::ncclResult_t, u32);
+// The fields of ncclConfig_t that every NCCL since 2.14 reads at these offsets (later fields are
+// read only up to the `size` the caller states).
+const_assert!(std::mem::offset_of!(sys::nccl::ncclConfig_t, size) == 0);
+const_assert!(std::mem::offset_of!(sys::nccl::ncclConfig_t, magic) == 8);
+const_assert!(std::mem::offset_of!(sys::nccl::ncclConfig_t, version) == 12);
+const_assert!(std::mem::offset_of!(sys::nccl::ncclConfig_t, blocking) == 16);

@@ -11,6 +11,12 @@
 //! library or a missing entry point is a typed [`NcclError`]. Every entry point is a per-symbol
 //! `Result`, so an entry point an older NCCL lacks fails only the calls that need it.
 //!
+//! A communicator joined with [`NcclComm::init_rank_watched`] (NCCL ≥ [`NONBLOCKING_VERSION`]) is
+//! NCCL's *non-blocking* kind: NCCL joins it, and connects it to a peer at its first send or
+//! receive, in the background, and every call here waits for that to finish (polling, with a
+//! bound) before it returns, so a call still returns with its work enqueued, as a blocking
+//! communicator's does, and a peer that dies or stops meanwhile cannot block it for ever.
+//!
 //! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
 //! [`group`] is per thread, as NCCL's groups are.
@@ -18,13 +24,14 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, LoadAttempt, Result};
 use crate::safe::memory::ordered;
 use crate::safe::ordering::Use;
 use crate::safe::{Context, CudaStream, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error};
-use crate::sys::nccl::{NcclApi, ncclComm_t, ncclDataType_t, ncclResult_t, ncclUniqueId};
+use crate::sys::nccl::{NcclApi, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclResult_t, ncclUniqueId};
 
 /// Environment variable naming the NCCL library to load instead of the default candidates.
 pub const LIBNCCL_PATH_VAR: &str = "PPNRT_LIBNCCL_PATH";
@@ -37,6 +44,16 @@ pub const MINIMUM_VERSION: NcclVersion = NcclVersion { major: 2, minor: 7, patch
 /// documents mixing graph launches with ordinary calls on one communicator
 /// (`NCCL_GRAPH_MIXING_SUPPORT`). With an older NCCL every receive is NCCL's call.
 pub const GRAPH_MIXING_VERSION: NcclVersion = NcclVersion { major: 2, minor: 13, patch: 0 };
+
+/// The oldest NCCL whose communicators can be joined without blocking (`ncclCommInitRankConfig`
+/// with `blocking = 0`, and `ncclCommGetAsyncError` reporting `ncclInProgress` until the join
+/// completed): 2.14.0. With an older one [`NcclComm::init_rank_watched`] joins blocking.
+pub const NONBLOCKING_VERSION: NcclVersion = NcclVersion { major: 2, minor: 14, patch: 0 };
+
+/// `NCCL_API_MAGIC` of nccl.h: marks an `ncclConfig_t` as initialised.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT` of nccl.h: a configuration field NCCL chooses itself.
+const CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
 /// An NCCL version, decoded from `ncclGetVersion`'s integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,6 +121,16 @@ pub enum NcclError {
         rank: i32,
         /// The communicator's rank count.
         n_ranks: i32,
+    },
+    /// A call NCCL completes in the background (a non-blocking communicator's first send or
+    /// receive to a peer, its finalization) did not complete within the bound; the communicator
+    /// was aborted.
+    #[error("{what}: NCCL did not complete it within {waited:?}; the communicator was aborted")]
+    TimedOut {
+        /// The call.
+        what: &'static str,
+        /// How long it was waited for.
+        waited: Duration,
     },
     /// A call on a communicator that was aborted ([`NcclComm::abort_now`]).
     #[error("{what}: the communicator was aborted")]
@@ -311,20 +338,93 @@ fn result_name(result: ncclResult_t) -> &'static str {
     }
 }
 
-/// Calls the NCCL entry point `$name` with `$args` and maps its result.
-macro_rules! nccl_call {
+/// Calls the NCCL entry point `$name` with `$args`: its raw result, or the error of a missing
+/// entry point.
+macro_rules! nccl_result {
     ($nccl:expr, $name:ident($($arg:expr),* $(,)?)) => {{
         let nccl: &Nccl = $nccl;
         match nccl.api.$name.as_ref() {
             Ok(entry) => {
                 // SAFETY: the entry point has the C signature bindgen generated from nccl.h, and
                 // the arguments meet its contract, stated in a `Contract:` comment at each call.
-                let result = unsafe { entry($($arg),*) };
-                nccl.check(stringify!($name), result)
+                Ok(unsafe { entry($($arg),*) })
             }
             Err(_) => Err(nccl.missing(stringify!($name))),
         }
     }};
+}
+
+/// Calls the NCCL entry point `$name` with `$args` and maps its result.
+macro_rules! nccl_call {
+    ($nccl:expr, $name:ident($($arg:expr),* $(,)?)) => {{
+        let nccl: &Nccl = $nccl;
+        nccl_result!(nccl, $name($($arg),*)).and_then(|result| nccl.check(stringify!($name), result))
+    }};
+}
+
+/// Polls the communicator `raw` until what NCCL does for it in the background is done: `Ok`
+/// when it completed, NCCL's error when it failed, `keep_waiting`'s error (checked between
+/// polls) when the caller stops waiting. Spins briefly (a connection usually completes in
+/// microseconds), then polls every 200 µs.
+fn poll_until_settled(nccl: &Nccl, raw: ncclComm_t, mut keep_waiting: impl FnMut() -> Result<()>) -> Result<()> {
+    let mut polls = 0u32;
+    loop {
+        let mut state = ncclResult_t::ncclInProgress;
+        // Contract: the communicator is live (joined, not destroyed); writes one result.
+        nccl_call!(nccl, ncclCommGetAsyncError(raw, &mut state))?;
+        if state != ncclResult_t::ncclInProgress {
+            return nccl.check("ncclCommGetAsyncError (a call completing in the background)", state);
+        }
+        keep_waiting()?;
+        polls = polls.saturating_add(1);
+        if polls < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// A `keep_waiting` of [`poll_until_settled`] that stops waiting for `what` after `waited`.
+fn for_at_most(what: &'static str, waited: Duration) -> impl FnMut() -> Result<()> {
+    let deadline = Instant::now().checked_add(waited);
+    move || match deadline {
+        Some(deadline) if Instant::now() >= deadline => Err(Error::Nccl(NcclError::TimedOut { what, waited })),
+        _ => Ok(()),
+    }
+}
+
+/// An `ncclConfig_t` as `NCCL_CONFIG_INITIALIZER` makes it (every choice left to NCCL), with
+/// `blocking` set.
+fn config(blocking: bool) -> ncclConfig_t {
+    ncclConfig_t {
+        size: std::mem::size_of::<ncclConfig_t>(),
+        magic: CONFIG_MAGIC,
+        version: crate::sys::nccl::NCCL_VERSION_CODE,
+        blocking: c_int::from(blocking),
+        cgaClusterSize: CONFIG_UNDEF_INT,
+        minCTAs: CONFIG_UNDEF_INT,
+        maxCTAs: CONFIG_UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: CONFIG_UNDEF_INT,
+        trafficClass: CONFIG_UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: CONFIG_UNDEF_INT,
+        CTAPolicy: CONFIG_UNDEF_INT,
+        shrinkShare: CONFIG_UNDEF_INT,
+        nvlsCTAs: CONFIG_UNDEF_INT,
+        nChannelsPerNetPeer: CONFIG_UNDEF_INT,
+        nvlinkCentricSched: CONFIG_UNDEF_INT,
+        graphUsageMode: CONFIG_UNDEF_INT,
+        numRmaCtx: CONFIG_UNDEF_INT,
+        maxP2pPeers: CONFIG_UNDEF_INT,
+        graphStreamOrdering: CONFIG_UNDEF_INT,
+        launchOrderImplicit: CONFIG_UNDEF_INT,
+        numRmaSig: CONFIG_UNDEF_INT,
+        rmaEagerInit: CONFIG_UNDEF_INT,
+        hostCftMode: CONFIG_UNDEF_INT,
+        nvlsHostMode: CONFIG_UNDEF_INT,
+    }
 }
 
 /// A communicator's unique id: made by one rank ([`NcclUniqueId::new`]) and handed to every
@@ -376,6 +476,12 @@ pub struct NcclComm {
     /// holds this lock. It guards whether the communicator was aborted ([`abort_now`]
     /// (Self::abort_now)): no call reaches an aborted communicator.
     calls: std::sync::Mutex<bool>,
+    /// Whether NCCL completes some calls in the background (joined by
+    /// [`init_rank_watched`](Self::init_rank_watched)): each such call is waited for.
+    nonblocking: bool,
+    /// How long a call completing in the background is waited for before the communicator is
+    /// aborted.
+    settle_within: Duration,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every call on it
@@ -400,7 +506,106 @@ impl NcclComm {
         // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks (checked)
         // and the device's context is current (bound above).
         nccl_call!(nccl, ncclCommInitRank(&mut raw, n_ranks, id.0, rank))?;
-        Ok(NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(false) })
+        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, false, Duration::MAX))
+    }
+
+    fn joined(
+        raw: ncclComm_t,
+        ctx: &Arc<Context>,
+        rank: i32,
+        n_ranks: i32,
+        nonblocking: bool,
+        settle_within: Duration,
+    ) -> NcclComm {
+        NcclComm {
+            raw,
+            ctx: Arc::clone(ctx),
+            rank,
+            n_ranks,
+            calls: std::sync::Mutex::new(false),
+            nonblocking,
+            settle_within,
+        }
+    }
+
+    /// Joins the communicator `id` as `rank` of `n_ranks`, on `ctx`'s device, without blocking
+    /// for longer than the caller allows: NCCL joins in the background while this call polls
+    /// it, calling `keep_waiting` between polls (about every 200 µs); when `keep_waiting` fails
+    /// (a deadline passed, a peer was seen gone), the join is aborted and that error returned.
+    /// A rank that never joins (it died or stopped after the id was handed out) therefore costs
+    /// the caller what `keep_waiting` allows, not a hang: with [`init_rank`](Self::init_rank)
+    /// NCCL waits for it for ever.
+    ///
+    /// The communicator is NCCL's non-blocking kind (see the [module docs](self)): a later call
+    /// that NCCL completes in the background (the first send or receive to a peer connects it)
+    /// is waited for, at most `settle_within`; past that the communicator is aborted and the
+    /// call fails with [`NcclError::TimedOut`].
+    ///
+    /// With an NCCL older than [`NONBLOCKING_VERSION`] this is `init_rank`: it blocks until
+    /// every rank joined, whatever `keep_waiting` says.
+    ///
+    /// # Errors
+    /// As [`init_rank`](Self::init_rank); `keep_waiting`'s error.
+    pub fn init_rank_watched(
+        ctx: &Arc<Context>,
+        n_ranks: i32,
+        id: &NcclUniqueId,
+        rank: i32,
+        settle_within: Duration,
+        keep_waiting: impl FnMut() -> Result<()>,
+    ) -> Result<NcclComm> {
+        let nccl = nccl()?;
+        if nccl.version() < NONBLOCKING_VERSION || nccl.api.ncclCommInitRankConfig.is_err() {
+            return NcclComm::init_rank(ctx, n_ranks, id, rank);
+        }
+        if n_ranks < 1 || !(0..n_ranks).contains(&rank) {
+            return Err(Error::Nccl(NcclError::InvalidRank { what: "NcclComm::init_rank_watched", rank, n_ranks }));
+        }
+        let _bound = ctx.bind()?;
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        let mut config = config(false);
+        // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks
+        // (checked), the configuration is initialised as NCCL_CONFIG_INITIALIZER does and lives
+        // through the call (NCCL copies it), and the device's context is current (bound above).
+        let started = nccl_result!(nccl, ncclCommInitRankConfig(&mut raw, n_ranks, id.0, rank, &mut config))?;
+        let joined = match started {
+            ncclResult_t::ncclSuccess => Ok(()),
+            ncclResult_t::ncclInProgress if !raw.is_null() => poll_until_settled(nccl, raw, keep_waiting),
+            other => nccl.check("ncclCommInitRankConfig", other),
+        };
+        if let Err(e) = joined {
+            if !raw.is_null() {
+                // Contract: the communicator was made above and is not used after this.
+                let aborted = nccl_result!(nccl, ncclCommAbort(raw));
+                if let Err(abort_error) = aborted {
+                    record_drop_error(abort_error);
+                }
+            }
+            return Err(e);
+        }
+        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, true, settle_within))
+    }
+
+    /// Maps the result of `call`, which the caller made holding the call lock (`aborted`): a
+    /// non-blocking communicator's `ncclInProgress` is waited for, at most `settle_within`;
+    /// past that the communicator is aborted.
+    fn settle(
+        &self,
+        nccl: &Nccl,
+        aborted: &mut MutexGuard<'_, bool>,
+        call: &'static str,
+        result: ncclResult_t,
+    ) -> Result<()> {
+        if result != ncclResult_t::ncclInProgress || !self.nonblocking {
+            return nccl.check(call, result);
+        }
+        let settled = poll_until_settled(nccl, self.raw, for_at_most(call, self.settle_within));
+        if matches!(settled, Err(Error::Nccl(NcclError::TimedOut { .. }))) {
+            if let Err(e) = self.abort_locked(aborted) {
+                record_drop_error(e);
+            }
+        }
+        settled
     }
 
     /// This rank.
@@ -449,11 +654,11 @@ impl NcclComm {
         self.check_peer("NcclComm::send", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view();
-        let _one_call = self.one_call("NcclComm::send")?;
+        let mut one_call = self.one_call("NcclComm::send")?;
         ordered(stream, [(view.tracked(), Use::Read)], || {
             // Contract: the buffer is valid for its byte length and ordered on `stream`; the
             // communicator and stream are live and of this device; one call at a time (locked).
-            nccl_call!(
+            let result = nccl_result!(
                 nccl,
                 ncclSend(
                     view.device_ptr() as *const c_void,
@@ -463,7 +668,10 @@ impl NcclComm {
                     self.raw,
                     stream.raw().cast()
                 )
-            )
+            )?;
+            // Enqueued once settled: the ordering rule marks the buffer after this returns.
+            self.note_in_group();
+            self.settle(nccl, &mut one_call, "ncclSend", result)
         })
     }
 
@@ -480,12 +688,12 @@ impl NcclComm {
         self.check_peer("NcclComm::recv", peer, stream, buf.ordinal())?;
         let nccl = nccl()?;
         let view = buf.as_view_mut();
-        let _one_call = self.one_call("NcclComm::recv")?;
+        let mut one_call = self.one_call("NcclComm::recv")?;
         ordered(stream, [(view.tracked(), Use::Write)], || {
             // Contract: the buffer is valid for its byte length, exclusively borrowed and ordered on
             // `stream`; the communicator and stream are live and of this device; one call at a
             // time (locked).
-            nccl_call!(
+            let result = nccl_result!(
                 nccl,
                 ncclRecv(
                     view.device_ptr() as *mut c_void,
@@ -495,12 +703,16 @@ impl NcclComm {
                     self.raw,
                     stream.raw().cast()
                 )
-            )
+            )?;
+            // Enqueued once settled: the ordering rule marks the buffer after this returns.
+            self.note_in_group();
+            self.settle(nccl, &mut one_call, "ncclRecv", result)
         })
     }
 
     /// The communicator's asynchronous error, if any (a peer that failed or vanished, a network
-    /// error): `Ok(())` while none occurred.
+    /// error): `Ok(())` while none occurred (and while a non-blocking communicator completes a
+    /// call in the background).
     ///
     /// # Errors
     /// The asynchronous error as [`NcclError::Call`], or the query's own failure.
@@ -510,6 +722,9 @@ impl NcclComm {
         let mut state = ncclResult_t::ncclSuccess;
         // Contract: the communicator is live while self is; writes one result.
         nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state))?;
+        if state == ncclResult_t::ncclInProgress {
+            return Ok(());
+        }
         nccl.check("ncclCommGetAsyncError (asynchronous error)", state)
     }
 
@@ -530,15 +745,26 @@ impl NcclComm {
     /// NCCL's error.
     pub fn abort_now(&self) -> Result<()> {
         let mut aborted = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *aborted {
+        self.abort_locked(&mut aborted)
+    }
+
+    /// [`abort_now`](Self::abort_now) with the call lock (`aborted`) held.
+    fn abort_locked(&self, aborted: &mut MutexGuard<'_, bool>) -> Result<()> {
+        if **aborted {
             return Ok(());
         }
-        *aborted = true;
+        **aborted = true;
         let nccl = nccl()?;
         let _bound = self.ctx.bind()?;
         // Contract: the communicator is live (not aborted before, checked under the lock every
         // call holds) and this is its last use: the flag set above refuses every later call.
-        nccl_call!(nccl, ncclCommAbort(self.raw))
+        let result = nccl_result!(nccl, ncclCommAbort(self.raw))?;
+        // A non-blocking communicator may finish its abort in the background; it is not used
+        // again either way.
+        if result == ncclResult_t::ncclInProgress && self.nonblocking {
+            return Ok(());
+        }
+        nccl.check("ncclCommAbort", result)
     }
 }
 
@@ -548,15 +774,67 @@ impl NcclComm {
 ///
 /// # Errors
 /// `f`'s error, else NCCL's.
+///
+/// With non-blocking communicators ([`NcclComm::init_rank_watched`]) NCCL may complete the
+/// group in the background; the group's end then waits for every such communicator `f` sent or
+/// received on (each at most its bound), so the group's work is enqueued when this returns.
 pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let nccl = nccl()?;
     // Contract: no arguments; the group is ended below on this thread, whatever `f` returns.
     nccl_call!(nccl, ncclGroupStart())?;
+    let outer = OPEN_GROUP.with(|open| {
+        let mut open = open.borrow_mut();
+        open.depth += 1;
+        open.depth == 1
+    });
     let result = f();
-    let ended = nccl_call!(nccl, ncclGroupEnd());
+    let pending = OPEN_GROUP.with(|open| {
+        let mut open = open.borrow_mut();
+        open.depth -= 1;
+        if outer { std::mem::take(&mut open.nonblocking) } else { Vec::new() }
+    });
+    // Contract: ends the group started above, on this thread.
+    let ended = nccl_result!(nccl, ncclGroupEnd()).and_then(|ended| {
+        if ended != ncclResult_t::ncclInProgress || pending.is_empty() {
+            return nccl.check("ncclGroupEnd", ended);
+        }
+        pending
+            .iter()
+            .try_for_each(|&(raw, waited)| poll_until_settled(nccl, raw.0, for_at_most("ncclGroupEnd", waited)))
+    });
     let value = result?;
     ended?;
     Ok(value)
+}
+
+/// A communicator handle noted by a group (only polled, while the group's caller borrows it).
+#[derive(Clone, Copy)]
+struct GroupMember(ncclComm_t);
+
+/// This thread's open NCCL group: how deep, and the non-blocking communicators used in it.
+#[derive(Default)]
+struct OpenGroup {
+    depth: u32,
+    nonblocking: Vec<(GroupMember, Duration)>,
+}
+
+thread_local! {
+    static OPEN_GROUP: std::cell::RefCell<OpenGroup> = std::cell::RefCell::new(OpenGroup::default());
+}
+
+impl NcclComm {
+    /// Notes a non-blocking communicator used inside this thread's open group.
+    fn note_in_group(&self) {
+        if !self.nonblocking {
+            return;
+        }
+        OPEN_GROUP.with(|open| {
+            let mut open = open.borrow_mut();
+            if open.depth > 0 && !open.nonblocking.iter().any(|(member, _)| member.0 == self.raw) {
+                open.nonblocking.push((GroupMember(self.raw), self.settle_within));
+            }
+        });
+    }
 }
 
 impl Drop for NcclComm {
@@ -572,15 +850,40 @@ impl Drop for NcclComm {
             let mut state = ncclResult_t::ncclSuccess;
             let healthy = nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state)).is_ok()
                 && matches!(state, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress);
-            if healthy {
-                nccl_call!(nccl, ncclCommDestroy(self.raw))
+            // A non-blocking communicator is finalized first (in the background, waited for at
+            // most `settle_within`; an abort if it does not finish), as NCCL asks of that kind.
+            let finalized = healthy && (!self.nonblocking || self.finalize(nccl).is_ok());
+            let (call, result) = if finalized {
+                ("ncclCommDestroy", nccl_result!(nccl, ncclCommDestroy(self.raw))?)
             } else {
-                nccl_call!(nccl, ncclCommAbort(self.raw))
+                ("ncclCommAbort", nccl_result!(nccl, ncclCommAbort(self.raw))?)
+            };
+            if result == ncclResult_t::ncclInProgress && self.nonblocking {
+                return Ok(());
             }
+            nccl.check(call, result)
         });
         if let Err(e) = result {
             record_drop_error(e);
         }
+    }
+}
+
+impl NcclComm {
+    /// Finalizes a non-blocking communicator (its drop), waiting at most `settle_within`; the
+    /// error is recorded as a drop error.
+    fn finalize(&self, nccl: &Nccl) -> Result<()> {
+        // Contract: the communicator is live and its drop is its only user now.
+        let result = nccl_result!(nccl, ncclCommFinalize(self.raw)).and_then(|result| {
+            if result != ncclResult_t::ncclInProgress {
+                return nccl.check("ncclCommFinalize", result);
+            }
+            poll_until_settled(nccl, self.raw, for_at_most("ncclCommFinalize", self.settle_within))
+        });
+        if let Err(e) = &result {
+            record_drop_error(e.clone());
+        }
+        result
     }
 }
 

@@ -1,7 +1,9 @@
 //! NCCL loaded at run time: a missing, incomplete or too-old library is a typed error (checked
 //! with small stand-in libraries built by the system C compiler), and on a machine with two GPUs
 //! and NCCL (or, without a GPU, through the driver and NCCL doubles), two ranks in one process
-//! exchange buffers bitwise through `NcclComm` send/recv.
+//! exchange buffers bitwise through `NcclComm` send/recv, with blocking and with non-blocking
+//! (watched) communicators; a watched join that no other rank answers ends when its caller
+//! stops waiting.
 //! `PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure instead of a skip.
 
 mod common;
@@ -11,9 +13,12 @@ mod double;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{devices_or_skip, say};
-use ppnrt::nccl::{MINIMUM_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, group, nccl};
+use ppnrt::nccl::{
+    MINIMUM_VERSION, NONBLOCKING_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, group, nccl,
+};
 use ppnrt::{CudaSlice, Engine, Error};
 
 /// Builds a shared library from `source` (C) and returns its path, or `None` after saying why.
@@ -85,6 +90,14 @@ fn two_ranks_exchange_buffers_bitwise() {
         Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
     };
     say(&format!("{test}: NCCL {} from {}", loaded.version(), loaded.library()));
+    for watched in [false, true] {
+        exchange(test, watched);
+    }
+}
+
+/// Two ranks (threads, one GPU each) exchange 4 MiB each way in one group, through blocking or
+/// watched (non-blocking) communicators.
+fn exchange(test: &str, watched: bool) {
     let id = NcclUniqueId::new().unwrap();
     // The id crosses as bytes, as it would between processes.
     let bytes = id.to_bytes();
@@ -95,7 +108,12 @@ fn two_ranks_exchange_buffers_bitwise() {
                 scope.spawn(move || {
                     let engine = Engine::new(rank).unwrap();
                     let id = NcclUniqueId::from_bytes(&bytes);
-                    let comm = NcclComm::init_rank(engine.context(), 2, &id, rank).unwrap();
+                    let comm = if watched {
+                        NcclComm::init_rank_watched(engine.context(), 2, &id, rank, Duration::from_secs(60), || Ok(()))
+                            .unwrap()
+                    } else {
+                        NcclComm::init_rank(engine.context(), 2, &id, rank).unwrap()
+                    };
                     assert!(matches!(
                         NcclComm::init_rank(engine.context(), 2, &id, 2),
                         Err(Error::Nccl(NcclError::InvalidRank { rank: 2, n_ranks: 2, .. }))
@@ -121,5 +139,59 @@ fn two_ranks_exchange_buffers_bitwise() {
     assert_eq!(results[0].0, results[1].1, "rank 0 received rank 1's data");
     assert_eq!(results[1].0, results[0].1, "rank 1 received rank 0's data");
     assert_ne!(results[0].1, results[1].1, "the two payloads differ");
-    say(&format!("{test}: {} bytes each way, bitwise", n * 4));
+    let kind = if watched { "watched (non-blocking)" } else { "blocking" };
+    say(&format!("{test}: {kind} communicators: {} bytes each way, bitwise", n * 4));
+}
+
+/// A watched join of rank 0 of 2 that no rank 1 ever answers ends with the caller's error as
+/// soon as the caller stops waiting (after 1 s here); NCCL's blocking join would wait for ever.
+#[test]
+fn a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting() {
+    let test = "a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting";
+    if double::doubles_unless_a_gpu() {
+        say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
+    }
+    if devices_or_skip(test, 1).is_none() {
+        return;
+    }
+    let loaded = match nccl() {
+        Ok(loaded) => loaded,
+        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
+            say(&format!("SKIPPED {test}: {e}"));
+            return;
+        }
+        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
+    };
+    if loaded.version() < NONBLOCKING_VERSION {
+        say(&format!(
+            "SKIPPED {test}: NCCL {} joins blocking (non-blocking joins need {NONBLOCKING_VERSION})",
+            loaded.version()
+        ));
+        return;
+    }
+    let engine = Engine::new(0).unwrap();
+    let id = NcclUniqueId::new().unwrap();
+    let started = Instant::now();
+    let mut polls = 0u64;
+    let joined = NcclComm::init_rank_watched(engine.context(), 2, &id, 0, Duration::from_secs(60), || {
+        polls += 1;
+        if started.elapsed() < Duration::from_secs(1) {
+            Ok(())
+        } else {
+            Err(Error::Nccl(NcclError::Aborted { what: "the test stopped waiting" }))
+        }
+    });
+    let took = started.elapsed();
+    match joined {
+        Err(Error::Nccl(NcclError::Aborted { what: "the test stopped waiting" })) => {}
+        other => panic!("{test}: expected the caller's error, got {other:?}"),
+    }
+    say(&format!("{test}: the join ended {took:?} after it began ({polls} polls)"));
+    assert!(took < Duration::from_secs(5), "the join took {took:?} to end");
+    assert!(polls > 10, "the join was polled {polls} times");
+    // The device is still usable.
+    let stream = engine.stream().unwrap();
+    let mut x = CudaSlice::<u32>::alloc(&stream, 1024).unwrap();
+    engine.fill_pattern(&mut x, 5).unwrap();
+    stream.synchronize().unwrap();
 }

@@ -38,6 +38,8 @@ const OUT_VAR: &str = "PPNRT_MP_OUT";
 const FAULT_VAR: &str = "PPNRT_MP_SKIP_TX_WAIT";
 const DELAY_VAR: &str = "PPNRT_MP_MAX_DELAY_NS";
 const IGNORE_SILENCE_VAR: &str = "PPNRT_MP_IGNORE_SILENCE";
+/// A setup fault of one rank: `exit-before-comm-join` or `unwatched`.
+const SETUP_FAULT_VAR: &str = "PPNRT_MP_SETUP_FAULT";
 const WAIT: Duration = Duration::from_secs(30);
 /// The longest random device delay injected around a boundary (unless the test sets another).
 const MAX_DELAY_NS: u64 = 40_000;
@@ -117,6 +119,8 @@ struct Launch<'a> {
     peer_timeout_ms: Option<u64>,
     /// Break the liveness check on purpose: a silent peer does not fail the link.
     ignore_silence: bool,
+    /// Setup faults, by rank (see [`SETUP_FAULT_VAR`]).
+    setup_faults: &'a [(usize, &'a str)],
 }
 
 impl Launch<'_> {
@@ -161,6 +165,9 @@ impl Launch<'_> {
                 }
                 if self.ignore_silence {
                     command.env(IGNORE_SILENCE_VAR, "1");
+                }
+                if let Some((_, fault)) = self.setup_faults.iter().find(|(r, _)| *r == rank) {
+                    command.env(SETUP_FAULT_VAR, fault);
                 }
                 if let Some(ns) = self.max_delay_ns {
                     command.env(DELAY_VAR, ns.to_string());
@@ -270,6 +277,7 @@ fn pipeline_launch(ranks: &[usize], slots: usize, steps: u64, sockets: bool) -> 
         max_delay_ns: None,
         peer_timeout_ms: None,
         ignore_silence: false,
+        setup_faults: &[],
     }
 }
 
@@ -424,6 +432,64 @@ fn a_stopped_rank_is_a_typed_error_in_the_survivor() {
     assert!(broken.is_none(), "without the liveness check the survivor still reported the stopped rank: {line}");
 }
 
+/// A rank that dies during the setup (after the rendezvous, before it joins the NCCL
+/// communicator of its boundary) is a typed error in the other rank within 10 s, with a peer
+/// timeout of 30 s: the other's join, which NCCL would wait on for ever, ends as soon as the dead
+/// rank's end of the boundary's connection closes. Broken on purpose (the setup unwatched: a
+/// blocking join), the other rank reports nothing in 12 s.
+#[test]
+fn a_rank_that_dies_during_setup_is_a_typed_error_in_the_other() {
+    let test = "a_rank_that_dies_during_setup_is_a_typed_error_in_the_other";
+    if ready(test).is_none() {
+        return;
+    }
+    let (after, line) = die_during_setup("setup-death", &[(1, "exit-before-comm-join")]);
+    let after = after.unwrap_or_else(|| panic!("{test}: the surviving rank did not report the dead one: {line}"));
+    say(&format!("{test}: typed error {after:?} after the exit: {line}"));
+    assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the exit");
+    let (broken, line) = die_during_setup("setup-death-unwatched", &[(0, "unwatched"), (1, "exit-before-comm-join")]);
+    say(&format!(
+        "{test}: with the setup unwatched: {}",
+        broken.map_or("nothing in 12 s".into(), |d| format!("{d:?}: {line}"))
+    ));
+    assert!(broken.is_none(), "with the setup unwatched the surviving rank still reported: {line}");
+}
+
+/// Starts ranks [0, 1] in setup mode with `faults` (rank 1 exits before its join), waits for
+/// rank 1's exit, then at most 12 s for rank 0's typed error; returns how long after the exit
+/// it came, and its line (or the end of rank 0's output). Rank 0 is killed afterwards.
+fn die_during_setup(name: &str, faults: &[(usize, &str)]) -> (Option<Duration>, String) {
+    let dir = scratch(name);
+    let launch = Launch { mode: "setup", setup_faults: faults, ..pipeline_launch(&[0, 1], 2, 0, false) };
+    let mut children = launch.spawn(&dir);
+    let mut victim = children.pop().unwrap();
+    let mut survivor = children.pop().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = victim.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = victim.kill();
+            let _ = survivor.kill();
+            panic!("{name}: rank 1 did not exit during its setup: {:?}", output_of(victim));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let exited_at = unix_ms();
+    assert_eq!(status.code(), Some(86), "{name}: rank 1 did not exit where the fault puts it: {:?}", output_of(victim));
+    let limit = Instant::now() + Duration::from_secs(12);
+    while survivor.try_wait().unwrap().is_none() && Instant::now() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = survivor.kill();
+    let (_, output) = output_of(survivor);
+    match peer_failure(&output, exited_at) {
+        Some((after, line)) => (Some(after), line),
+        None => (None, output.lines().rev().take(5).collect::<Vec<_>>().join(" | ")),
+    }
+}
+
 /// Starts ranks [0, 1, 0] in kill mode (rank 0 steps until a typed peer failure) and returns
 /// them once rank 0 has run 50 steps, with their scratch folder.
 fn running_ranks(name: &str, seed: u64, peer_timeout_ms: Option<u64>, ignore_silence: bool) -> (Vec<Child>, PathBuf) {
@@ -536,6 +602,20 @@ fn child_rank() {
     }
     if std::env::var_os(IGNORE_SILENCE_VAR).is_some() {
         config = config.inject_fault(ppnrt::pp::ProtocolFault::IgnoreSilence);
+    }
+    match std::env::var(SETUP_FAULT_VAR).as_deref() {
+        Ok("exit-before-comm-join") => config = config.inject_fault(ppnrt::pp::ProtocolFault::ExitBeforeCommJoin),
+        Ok("unwatched") => config = config.inject_fault(ppnrt::pp::ProtocolFault::UnwatchedSetup),
+        Ok(other) => panic!("unknown setup fault {other}"),
+        Err(_) => {}
+    }
+    if mode == "setup" {
+        // A peer dies during the setup: the setup's typed error, when it comes.
+        match PpNRt::new(config, &primary) {
+            Ok(rt) => println!("CHILD-SETUP-OK rank {}", rt.rank()),
+            Err(e) => println!("CHILD-PEER-FAILED {} {e}", unix_ms()),
+        }
+        return;
     }
     let rt = PpNRt::new(config, &primary).unwrap();
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());

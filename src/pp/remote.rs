@@ -34,6 +34,11 @@
 //! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks; the communicators
 //! are initialised in boundary order (every rank in the same order, so none waits on another
 //! cycle); and each link moves one small message to prove it before the runtime is returned.
+//! Every wait of the setup for another rank is bounded by the peer timeout, and the waits for
+//! NCCL (the join, which NCCL does in the background, and the first message, which connects
+//! NCCL's transport) also end as soon as the peer closes its end of the boundary's connection
+//! (it died): a rank that dies or stops during another's setup is a [`PpError::PeerFailed`]
+//! there, not a hang.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -50,7 +55,7 @@ use crate::error::{Error, Result};
 use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
-    CaptureMode, Context, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
+    CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
 };
 
 /// How often the receiver threads and the watchdog look at a link that is quiet.
@@ -885,12 +890,20 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             ids[i * NcclUniqueId::BYTES..(i + 1) * NcclUniqueId::BYTES].try_into().expect("sliced to the id's size");
         let stage = if sending { b.boundary } else { b.boundary + 1 };
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
-        let comm = NcclComm::init_rank(&local.ctx, 2, &NcclUniqueId::from_bytes(id), i32::from(!sending))?;
         let peer = if sending { b.rx_rank } else { b.tx_rank };
         let socket = if sending {
             outbound.remove(&b.boundary).expect("connected above")
         } else {
             inbound_sockets.remove(&b.boundary).expect("accepted above")
+        };
+        let watched = setup_watched(config);
+        let id = NcclUniqueId::from_bytes(id);
+        let nccl_rank = i32::from(!sending);
+        let comm = if watched {
+            let joining = setup_watch(&socket, b.boundary, peer, "joining the NCCL communicator", timeout);
+            NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, joining)?
+        } else {
+            NcclComm::init_rank(&local.ctx, 2, &id, nccl_rank)?
         };
         let clone = |socket: &TcpStream| {
             socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))
@@ -912,7 +925,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             let watch = clone(&socket)?;
             // The probe proves the link (and makes NCCL connect now, not in the first step).
             link.comm.send(&local.stream, &probe, 1)?;
-            local.stream.synchronize()?;
+            wait_for_probe(&link, &local.stream, &socket, watched)?;
             let control = Mutex::new(SendControl { socket, step: 0, closed: false, written: Instant::now() });
             let sender = Sender {
                 link,
@@ -927,7 +940,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             let recv_stream = CudaStream::new(&local.ctx)?;
             let mut probe = probe;
             link.comm.recv(&recv_stream, &mut probe, 0)?;
-            recv_stream.synchronize()?;
+            wait_for_probe(&link, &recv_stream, &socket, watched)?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
             links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
         }
@@ -950,6 +963,96 @@ fn recv_graphs_allowed(config: &PpConfig) -> Result<bool> {
 /// integer; 0 is off).
 fn mixing_support_off(value: Option<&str>) -> bool {
     value.is_some_and(|text| text.trim().parse::<i64>() == Ok(0))
+}
+
+/// Whether the setup's waits for NCCL are bounded and watch the peer (always, except with the
+/// setup broken on purpose: [`ProtocolFault::UnwatchedSetup`](crate::pp::ProtocolFault), tests
+/// only). With [`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault) this rank exits
+/// here, before it joins its first communicator (tests only).
+fn setup_watched(config: &PpConfig) -> bool {
+    #[cfg(feature = "testing")]
+    match config.fault() {
+        crate::config::ProtocolFault::ExitBeforeCommJoin => std::process::exit(EXIT_BEFORE_COMM_JOIN),
+        crate::config::ProtocolFault::UnwatchedSetup => return false,
+        _ => {}
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = config;
+    true
+}
+
+/// The exit status of a rank that exits before it joins a communicator on purpose
+/// ([`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault)).
+#[cfg(feature = "testing")]
+const EXIT_BEFORE_COMM_JOIN: i32 = 86;
+
+/// A `keep_waiting` for a wait of the setup of `boundary` for NCCL: fails with
+/// [`PpError::PeerFailed`] when `peer` closed its end of the boundary's connection `socket` (it
+/// died), or when `timeout` passed.
+fn setup_watch<'a>(
+    socket: &'a TcpStream,
+    boundary: usize,
+    peer: usize,
+    what: &'static str,
+    timeout: Duration,
+) -> impl FnMut() -> Result<()> + 'a {
+    let deadline = Instant::now() + timeout;
+    move || {
+        let failed = |reason: String| Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }));
+        if Instant::now() >= deadline {
+            return failed(format!("{what} did not finish within {timeout:?}"));
+        }
+        match peer_closed(socket) {
+            Ok(false) => Ok(()),
+            Ok(true) => failed(format!("{PEER_CLOSED} while {what}")),
+            Err(e) => failed(format!("the boundary's connection failed while {what}: {e}")),
+        }
+    }
+}
+
+/// Whether the peer closed its end of `socket`: a peek that does not block (the socket is
+/// blocking again afterwards; the setup is its only user).
+fn peer_closed(socket: &TcpStream) -> std::io::Result<bool> {
+    socket.set_nonblocking(true)?;
+    let mut byte = [0u8; 1];
+    let peeked = socket.peek(&mut byte);
+    socket.set_nonblocking(false)?;
+    match peeked {
+        Ok(read) => Ok(read == 0),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits until the probe's send or receive on `stream` completed. When `watched`, the wait is
+/// bounded by the link's timeout and ends when the peer closes `socket`: the link then fails
+/// (its communicator aborted, so the stream drains) and its error is returned.
+fn wait_for_probe(link: &Link, stream: &Arc<CudaStream>, socket: &TcpStream, watched: bool) -> Result<()> {
+    if !watched {
+        return stream.synchronize();
+    }
+    let done = CudaEvent::new(stream.context(), false)?;
+    done.record(stream)?;
+    let mut keep_waiting = setup_watch(socket, link.boundary, link.peer, "moving the first message", link.timeout);
+    let mut polls = 0u32;
+    while !done.is_complete()? {
+        if let Err(e) = keep_waiting() {
+            let reason = match &e {
+                Error::Pipeline(PpError::PeerFailed { reason, .. }) => reason.clone(),
+                other => other.to_string(),
+            };
+            link.fail(reason);
+            stream.synchronize()?;
+            return Err(e);
+        }
+        polls = polls.saturating_add(1);
+        if polls < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(())
 }
 
 fn setup_error(boundary: usize, peer: usize, what: &str, e: &std::io::Error) -> Error {

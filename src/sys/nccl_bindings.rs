@@ -48,6 +48,46 @@ impl ncclResult_t {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ncclResult_t(pub ::std::os::raw::c_uint);
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ncclConfig_v23100 {
+    pub size: usize,
+    pub magic: ::std::os::raw::c_uint,
+    pub version: ::std::os::raw::c_uint,
+    pub blocking: ::std::os::raw::c_int,
+    pub cgaClusterSize: ::std::os::raw::c_int,
+    pub minCTAs: ::std::os::raw::c_int,
+    pub maxCTAs: ::std::os::raw::c_int,
+    pub netName: *const ::std::os::raw::c_char,
+    pub splitShare: ::std::os::raw::c_int,
+    pub trafficClass: ::std::os::raw::c_int,
+    pub commName: *const ::std::os::raw::c_char,
+    pub collnetEnable: ::std::os::raw::c_int,
+    pub CTAPolicy: ::std::os::raw::c_int,
+    pub shrinkShare: ::std::os::raw::c_int,
+    pub nvlsCTAs: ::std::os::raw::c_int,
+    pub nChannelsPerNetPeer: ::std::os::raw::c_int,
+    pub nvlinkCentricSched: ::std::os::raw::c_int,
+    pub graphUsageMode: ::std::os::raw::c_int,
+    pub numRmaCtx: ::std::os::raw::c_int,
+    pub maxP2pPeers: ::std::os::raw::c_int,
+    pub graphStreamOrdering: ::std::os::raw::c_int,
+    pub launchOrderImplicit: ::std::os::raw::c_int,
+    pub numRmaSig: ::std::os::raw::c_int,
+    pub rmaEagerInit: ::std::os::raw::c_int,
+    pub hostCftMode: ::std::os::raw::c_int,
+    pub nvlsHostMode: ::std::os::raw::c_int,
+}
+impl Default for ncclConfig_v23100 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type ncclConfig_t = ncclConfig_v23100;
 impl ncclDataType_t {
     pub const ncclInt8: ncclDataType_t = ncclDataType_t(0);
     pub const ncclChar: ncclDataType_t = ncclDataType_t(0);
@@ -79,6 +119,16 @@ pub struct NcclApi {
     >,
     pub ncclGetUniqueId: Result<
         unsafe extern "C" fn(uniqueId: *mut ncclUniqueId) -> ncclResult_t,
+        ::libloading::Error,
+    >,
+    pub ncclCommInitRankConfig: Result<
+        unsafe extern "C" fn(
+            comm: *mut ncclComm_t,
+            nranks: ::std::os::raw::c_int,
+            commId: ncclUniqueId,
+            rank: ::std::os::raw::c_int,
+            config: *mut ncclConfig_t,
+        ) -> ncclResult_t,
         ::libloading::Error,
     >,
     pub ncclCommInitRank: Result<
@@ -184,6 +234,9 @@ impl NcclApi {
         let __library = library.into();
         let ncclGetVersion = __library.get(b"ncclGetVersion\0").map(|sym| *sym);
         let ncclGetUniqueId = __library.get(b"ncclGetUniqueId\0").map(|sym| *sym);
+        let ncclCommInitRankConfig = __library
+            .get(b"ncclCommInitRankConfig\0")
+            .map(|sym| *sym);
         let ncclCommInitRank = __library.get(b"ncclCommInitRank\0").map(|sym| *sym);
         let ncclCommFinalize = __library.get(b"ncclCommFinalize\0").map(|sym| *sym);
         let ncclCommDestroy = __library.get(b"ncclCommDestroy\0").map(|sym| *sym);
@@ -204,6 +257,7 @@ impl NcclApi {
             __library,
             ncclGetVersion,
             ncclGetUniqueId,
+            ncclCommInitRankConfig,
             ncclCommInitRank,
             ncclCommFinalize,
             ncclCommDestroy,
@@ -228,6 +282,19 @@ impl NcclApi {
     }
     pub unsafe fn ncclGetUniqueId(&self, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
         (self.ncclGetUniqueId.as_ref().expect("Expected function, got error."))(uniqueId)
+    }
+    pub unsafe fn ncclCommInitRankConfig(
+        &self,
+        comm: *mut ncclComm_t,
+        nranks: ::std::os::raw::c_int,
+        commId: ncclUniqueId,
+        rank: ::std::os::raw::c_int,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        (self
+            .ncclCommInitRankConfig
+            .as_ref()
+            .expect("Expected function, got error."))(comm, nranks, commId, rank, config)
     }
     pub unsafe fn ncclCommInitRank(
         &self,

@@ -4,6 +4,10 @@
  * - Two-rank communicators between processes (or threads): ncclGetUniqueId names an abstract Unix
  *   socket; ncclCommInitRank's rank 0 listens on it, rank 1 connects (retrying), as NCCL's init
  *   blocks until both ranks joined (inside a group, rank 0 accepts at ncclGroupEnd).
+ *   ncclCommInitRankConfig with blocking = 0 joins in a thread of its own: ncclCommGetAsyncError
+ *   says ncclInProgress until both ranks joined (or the join failed), and ncclCommAbort stops a
+ *   join in progress, as NCCL's non-blocking communicators do. A rank that never joins keeps the
+ *   other waiting (at most CONNECT_TIMEOUT_S, where NCCL waits for ever).
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
  *   in the library PPNRT_LIBCUDA_PATH names): a send runs in stream order, at once with the work
  *   before it on its stream (a GPU progresses unasked, and the receiver in another process waits
@@ -31,7 +35,7 @@
 #include <unistd.h>
 
 typedef int ncclResult_t;
-enum { SUCCESS = 0, SYSTEM_ERROR = 2, INTERNAL_ERROR = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+enum { SUCCESS = 0, SYSTEM_ERROR = 2, INTERNAL_ERROR = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6, IN_PROGRESS = 7 };
 enum { ID_BYTES = 128, CONNECT_TIMEOUT_S = 120 };
 static const char MAGIC[8] = "PPNRTND1";
 
@@ -55,7 +59,21 @@ typedef struct Comm {
     int ended;            /* the connection ended (peer gone, or aborted) */
     int remote_error;     /* it ended without this side's abort or destroy */
     int destroying;
+    struct sockaddr_un addr; /* the id's socket address */
+    socklen_t addr_len;
+    int joining;          /* a non-blocking join in progress */
+    ncclResult_t join_result;
+    pthread_t joiner;
+    int joiner_started;
 } Comm;
+
+/* The head of ncclConfig_t that every NCCL since 2.14 reads. */
+typedef struct {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;
+} ConfigHead;
 
 /* One send or receive, kept for the life of the process: a graph may run it again. */
 typedef struct Work {
@@ -149,10 +167,22 @@ static ncclResult_t start(Comm* c) {
     return SUCCESS;
 }
 
-/* Rank 0: accepts the other rank (at most CONNECT_TIMEOUT_S). */
+/* Whether the communicator is being aborted or destroyed (a join in progress stops). */
+static int stopping(Comm* c) {
+    pthread_mutex_lock(&c->lock);
+    int a = c->aborted || c->destroying;
+    pthread_mutex_unlock(&c->lock);
+    return a;
+}
+
+/* Rank 0: accepts the other rank (at most CONNECT_TIMEOUT_S, or until stopped). */
 static ncclResult_t accept_peer(Comm* c) {
     struct pollfd p = {.fd = c->listen_fd, .events = POLLIN};
-    int ready = poll(&p, 1, CONNECT_TIMEOUT_S * 1000);
+    int ready = 0;
+    for (int waited_ms = 0; ready == 0 && waited_ms < CONNECT_TIMEOUT_S * 1000; waited_ms += 50) {
+        if (stopping(c)) return SYSTEM_ERROR;
+        ready = poll(&p, 1, 50);
+    }
     if (ready <= 0) return SYSTEM_ERROR;
     c->fd = accept(c->listen_fd, NULL, NULL);
     close(c->listen_fd);
@@ -187,52 +217,84 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     return SUCCESS;
 }
 
-ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank) {
+/* Rank 1: connects to rank 0, retrying (at most CONNECT_TIMEOUT_S, or until stopped). */
+static ncclResult_t connect_peer(Comm* c) {
+    time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
+    for (;;) {
+        c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (c->fd >= 0 && connect(c->fd, (struct sockaddr*)&c->addr, c->addr_len) == 0) break;
+        if (c->fd >= 0) close(c->fd);
+        c->fd = -1;
+        if (time(NULL) > deadline || stopping(c)) return SYSTEM_ERROR;
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
+    }
+    return start(c);
+}
+
+/* A communicator of rank `rank` of the id, not joined yet; rank 0 listens already. */
+static ncclResult_t make_comm(Comm** out, int nranks, ncclUniqueId id, int rank) {
     if (!out || nranks != 2 || rank < 0 || rank > 1 || memcmp(id.internal, MAGIC, sizeof MAGIC) != 0) return INVALID_ARGUMENT;
     if (!find_driver_double()) return INTERNAL_ERROR;
     Comm* c = calloc(1, sizeof(Comm));
     c->rank = rank;
     c->fd = c->listen_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
-    struct sockaddr_un addr;
-    socklen_t len;
-    address(&id, &addr, &len);
+    address(&id, &c->addr, &c->addr_len);
     if (rank == 0) {
         c->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (c->listen_fd < 0 || bind(c->listen_fd, (struct sockaddr*)&addr, len) != 0 || listen(c->listen_fd, 1) != 0) {
-            free(c);
-            return SYSTEM_ERROR;
-        }
-        if (group_depth > 0 && n_group_pending < 64) {
-            group_pending[n_group_pending++] = c; /* accepted at ncclGroupEnd */
-        } else {
-            ncclResult_t rc = accept_peer(c);
-            if (rc != SUCCESS) {
-                free(c);
-                return rc;
-            }
-        }
-    } else {
-        time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
-        for (;;) {
-            c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (c->fd >= 0 && connect(c->fd, (struct sockaddr*)&addr, len) == 0) break;
-            if (c->fd >= 0) close(c->fd);
-            c->fd = -1;
-            if (time(NULL) > deadline) {
-                free(c);
-                return SYSTEM_ERROR;
-            }
-            struct timespec pause = {0, 2000000};
-            nanosleep(&pause, NULL);
-        }
-        if (start(c) != SUCCESS) {
+        if (c->listen_fd < 0 || bind(c->listen_fd, (struct sockaddr*)&c->addr, c->addr_len) != 0 || listen(c->listen_fd, 1) != 0) {
             free(c);
             return SYSTEM_ERROR;
         }
     }
     *out = c;
     return SUCCESS;
+}
+
+static ncclResult_t join(Comm* c) {
+    return c->rank == 0 ? accept_peer(c) : connect_peer(c);
+}
+
+ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank) {
+    Comm* c = NULL;
+    ncclResult_t rc = make_comm(&c, nranks, id, rank);
+    if (rc != SUCCESS) return rc;
+    if (rank == 0 && group_depth > 0 && n_group_pending < 64) {
+        group_pending[n_group_pending++] = c; /* accepted at ncclGroupEnd */
+    } else if ((rc = join(c)) != SUCCESS) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return SUCCESS;
+}
+
+static void* join_main(void* arg) {
+    Comm* c = arg;
+    ncclResult_t rc = join(c);
+    pthread_mutex_lock(&c->lock);
+    c->join_result = rc;
+    c->joining = 0;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+ncclResult_t ncclCommInitRankConfig(Comm** out, int nranks, ncclUniqueId id, int rank, ConfigHead* config) {
+    if (config && (config->magic != 0xcafebeefu || config->version < 21400 || config->size < sizeof(ConfigHead))) return INVALID_ARGUMENT;
+    if (!config || config->blocking != 0) return ncclCommInitRank(out, nranks, id, rank);
+    Comm* c = NULL;
+    ncclResult_t rc = make_comm(&c, nranks, id, rank);
+    if (rc != SUCCESS) return rc;
+    c->joining = 1;
+    if (pthread_create(&c->joiner, NULL, join_main, c) != 0) {
+        if (c->listen_fd >= 0) close(c->listen_fd);
+        free(c);
+        return SYSTEM_ERROR;
+    }
+    c->joiner_started = 1;
+    *out = c;
+    return IN_PROGRESS;
 }
 
 ncclResult_t ncclGroupStart(void) {
@@ -321,7 +383,7 @@ ncclResult_t ncclRecv(void* buf, size_t count, int datatype, int peer, Comm* com
 ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
     if (!comm || !state) return INVALID_ARGUMENT;
     pthread_mutex_lock(&comm->lock);
-    *state = comm->remote_error ? REMOTE_ERROR : SUCCESS;
+    *state = comm->joining ? IN_PROGRESS : comm->join_result != SUCCESS ? comm->join_result : comm->remote_error ? REMOTE_ERROR : SUCCESS;
     pthread_mutex_unlock(&comm->lock);
     return SUCCESS;
 }
@@ -331,6 +393,12 @@ ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
 static void end(Comm* c, int aborting) {
     pthread_mutex_lock(&c->lock);
     if (aborting) c->aborted = 1; else c->destroying = 1;
+    pthread_mutex_unlock(&c->lock);
+    if (c->joiner_started) {
+        pthread_join(c->joiner, NULL); /* a join in progress stops within 50 ms once aborted */
+        c->joiner_started = 0;
+    }
+    pthread_mutex_lock(&c->lock);
     int fd = c->fd;
     pthread_mutex_unlock(&c->lock);
     if (fd >= 0) shutdown(fd, SHUT_RDWR);
