@@ -19,7 +19,7 @@
 //!
 //! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
-//! [`group`] is per thread, as NCCL's groups are.
+//! [`group`] takes its operations as a list ([`P2p`]), so no other work runs inside it.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
@@ -28,9 +28,11 @@ use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, LoadAttempt, Result};
-use crate::safe::memory::ordered;
+use crate::safe::memory::{Tracked, ordered, ordered_with};
 use crate::safe::ordering::Use;
-use crate::safe::{Context, CudaStream, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error};
+use crate::safe::{
+    Context, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error,
+};
 use crate::sys::nccl::{NcclApi, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclResult_t, ncclUniqueId};
 
 /// Environment variable naming the NCCL library to load instead of the default candidates.
@@ -131,6 +133,14 @@ pub enum NcclError {
         what: &'static str,
         /// How long it was waited for.
         waited: Duration,
+    },
+    /// A [`group`] of more operations than [`MAX_GROUP_OPS`].
+    #[error("nccl::group: {ops} operations, more than the {max} one group takes")]
+    GroupTooLarge {
+        /// The operations given.
+        ops: usize,
+        /// The most one group takes.
+        max: usize,
     },
     /// A call on a communicator that was aborted ([`NcclComm::abort_now`]).
     #[error("{what}: the communicator was aborted")]
@@ -670,7 +680,6 @@ impl NcclComm {
                 )
             )?;
             // Enqueued once settled: the ordering rule marks the buffer after this returns.
-            self.note_in_group();
             self.settle(nccl, &mut one_call, "ncclSend", result)
         })
     }
@@ -705,7 +714,6 @@ impl NcclComm {
                 )
             )?;
             // Enqueued once settled: the ordering rule marks the buffer after this returns.
-            self.note_in_group();
             self.settle(nccl, &mut one_call, "ncclRecv", result)
         })
     }
@@ -768,75 +776,206 @@ impl NcclComm {
     }
 }
 
-/// Runs `f` inside an NCCL group (`ncclGroupStart`/`ncclGroupEnd`): the sends and receives it
-/// issues are launched together, so a rank may send to and receive from a peer in one step
-/// without deadlock. The group is ended even when `f` fails.
-///
-/// # Errors
-/// `f`'s error, else NCCL's.
-///
-/// With non-blocking communicators ([`NcclComm::init_rank_watched`]) NCCL may complete the
-/// group in the background; the group's end then waits for every such communicator `f` sent or
-/// received on (each at most its bound), so the group's work is enqueued when this returns.
-pub fn group<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
-    let nccl = nccl()?;
-    // Contract: no arguments; the group is ended below on this thread, whatever `f` returns.
-    nccl_call!(nccl, ncclGroupStart())?;
-    let outer = OPEN_GROUP.with(|open| {
-        let mut open = open.borrow_mut();
-        open.depth += 1;
-        open.depth == 1
-    });
-    let result = f();
-    let pending = OPEN_GROUP.with(|open| {
-        let mut open = open.borrow_mut();
-        open.depth -= 1;
-        if outer { std::mem::take(&mut open.nonblocking) } else { Vec::new() }
-    });
-    // Contract: ends the group started above, on this thread.
-    let ended = nccl_result!(nccl, ncclGroupEnd()).and_then(|ended| {
-        if ended != ncclResult_t::ncclInProgress || pending.is_empty() {
-            return nccl.check("ncclGroupEnd", ended);
+/// One send or receive of a [`group`].
+#[derive(Debug)]
+pub enum P2p<'a> {
+    /// Sends the bytes of `buf` to rank `peer` on `stream`.
+    Send {
+        /// The communicator.
+        comm: &'a NcclComm,
+        /// The stream of the send (of the communicator's device).
+        stream: &'a Arc<CudaStream>,
+        /// What is sent.
+        buf: CudaView<'a, u8>,
+        /// The receiving rank.
+        peer: i32,
+    },
+    /// Receives from rank `peer` into the bytes of `buf` on `stream`.
+    Recv {
+        /// The communicator.
+        comm: &'a NcclComm,
+        /// The stream of the receive (of the communicator's device).
+        stream: &'a Arc<CudaStream>,
+        /// Where it lands.
+        buf: CudaViewMut<'a, u8>,
+        /// The sending rank.
+        peer: i32,
+    },
+}
+
+impl<'a> P2p<'a> {
+    /// A send of `buf` to `peer` on `stream`.
+    pub fn send<T: DeviceRepr, S: DeviceSlice<T>>(
+        comm: &'a NcclComm,
+        stream: &'a Arc<CudaStream>,
+        buf: &'a S,
+        peer: i32,
+    ) -> P2p<'a> {
+        P2p::Send { comm, stream, buf: buf.as_view().into_bytes(), peer }
+    }
+
+    /// A receive from `peer` into `buf` on `stream`.
+    pub fn recv<T: DeviceRepr, D: DeviceSliceMut<T>>(
+        comm: &'a NcclComm,
+        stream: &'a Arc<CudaStream>,
+        buf: &'a mut D,
+        peer: i32,
+    ) -> P2p<'a> {
+        P2p::Recv { comm, stream, buf: buf.as_view_mut().into_bytes(), peer }
+    }
+
+    fn comm(&self) -> &'a NcclComm {
+        match self {
+            P2p::Send { comm, .. } | P2p::Recv { comm, .. } => comm,
         }
-        pending
-            .iter()
-            .try_for_each(|&(raw, waited)| poll_until_settled(nccl, raw.0, for_at_most("ncclGroupEnd", waited)))
-    });
-    let value = result?;
-    ended?;
-    Ok(value)
-}
+    }
 
-/// A communicator handle noted by a group (only polled, while the group's caller borrows it).
-#[derive(Clone, Copy)]
-struct GroupMember(ncclComm_t);
-
-/// This thread's open NCCL group: how deep, and the non-blocking communicators used in it.
-#[derive(Default)]
-struct OpenGroup {
-    depth: u32,
-    nonblocking: Vec<(GroupMember, Duration)>,
-}
-
-thread_local! {
-    static OPEN_GROUP: std::cell::RefCell<OpenGroup> = std::cell::RefCell::new(OpenGroup::default());
-}
-
-impl NcclComm {
-    /// Notes a non-blocking communicator used inside this thread's open group.
-    fn note_in_group(&self) {
-        if !self.nonblocking {
-            return;
+    fn stream(&self) -> &'a Arc<CudaStream> {
+        match self {
+            P2p::Send { stream, .. } | P2p::Recv { stream, .. } => stream,
         }
-        OPEN_GROUP.with(|open| {
-            let mut open = open.borrow_mut();
-            if open.depth > 0 && !open.nonblocking.iter().any(|(member, _)| member.0 == self.raw) {
-                open.nonblocking.push((GroupMember(self.raw), self.settle_within));
-            }
-        });
+    }
+
+    fn peer(&self) -> i32 {
+        match self {
+            P2p::Send { peer, .. } | P2p::Recv { peer, .. } => *peer,
+        }
+    }
+
+    fn ordered_use(&self) -> (Tracked<'_>, Use) {
+        match self {
+            P2p::Send { buf, .. } => (buf.tracked(), Use::Read),
+            P2p::Recv { buf, .. } => (buf.tracked(), Use::Write),
+        }
+    }
+
+    fn device(&self) -> i32 {
+        match self {
+            P2p::Send { buf, .. } => buf.ordinal(),
+            P2p::Recv { buf, .. } => buf.ordinal(),
+        }
+    }
+
+    /// Issues the operation (inside the open group).
+    fn issue(&self, nccl: &Nccl) -> Result<()> {
+        let comm = self.comm();
+        let result = match self {
+            // Contract: the buffer is valid for its byte length and ordered on `stream` (waits
+            // enqueued by `group`); the communicator and stream are live and of this device; the
+            // communicator's call lock is held by `group`.
+            P2p::Send { stream, buf, peer, .. } => nccl_result!(
+                nccl,
+                ncclSend(
+                    buf.device_ptr() as *const c_void,
+                    buf.byte_len(),
+                    ncclDataType_t::ncclUint8,
+                    *peer,
+                    comm.raw,
+                    stream.raw().cast()
+                )
+            )?,
+            // Contract: as the send's; the buffer is exclusively borrowed.
+            P2p::Recv { stream, buf, peer, .. } => nccl_result!(
+                nccl,
+                ncclRecv(
+                    buf.device_ptr() as *mut c_void,
+                    buf.byte_len(),
+                    ncclDataType_t::ncclUint8,
+                    *peer,
+                    comm.raw,
+                    stream.raw().cast()
+                )
+            )?,
+        };
+        let call = if matches!(self, P2p::Send { .. }) { "ncclSend (in a group)" } else { "ncclRecv (in a group)" };
+        nccl.check(call, result)
     }
 }
 
+/// The most operations one [`group`] takes.
+pub const MAX_GROUP_OPS: usize = 256;
+
+/// Issues `ops` as one NCCL group (`ncclGroupStart`, the sends and receives,
+/// `ncclGroupEnd`): they are launched together, so a rank may send to and receive from a peer
+/// in one step without deadlock. Each operation is ordered by the crate's rule like a copy
+/// that reads (a send) or writes (a receive) its buffer: its stream waits for what the buffer's
+/// use conflicts with before the group, and the use is noted once the group ended, when NCCL
+/// has enqueued its work. Nothing but these operations runs inside the group (NCCL launches a
+/// group's work only at its end, so other work on those buffers issued inside it would be
+/// ordered before work that is not yet enqueued). With non-blocking communicators
+/// ([`NcclComm::init_rank_watched`]) the group's end is waited for when NCCL completes it in
+/// the background (each communicator at most its bound).
+///
+/// # Errors
+/// [`NcclError::InvalidRank`] and [`Error::WrongDevice`] as [`NcclComm::send`], checked for
+/// every operation before anything is issued; [`NcclError::Aborted`] for an aborted
+/// communicator; [`NcclError::GroupTooLarge`] beyond [`MAX_GROUP_OPS`]; NCCL's error.
+pub fn group(ops: &[P2p<'_>]) -> Result<()> {
+    if ops.len() > MAX_GROUP_OPS {
+        return Err(Error::Nccl(NcclError::GroupTooLarge { ops: ops.len(), max: MAX_GROUP_OPS }));
+    }
+    for op in ops {
+        let what = if matches!(op, P2p::Send { .. }) { "nccl::group (a send)" } else { "nccl::group (a receive)" };
+        op.comm().check_peer(what, op.peer(), op.stream(), op.device())?;
+    }
+    let nccl = nccl()?;
+    // Every communicator's call lock, once each, in address order, from the first call to the
+    // group's end.
+    let mut comms: Vec<&NcclComm> = ops.iter().map(P2p::comm).collect();
+    comms.sort_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
+    comms.dedup_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
+    let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
+    ordered_in_turn(nccl, ops, &comms, &mut locks)
+}
+
+/// Orders `ops[0]` and, inside that, the rest in turn; the innermost issues the group. Each
+/// operation's use is noted when its `ordered_with` returns, after the group ended.
+fn ordered_in_turn(
+    nccl: &Nccl,
+    ops: &[P2p<'_>],
+    comms: &[&NcclComm],
+    locks: &mut [MutexGuard<'_, bool>],
+) -> Result<()> {
+    ordered_from(nccl, ops, 0, comms, locks)
+}
+
+fn ordered_from(
+    nccl: &Nccl,
+    ops: &[P2p<'_>],
+    at: usize,
+    comms: &[&NcclComm],
+    locks: &mut [MutexGuard<'_, bool>],
+) -> Result<()> {
+    match ops.get(at) {
+        // Unlocked between the waits and the notes: two operations may share a buffer (one
+        // buffer sent to two peers).
+        Some(op) => {
+            ordered_with(op.stream(), [op.ordered_use()], false, || ordered_from(nccl, ops, at + 1, comms, locks))
+        }
+        None => issue_group(nccl, ops, comms, locks),
+    }
+}
+
+/// The group itself: every operation issued, then the group ended (and waited for where NCCL
+/// completes it in the background).
+fn issue_group(nccl: &Nccl, ops: &[P2p<'_>], comms: &[&NcclComm], locks: &mut [MutexGuard<'_, bool>]) -> Result<()> {
+    // Contract: no arguments; the group is ended below on this thread, whatever the calls return.
+    nccl_call!(nccl, ncclGroupStart())?;
+    let issued = ops.iter().try_for_each(|op| op.issue(nccl));
+    // Contract: ends the group started above, on this thread.
+    let ended = nccl_result!(nccl, ncclGroupEnd()).and_then(|ended| {
+        if ended != ncclResult_t::ncclInProgress {
+            return nccl.check("ncclGroupEnd", ended);
+        }
+        comms
+            .iter()
+            .zip(locks.iter_mut())
+            .filter(|(comm, _)| comm.nonblocking)
+            .try_for_each(|(comm, lock)| comm.settle(nccl, lock, "ncclGroupEnd", ended))
+    });
+    issued?;
+    ended
+}
 impl Drop for NcclComm {
     fn drop(&mut self) {
         if *self.calls.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()) {

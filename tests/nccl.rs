@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::{devices_or_skip, say};
 use ppnrt::nccl::{
-    MINIMUM_VERSION, NONBLOCKING_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, group, nccl,
+    MAX_GROUP_OPS, MINIMUM_VERSION, NONBLOCKING_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, P2p,
+    group, nccl,
 };
 use ppnrt::{CudaSlice, Engine, Error};
 
@@ -122,12 +123,27 @@ fn exchange(test: &str, watched: bool) {
                     let mut mine = CudaSlice::<u32>::alloc(&stream, n).unwrap();
                     engine.fill_pattern(&mut mine, 100 + rank as u32).unwrap();
                     let mut theirs = CudaSlice::<u32>::alloc(&stream, n).unwrap();
-                    // Each rank sends its buffer and receives the other's, in one group.
-                    group(|| {
-                        comm.send(&stream, &mine, 1 - rank)?;
-                        comm.recv(&stream, &mut theirs, 1 - rank)
-                    })
-                    .unwrap();
+                    // Each rank sends its buffer and receives the other's, in one group; the
+                    // receive is read at once on another stream, with no join (the group notes
+                    // its uses after NCCL enqueued its work).
+                    group(&[P2p::send(&comm, &stream, &mine, 1 - rank), P2p::recv(&comm, &stream, &mut theirs, 1 - rank)])
+                        .unwrap();
+                    let reader = ppnrt::CudaStream::new(engine.context()).unwrap();
+                    let mut copy = CudaSlice::<u32>::alloc(&reader, n).unwrap();
+                    reader.memcpy_dtod(&theirs, &mut copy).unwrap();
+                    assert_eq!(engine.checksum(&copy).unwrap(), engine.checksum(&theirs).unwrap());
+                    // Refused before anything is issued: a rank outside the communicator, too
+                    // many operations.
+                    assert!(matches!(
+                        group(&[P2p::send(&comm, &stream, &mine, 1 - rank), P2p::send(&comm, &stream, &mine, 7)]),
+                        Err(Error::Nccl(NcclError::InvalidRank { rank: 7, n_ranks: 2, .. }))
+                    ));
+                    let many: Vec<P2p<'_>> =
+                        (0..=MAX_GROUP_OPS).map(|_| P2p::send(&comm, &stream, &mine, 1 - rank)).collect();
+                    assert!(matches!(
+                        group(&many),
+                        Err(Error::Nccl(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS })) if ops == MAX_GROUP_OPS + 1
+                    ));
                     comm.async_error().unwrap();
                     (engine.checksum(&theirs).unwrap(), engine.checksum(&mine).unwrap())
                 })
