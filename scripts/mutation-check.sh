@@ -58,3 +58,5 @@ run liveness src/pp/remote.rs "    let _ = config;
 }" "    let _ = config;
     false
 }" processes
+# ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
+run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
