@@ -103,6 +103,9 @@ fn exchange(test: &str, watched: bool) {
     // The id crosses as bytes, as it would between processes.
     let bytes = id.to_bytes();
     let n = 1 << 20;
+    // Neither rank drops its communicator before both checked theirs (the NCCL double reports
+    // a peer's closed connection as an asynchronous error).
+    let checked = &std::sync::Barrier::new(2);
     let results: Vec<(u64, u64)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..2)
             .map(|rank| {
@@ -145,6 +148,7 @@ fn exchange(test: &str, watched: bool) {
                         Err(Error::Nccl(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS })) if ops == MAX_GROUP_OPS + 1
                     ));
                     comm.async_error().unwrap();
+                    checked.wait();
                     (engine.checksum(&theirs).unwrap(), engine.checksum(&mine).unwrap())
                 })
             })
@@ -210,4 +214,61 @@ fn a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting() {
     let mut x = CudaSlice::<u32>::alloc(&stream, 1024).unwrap();
     engine.fill_pattern(&mut x, 5).unwrap();
     stream.synchronize().unwrap();
+}
+
+/// A call NCCL completes in the background that never completes (the first send and receive of
+/// watched communicators, whose connection the NCCL double stalls) fails with
+/// `NcclError::TimedOut` after the communicator's bound, and the communicator is aborted: the
+/// next call is `NcclError::Aborted`. Through the doubles only (real NCCL cannot be told to
+/// stall); the two ranks run in a child process, whose environment stalls the double.
+#[test]
+fn a_background_call_that_never_completes_times_out_and_aborts() {
+    let test = "a_background_call_that_never_completes_times_out_and_aborts";
+    if !double::doubles_unless_a_gpu() {
+        say(&format!("SKIPPED {test}: needs the NCCL double, which can stall a connection (a GPU is present)"));
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["stalled_connection_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("PPNRT_NCCL_DOUBLE_STALL_CONNECT", "1")
+        .output()
+        .unwrap();
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{test}: the child failed:\n{output}");
+    for line in output.lines().filter_map(|line| line.find("STALLED").map(|at| &line[at..])) {
+        say(&format!("{test}: {line}"));
+    }
+    assert_eq!(output.lines().filter(|line| line.contains("STALLED")).count(), 2, "{output}");
+}
+
+#[test]
+#[ignore = "the child of a_background_call_that_never_completes_times_out_and_aborts"]
+fn stalled_connection_child() {
+    assert!(std::env::var_os("PPNRT_NCCL_DOUBLE_STALL_CONNECT").is_some(), "run through the parent test");
+    assert!(double::doubles_unless_a_gpu());
+    let id = NcclUniqueId::new().unwrap();
+    let bytes = id.to_bytes();
+    let bound = Duration::from_secs(1);
+    std::thread::scope(|scope| {
+        for rank in 0..2 {
+            scope.spawn(move || {
+                let engine = Engine::new(rank).unwrap();
+                let id = NcclUniqueId::from_bytes(&bytes);
+                let comm = NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok(())).unwrap();
+                let stream: Arc<_> = engine.stream().unwrap();
+                let mut buf = CudaSlice::<u32>::alloc(&stream, 256).unwrap();
+                let started = Instant::now();
+                let first = if rank == 0 { comm.send(&stream, &buf, 1) } else { comm.recv(&stream, &mut buf, 0) };
+                let took = started.elapsed();
+                match first {
+                    Err(Error::Nccl(NcclError::TimedOut { waited, .. })) if waited == bound => {}
+                    other => panic!("rank {rank}: expected TimedOut, got {other:?}"),
+                }
+                assert!(took >= bound && took < bound * 5, "rank {rank}: the call took {took:?}");
+                let next = comm.send(&stream, &buf, 1 - rank);
+                assert!(matches!(next, Err(Error::Nccl(NcclError::Aborted { .. }))), "rank {rank}: {next:?}");
+                println!("STALLED rank {rank}: TimedOut after {took:?}, then Aborted");
+            });
+        }
+    });
 }

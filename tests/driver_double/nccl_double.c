@@ -7,7 +7,10 @@
  *   ncclCommInitRankConfig with blocking = 0 joins in a thread of its own: ncclCommGetAsyncError
  *   says ncclInProgress until both ranks joined (or the join failed), and ncclCommAbort stops a
  *   join in progress, as NCCL's non-blocking communicators do. A rank that never joins keeps the
- *   other waiting (at most CONNECT_TIMEOUT_S, where NCCL waits for ever).
+ *   other waiting (at most CONNECT_TIMEOUT_S, where NCCL waits for ever). Such a communicator's
+ *   first sends and receives connect it in the background, as NCCL's do: the call returns
+ *   ncclInProgress (inside a group, ncclGroupEnd does), ncclCommGetAsyncError says so until the
+ *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
  *   in the library PPNRT_LIBCUDA_PATH names): a send runs in stream order, at once with the work
  *   before it on its stream (a GPU progresses unasked, and the receiver in another process waits
@@ -65,7 +68,21 @@ typedef struct Comm {
     ncclResult_t join_result;
     pthread_t joiner;
     int joiner_started;
+    int nonblocking;      /* made with blocking = 0 */
+    int connected;        /* its first send or receive connected it */
+    int connecting;       /* ... in the background, now */
+    struct Pending* queued[16]; /* work waiting for the connection */
+    int n_queued;
+    pthread_t connector;
+    int connector_started;
 } Comm;
+
+/* A send or receive of a non-blocking communicator waiting for its connection. */
+typedef struct Pending {
+    struct Work* work;
+    void* stream;
+    int sending;
+} Pending;
 
 /* The head of ncclConfig_t that every NCCL since 2.14 reads. */
 typedef struct {
@@ -77,7 +94,7 @@ typedef struct {
 
 /* One send or receive, kept for the life of the process: a graph may run it again. */
 typedef struct Work {
-    Comm* comm;
+    struct Comm* comm;
     void* buf;
     size_t bytes;
 } Work;
@@ -85,6 +102,7 @@ typedef struct Work {
 static __thread int group_depth;
 static __thread Comm* group_pending[64];
 static __thread int n_group_pending;
+static __thread int group_in_progress; /* a connection of this group completes in the background */
 
 /* ------------------------------------------------------------------------------------------ */
 
@@ -287,6 +305,7 @@ ncclResult_t ncclCommInitRankConfig(Comm** out, int nranks, ncclUniqueId id, int
     ncclResult_t rc = make_comm(&c, nranks, id, rank);
     if (rc != SUCCESS) return rc;
     c->joining = 1;
+    c->nonblocking = 1;
     if (pthread_create(&c->joiner, NULL, join_main, c) != 0) {
         if (c->listen_fd >= 0) close(c->listen_fd);
         free(c);
@@ -305,7 +324,8 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) return INVALID_USAGE;
     if (--group_depth > 0) return SUCCESS;
-    ncclResult_t rc = SUCCESS;
+    ncclResult_t rc = group_in_progress ? IN_PROGRESS : SUCCESS;
+    group_in_progress = 0;
     for (int i = 0; i < n_group_pending; i++) {
         ncclResult_t r = accept_peer(group_pending[i]);
         if (r != SUCCESS) rc = r;
@@ -358,18 +378,82 @@ static void recv_run(void* arg) {
     free(m);
 }
 
+static int enqueue_work(Work* w, void* stream, int sending) {
+    int rc = sending ? enqueue_external(stream, send_ready, send_run, w) : enqueue_external(stream, recv_ready, recv_run, w);
+    /* A send goes out at once (its receiver, in another process, waits for it). */
+    if (rc == 0 && sending) rc = run_stream(stream);
+    return rc;
+}
+
+/* Connects a non-blocking communicator in the background, then enqueues what waited for it. */
+static void* connect_main(void* arg) {
+    Comm* c = arg;
+    const char* stall = getenv("PPNRT_NCCL_DOUBLE_STALL_CONNECT");
+    int stalled = stall && *stall && strcmp(stall, "0") != 0;
+    for (int waited_ms = 0; stalled || waited_ms < 2; waited_ms++) {
+        if (stopping(c)) {
+            pthread_mutex_lock(&c->lock);
+            c->connecting = 0;
+            c->join_result = SYSTEM_ERROR;
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&c->lock);
+    int n = c->n_queued;
+    c->n_queued = 0;
+    pthread_mutex_unlock(&c->lock);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) rc = enqueue_work(c->queued[i]->work, c->queued[i]->stream, c->queued[i]->sending);
+        free(c->queued[i]);
+    }
+    pthread_mutex_lock(&c->lock);
+    c->connecting = 0;
+    c->connected = 1;
+    if (rc != 0) c->join_result = INTERNAL_ERROR;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
 static ncclResult_t enqueue(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending) {
     if (!c || datatype != 1 /* ncclUint8 */ || peer != 1 - c->rank) return INVALID_ARGUMENT;
     pthread_mutex_lock(&c->lock);
     int aborted = c->aborted;
+    int connect = c->nonblocking && !c->connected;
     pthread_mutex_unlock(&c->lock);
     if (aborted) return INVALID_USAGE;
     Work* w = malloc(sizeof(Work));
     *w = (Work){.comm = c, .buf = buf, .bytes = count};
-    int rc = sending ? enqueue_external(stream, send_ready, send_run, w) : enqueue_external(stream, recv_ready, recv_run, w);
-    /* A send goes out at once (its receiver, in another process, waits for it). */
-    if (rc == 0 && sending) rc = run_stream(stream);
-    return rc == 0 ? SUCCESS : INTERNAL_ERROR;
+    if (connect) {
+        /* The first work of a non-blocking communicator: connected (and enqueued) in the
+         * background. A caller must wait for it before the next call outside a group. */
+        pthread_mutex_lock(&c->lock);
+        if (c->connected || (c->connecting && group_depth == 0) || c->n_queued == 16) {
+            pthread_mutex_unlock(&c->lock);
+            free(w);
+            return INVALID_USAGE;
+        }
+        Pending* p = malloc(sizeof(Pending));
+        *p = (Pending){.work = w, .stream = stream, .sending = sending};
+        c->queued[c->n_queued++] = p;
+        int start_connector = !c->connecting;
+        c->connecting = 1;
+        pthread_mutex_unlock(&c->lock);
+        if (start_connector) {
+            if (c->connector_started) pthread_join(c->connector, NULL);
+            if (pthread_create(&c->connector, NULL, connect_main, c) != 0) return SYSTEM_ERROR;
+            c->connector_started = 1;
+        }
+        if (group_depth > 0) {
+            group_in_progress = 1;
+            return SUCCESS;
+        }
+        return IN_PROGRESS;
+    }
+    return enqueue_work(w, stream, sending) == 0 ? SUCCESS : INTERNAL_ERROR;
 }
 
 ncclResult_t ncclSend(const void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
@@ -383,7 +467,10 @@ ncclResult_t ncclRecv(void* buf, size_t count, int datatype, int peer, Comm* com
 ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
     if (!comm || !state) return INVALID_ARGUMENT;
     pthread_mutex_lock(&comm->lock);
-    *state = comm->joining ? IN_PROGRESS : comm->join_result != SUCCESS ? comm->join_result : comm->remote_error ? REMOTE_ERROR : SUCCESS;
+    *state = comm->joining || comm->connecting ? IN_PROGRESS
+           : comm->join_result != SUCCESS      ? comm->join_result
+           : comm->remote_error                ? REMOTE_ERROR
+                                               : SUCCESS;
     pthread_mutex_unlock(&comm->lock);
     return SUCCESS;
 }
@@ -397,6 +484,10 @@ static void end(Comm* c, int aborting) {
     if (c->joiner_started) {
         pthread_join(c->joiner, NULL); /* a join in progress stops within 50 ms once aborted */
         c->joiner_started = 0;
+    }
+    if (c->connector_started) {
+        pthread_join(c->connector, NULL); /* a connection in progress stops within 1 ms */
+        c->connector_started = 0;
     }
     pthread_mutex_lock(&c->lock);
     int fd = c->fd;
