@@ -395,6 +395,26 @@ fn poll_until_settled(nccl: &Nccl, raw: ncclComm_t, mut keep_waiting: impl FnMut
     }
 }
 
+/// A communicator being joined: aborted when dropped unless its handle was taken (the join
+/// succeeded).
+struct JoinInProgress<'n> {
+    nccl: &'n Nccl,
+    raw: ncclComm_t,
+}
+
+impl Drop for JoinInProgress<'_> {
+    fn drop(&mut self) {
+        if self.raw.is_null() {
+            return;
+        }
+        // Contract: the communicator was made by the join and nothing else holds it.
+        let aborted = nccl_result!(self.nccl, ncclCommAbort(self.raw));
+        if let Err(e) = aborted {
+            record_drop_error(e);
+        }
+    }
+}
+
 /// A `keep_waiting` of [`poll_until_settled`] that stops waiting for `what` after `waited`.
 fn for_at_most(what: &'static str, waited: Duration) -> impl FnMut() -> Result<()> {
     let deadline = Instant::now().checked_add(waited);
@@ -578,21 +598,14 @@ impl NcclComm {
         // (checked), the configuration is initialised as NCCL_CONFIG_INITIALIZER does and lives
         // through the call (NCCL copies it), and the device's context is current (bound above).
         let started = nccl_result!(nccl, ncclCommInitRankConfig(&mut raw, n_ranks, id.0, rank, &mut config))?;
-        let joined = match started {
-            ncclResult_t::ncclSuccess => Ok(()),
-            ncclResult_t::ncclInProgress if !raw.is_null() => poll_until_settled(nccl, raw, keep_waiting),
-            other => nccl.check("ncclCommInitRankConfig", other),
-        };
-        if let Err(e) = joined {
-            if !raw.is_null() {
-                // Contract: the communicator was made above and is not used after this.
-                let aborted = nccl_result!(nccl, ncclCommAbort(raw));
-                if let Err(abort_error) = aborted {
-                    record_drop_error(abort_error);
-                }
-            }
-            return Err(e);
+        // Aborted on every way out but success: an error, or `keep_waiting` panicking.
+        let mut joining = JoinInProgress { nccl, raw };
+        match started {
+            ncclResult_t::ncclSuccess => {}
+            ncclResult_t::ncclInProgress if !raw.is_null() => poll_until_settled(nccl, raw, keep_waiting)?,
+            other => nccl.check("ncclCommInitRankConfig", other)?,
         }
+        joining.raw = std::ptr::null_mut();
         Ok(NcclComm::joined(raw, ctx, rank, n_ranks, true, settle_within))
     }
 
@@ -726,7 +739,31 @@ impl NcclComm {
     /// The asynchronous error as [`NcclError::Call`], or the query's own failure.
     pub fn async_error(&self) -> Result<()> {
         let nccl = nccl()?;
-        let _one_call = self.one_call("NcclComm::async_error")?;
+        let one_call = self.one_call("NcclComm::async_error")?;
+        self.async_error_locked(nccl, &one_call)
+    }
+
+    /// [`async_error`](Self::async_error) unless another thread's call holds the communicator
+    /// (a call a non-blocking communicator completes in the background may hold it until its
+    /// bound): then `Ok(())` at once, and the next look checks. For a watchdog, which must not
+    /// wait on the calls it watches.
+    ///
+    /// # Errors
+    /// As [`async_error`](Self::async_error).
+    pub fn async_error_if_idle(&self) -> Result<()> {
+        let nccl = nccl()?;
+        let one_call = match self.calls.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+        };
+        if *one_call {
+            return Err(Error::Nccl(NcclError::Aborted { what: "NcclComm::async_error_if_idle" }));
+        }
+        self.async_error_locked(nccl, &one_call)
+    }
+
+    fn async_error_locked(&self, nccl: &Nccl, _one_call: &MutexGuard<'_, bool>) -> Result<()> {
         let mut state = ncclResult_t::ncclSuccess;
         // Contract: the communicator is live while self is; writes one result.
         nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state))?;

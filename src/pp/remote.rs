@@ -391,8 +391,10 @@ impl Sender {
     }
 }
 
+/// The watchdog's look at NCCL: an asynchronous error fails the link. Skipped while another
+/// thread's call holds the communicator (the watchdog never waits on the calls it watches).
 fn watch_comm(link: &Link) {
-    if let Err(e) = link.comm.async_error() {
+    if let Err(e) = link.comm.async_error_if_idle() {
         if link.stopped().is_none() {
             link.fail(format!("NCCL reported: {e}"));
         }
