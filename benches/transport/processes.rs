@@ -38,6 +38,11 @@ struct Figures {
     raw_send: f64,
     raw_recv: f64,
     raw_hop: f64,
+    /// The same through a non-blocking communicator (`NcclComm::init_rank_watched`, the kind the
+    /// boundary uses).
+    raw_nb_send: f64,
+    raw_nb_recv: f64,
+    raw_nb_hop: f64,
     /// Steps of the stream workload the receiver took through captured graphs.
     graph_receives: f64,
 }
@@ -151,8 +156,9 @@ fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64
 
 /// The raw reference: NCCL alone between the two ranks (through `NcclComm`, no pipeline): the
 /// host cost of a 32 KiB send and receive call, and half a send/receive round trip (rank 0 waits
-/// for the echo on the host). Returns (send µs, recv µs, hop µs) on rank 0.
-fn raw_nccl(primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>) {
+/// for the echo on the host), through a blocking communicator and then through a non-blocking
+/// one (the kind the boundary joins). Returns, for each, (send µs, recv µs, hop µs) on rank 0.
+fn raw_nccl(primary: &Engine) -> [(Option<f64>, Option<f64>, Option<f64>); 2] {
     use ppnrt::nccl::{NcclComm, NcclUniqueId};
     use ppnrt::rendezvous::Rendezvous;
     let rank: usize = std::env::var("PPNRT_RANK").unwrap().parse().unwrap();
@@ -163,14 +169,36 @@ fn raw_nccl(primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>) {
         fingerprint: "raw".into(),
         timeout: Duration::from_secs(60),
     };
-    let id = if rank == 0 {
-        let id = NcclUniqueId::new().unwrap();
-        meet.serve(&id.to_bytes()).unwrap();
-        id
+    // Rank 0 hands out two ids: the blocking communicator's and the non-blocking one's.
+    let contribution: Vec<u8> = if rank == 0 {
+        [NcclUniqueId::new().unwrap().to_bytes(), NcclUniqueId::new().unwrap().to_bytes()].concat()
     } else {
-        NcclUniqueId::from_bytes(&meet.join().unwrap())
+        Vec::new()
     };
-    let comm = NcclComm::init_rank(primary.context(), 2, &id, rank as i32).unwrap();
+    let members = meet.exchange(&contribution).unwrap();
+    let ids: Vec<NcclUniqueId> = members[0]
+        .bytes
+        .chunks_exact(NcclUniqueId::BYTES)
+        .map(|bytes| NcclUniqueId::from_bytes(bytes.try_into().unwrap()))
+        .collect();
+    assert_eq!(ids.len(), 2, "rank 0 hands out two ids");
+    [false, true].map(|nonblocking| {
+        let id = &ids[usize::from(nonblocking)];
+        let comm = if nonblocking {
+            NcclComm::init_rank_watched(primary.context(), 2, id, rank as i32, WAIT, || Ok(())).unwrap()
+        } else {
+            NcclComm::init_rank(primary.context(), 2, id, rank as i32).unwrap()
+        };
+        send_recv_costs(primary, &comm, rank)
+    })
+}
+
+/// [`raw_nccl`]'s measurement through one communicator.
+fn send_recv_costs(
+    primary: &Engine,
+    comm: &ppnrt::nccl::NcclComm,
+    rank: usize,
+) -> (Option<f64>, Option<f64>, Option<f64>) {
     let stream = ppnrt::CudaStream::new(primary.context()).unwrap();
     let mut buf = primary.htod(&vec![1.5f32; SMALL]).unwrap();
     primary.synchronize().unwrap();
@@ -208,8 +236,15 @@ pub(crate) fn run_role() -> bool {
     let Ok(role) = std::env::var(ROLE_VAR) else { return false };
     let primary = Engine::new(0).unwrap();
     if role == "raw" {
-        let (send, recv, hop) = raw_nccl(&primary);
-        for (key, value) in [("raw_send", send), ("raw_recv", recv), ("raw_hop", hop)] {
+        let [(send, recv, hop), (nb_send, nb_recv, nb_hop)] = raw_nccl(&primary);
+        for (key, value) in [
+            ("raw_send", send),
+            ("raw_recv", recv),
+            ("raw_hop", hop),
+            ("raw_nb_send", nb_send),
+            ("raw_nb_recv", nb_recv),
+            ("raw_nb_hop", nb_hop),
+        ] {
             if let Some(value) = value {
                 println!("RESULT {key} {value}");
             }
@@ -304,6 +339,9 @@ fn figures_of(results: &[(String, f64)]) -> Figures {
         raw_send: get("raw_send"),
         raw_recv: get("raw_recv"),
         raw_hop: get("raw_hop"),
+        raw_nb_send: get("raw_nb_send"),
+        raw_nb_recv: get("raw_nb_recv"),
+        raw_nb_hop: get("raw_nb_hop"),
         graph_receives: get("graph_receives"),
     }
 }
@@ -395,15 +433,18 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
         writeln!(report, "\nNCCL alone between the two processes (the raw reference, through `NcclComm`, 32 KiB):\n");
     let _ = writeln!(
         report,
-        "| NCCL transport | host send call (µs) | host recv call (µs) | hop: half a send/recv round trip (µs) |"
+        "| NCCL transport | host send call (µs) | host recv call (µs) | hop: half a send/recv round trip (µs) | non-blocking communicator: send / recv / hop (µs) |"
     );
-    let _ = writeln!(report, "| --- | ---: | ---: | ---: |");
+    let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: |");
     let mut raw_rows: Vec<(String, Figures)> =
         rounds.iter().enumerate().map(|(r, (_, f))| (format!("NVLink (round {})", r + 1), *f)).collect();
     raw_rows.push(("NVLink, `NCCL_GRAPH_MIXING_SUPPORT=0`".into(), nvlink_no_mixing));
     raw_rows.push(("sockets (loopback)".into(), sockets));
     for (name, f) in &raw_rows {
-        let line = format!("| {name} | {:.2} | {:.2} | {:.1} |", f.raw_send, f.raw_recv, f.raw_hop);
+        let line = format!(
+            "| {name} | {:.2} | {:.2} | {:.1} | {:.2} / {:.2} / {:.1} |",
+            f.raw_send, f.raw_recv, f.raw_hop, f.raw_nb_send, f.raw_nb_recv, f.raw_nb_hop
+        );
         println!("{line}");
         let _ = writeln!(report, "{line}");
     }
@@ -462,6 +503,13 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
             f.tx + f.rx <= 1.3 * (in_process.tx + in_process.rx),
         ));
     }
+    let (nb_ratio, nb_rounds) = per_round(&|_, b| (b.raw_nb_send + b.raw_nb_recv) / (b.raw_send + b.raw_recv));
+    let line = format!(
+        "NCCL's send and receive calls through a non-blocking communicator beside a blocking one \
+         (no target): {nb_ratio:.2}× in the median round (rounds {nb_rounds}×).\n"
+    );
+    println!("{line}");
+    let _ = writeln!(report, "{line}");
     let (raw_ratio, raw_rounds) = per_round(&|_, b| (b.tx + b.rx) / (b.raw_send + b.raw_recv));
     let line = format!(
         "NCCL's own send and receive calls beside the boundary's tx + rx (no target): the boundary \
