@@ -13,7 +13,9 @@
 # GATE_SANITIZE_JOBS (how many of them run at once under each tool; default 1. With 4 the whole
 # racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5),
 # GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
-# with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call).
+# with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call),
+# GATE_TAR=1 (pack the logs into one file, <logs>.tgz, and remove the folder: the device tool
+# returns only a few files of $OUT).
 set -u
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -203,4 +205,7 @@ echo
 echo "==== gate summary ($(date -u +%Y-%m-%dT%H:%MZ)) ===="
 printf '%s\n' "${rows[@]}"
 if [ $failed -eq 0 ]; then echo "GATE PASS"; else echo "GATE FAIL"; fi
+if [ "${GATE_TAR:-0}" = 1 ]; then
+  tar czf "$logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")" && rm -rf "$logs" && echo "logs: $logs.tgz"
+fi
 exit $failed
