@@ -675,26 +675,7 @@ impl NcclComm {
     /// device; NCCL's error.
     pub fn send<T: DeviceRepr, S: DeviceSlice<T>>(&self, stream: &Arc<CudaStream>, buf: &S, peer: i32) -> Result<()> {
         self.check_peer("NcclComm::send", peer, stream, buf.ordinal())?;
-        let nccl = nccl()?;
-        let view = buf.as_view();
-        let mut one_call = self.one_call("NcclComm::send")?;
-        ordered(stream, [(view.tracked(), Use::Read)], || {
-            // Contract: the buffer is valid for its byte length and ordered on `stream`; the
-            // communicator and stream are live and of this device; one call at a time (locked).
-            let result = nccl_result!(
-                nccl,
-                ncclSend(
-                    view.device_ptr() as *const c_void,
-                    view.byte_len(),
-                    ncclDataType_t::ncclUint8,
-                    peer,
-                    self.raw,
-                    stream.raw().cast()
-                )
-            )?;
-            // Enqueued once settled: the ordering rule marks the buffer after this returns.
-            self.settle(nccl, &mut one_call, "ncclSend", result)
-        })
+        self.alone(&P2p::send(self, stream, buf, peer), "NcclComm::send")
     }
 
     /// Receives from rank `peer` into `buf` on `stream`, ordered like a copy that writes `buf`.
@@ -708,26 +689,19 @@ impl NcclComm {
         peer: i32,
     ) -> Result<()> {
         self.check_peer("NcclComm::recv", peer, stream, buf.ordinal())?;
+        self.alone(&P2p::recv(self, stream, buf, peer), "NcclComm::recv")
+    }
+
+    /// Issues `op`, a send or receive of this communicator, outside a group, ordered like a copy
+    /// of its buffer; when NCCL completes it in the background, it is waited for (bounded)
+    /// before the ordering rule notes the use.
+    fn alone(&self, op: &P2p<'_>, what: &'static str) -> Result<()> {
         let nccl = nccl()?;
-        let view = buf.as_view_mut();
-        let mut one_call = self.one_call("NcclComm::recv")?;
-        ordered(stream, [(view.tracked(), Use::Write)], || {
-            // Contract: the buffer is valid for its byte length, exclusively borrowed and ordered on
-            // `stream`; the communicator and stream are live and of this device; one call at a
-            // time (locked).
-            let result = nccl_result!(
-                nccl,
-                ncclRecv(
-                    view.device_ptr() as *mut c_void,
-                    view.byte_len(),
-                    ncclDataType_t::ncclUint8,
-                    peer,
-                    self.raw,
-                    stream.raw().cast()
-                )
-            )?;
+        let mut one_call = self.one_call(what)?;
+        ordered(op.stream(), [op.ordered_use()], || {
+            let result = op.raw_call(nccl)?;
             // Enqueued once settled: the ordering rule marks the buffer after this returns.
-            self.settle(nccl, &mut one_call, "ncclRecv", result)
+            self.settle(nccl, &mut one_call, op.call_name(), result)
         })
     }
 
@@ -893,13 +867,26 @@ impl<'a> P2p<'a> {
         }
     }
 
-    /// Issues the operation (inside the open group).
+    /// The NCCL entry point of the operation.
+    fn call_name(&self) -> &'static str {
+        if matches!(self, P2p::Send { .. }) { "ncclSend" } else { "ncclRecv" }
+    }
+
+    /// Issues the operation inside the open group.
     fn issue(&self, nccl: &Nccl) -> Result<()> {
+        let result = self.raw_call(nccl)?;
+        let call = if matches!(self, P2p::Send { .. }) { "ncclSend (in a group)" } else { "ncclRecv (in a group)" };
+        nccl.check(call, result)
+    }
+
+    /// Calls NCCL's send or receive: its raw result.
+    fn raw_call(&self, nccl: &Nccl) -> Result<ncclResult_t> {
         let comm = self.comm();
-        let result = match self {
+        Ok(match self {
             // Contract: the buffer is valid for its byte length and ordered on `stream` (waits
-            // enqueued by `group`); the communicator and stream are live and of this device; the
-            // communicator's call lock is held by `group`.
+            // enqueued by the caller, `group` or `NcclComm::alone`); the communicator and stream
+            // are live and of this device (checked by the caller); the communicator's call lock
+            // is held by the caller.
             P2p::Send { stream, buf, peer, .. } => nccl_result!(
                 nccl,
                 ncclSend(
@@ -923,9 +910,7 @@ impl<'a> P2p<'a> {
                     stream.raw().cast()
                 )
             )?,
-        };
-        let call = if matches!(self, P2p::Send { .. }) { "ncclSend (in a group)" } else { "ncclRecv (in a group)" };
-        nccl.check(call, result)
+        })
     }
 }
 

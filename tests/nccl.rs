@@ -73,23 +73,27 @@ fn a_library_without_nccl_is_a_typed_error() {
     }
 }
 
-#[test]
-fn two_ranks_exchange_buffers_bitwise() {
-    let test = "two_ranks_exchange_buffers_bitwise";
+/// NCCL with `gpus` devices (or the doubles), or `None` after saying why the test skips
+/// (`PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure).
+fn nccl_ready(test: &str, gpus: i32) -> Option<&'static Nccl> {
     if double::doubles_unless_a_gpu() {
         say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
     }
-    if devices_or_skip(test, 2).is_none() {
-        return;
-    }
-    let loaded = match nccl() {
-        Ok(loaded) => loaded,
+    devices_or_skip(test, gpus)?;
+    match nccl() {
+        Ok(loaded) => Some(loaded),
         Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
             say(&format!("SKIPPED {test}: {e}"));
-            return;
+            None
         }
         Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
-    };
+    }
+}
+
+#[test]
+fn two_ranks_exchange_buffers_bitwise() {
+    let test = "two_ranks_exchange_buffers_bitwise";
+    let Some(loaded) = nccl_ready(test, 2) else { return };
     say(&format!("{test}: NCCL {} from {}", loaded.version(), loaded.library()));
     for watched in [false, true] {
         exchange(test, watched);
@@ -168,20 +172,7 @@ fn exchange(test: &str, watched: bool) {
 #[test]
 fn a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting() {
     let test = "a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting";
-    if double::doubles_unless_a_gpu() {
-        say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
-    }
-    if devices_or_skip(test, 1).is_none() {
-        return;
-    }
-    let loaded = match nccl() {
-        Ok(loaded) => loaded,
-        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
-            say(&format!("SKIPPED {test}: {e}"));
-            return;
-        }
-        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
-    };
+    let Some(loaded) = nccl_ready(test, 1) else { return };
     if loaded.version() < NONBLOCKING_VERSION {
         say(&format!(
             "SKIPPED {test}: NCCL {} joins blocking (non-blocking joins need {NONBLOCKING_VERSION})",
