@@ -61,4 +61,4 @@ run liveness src/pp/remote.rs "    let _ = config;
 # ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
 run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
-run nccl-settle src/nccl.rs "        if result != ncclResult_t::ncclInProgress || !self.nonblocking {" "        if true {" nccl
+run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl

@@ -374,8 +374,7 @@ macro_rules! nccl_call {
 
 /// Polls the communicator `raw` until what NCCL does for it in the background is done: `Ok`
 /// when it completed, NCCL's error when it failed, `keep_waiting`'s error (checked between
-/// polls) when the caller stops waiting. Spins briefly (a connection usually completes in
-/// microseconds), then polls every 200 µs.
+/// polls, paced by [`poll_pause`]) when the caller stops waiting.
 fn poll_until_settled(nccl: &Nccl, raw: ncclComm_t, mut keep_waiting: impl FnMut() -> Result<()>) -> Result<()> {
     let mut polls = 0u32;
     loop {
@@ -386,12 +385,18 @@ fn poll_until_settled(nccl: &Nccl, raw: ncclComm_t, mut keep_waiting: impl FnMut
             return nccl.check("ncclCommGetAsyncError (a call completing in the background)", state);
         }
         keep_waiting()?;
-        polls = polls.saturating_add(1);
-        if polls < 100 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        poll_pause(&mut polls);
+    }
+}
+
+/// The pause between two polls of something that usually completes within microseconds and may
+/// take seconds: yields for the first 100 polls, then sleeps 200 µs per poll.
+pub(crate) fn poll_pause(polls: &mut u32) {
+    *polls = polls.saturating_add(1);
+    if *polls < 100 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
@@ -506,12 +511,10 @@ pub struct NcclComm {
     /// holds this lock. It guards whether the communicator was aborted ([`abort_now`]
     /// (Self::abort_now)): no call reaches an aborted communicator.
     calls: std::sync::Mutex<bool>,
-    /// Whether NCCL completes some calls in the background (joined by
-    /// [`init_rank_watched`](Self::init_rank_watched)): each such call is waited for.
-    nonblocking: bool,
-    /// How long a call completing in the background is waited for before the communicator is
-    /// aborted.
-    settle_within: Duration,
+    /// For a non-blocking communicator (joined by [`init_rank_watched`](Self::init_rank_watched)),
+    /// whose calls NCCL may complete in the background: how long such a call is waited for
+    /// before the communicator is aborted. `None` for a blocking one.
+    background_bound: Option<Duration>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every call on it
@@ -536,7 +539,7 @@ impl NcclComm {
         // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks (checked)
         // and the device's context is current (bound above).
         nccl_call!(nccl, ncclCommInitRank(&mut raw, n_ranks, id.0, rank))?;
-        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, false, Duration::MAX))
+        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, None))
     }
 
     fn joined(
@@ -544,18 +547,14 @@ impl NcclComm {
         ctx: &Arc<Context>,
         rank: i32,
         n_ranks: i32,
-        nonblocking: bool,
-        settle_within: Duration,
+        background_bound: Option<Duration>,
     ) -> NcclComm {
-        NcclComm {
-            raw,
-            ctx: Arc::clone(ctx),
-            rank,
-            n_ranks,
-            calls: std::sync::Mutex::new(false),
-            nonblocking,
-            settle_within,
-        }
+        NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(false), background_bound }
+    }
+
+    /// Whether NCCL may complete this communicator's calls in the background.
+    fn nonblocking(&self) -> bool {
+        self.background_bound.is_some()
     }
 
     /// Joins the communicator `id` as `rank` of `n_ranks`, on `ctx`'s device, without blocking
@@ -606,7 +605,7 @@ impl NcclComm {
             other => nccl.check("ncclCommInitRankConfig", other)?,
         }
         joining.raw = std::ptr::null_mut();
-        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, true, settle_within))
+        Ok(NcclComm::joined(raw, ctx, rank, n_ranks, Some(settle_within)))
     }
 
     /// Maps the result of `call`, which the caller made holding the call lock (`aborted`): a
@@ -619,10 +618,10 @@ impl NcclComm {
         call: &'static str,
         result: ncclResult_t,
     ) -> Result<()> {
-        if result != ncclResult_t::ncclInProgress || !self.nonblocking {
+        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {
             return nccl.check(call, result);
-        }
-        let settled = poll_until_settled(nccl, self.raw, for_at_most(call, self.settle_within));
+        };
+        let settled = poll_until_settled(nccl, self.raw, for_at_most(call, bound));
         if matches!(settled, Err(Error::Nccl(NcclError::TimedOut { .. }))) {
             if let Err(e) = self.abort_locked(aborted) {
                 record_drop_error(e);
@@ -780,7 +779,7 @@ impl NcclComm {
         let result = nccl_result!(nccl, ncclCommAbort(self.raw))?;
         // A non-blocking communicator may finish its abort in the background; it is not used
         // again either way.
-        if result == ncclResult_t::ncclInProgress && self.nonblocking {
+        if result == ncclResult_t::ncclInProgress && self.nonblocking() {
             return Ok(());
         }
         nccl.check("ncclCommAbort", result)
@@ -947,20 +946,11 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     comms.sort_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
     comms.dedup_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
     let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
-    ordered_in_turn(nccl, ops, &comms, &mut locks)
+    ordered_from(nccl, ops, 0, &comms, &mut locks)
 }
 
-/// Orders `ops[0]` and, inside that, the rest in turn; the innermost issues the group. Each
+/// Orders `ops[at]` and, inside that, the rest in turn; the innermost issues the group. Each
 /// operation's use is noted when its `ordered_with` returns, after the group ended.
-fn ordered_in_turn(
-    nccl: &Nccl,
-    ops: &[P2p<'_>],
-    comms: &[&NcclComm],
-    locks: &mut [MutexGuard<'_, bool>],
-) -> Result<()> {
-    ordered_from(nccl, ops, 0, comms, locks)
-}
-
 fn ordered_from(
     nccl: &Nccl,
     ops: &[P2p<'_>],
@@ -992,7 +982,7 @@ fn issue_group(nccl: &Nccl, ops: &[P2p<'_>], comms: &[&NcclComm], locks: &mut [M
         comms
             .iter()
             .zip(locks.iter_mut())
-            .filter(|(comm, _)| comm.nonblocking)
+            .filter(|(comm, _)| comm.nonblocking())
             .try_for_each(|(comm, lock)| comm.settle(nccl, lock, "ncclGroupEnd", ended))
     });
     issued?;
@@ -1012,14 +1002,14 @@ impl Drop for NcclComm {
             let healthy = nccl_call!(nccl, ncclCommGetAsyncError(self.raw, &mut state)).is_ok()
                 && matches!(state, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress);
             // A non-blocking communicator is finalized first (in the background, waited for at
-            // most `settle_within`; an abort if it does not finish), as NCCL asks of that kind.
-            let finalized = healthy && (!self.nonblocking || self.finalize(nccl).is_ok());
+            // most its bound; an abort if it does not finish), as NCCL asks of that kind.
+            let finalized = healthy && self.background_bound.is_none_or(|bound| self.finalize(nccl, bound).is_ok());
             let (call, result) = if finalized {
                 ("ncclCommDestroy", nccl_result!(nccl, ncclCommDestroy(self.raw))?)
             } else {
                 ("ncclCommAbort", nccl_result!(nccl, ncclCommAbort(self.raw))?)
             };
-            if result == ncclResult_t::ncclInProgress && self.nonblocking {
+            if result == ncclResult_t::ncclInProgress && self.nonblocking() {
                 return Ok(());
             }
             nccl.check(call, result)
@@ -1031,15 +1021,15 @@ impl Drop for NcclComm {
 }
 
 impl NcclComm {
-    /// Finalizes a non-blocking communicator (its drop), waiting at most `settle_within`; the
+    /// Finalizes a non-blocking communicator (its drop), waiting at most `bound`; the
     /// error is recorded as a drop error.
-    fn finalize(&self, nccl: &Nccl) -> Result<()> {
+    fn finalize(&self, nccl: &Nccl, bound: Duration) -> Result<()> {
         // Contract: the communicator is live and its drop is its only user now.
         let result = nccl_result!(nccl, ncclCommFinalize(self.raw)).and_then(|result| {
             if result != ncclResult_t::ncclInProgress {
                 return nccl.check("ncclCommFinalize", result);
             }
-            poll_until_settled(nccl, self.raw, for_at_most("ncclCommFinalize", self.settle_within))
+            poll_until_settled(nccl, self.raw, for_at_most("ncclCommFinalize", bound))
         });
         if let Err(e) = &result {
             record_drop_error(e.clone());

@@ -52,7 +52,7 @@ use super::error::PpError;
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl, poll_pause};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
@@ -902,8 +902,10 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         let id = NcclUniqueId::from_bytes(id);
         let nccl_rank = i32::from(!sending);
         let comm = if watched {
-            let joining = setup_watch(&socket, b.boundary, peer, "joining the NCCL communicator", timeout);
-            NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, joining)?
+            let mut joining = setup_watch(&socket, "joining the NCCL communicator", timeout);
+            NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, || {
+                joining().map_err(|reason| Error::Pipeline(PpError::PeerFailed { boundary: b.boundary, peer, reason }))
+            })?
         } else {
             NcclComm::init_rank(&local.ctx, 2, &id, nccl_rank)?
         };
@@ -988,26 +990,23 @@ fn setup_watched(config: &PpConfig) -> bool {
 #[cfg(feature = "testing")]
 const EXIT_BEFORE_COMM_JOIN: i32 = 86;
 
-/// A `keep_waiting` for a wait of the setup of `boundary` for NCCL: fails with
-/// [`PpError::PeerFailed`] when `peer` closed its end of the boundary's connection `socket` (it
-/// died), or when `timeout` passed.
+/// A check for a wait of the setup for NCCL (`what`): why the wait ends, when the peer closed
+/// its end of the boundary's connection `socket` (it died) or `timeout` passed since this was
+/// made.
 fn setup_watch<'a>(
     socket: &'a TcpStream,
-    boundary: usize,
-    peer: usize,
     what: &'static str,
     timeout: Duration,
-) -> impl FnMut() -> Result<()> + 'a {
+) -> impl FnMut() -> std::result::Result<(), String> + 'a {
     let deadline = Instant::now() + timeout;
     move || {
-        let failed = |reason: String| Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }));
         if Instant::now() >= deadline {
-            return failed(format!("{what} did not finish within {timeout:?}"));
+            return Err(format!("{what} did not finish within {timeout:?}"));
         }
         match peer_closed(socket) {
             Ok(false) => Ok(()),
-            Ok(true) => failed(format!("{PEER_CLOSED} while {what}")),
-            Err(e) => failed(format!("the boundary's connection failed while {what}: {e}")),
+            Ok(true) => Err(format!("{PEER_CLOSED} while {what}")),
+            Err(e) => Err(format!("the boundary's connection failed while {what}: {e}")),
         }
     }
 }
@@ -1035,24 +1034,15 @@ fn wait_for_probe(link: &Link, stream: &Arc<CudaStream>, socket: &TcpStream, wat
     }
     let done = CudaEvent::new(stream.context(), false)?;
     done.record(stream)?;
-    let mut keep_waiting = setup_watch(socket, link.boundary, link.peer, "moving the first message", link.timeout);
+    let mut keep_waiting = setup_watch(socket, "moving the first message", link.timeout);
     let mut polls = 0u32;
     while !done.is_complete()? {
-        if let Err(e) = keep_waiting() {
-            let reason = match &e {
-                Error::Pipeline(PpError::PeerFailed { reason, .. }) => reason.clone(),
-                other => other.to_string(),
-            };
-            link.fail(reason);
+        if let Err(reason) = keep_waiting() {
+            link.fail(reason.clone());
             stream.synchronize()?;
-            return Err(e);
+            return Err(link.stopped_or(&reason));
         }
-        polls = polls.saturating_add(1);
-        if polls < 100 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        poll_pause(&mut polls);
     }
     Ok(())
 }
