@@ -14,7 +14,8 @@
 # racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5),
 # GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
 # with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call),
-# GATE_TAR=1 (pack the logs into one file, <logs>.tgz, and remove the folder: the device tool
+# PPNRT_TEST_STALL_DUMP_S (default 20: a multi-process launch still running then has its ranks'
+# threads and stacks written into its test log), GATE_TAR=1 (pack the logs into one file, <logs>.tgz, and remove the folder: the device tool
 # returns only a few files of $OUT).
 set -u
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ export PPNRT_REQUIRE_GPUS=${PPNRT_REQUIRE_GPUS:-$(nvidia-smi -L 2>/dev/null | gr
 export NCCL_NVLS_ENABLE=0
 # The GPU machine has NCCL (its Python's nvidia-nccl wheel): the NCCL test must run, not skip.
 export PPNRT_REQUIRE_NCCL=${PPNRT_REQUIRE_NCCL:-1}
+# A multi-process launch still running after this many seconds has its ranks' threads and
+# stacks (cuda-gdb) written into its log: a rare stall then leaves evidence.
+export PPNRT_TEST_STALL_DUMP_S=${PPNRT_TEST_STALL_DUMP_S:-20}
 rows=()
 failed=0
 # The command prefix that bounds one sanitizer run (empty: unbounded).

@@ -60,5 +60,10 @@ run liveness src/pp/remote.rs "    let _ = config;
 }" processes
 # ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
 run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
+# A receiver thread posts a step's receive without the ring's lock (the RX stage's other slots
+# and its bounded waits go on while the posting is held up).
+run post-unlocked src/pp/runtime.rs "        drop(ring);
+        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
+        let mut ring = PpNRt::lock(self);" "        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl

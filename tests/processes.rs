@@ -121,6 +121,8 @@ struct Launch<'a> {
     ignore_silence: bool,
     /// Setup faults, by rank (see [`SETUP_FAULT_VAR`]).
     setup_faults: &'a [(usize, &'a str)],
+    /// Variables set for one rank only (rank, name, value).
+    rank_env: &'a [(usize, &'a str, &'a str)],
 }
 
 impl Launch<'_> {
@@ -166,6 +168,9 @@ impl Launch<'_> {
                 if self.ignore_silence {
                     command.env(IGNORE_SILENCE_VAR, "1");
                 }
+                for (_, name, value) in self.rank_env.iter().filter(|(r, _, _)| *r == rank) {
+                    command.env(name, value);
+                }
                 if let Some((_, fault)) = self.setup_faults.iter().find(|(r, _)| *r == rank) {
                     command.env(SETUP_FAULT_VAR, fault);
                 }
@@ -187,8 +192,14 @@ impl Launch<'_> {
     /// Runs the ranks to the end (at most `limit`); returns each rank's (success, output).
     fn run(&self, dir: &Path, limit: Duration) -> Vec<(bool, String)> {
         let mut children = self.spawn(dir);
-        let deadline = Instant::now() + limit;
+        let started = Instant::now();
+        let deadline = started + limit;
+        let mut stall_dump = stall_dump_after();
         while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+            if stall_dump.is_some_and(|after| started.elapsed() >= after) {
+                stall_dump = None;
+                dump_stalled(self, dir, &mut children, started.elapsed());
+            }
             if Instant::now() > deadline {
                 for child in &mut children {
                     let _ = child.kill();
@@ -199,6 +210,61 @@ impl Launch<'_> {
             std::thread::sleep(Duration::from_millis(20));
         }
         children.into_iter().map(output_of).collect()
+    }
+}
+
+/// `PPNRT_TEST_STALL_DUMP_S`: after how long a launch still running has its ranks' threads
+/// dumped (a diagnosis of a hang; off unless set; the GPU gate sets it).
+fn stall_dump_after() -> Option<Duration> {
+    std::env::var("PPNRT_TEST_STALL_DUMP_S").ok()?.parse().ok().map(Duration::from_secs_f64)
+}
+
+/// Writes, for each rank still running, its threads (name, state, kernel wait channel) and, where
+/// `cuda-gdb` or `gdb` is on the PATH, every thread's stack, into `dir/stall-rank<r>.txt`, and
+/// says where.
+fn dump_stalled(launch: &Launch<'_>, dir: &Path, children: &mut [Child], running: Duration) {
+    let debugger = ["cuda-gdb", "gdb"].into_iter().find(|tool| {
+        Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success())
+    });
+    for (rank, child) in children.iter_mut().enumerate() {
+        // A rank under a sanitizer is slow, not stalled, and is left alone.
+        if !matches!(child.try_wait(), Ok(None)) || (rank == 1 && launch.wrap_rank1.is_some()) {
+            continue;
+        }
+        let pid = child.id();
+        let mut text = format!(
+            "{} ranks {:?}: rank {rank} (pid {pid}) still running after {running:?}\n",
+            launch.mode, launch.ranks
+        );
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let path = task.path();
+                let read = |name: &str| std::fs::read_to_string(path.join(name)).unwrap_or_default();
+                let stat = read("stat");
+                let state = stat.rsplit(") ").next().and_then(|rest| rest.split(' ').next()).unwrap_or("?").to_string();
+                text.push_str(&format!(
+                    "task {} {:<16} state {state} wchan {}\n",
+                    task.file_name().to_string_lossy(),
+                    read("comm").trim(),
+                    read("wchan").trim()
+                ));
+            }
+        }
+        if let Some(tool) = debugger {
+            let stacks = Command::new("timeout")
+                .args(["90", tool, "-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 30"])
+                .output();
+            match stacks {
+                Ok(out) => {
+                    text.push_str(&String::from_utf8_lossy(&out.stdout));
+                    text.push_str(&String::from_utf8_lossy(&out.stderr));
+                }
+                Err(e) => text.push_str(&format!("{tool} did not run: {e}\n")),
+            }
+        }
+        let file = dir.join(format!("stall-rank{rank}.txt"));
+        std::fs::write(&file, &text).unwrap();
+        say(&format!("stalled: rank {rank}'s threads (also in {}):\n{text}", file.display()));
     }
 }
 
@@ -278,6 +344,7 @@ fn pipeline_launch(ranks: &[usize], slots: usize, steps: u64, sockets: bool) -> 
         peer_timeout_ms: None,
         ignore_silence: false,
         setup_faults: &[],
+        rank_env: &[],
     }
 }
 
@@ -287,8 +354,16 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
     let dir = scratch(name);
     let started = Instant::now();
     let results = launch.run(&dir, Duration::from_secs(240));
-    for (rank, (ok, output)) in results.iter().enumerate() {
-        assert!(ok, "{name}: rank {rank} failed:\n{output}");
+    if results.iter().any(|(ok, _)| !ok) {
+        // Every rank's output: a rank's failure is often explained by what the other was doing.
+        let outputs: String = results
+            .iter()
+            .enumerate()
+            .map(|(rank, (ok, output))| {
+                format!("---- rank {rank} ({}):\n{output}\n", if *ok { "ok" } else { "FAILED" })
+            })
+            .collect();
+        panic!("{name}: a rank failed:\n{outputs}");
     }
     let transports = transports_used(&dir);
     if (launch.sockets || sharing_one_gpu()) && !through_doubles() {
@@ -378,6 +453,49 @@ fn the_contract_holds_across_processes() {
         ));
         assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
     }
+}
+
+/// How long the NCCL double holds up the posting of a receive in
+/// [`a_receive_held_up_while_posted_holds_up_no_other_slot`], and the lengths of its two steps
+/// (different, so that each is posted by NCCL's receive call, not a captured graph).
+const SLOW_POST: Duration = Duration::from_secs(3);
+const SLOW_POST_LENGTHS: [usize; 2] = [1000, 700];
+
+/// A receiver thread held up while it posts a step's receive (NCCL completing a connection, a
+/// graph launch waiting for its previous launch) holds up neither the RX stage's receive of a
+/// step it filled before nor a bounded wait for the held-up step: each returns on time (the
+/// thread posts without the ring's lock). Through the NCCL double only, which can hold up a
+/// receive call; skipped on a GPU, saying why.
+#[test]
+fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
+    let test = "a_receive_held_up_while_posted_holds_up_no_other_slot";
+    if ready(test).is_none() {
+        return;
+    }
+    if !through_doubles() {
+        say(&format!("SKIPPED {test}: holding up NCCL's receive call needs the NCCL double"));
+        return;
+    }
+    let dir = scratch("slow-post");
+    // Rank 1's receive calls: the setup's probe, step 0, step 1 (held up).
+    let held = format!("3:{}", SLOW_POST.as_millis());
+    let rank_env = [(1, "PPNRT_NCCL_DOUBLE_SLOW_RECV", held.as_str())];
+    let launch = Launch { mode: "slow-post", rank_env: &rank_env, ..pipeline_launch(&[0, 1], 2, 0, false) };
+    let results = launch.run(&dir, Duration::from_secs(120));
+    for (rank, (ok, output)) in results.iter().enumerate() {
+        assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
+    }
+    let line = results[1].1.lines().find_map(|l| l.strip_prefix("CHILD-SLOW-POST ")).expect("rank 1's timings");
+    let [first_ms, bounded_ms]: [u64; 2] =
+        line.split_whitespace().map(|v| v.parse().unwrap()).collect::<Vec<_>>().try_into().unwrap();
+    say(&format!(
+        "{test}: with step 1's posting held up {SLOW_POST:?}: step 0 received after {first_ms} ms, \
+         a wait of {:?} for step 1 timed out after {bounded_ms} ms",
+        SLOW_POST / 10
+    ));
+    let limit = (SLOW_POST / 3).as_millis() as u64;
+    assert!(first_ms < limit, "receiving step 0 waited {first_ms} ms for step 1's posting");
+    assert!(bounded_ms < limit, "a wait bounded by {:?} took {bounded_ms} ms", SLOW_POST / 10);
 }
 
 #[test]
@@ -622,6 +740,7 @@ fn child_rank() {
     match mode.as_str() {
         "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
         "contract" => contract(&rt, &primary),
+        "slow-post" => slow_post(&rt, &primary),
         "kill" => survive_a_kill(&rt, &primary, seed, &dir),
         other => panic!("unknown mode {other}"),
     }
@@ -741,6 +860,45 @@ fn contract(rt: &PpNRt, primary: &Engine) {
             assert!(matches!(late, Error::Pipeline(PpError::Timeout { .. } | PpError::PeerFailed { .. })), "{late}");
             println!("CHILD rank 1 received 3 steps bitwise after the refusals");
         }
+    }
+    rt.synchronize().unwrap();
+}
+
+/// Steps 0 and 1 of [`SLOW_POST_LENGTHS`] from rank 0; rank 1's receiver thread is held up
+/// [`SLOW_POST`] in posting step 1's receive (the NCCL double's slow receive). Meanwhile rank 1
+/// receives step 0 at once, and a bounded wait for step 1 ends on time with a typed timeout;
+/// step 1 arrives intact afterwards. Prints `CHILD-SLOW-POST <ms to receive step 0> <ms the
+/// bounded wait took>`.
+fn slow_post(rt: &PpNRt, primary: &Engine) {
+    let values = |n: usize, step: usize| -> Vec<f32> { (0..n).map(|i| (i * 3 + step) as f32 - 11.5).collect() };
+    if rt.rank() == 0 {
+        let _scope = rt.enter(0).unwrap();
+        for (step, n) in SLOW_POST_LENGTHS.into_iter().enumerate() {
+            let x = primary.htod(&values(n, step)).unwrap();
+            assert_eq!(rt.tx(0, &x, n).unwrap(), step);
+        }
+        println!("CHILD rank 0 sent 2 steps");
+    } else {
+        let _scope = rt.enter(1).unwrap();
+        let [n0, n1] = SLOW_POST_LENGTHS;
+        // By now step 1's record has come, and the receiver thread is posting its receive.
+        std::thread::sleep(SLOW_POST / 5);
+        let started = Instant::now();
+        let first = rt.rx_wait::<f32>(0, 0, n0, WAIT).unwrap();
+        let first_after = started.elapsed();
+        let started = Instant::now();
+        let early = rt.rx_wait::<f32>(0, 1, n1, SLOW_POST / 10).unwrap_err();
+        let bounded = started.elapsed();
+        assert!(matches!(early, Error::Pipeline(PpError::Timeout { .. })), "{early}");
+        let second = rt.rx_wait::<f32>(0, 1, n1, WAIT).unwrap();
+        for (step, (got, n)) in [(first, n0), (second, n1)].into_iter().enumerate() {
+            let host = primary.dtoh(&got).unwrap();
+            assert!(
+                host.iter().zip(&values(n, step)).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "step {step} corrupted"
+            );
+        }
+        println!("CHILD-SLOW-POST {} {}", first_after.as_millis(), bounded.as_millis());
     }
     rt.synchronize().unwrap();
 }

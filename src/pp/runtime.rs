@@ -285,7 +285,7 @@ impl PpNRt {
                     .map(|_| {
                         let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
                         if config.reserved_bytes() > 0 {
-                            grow(&mut slot, bp.transport, &rx.stream, config.reserved_bytes())?;
+                            grow(&mut slot.buffer, bp.transport, &rx.stream, config.reserved_bytes())?;
                         }
                         Ok(slot)
                     })
@@ -594,7 +594,7 @@ impl PpNRt {
         let slot = &mut ring.slots[index];
         check_free(b, index, "tx", slot.state)?;
         if !slot.buffer.holds(bytes) {
-            grow(slot, boundary.plan.transport, &boundary.rx_stream, bytes)?;
+            grow(&mut slot.buffer, boundary.plan.transport, &boundary.rx_stream, bytes)?;
         }
         let tx = &boundary.tx_stream;
         // One binding for the whole call (the copy and its event record find it current).
@@ -955,19 +955,19 @@ impl SlotFiller for Boundary {
             };
         }
         let index = ring.next;
-        let slot = &mut ring.slots[index];
-        if !slot.buffer.holds(step.bytes) {
-            grow(slot, self.plan.transport, &self.rx_stream, step.bytes)?;
-        }
-        let _bound = self.tx_stream.context().bind_for_call()?;
-        let SlotBuffer::Device(buffer) = &mut slot.buffer else {
-            unreachable!("a slot of a boundary from another rank is device memory")
-        };
-        // A free slot is not lent: its view gave its share back before the slot was freed.
-        let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
-        let mut dst = buffer.as_view_mut().slice_mut(..step.bytes)?;
-        recv(index, &mut dst)?;
-        slot.state = SlotState::Filled { n: step.n, elem: step.elem };
+        // The slot's buffer leaves the ring while its receive is posted, and the ring's lock is
+        // released: growing the slot waits for its old buffer's copies, and posting the receive
+        // may wait too (a graph launch for its previous launch, NCCL for a connection it makes in
+        // the background). The RX stage's `rx` of the other slots, and its bounded waits, go on
+        // meanwhile. This thread is the ring's only writer; the slot stays free, not filled,
+        // until its receive is posted.
+        let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
+        drop(ring);
+        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
+        let mut ring = PpNRt::lock(self);
+        ring.slots[index].buffer = buffer;
+        posted?;
+        ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.next = (index + 1) % ring.slots.len();
         drop(ring);
         self.wake_sleepers();
@@ -984,6 +984,28 @@ impl SlotFiller for Boundary {
 }
 
 impl Boundary {
+    /// Posts `recv` of `bytes` into slot `index`'s buffer `buffer` (taken out of the ring), grown
+    /// first if it is too small.
+    fn post_receive(
+        &self,
+        buffer: &mut SlotBuffer,
+        index: usize,
+        bytes: usize,
+        recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
+    ) -> Result<()> {
+        if !buffer.holds(bytes) {
+            grow(buffer, self.plan.transport, &self.rx_stream, bytes)?;
+        }
+        let _bound = self.tx_stream.context().bind_for_call()?;
+        let SlotBuffer::Device(buffer) = buffer else {
+            unreachable!("a slot of a boundary from another rank is device memory")
+        };
+        // A free slot is not lent: its view gave its share back before the slot was freed.
+        let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
+        let mut dst = buffer.as_view_mut().slice_mut(..bytes)?;
+        recv(index, &mut dst)
+    }
+
     /// Sleeps on the ring's condition variable for at most `timeout` (counted as a sleeper, so
     /// state changes signal it); returns the lock held again.
     fn sleep<'a>(&'a self, ring: MutexGuard<'a, Ring>, timeout: Duration) -> MutexGuard<'a, Ring> {
@@ -1101,17 +1123,17 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
 /// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB). The slot is
 /// free: its last writer and last reader are waited for before the old buffer goes, so no copy in
 /// flight ever sees a freed buffer.
-fn grow(slot: &mut Slot, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+fn grow(slot: &mut SlotBuffer, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
     // Every copy into and out of the old buffer has completed before it goes (its drop would wait
     // too, but could not report an error).
-    match &slot.buffer {
+    match slot {
         SlotBuffer::Empty => {}
         SlotBuffer::Device(buffer) => buffer.synchronize()?,
         SlotBuffer::Host(buffer) => buffer.synchronize()?,
     }
     let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
-    slot.buffer = SlotBuffer::Empty;
-    slot.buffer = match transport {
+    *slot = SlotBuffer::Empty;
+    *slot = match transport {
         Transport::Local | Transport::Peer | Transport::Nccl => {
             SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?))
         }

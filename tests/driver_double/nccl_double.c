@@ -11,6 +11,7 @@
  *   first sends and receives connect it in the background, as NCCL's do: the call returns
  *   ncclInProgress (inside a group, ncclGroupEnd does), ncclCommGetAsyncError says so until the
  *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
+ *   PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms> makes one receive call block its caller (see below).
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
  *   in the library PPNRT_LIBCUDA_PATH names): a send runs in stream order, at once with the work
  *   before it on its stream (a GPU progresses unasked, and the receiver in another process waits
@@ -460,7 +461,21 @@ ncclResult_t ncclSend(const void* buf, size_t count, int datatype, int peer, Com
     return enqueue(comm, (void*)buf, count, datatype, peer, stream, 1);
 }
 
+/* With PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms>, the process's k-th ncclRecv call (counting from 1)
+ * blocks its caller for <ms> first, as posting a receive can block (NCCL completing a connection,
+ * a graph launch waiting for its previous launch). */
+static void slow_recv_if_asked(void) {
+    static int calls = 0;
+    const char* spec = getenv("PPNRT_NCCL_DOUBLE_SLOW_RECV");
+    int k = 0, ms = 0;
+    if (!spec || sscanf(spec, "%d:%d", &k, &ms) != 2) return;
+    if (__atomic_add_fetch(&calls, 1, __ATOMIC_SEQ_CST) != k) return;
+    struct timespec pause = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&pause, NULL);
+}
+
 ncclResult_t ncclRecv(void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
+    slow_recv_if_asked();
     return enqueue(comm, buf, count, datatype, peer, stream, 0);
 }
 
