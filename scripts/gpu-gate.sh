@@ -15,8 +15,8 @@
 # GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
 # with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call),
 # PPNRT_TEST_STALL_DUMP_S (default 20: a multi-process launch still running then has its ranks'
-# threads and stacks written into its test log), GATE_TAR=1 (pack the logs into one file, <logs>.tgz, and remove the folder: the device tool
-# returns only a few files of $OUT).
+# threads and stacks written into its test log), GATE_TAR=1 (pack the logs into one file,
+# <logs>.tgz, and remove the folder: the device tool returns only a few files of $OUT).
 set -u
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
