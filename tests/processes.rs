@@ -498,6 +498,25 @@ fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
     assert!(bounded_ms < limit, "a wait bounded by {:?} took {bounded_ms} ms", SLOW_POST / 10);
 }
 
+/// A slot of a boundary from another rank grows (its receiver thread allocates) while the RX
+/// stage's stream is being captured by the stage's thread: the capture is left alone (the slot is
+/// the receive stream's memory), and the step arrives intact.
+#[test]
+fn a_slot_growing_leaves_a_capture_of_the_rx_stage_alone() {
+    let test = "a_slot_growing_leaves_a_capture_of_the_rx_stage_alone";
+    if ready(test).is_none() {
+        return;
+    }
+    let dir = scratch("grow-in-capture");
+    let launch = Launch { mode: "grow-in-capture", ..pipeline_launch(&[0, 1], 2, 0, false) };
+    let results = launch.run(&dir, Duration::from_secs(120));
+    for (rank, (ok, output)) in results.iter().enumerate() {
+        assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
+    }
+    assert!(results[1].1.contains("CHILD-CAPTURE-WHOLE"), "{}", results[1].1);
+    say(&format!("{test}: the capture ended whole; the step arrived intact"));
+}
+
 #[test]
 fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     let test = "a_killed_rank_is_a_typed_error_in_the_survivor";
@@ -741,6 +760,7 @@ fn child_rank() {
         "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
         "contract" => contract(&rt, &primary),
         "slow-post" => slow_post(&rt, &primary),
+        "grow-in-capture" => grow_in_capture(&rt, &primary, &dir),
         "kill" => survive_a_kill(&rt, &primary, seed, &dir),
         other => panic!("unknown mode {other}"),
     }
@@ -899,6 +919,40 @@ fn slow_post(rt: &PpNRt, primary: &Engine) {
             );
         }
         println!("CHILD-SLOW-POST {} {}", first_after.as_millis(), bounded.as_millis());
+    }
+    rt.synchronize().unwrap();
+}
+
+/// Rank 1 captures work on its stage's stream (the RX stage of boundary 0) while its receiver
+/// thread takes in rank 0's first step, growing the slot from nothing to the step's size. The
+/// capture must end whole, and the step arrive intact. Prints `CHILD-CAPTURE-WHOLE`.
+fn grow_in_capture(rt: &PpNRt, primary: &Engine, dir: &Path) {
+    let n = 1 << 16;
+    let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let capturing = dir.join("capturing");
+    if rt.rank() == 0 {
+        let _scope = rt.enter(0).unwrap();
+        let x = primary.htod(&values).unwrap();
+        let deadline = Instant::now() + WAIT;
+        while !capturing.exists() {
+            assert!(Instant::now() < deadline, "rank 1 never began its capture");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        rt.tx(0, &x, n).unwrap();
+        println!("CHILD rank 0 sent its step");
+    } else {
+        let engine = rt.engine(1, primary).unwrap();
+        let _scope = rt.enter(1).unwrap();
+        let capture = rt.stage_stream(1).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+        engine.spin(1_000).unwrap();
+        std::fs::write(&capturing, b"").unwrap();
+        // The step arrives, and its slot grows, while the capture goes on.
+        std::thread::sleep(Duration::from_secs(1));
+        let graph = capture.end().unwrap_or_else(|e| panic!("the receiver thread broke the RX stage's capture: {e}"));
+        graph.instantiate().unwrap();
+        let got = primary.dtoh(&rt.rx_wait::<f32>(0, 0, n, WAIT).unwrap()).unwrap();
+        assert!(got.iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()), "the step was corrupted");
+        println!("CHILD-CAPTURE-WHOLE");
     }
     rt.synchronize().unwrap();
 }

@@ -285,7 +285,8 @@ impl PpNRt {
                     .map(|_| {
                         let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
                         if config.reserved_bytes() > 0 {
-                            grow(&mut slot.buffer, bp.transport, &rx.stream, config.reserved_bytes())?;
+                            let owner = if inbound.is_some() { &tx_stream } else { &rx.stream };
+                            grow(&mut slot.buffer, bp.transport, owner, config.reserved_bytes())?;
                         }
                         Ok(slot)
                     })
@@ -994,7 +995,8 @@ impl Boundary {
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<()> {
         if !buffer.holds(bytes) {
-            grow(buffer, self.plan.transport, &self.rx_stream, bytes)?;
+            // Owned by the receive stream (this boundary's `tx_stream`).
+            grow(buffer, self.plan.transport, &self.tx_stream, bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;
         let SlotBuffer::Device(buffer) = buffer else {
@@ -1120,13 +1122,22 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
     }
 }
 
-/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB). The slot is
-/// free: its last writer and last reader are waited for before the old buffer goes, so no copy in
-/// flight ever sees a freed buffer.
-fn grow(slot: &mut SlotBuffer, transport: Transport, rx_stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
-    // Every copy into and out of the old buffer has completed before it goes (its drop would wait
-    // too, but could not report an error).
+/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB), owned by
+/// `owner` (the RX stream; for a boundary from another rank, its receive stream). The slot is
+/// free, and no copy in flight ever sees a freed buffer: a pooled buffer's free is ordered after
+/// its last writer and reader; any other's last writer and reader are waited for first.
+///
+/// A boundary from another rank takes pooled memory: its slots grow while NCCL's kernels are in
+/// flight, each waiting for its peer, and `cuMemAlloc`/`cuMemFree` may wait for the whole device
+/// (NCCL warns that such a call can deadlock communicators used at once), where the stream-ordered
+/// allocation and free do not. Its receive stream is never captured (a capture of the RX stage's
+/// stream, which another thread may be making, is left alone). Slots reached by peers' copies
+/// stay `cuMemAlloc` memory.
+fn grow(slot: &mut SlotBuffer, transport: Transport, owner: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+    // Every copy into and out of an old buffer that is not pooled has completed before it goes
+    // (its drop would wait too, but could not report an error).
     match slot {
+        SlotBuffer::Device(buffer) if buffer.is_pooled() => {}
         SlotBuffer::Empty => {}
         SlotBuffer::Device(buffer) => buffer.synchronize()?,
         SlotBuffer::Host(buffer) => buffer.synchronize()?,
@@ -1134,10 +1145,11 @@ fn grow(slot: &mut SlotBuffer, transport: Transport, rx_stream: &Arc<CudaStream>
     let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
     *slot = SlotBuffer::Empty;
     *slot = match transport {
-        Transport::Local | Transport::Peer | Transport::Nccl => {
-            SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(rx_stream, capacity)?))
+        Transport::Local | Transport::Peer => {
+            SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(owner, capacity)?))
         }
-        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(rx_stream.context(), capacity)?),
+        Transport::Nccl => SlotBuffer::Device(Arc::new(CudaSlice::alloc_eager(owner, capacity)?)),
+        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(owner.context(), capacity)?),
     };
     Ok(())
 }

@@ -164,8 +164,21 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// [`Error::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        Self::alloc_pooled(stream, len, false)
+    }
+
+    /// Like [`alloc`](Self::alloc), for buffers whose every use should record its completion
+    /// event at once (see [`alloc_persistent_eager`](Self::alloc_persistent_eager)): the slot
+    /// buffers of boundaries from other ranks. Neither this allocation nor the buffer's free
+    /// waits for the device (as `cuMemAlloc` and `cuMemFree` may), which NCCL's kernels in
+    /// flight, each waiting for its peer, could turn into a deadlock.
+    pub(crate) fn alloc_eager(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+        Self::alloc_pooled(stream, len, true)
+    }
+
+    fn alloc_pooled(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         if !stream.context().memory_pools_supported() {
-            return Self::alloc_persistent(stream, len);
+            return Self::alloc_plain(stream, len, eager);
         }
         let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
         let _gate = stream.enqueue_gate();
@@ -182,7 +195,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
             // `stream` or joined to it (see the module doc).
             unsafe { raw::alloc_async(bytes, stream.raw())? }
         };
-        Ok(CudaSlice::new(ptr, len, stream, true, false))
+        Ok(CudaSlice::new(ptr, len, stream, true, eager))
     }
 
     /// Allocates `len` elements with `cuMemAlloc` (not from a pool: peers with peer access can
