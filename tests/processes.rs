@@ -194,7 +194,8 @@ impl Launch<'_> {
         let mut children = self.spawn(dir);
         let started = Instant::now();
         let deadline = started + limit;
-        let mut stall_dump = stall_dump_after();
+        // A launch with a rank under a sanitizer is slow, not stalled.
+        let mut stall_dump = stall_dump_after().filter(|_| self.wrap_rank1.is_none());
         while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
             if stall_dump.is_some_and(|after| started.elapsed() >= after) {
                 stall_dump = None;
@@ -227,8 +228,7 @@ fn dump_stalled(launch: &Launch<'_>, dir: &Path, children: &mut [Child], running
         Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success())
     });
     for (rank, child) in children.iter_mut().enumerate() {
-        // A rank under a sanitizer is slow, not stalled, and is left alone.
-        if !matches!(child.try_wait(), Ok(None)) || (rank == 1 && launch.wrap_rank1.is_some()) {
+        if !matches!(child.try_wait(), Ok(None)) {
             continue;
         }
         let pid = child.id();
