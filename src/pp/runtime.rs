@@ -113,8 +113,9 @@ struct Slot {
 
 enum SlotBuffer {
     Empty,
-    /// Persistent (`cuMemAlloc`) memory on the RX device, owned by the RX stream; shared with a
-    /// [`ReceivedSlot`] while the slot is lent.
+    /// Memory on the RX device, shared with a [`ReceivedSlot`] while the slot is lent:
+    /// `cuMemAlloc` memory owned by the RX stream, or, for a boundary from another rank, pool
+    /// memory owned by its receive stream (see [`grow`]).
     Device(Arc<CudaSlice<u8>>),
     /// Pinned host memory.
     Host(PinnedHostBuffer<u8>),
