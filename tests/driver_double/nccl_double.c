@@ -12,6 +12,8 @@
  *   ncclInProgress (inside a group, ncclGroupEnd does), ncclCommGetAsyncError says so until the
  *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
  *   PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms> makes one receive call block its caller (see below).
+ * - Inside a group, sends and receives are enqueued at the group's end (ncclGroupEnd), as NCCL
+ *   enqueues a group's work, not at each call.
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
  *   in the library PPNRT_LIBCUDA_PATH names): a send runs in stream order, at once with the work
  *   before it on its stream (a GPU progresses unasked, and the receiver in another process waits
@@ -104,6 +106,14 @@ static __thread int group_depth;
 static __thread Comm* group_pending[64];
 static __thread int n_group_pending;
 static __thread int group_in_progress; /* a connection of this group completes in the background */
+/* Sends and receives of the group open on this thread, enqueued at its end, as NCCL does. */
+typedef struct GroupOp {
+    Work* work;
+    void* stream;
+    int sending;
+} GroupOp;
+static __thread GroupOp group_ops[256];
+static __thread int n_group_ops;
 
 /* ------------------------------------------------------------------------------------------ */
 
@@ -322,11 +332,18 @@ ncclResult_t ncclGroupStart(void) {
     return SUCCESS;
 }
 
+static int enqueue_work(Work* w, void* stream, int sending);
+
 ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) return INVALID_USAGE;
     if (--group_depth > 0) return SUCCESS;
     ncclResult_t rc = group_in_progress ? IN_PROGRESS : SUCCESS;
     group_in_progress = 0;
+    /* The group's work goes into its streams now, not at each call. */
+    for (int i = 0; i < n_group_ops; i++) {
+        if (enqueue_work(group_ops[i].work, group_ops[i].stream, group_ops[i].sending) != 0) rc = INTERNAL_ERROR;
+    }
+    n_group_ops = 0;
     for (int i = 0; i < n_group_pending; i++) {
         ncclResult_t r = accept_peer(group_pending[i]);
         if (r != SUCCESS) rc = r;
@@ -453,6 +470,14 @@ static ncclResult_t enqueue(Comm* c, void* buf, size_t count, int datatype, int 
             return SUCCESS;
         }
         return IN_PROGRESS;
+    }
+    if (group_depth > 0) {
+        if (n_group_ops == (int)(sizeof(group_ops) / sizeof(group_ops[0]))) {
+            free(w);
+            return INVALID_USAGE;
+        }
+        group_ops[n_group_ops++] = (GroupOp){.work = w, .stream = stream, .sending = sending};
+        return SUCCESS;
     }
     return enqueue_work(w, stream, sending) == 0 ? SUCCESS : INTERNAL_ERROR;
 }
