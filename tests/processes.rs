@@ -29,7 +29,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
 use graphs::layers_of;
-use ppnrt::{CaptureError, CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback};
+use ppnrt::{
+    CaptureError, CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback, pp::ReceiverState,
+};
 
 const MODE_VAR: &str = "PPNRT_MP_MODE";
 const STEPS_VAR: &str = "PPNRT_MP_STEPS";
@@ -493,6 +495,9 @@ fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
          a wait of {:?} for step 1 timed out after {bounded_ms} ms",
         SLOW_POST / 10
     ));
+    if let Some(state) = results[1].1.lines().find_map(|l| l.strip_prefix("CHILD receiver while held up: ")) {
+        say(&format!("{test}: rank 1's receiver_state(0) meanwhile: {state}"));
+    }
     let limit = (SLOW_POST / 3).as_millis() as u64;
     assert!(first_ms < limit, "receiving step 0 waited {first_ms} ms for step 1's posting");
     assert!(bounded_ms < limit, "a wait bounded by {:?} took {bounded_ms} ms", SLOW_POST / 10);
@@ -810,7 +815,14 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
     let mut digests = String::new();
     for t in 0..steps {
-        if let Some(out) = step(rt, primary, seed, t).unwrap() {
+        let stepped = step(rt, primary, seed, t).unwrap_or_else(|e| {
+            // Where each receiver thread of this rank stands: a diagnosis of a wait that timed out.
+            let receivers: Vec<String> = (0..rt.n_boundaries())
+                .filter_map(|b| Some(format!("boundary {b}: {}", rt.receiver_state(b).ok()??)))
+                .collect();
+            panic!("step {t} failed: {e}; receiver threads: {receivers:?}")
+        });
+        if let Some(out) = stepped {
             pending.push_back(rt.readback(out).unwrap());
         }
         while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
@@ -892,6 +904,13 @@ fn contract(rt: &PpNRt, primary: &Engine) {
 fn slow_post(rt: &PpNRt, primary: &Engine) {
     let values = |n: usize, step: usize| -> Vec<f32> { (0..n).map(|i| (i * 3 + step) as f32 - 11.5).collect() };
     if rt.rank() == 0 {
+        // This rank's end of boundary 0 sends: it has no receiver thread.
+        assert_eq!(rt.receiver_state(0).unwrap(), None);
+        let out_of_range = rt.receiver_state(1).unwrap_err();
+        assert!(
+            matches!(out_of_range, Error::Pipeline(PpError::BoundaryOutOfRange { boundary: 1, .. })),
+            "{out_of_range}"
+        );
         let _scope = rt.enter(0).unwrap();
         for (step, n) in SLOW_POST_LENGTHS.into_iter().enumerate() {
             let x = primary.htod(&values(n, step)).unwrap();
@@ -910,7 +929,13 @@ fn slow_post(rt: &PpNRt, primary: &Engine) {
         let early = rt.rx_wait::<f32>(0, 1, n1, SLOW_POST / 10).unwrap_err();
         let bounded = started.elapsed();
         assert!(matches!(early, Error::Pipeline(PpError::Timeout { .. })), "{early}");
+        // The receiver thread says where it is: posting step 1.
+        let state = rt.receiver_state(0).unwrap().expect("boundary 0 comes from another rank");
+        assert!(matches!(state, ReceiverState::Posting { step: 1, .. }), "{state}");
+        println!("CHILD receiver while held up: {state}");
         let second = rt.rx_wait::<f32>(0, 1, n1, WAIT).unwrap();
+        let state = rt.receiver_state(0).unwrap().expect("boundary 0 comes from another rank");
+        assert!(matches!(state, ReceiverState::AwaitingRecord { step: 2, .. } | ReceiverState::Stopped), "{state}");
         for (step, (got, n)) in [(first, n0), (second, n1)].into_iter().enumerate() {
             let host = primary.dtoh(&got).unwrap();
             assert!(

@@ -52,6 +52,54 @@ impl fmt::Display for SlotState {
     }
 }
 
+/// What the receiver thread of a boundary from another rank is doing, and for how long it has
+/// been doing it ([`PpNRt::receiver_state`](crate::PpNRt::receiver_state)): when a receive from
+/// another rank waits too long, whether the step never came, found no free slot, or is being
+/// posted. A snapshot for a diagnosis (the step and the time are read apart, without a lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReceiverState {
+    /// Waiting for the TX rank's record of step `step`.
+    AwaitingRecord {
+        /// The step (counted from 0 on this boundary).
+        step: u64,
+        /// How long it has waited.
+        waited: Duration,
+    },
+    /// Step `step`'s record came; waiting until the ring's next slot is free (received by the
+    /// RX stage).
+    AwaitingFreeSlot {
+        /// The step.
+        step: u64,
+        /// How long it has waited.
+        waited: Duration,
+    },
+    /// Posting step `step`'s receive into its slot (growing the slot first if needed).
+    Posting {
+        /// The step.
+        step: u64,
+        /// How long it has been at it.
+        waited: Duration,
+    },
+    /// The thread has ended: the boundary was closed, or its link failed.
+    Stopped,
+}
+
+impl fmt::Display for ReceiverState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReceiverState::AwaitingRecord { step, waited } => {
+                write!(f, "waiting {waited:?} for the record of step {step} from the TX rank")
+            }
+            ReceiverState::AwaitingFreeSlot { step, waited } => {
+                write!(f, "step {step} announced; waiting {waited:?} for a free slot")
+            }
+            ReceiverState::Posting { step, waited } => write!(f, "posting the receive of step {step} for {waited:?}"),
+            ReceiverState::Stopped => f.write_str("stopped (the boundary closed or its link failed)"),
+        }
+    }
+}
+
 /// Misuse of a [`PpNRt`](crate::PpNRt) call: caught before anything is enqueued, nothing was
 /// overwritten, and the runtime stays usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -43,7 +43,7 @@ pub use crate::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR,
     RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
-pub use error::{PpError, SlotState};
+pub use error::{PpError, ReceiverState, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use readback::PendingReadback;
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

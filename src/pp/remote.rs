@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::error::PpError;
+use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
@@ -108,6 +108,57 @@ pub(super) struct Link {
     timeout: Duration,
     /// Whether silence fails the link (see [`silence_fails`]).
     silence_fails: bool,
+    /// On the RX rank: what its receiver thread is doing.
+    pub(super) phase: PhaseCell,
+}
+
+/// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
+/// time it began), read apart (a diagnosis, not a synchronisation).
+pub(super) struct PhaseCell {
+    /// The step shifted left by 2, or'd with the phase.
+    word: AtomicU64,
+    /// When the phase began, in ns since `epoch`.
+    began_ns: AtomicU64,
+    epoch: Instant,
+}
+
+/// A receiver thread's phase (see [`ReceiverState`]).
+#[derive(Clone, Copy)]
+pub(super) enum Phase {
+    AwaitingRecord = 0,
+    AwaitingFreeSlot = 1,
+    Posting = 2,
+    Stopped = 3,
+}
+
+impl PhaseCell {
+    fn new() -> PhaseCell {
+        PhaseCell {
+            word: AtomicU64::new(Phase::AwaitingRecord as u64),
+            began_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Records that the thread entered `phase` for step `step`, now.
+    pub(super) fn set(&self, phase: Phase, step: u64) {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.began_ns.store(now, Ordering::Relaxed);
+        self.word.store((step << 2) | phase as u64, Ordering::Release);
+    }
+
+    pub(super) fn get(&self) -> ReceiverState {
+        let word = self.word.load(Ordering::Acquire);
+        let began = Duration::from_nanos(self.began_ns.load(Ordering::Relaxed));
+        let waited = self.epoch.elapsed().saturating_sub(began);
+        let step = word >> 2;
+        match word & 3 {
+            0 => ReceiverState::AwaitingRecord { step, waited },
+            1 => ReceiverState::AwaitingFreeSlot { step, waited },
+            2 => ReceiverState::Posting { step, waited },
+            _ => ReceiverState::Stopped,
+        }
+    }
 }
 
 /// The receive of `bytes` bytes into slot `slot`, captured once and launched for each step of
@@ -593,6 +644,7 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                     Ok(true) => {
                         expected += 1;
                         last_bytes = Some(step.bytes);
+                        link.phase.set(Phase::AwaitingRecord, expected);
                     }
                     Ok(false) => break Ok(()),
                     Err(e) => break Err(format!("receiving step {}: {e}", step.step)),
@@ -600,6 +652,7 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
             }
         }
     };
+    link.phase.set(Phase::Stopped, expected);
     if let Err(reason) = outcome {
         link.fail(reason);
     }
@@ -923,6 +976,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             connection: clone(&socket)?,
             timeout,
             silence_fails: silence_fails(config),
+            phase: PhaseCell::new(),
         });
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
         if sending {
@@ -1227,6 +1281,28 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains(&format!("{} bytes", MAX_TYPE_NAME + 1)), "{err}");
+    }
+
+    #[test]
+    fn a_receiver_phase_reads_back_as_set() {
+        let cell = PhaseCell::new();
+        assert!(matches!(cell.get(), ReceiverState::AwaitingRecord { step: 0, .. }));
+        for (phase, step) in
+            [(Phase::AwaitingFreeSlot, 7), (Phase::Posting, (1u64 << 62) - 1), (Phase::AwaitingRecord, 8)]
+        {
+            cell.set(phase, step);
+            let state = cell.get();
+            let (got_phase, got_step) = match state {
+                ReceiverState::AwaitingRecord { step, waited } => (Phase::AwaitingRecord as u8, (step, waited)),
+                ReceiverState::AwaitingFreeSlot { step, waited } => (Phase::AwaitingFreeSlot as u8, (step, waited)),
+                ReceiverState::Posting { step, waited } => (Phase::Posting as u8, (step, waited)),
+                other => panic!("{other}"),
+            };
+            assert_eq!((got_phase, got_step.0), (phase as u8, step));
+            assert!(got_step.1 < Duration::from_secs(5));
+        }
+        cell.set(Phase::Stopped, 9);
+        assert_eq!(cell.get(), ReceiverState::Stopped);
     }
 
     #[test]

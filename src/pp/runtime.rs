@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::error::{PpError, SlotState};
+use super::error::{PpError, ReceiverState, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use super::readback::{PendingReadback, ReadbackRing};
-use super::remote::{self, Announced, Link, LocalStage, Receiver, Sender, SlotFiller, Watchdog};
+use super::remote::{self, Announced, Link, LocalStage, Phase, Receiver, Sender, SlotFiller, Watchdog};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::config::{
@@ -908,6 +908,23 @@ impl PpNRt {
         Ok(PendingReadback::new(host, source.len(), source, Arc::clone(&self.readback_ring)))
     }
 
+    /// What the receiver thread of boundary `b` is doing, for a boundary from another rank into
+    /// this one (`None` for any other boundary): to tell, when an `rx` of it waits too long,
+    /// whether the step never came, found no free slot, or is being posted.
+    ///
+    /// # Errors
+    /// [`PpError::BoundaryOutOfRange`].
+    pub fn receiver_state(&self, b: usize) -> Result<Option<ReceiverState>> {
+        let end = self
+            .boundaries
+            .get(b)
+            .ok_or(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))?;
+        Ok(match end {
+            BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref().map(|link| link.phase.get()),
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => None,
+        })
+    }
+
     /// The dedicated readback stream (in the last stage's context).
     pub fn readback_stream(&self) -> &Arc<CudaStream> {
         &self.readback
@@ -942,6 +959,12 @@ impl SlotFiller for Boundary {
         stop: &AtomicBool,
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool> {
+        let phase = |phase: Phase| {
+            if let Some(link) = &self.inbound {
+                link.phase.set(phase, step.step);
+            }
+        };
+        phase(Phase::AwaitingFreeSlot);
         let mut ring = PpNRt::lock(self);
         // The RX stage's `rx` of the slot is likely near: spin first, so that `rx` finds no
         // sleeper to wake, then sleep.
@@ -965,6 +988,7 @@ impl SlotFiller for Boundary {
         // until its receive is posted.
         let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
         drop(ring);
+        phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
         let mut ring = PpNRt::lock(self);
         ring.slots[index].buffer = buffer;
