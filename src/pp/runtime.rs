@@ -981,9 +981,8 @@ impl SlotFiller for Boundary {
         }
         let index = ring.next;
         // The slot's buffer leaves the ring while its receive is posted, and the ring's lock is
-        // released: growing the slot waits for its old buffer's copies, and posting the receive
-        // may wait too (a graph launch for its previous launch, NCCL for a connection it makes in
-        // the background). The RX stage's `rx` of the other slots, and its bounded waits, go on
+        // released: growing the slot allocates, and posting the receive may wait (a graph launch
+        // for its previous launch, NCCL for a connection it makes in the background). The RX stage's `rx` of the other slots, and its bounded waits, go on
         // meanwhile. This thread is the ring's only writer; the slot stays free, not filled,
         // until its receive is posted.
         let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
