@@ -67,6 +67,6 @@ run post-unlocked src/pp/runtime.rs "        drop(ring);
         let mut ring = PpNRt::lock(self);" "        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
-run slot-owner src/pp/runtime.rs "            grow(buffer, self.plan.transport, &self.tx_stream, bytes)?;" "            grow(buffer, self.plan.transport, &self.rx_stream, bytes)?;" processes
+run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };" "    let owner = rx_stream;" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl

@@ -777,12 +777,16 @@ impl NcclComm {
         // Contract: the communicator is live (not aborted before, checked under the lock every
         // call holds) and this is its last use: the flag set above refuses every later call.
         let result = nccl_result!(nccl, ncclCommAbort(self.raw))?;
-        // A non-blocking communicator may finish its abort in the background; it is not used
-        // again either way.
+        self.check_teardown(nccl, "ncclCommAbort", result)
+    }
+
+    /// Maps the result of the abort or destroy `call`: a non-blocking communicator may finish
+    /// either in the background (`ncclInProgress`), which is no error, as it is not used again.
+    fn check_teardown(&self, nccl: &Nccl, call: &'static str, result: ncclResult_t) -> Result<()> {
         if result == ncclResult_t::ncclInProgress && self.nonblocking() {
             return Ok(());
         }
-        nccl.check("ncclCommAbort", result)
+        nccl.check(call, result)
     }
 }
 
@@ -1009,10 +1013,7 @@ impl Drop for NcclComm {
             } else {
                 ("ncclCommAbort", nccl_result!(nccl, ncclCommAbort(self.raw))?)
             };
-            if result == ncclResult_t::ncclInProgress && self.nonblocking() {
-                return Ok(());
-            }
-            nccl.check(call, result)
+            self.check_teardown(nccl, call, result)
         });
         if let Err(e) = result {
             record_drop_error(e);

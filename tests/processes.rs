@@ -270,6 +270,23 @@ fn dump_stalled(launch: &Launch<'_>, dir: &Path, children: &mut [Child], running
     }
 }
 
+/// Checks that every rank of a launch named `name` exited successfully after its mode ran to
+/// the end (`CHILD-OK`); else panics with every rank's output: a rank's failure is often
+/// explained by what the other was doing.
+fn every_rank_ok(name: &str, results: &[(bool, String)]) {
+    let done = |(ok, output): &(bool, String)| *ok && output.contains("CHILD-OK");
+    if !results.iter().all(done) {
+        let outputs: String = results
+            .iter()
+            .enumerate()
+            .map(|(rank, result)| {
+                format!("---- rank {rank} ({}):\n{}\n", if done(result) { "ok" } else { "FAILED" }, result.1)
+            })
+            .collect();
+        panic!("{name}: a rank failed:\n{outputs}");
+    }
+}
+
 fn output_of(child: Child) -> (bool, String) {
     let out = child.wait_with_output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
@@ -356,17 +373,7 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
     let dir = scratch(name);
     let started = Instant::now();
     let results = launch.run(&dir, Duration::from_secs(240));
-    if results.iter().any(|(ok, _)| !ok) {
-        // Every rank's output: a rank's failure is often explained by what the other was doing.
-        let outputs: String = results
-            .iter()
-            .enumerate()
-            .map(|(rank, (ok, output))| {
-                format!("---- rank {rank} ({}):\n{output}\n", if *ok { "ok" } else { "FAILED" })
-            })
-            .collect();
-        panic!("{name}: a rank failed:\n{outputs}");
-    }
+    every_rank_ok(name, &results);
     let transports = transports_used(&dir);
     if (launch.sockets || sharing_one_gpu()) && !through_doubles() {
         assert!(
@@ -484,9 +491,7 @@ fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
     let rank_env = [(1, "PPNRT_NCCL_DOUBLE_SLOW_RECV", held.as_str())];
     let launch = Launch { mode: "slow-post", rank_env: &rank_env, ..pipeline_launch(&[0, 1], 2, 0, false) };
     let results = launch.run(&dir, Duration::from_secs(120));
-    for (rank, (ok, output)) in results.iter().enumerate() {
-        assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
-    }
+    every_rank_ok(test, &results);
     let line = results[1].1.lines().find_map(|l| l.strip_prefix("CHILD-SLOW-POST ")).expect("rank 1's timings");
     let [first_ms, bounded_ms]: [u64; 2] =
         line.split_whitespace().map(|v| v.parse().unwrap()).collect::<Vec<_>>().try_into().unwrap();
@@ -515,9 +520,7 @@ fn a_slot_growing_leaves_a_capture_of_the_rx_stage_alone() {
     let dir = scratch("grow-in-capture");
     let launch = Launch { mode: "grow-in-capture", ..pipeline_launch(&[0, 1], 2, 0, false) };
     let results = launch.run(&dir, Duration::from_secs(120));
-    for (rank, (ok, output)) in results.iter().enumerate() {
-        assert!(*ok && output.contains("CHILD-OK"), "rank {rank} failed:\n{output}");
-    }
+    every_rank_ok(test, &results);
     assert!(results[1].1.contains("CHILD-CAPTURE-WHOLE"), "{}", results[1].1);
     say(&format!("{test}: the capture ended whole; the step arrived intact"));
 }

@@ -286,8 +286,7 @@ impl PpNRt {
                     .map(|_| {
                         let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
                         if config.reserved_bytes() > 0 {
-                            let owner = if inbound.is_some() { &tx_stream } else { &rx.stream };
-                            grow(&mut slot.buffer, bp.transport, owner, config.reserved_bytes())?;
+                            grow(&mut slot.buffer, bp.transport, &tx_stream, &rx.stream, config.reserved_bytes())?;
                         }
                         Ok(slot)
                     })
@@ -596,7 +595,7 @@ impl PpNRt {
         let slot = &mut ring.slots[index];
         check_free(b, index, "tx", slot.state)?;
         if !slot.buffer.holds(bytes) {
-            grow(&mut slot.buffer, boundary.plan.transport, &boundary.rx_stream, bytes)?;
+            grow(&mut slot.buffer, boundary.plan.transport, &boundary.tx_stream, &boundary.rx_stream, bytes)?;
         }
         let tx = &boundary.tx_stream;
         // One binding for the whole call (the copy and its event record find it current).
@@ -915,11 +914,7 @@ impl PpNRt {
     /// # Errors
     /// [`PpError::BoundaryOutOfRange`].
     pub fn receiver_state(&self, b: usize) -> Result<Option<ReceiverState>> {
-        let end = self
-            .boundaries
-            .get(b)
-            .ok_or(Error::Pipeline(PpError::BoundaryOutOfRange { boundary: b, n_boundaries: self.boundaries.len() }))?;
-        Ok(match end {
+        Ok(match self.end(b)? {
             BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref().map(|link| link.phase.get()),
             BoundaryEnd::Send(_) | BoundaryEnd::Foreign => None,
         })
@@ -982,9 +977,9 @@ impl SlotFiller for Boundary {
         let index = ring.next;
         // The slot's buffer leaves the ring while its receive is posted, and the ring's lock is
         // released: growing the slot allocates, and posting the receive may wait (a graph launch
-        // for its previous launch, NCCL for a connection it makes in the background). The RX stage's `rx` of the other slots, and its bounded waits, go on
-        // meanwhile. This thread is the ring's only writer; the slot stays free, not filled,
-        // until its receive is posted.
+        // for its previous launch, NCCL for a connection it makes in the background). The RX
+        // stage's `rx` of the other slots, and its bounded waits, go on meanwhile. This thread is
+        // the ring's only writer; the slot stays free, not filled, until its receive is posted.
         let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
         drop(ring);
         phase(Phase::Posting);
@@ -1019,8 +1014,7 @@ impl Boundary {
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<()> {
         if !buffer.holds(bytes) {
-            // Owned by the receive stream (this boundary's `tx_stream`).
-            grow(buffer, self.plan.transport, &self.tx_stream, bytes)?;
+            grow(buffer, self.plan.transport, &self.tx_stream, &self.rx_stream, bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;
         let SlotBuffer::Device(buffer) = buffer else {
@@ -1146,8 +1140,9 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
     }
 }
 
-/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB), owned by
-/// `owner` (the RX stream; for a boundary from another rank, its receive stream). The slot is
+/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB) of a boundary
+/// of `transport` whose slots `tx_stream` writes and `rx_stream` reads, owned by `rx_stream`, or,
+/// for a boundary from another rank, by its receive stream (that boundary's `tx_stream`). The slot is
 /// free, and no copy in flight ever sees a freed buffer: a pooled buffer's free is ordered after
 /// its last writer and reader; any other's last writer and reader are waited for first.
 ///
@@ -1157,7 +1152,14 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
 /// allocation and free do not. Its receive stream is never captured (a capture of the RX stage's
 /// stream, which another thread may be making, is left alone). Slots reached by peers' copies
 /// stay `cuMemAlloc` memory.
-fn grow(slot: &mut SlotBuffer, transport: Transport, owner: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+fn grow(
+    slot: &mut SlotBuffer,
+    transport: Transport,
+    tx_stream: &Arc<CudaStream>,
+    rx_stream: &Arc<CudaStream>,
+    bytes: usize,
+) -> Result<()> {
+    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };
     // Every copy into and out of an old buffer that is not pooled has completed before it goes
     // (its drop would wait too, but could not report an error).
     match slot {

@@ -338,7 +338,7 @@ impl PpNRt {
             }
             for slot in ring.slots.iter_mut() {
                 if !slot.buffer.holds(bytes) {
-                    grow(&mut slot.buffer, boundary.plan.transport, &boundary.rx_stream, bytes)?;
+                    grow(&mut slot.buffer, boundary.plan.transport, &boundary.tx_stream, &boundary.rx_stream, bytes)?;
                 }
             }
             let mut row = Vec::with_capacity(ring.slots.len());
