@@ -63,8 +63,10 @@ run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "   
 # A receiver thread posts a step's receive without the ring's lock (the RX stage's other slots
 # and its bounded waits go on while the posting is held up).
 run post-unlocked src/pp/runtime.rs "        drop(ring);
+        phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
-        let mut ring = PpNRt::lock(self);" "        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
+        let mut ring = PpNRt::lock(self);" "        phase(Phase::Posting);
+        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
 run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };" "    let owner = rx_stream;" processes

@@ -13,7 +13,9 @@
 # A run started before the time is up runs to its end. Environment: STRESS_OUT (logs; default
 # $OUT or stress-logs/), STRESS_RUN_TIMEOUT (default 240 s), and what the gate sets
 # (PPNRT_REQUIRE_GPUS, PPNRT_TEST_STALL_DUMP_S, PPNRT_TEST_QUICK: set here to 1 so that the
-# 10,000-step run of the NVLink test is 500 steps and a run stays short).
+# 10,000-step run of the NVLink test is 500 steps and a run stays short). With
+# NCCL_GRAPH_MIXING_SUPPORT=0 the ranks receive by NCCL's call only, no captured receive (the
+# tests then check that none went through a graph).
 set -u
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
@@ -49,7 +51,7 @@ loop() {
   done
 }
 
-echo "stress on $(hostname): ${copies} copies for ${seconds} s of ${tests[*]}; PPNRT_REQUIRE_GPUS=$PPNRT_REQUIRE_GPUS"
+echo "stress on $(hostname): ${copies} copies for ${seconds} s of ${tests[*]}; PPNRT_REQUIRE_GPUS=$PPNRT_REQUIRE_GPUS; NCCL_GRAPH_MIXING_SUPPORT=${NCCL_GRAPH_MIXING_SUPPORT:-unset}"
 for ((copy = 1; copy <= copies; copy++)); do
   loop "$copy" "${tests[$(((copy - 1) % ${#tests[@]}))]}" &
 done | tee "$logs/stress-runs.txt"
