@@ -519,6 +519,32 @@ fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
     assert!(bounded_ms < limit, "a wait bounded by {:?} took {bounded_ms} ms", SLOW_POST / 10);
 }
 
+/// No receive is captured while another NCCL call of the process posts a send or receive: the
+/// NCCL double refuses such a pair (ncclInternalError, the rank fails), and makes every call take
+/// 300 µs so that the stage thread's sends and the receiver thread's captures would overlap if
+/// nothing kept them apart. Captured receives still happen (between the sends), and the outputs
+/// match one engine's. Through the NCCL double only; skipped on a GPU, saying why (there the
+/// stress of `scripts/stress-processes.sh` runs the real pair).
+#[test]
+fn no_receive_is_captured_while_another_nccl_call_posts() {
+    let test = "no_receive_is_captured_while_another_nccl_call_posts";
+    let Some(engine) = ready(test) else { return };
+    if !through_doubles() {
+        say(&format!("SKIPPED {test}: refusing a capture beside another NCCL call needs the NCCL double"));
+        return;
+    }
+    if captured_receives_off() {
+        say(&format!("SKIPPED {test}: NCCL_GRAPH_MIXING_SUPPORT=0 turns captured receives off"));
+        return;
+    }
+    let rank_env = [(0, "PPNRT_NCCL_DOUBLE_POST_US", "300"), (1, "PPNRT_NCCL_DOUBLE_POST_US", "300")];
+    // Rank 0 sends on boundaries 0 and 2 from its stage thread while its receiver thread of
+    // boundary 1 captures; rank 1 the other way round.
+    let launch = Launch { rank_env: &rank_env, ..pipeline_launch(&[0, 1, 0, 1], 2, 300, false) };
+    let mismatches = mismatches_against_reference(&engine, "posting-apart", &launch);
+    assert_eq!(mismatches, 0, "{test}: outputs differ from one engine's");
+}
+
 /// A slot of a boundary from another rank grows (its receiver thread allocates) while the RX
 /// stage's stream is being captured by the stage's thread: the capture is left alone (the slot is
 /// the receive stream's memory), and the step arrives intact.

@@ -12,6 +12,8 @@
  *   ncclInProgress (inside a group, ncclGroupEnd does), ncclCommGetAsyncError says so until the
  *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
  *   PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms> makes one receive call block its caller (see below).
+ * - A call that posts into a stream capture while another call of the process posts is refused
+ *   (see posting_begin); PPNRT_NCCL_DOUBLE_POST_US=<us> makes every call take that long.
  * - Inside a group, sends and receives are enqueued at the group's end (ncclGroupEnd), as NCCL
  *   enqueues a group's work, not at each call.
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
@@ -119,6 +121,7 @@ static __thread int n_group_ops;
 
 static int (*enqueue_external)(void*, int (*)(void*), void (*)(void*), void*);
 static int (*run_stream)(void*);
+static int (*stream_capturing)(void*);
 
 static int find_driver_double(void) {
     if (enqueue_external) return 1;
@@ -128,8 +131,9 @@ static int find_driver_double(void) {
     if (!lib) lib = dlopen(path, RTLD_NOW);
     if (!lib) return 0;
     run_stream = (int (*)(void*))dlsym(lib, "ppnrt_double_run_stream");
+    stream_capturing = (int (*)(void*))dlsym(lib, "ppnrt_double_stream_capturing");
     enqueue_external = (int (*)(void*, int (*)(void*), void (*)(void*), void*))dlsym(lib, "ppnrt_double_enqueue_external");
-    return enqueue_external != NULL && run_stream != NULL;
+    return enqueue_external != NULL && run_stream != NULL && stream_capturing != NULL;
 }
 
 static void address(const ncclUniqueId* id, struct sockaddr_un* addr, socklen_t* len) {
@@ -436,7 +440,53 @@ static void* connect_main(void* arg) {
     return NULL;
 }
 
+/* The sends and receives being posted in this process now, and those of them posted into a
+ * capture: a receive launched into a capture while another call of the process posts (or the
+ * reverse) is refused (ncclInternalError, said on stderr): on a GPU such a pair stalled inside the
+ * driver, and ppnrt makes none. PPNRT_NCCL_DOUBLE_POST_US=<us> makes each call take that long (as
+ * NCCL's launch takes microseconds of host time, longer here so that the calls of several threads
+ * would overlap if nothing kept them apart). */
+static pthread_mutex_t posting_lock = PTHREAD_MUTEX_INITIALIZER;
+static int posting_now, posting_captures;
+
+static int posting_begin(int capturing) {
+    pthread_mutex_lock(&posting_lock);
+    int overlap = capturing ? posting_now > 0 : posting_captures > 0;
+    posting_now++;
+    posting_captures += capturing;
+    pthread_mutex_unlock(&posting_lock);
+    if (overlap) {
+        fprintf(stderr, "ppnrt-nccl-double: VIOLATION: %s\n",
+                capturing ? "a call posted into a capture while another NCCL call of the process was posting"
+                          : "a call posted while another thread's NCCL call posted into a capture");
+    }
+    const char* us = getenv("PPNRT_NCCL_DOUBLE_POST_US");
+    long pause_us = us ? atol(us) : 0;
+    if (pause_us > 0) {
+        struct timespec pause = {pause_us / 1000000, (pause_us % 1000000) * 1000L};
+        nanosleep(&pause, NULL);
+    }
+    return !overlap;
+}
+
+static void posting_end(int capturing) {
+    pthread_mutex_lock(&posting_lock);
+    posting_now--;
+    posting_captures -= capturing;
+    pthread_mutex_unlock(&posting_lock);
+}
+
+static ncclResult_t enqueue_checked(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending);
+
 static ncclResult_t enqueue(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending) {
+    int capturing = stream_capturing && stream_capturing(stream);
+    ncclResult_t rc = posting_begin(capturing) ? enqueue_checked(c, buf, count, datatype, peer, stream, sending)
+                                               : INTERNAL_ERROR;
+    posting_end(capturing);
+    return rc;
+}
+
+static ncclResult_t enqueue_checked(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending) {
     if (!c || datatype != 1 /* ncclUint8 */ || peer != 1 - c->rank) return INVALID_ARGUMENT;
     pthread_mutex_lock(&c->lock);
     int aborted = c->aborted;
