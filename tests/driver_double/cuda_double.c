@@ -633,12 +633,13 @@ void ppnrt_double_last_violation(char* buf, size_t len) {
     pthread_mutex_unlock(&lock);
 }
 
-/* Whether `stream` (a stream handle, not the legacy stream) is being captured, for the NCCL
- * double: whether a call posts into a capture. Read without the double's lock: a stream's capture
- * begins and ends on the thread that posts into it, so for that thread the answer is stable. */
+/* Whether `stream` is being captured, for the NCCL double: whether a call posts into a capture. */
 int ppnrt_double_stream_capturing(void* stream) {
-    Stream* s = stream;
-    return s != NULL && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL;
+    pthread_mutex_lock(&lock);
+    Stream* s = stream_of(stream);
+    int capturing = s && s->capture != NULL;
+    pthread_mutex_unlock(&lock);
+    return capturing;
 }
 
 /* Enqueues another library's work on `stream` (the NCCL double's sends and receives): `run(arg)`

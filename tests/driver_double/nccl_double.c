@@ -423,21 +423,28 @@ static void* connect_main(void* arg) {
         struct timespec pause = {0, 1000000};
         nanosleep(&pause, NULL);
     }
-    pthread_mutex_lock(&c->lock);
-    int n = c->n_queued;
-    c->n_queued = 0;
-    pthread_mutex_unlock(&c->lock);
+    /* Enqueues what was queued, in order, until nothing more is: a call made meanwhile (still
+     * connecting) queues its work too, and it is taken up here, not lost. */
     int rc = 0;
-    for (int i = 0; i < n; i++) {
-        if (rc == 0) rc = enqueue_work(c->queued[i]->work, c->queued[i]->stream, c->queued[i]->sending);
-        free(c->queued[i]);
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        int n = c->n_queued;
+        Pending* taken[16];
+        memcpy(taken, c->queued, (size_t)n * sizeof taken[0]);
+        c->n_queued = 0;
+        if (n == 0) {
+            c->connecting = 0;
+            c->connected = 1;
+            if (rc != 0) c->join_result = INTERNAL_ERROR;
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
+        pthread_mutex_unlock(&c->lock);
+        for (int i = 0; i < n; i++) {
+            if (rc == 0) rc = enqueue_work(taken[i]->work, taken[i]->stream, taken[i]->sending);
+            free(taken[i]);
+        }
     }
-    pthread_mutex_lock(&c->lock);
-    c->connecting = 0;
-    c->connected = 1;
-    if (rc != 0) c->join_result = INTERNAL_ERROR;
-    pthread_mutex_unlock(&c->lock);
-    return NULL;
 }
 
 /* The sends and receives being posted in this process now, and those of them posted into a
