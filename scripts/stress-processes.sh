@@ -11,7 +11,7 @@
 # Defaults: 300 seconds, 4 copies, the tests `two_processes_over_sockets_match_one_engine_bitwise`
 # and `two_processes_match_one_engine_bitwise` (copies alternate between the tests given).
 # A run started before the time is up runs to its end. Environment: STRESS_OUT (logs; default
-# $OUT or stress-logs/), STRESS_RUN_TIMEOUT (default 240 s), and what the gate sets
+# $OUT or stress-logs/), STRESS_RUN_TIMEOUT (default 300 s, past the test's own 240 s limit on a launch, so that a stalled launch is reported by the test, with every rank's output), and what the gate sets
 # (PPNRT_REQUIRE_GPUS, PPNRT_TEST_STALL_DUMP_S, PPNRT_TEST_QUICK: set here to 1 so that the
 # 10,000-step run of the NVLink test is 500 steps and a run stays short). With
 # NCCL_GRAPH_MIXING_SUPPORT=0 the ranks receive by NCCL's call only, no captured receive (the
@@ -30,7 +30,7 @@ mkdir -p "$logs/runs"
 export PPNRT_REQUIRE_GPUS=${PPNRT_REQUIRE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 export NCCL_NVLS_ENABLE=0 PPNRT_REQUIRE_NCCL=${PPNRT_REQUIRE_NCCL:-1}
 export PPNRT_TEST_STALL_DUMP_S=${PPNRT_TEST_STALL_DUMP_S:-20} PPNRT_TEST_QUICK=${PPNRT_TEST_QUICK:-1}
-run_timeout=${STRESS_RUN_TIMEOUT:-240}
+run_timeout=${STRESS_RUN_TIMEOUT:-300}
 deadline=$(($(date +%s) + seconds))
 
 # copy test: runs the test until the deadline; one line per run.
