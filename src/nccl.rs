@@ -19,7 +19,11 @@
 //!
 //! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
-//! [`group`] takes its operations as a list ([`P2p`]), so no other work runs inside it.
+//! [`group`] takes its operations as a list ([`P2p`]), so no other work runs inside it. A send or
+//! receive posted into a stream capture while another thread of the process posts one (of any
+//! communicator) was seen to deadlock inside the driver (NCCL 2.28.9, driver 580, two ranks
+//! sharing one GPU); the pipeline keeps its own captures apart from its other calls, and a caller
+//! that captures these calls should do the same.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
