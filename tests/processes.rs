@@ -520,10 +520,11 @@ fn a_receive_held_up_while_posted_holds_up_no_other_slot() {
 }
 
 /// No receive is captured while another NCCL call of the process posts a send or receive: the
-/// NCCL double refuses such a pair (ncclInternalError, the rank fails), and makes every call take
-/// 300 µs so that the stage thread's sends and the receiver thread's captures would overlap if
-/// nothing kept them apart. Captured receives still happen (between the sends), and the outputs
-/// match one engine's. Through the NCCL double only; skipped on a GPU, saying why (there the
+/// NCCL double refuses such a pair (ncclInternalError, the rank fails), and makes each send take
+/// 3 ms and each receive 0.1 ms, so that a rank's stage thread is still sending step t + 1 on
+/// boundary 0 when its receiver thread, told of step t + 1 on boundary 1 by the other rank, would
+/// capture that receive if nothing kept them apart. Captured receives still happen (between the
+/// sends), and the outputs match one engine's. Through the NCCL double only; skipped on a GPU, saying why (there the
 /// stress of `scripts/stress-processes.sh` runs the real pair).
 #[test]
 fn no_receive_is_captured_while_another_nccl_call_posts() {
@@ -537,7 +538,7 @@ fn no_receive_is_captured_while_another_nccl_call_posts() {
         say(&format!("SKIPPED {test}: NCCL_GRAPH_MIXING_SUPPORT=0 turns captured receives off"));
         return;
     }
-    let rank_env = [(0, "PPNRT_NCCL_DOUBLE_POST_US", "300"), (1, "PPNRT_NCCL_DOUBLE_POST_US", "300")];
+    let rank_env = [(0, "PPNRT_NCCL_DOUBLE_POST_US", "3000:100"), (1, "PPNRT_NCCL_DOUBLE_POST_US", "3000:100")];
     // Rank 0 sends on boundaries 0 and 2 from its stage thread while its receiver thread of
     // boundary 1 captures; rank 1 the other way round.
     let launch = Launch { rank_env: &rank_env, ..pipeline_launch(&[0, 1, 0, 1], 2, 300, false) };

@@ -13,7 +13,7 @@
  *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
  *   PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms> makes one receive call block its caller (see below).
  * - A call that posts into a stream capture while another call of the process posts is refused
- *   (see posting_begin); PPNRT_NCCL_DOUBLE_POST_US=<us> makes every call take that long.
+ *   (see posting_begin); PPNRT_NCCL_DOUBLE_POST_US=<us>[:<recv_us>] makes calls take that long.
  * - Inside a group, sends and receives are enqueued at the group's end (ncclGroupEnd), as NCCL
  *   enqueues a group's work, not at each call.
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
@@ -450,13 +450,14 @@ static void* connect_main(void* arg) {
 /* The sends and receives being posted in this process now, and those of them posted into a
  * capture: a receive launched into a capture while another call of the process posts (or the
  * reverse) is refused (ncclInternalError, said on stderr): on a GPU such a pair stalled inside the
- * driver, and ppnrt makes none. PPNRT_NCCL_DOUBLE_POST_US=<us> makes each call take that long (as
- * NCCL's launch takes microseconds of host time, longer here so that the calls of several threads
- * would overlap if nothing kept them apart). */
+ * driver, and ppnrt makes none. PPNRT_NCCL_DOUBLE_POST_US=<us>[:<recv_us>] makes each send (and
+ * each receive: <recv_us>, else <us>) take that long, as NCCL's launch takes microseconds of host
+ * time, longer here so that the calls of several threads would overlap if nothing kept them
+ * apart. */
 static pthread_mutex_t posting_lock = PTHREAD_MUTEX_INITIALIZER;
 static int posting_now, posting_captures;
 
-static int posting_begin(int capturing) {
+static int posting_begin(int capturing, int sending) {
     pthread_mutex_lock(&posting_lock);
     int overlap = capturing ? posting_now > 0 : posting_captures > 0;
     posting_now++;
@@ -467,8 +468,13 @@ static int posting_begin(int capturing) {
                 capturing ? "a call posted into a capture while another NCCL call of the process was posting"
                           : "a call posted while another thread's NCCL call posted into a capture");
     }
-    const char* us = getenv("PPNRT_NCCL_DOUBLE_POST_US");
-    long pause_us = us ? atol(us) : 0;
+    const char* spec = getenv("PPNRT_NCCL_DOUBLE_POST_US");
+    long send_us = 0, recv_us = 0;
+    if (spec) {
+        int n = sscanf(spec, "%ld:%ld", &send_us, &recv_us);
+        if (n == 1) recv_us = send_us;
+    }
+    long pause_us = sending ? send_us : recv_us;
     if (pause_us > 0) {
         struct timespec pause = {pause_us / 1000000, (pause_us % 1000000) * 1000L};
         nanosleep(&pause, NULL);
@@ -487,7 +493,7 @@ static ncclResult_t enqueue_checked(Comm* c, void* buf, size_t count, int dataty
 
 static ncclResult_t enqueue(Comm* c, void* buf, size_t count, int datatype, int peer, void* stream, int sending) {
     int capturing = stream_capturing && stream_capturing(stream);
-    ncclResult_t rc = posting_begin(capturing) ? enqueue_checked(c, buf, count, datatype, peer, stream, sending)
+    ncclResult_t rc = posting_begin(capturing, sending) ? enqueue_checked(c, buf, count, datatype, peer, stream, sending)
                                                : INTERNAL_ERROR;
     posting_end(capturing);
     return rc;
