@@ -69,8 +69,8 @@ run post-unlocked src/pp/runtime.rs "        drop(ring);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # No receive is captured while another NCCL call of the process posts (the NCCL double refuses
 # such a pair).
-run posting-apart src/pp/remote.rs "    let _posting = NCCL_POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    call()" "    call()" processes
+run posting-apart src/nccl.rs "    let _shared = POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    post()" "    post()" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
 run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };" "    let owner = rx_stream;" processes

@@ -20,15 +20,17 @@
 //! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
 //! [`group`] takes its operations as a list ([`P2p`]), so no other work runs inside it. A send or
-//! receive posted into a stream capture while another thread of the process posts one (of any
+//! receive posted into a stream capture while another thread of the process posted one (of any
 //! communicator) was seen to deadlock inside the driver (NCCL 2.28.9, driver 580, two ranks
-//! sharing one GPU); the pipeline keeps its own captures apart from its other calls, and a caller
-//! that captures these calls should do the same.
+//! sharing one GPU): every send, receive and group here holds one process-wide lock shared, and
+//! the pipeline posts a receive into a capture only while it holds that lock alone
+//! (`PostingAlone`).
 
+use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, LoadAttempt, Result};
@@ -700,11 +702,13 @@ impl NcclComm {
     /// before the ordering rule notes the use.
     fn alone(&self, op: &P2p<'_>, what: &'static str) -> Result<()> {
         let nccl = nccl()?;
-        let mut one_call = self.one_call(what)?;
-        ordered(op.stream(), [op.ordered_use()], || {
-            let result = op.raw_call(nccl)?;
-            // Enqueued once settled: the ordering rule marks the buffer after this returns.
-            self.settle(nccl, &mut one_call, op.call_name(), result)
+        posting(|| {
+            let mut one_call = self.one_call(what)?;
+            ordered(op.stream(), [op.ordered_use()], || {
+                let result = op.raw_call(nccl)?;
+                // Enqueued once settled: the ordering rule marks the buffer after this returns.
+                self.settle(nccl, &mut one_call, op.call_name(), result)
+            })
         })
     }
 
@@ -953,8 +957,56 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     let mut comms: Vec<&NcclComm> = ops.iter().map(P2p::comm).collect();
     comms.sort_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
     comms.dedup_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
-    let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
-    ordered_from(nccl, ops, 0, &comms, &mut locks)
+    posting(|| {
+        let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
+        ordered_from(nccl, ops, 0, &comms, &mut locks)
+    })
+}
+
+/// Held shared by every send, receive and group of this process while it posts (from before the
+/// communicators' call locks until NCCL has enqueued the work), and exclusively by a thread
+/// posting into a stream capture ([`PostingAlone`]): NCCL's launch into a capture and another
+/// thread's launch were seen to deadlock inside the driver (`docs/NCCL-BOUNDARY.md`, Tests).
+static POSTING: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Whether this thread holds [`POSTING`] exclusively (its own calls then take nothing).
+    static POSTING_ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `post` holding [`POSTING`] shared, unless this thread holds it alone.
+fn posting<R>(post: impl FnOnce() -> R) -> R {
+    if POSTING_ALONE.get() {
+        return post();
+    }
+    let _shared = POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    post()
+}
+
+/// [`POSTING`] held exclusively by this thread: while it lives, no other send or receive of the
+/// process is in progress, and this thread's own go ahead (for posting into a capture).
+pub(crate) struct PostingAlone {
+    _exclusive: RwLockWriteGuard<'static, ()>,
+}
+
+impl PostingAlone {
+    /// The lock, if no send or receive of the process is in progress now; never waits (a call
+    /// in progress may be waiting for a peer).
+    pub(crate) fn try_now() -> Option<PostingAlone> {
+        let exclusive = match POSTING.try_write() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        POSTING_ALONE.set(true);
+        Some(PostingAlone { _exclusive: exclusive })
+    }
+}
+
+impl Drop for PostingAlone {
+    fn drop(&mut self) {
+        POSTING_ALONE.set(false);
+    }
 }
 
 /// Orders `ops[at]` and, inside that, the rest in turn; the innermost issues the group. Each

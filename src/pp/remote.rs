@@ -14,8 +14,8 @@
 //! path. Once a byte count repeats, the receiver thread captures the receive into each slot for
 //! that count in a CUDA graph (on a stream nothing else uses) and from then on launches the
 //! graph, ordered like the call. A receive is captured only while no other NCCL call of the
-//! process is in progress (`NCCL_POSTING`); else it waits for a later step of its count. The
-//! graphs live in the link; each slot keeps two counts. A graph
+//! process is in progress (`nccl::PostingAlone`); else it waits for a later step of its count.
+//! The graphs live in the link; each slot keeps two counts. A graph
 //! of a slot's old memory (the slot grew) is dropped. NCCL's abort and destroy wait until every
 //! graph holding an operation of the communicator is destroyed, so a failing link destroys its
 //! graphs first (keeping the slots' memory alive until the abort has ended their runs), and a
@@ -46,7 +46,7 @@ use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -54,7 +54,7 @@ use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl, poll_pause};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
@@ -327,7 +327,7 @@ impl Sender {
             return Err(self.link.stopped().expect("failed above"));
         }
         control.written = Instant::now();
-        if let Err(e) = posting_then(|| self.link.comm.send(&self.tx_stream, &view, 1)) {
+        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.
             // A send that failed because the link failed meanwhile (its communicator aborted by
@@ -665,7 +665,7 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
 /// a copy that writes them: a launch of the receive captured for this slot and byte count when
 /// there is one; else, with `capture_stream` (graphs allowed) and a byte count that `repeated`
 /// the previous step's, the receive is captured now (on `capture_stream`, which nothing else
-/// uses; only while no other NCCL call of the process is in progress, see [`NCCL_POSTING`]) and
+/// uses; only while no other NCCL call of the process is in progress, see [`capture_receive`]) and
 /// launched; else NCCL's receive call. A capture whose graph writes other memory than
 /// the slot's (the slot grew since) is dropped. A failed capture fails the step (the link then
 /// fails): NCCL's state after a half-made capture is not trusted.
@@ -678,7 +678,7 @@ fn receive_step(
     repeated: bool,
 ) -> Result<()> {
     let Some(capture_stream) = capture_stream else {
-        return posting_then(|| link.comm.recv(recv_stream, dst, 0));
+        return link.comm.recv(recv_stream, dst, 0);
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
@@ -693,13 +693,10 @@ fn receive_step(
         }
         graphs.remove(at);
     }
-    let alone = if repeated { capturing_alone() } else { None };
-    let Some(alone) = alone else {
-        return posting_then(|| link.comm.recv(recv_stream, dst, 0));
+    let exec = if repeated { capture_receive(link, capture_stream, dst)? } else { None };
+    let Some(exec) = exec else {
+        return link.comm.recv(recv_stream, dst, 0);
     };
-    let exec = capture_receive(link, capture_stream, dst);
-    drop(alone);
-    let exec = exec?;
     if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
         let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
         graphs.remove(oldest);
@@ -710,41 +707,23 @@ fn receive_step(
     Ok(())
 }
 
-/// This process's NCCL calls that post a send or receive hold this lock shared; a receive being
-/// captured into a graph holds it exclusively, and is captured only when the lock is free at once
-/// (else that step is received by NCCL's call and the capture waits for a later step of the same
-/// size). So no other NCCL call of the process is in progress while NCCL launches a receive into
-/// a capture. Two ranks sharing one GPU stalled with such a pair in flight (NCCL's launch into
-/// the capture inside `cuStreamCreate`, another thread's NCCL send waiting on a driver lock;
-/// `docs/NCCL-BOUNDARY.md`, Tests). A capture waits for no peer (its byte count was received by
-/// NCCL's call before, so its connections exist), so a call waiting for a capture waits briefly,
-/// and a capture never waits for a lock.
-static NCCL_POSTING: RwLock<()> = RwLock::new(());
-
-/// Makes the NCCL send or receive call `call` holding [`NCCL_POSTING`] shared.
-fn posting_then<R>(call: impl FnOnce() -> R) -> R {
-    let _posting = NCCL_POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    call()
-}
-
-/// Holds [`NCCL_POSTING`] exclusively for one capture, if no NCCL call of the process is in
-/// progress now.
-fn capturing_alone() -> Option<RwLockWriteGuard<'static, ()>> {
-    match NCCL_POSTING.try_write() {
-        Ok(guard) => Some(guard),
-        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
-}
-
 /// Captures NCCL's receive into `dst` on `capture_stream` (relaxed mode: other threads' calls
-/// are unaffected) and instantiates it.
-fn capture_receive(link: &Link, capture_stream: &Arc<CudaStream>, dst: &mut CudaViewMut<'_, u8>) -> Result<GraphExec> {
+/// are unaffected) and instantiates it; `None`, with nothing done, while another NCCL call of the
+/// process is in progress (NCCL's launch into a capture beside another launch was seen to
+/// deadlock inside the driver, see [`PostingAlone`]).
+fn capture_receive(
+    link: &Link,
+    capture_stream: &Arc<CudaStream>,
+    dst: &mut CudaViewMut<'_, u8>,
+) -> Result<Option<GraphExec>> {
+    let Some(_alone) = PostingAlone::try_now() else {
+        return Ok(None);
+    };
     let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
     let captured = link.comm.recv(capture_stream, dst, 0);
     let graph = capture.end();
     captured?;
-    graph?.instantiate()
+    graph?.instantiate().map(Some)
 }
 
 enum Record {
@@ -1015,7 +994,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         if sending {
             let watch = clone(&socket)?;
             // The probe proves the link (and makes NCCL connect now, not in the first step).
-            posting_then(|| link.comm.send(&local.stream, &probe, 1))?;
+            link.comm.send(&local.stream, &probe, 1)?;
             wait_for_probe(&link, &local.stream, &socket, watched)?;
             let control = Mutex::new(SendControl { socket, step: 0, closed: false, written: Instant::now() });
             let sender = Sender {
@@ -1030,7 +1009,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
         } else {
             let recv_stream = CudaStream::new(&local.ctx)?;
             let mut probe = probe;
-            posting_then(|| link.comm.recv(&recv_stream, &mut probe, 0))?;
+            link.comm.recv(&recv_stream, &mut probe, 0)?;
             wait_for_probe(&link, &recv_stream, &socket, watched)?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
             links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
