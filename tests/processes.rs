@@ -129,9 +129,8 @@ struct Launch<'a> {
 
 impl Launch<'_> {
     /// Starts one child per rank; rank r sees GPU r only.
-    fn spawn(&self, dir: &Path) -> Vec<Child> {
+    fn spawn(&self, dir: &Path, port: u16) -> Vec<Child> {
         let world = self.ranks.iter().max().unwrap() + 1;
-        let port = free_port();
         let exe = std::env::current_exe().unwrap();
         let devices = vec!["0"; self.ranks.len()].join(",");
         let shared = sharing_one_gpu();
@@ -191,9 +190,31 @@ impl Launch<'_> {
             .collect()
     }
 
-    /// Runs the ranks to the end (at most `limit`); returns each rank's (success, output).
+    /// Runs the ranks to the end (at most `limit` a launch); returns each rank's (success,
+    /// output). The rendezvous port is one the system handed out and the harness closed again, so
+    /// another process (NCCL's own sockets included, seen with six test processes at once) can take
+    /// it before rank 0 listens: rank 0 then fails with the typed `Address` error naming it and
+    /// the launch is made again on another port, at most three times.
     fn run(&self, dir: &Path, limit: Duration) -> Vec<(bool, String)> {
-        let mut children = self.spawn(dir);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_port();
+            let results = self.run_on(dir, limit, port);
+            let taken = format!("Address {{ addr: \"127.0.0.1:{port}\", reason: \"Address already in use");
+            if attempt < 3 && results.first().is_some_and(|(ok, output)| !ok && output.contains(&taken)) {
+                say(&format!(
+                    "{} ranks {:?}: port {port} was taken before rank 0 listened; launching again",
+                    self.mode, self.ranks
+                ));
+                continue;
+            }
+            return results;
+        }
+    }
+
+    fn run_on(&self, dir: &Path, limit: Duration, port: u16) -> Vec<(bool, String)> {
+        let mut children = self.spawn(dir, port);
         let started = Instant::now();
         let deadline = started + limit;
         // A launch with a rank under a sanitizer is slow, not stalled.
@@ -644,7 +665,7 @@ fn a_rank_that_dies_during_setup_is_a_typed_error_in_the_other() {
 fn die_during_setup(name: &str, faults: &[(usize, &str)]) -> (Option<Duration>, String) {
     let dir = scratch(name);
     let launch = Launch { mode: "setup", setup_faults: faults, ..pipeline_launch(&[0, 1], 2, 0, false) };
-    let mut children = launch.spawn(&dir);
+    let mut children = launch.spawn(&dir, free_port());
     let mut victim = children.pop().unwrap();
     let mut survivor = children.pop().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -684,7 +705,7 @@ fn running_ranks(name: &str, seed: u64, peer_timeout_ms: Option<u64>, ignore_sil
         ignore_silence,
         ..pipeline_launch(&[0, 1, 0], 2, u64::MAX, false)
     };
-    let mut children = launch.spawn(&dir);
+    let mut children = launch.spawn(&dir, free_port());
     let running = dir.join("running");
     let deadline = Instant::now() + Duration::from_secs(120);
     while !running.exists() {
