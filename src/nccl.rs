@@ -140,6 +140,17 @@ pub enum NcclError {
         /// How long it was waited for.
         waited: Duration,
     },
+    /// NCCL's abort of a communicator did not return within the bound (NCCL waits in it for a
+    /// thread of its own, which may be stuck inside the driver). The communicator is abandoned:
+    /// refused to every later call, never destroyed, its memory left to NCCL; the abort goes on
+    /// in a thread of its own.
+    #[error("{what}: ncclCommAbort did not return within {waited:?}; the communicator was abandoned")]
+    AbortStuck {
+        /// The call that aborted.
+        what: &'static str,
+        /// How long the abort was waited for.
+        waited: Duration,
+    },
     /// A [`group`] of more operations than [`MAX_GROUP_OPS`].
     #[error("nccl::group: {ops} operations, more than the {max} one group takes")]
     GroupTooLarge {
@@ -403,6 +414,47 @@ pub(crate) fn poll_pause(polls: &mut u32) {
         std::thread::yield_now();
     } else {
         std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The longest wait for NCCL's abort of a communicator ([`NcclError::AbortStuck`] after it).
+pub const ABORT_BOUND: Duration = Duration::from_secs(10);
+
+/// A communicator handle sent to the thread that aborts it.
+struct AbortedHandle(ncclComm_t);
+
+// SAFETY: an NCCL communicator may be used from any thread; the handle moves to the thread that
+// aborts it, and nothing else uses it from then on (its owner refuses every later call).
+unsafe impl Send for AbortedHandle {}
+
+/// Calls `ncclCommAbort(raw)` (in `ctx`) and waits for it at most `bound`: NCCL's abort waits for
+/// its own threads, and one stuck inside the driver would keep the caller for ever. The abort
+/// runs on a thread of its own, which is left to finish when the bound passes
+/// ([`NcclError::AbortStuck`], for `what`); where no thread can be started, on the caller's.
+/// `raw` must be live and this its last use.
+fn abort_within(
+    nccl: &'static Nccl,
+    ctx: &Arc<Context>,
+    raw: ncclComm_t,
+    bound: Duration,
+    what: &'static str,
+) -> Result<ncclResult_t> {
+    let abort = move |handle: AbortedHandle, ctx: Arc<Context>| {
+        let _bound = ctx.bind()?;
+        // Contract: the communicator is live and this is its last use (the caller's).
+        nccl_result!(nccl, ncclCommAbort(handle.0))
+    };
+    let (done, result) = std::sync::mpsc::channel();
+    let (handle, thread_ctx) = (AbortedHandle(raw), Arc::clone(ctx));
+    let started = std::thread::Builder::new().name("ppnrt-nccl-abort".into()).spawn(move || {
+        let _ = done.send(abort(handle, thread_ctx));
+    });
+    if started.is_err() {
+        return abort(AbortedHandle(raw), Arc::clone(ctx));
+    }
+    match result.recv_timeout(bound) {
+        Ok(aborted) => aborted,
+        Err(_) => Err(Error::Nccl(NcclError::AbortStuck { what, waited: bound })),
     }
 }
 
@@ -781,11 +833,16 @@ impl NcclComm {
         }
         **aborted = true;
         let nccl = nccl()?;
-        let _bound = self.ctx.bind()?;
-        // Contract: the communicator is live (not aborted before, checked under the lock every
-        // call holds) and this is its last use: the flag set above refuses every later call.
-        let result = nccl_result!(nccl, ncclCommAbort(self.raw))?;
+        // The communicator is live (not aborted before, checked under the lock every call holds)
+        // and this is its last use: the flag set above refuses every later call, and the drop.
+        let result = abort_within(nccl, &self.ctx, self.raw, self.abort_bound(), "NcclComm::abort_now")?;
         self.check_teardown(nccl, "ncclCommAbort", result)
+    }
+
+    /// How long an abort of this communicator is waited for: its background bound, at most
+    /// [`ABORT_BOUND`].
+    fn abort_bound(&self) -> Duration {
+        self.background_bound.map_or(ABORT_BOUND, |bound| bound.min(ABORT_BOUND))
     }
 
     /// Maps the result of the abort or destroy `call`: a non-blocking communicator may finish
@@ -1067,7 +1124,7 @@ impl Drop for NcclComm {
             let (call, result) = if finalized {
                 ("ncclCommDestroy", nccl_result!(nccl, ncclCommDestroy(self.raw))?)
             } else {
-                ("ncclCommAbort", nccl_result!(nccl, ncclCommAbort(self.raw))?)
+                ("ncclCommAbort", abort_within(nccl, &self.ctx, self.raw, self.abort_bound(), "NcclComm::drop")?)
             };
             self.check_teardown(nccl, call, result)
         });

@@ -232,11 +232,52 @@ fn a_background_call_that_never_completes_times_out_and_aborts() {
     assert_eq!(output.lines().filter(|line| line.contains("STALLED")).count(), 2, "{output}");
 }
 
+/// An abort that never returns (NCCL's waits for a thread of its own, which may be stuck inside
+/// the driver) keeps no caller: the call whose background work timed out returns its
+/// `NcclError::TimedOut` one abort bound later, the abort is reported as
+/// `NcclError::AbortStuck`, the communicator refuses every later call and its drop returns at
+/// once. Through the doubles only; the ranks run in a child process whose NCCL double stalls the
+/// connection and never returns from `ncclCommAbort`, and which must end within 60 s.
+#[test]
+fn an_abort_that_never_returns_keeps_no_caller() {
+    let test = "an_abort_that_never_returns_keeps_no_caller";
+    if !double::doubles_unless_a_gpu() {
+        say(&format!("SKIPPED {test}: needs the NCCL double, whose abort can hang (a GPU is present)"));
+        return;
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["stalled_connection_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("PPNRT_NCCL_DOUBLE_STALL_CONNECT", "1")
+        .env("PPNRT_NCCL_DOUBLE_ABORT_HANGS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("{test}: the child hung (an abort kept its caller):\n{}", String::from_utf8_lossy(&out.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{test}: the child failed:\n{output}");
+    for line in output.lines().filter_map(|line| line.find("STALLED").map(|at| &line[at..])) {
+        say(&format!("{test}: {line}"));
+    }
+    assert_eq!(output.lines().filter(|line| line.contains("abort stuck")).count(), 2, "{output}");
+}
+
 #[test]
 #[ignore = "the child of a_background_call_that_never_completes_times_out_and_aborts"]
 fn stalled_connection_child() {
     assert!(std::env::var_os("PPNRT_NCCL_DOUBLE_STALL_CONNECT").is_some(), "run through the parent test");
     assert!(double::doubles_unless_a_gpu());
+    // With the double's abort hanging, each call that times out also waits one bound for it.
+    let abort_hangs = std::env::var_os("PPNRT_NCCL_DOUBLE_ABORT_HANGS").is_some();
     let id = NcclUniqueId::new().unwrap();
     let bytes = id.to_bytes();
     let bound = Duration::from_secs(1);
@@ -255,11 +296,25 @@ fn stalled_connection_child() {
                     Err(Error::Nccl(NcclError::TimedOut { waited, .. })) if waited == bound => {}
                     other => panic!("rank {rank}: expected TimedOut, got {other:?}"),
                 }
-                assert!(took >= bound && took < bound * 5, "rank {rank}: the call took {took:?}");
+                let least = if abort_hangs { bound * 2 } else { bound };
+                assert!(took >= least && took < bound * 5, "rank {rank}: the call took {took:?}");
                 let next = comm.send(&stream, &buf, 1 - rank);
                 assert!(matches!(next, Err(Error::Nccl(NcclError::Aborted { .. }))), "rank {rank}: {next:?}");
                 println!("STALLED rank {rank}: TimedOut after {took:?}, then Aborted");
+                if abort_hangs {
+                    let dropped = Instant::now();
+                    drop(comm);
+                    assert!(dropped.elapsed() < bound, "rank {rank}: the abandoned communicator's drop waited");
+                    println!("STALLED rank {rank}: abort stuck, communicator abandoned, dropped at once");
+                }
             });
         }
     });
+    if abort_hangs {
+        let stuck = ppnrt::take_drop_errors()
+            .into_iter()
+            .filter(|e| matches!(e, Error::Nccl(NcclError::AbortStuck { waited, .. }) if *waited == bound))
+            .count();
+        assert_eq!(stuck, 2, "each rank's abort is reported as AbortStuck");
+    }
 }

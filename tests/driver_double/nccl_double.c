@@ -24,7 +24,8 @@
  *   buffer, so a stream waits for its receive as a GPU's does, and captured into a graph, each
  *   launch receives the next message. Device memory is host memory in the double.
  * - ncclCommAbort ends the connection: a receive waiting then runs with its buffer as it was (cut
- *   short), later calls fail. A peer that vanished (the connection ended without an abort) is an
+ *   short), later calls fail. PPNRT_NCCL_DOUBLE_ABORT_HANGS=1 makes it never return instead, as
+ *   NCCL's abort waits for a thread of its own that is stuck (inside the driver, say). A peer that vanished (the connection ended without an abort) is an
  *   asynchronous error (ncclRemoteError).
  * - The version is 2.28.9, so graph launches may mix with calls on one communicator. */
 #define _GNU_SOURCE
@@ -606,6 +607,10 @@ static void end(Comm* c, int aborting) {
 
 ncclResult_t ncclCommAbort(Comm* comm) {
     if (!comm) return INVALID_ARGUMENT;
+    const char* hangs = getenv("PPNRT_NCCL_DOUBLE_ABORT_HANGS");
+    if (hangs && strcmp(hangs, "1") == 0) {
+        for (;;) pause();
+    }
     end(comm, 1);
     return SUCCESS;
 }
