@@ -76,3 +76,5 @@ run posting-apart src/nccl.rs "    let _shared = POSTING.read().unwrap_or_else(|
 run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };" "    let owner = rx_stream;" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
+# NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
+run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl

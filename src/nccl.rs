@@ -15,7 +15,9 @@
 //! NCCL's *non-blocking* kind: NCCL joins it, and connects it to a peer at its first send or
 //! receive, in the background, and every call here waits for that to finish (polling, with a
 //! bound) before it returns, so a call still returns with its work enqueued, as a blocking
-//! communicator's does, and a peer that dies or stops meanwhile cannot block it for ever.
+//! communicator's does, and a peer that dies or stops meanwhile cannot block it for ever. An abort
+//! is waited for at most [`ABORT_BOUND`] too: NCCL's waits for NCCL's own threads, and past the
+//! bound the communicator is abandoned ([`NcclError::AbortStuck`]).
 //!
 //! Lifetime: the library stays loaded for the process; a [`NcclComm`] holds its device's context
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
