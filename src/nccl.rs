@@ -461,10 +461,12 @@ fn abort_within(
 }
 
 /// A communicator being joined: aborted when dropped unless its handle was taken (the join
-/// succeeded).
-struct JoinInProgress<'n> {
-    nccl: &'n Nccl,
+/// succeeded); the abort is waited for at most `bound` ([`abort_within`]).
+struct JoinInProgress<'c> {
+    nccl: &'static Nccl,
+    ctx: &'c Arc<Context>,
     raw: ncclComm_t,
+    bound: Duration,
 }
 
 impl Drop for JoinInProgress<'_> {
@@ -472,8 +474,8 @@ impl Drop for JoinInProgress<'_> {
         if self.raw.is_null() {
             return;
         }
-        // Contract: the communicator was made by the join and nothing else holds it.
-        let aborted = nccl_result!(self.nccl, ncclCommAbort(self.raw));
+        // The communicator was made by the join, nothing else holds it, and this is its last use.
+        let aborted = abort_within(self.nccl, self.ctx, self.raw, self.bound, "NcclComm::init_rank_watched");
         if let Err(e) = aborted {
             record_drop_error(e);
         }
@@ -658,7 +660,7 @@ impl NcclComm {
         // through the call (NCCL copies it), and the device's context is current (bound above).
         let started = nccl_result!(nccl, ncclCommInitRankConfig(&mut raw, n_ranks, id.0, rank, &mut config))?;
         // Aborted on every way out but success: an error, or `keep_waiting` panicking.
-        let mut joining = JoinInProgress { nccl, raw };
+        let mut joining = JoinInProgress { nccl, ctx, raw, bound: settle_within.min(ABORT_BOUND) };
         match started {
             ncclResult_t::ncclSuccess => {}
             ncclResult_t::ncclInProgress if !raw.is_null() => poll_until_settled(nccl, raw, keep_waiting)?,
