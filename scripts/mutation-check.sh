@@ -78,3 +78,5 @@ run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Ncc
 run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
 run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
+# Graph mode across processes: a launch reads only the step its stage is at from another rank.
+run graph-step-order src/pp/runtime/step_graph.rs "&& ring.slots[k].step != remote_steps[s] {" "&& false {" processes

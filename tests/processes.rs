@@ -42,6 +42,8 @@ const DELAY_VAR: &str = "PPNRT_MP_MAX_DELAY_NS";
 const IGNORE_SILENCE_VAR: &str = "PPNRT_MP_IGNORE_SILENCE";
 /// A setup fault of one rank: `exit-before-comm-join` or `unwatched`.
 const SETUP_FAULT_VAR: &str = "PPNRT_MP_SETUP_FAULT";
+/// Graph mode: how long a rank waits before it captures its stages (ms).
+const CAPTURE_DELAY_VAR: &str = "PPNRT_MP_CAPTURE_DELAY_MS";
 const WAIT: Duration = Duration::from_secs(30);
 /// The longest random device delay injected around a boundary (unless the test sets another).
 const MAX_DELAY_NS: u64 = 40_000;
@@ -79,6 +81,21 @@ fn digest(values: &[f32]) -> u64 {
 /// The whole model on one engine (the graph tests' reference): the expected digest of every step.
 fn reference_digests(engine: &Engine, seed: u64, steps: u64) -> Vec<u64> {
     (0..steps).map(|t| digest(&graphs::reference(engine, &[input_of(seed, t)], |_| t as u32)[0])).collect()
+}
+
+/// The element count of every step in graph mode (one capture serves every step).
+const GRAPH_N: usize = 5000;
+
+fn graph_input_of(seed: u64, t: u64) -> Vec<f32> {
+    Rng::new(seed.rotate_left(17) ^ t).vec_f32(GRAPH_N)
+}
+
+/// The expected digests of a graph-mode launch: step t's input through the whole model with the
+/// step parameter of its slot (`t % slots`), as the captured graphs run it.
+fn graph_reference_digests(engine: &Engine, seed: u64, steps: u64, slots: usize) -> Vec<u64> {
+    (0..steps)
+        .map(|t| digest(&graphs::reference(engine, &[graph_input_of(seed, t)], |_| (t % slots as u64) as u32)[0]))
+        .collect()
 }
 
 fn nccl_or_skip(test: &str) -> bool {
@@ -403,7 +420,11 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         );
     }
     let got = read_digests(&dir);
-    let expected = reference_digests(engine, launch.seed, launch.steps);
+    let expected = if launch.mode == "graphs" {
+        graph_reference_digests(engine, launch.seed, launch.steps, launch.slots)
+    } else {
+        reference_digests(engine, launch.seed, launch.steps)
+    };
     assert_eq!(got.len(), expected.len(), "{name}: the last rank reported {} of {} steps", got.len(), launch.steps);
     let mismatches = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
     // Steps received through captured graphs, over every rank's inbound boundaries.
@@ -413,13 +434,14 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         .filter_map(|line| line.trim().strip_prefix("GRAPH-RECEIVES ")?.parse::<u64>().ok())
         .sum();
     say(&format!(
-        "{name}: ranks {:?}, {} slot(s), {}{}: {mismatches} mismatches in {} randomized steps, \
+        "{name}: ranks {:?}, {} slot(s), {}{}: {mismatches} mismatches in {} {} steps, \
          {graph_receives} cross-rank receives through captured graphs ({:.1} s)",
         launch.ranks,
         launch.slots,
         if through_doubles() { "through the NCCL double".to_string() } else { format!("NCCL via {transports:?}") },
         if launch.broken { ", protocol broken on purpose" } else { "" },
         launch.steps,
+        if launch.mode == "graphs" { "graph" } else { "randomized" },
         started.elapsed().as_secs_f64()
     ));
     // Steps come in runs of one length: the receiver threads must have used captured graphs,
@@ -468,6 +490,42 @@ fn a_broken_protocol_across_processes_is_caught() {
     let broken = Launch { broken: true, max_delay_ns: Some(1_000_000), ..pipeline_launch(&[0, 1], 2, 300, false) };
     let broken = mismatches_against_reference(&engine, "broken-long-delays", &broken);
     assert!(broken > 0, "rx without waiting for the receive went unnoticed");
+}
+
+/// Graph mode across processes: each rank captures its own stages' step once (`capture_step`)
+/// and replays it (`launch`: this rank's stages in turn, each waiting for its input from the
+/// rank before); the outputs are bitwise one engine's. The same with the protocol broken on
+/// purpose (a stage's graph launched without waiting for the receive from the other rank,
+/// behind a 1 ms spin before each send) mismatches.
+#[test]
+fn graph_mode_across_processes_matches_one_engine_bitwise() {
+    let test = "graph_mode_across_processes_matches_one_engine_bitwise";
+    let Some(engine) = ready(test) else { return };
+    let graphs = |ranks, slots, steps| Launch { mode: "graphs", ..pipeline_launch(ranks, slots, steps, false) };
+    for (name, ranks, slots, steps) in [
+        ("graphs-2-stages", &[0, 1][..], 2, 500),
+        ("graphs-4-contiguous", &[0, 0, 1, 1][..], 2, 300),
+        ("graphs-4-alternating", &[0, 1, 0, 1][..], 3, 300),
+    ] {
+        let mismatches = mismatches_against_reference(&engine, name, &graphs(ranks, slots, steps));
+        assert_eq!(mismatches, 0, "{name}: graph steps differ from one engine's");
+    }
+    // Rank 1 captures 300 ms late: rank 0's first steps have filled its slots by then, and its
+    // capture keeps them (its graphs read them first).
+    let late = [(1, CAPTURE_DELAY_VAR, "300")];
+    let late = Launch { rank_env: &late, ..graphs(&[0, 1], 2, 200) };
+    let mismatches = mismatches_against_reference(&engine, "graphs-rx-captures-late", &late);
+    assert_eq!(mismatches, 0, "graphs-rx-captures-late: graph steps differ from one engine's");
+    // An eager receive between graph steps is refused by the next launch, typed.
+    let dir = scratch("graph-order");
+    let order = Launch { mode: "graph-order", ..pipeline_launch(&[0, 1], 2, 0, false) };
+    let results = order.run(&dir, Duration::from_secs(120));
+    every_rank_ok("graph-order", &results);
+    assert!(results[1].1.contains("GRAPH-STEP-ORDER refused"), "{}", results[1].1);
+    say("graph-order: an eager rx between graph steps: the next launch is refused with GraphStepOrder");
+    let broken = Launch { broken: true, max_delay_ns: Some(1_000_000), ..graphs(&[0, 1], 2, 200) };
+    let broken = mismatches_against_reference(&engine, "graphs-broken", &broken);
+    assert!(broken > 0, "a graph launched without waiting for the receive went unnoticed");
 }
 
 #[test]
@@ -825,6 +883,8 @@ fn child_rank() {
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
     match mode.as_str() {
         "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
+        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir),
+        "graph-order" => graph_order(&rt, &primary),
         "contract" => contract(&rt, &primary),
         "slow-post" => slow_post(&rt, &primary),
         "grow-in-capture" => grow_in_capture(&rt, &primary, &dir),
@@ -897,6 +957,111 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
     println!("GRAPH-RECEIVES {graph_receives}");
     if rt.owns_stage(rt.n_stages() - 1) {
         std::fs::write(dir.join("digests"), digests).unwrap();
+    }
+}
+
+/// Graph mode: this rank's stages captured once, step parameter = the slot, then `steps` graph
+/// steps; the last stage's rank reads each output back and writes the digests. A stage spins
+/// half the longest delay on its device after receiving and before sending.
+fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
+    let n = GRAPH_N;
+    let n_stages = rt.n_stages();
+    let last = n_stages - 1;
+    let spin_ns = max_delay_ns() / 2;
+    let mut acts: Vec<Option<ppnrt::CudaSlice<f32>>> = (0..n_stages)
+        .map(|s| {
+            rt.owns_stage(s).then(|| {
+                let _scope = rt.enter(s).unwrap();
+                let mut x = rt.engine(s, primary).unwrap().alloc_persistent::<f32>(n).unwrap();
+                rt.stage_stream(s).unwrap().memset_bytes(&mut x, 0).unwrap();
+                x
+            })
+        })
+        .collect();
+    if let Some(ms) = std::env::var(CAPTURE_DELAY_VAR).ok().and_then(|ms| ms.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let mut step = rt
+        .capture_step::<f32>(n, |stage| {
+            let s = stage.stage();
+            let engine = rt.engine(s, primary)?;
+            let x = acts[s].as_mut().expect("a stage of this rank");
+            if s > 0 {
+                if s % 2 == 1 {
+                    // In place: a kernel reads the slot itself inside the graph.
+                    engine.copy_with_sms(&stage.received()?, x)?;
+                } else {
+                    stage.rx_into(x)?;
+                }
+                engine.spin(spin_ns)?;
+            }
+            for layer in layers_of(s, n_stages) {
+                engine.toy_layer(x, stage.slot() as u32, layer)?;
+            }
+            if s + 1 < n_stages {
+                engine.spin(spin_ns)?;
+                stage.tx(x)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    println!("CHILD rank {}: {} graphs captured", rt.rank(), step.n_graphs());
+    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
+    let mut digests = String::new();
+    for t in 0..steps {
+        if let Some(input) = acts[0].as_mut() {
+            let _scope = rt.enter(0).unwrap();
+            rt.engine(0, primary).unwrap().htod_into(&graph_input_of(seed, t), input).unwrap();
+        }
+        step.launch().unwrap_or_else(|e| panic!("graph step {t} failed: {e}"));
+        if let Some(output) = acts[last].as_ref() {
+            let _scope = rt.enter(last).unwrap();
+            let engine = rt.engine(last, primary).unwrap();
+            let mut out = engine.alloc::<f32>(n).unwrap();
+            engine.dtod(output, &mut out).unwrap();
+            pending.push_back(rt.readback(out).unwrap());
+        }
+        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
+            let done = pending.pop_front().unwrap();
+            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+        }
+    }
+    drop(step);
+    rt.synchronize().unwrap();
+    let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
+    println!("GRAPH-RECEIVES {graph_receives}");
+    if rt.owns_stage(last) {
+        std::fs::write(dir.join("digests"), digests).unwrap();
+    }
+}
+
+/// Two stages, ranks [0, 1], 2 slots, graph mode: rank 0 launches 4 graph steps; rank 1 launches
+/// one, receives step 1 eagerly (`rx_wait`), and its next launch, which would read slot 1, finds
+/// step 3 there: `PpError::GraphStepOrder`, not step 3 read as step 1.
+fn graph_order(rt: &PpNRt, primary: &Engine) {
+    let n = 1000;
+    let s = rt.rank();
+    let _scope = rt.enter(s).unwrap();
+    let engine = rt.engine(s, primary).unwrap();
+    let mut x = engine.alloc_persistent::<f32>(n).unwrap();
+    engine.htod_into(&vec![1.5; n], &mut x).unwrap();
+    let mut step = rt
+        .capture_step::<f32>(n, |stage| if stage.stage() == 0 { stage.tx(&x) } else { stage.rx_into(&mut x) })
+        .unwrap();
+    if s == 0 {
+        for t in 0..4 {
+            assert_eq!(step.launch().unwrap(), t % 2);
+        }
+        return;
+    }
+    assert_eq!(step.launch().unwrap(), 0);
+    let eager = rt.rx_wait::<f32>(0, 1, n, WAIT).unwrap();
+    assert_eq!(engine.dtoh(&eager).unwrap(), vec![1.5; n]);
+    match step.launch() {
+        Err(Error::Pipeline(PpError::GraphStepOrder { boundary: 0, expected: 1, found: 3 })) => {
+            println!("GRAPH-STEP-ORDER refused: expected step 1, slot 1 holds step 3");
+        }
+        other => panic!("expected GraphStepOrder, got {other:?}"),
     }
 }
 

@@ -30,6 +30,8 @@ pub enum SlotState {
     /// Taken by [`PpNRt::capture_step`](crate::PpNRt::capture_step) while it captures the step's
     /// graphs.
     Capturing,
+    /// Being filled by a receive from another rank: the boundary's receiver thread is posting it.
+    Receiving,
 }
 
 impl SlotState {
@@ -48,6 +50,7 @@ impl fmt::Display for SlotState {
             SlotState::Discarded => f.write_str("free (discarded unreceived)"),
             SlotState::Lent => f.write_str("lent (received in place, its view still alive)"),
             SlotState::Capturing => f.write_str("taken by a capture of the step's graphs"),
+            SlotState::Receiving => f.write_str("being received from another rank"),
         }
     }
 }
@@ -231,7 +234,7 @@ pub enum PpError {
     },
     /// Graph mode ([`PpNRt::capture_step`](crate::PpNRt::capture_step)) does not support the
     /// boundary's transport (host-staged copies go through pinned host memory, which a graph
-    /// cannot hold; a boundary to another process checks each step's length on the host).
+    /// cannot hold).
     #[error("boundary {boundary}: graph mode does not support the {transport} transport")]
     GraphTransport {
         /// The boundary.
@@ -271,6 +274,20 @@ pub enum PpError {
         /// The slot the stage is at.
         found: usize,
     },
+    /// A stage's graph would read a slot of a boundary from another rank that holds another step
+    /// than the stage's next: an eager `rx` of that boundary moved past the graphs (on a rank of
+    /// a pipeline that spans processes, eager and graph steps do not interleave).
+    #[error(
+        "boundary {boundary}: the stage's graph expects step {expected} from the other rank, its slot holds step {found}"
+    )]
+    GraphStepOrder {
+        /// The boundary.
+        boundary: usize,
+        /// The step the stage is at.
+        expected: u64,
+        /// The step the slot holds.
+        found: u64,
+    },
     /// The step's graphs no longer match the runtime (a slot was reallocated by an eager `tx` of
     /// a larger length, or a re-capture failed): capture the step again.
     #[error("boundary {boundary}, slot {slot}: the step's graphs are stale (capture the step again)")]
@@ -293,5 +310,7 @@ mod tests {
         assert_eq!(SlotState::Received.to_string(), "free (already received)");
         assert_eq!(SlotState::Discarded.to_string(), "free (discarded unreceived)");
         assert!(!SlotState::Filled { n: 1, elem: "u8" }.is_free() && SlotState::Discarded.is_free());
+        assert_eq!(SlotState::Receiving.to_string(), "being received from another rank");
+        assert!(!SlotState::Receiving.is_free());
     }
 }

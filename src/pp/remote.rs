@@ -343,6 +343,11 @@ impl Sender {
         self.control.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// How many steps this end has sent.
+    pub(super) fn steps_sent(&self) -> u64 {
+        self.lock().step
+    }
+
     /// Clean close: sends the close record and waits, at most `timeout`, until the RX rank has
     /// received every step (its receives are complete). A link that cannot close is failed
     /// (aborted), so no send of it stays queued.

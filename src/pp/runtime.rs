@@ -56,16 +56,6 @@ enum BoundaryEnd {
     Foreign,
 }
 
-impl BoundaryEnd {
-    /// The ring of a boundary of a pipeline in one process (graph mode refuses others).
-    fn local_ring(&self) -> &Boundary {
-        match self {
-            BoundaryEnd::Ring(boundary) => boundary,
-            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => unreachable!("graph mode runs pipelines of one process"),
-        }
-    }
-}
-
 struct Stage {
     engine: Engine,
     stream: Arc<CudaStream>,
@@ -100,6 +90,8 @@ struct Boundary {
 struct Ring {
     next: usize,
     slots: Vec<Slot>,
+    /// For a boundary from another rank: how many steps its receiver thread filled in.
+    fills: u64,
 }
 
 /// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
@@ -109,6 +101,8 @@ struct Ring {
 struct Slot {
     state: SlotState,
     buffer: SlotBuffer,
+    /// For a boundary from another rank: the step the slot was last filled with.
+    step: u64,
 }
 
 enum SlotBuffer {
@@ -284,7 +278,7 @@ impl PpNRt {
                 };
                 let slots = (0..config.n_slots())
                     .map(|_| {
-                        let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty };
+                        let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty, step: 0 };
                         if config.reserved_bytes() > 0 {
                             grow(&mut slot.buffer, bp.transport, &tx_stream, &rx.stream, config.reserved_bytes())?;
                         }
@@ -300,7 +294,7 @@ impl PpNRt {
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
                     sm_copies,
-                    ring: Mutex::new(Ring { next: 0, slots }),
+                    ring: Mutex::new(Ring { next: 0, slots, fills: 0 }),
                     changed: Condvar::new(),
                     sleepers: AtomicUsize::new(0),
                     inbound,
@@ -426,19 +420,39 @@ impl PpNRt {
         }
     }
 
-    /// Every stage, for graph mode (a pipeline in one process: `capture_step` refuses others).
-    fn local_stages(&self) -> impl Iterator<Item = &Stage> {
-        self.stages.iter().map(|stage| stage.as_ref().expect("graph mode runs pipelines of one process"))
+    /// This rank's stages with their indices, for graph mode.
+    fn local_stages(&self) -> impl Iterator<Item = (usize, &Stage)> {
+        self.stages.iter().enumerate().filter_map(|(s, stage)| Some((s, stage.as_ref()?)))
     }
 
-    /// Every boundary's ring, for graph mode (as [`local_stages`](Self::local_stages)).
-    fn rings(&self) -> impl Iterator<Item = &Boundary> {
-        self.boundaries.iter().map(BoundaryEnd::local_ring)
+    /// Every ring of this rank (both stages here, or the RX stage here and a receiver thread
+    /// filling it from another rank) with its boundary, for graph mode.
+    fn rings(&self) -> impl Iterator<Item = (usize, &Boundary)> {
+        self.boundaries.iter().enumerate().filter_map(|(b, end)| match end {
+            BoundaryEnd::Ring(boundary) => Some((b, &**boundary)),
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => None,
+        })
     }
 
-    /// Boundary `b`'s ring, for graph mode (as [`local_stages`](Self::local_stages)).
+    /// Boundary `b`'s ring in this rank, for graph mode (see [`rings`](Self::rings)).
     fn ring(&self, b: usize) -> Option<&Boundary> {
-        self.boundaries.get(b).map(BoundaryEnd::local_ring)
+        match self.boundaries.get(b) {
+            Some(BoundaryEnd::Ring(boundary)) => Some(boundary),
+            _ => None,
+        }
+    }
+
+    /// Boundary `b`'s sending end, when this rank runs its TX stage and another its RX stage.
+    fn sender(&self, b: usize) -> Option<&Sender> {
+        match self.boundaries.get(b) {
+            Some(BoundaryEnd::Send(sender)) => Some(sender),
+            _ => None,
+        }
+    }
+
+    /// Whether other ranks run some of the stages.
+    fn spans_processes(&self) -> bool {
+        self.stages.iter().any(Option::is_none)
     }
 
     /// The rank of this process (0 in a pipeline of one process).
@@ -979,15 +993,22 @@ impl SlotFiller for Boundary {
         // released: growing the slot allocates, and posting the receive may wait (a graph launch
         // for its previous launch, NCCL for a connection it makes in the background). The RX
         // stage's `rx` of the other slots, and its bounded waits, go on meanwhile. This thread is
-        // the ring's only writer; the slot stays free, not filled, until its receive is posted.
+        // the ring's only writer; the slot is `Receiving` (not free, not filled) until its
+        // receive is posted, so that a capture of the step's graphs leaves it alone.
         let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
+        let was = std::mem::replace(&mut ring.slots[index].state, SlotState::Receiving);
         drop(ring);
         phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
         let mut ring = PpNRt::lock(self);
         ring.slots[index].buffer = buffer;
-        posted?;
+        if let Err(e) = posted {
+            ring.slots[index].state = was;
+            return Err(e);
+        }
         ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };
+        ring.slots[index].step = step.step;
+        ring.fills += 1;
         ring.next = (index + 1) % ring.slots.len();
         drop(ring);
         self.wake_sleepers();

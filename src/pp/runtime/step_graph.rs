@@ -10,6 +10,14 @@
 //! keeps each slot's copies in their own graph, and the ring's host-side state advances at every
 //! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely.
 //!
+//! In a pipeline that spans processes each rank captures and replays its own stages. A boundary
+//! from another rank is read in place from its ring, which the boundary's receiver thread fills:
+//! a launch waits for the slot's step to arrive, and checks that it is the step the stage is at
+//! ([`PpError::GraphStepOrder`] otherwise). A boundary to another rank cannot be captured (its
+//! record goes out on the host): the stage's graph copies the step into a buffer of the graphs,
+//! and the launch then sends that buffer as an eager `tx` would, on the stage's stream. Eager
+//! and graph steps do not interleave on such a rank.
+//!
 //! Lifetime: a [`StepGraphs`] borrows its runtime and holds every allocation its graphs touch
 //! (slot buffers included) until it drops. Threading: it is `Send + Sync`; the whole-step
 //! [`launch`](StepGraphs::launch) takes `&mut`, [`launch_stage`](StepGraphs::launch_stage) takes
@@ -41,10 +49,26 @@ pub struct StageCapture<'a, T: DeviceRepr> {
     stream: &'a Arc<CudaStream>,
     /// Boundary `stage - 1` and the slot this stage receives from.
     input: Option<(&'a Boundary, &'a CudaSlice<u8>)>,
-    /// Boundary `stage` and the slot this stage sends into.
-    output: Option<(&'a Boundary, &'a mut CudaSlice<u8>)>,
+    /// Where this stage sends: a slot of boundary `stage`, or the buffer sent to another rank.
+    output: Option<Output<'a>>,
     sent: bool,
     _elem: PhantomData<T>,
+}
+
+/// The first step a ring filled from another rank holds that was not read yet (steps fill its
+/// slots in turn).
+fn unread_from(ring: &Ring) -> u64 {
+    let unread = ring.slots.iter().filter(|slot| matches!(slot.state, SlotState::Filled { .. })).count();
+    ring.fills - unread as u64
+}
+
+/// Where a captured stage's `tx` goes.
+enum Output<'a> {
+    /// A slot of a ring of this rank.
+    Slot(&'a Boundary, &'a mut CudaSlice<u8>),
+    /// The buffer that, after each launch of the stage's graph, is sent to the rank of the next
+    /// stage (a boundary to another rank: its send cannot be captured).
+    Remote(&'a mut CudaSlice<u8>),
 }
 
 impl<T: DeviceRepr> StageCapture<'_, T> {
@@ -107,7 +131,9 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
         boundary.copy_within_device(self.stream, src, dst.as_view_mut().into_bytes())
     }
 
-    /// Sends `x[..n]` into this stage's boundary slot (the copy `tx` makes), once per stage.
+    /// Sends `x[..n]` into this stage's boundary slot (the copy `tx` makes), once per stage. For a
+    /// boundary to another rank, `x[..n]` is copied into a buffer of the step's graphs, which
+    /// [`StepGraphs::launch_stage`] sends after each launch.
     ///
     /// # Errors
     /// [`PpError::GraphStage`] for the last stage or a second `tx`; [`Error::OutOfBounds`] when
@@ -116,7 +142,7 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
     pub fn tx<S: DeviceSlice<T>>(&mut self, x: &S) -> Result<()> {
         let stage = self.stage;
         let n = self.n;
-        let Some((boundary, slot)) = self.output.as_mut() else {
+        let Some(output) = self.output.as_mut() else {
             return Err(Error::Pipeline(PpError::GraphStage {
                 stage,
                 problem: "the last stage has no boundary to tx into",
@@ -136,8 +162,11 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
             });
         }
         let src = x.as_view().slice(..n)?.into_bytes();
-        let dst = slot.slice_mut(..n * std::mem::size_of::<T>())?;
-        boundary.copy_into_slot(self.stream, src, dst)?;
+        let bytes = n * std::mem::size_of::<T>();
+        match output {
+            Output::Slot(boundary, slot) => boundary.copy_into_slot(self.stream, src, slot.slice_mut(..bytes)?)?,
+            Output::Remote(staging) => self.stream.memcpy_dtod(&src, &mut staging.slice_mut(..bytes)?)?,
+        }
         self.sent = true;
         Ok(())
     }
@@ -158,12 +187,19 @@ impl<T: DeviceRepr> std::fmt::Debug for StageCapture<'_, T> {
 pub struct StepGraphs<'rt, T: DeviceRepr> {
     rt: &'rt PpNRt,
     n: usize,
-    /// `[slot][stage]`; locked per launch (a stage's thread launches its own).
-    execs: Vec<Vec<Mutex<GraphExec>>>,
+    /// `[slot][stage]`, for this rank's stages; locked per launch (a stage's thread launches its
+    /// own).
+    execs: Vec<Vec<Option<Mutex<GraphExec>>>>,
     /// Each stage's next slot (advanced by every launch of its graph).
     next: Mutex<Vec<usize>>,
-    /// `[slot][boundary]`: the slot allocations the graphs were captured with.
-    slots: Vec<Vec<Arc<DeviceMemory>>>,
+    /// For each stage fed from another rank, the step its next launch reads.
+    remote_steps: Mutex<Vec<u64>>,
+    /// `[slot][boundary]`: the slot allocations of this rank's rings the graphs were captured
+    /// with.
+    slots: Vec<Vec<Option<Arc<DeviceMemory>>>>,
+    /// `[slot][boundary]`: for a boundary to another rank, the buffer its TX stage's graph
+    /// copies the step into, sent after each launch.
+    staging: Vec<Vec<Option<CudaSlice<u8>>>>,
     /// Set when a re-capture failed half-way: the graphs disagree with each other.
     stale: bool,
     _elem: PhantomData<T>,
@@ -173,13 +209,21 @@ pub struct StepGraphs<'rt, T: DeviceRepr> {
 /// states) when dropped, on every path.
 struct TakenSlots<'rt> {
     rt: &'rt PpNRt,
-    /// `[boundary][slot]`: the buffer and the state it had.
-    taken: Vec<Vec<(CudaSlice<u8>, SlotState)>>,
+    /// `[boundary]`: for this rank's rings, each slot's buffer and the state it had.
+    taken: Vec<Option<TakenRing>>,
 }
+
+/// A ring's slot buffers taken out for a capture, with the states they had.
+type TakenRing = Vec<(CudaSlice<u8>, SlotState)>;
+
+/// What a capture makes: `[slot][stage]` graphs of this rank's stages, the slot allocations
+/// (`[slot][boundary]`) and the buffers sent to other ranks (`[slot][boundary]`).
+type Captured = (Vec<Vec<Option<CudaGraph>>>, Vec<Vec<Option<Arc<DeviceMemory>>>>, Vec<Vec<Option<CudaSlice<u8>>>>);
 
 impl Drop for TakenSlots<'_> {
     fn drop(&mut self) {
-        for (boundary, taken) in self.rt.rings().zip(self.taken.drain(..)) {
+        for (b, taken) in self.taken.drain(..).enumerate() {
+            let (Some(taken), Some(boundary)) = (taken, self.rt.ring(b)) else { continue };
             let mut ring = PpNRt::lock(boundary);
             for (slot, (buffer, state)) in ring.slots.iter_mut().zip(taken) {
                 slot.buffer = SlotBuffer::Device(Arc::new(buffer));
@@ -198,7 +242,11 @@ impl PpNRt {
     /// kernels, and its send ([`StageCapture::tx`], required for every stage but the last). Every
     /// boundary carries `n` elements of `T`.
     ///
-    /// Capture between steps: every slot must be free (received or discarded). Buffers the body
+    /// Capture between steps: every slot must be free (received or discarded), except the slots
+    /// of a boundary from another rank, which may already hold later steps (kept, and read
+    /// first). In a pipeline that spans processes each rank captures its own stages; a stage
+    /// sending to another rank sends after each launch of its graph (see
+    /// [`StepGraphs::launch_stage`]). Buffers the body
     /// uses must be allocated before (an allocation during the capture is refused), and live as
     /// long as the graphs need them: the graphs hold them alive. Slots are grown to `n` elements
     /// first and stay allocated.
@@ -234,48 +282,78 @@ impl PpNRt {
     ///
     /// # Errors
     /// [`PpError::ZeroLength`]; [`PpError::GraphTransport`] for a host-staged boundary;
-    /// [`PpError::SlotState`] when a slot is not free; [`PpError::GraphStage`] when a stage broke
-    /// the step's rules; [`CaptureError`] when the body made a call that cannot be captured (the
-    /// runtime stays usable); the body's own error; the driver's error.
+    /// [`PpError::SlotState`] when a slot is not free; [`PpError::Timeout`] when a slot of a
+    /// boundary from another rank stays in its receive for the peer timeout;
+    /// [`PpError::GraphStage`] when a stage broke the step's rules; [`CaptureError`] when the body
+    /// made a call that cannot be captured (the runtime stays usable); the body's own error; the
+    /// driver's error.
     pub fn capture_step<T: DeviceRepr>(
         &self,
         n: usize,
         body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>,
     ) -> Result<StepGraphs<'_, T>> {
-        let (graphs, slots) = self.capture_graphs(n, body)?;
+        let (graphs, slots, staging) = self.capture_graphs(n, body)?;
         let mut execs = Vec::with_capacity(graphs.len());
-        for per_slot in &graphs {
+        for per_slot in graphs {
             let mut row = Vec::with_capacity(per_slot.len());
-            for (stage, graph) in self.local_stages().zip(per_slot) {
-                let mut exec = graph.instantiate()?;
-                exec.upload(&stage.stream)?;
-                row.push(Mutex::new(exec));
+            for (s, graph) in per_slot.into_iter().enumerate() {
+                row.push(match graph {
+                    Some(graph) => {
+                        let mut exec = graph.instantiate()?;
+                        exec.upload(&self.stage(s)?.stream)?;
+                        Some(Mutex::new(exec))
+                    }
+                    None => None,
+                });
             }
             execs.push(row);
         }
-        // Every ring is at the same slot: the capture needed them all free, and rings only move
-        // together (a step crosses every boundary once).
-        let first = self.rings().next().map_or(0, |boundary| PpNRt::lock(boundary).next);
+        // Every stage of this rank is at the same step: the capture needed the rings of this rank
+        // free, and they only move together (a step crosses every boundary once). That step's
+        // slot is a ring's `next` when both its stages run here; for a ring filled from another
+        // rank (which may have filled later steps already) it is the first step not yet read,
+        // and for a boundary to another rank the first step not yet sent.
+        let n_slots = self.n_slots() as u64;
+        let mut remote_steps = vec![0; self.n_stages()];
+        for (b, ring) in self.rings().filter(|(_, ring)| ring.inbound.is_some()) {
+            remote_steps[b + 1] = unread_from(&PpNRt::lock(ring));
+        }
+        let first = if let Some((_, ring)) = self.rings().find(|(_, ring)| ring.inbound.is_none()) {
+            PpNRt::lock(ring).next
+        } else if let Some(b) = self.rings().map(|(b, _)| b).next() {
+            (remote_steps[b + 1] % n_slots) as usize
+        } else if let Some(sender) = (0..self.boundaries.len()).find_map(|b| self.sender(b)) {
+            (sender.steps_sent() % n_slots) as usize
+        } else {
+            0
+        };
         let next = Mutex::new(vec![first; self.n_stages()]);
-        Ok(StepGraphs { rt: self, n, execs, next, slots, stale: false, _elem: PhantomData })
+        Ok(StepGraphs {
+            rt: self,
+            n,
+            execs,
+            next,
+            remote_steps: Mutex::new(remote_steps),
+            slots,
+            staging,
+            stale: false,
+            _elem: PhantomData,
+        })
     }
 
-    /// Captures `[slot][stage]` graphs of one step (see [`capture_step`](Self::capture_step)) and
-    /// returns them with the slot allocations they use (`[slot][boundary]`).
-    #[allow(clippy::type_complexity)]
+    /// Captures `[slot][stage]` graphs of one step of this rank's stages (see
+    /// [`capture_step`](Self::capture_step)) and returns them with the slot allocations they use
+    /// and the buffers they send to other ranks.
     fn capture_graphs<T: DeviceRepr>(
         &self,
         n: usize,
         mut body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>,
-    ) -> Result<(Vec<Vec<CudaGraph>>, Vec<Vec<Arc<DeviceMemory>>>)> {
+    ) -> Result<Captured> {
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
         }
         let bytes = byte_size::<T>("PpNRt::capture_step", n)?;
-        if let Some(b) = self.plan.boundaries.iter().find(|b| b.transport == Transport::Nccl) {
-            return Err(Error::Pipeline(PpError::GraphTransport { boundary: b.boundary, transport: "nccl" }));
-        }
-        for (b, boundary) in self.rings().enumerate() {
+        for (b, boundary) in self.rings() {
             if boundary.plan.transport == Transport::HostStaged {
                 return Err(Error::Pipeline(PpError::GraphTransport { boundary: b, transport: "host-staged" }));
             }
@@ -284,20 +362,43 @@ impl PpNRt {
                 boundary.rx_engine.helper_kernels()?;
             }
         }
-        let mut taken = self.take_slots(bytes)?;
         let n_slots = if self.boundaries.is_empty() { 1 } else { self.n_slots() };
-        let slots: Vec<Vec<Arc<DeviceMemory>>> =
-            (0..n_slots).map(|k| taken.taken.iter().map(|ring| Arc::clone(ring[k].0.memory())).collect()).collect();
+        // The buffers sent to other ranks, allocated before any capture begins.
+        let mut staging: Vec<Vec<Option<CudaSlice<u8>>>> = Vec::with_capacity(n_slots);
+        for _ in 0..n_slots {
+            let mut row = Vec::with_capacity(self.boundaries.len());
+            for b in 0..self.boundaries.len() {
+                row.push(match self.sender(b) {
+                    Some(_) => Some(CudaSlice::<u8>::alloc(&self.stage(b)?.stream, bytes)?),
+                    None => None,
+                });
+            }
+            staging.push(row);
+        }
+        let mut taken = self.take_slots(bytes)?;
+        let slots: Vec<Vec<Option<Arc<DeviceMemory>>>> = (0..n_slots)
+            .map(|k| {
+                let ring_slot = |ring: &TakenRing| Arc::clone(ring[k].0.memory());
+                taken.taken.iter().map(|ring| ring.as_ref().map(ring_slot)).collect()
+            })
+            .collect();
         let mut graphs = Vec::with_capacity(n_slots);
-        for k in 0..n_slots {
-            let mut row = Vec::with_capacity(self.n_stages());
-            for (s, stage) in self.local_stages().enumerate() {
+        for (k, staging_of_slot) in staging.iter_mut().enumerate() {
+            let mut row: Vec<Option<CudaGraph>> = (0..self.n_stages()).map(|_| None).collect();
+            for (s, stage) in self.local_stages() {
                 let capture = stage.stream.begin_capture(CaptureMode::ThreadLocal)?;
                 let (before, after) = taken.taken.split_at_mut(s);
-                let input =
-                    s.checked_sub(1).map(|b| (self.ring(b).expect("boundary b feeds stage s"), &before[b][k].0));
-                let output =
-                    after.first_mut().map(|ring| (self.ring(s).expect("stage s feeds boundary s"), &mut ring[k].0));
+                let input = s.checked_sub(1).map(|b| {
+                    let ring = before[b].as_ref().expect("the ring a stage reads is in its rank");
+                    (self.ring(b).expect("the ring a stage reads is in its rank"), &ring[k].0)
+                });
+                let output = match (after.first_mut().and_then(Option::as_mut), staging_of_slot.get_mut(s)) {
+                    (Some(ring), _) => {
+                        Some(Output::Slot(self.ring(s).expect("stage s feeds boundary s"), &mut ring[k].0))
+                    }
+                    (None, Some(Some(remote))) => Some(Output::Remote(remote)),
+                    (None, _) => None,
+                };
                 let has_output = output.is_some();
                 let mut capture_of_stage = StageCapture {
                     stage: s,
@@ -319,22 +420,46 @@ impl PpNRt {
                         problem: "the step did not tx into the stage's boundary",
                     }));
                 }
-                row.push(capture.end()?);
+                row[s] = Some(capture.end()?);
             }
             graphs.push(row);
         }
         drop(taken);
-        Ok((graphs, slots))
+        Ok((graphs, slots, staging))
     }
 
-    /// Takes every slot buffer out of its ring (grown to `bytes` first), leaving the slots
-    /// [`SlotState::Capturing`]; they come back when the returned value drops.
+    /// Takes every slot buffer out of this rank's rings (grown to `bytes` first), leaving the
+    /// slots [`SlotState::Capturing`]; they come back, with their states, when the returned
+    /// value drops. A ring's slots must be free, except that a ring filled from another rank may
+    /// hold steps not read yet (the other rank may be steps ahead): those keep their data. A
+    /// slot being received into is waited for (at most the peer timeout).
     fn take_slots(&self, bytes: usize) -> Result<TakenSlots<'_>> {
-        let mut taken = TakenSlots { rt: self, taken: Vec::with_capacity(self.boundaries.len()) };
-        for (b, boundary) in self.rings().enumerate() {
+        let mut taken = TakenSlots { rt: self, taken: (0..self.boundaries.len()).map(|_| None).collect() };
+        for (b, boundary) in self.rings() {
+            let from_another_rank = boundary.inbound.is_some();
             let mut ring = PpNRt::lock(boundary);
+            if from_another_rank {
+                let receiving = |ring: &Ring| ring.slots.iter().position(|slot| slot.state == SlotState::Receiving);
+                let timeout = self.config.peer_timeout_value();
+                let start = Instant::now();
+                while let Some(k) = receiving(&ring) {
+                    if start.elapsed() >= timeout {
+                        return Err(Error::Pipeline(PpError::Timeout {
+                            boundary: b,
+                            slot: k,
+                            call: "capture_step",
+                            waited: start.elapsed(),
+                            found: SlotState::Receiving,
+                        }));
+                    }
+                    ring = boundary.sleep(ring, timeout.saturating_sub(start.elapsed()));
+                }
+            }
             for (k, slot) in ring.slots.iter().enumerate() {
-                check_free(b, k, "capture_step", slot.state)?;
+                match slot.state {
+                    SlotState::Filled { .. } if from_another_rank && slot.buffer.holds(bytes) => {}
+                    state => check_free(b, k, "capture_step", state)?,
+                }
             }
             for slot in ring.slots.iter_mut() {
                 if !slot.buffer.holds(bytes) {
@@ -346,11 +471,11 @@ impl PpNRt {
                 let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
                     unreachable!("a device-transport slot grown above has a device buffer")
                 };
-                // A free slot is not lent: its buffer is not shared.
-                let buffer = Arc::into_inner(buffer).expect("a free slot's buffer is not shared");
+                // A free or filled slot is not lent: its buffer is not shared.
+                let buffer = Arc::into_inner(buffer).expect("a slot that is not lent has its buffer unshared");
                 row.push((buffer, std::mem::replace(&mut slot.state, SlotState::Capturing)));
             }
-            taken.taken.push(row);
+            taken.taken[b] = Some(row);
         }
         Ok(taken)
     }
@@ -361,13 +486,28 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// each on its stage's stream after the protocol's waits; no host synchronisation. Returns the
     /// slot used. The rings advance as one eager step's `tx`/`rx` would advance them.
     ///
+    /// In a pipeline that spans processes: this rank's stages in stage order, each as
+    /// [`launch_stage`](Self::launch_stage) with the peer timeout (a stage fed by another rank
+    /// waits for its step to arrive); returns the slot of this rank's first stage.
+    ///
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::GraphStale`], [`PpError::GraphOutOfStep`],
     /// [`PpError::SlotState`] (a slot still holds an unreceived eager `tx`). Else the driver's
-    /// error; stages launched before it keep their effect on the rings.
+    /// error; stages launched before it keep their effect on the rings. Across processes, as
+    /// [`launch_stage`](Self::launch_stage).
     pub fn launch(&mut self) -> Result<usize> {
         let rt = self.rt;
-        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.rings().map(PpNRt::lock).collect();
+        if rt.spans_processes() {
+            // This rank's stages in turn, each waiting for its input from another rank.
+            let timeout = rt.config.peer_timeout_value();
+            let mut first = None;
+            for (s, _) in rt.local_stages() {
+                let k = self.launch_stage(s, timeout)?;
+                first.get_or_insert(k);
+            }
+            return Ok(first.unwrap_or(0));
+        }
+        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.rings().map(|(_, boundary)| PpNRt::lock(boundary)).collect();
         let k = rings.first().map_or(0, |ring| ring.next);
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
@@ -387,19 +527,24 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
         next.iter_mut().for_each(|at| *at = k);
-        for (s, stage) in rt.local_stages().enumerate() {
+        for (s, stage) in rt.local_stages() {
             #[cfg(feature = "testing")]
             self.break_protocol(s.checked_sub(1).map(|b| &*rings[b]), rings.get(s).map(|ring| &**ring), k);
-            self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
             next[s] = (k + 1) % n_slots;
             let (before, after) = rings.split_at_mut(s);
             self.advance(before.last_mut().map(|ring| &mut **ring), after.first_mut().map(|ring| &mut **ring), k);
         }
         drop(rings);
-        for boundary in rt.rings() {
+        for (_, boundary) in rt.rings() {
             boundary.wake_sleepers();
         }
         Ok(k)
+    }
+
+    /// Stage `s`'s graph for slot `k` (a stage of this rank).
+    fn exec(&self, k: usize, s: usize) -> &Mutex<GraphExec> {
+        self.execs[k][s].as_ref().expect("graphs are captured for every stage of this rank")
     }
 
     /// Replays stage `s`'s part of its next step, for an engine that drives each stage from its
@@ -409,38 +554,51 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// [`launch`](Self::launch), and advances its slot. Returns the slot used. Every stage's
     /// thread calls it once per step; threads never wait for each other's GPU work on the host.
     ///
+    /// A stage fed by another rank waits for its step to arrive (the boundary's receiver thread
+    /// fills the slot) and reads it in place. A stage sending to another rank has its graph copy
+    /// the step into a buffer of the graphs, and after the launch sends that buffer as an eager
+    /// [`tx`](PpNRt::tx) sends (the step's record, then NCCL's send on the stage's stream).
+    ///
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::StageOutOfRange`], [`PpError::GraphStale`],
     /// [`PpError::Timeout`] (nothing to receive yet, or the slot to send into still taken),
     /// [`PpError::GraphOutOfStep`] (an eager step moved the ring, or another thread launched this
     /// stage's slot first), [`PpError::SlotState`] (an eager call took the slot meanwhile),
     /// [`PpError::RxLengthMismatch`] and [`PpError::RxTypeMismatch`] (an eager `tx` of another
-    /// length or type filled the slot). Else the driver's error.
+    /// length or type filled the slot), [`PpError::GraphStepOrder`] (an eager `rx` from another
+    /// rank moved past the graphs). Else the driver's error; a send to another rank that fails
+    /// after the launch fails its boundary ([`PpError::PeerFailed`]).
     pub fn launch_stage(&self, s: usize, timeout: Duration) -> Result<usize> {
         let rt = self.rt;
         let stage = rt.stage(s)?;
         let n_slots = self.execs.len();
-        // Between steps (every stage at the same slot) the stages follow the rings, which eager
-        // steps may have moved; within a step each stage keeps its own count. The first ring stays
-        // locked while the counts are compared: stage 0 moves that ring's `next` and its own count
-        // under that lock, so the two agree unless an eager step moved the ring. (Read before
-        // the counts' lock, the ring could be a step old by then and send a stage that is behind
-        // to a slot it has not reached.)
+        // Between steps (every stage of this rank at the same slot) the stages follow the rings,
+        // which eager steps may have moved; within a step each stage keeps its own count. The
+        // first ring of this rank whose two stages both run here stays locked while the counts
+        // are compared: its TX stage moves that ring's `next` and its own count under that lock,
+        // so the two agree unless an eager step moved the ring. (Read before the counts' lock,
+        // the ring could be a step old by then and send a stage that is behind to a slot it has
+        // not reached.) A ring filled from another rank is not followed: its receiver thread
+        // runs ahead of the stage that reads it; the step each of its slots holds is checked
+        // instead.
         let k = {
-            let first_ring = rt.rings().next().map(PpNRt::lock);
+            let followed = rt.rings().find(|(_, boundary)| boundary.inbound.is_none()).map(|(_, b)| PpNRt::lock(b));
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if next.iter().all(|at| *at == next[0]) {
-                let rings_at = first_ring.as_deref().map_or(0, |ring| ring.next);
-                next.iter_mut().for_each(|at| *at = rings_at);
+            let between_steps = rt.local_stages().all(|(t, _)| next[t] == next[s]);
+            if between_steps && (followed.is_some() || !rt.spans_processes()) {
+                let rings_at = followed.as_deref().map_or(0, |ring| ring.next);
+                rt.local_stages().for_each(|(t, _)| next[t] = rings_at);
             }
             next[s]
         };
         let start = Instant::now();
         let left = || timeout.saturating_sub(start.elapsed());
-        // Parks until the input slot is filled by stage s - 1, then until the output slot is free;
-        // each wait holds one ring's lock at a time.
+        // Parks until the input slot is filled by stage s - 1 (or by the receiver thread of a
+        // boundary from another rank), then until the output slot is free; each wait holds one
+        // ring's lock at a time. A boundary to another rank has no ring here: its sends are
+        // ordered after the graph's copy into the buffer they send, on the stage's stream.
         if s > 0 {
-            let boundary = rt.ring(s - 1).expect("stage s has a boundary before it");
+            let boundary = rt.ring(s - 1).expect("the ring a stage of this rank reads is in this rank");
             let ring = PpNRt::wait_until(s - 1, "rx", boundary, PpNRt::lock(boundary), left(), |_| k)?;
             // An input of another length or type is refused now, not after waiting for the output.
             check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
@@ -451,14 +609,23 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // Both rings, in boundary order (as every caller locks them), checked and updated around
         // the launch under their locks: a call from another thread between the waits and here
         // (an eager `rx` or `tx` on these slots) is caught, not raced.
-        let mut input = s.checked_sub(1).map(|b| PpNRt::lock(rt.ring(b).expect("stage s has a boundary before it")));
+        let input_ring = s.checked_sub(1).and_then(|b| rt.ring(b));
+        let mut input = input_ring.map(PpNRt::lock);
         let mut output = rt.ring(s).map(PpNRt::lock);
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
+        let mut remote_steps = self.remote_steps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(ring) = input.as_deref() {
             check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
             self.check_captured(ring, s - 1, k)?;
+            if input_ring.is_some_and(|boundary| boundary.inbound.is_some()) && ring.slots[k].step != remote_steps[s] {
+                return Err(Error::Pipeline(PpError::GraphStepOrder {
+                    boundary: s - 1,
+                    expected: remote_steps[s],
+                    found: ring.slots[k].step,
+                }));
+            }
         }
         if let Some(ring) = output.as_deref() {
             if ring.next != k {
@@ -469,8 +636,12 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         #[cfg(feature = "testing")]
         self.break_protocol(input.as_deref(), output.as_deref(), k);
-        self.execs[k][s].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+        self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
+        if input_ring.is_some_and(|boundary| boundary.inbound.is_some()) {
+            remote_steps[s] += 1;
+        }
+        drop(remote_steps);
         self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
@@ -478,13 +649,19 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                 boundary.wake_sleepers();
             }
         }
+        // A boundary to another rank: the step's record and NCCL's send of the buffer the graph
+        // just filled, on the stage's stream (so after the graph), as an eager `tx` sends.
+        if let (Some(sender), Some(Some(staging))) = (rt.sender(s), self.staging[k].get(s)) {
+            let sent = staging.as_view().first_as::<T>("StepGraphs::launch_stage", self.n)?;
+            sender.tx(&sent, self.n)?;
+        }
         Ok(k)
     }
 
     /// Checks that boundary `b`'s slot `k` still has the allocation the graphs were captured with.
     fn check_captured(&self, ring: &Ring, b: usize, k: usize) -> Result<()> {
-        match &ring.slots[k].buffer {
-            SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => Ok(()),
+        match (&ring.slots[k].buffer, &self.slots[k][b]) {
+            (SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(()),
             _ => Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
         }
     }
@@ -529,10 +706,13 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// were; when updating fails half-way, the graphs are stale ([`PpError::GraphStale`] on
     /// launch) until a re-capture succeeds.
     pub fn recapture(&mut self, n: usize, body: impl FnMut(&mut StageCapture<'_, T>) -> Result<()>) -> Result<()> {
-        let (graphs, slots) = self.rt.capture_graphs(n, body)?;
+        let (graphs, slots, staging) = self.rt.capture_graphs(n, body)?;
         self.stale = true;
         for (per_slot, execs) in graphs.iter().zip(self.execs.iter_mut()) {
-            for ((graph, exec), stage) in per_slot.iter().zip(execs.iter_mut()).zip(self.rt.local_stages()) {
+            for (s, stage) in self.rt.local_stages() {
+                let (Some(graph), Some(exec)) = (&per_slot[s], execs[s].as_mut()) else {
+                    unreachable!("graphs are captured for every stage of this rank")
+                };
                 let exec = exec.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
                 match exec.update(graph) {
                     Ok(()) => {}
@@ -547,6 +727,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         self.n = n;
         self.slots = slots;
+        self.staging = staging;
         self.stale = false;
         Ok(())
     }
@@ -558,7 +739,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
 
     /// How many graphs the step holds (stages × slots).
     pub fn n_graphs(&self) -> usize {
-        self.execs.iter().map(Vec::len).sum()
+        self.execs.iter().flatten().filter(|exec| exec.is_some()).count()
     }
 }
 
