@@ -1004,6 +1004,8 @@ impl SlotFiller for Boundary {
         ring.slots[index].buffer = buffer;
         if let Err(e) = posted {
             ring.slots[index].state = was;
+            drop(ring);
+            self.wake_sleepers();
             return Err(e);
         }
         ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };

@@ -443,6 +443,9 @@ impl PpNRt {
                 let timeout = self.config.peer_timeout_value();
                 let start = Instant::now();
                 while let Some(k) = receiving(&ring) {
+                    if let Some(failed) = boundary.inbound.as_ref().and_then(|link| link.stopped()) {
+                        return Err(failed);
+                    }
                     if start.elapsed() >= timeout {
                         return Err(Error::Pipeline(PpError::Timeout {
                             boundary: b,
