@@ -13,13 +13,17 @@
 //! with `readback` (overlapping the next steps) and checks it bitwise against one engine
 //! running the whole model. Exit status 0 when identical, 1 on a mismatch or error, 2 without a
 //! GPU.
+//!
+//! `--graph` runs each step as CUDA graphs: every rank captures its own stages once
+//! (`capture_step`, one graph per stage per ring slot; a layer's step parameter is then the
+//! slot) and replays them (`launch`); boundaries between ranks stay NCCL's, around the graphs.
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ppnrt::pp::PendingReadback;
-use ppnrt::{Device, Engine, PpConfig, PpNRt};
+use ppnrt::{CudaSlice, Device, Engine, PpConfig, PpNRt};
 
 const LAYERS: u32 = 12;
 const N: usize = 8192;
@@ -35,12 +39,14 @@ fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
 
 fn run() -> Result<(), String> {
     let mut steps = 200;
+    let mut graph = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         match flag.as_str() {
             "--steps" => steps = args.next().and_then(|v| v.parse().ok()).ok_or("--steps needs a number")?,
+            "--graph" => graph = true,
             "--bench" => {}
-            other => return Err(format!("unknown flag {other} (usage: processes [--steps N])")),
+            other => return Err(format!("unknown flag {other} (usage: processes [--steps N] [--graph])")),
         }
     }
     let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
@@ -53,10 +59,13 @@ fn run() -> Result<(), String> {
     let timeout = Duration::from_secs(60);
     let mut pending: VecDeque<(usize, PendingReadback<f32>)> = VecDeque::new();
     let (mut checked, started) = (0, Instant::now());
+    // The step parameter of a layer: the step, or in graph mode the slot (fixed in each graph).
+    let n_slots = rt.n_slots();
+    let parameter = move |step: usize| if graph { (step % n_slots) as u32 } else { step as u32 };
     let mut check = |step: usize, values: &[f32]| -> Result<(), String> {
         let mut x = primary.htod(&input(step)).map_err(chain)?;
         for layer in 0..LAYERS {
-            primary.toy_layer(&mut x, step as u32, layer).map_err(chain)?;
+            primary.toy_layer(&mut x, parameter(step), layer).map_err(chain)?;
         }
         let expected = primary.dtoh(&x).map_err(chain)?;
         if expected.iter().zip(values).any(|(a, b)| a.to_bits() != b.to_bits()) {
@@ -65,7 +74,52 @@ fn run() -> Result<(), String> {
         checked += 1;
         Ok(())
     };
-    for step in 0..steps {
+    if graph {
+        // Persistent activations of this rank's stages, allocated before the capture.
+        let mut acts: Vec<Option<CudaSlice<f32>>> = Vec::new();
+        for s in 0..n_stages {
+            acts.push(match rt.owns_stage(s) {
+                true => Some(rt.engine(s, &primary).map_err(chain)?.alloc_persistent::<f32>(N).map_err(chain)?),
+                false => None,
+            });
+        }
+        let mut graphs = rt
+            .capture_step::<f32>(N, |stage| {
+                let s = stage.stage();
+                let engine = rt.engine(s, &primary)?;
+                let x = acts[s].as_mut().expect("a stage of this rank");
+                if s > 0 {
+                    stage.rx_into(x)?;
+                }
+                for layer in layers_of(s, n_stages) {
+                    engine.toy_layer(x, stage.slot() as u32, layer)?;
+                }
+                if s < last {
+                    stage.tx(x)?;
+                }
+                Ok(())
+            })
+            .map_err(chain)?;
+        for step in 0..steps {
+            if let Some(x) = acts[0].as_mut() {
+                let _scope = rt.enter(0).map_err(chain)?;
+                rt.engine(0, &primary).map_err(chain)?.htod_into(&input(step), x).map_err(chain)?;
+            }
+            graphs.launch().map_err(chain)?;
+            if let Some(y) = acts[last].as_ref() {
+                let engine = rt.engine(last, &primary).map_err(chain)?;
+                let _scope = rt.enter(last).map_err(chain)?;
+                let mut out = engine.alloc::<f32>(N).map_err(chain)?;
+                engine.dtod(y, &mut out).map_err(chain)?;
+                pending.push_back((step, rt.readback(out).map_err(chain)?));
+            }
+            while pending.len() > 4 || (step + 1 == steps && !pending.is_empty()) {
+                let (done, readback) = pending.pop_front().expect("not empty");
+                check(done, readback.wait().map_err(chain)?)?;
+            }
+        }
+    }
+    for step in (0..steps).filter(|_| !graph) {
         let slot = step % rt.n_slots();
         let mut carried = None;
         for s in (0..n_stages).filter(|&s| rt.owns_stage(s)) {

@@ -107,10 +107,14 @@ if [[ $phases == *examples* ]]; then
   if [ -x "$processes" ] && [ "$PPNRT_REQUIRE_GPUS" = 1 ]; then
     run_step "example processes 0,1,0,1 (2 ranks share 1 GPU, sockets)" "$logs/example-processes-shared.log" \
       scripts/launch-local.sh 0,1,0,1 --share-one-gpu -- "$processes" --steps 300
+    run_step "example processes --graph 0,1,0,1 (2 ranks share 1 GPU, sockets)" "$logs/example-processes-graph-shared.log" \
+      scripts/launch-local.sh 0,1,0,1 --share-one-gpu -- "$processes" --graph --steps 300
   fi
   if [ -x "$processes" ] && [ "$PPNRT_REQUIRE_GPUS" -ge 2 ]; then
     run_step "example processes 0,1,0,1 (2 ranks, NVLink)" "$logs/example-processes.log" \
       scripts/launch-local.sh 0,1,0,1 --one-gpu-per-rank -- "$processes" --steps 300
+    run_step "example processes --graph 0,1,0,1 (2 ranks, NVLink)" "$logs/example-processes-graph.log" \
+      scripts/launch-local.sh 0,1,0,1 --one-gpu-per-rank -- "$processes" --graph --steps 300
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
       run_step "example processes 0,0,1,1 (2 ranks, sockets)" "$logs/example-processes-sockets.log" \
       scripts/launch-local.sh 0,0,1,1 --one-gpu-per-rank -- "$processes" --steps 300
