@@ -1012,6 +1012,11 @@ impl SlotFiller for Boundary {
         ring.slots[index].step = step.step;
         ring.fills += 1;
         ring.next = (index + 1) % ring.slots.len();
+        // Under the ring's lock: a receive that finds the slot filled finds the thread awaiting
+        // the next record, not still posting this one.
+        if let Some(link) = &self.inbound {
+            link.phase.set(Phase::AwaitingRecord, step.step + 1);
+        }
         drop(ring);
         self.wake_sleepers();
         Ok(true)
