@@ -48,7 +48,7 @@ run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::cl
 run graph-deferred-free src/safe/memory.rs "        if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
 run graph-deferred-pinned-free src/safe/host.rs "        if let Some(capture) = super::graph::capture_for_free(None) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
 run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
-run graph-stale-slot src/pp/runtime/step_graph.rs "SlotBuffer::Device(buffer) if Arc::ptr_eq(buffer.memory(), &self.slots[k][b]) => Ok(())," "SlotBuffer::Device(_) => Ok(()),"
+run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
 # Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
