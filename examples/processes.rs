@@ -78,9 +78,11 @@ fn run() -> Result<(), String> {
         // Persistent activations of this rank's stages, allocated before the capture.
         let mut acts: Vec<Option<CudaSlice<f32>>> = Vec::new();
         for s in 0..n_stages {
-            acts.push(match rt.owns_stage(s) {
-                true => Some(rt.engine(s, &primary).map_err(chain)?.alloc_persistent::<f32>(N).map_err(chain)?),
-                false => None,
+            let owned = rt.owns_stage(s);
+            acts.push(if owned {
+                Some(rt.engine(s, &primary).map_err(chain)?.alloc_persistent::<f32>(N).map_err(chain)?)
+            } else {
+                None
             });
         }
         let mut graphs = rt

@@ -79,4 +79,4 @@ run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.fil
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
 run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
-run graph-step-order src/pp/runtime/step_graph.rs "&& ring.slots[k].step != remote_steps[s] {" "&& false {" processes
+run graph-step-order src/pp/runtime/step_graph.rs "if ring.slots[k].step != expected {" "if false {" processes

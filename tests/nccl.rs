@@ -219,16 +219,7 @@ fn a_background_call_that_never_completes_times_out_and_aborts() {
         say(&format!("SKIPPED {test}: needs the NCCL double, which can stall a connection (a GPU is present)"));
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["stalled_connection_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("PPNRT_NCCL_DOUBLE_STALL_CONNECT", "1")
-        .output()
-        .unwrap();
-    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{test}: the child failed:\n{output}");
-    for line in output.lines().filter_map(|line| line.find("STALLED").map(|at| &line[at..])) {
-        say(&format!("{test}: {line}"));
-    }
+    let output = stalled_child(test, &[]);
     assert_eq!(output.lines().filter(|line| line.contains("STALLED")).count(), 2, "{output}");
 }
 
@@ -245,10 +236,18 @@ fn an_abort_that_never_returns_keeps_no_caller() {
         say(&format!("SKIPPED {test}: needs the NCCL double, whose abort can hang (a GPU is present)"));
         return;
     }
+    let output = stalled_child(test, &[("PPNRT_NCCL_DOUBLE_ABORT_HANGS", "1")]);
+    assert_eq!(output.lines().filter(|line| line.contains("abort stuck")).count(), 2, "{output}");
+}
+
+/// Runs `stalled_connection_child` in a child process whose NCCL double stalls every connection
+/// (and takes `env` besides), for at most 60 s (a child still running then fails `test`: a call
+/// kept its caller); checks that it succeeded, says its `STALLED` lines, and returns its output.
+fn stalled_child(test: &str, env: &[(&str, &str)]) -> String {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["stalled_connection_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("PPNRT_NCCL_DOUBLE_STALL_CONNECT", "1")
-        .env("PPNRT_NCCL_DOUBLE_ABORT_HANGS", "1")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -258,7 +257,7 @@ fn an_abort_that_never_returns_keeps_no_caller() {
         if Instant::now() > deadline {
             child.kill().unwrap();
             let out = child.wait_with_output().unwrap();
-            panic!("{test}: the child hung (an abort kept its caller):\n{}", String::from_utf8_lossy(&out.stdout));
+            panic!("{test}: the child hung (a call kept its caller):\n{}", String::from_utf8_lossy(&out.stdout));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -268,7 +267,7 @@ fn an_abort_that_never_returns_keeps_no_caller() {
     for line in output.lines().filter_map(|line| line.find("STALLED").map(|at| &line[at..])) {
         say(&format!("{test}: {line}"));
     }
-    assert_eq!(output.lines().filter(|line| line.contains("abort stuck")).count(), 2, "{output}");
+    output
 }
 
 #[test]

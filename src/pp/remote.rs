@@ -511,7 +511,8 @@ pub(super) struct Announced {
 
 /// What the receiver thread does with each announced step: fill the ring's next slot through
 /// `recv` (which posts the NCCL receive into the slot's bytes, given the slot's index), waiting
-/// while the slot is taken and `stop` is not set. Returns `Ok(false)` when stopped first.
+/// while the slot is taken and `stop` is not set, and keep the link's phase (the next record's,
+/// once the slot is filled). Returns `Ok(false)` when stopped first.
 pub(super) trait SlotFiller: Send + Sync + 'static {
     fn fill(
         &self,
@@ -649,9 +650,9 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
                 heard = Instant::now();
                 match filled {
                     Ok(true) => {
+                        // The filler moved the phase to the next record with the slot filled.
                         expected += 1;
                         last_bytes = Some(step.bytes);
-                        link.phase.set(Phase::AwaitingRecord, expected);
                     }
                     Ok(false) => break Ok(()),
                     Err(e) => break Err(format!("receiving step {}: {e}", step.step)),

@@ -512,23 +512,38 @@ impl PpNRt {
         b: usize,
         call: &'static str,
         boundary: &'a Boundary,
-        mut ring: MutexGuard<'a, Ring>,
+        ring: MutexGuard<'a, Ring>,
         timeout: Duration,
         which: impl Fn(&Ring) -> usize,
     ) -> Result<MutexGuard<'a, Ring>> {
+        let not_ready = |ring: &Ring| {
+            let slot = which(ring);
+            let state = ring.slots[slot].state;
+            let ready = if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) };
+            (!ready).then_some(slot)
+        };
+        Self::wait_while(b, call, boundary, ring, timeout, not_ready)
+    }
+
+    /// Parks while `blocking(ring)` names a slot that `call` waits for, for at most `timeout`
+    /// ([`PpError::Timeout`] naming that slot); a failed link from another rank ends the wait
+    /// with its error. Returns the ring's lock held.
+    fn wait_while<'a>(
+        b: usize,
+        call: &'static str,
+        boundary: &'a Boundary,
+        mut ring: MutexGuard<'a, Ring>,
+        timeout: Duration,
+        blocking: impl Fn(&Ring) -> Option<usize>,
+    ) -> Result<MutexGuard<'a, Ring>> {
         let start = Instant::now();
         let spin_until = start + remote::SPIN;
-        let ready = |ring: &Ring| {
-            let state = ring.slots[which(ring)].state;
-            if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) }
-        };
-        while !ready(&ring) {
+        while let Some(slot) = blocking(&ring) {
             if let Some(failed) = boundary.inbound.as_ref().and_then(|link| link.stopped()) {
                 return Err(failed);
             }
             let waited = start.elapsed();
             if waited >= timeout {
-                let slot = which(&ring);
                 return Err(Error::Pipeline(PpError::Timeout {
                     boundary: b,
                     slot,

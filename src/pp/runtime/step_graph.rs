@@ -441,22 +441,7 @@ impl PpNRt {
             if from_another_rank {
                 let receiving = |ring: &Ring| ring.slots.iter().position(|slot| slot.state == SlotState::Receiving);
                 let timeout = self.config.peer_timeout_value();
-                let start = Instant::now();
-                while let Some(k) = receiving(&ring) {
-                    if let Some(failed) = boundary.inbound.as_ref().and_then(|link| link.stopped()) {
-                        return Err(failed);
-                    }
-                    if start.elapsed() >= timeout {
-                        return Err(Error::Pipeline(PpError::Timeout {
-                            boundary: b,
-                            slot: k,
-                            call: "capture_step",
-                            waited: start.elapsed(),
-                            found: SlotState::Receiving,
-                        }));
-                    }
-                    ring = boundary.sleep(ring, timeout.saturating_sub(start.elapsed()));
-                }
+                ring = PpNRt::wait_while(b, "capture_step", boundary, ring, timeout, receiving)?;
             }
             for (k, slot) in ring.slots.iter().enumerate() {
                 match slot.state {
@@ -618,16 +603,22 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
-        let mut remote_steps = self.remote_steps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // For a stage fed by another rank: the step it is at (each slot holds the step it was
+        // filled with).
+        let mut remote_step = input_ring
+            .filter(|boundary| boundary.inbound.is_some())
+            .map(|_| self.remote_steps.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         if let Some(ring) = input.as_deref() {
             check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
             self.check_captured(ring, s - 1, k)?;
-            if input_ring.is_some_and(|boundary| boundary.inbound.is_some()) && ring.slots[k].step != remote_steps[s] {
-                return Err(Error::Pipeline(PpError::GraphStepOrder {
-                    boundary: s - 1,
-                    expected: remote_steps[s],
-                    found: ring.slots[k].step,
-                }));
+            if let Some(expected) = remote_step.as_deref().map(|steps| steps[s]) {
+                if ring.slots[k].step != expected {
+                    return Err(Error::Pipeline(PpError::GraphStepOrder {
+                        boundary: s - 1,
+                        expected,
+                        found: ring.slots[k].step,
+                    }));
+                }
             }
         }
         if let Some(ring) = output.as_deref() {
@@ -641,10 +632,10 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         self.break_protocol(input.as_deref(), output.as_deref(), k);
         self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
-        if input_ring.is_some_and(|boundary| boundary.inbound.is_some()) {
-            remote_steps[s] += 1;
+        if let Some(steps) = remote_step.as_deref_mut() {
+            steps[s] += 1;
         }
-        drop(remote_steps);
+        drop(remote_step);
         self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
