@@ -80,3 +80,9 @@ run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.fil
 run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
 run graph-step-order src/pp/runtime/step_graph.rs "if ring.slots[k].step != expected {" "if false {" processes
+# Eager and graph steps interleave across processes: an eager receive is counted, so the next
+# launch reads the step after it; a first stage sending to another rank uses its step's slot.
+run eager-rx-untracked src/pp/runtime.rs "        ring.took(slot_index, boundary.inbound.is_some());
+" "" processes
+run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
+" "" processes

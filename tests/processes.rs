@@ -420,7 +420,7 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         );
     }
     let got = read_digests(&dir);
-    let expected = if launch.mode == "graphs" {
+    let expected = if launch.mode.starts_with("graphs") {
         graph_reference_digests(engine, launch.seed, launch.steps, launch.slots)
     } else {
         reference_digests(engine, launch.seed, launch.steps)
@@ -441,7 +441,11 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         if through_doubles() { "through the NCCL double".to_string() } else { format!("NCCL via {transports:?}") },
         if launch.broken { ", protocol broken on purpose" } else { "" },
         launch.steps,
-        if launch.mode == "graphs" { "graph" } else { "randomized" },
+        match launch.mode {
+            "graphs" => "graph",
+            "graphs-interleaved" => "graph and eager",
+            _ => "randomized",
+        },
         started.elapsed().as_secs_f64()
     ));
     // Steps come in runs of one length: the receiver threads must have used captured graphs,
@@ -516,13 +520,25 @@ fn graph_mode_across_processes_matches_one_engine_bitwise() {
     let late = Launch { rank_env: &late, ..graphs(&[0, 1], 2, 200) };
     let mismatches = mismatches_against_reference(&engine, "graphs-rx-captures-late", &late);
     assert_eq!(mismatches, 0, "graphs-rx-captures-late: graph steps differ from one engine's");
-    // An eager receive between graph steps is refused by the next launch, typed.
+    // Eager steps between graph steps, each rank on a pattern of its own.
+    for (name, ranks, slots, steps) in [
+        ("graphs-interleaved-2-stages", &[0, 1][..], 2, 300),
+        ("graphs-interleaved-4-contiguous", &[0, 0, 1, 1][..], 2, 200),
+        ("graphs-interleaved-4-alternating", &[0, 1, 0, 1][..], 3, 200),
+    ] {
+        let launch = Launch { mode: "graphs-interleaved", ..pipeline_launch(ranks, slots, steps, false) };
+        let mismatches = mismatches_against_reference(&engine, name, &launch);
+        assert_eq!(mismatches, 0, "{name}: interleaved graph and eager steps differ from one engine's");
+    }
+    // An eager receive taken out of turn makes the next launch refuse, typed, and lose nothing.
     let dir = scratch("graph-order");
     let order = Launch { mode: "graph-order", ..pipeline_launch(&[0, 1], 2, 0, false) };
     let results = order.run(&dir, Duration::from_secs(120));
     every_rank_ok("graph-order", &results);
+    assert!(results[1].1.contains("GRAPH-INTERLEAVED"), "{}", results[1].1);
     assert!(results[1].1.contains("GRAPH-STEP-ORDER refused"), "{}", results[1].1);
-    say("graph-order: an eager rx between graph steps: the next launch is refused with GraphStepOrder");
+    say("graph-order: graph, eager, graph steps read steps 0, 1, 2; a step taken out of turn: the next launch is \
+         refused with GraphStepOrder, and the skipped steps still arrive");
     let broken = Launch { broken: true, max_delay_ns: Some(1_000_000), ..graphs(&[0, 1], 2, 200) };
     let broken = mismatches_against_reference(&engine, "graphs-broken", &broken);
     assert!(broken > 0, "a graph launched without waiting for the receive went unnoticed");
@@ -883,7 +899,8 @@ fn child_rank() {
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
     match mode.as_str() {
         "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
-        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir),
+        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir, false),
+        "graphs-interleaved" => run_graphs(&rt, &primary, seed, steps, &dir, true),
         "graph-order" => graph_order(&rt, &primary),
         "contract" => contract(&rt, &primary),
         "slow-post" => slow_post(&rt, &primary),
@@ -963,7 +980,10 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
 /// Graph mode: this rank's stages captured once, step parameter = the slot, then `steps` graph
 /// steps; the last stage's rank reads each output back and writes the digests. A stage spins
 /// half the longest delay on its device after receiving and before sending.
-fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
+/// Graph steps (`capture_step` once, then `launch`); with `interleaved`, some steps eager instead
+/// (`rx_wait` or `rx_in_place_wait`, the same kernels, `tx_wait`), on a pattern of each rank's own:
+/// the ranks need not agree on which steps are graphs.
+fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, interleaved: bool) {
     let n = GRAPH_N;
     let n_stages = rt.n_stages();
     let last = n_stages - 1;
@@ -1013,7 +1033,13 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
             let _scope = rt.enter(0).unwrap();
             rt.engine(0, primary).unwrap().htod_into(&graph_input_of(seed, t), input).unwrap();
         }
-        step.launch().unwrap_or_else(|e| panic!("graph step {t} failed: {e}"));
+        // Rank 0 runs every other pair of steps eagerly, rank 1 every third run of three.
+        if interleaved && (t / (rt.rank() as u64 + 2)) % 3 == 1 {
+            eager_graph_step(rt, primary, &mut acts, t, spin_ns)
+                .unwrap_or_else(|e| panic!("eager step {t} failed: {e}"));
+        } else {
+            step.launch().unwrap_or_else(|e| panic!("graph step {t} failed: {e}"));
+        }
         if let Some(output) = acts[last].as_ref() {
             let _scope = rt.enter(last).unwrap();
             let engine = rt.engine(last, primary).unwrap();
@@ -1035,34 +1061,85 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
     }
 }
 
-/// Two stages, ranks [0, 1], 2 slots, graph mode: rank 0 launches 4 graph steps; rank 1 launches
-/// one, receives step 1 eagerly (`rx_wait`), and its next launch, which would read slot 1, finds
-/// step 3 there: `PpError::GraphStepOrder`, not step 3 read as step 1.
+/// One step of this rank's stages done eagerly, as its graphs do it (the same kernels, with the
+/// slot the step uses as the toy layer's parameter): odd stages receive in place.
+fn eager_graph_step(
+    rt: &PpNRt,
+    primary: &Engine,
+    acts: &mut [Option<ppnrt::CudaSlice<f32>>],
+    t: u64,
+    spin_ns: u64,
+) -> Result<(), Error> {
+    let n = GRAPH_N;
+    let n_stages = rt.n_stages();
+    let k = (t % rt.n_slots() as u64) as usize;
+    for s in (0..n_stages).filter(|&s| rt.owns_stage(s)) {
+        let _scope = rt.enter(s)?;
+        let engine = rt.engine(s, primary)?;
+        let x = acts[s].as_mut().expect("a stage of this rank");
+        if s > 0 {
+            if s % 2 == 1 {
+                let received = rt.rx_in_place_wait::<f32>(s - 1, k, n, WAIT)?;
+                engine.copy_with_sms(&received.view()?, x)?;
+            } else {
+                let received = rt.rx_wait::<f32>(s - 1, k, n, WAIT)?;
+                engine.dtod(&received, x)?;
+            }
+            engine.spin(spin_ns)?;
+        }
+        for layer in layers_of(s, n_stages) {
+            engine.toy_layer(x, k as u32, layer)?;
+        }
+        if s + 1 < n_stages {
+            engine.spin(spin_ns)?;
+            let slot = rt.tx_wait(s, x, n, WAIT)?;
+            assert_eq!(slot, k, "stage {s}: eager tx of step {t} went to slot {slot}");
+        }
+    }
+    Ok(())
+}
+
+/// Two stages, ranks [0, 1], 2 slots, graph mode: rank 0 launches 6 graph steps, step t sending
+/// `t + 0.5` everywhere. Rank 1 interleaves: a launch (step 0), an eager `rx` (step 1), a launch
+/// (step 2). Then it takes slot 0 out of turn (step 4, skipping step 3): its next launch, which
+/// would read step 5 from slot 1, finds step 3 there and is refused with
+/// `PpError::GraphStepOrder`, enqueuing nothing; steps 3 and 5 are still there to receive.
 fn graph_order(rt: &PpNRt, primary: &Engine) {
     let n = 1000;
     let s = rt.rank();
     let _scope = rt.enter(s).unwrap();
     let engine = rt.engine(s, primary).unwrap();
     let mut x = engine.alloc_persistent::<f32>(n).unwrap();
-    engine.htod_into(&vec![1.5; n], &mut x).unwrap();
+    engine.htod_into(&vec![-1.0; n], &mut x).unwrap();
     let mut step = rt
         .capture_step::<f32>(n, |stage| if stage.stage() == 0 { stage.tx(&x) } else { stage.rx_into(&mut x) })
         .unwrap();
+    let value = |t: u64| vec![t as f32 + 0.5; n];
     if s == 0 {
-        for t in 0..4 {
-            assert_eq!(step.launch().unwrap(), t % 2);
+        for t in 0..6 {
+            engine.htod_into(&value(t), &mut x).unwrap();
+            assert_eq!(step.launch().unwrap(), (t % 2) as usize);
         }
+        rt.synchronize().unwrap();
         return;
     }
+    let eager = |slot| engine.dtoh(&rt.rx_wait::<f32>(0, slot, n, WAIT).unwrap()).unwrap();
     assert_eq!(step.launch().unwrap(), 0);
-    let eager = rt.rx_wait::<f32>(0, 1, n, WAIT).unwrap();
-    assert_eq!(engine.dtoh(&eager).unwrap(), vec![1.5; n]);
+    assert_eq!(engine.dtoh(&x).unwrap(), value(0), "graph step 0");
+    assert_eq!(eager(1), value(1), "eager step 1");
+    assert_eq!(step.launch().unwrap(), 0);
+    assert_eq!(engine.dtoh(&x).unwrap(), value(2), "graph step 2 after an eager step");
+    println!("GRAPH-INTERLEAVED graph, eager, graph: steps 0, 1, 2 as sent");
+    assert_eq!(eager(0), value(4), "slot 0 out of turn holds step 4");
     match step.launch() {
-        Err(Error::Pipeline(PpError::GraphStepOrder { boundary: 0, expected: 1, found: 3 })) => {
-            println!("GRAPH-STEP-ORDER refused: expected step 1, slot 1 holds step 3");
+        Err(Error::Pipeline(PpError::GraphStepOrder { boundary: 0, expected: 5, found: 3 })) => {
+            println!("GRAPH-STEP-ORDER refused: expected step 5, slot 1 holds step 3");
         }
         other => panic!("expected GraphStepOrder, got {other:?}"),
     }
+    assert_eq!(engine.dtoh(&x).unwrap(), value(2), "the refused launch changed the stage's buffer");
+    assert_eq!(eager(1), value(3), "step 3 after the refusal");
+    assert_eq!(eager(1), value(5), "step 5 after the refusal");
 }
 
 /// Two stages, ranks [0, 1]: misuse on either side is a typed error that loses nothing.

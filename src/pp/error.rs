@@ -275,8 +275,8 @@ pub enum PpError {
         found: usize,
     },
     /// A stage's graph would read a slot of a boundary from another rank that holds another step
-    /// than the stage's next: an eager `rx` of that boundary moved past the graphs (on a rank of
-    /// a pipeline that spans processes, eager and graph steps do not interleave).
+    /// than the stage's next (the step after the last one received): an eager `rx` of that
+    /// boundary took a step out of turn, skipping the one the slot holds.
     #[error(
         "boundary {boundary}: the stage's graph expects step {expected} from the other rank, its slot holds step {found}"
     )]

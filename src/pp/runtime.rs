@@ -92,6 +92,20 @@ struct Ring {
     slots: Vec<Slot>,
     /// For a boundary from another rank: how many steps its receiver thread filled in.
     fills: u64,
+    /// For a boundary from another rank: the step after the last one its RX stage took (copied
+    /// out, lent, or read by a graph), which a graph launch of that stage reads next. Steps fill
+    /// the slots in turn, so that step is in slot `received % slots`.
+    received: u64,
+}
+
+impl Ring {
+    /// Notes that the RX stage took slot `k` (a ring of a boundary from another rank: the steps
+    /// it holds are counted).
+    fn took(&mut self, k: usize, inbound: bool) {
+        if inbound {
+            self.received = self.received.max(self.slots[k].step + 1);
+        }
+    }
 }
 
 /// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
@@ -294,7 +308,7 @@ impl PpNRt {
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
                     sm_copies,
-                    ring: Mutex::new(Ring { next: 0, slots, fills: 0 }),
+                    ring: Mutex::new(Ring { next: 0, slots, fills: 0, received: 0 }),
                     changed: Condvar::new(),
                     sleepers: AtomicUsize::new(0),
                     inbound,
@@ -710,6 +724,7 @@ impl PpNRt {
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
         slot.state = SlotState::Received;
+        ring.took(slot_index, boundary.inbound.is_some());
         drop(ring);
         boundary.wake_sleepers();
         Ok(out)
@@ -815,6 +830,7 @@ impl PpNRt {
         };
         let lent = Arc::clone(buffer);
         slot.state = SlotState::Lent;
+        ring.took(slot_index, boundary.inbound.is_some());
         Ok(ReceivedSlot { lent: Some(lent), readers: Vec::new(), copy: None, boundary, slot: slot_index, n })
     }
 
@@ -830,9 +846,13 @@ impl PpNRt {
         let boundary = self.boundary(b)?;
         let mut ring = Self::lock(boundary);
         let mut discarded = 0;
-        for slot in ring.slots.iter_mut().filter(|slot| matches!(slot.state, SlotState::Filled { .. })) {
-            slot.state = SlotState::Discarded;
-            discarded += 1;
+        for k in 0..ring.slots.len() {
+            if matches!(ring.slots[k].state, SlotState::Filled { .. }) {
+                ring.slots[k].state = SlotState::Discarded;
+                // A step from another rank given up counts as taken: the graphs read the next.
+                ring.took(k, boundary.inbound.is_some());
+                discarded += 1;
+            }
         }
         drop(ring);
         boundary.wake_sleepers();

@@ -16,7 +16,9 @@
 //! ([`PpError::GraphStepOrder`] otherwise). A boundary to another rank cannot be captured (its
 //! record goes out on the host): the stage's graph copies the step into a buffer of the graphs,
 //! and the launch then sends that buffer as an eager `tx` would, on the stage's stream. Eager
-//! and graph steps do not interleave on such a rank.
+//! and graph steps interleave there too: a launch reads the step after the last one received
+//! from the ring, by an eager `rx` or a graph alike (steps fill the slots in turn), and each
+//! rank may choose eager or graph steps on its own.
 //!
 //! Lifetime: a [`StepGraphs`] borrows its runtime and holds every allocation its graphs touch
 //! (slot buffers included) until it drops. Threading: it is `Send + Sync`; the whole-step
@@ -55,11 +57,9 @@ pub struct StageCapture<'a, T: DeviceRepr> {
     _elem: PhantomData<T>,
 }
 
-/// The first step a ring filled from another rank holds that was not read yet (steps fill its
-/// slots in turn).
-fn unread_from(ring: &Ring) -> u64 {
-    let unread = ring.slots.iter().filter(|slot| matches!(slot.state, SlotState::Filled { .. })).count();
-    ring.fills - unread as u64
+/// The slot of a ring filled from another rank that holds `step` (steps fill its slots in turn).
+fn slot_of(step: u64, n_slots: usize) -> usize {
+    (step % n_slots as u64) as usize
 }
 
 /// Where a captured stage's `tx` goes.
@@ -192,8 +192,6 @@ pub struct StepGraphs<'rt, T: DeviceRepr> {
     execs: Vec<Vec<Option<Mutex<GraphExec>>>>,
     /// Each stage's next slot (advanced by every launch of its graph).
     next: Mutex<Vec<usize>>,
-    /// For each stage fed from another rank, the step its next launch reads.
-    remote_steps: Mutex<Vec<u64>>,
     /// `[slot][boundary]`: the slot allocations of this rank's rings the graphs were captured
     /// with.
     slots: Vec<Vec<Option<Arc<DeviceMemory>>>>,
@@ -311,34 +309,20 @@ impl PpNRt {
         // Every stage of this rank is at the same step: the capture needed the rings of this rank
         // free, and they only move together (a step crosses every boundary once). That step's
         // slot is a ring's `next` when both its stages run here; for a ring filled from another
-        // rank (which may have filled later steps already) it is the first step not yet read,
-        // and for a boundary to another rank the first step not yet sent.
-        let n_slots = self.n_slots() as u64;
-        let mut remote_steps = vec![0; self.n_stages()];
-        for (b, ring) in self.rings().filter(|(_, ring)| ring.inbound.is_some()) {
-            remote_steps[b + 1] = unread_from(&PpNRt::lock(ring));
-        }
+        // rank (which may have filled later steps already) it is the step after the last one
+        // received, and for a boundary to another rank the first step not yet sent.
+        let n_slots = self.n_slots();
         let first = if let Some((_, ring)) = self.rings().find(|(_, ring)| ring.inbound.is_none()) {
             PpNRt::lock(ring).next
-        } else if let Some(b) = self.rings().map(|(b, _)| b).next() {
-            (remote_steps[b + 1] % n_slots) as usize
+        } else if let Some((_, ring)) = self.rings().next() {
+            slot_of(PpNRt::lock(ring).received, n_slots)
         } else if let Some(sender) = (0..self.boundaries.len()).find_map(|b| self.sender(b)) {
-            (sender.steps_sent() % n_slots) as usize
+            slot_of(sender.steps_sent(), n_slots)
         } else {
             0
         };
         let next = Mutex::new(vec![first; self.n_stages()]);
-        Ok(StepGraphs {
-            rt: self,
-            n,
-            execs,
-            next,
-            remote_steps: Mutex::new(remote_steps),
-            slots,
-            staging,
-            stale: false,
-            _elem: PhantomData,
-        })
+        Ok(StepGraphs { rt: self, n, execs, next, slots, staging, stale: false, _elem: PhantomData })
     }
 
     /// Captures `[slot][stage]` graphs of one step of this rank's stages (see
@@ -554,7 +538,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// stage's slot first), [`PpError::SlotState`] (an eager call took the slot meanwhile),
     /// [`PpError::RxLengthMismatch`] and [`PpError::RxTypeMismatch`] (an eager `tx` of another
     /// length or type filled the slot), [`PpError::GraphStepOrder`] (an eager `rx` from another
-    /// rank moved past the graphs). Else the driver's error; a send to another rank that fails
+    /// rank took a step out of turn). Else the driver's error; a send to another rank that fails
     /// after the launch fails its boundary ([`PpError::PeerFailed`]).
     pub fn launch_stage(&self, s: usize, timeout: Duration) -> Result<usize> {
         let rt = self.rt;
@@ -567,8 +551,8 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // so the two agree unless an eager step moved the ring. (Read before the counts' lock,
         // the ring could be a step old by then and send a stage that is behind to a slot it has
         // not reached.) A ring filled from another rank is not followed: its receiver thread
-        // runs ahead of the stage that reads it; the step each of its slots holds is checked
-        // instead.
+        // runs ahead of the stage that reads it, which reads the step after the last one it
+        // received instead (below).
         let k = {
             let followed = rt.rings().find(|(_, boundary)| boundary.inbound.is_none()).map(|(_, b)| PpNRt::lock(b));
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -578,6 +562,20 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                 rt.local_stages().for_each(|(t, _)| next[t] = rings_at);
             }
             next[s]
+        };
+        // A stage fed by another rank reads the step after the last one received from its ring,
+        // by a graph or an eager `rx` alike: that step's slot. A first stage sending to another
+        // rank is at the step after the last one sent. Only the stage itself moves either count,
+        // so another stage's thread running ahead or behind does not change it.
+        let remote_step = s
+            .checked_sub(1)
+            .and_then(|b| rt.ring(b))
+            .filter(|boundary| boundary.inbound.is_some())
+            .map(|boundary| PpNRt::lock(boundary).received);
+        let k = match (remote_step, rt.sender(s)) {
+            (Some(step), _) => slot_of(step, n_slots),
+            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
+            _ => k,
         };
         let start = Instant::now();
         let left = || timeout.saturating_sub(start.elapsed());
@@ -603,15 +601,16 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
-        // For a stage fed by another rank: the step it is at (each slot holds the step it was
-        // filled with).
-        let mut remote_step = input_ring
-            .filter(|boundary| boundary.inbound.is_some())
-            .map(|_| self.remote_steps.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         if let Some(ring) = input.as_deref() {
             check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
             self.check_captured(ring, s - 1, k)?;
-            if let Some(expected) = remote_step.as_deref().map(|steps| steps[s]) {
+            // From another rank: the slot holds the step the stage is at (each slot holds the
+            // step it was filled with), and no eager `rx` took a step since it was read above.
+            if let Some(expected) = remote_step {
+                if ring.received != expected {
+                    let found = slot_of(ring.received, n_slots);
+                    return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s - 1, expected: k, found }));
+                }
                 if ring.slots[k].step != expected {
                     return Err(Error::Pipeline(PpError::GraphStepOrder {
                         boundary: s - 1,
@@ -632,10 +631,9 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         self.break_protocol(input.as_deref(), output.as_deref(), k);
         self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
-        if let Some(steps) = remote_step.as_deref_mut() {
-            steps[s] += 1;
+        if let (Some(ring), Some(_)) = (input.as_deref_mut(), remote_step) {
+            ring.took(k, true);
         }
-        drop(remote_step);
         self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
