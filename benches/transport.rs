@@ -42,6 +42,8 @@ const BOUNDARY_SIZES: [usize; 5] = [16 * KIB, 32 * KIB, 256 * KIB, 16 * MIB, 64 
 mod graph_mode;
 #[path = "transport/host_model.rs"]
 mod host_model;
+#[path = "transport/process_graphs.rs"]
+mod process_graphs;
 #[path = "transport/processes.rs"]
 mod processes;
 
@@ -1088,10 +1090,11 @@ fn main() {
         gpus.engines.iter().map(|e| e.device().name().unwrap()).collect::<Vec<_>>().join(", "),
         driver.version()
     );
-    // PPNRT_BENCH_TABLES=comparison,calls,copies,aggregate,engine,targets,graphs,processes,model
-    // picks tables (default: all).
-    let tables = std::env::var("PPNRT_BENCH_TABLES")
-        .unwrap_or_else(|_| "comparison,calls,copies,aggregate,engine,targets,graphs,processes,model".into());
+    // PPNRT_BENCH_TABLES=comparison,calls,copies,aggregate,engine,targets,graphs,processes,
+    // process-graphs,model picks tables (default: all).
+    let tables = std::env::var("PPNRT_BENCH_TABLES").unwrap_or_else(|_| {
+        "comparison,calls,copies,aggregate,engine,targets,graphs,processes,process-graphs,model".into()
+    });
     let wanted = |name: &str| tables.split(',').any(|t| t.trim() == name);
     let rows = if wanted("comparison") || wanted("targets") { comparison(&gpus, &mut report) } else { Vec::new() };
     if wanted("calls") {
@@ -1114,6 +1117,9 @@ fn main() {
     }
     if wanted("processes") {
         processes::processes(&gpus, &mut report);
+    }
+    if wanted("process-graphs") {
+        process_graphs::process_graphs(&gpus, &mut report);
     }
     if wanted("model") {
         host_model::host_model(&gpus, &mut report);

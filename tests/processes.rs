@@ -30,7 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{Rng, devices_or_skip, say};
 use graphs::layers_of;
 use ppnrt::{
-    CaptureError, CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, pp::PendingReadback, pp::ReceiverState,
+    CaptureError, CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, StepGraphs, pp::PendingReadback,
+    pp::ReceiverState,
 };
 
 const MODE_VAR: &str = "PPNRT_MP_MODE";
@@ -444,6 +445,7 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         match launch.mode {
             "graphs" => "graph",
             "graphs-interleaved" => "graph and eager",
+            "graphs-threads" => "graph (a thread per stage)",
             _ => "randomized",
         },
         started.elapsed().as_secs_f64()
@@ -529,6 +531,15 @@ fn graph_mode_across_processes_matches_one_engine_bitwise() {
         let launch = Launch { mode: "graphs-interleaved", ..pipeline_launch(ranks, slots, steps, false) };
         let mismatches = mismatches_against_reference(&engine, name, &launch);
         assert_eq!(mismatches, 0, "{name}: interleaved graph and eager steps differ from one engine's");
+    }
+    // One thread per stage of each rank (`launch_stage`).
+    for (name, ranks, slots, steps) in [
+        ("graphs-threads-4-contiguous", &[0, 0, 1, 1][..], 2, 300),
+        ("graphs-threads-4-alternating", &[0, 1, 0, 1][..], 3, 300),
+    ] {
+        let launch = Launch { mode: "graphs-threads", ..pipeline_launch(ranks, slots, steps, false) };
+        let mismatches = mismatches_against_reference(&engine, name, &launch);
+        assert_eq!(mismatches, 0, "{name}: graph steps of a thread per stage differ from one engine's");
     }
     // An eager receive taken out of turn makes the next launch refuse, typed, and lose nothing.
     let dir = scratch("graph-order");
@@ -899,8 +910,9 @@ fn child_rank() {
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
     match mode.as_str() {
         "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
-        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir, false),
-        "graphs-interleaved" => run_graphs(&rt, &primary, seed, steps, &dir, true),
+        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::Launch),
+        "graphs-interleaved" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::Interleaved),
+        "graphs-threads" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::ThreadPerStage),
         "graph-order" => graph_order(&rt, &primary),
         "contract" => contract(&rt, &primary),
         "slow-post" => slow_post(&rt, &primary),
@@ -980,10 +992,21 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
 /// Graph mode: this rank's stages captured once, step parameter = the slot, then `steps` graph
 /// steps; the last stage's rank reads each output back and writes the digests. A stage spins
 /// half the longest delay on its device after receiving and before sending.
-/// Graph steps (`capture_step` once, then `launch`); with `interleaved`, some steps eager instead
-/// (`rx_wait` or `rx_in_place_wait`, the same kernels, `tx_wait`), on a pattern of each rank's own:
-/// the ranks need not agree on which steps are graphs.
-fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, interleaved: bool) {
+/// How a rank replays its graph steps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GraphDriver {
+    /// `launch`: this rank's stages in turn, from one thread.
+    Launch,
+    /// `launch`, with some steps eager instead (`rx_wait` or `rx_in_place_wait`, the same
+    /// kernels, `tx_wait`), on a pattern of each rank's own: the ranks need not agree on which
+    /// steps are graphs.
+    Interleaved,
+    /// `launch_stage`, each stage of this rank from a thread of its own.
+    ThreadPerStage,
+}
+
+/// Graph steps: `capture_step` once, then replayed as `driver` says.
+fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, driver: GraphDriver) {
     let n = GRAPH_N;
     let n_stages = rt.n_stages();
     let last = n_stages - 1;
@@ -1026,6 +1049,17 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, i
         })
         .unwrap();
     println!("CHILD rank {}: {} graphs captured", rt.rank(), step.n_graphs());
+    if driver == GraphDriver::ThreadPerStage {
+        let digests = graph_steps_thread_per_stage(rt, primary, &step, &mut acts, seed, steps);
+        drop(step);
+        rt.synchronize().unwrap();
+        let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
+        println!("GRAPH-RECEIVES {graph_receives}");
+        if let Some(digests) = digests {
+            std::fs::write(dir.join("digests"), digests).unwrap();
+        }
+        return;
+    }
     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
     let mut digests = String::new();
     for t in 0..steps {
@@ -1034,7 +1068,7 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, i
             rt.engine(0, primary).unwrap().htod_into(&graph_input_of(seed, t), input).unwrap();
         }
         // Rank 0 runs every other pair of steps eagerly, rank 1 every third run of three.
-        if interleaved && (t / (rt.rank() as u64 + 2)) % 3 == 1 {
+        if driver == GraphDriver::Interleaved && (t / (rt.rank() as u64 + 2)) % 3 == 1 {
             eager_graph_step(rt, primary, &mut acts, t, spin_ns)
                 .unwrap_or_else(|e| panic!("eager step {t} failed: {e}"));
         } else {
@@ -1059,6 +1093,52 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, i
     if rt.owns_stage(last) {
         std::fs::write(dir.join("digests"), digests).unwrap();
     }
+}
+
+/// Replays `steps` graph steps with one thread per stage of this rank, each calling
+/// `launch_stage` for its stage (the first stage's thread uploads the step's input, the last
+/// stage's reads the output back); returns the digests when this rank runs the last stage.
+fn graph_steps_thread_per_stage(
+    rt: &PpNRt,
+    primary: &Engine,
+    step: &StepGraphs<'_, f32>,
+    acts: &mut [Option<ppnrt::CudaSlice<f32>>],
+    seed: u64,
+    steps: u64,
+) -> Option<String> {
+    let last = rt.n_stages() - 1;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = acts
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(s, x)| x.as_mut().map(|x| (s, x)))
+            .map(|(s, x)| {
+                scope.spawn(move || {
+                    let _scope = rt.enter(s).unwrap();
+                    let engine = rt.engine(s, primary).unwrap();
+                    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
+                    let mut digests = String::new();
+                    for t in 0..steps {
+                        if s == 0 {
+                            engine.htod_into(&graph_input_of(seed, t), x).unwrap();
+                        }
+                        step.launch_stage(s, WAIT).unwrap_or_else(|e| panic!("stage {s}, graph step {t} failed: {e}"));
+                        if s == last {
+                            let mut out = engine.alloc::<f32>(x.len()).unwrap();
+                            engine.dtod(x, &mut out).unwrap();
+                            pending.push_back(rt.readback(out).unwrap());
+                        }
+                        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
+                            let done = pending.pop_front().unwrap();
+                            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+                        }
+                    }
+                    (s == last).then_some(digests)
+                })
+            })
+            .collect();
+        threads.into_iter().filter_map(|thread| thread.join().unwrap()).next()
+    })
 }
 
 /// One step of this rank's stages done eagerly, as its graphs do it (the same kernels, with the

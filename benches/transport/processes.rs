@@ -260,6 +260,7 @@ pub(crate) fn run_role() -> bool {
     };
     match role.as_str() {
         "hop" => print("hop", hop(&rt, &primary)),
+        "graph-steps" => super::process_graphs::rank_role(&rt, &primary),
 
         _ => {
             let (tx, rx, step, gbs) = stream(&rt, &primary);
@@ -280,14 +281,17 @@ pub(crate) fn run_role() -> bool {
 /// communicator; the pipeline then receives by NCCL's call only), and whether the pipeline may
 /// receive through captured graphs.
 #[derive(Clone, Copy)]
-struct Nccl {
-    sockets: bool,
-    no_graph_mixing: bool,
-    recv_graphs: bool,
+pub(super) struct Nccl {
+    pub(super) sockets: bool,
+    pub(super) no_graph_mixing: bool,
+    pub(super) recv_graphs: bool,
+    /// Both ranks on GPU 0 (NCCL refuses two ranks on one GPU of one host unless each has a host
+    /// id of its own; use with `sockets`).
+    pub(super) shared_gpu: bool,
 }
 
-/// Runs one workload as two ranks; returns the RESULT lines of both.
-fn ranks(role: &str, stage_ranks: &str, nccl: Nccl) -> Vec<(String, f64)> {
+/// Runs one workload as two ranks, with `env` set for both; returns the RESULT lines of both.
+pub(super) fn ranks(role: &str, stage_ranks: &str, nccl: Nccl, env: &[(&str, &str)]) -> Vec<(String, f64)> {
     let exe = std::env::current_exe().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let n_stages = stage_ranks.split(',').count();
@@ -296,7 +300,7 @@ fn ranks(role: &str, stage_ranks: &str, nccl: Nccl) -> Vec<(String, f64)> {
             let mut command = Command::new(&exe);
             command
                 .env(ROLE_VAR, role)
-                .env("CUDA_VISIBLE_DEVICES", rank.to_string())
+                .env("CUDA_VISIBLE_DEVICES", if nccl.shared_gpu { "0".to_string() } else { rank.to_string() })
                 .env("PPNRT_DEVICES", vec!["0"; n_stages].join(","))
                 .env("PPNRT_RANKS", stage_ranks)
                 .env("PPNRT_RANK", rank.to_string())
@@ -312,6 +316,10 @@ fn ranks(role: &str, stage_ranks: &str, nccl: Nccl) -> Vec<(String, f64)> {
             if nccl.sockets {
                 command.env("NCCL_P2P_DISABLE", "1").env("NCCL_SHM_DISABLE", "1").env("NCCL_SOCKET_IFNAME", "lo");
             }
+            if nccl.shared_gpu {
+                command.env("NCCL_HOSTID", format!("ppnrt-bench-rank-{rank}"));
+            }
+            command.envs(env.iter().copied());
             command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
         })
         .collect();
@@ -373,15 +381,15 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
         }
     };
     let across = |nccl: Nccl| {
-        let mut results = ranks("hop", "0,1,0", nccl);
-        results.extend(ranks("stream", "0,1", nccl));
-        results.extend(ranks("raw", "0,1", nccl));
+        let mut results = ranks("hop", "0,1,0", nccl, &[]);
+        results.extend(ranks("stream", "0,1", nccl, &[]));
+        results.extend(ranks("raw", "0,1", nccl, &[]));
         figures_of(&results)
     };
     // The in-process boundary and the default NCCL boundary alternate in rounds: each round's
     // ratio compares figures taken a few seconds apart (host costs drift by tens of percent
     // within minutes on these machines), and each target counts the median round.
-    let defaults = Nccl { sockets: false, no_graph_mixing: false, recv_graphs: true };
+    let defaults = Nccl { sockets: false, no_graph_mixing: false, recv_graphs: true, shared_gpu: false };
     let rounds: Vec<(Figures, Figures)> = (0..ROUNDS).map(|_| (measure_in_process(), across(defaults))).collect();
     let nvlink_calls = across(Nccl { recv_graphs: false, ..defaults });
     let nvlink_no_mixing = across(Nccl { no_graph_mixing: true, ..defaults });
