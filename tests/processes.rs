@@ -25,6 +25,7 @@ mod graphs;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Rng, devices_or_skip, say};
@@ -913,19 +914,73 @@ fn child_rank() {
     }
     let rt = PpNRt::new(config, &primary).unwrap();
     println!("CHILD rank {} built: {}", rt.rank(), rt.plan());
-    match mode.as_str() {
-        "pipeline" => run_pipeline(&rt, &primary, seed, steps, &dir),
-        "graphs" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::Launch),
-        "graphs-interleaved" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::Interleaved),
-        "graphs-threads" => run_graphs(&rt, &primary, seed, steps, &dir, GraphDriver::ThreadPerStage),
-        "graph-order" => graph_order(&rt, &primary),
-        "contract" => contract(&rt, &primary),
-        "slow-post" => slow_post(&rt, &primary),
-        "grow-in-capture" => grow_in_capture(&rt, &primary, &dir),
-        "kill" => survive_a_kill(&rt, &primary, seed, &dir),
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        if let Some(after) = stall_dump_after() {
+            let (rt, finished) = (&rt, &finished);
+            scope.spawn(move || report_a_stall(rt, finished, after.saturating_sub(Duration::from_secs(5))));
+        }
+        // Set however the mode ends (a panic included), so that the scope's join returns.
+        let _finished = SetOnDrop(&finished);
+        run_mode(&mode, &rt, &primary, seed, steps, &dir);
+    });
+    println!("CHILD-OK");
+}
+
+/// The step this rank's loop is at (its stage threads' furthest), for [`report_a_stall`].
+static AT_STEP: AtomicU64 = AtomicU64::new(0);
+
+fn at_step(t: u64) {
+    AT_STEP.fetch_max(t, Ordering::Relaxed);
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Prints, once, where this rank stands when its loop has not moved for `after` (set a little
+/// before the harness dumps the ranks' threads, see [`stall_dump_after`]): the step and each
+/// receiver thread's state, so that a stalled launch's output says which step each side waits
+/// for.
+fn report_a_stall(rt: &PpNRt, finished: &AtomicBool, after: Duration) {
+    let mut seen = (AT_STEP.load(Ordering::Relaxed), Instant::now());
+    while !finished.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = AT_STEP.load(Ordering::Relaxed);
+        if now != seen.0 {
+            seen = (now, Instant::now());
+        } else if seen.1.elapsed() >= after {
+            let receivers: Vec<String> = (0..rt.n_boundaries())
+                .filter_map(|b| Some(format!("boundary {b}: {}", rt.receiver_state(b).ok()??)))
+                .collect();
+            println!(
+                "CHILD-STALLED rank {} at step {now} for {:?}: receiver threads {receivers:?}",
+                rt.rank(),
+                seen.1.elapsed()
+            );
+            return;
+        }
+    }
+}
+
+fn run_mode(mode: &str, rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
+    match mode {
+        "pipeline" => run_pipeline(rt, primary, seed, steps, dir),
+        "graphs" => run_graphs(rt, primary, seed, steps, dir, GraphDriver::Launch),
+        "graphs-interleaved" => run_graphs(rt, primary, seed, steps, dir, GraphDriver::Interleaved),
+        "graphs-threads" => run_graphs(rt, primary, seed, steps, dir, GraphDriver::ThreadPerStage),
+        "graph-order" => graph_order(rt, primary),
+        "contract" => contract(rt, primary),
+        "slow-post" => slow_post(rt, primary),
+        "grow-in-capture" => grow_in_capture(rt, primary, dir),
+        "kill" => survive_a_kill(rt, primary, seed, dir),
         other => panic!("unknown mode {other}"),
     }
-    println!("CHILD-OK");
 }
 
 /// One step of this rank's stages; returns the last stage's output when this rank runs it.
@@ -971,6 +1026,7 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
     let mut digests = String::new();
     for t in 0..steps {
+        at_step(t);
         let stepped = step(rt, primary, seed, t).unwrap_or_else(|e| {
             // Where each receiver thread of this rank stands: a diagnosis of a wait that timed out.
             let receivers: Vec<String> = (0..rt.n_boundaries())
@@ -1068,6 +1124,7 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, d
     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
     let mut digests = String::new();
     for t in 0..steps {
+        at_step(t);
         if let Some(input) = acts[0].as_mut() {
             let _scope = rt.enter(0).unwrap();
             rt.engine(0, primary).unwrap().htod_into(&graph_input_of(seed, t), input).unwrap();
@@ -1124,6 +1181,7 @@ fn graph_steps_thread_per_stage(
                     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
                     let mut digests = String::new();
                     for t in 0..steps {
+                        at_step(t);
                         if s == 0 {
                             engine.htod_into(&graph_input_of(seed, t), x).unwrap();
                         }
