@@ -985,6 +985,7 @@ fn run_mode(mode: &str, rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir
 
 /// One step of this rank's stages; returns the last stage's output when this rank runs it.
 fn step(rt: &PpNRt, primary: &Engine, seed: u64, t: u64) -> Result<Option<ppnrt::CudaSlice<f32>>, Error> {
+    at_step(t);
     let n_stages = rt.n_stages();
     let n = length_of(seed, t);
     let slot = (t % rt.n_slots() as u64) as usize;
@@ -1026,7 +1027,6 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
     let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
     let mut digests = String::new();
     for t in 0..steps {
-        at_step(t);
         let stepped = step(rt, primary, seed, t).unwrap_or_else(|e| {
             // Where each receiver thread of this rank stands: a diagnosis of a wait that timed out.
             let receivers: Vec<String> = (0..rt.n_boundaries())
