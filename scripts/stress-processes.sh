@@ -8,8 +8,9 @@
 #
 #   bash scripts/stress-processes.sh [seconds] [copies] [test...]
 #
-# Defaults: 300 seconds, 4 copies, the tests `two_processes_over_sockets_match_one_engine_bitwise`
-# and `two_processes_match_one_engine_bitwise` (copies alternate between the tests given).
+# Defaults: 300 seconds, 4 copies, the tests `two_processes_over_sockets_match_one_engine_bitwise`,
+# `two_processes_match_one_engine_bitwise` and `graph_mode_across_processes_matches_one_engine_bitwise`
+# (copies alternate between the tests given).
 # A run started before the time is up runs to its end. Environment: STRESS_OUT (logs; default
 # $OUT or stress-logs/), STRESS_RUN_TIMEOUT (default 300 s, past the test's own 240 s limit on a launch, so that a stalled launch is reported by the test, with every rank's output), and what the gate sets
 # (PPNRT_REQUIRE_GPUS, PPNRT_TEST_STALL_DUMP_S, PPNRT_TEST_QUICK: set here to 1 so that the
@@ -22,7 +23,8 @@ seconds=${1:-300}
 copies=${2:-4}
 shift $(($# > 2 ? 2 : $#))
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(two_processes_over_sockets_match_one_engine_bitwise two_processes_match_one_engine_bitwise)
+[ ${#tests[@]} -gt 0 ] || tests=(two_processes_over_sockets_match_one_engine_bitwise two_processes_match_one_engine_bitwise
+  graph_mode_across_processes_matches_one_engine_bitwise)
 bin=gpu-bundle/tests/processes
 [ -x "$bin" ] || { echo "stress-processes: $bin missing (bash scripts/build-gpu-bundle.sh)"; exit 2; }
 logs=${STRESS_OUT:-${OUT:-stress-logs}}
