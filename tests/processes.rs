@@ -1024,8 +1024,7 @@ fn step(rt: &PpNRt, primary: &Engine, seed: u64, t: u64) -> Result<Option<ppnrt:
 }
 
 fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path) {
-    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
-    let mut digests = String::new();
+    let mut digests = OutputDigests::default();
     for t in 0..steps {
         let stepped = step(rt, primary, seed, t).unwrap_or_else(|e| {
             // Where each receiver thread of this rank stands: a diagnosis of a wait that timed out.
@@ -1035,24 +1034,43 @@ fn run_pipeline(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path)
             panic!("step {t} failed: {e}; receiver threads: {receivers:?}")
         });
         if let Some(out) = stepped {
-            pending.push_back(rt.readback(out).unwrap());
-        }
-        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
-            let done = pending.pop_front().unwrap();
-            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+            digests.add(rt, out, t + 1 == steps);
         }
     }
+    finish_run(rt, dir, rt.owns_stage(rt.n_stages() - 1).then_some(digests.text));
+}
+
+/// The last stage's outputs, read back as their steps end (at most four readbacks in flight) and
+/// digested in step order.
+#[derive(Default)]
+struct OutputDigests {
+    pending: VecDeque<PendingReadback<f32>>,
+    text: String,
+}
+
+impl OutputDigests {
+    /// Reads a step's output back and digests the readbacks that are due (every one after the
+    /// run's last step).
+    fn add(&mut self, rt: &PpNRt, out: ppnrt::CudaSlice<f32>, last_step: bool) {
+        self.pending.push_back(rt.readback(out).unwrap());
+        while self.pending.len() > 4 || (last_step && !self.pending.is_empty()) {
+            let done = self.pending.pop_front().unwrap();
+            self.text.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+        }
+    }
+}
+
+/// The end of a rank's run: its streams idle, its receives through captured graphs counted for
+/// the parent (`GRAPH-RECEIVES`), and the digests written where it ran the last stage.
+fn finish_run(rt: &PpNRt, dir: &Path, digests: Option<String>) {
     rt.synchronize().unwrap();
     let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
     println!("GRAPH-RECEIVES {graph_receives}");
-    if rt.owns_stage(rt.n_stages() - 1) {
+    if let Some(digests) = digests {
         std::fs::write(dir.join("digests"), digests).unwrap();
     }
 }
 
-/// Graph mode: this rank's stages captured once, step parameter = the slot, then `steps` graph
-/// steps; the last stage's rank reads each output back and writes the digests. A stage spins
-/// half the longest delay on its device after receiving and before sending.
 /// How a rank replays its graph steps.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum GraphDriver {
@@ -1066,11 +1084,13 @@ enum GraphDriver {
     ThreadPerStage,
 }
 
-/// Graph steps: `capture_step` once, then replayed as `driver` says.
+/// Graph mode: this rank's stages captured once (step parameter = the slot), then `steps` steps
+/// replayed as `driver` says; the last stage's rank reads each output back and writes the
+/// digests. A stage spins half the longest delay on its device after receiving and before
+/// sending.
 fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, driver: GraphDriver) {
     let n = GRAPH_N;
     let n_stages = rt.n_stages();
-    let last = n_stages - 1;
     let spin_ns = max_delay_ns() / 2;
     let mut acts: Vec<Option<ppnrt::CudaSlice<f32>>> = (0..n_stages)
         .map(|s| {
@@ -1110,19 +1130,30 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, d
         })
         .unwrap();
     println!("CHILD rank {}: {} graphs captured", rt.rank(), step.n_graphs());
-    if driver == GraphDriver::ThreadPerStage {
-        let digests = graph_steps_thread_per_stage(rt, primary, &step, &mut acts, seed, steps);
-        drop(step);
-        rt.synchronize().unwrap();
-        let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
-        println!("GRAPH-RECEIVES {graph_receives}");
-        if let Some(digests) = digests {
-            std::fs::write(dir.join("digests"), digests).unwrap();
-        }
-        return;
-    }
-    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
-    let mut digests = String::new();
+    let digests = if driver == GraphDriver::ThreadPerStage {
+        graph_steps_thread_per_stage(rt, primary, &step, &mut acts, seed, steps)
+    } else {
+        graph_steps_one_thread(rt, primary, &mut step, &mut acts, seed, steps, driver == GraphDriver::Interleaved)
+    };
+    drop(step);
+    finish_run(rt, dir, digests);
+}
+
+/// Replays `steps` steps from this thread: `launch`, or with `interleaved` some steps eager
+/// instead on a pattern of each rank's own; returns the digests when this rank runs the last
+/// stage.
+fn graph_steps_one_thread(
+    rt: &PpNRt,
+    primary: &Engine,
+    step: &mut StepGraphs<'_, f32>,
+    acts: &mut [Option<ppnrt::CudaSlice<f32>>],
+    seed: u64,
+    steps: u64,
+    interleaved: bool,
+) -> Option<String> {
+    let last = rt.n_stages() - 1;
+    let spin_ns = max_delay_ns() / 2;
+    let mut digests = OutputDigests::default();
     for t in 0..steps {
         at_step(t);
         if let Some(input) = acts[0].as_mut() {
@@ -1130,31 +1161,20 @@ fn run_graphs(rt: &PpNRt, primary: &Engine, seed: u64, steps: u64, dir: &Path, d
             rt.engine(0, primary).unwrap().htod_into(&graph_input_of(seed, t), input).unwrap();
         }
         // Rank 0 runs every other pair of steps eagerly, rank 1 every third run of three.
-        if driver == GraphDriver::Interleaved && (t / (rt.rank() as u64 + 2)) % 3 == 1 {
-            eager_graph_step(rt, primary, &mut acts, t, spin_ns)
-                .unwrap_or_else(|e| panic!("eager step {t} failed: {e}"));
+        if interleaved && (t / (rt.rank() as u64 + 2)) % 3 == 1 {
+            eager_graph_step(rt, primary, acts, t, spin_ns).unwrap_or_else(|e| panic!("eager step {t} failed: {e}"));
         } else {
             step.launch().unwrap_or_else(|e| panic!("graph step {t} failed: {e}"));
         }
         if let Some(output) = acts[last].as_ref() {
             let _scope = rt.enter(last).unwrap();
             let engine = rt.engine(last, primary).unwrap();
-            let mut out = engine.alloc::<f32>(n).unwrap();
+            let mut out = engine.alloc::<f32>(output.len()).unwrap();
             engine.dtod(output, &mut out).unwrap();
-            pending.push_back(rt.readback(out).unwrap());
-        }
-        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
-            let done = pending.pop_front().unwrap();
-            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+            digests.add(rt, out, t + 1 == steps);
         }
     }
-    drop(step);
-    rt.synchronize().unwrap();
-    let graph_receives: u64 = (0..rt.n_boundaries()).map(|b| rt.graph_receives(b).unwrap()).sum();
-    println!("GRAPH-RECEIVES {graph_receives}");
-    if rt.owns_stage(last) {
-        std::fs::write(dir.join("digests"), digests).unwrap();
-    }
+    rt.owns_stage(last).then_some(digests.text)
 }
 
 /// Replays `steps` graph steps with one thread per stage of this rank, each calling
@@ -1178,8 +1198,7 @@ fn graph_steps_thread_per_stage(
                 scope.spawn(move || {
                     let _scope = rt.enter(s).unwrap();
                     let engine = rt.engine(s, primary).unwrap();
-                    let mut pending: VecDeque<PendingReadback<f32>> = VecDeque::new();
-                    let mut digests = String::new();
+                    let mut digests = OutputDigests::default();
                     for t in 0..steps {
                         at_step(t);
                         if s == 0 {
@@ -1189,14 +1208,10 @@ fn graph_steps_thread_per_stage(
                         if s == last {
                             let mut out = engine.alloc::<f32>(x.len()).unwrap();
                             engine.dtod(x, &mut out).unwrap();
-                            pending.push_back(rt.readback(out).unwrap());
-                        }
-                        while pending.len() > 4 || (t + 1 == steps && !pending.is_empty()) {
-                            let done = pending.pop_front().unwrap();
-                            digests.push_str(&format!("{:016x}\n", digest(done.wait().unwrap())));
+                            digests.add(rt, out, t + 1 == steps);
                         }
                     }
-                    (s == last).then_some(digests)
+                    (s == last).then_some(digests.text)
                 })
             })
             .collect();
