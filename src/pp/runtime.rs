@@ -90,8 +90,6 @@ struct Boundary {
 struct Ring {
     next: usize,
     slots: Vec<Slot>,
-    /// For a boundary from another rank: how many steps its receiver thread filled in.
-    fills: u64,
     /// For a boundary from another rank: the step after the last one its RX stage took (copied
     /// out, lent, or read by a graph), which a graph launch of that stage reads next. Steps fill
     /// the slots in turn, so that step is in slot `received % slots`.
@@ -308,7 +306,7 @@ impl PpNRt {
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
                     sm_copies,
-                    ring: Mutex::new(Ring { next: 0, slots, fills: 0, received: 0 }),
+                    ring: Mutex::new(Ring { next: 0, slots, received: 0 }),
                     changed: Condvar::new(),
                     sleepers: AtomicUsize::new(0),
                     inbound,
@@ -1045,7 +1043,6 @@ impl SlotFiller for Boundary {
         }
         ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };
         ring.slots[index].step = step.step;
-        ring.fills += 1;
         ring.next = (index + 1) % ring.slots.len();
         // Under the ring's lock: a receive that finds the slot filled finds the thread awaiting
         // the next record, not still posting this one.
