@@ -23,21 +23,25 @@
 //! and destroys the communicator when dropped. Threading: `NcclComm` is `Send + Sync`; a
 //! [`group`] takes its operations as a list ([`P2p`]), so no other work runs inside it. A send or
 //! receive posted into a stream capture while another thread of the process posted one (of any
-//! communicator) was seen to deadlock inside the driver (NCCL 2.28.9, driver 580, two ranks
-//! sharing one GPU): every send, receive and group here holds one process-wide lock shared, and
-//! the pipeline posts a receive into a capture only while it holds that lock alone
+//! communicator), or while an NCCL kernel of the process still ran, was seen to stall inside the
+//! driver (NCCL 2.28.9, driver 580, two ranks sharing one GPU): every send, receive and group
+//! here, and every launch of a graph holding one (`posting_launch`), holds one process-wide lock
+//! shared and notes an event after its work on its stream; the pipeline posts a receive into a
+//! capture only while it holds that lock alone and every such event has completed
 //! (`PostingAlone`).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
 
 use crate::error::{Error, LoadAttempt, Result};
 use crate::safe::memory::{Tracked, ordered, ordered_with};
-use crate::safe::ordering::Use;
+use crate::safe::ordering::{StreamEvent, Use};
 use crate::safe::{
     Context, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error,
 };
@@ -760,11 +764,14 @@ impl NcclComm {
         let nccl = nccl()?;
         posting(|| {
             let mut one_call = self.one_call(what)?;
-            ordered(op.stream(), [op.ordered_use()], || {
+            let posted = ordered(op.stream(), [op.ordered_use()], || {
                 let result = op.raw_call(nccl)?;
                 // Enqueued once settled: the ordering rule marks the buffer after this returns.
                 self.settle(nccl, &mut one_call, op.call_name(), result)
-            })
+            });
+            // Noted whatever the call returned: a failed call may have enqueued work.
+            let noted = note_in_flight(op.stream());
+            posted.and(noted)
         })
     }
 
@@ -1020,7 +1027,16 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     comms.dedup_by_key(|comm| std::ptr::from_ref::<NcclComm>(comm) as usize);
     posting(|| {
         let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
-        ordered_from(nccl, ops, 0, &comms, &mut locks)
+        let posted = ordered_from(nccl, ops, 0, &comms, &mut locks);
+        // Noted whatever the group returned: a failed group may have enqueued work.
+        let mut streams: SmallVec<[&CudaStream; 4]> = SmallVec::new();
+        for op in ops {
+            if !streams.iter().any(|stream| stream.id() == op.stream().id()) {
+                streams.push(op.stream());
+            }
+        }
+        let noted = streams.into_iter().try_for_each(note_in_flight);
+        posted.and(noted)
     })
 }
 
@@ -1044,6 +1060,72 @@ fn posting<R>(post: impl FnOnce() -> R) -> R {
     post()
 }
 
+/// Launches work holding an NCCL operation (a graph that captured a send or receive) on
+/// `stream` as a send or receive is posted: under [`POSTING`] shared, its event noted in
+/// [`IN_FLIGHT`] after `launch` succeeded.
+///
+/// # Errors
+/// `launch`'s error; the record's error (the work is launched then, and no capture is made in
+/// the process from then on).
+pub(crate) fn posting_launch(stream: &CudaStream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+    posting(|| {
+        launch()?;
+        note_in_flight(stream)
+    })
+}
+
+/// The process's NCCL work that may still run: for each stream that carried a send, a receive
+/// or a launch of a graph holding one, an event recorded after the last of them (taken out once
+/// seen complete). `None` where that record failed: nothing is known of the stream then, and it
+/// never counts as complete. Written under [`POSTING`] (shared), read under it exclusively.
+static IN_FLIGHT: Mutex<Vec<LastPosted>> = Mutex::new(Vec::new());
+
+struct LastPosted {
+    stream_id: u64,
+    event: Option<StreamEvent>,
+}
+
+/// Notes in [`IN_FLIGHT`] that NCCL work was just enqueued on `stream`: an event recorded after it
+/// (while `stream` is captured, the capture's own event before it, since captured work does not
+/// run until a launch, which is noted itself).
+fn note_in_flight(stream: &CudaStream) -> Result<()> {
+    let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let at = match in_flight.iter().position(|last| last.stream_id == stream.id()) {
+        Some(at) => at,
+        None => {
+            in_flight.push(LastPosted { stream_id: stream.id(), event: None });
+            in_flight.len() - 1
+        }
+    };
+    stream.record_after_enqueued(None, &mut in_flight[at].event)
+}
+
+/// Whether all of the process's NCCL work noted in [`IN_FLIGHT`] has completed (queried, never
+/// waited for); the completed entries are taken out.
+///
+/// # Errors
+/// An event query's error.
+fn in_flight_settled() -> Result<bool> {
+    let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut settled = true;
+    let mut failed = None;
+    in_flight.retain(|last| {
+        if failed.is_some() {
+            return true;
+        }
+        let complete = match &last.event {
+            Some(event) => event.is_complete().unwrap_or_else(|e| {
+                failed = Some(e);
+                false
+            }),
+            None => false,
+        };
+        settled &= complete;
+        !complete
+    });
+    failed.map_or(Ok(settled), Err)
+}
+
 /// [`POSTING`] held exclusively by this thread: while it lives, no other send or receive of the
 /// process is in progress, and this thread's own go ahead (for posting into a capture).
 pub(crate) struct PostingAlone {
@@ -1051,16 +1133,24 @@ pub(crate) struct PostingAlone {
 }
 
 impl PostingAlone {
-    /// The lock, if no send or receive of the process is in progress now; never waits (a call
-    /// in progress may be waiting for a peer).
-    pub(crate) fn try_now() -> Option<PostingAlone> {
+    /// The lock, if no send or receive of the process is being posted now and every one posted
+    /// before has completed on its GPU (no NCCL kernel of the process is running, which may wait
+    /// for a peer that waits for this process); `None` else. Never waits (a call in progress may
+    /// be waiting for a peer).
+    ///
+    /// # Errors
+    /// An event query's error.
+    pub(crate) fn try_settled() -> Result<Option<PostingAlone>> {
         let exclusive = match POSTING.try_write() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
+            Err(TryLockError::WouldBlock) => return Ok(None),
         };
+        if !in_flight_settled()? {
+            return Ok(None);
+        }
         POSTING_ALONE.set(true);
-        Some(PostingAlone { _exclusive: exclusive })
+        Ok(Some(PostingAlone { _exclusive: exclusive }))
     }
 }
 

@@ -14,7 +14,8 @@
 //! path. Once a byte count repeats, the receiver thread captures the receive into each slot for
 //! that count in a CUDA graph (on a stream nothing else uses) and from then on launches the
 //! graph, ordered like the call. A receive is captured only while no other NCCL call of the
-//! process is in progress (`nccl::PostingAlone`); else it waits for a later step of its count.
+//! process is in progress and none of the process's NCCL work is still running on its GPU
+//! (`nccl::PostingAlone`); else it waits for a later step of its count.
 //! The graphs live in the link; each slot keeps two counts. A graph
 //! of a slot's old memory (the slot grew) is dropped. NCCL's abort and destroy wait until every
 //! graph holding an operation of the communicator is destroyed, so a failing link destroys its
@@ -54,7 +55,7 @@ use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
+use crate::nccl::{self, GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
@@ -693,7 +694,8 @@ fn receive_step(
     let bytes = dst.len();
     if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
         if graphs[at].exec.writes(dst) {
-            graphs[at].exec.launch(recv_stream)?;
+            let exec = &mut graphs[at].exec;
+            nccl::posting_launch(recv_stream, || exec.launch(recv_stream))?;
             link.graph_receives.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -708,21 +710,23 @@ fn receive_step(
         graphs.remove(oldest);
     }
     graphs.push(RecvGraph { slot, bytes, exec });
-    graphs.last_mut().expect("pushed above").exec.launch(recv_stream)?;
+    let exec = &mut graphs.last_mut().expect("pushed above").exec;
+    nccl::posting_launch(recv_stream, || exec.launch(recv_stream))?;
     link.graph_receives.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
 /// Captures NCCL's receive into `dst` on `capture_stream` (relaxed mode: other threads' calls
 /// are unaffected) and instantiates it; `None`, with nothing done, while another NCCL call of the
-/// process is in progress (NCCL's launch into a capture beside another launch was seen to
-/// deadlock inside the driver, see [`PostingAlone`]).
+/// process is in progress or NCCL work of the process has not completed on its GPU (NCCL's
+/// launch into a capture beside another launch, and beside an NCCL kernel of the process waiting
+/// for the peer, was seen to stall inside the driver, see [`PostingAlone`]).
 fn capture_receive(
     link: &Link,
     capture_stream: &Arc<CudaStream>,
     dst: &mut CudaViewMut<'_, u8>,
 ) -> Result<Option<GraphExec>> {
-    let Some(_alone) = PostingAlone::try_now() else {
+    let Some(_alone) = PostingAlone::try_settled()? else {
         return Ok(None);
     };
     let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;

@@ -677,6 +677,17 @@ int ppnrt_double_run_stream(void* stream) {
     return OK;
 }
 
+/* Another library's operations (ppnrt_double_enqueue_external) queued and not yet run, over all
+ * streams (those captured into a graph count once a launch queued them). */
+unsigned long long ppnrt_double_external_pending(void) {
+    pthread_mutex_lock(&lock);
+    unsigned long long n = 0;
+    for (size_t i = 0; i < n_streams; i++)
+        for (size_t at = streams[i]->head; at < streams[i]->len; at++) n += streams[i]->ops[at].kind == OP_EXTERNAL;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 /* Runs every queued operation of every stream. */
 void ppnrt_double_flush(void) {
     pthread_mutex_lock(&lock);
@@ -1242,9 +1253,11 @@ CUresult cuEventQuery(void* event) {
         RETURN(E_CAPTURE_ISOLATION);
     }
     if (event_complete(e)) RETURN(OK);
+    /* The device progresses under repeated polling: the third query runs the stream up to the
+     * event, and it may then be complete. */
     if (++e->polls >= 3) {
         e->polls = 0;
-        run_until(e->stream, e->pos);
+        if (run_until(e->stream, e->pos) && event_complete(e)) RETURN(OK);
     }
     RETURN(E_NOT_READY);
 }

@@ -12,8 +12,10 @@
  *   ncclInProgress (inside a group, ncclGroupEnd does), ncclCommGetAsyncError says so until the
  *   work is enqueued (2 ms later; never with PPNRT_NCCL_DOUBLE_STALL_CONNECT=1, until aborted).
  *   PPNRT_NCCL_DOUBLE_SLOW_RECV=<k>:<ms> makes one receive call block its caller (see below).
- * - A call that posts into a stream capture while another call of the process posts is refused
- *   (see posting_begin); PPNRT_NCCL_DOUBLE_POST_US=<us>[:<recv_us>] makes calls take that long.
+ * - A call that posts into a stream capture while another call of the process posts, or while a
+ *   send or receive of the process is queued on a stream and has not run, is refused (see
+ *   posting_begin): both were seen to stall inside the driver with NCCL 2.28.9, and the crate
+ *   keeps the rule. PPNRT_NCCL_DOUBLE_POST_US=<us>[:<recv_us>] makes calls take that long.
  * - Inside a group, sends and receives are enqueued at the group's end (ncclGroupEnd), as NCCL
  *   enqueues a group's work, not at each call.
  * - ncclSend / ncclRecv are stream work of the driver double (ppnrt_double_enqueue_external, found
@@ -123,6 +125,7 @@ static __thread int n_group_ops;
 static int (*enqueue_external)(void*, int (*)(void*), void (*)(void*), void*);
 static int (*run_stream)(void*);
 static int (*stream_capturing)(void*);
+static unsigned long long (*external_pending)(void);
 
 static int find_driver_double(void) {
     if (enqueue_external) return 1;
@@ -133,8 +136,9 @@ static int find_driver_double(void) {
     if (!lib) return 0;
     run_stream = (int (*)(void*))dlsym(lib, "ppnrt_double_run_stream");
     stream_capturing = (int (*)(void*))dlsym(lib, "ppnrt_double_stream_capturing");
+    external_pending = (unsigned long long (*)(void))dlsym(lib, "ppnrt_double_external_pending");
     enqueue_external = (int (*)(void*, int (*)(void*), void (*)(void*), void*))dlsym(lib, "ppnrt_double_enqueue_external");
-    return enqueue_external != NULL && run_stream != NULL && stream_capturing != NULL;
+    return enqueue_external != NULL && run_stream != NULL && stream_capturing != NULL && external_pending != NULL;
 }
 
 static void address(const ncclUniqueId* id, struct sockaddr_un* addr, socklen_t* len) {
@@ -468,6 +472,11 @@ static int posting_begin(int capturing, int sending) {
         fprintf(stderr, "ppnrt-nccl-double: VIOLATION: %s\n",
                 capturing ? "a call posted into a capture while another NCCL call of the process was posting"
                           : "a call posted while another thread's NCCL call posted into a capture");
+    }
+    unsigned long long pending = capturing && external_pending ? external_pending() : 0;
+    if (pending > 0) {
+        fprintf(stderr, "ppnrt-nccl-double: VIOLATION: a call posted into a capture while %llu NCCL operation(s) of the process had not run\n", pending);
+        overlap = 1;
     }
     const char* spec = getenv("PPNRT_NCCL_DOUBLE_POST_US");
     long send_us = 0, recv_us = 0;
