@@ -25,16 +25,16 @@
 //! receive posted into a stream capture while another thread of the process posted one (of any
 //! communicator), or while an NCCL kernel of the process still ran, was seen to stall inside the
 //! driver (NCCL 2.28.9, driver 580, two ranks sharing one GPU): every send, receive and group
-//! here, and every launch of a graph holding one (`posting_launch`), holds one process-wide lock
-//! shared and notes an event after its work on its stream; the pipeline posts a receive into a
-//! capture only while it holds that lock alone and every such event has completed
-//! (`PostingAlone`).
+//! here, and every launch of a graph holding one (`NcclComm::posting_launch`), holds one
+//! process-wide lock shared and notes an event after its work on its stream, kept by its
+//! communicator; the pipeline posts a receive into a capture only while it holds that lock alone
+//! and every live communicator's last events have completed (`PostingAlone`).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
@@ -581,6 +581,8 @@ pub struct NcclComm {
     /// whose calls NCCL may complete in the background: how long such a call is waited for
     /// before the communicator is aborted. `None` for a blocking one.
     background_bound: Option<Duration>,
+    /// Its work that may still run, looked at before a receive is captured ([`PostingAlone`]).
+    in_flight: Arc<InFlight>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every call on it
@@ -615,7 +617,15 @@ impl NcclComm {
         n_ranks: i32,
         background_bound: Option<Duration>,
     ) -> NcclComm {
-        NcclComm { raw, ctx: Arc::clone(ctx), rank, n_ranks, calls: std::sync::Mutex::new(false), background_bound }
+        NcclComm {
+            raw,
+            ctx: Arc::clone(ctx),
+            rank,
+            n_ranks,
+            calls: std::sync::Mutex::new(false),
+            background_bound,
+            in_flight: InFlight::registered(),
+        }
     }
 
     /// Whether NCCL may complete this communicator's calls in the background.
@@ -770,8 +780,24 @@ impl NcclComm {
                 self.settle(nccl, &mut one_call, op.call_name(), result)
             });
             // Noted whatever the call returned: a failed call may have enqueued work.
-            let noted = note_in_flight(op.stream());
+            let noted = self.in_flight.note(op.stream());
             posted.and(noted)
+        })
+    }
+
+    /// Launches work that holds an operation of this communicator (a graph that captured a send
+    /// or receive of it) on `stream` as a send or receive is posted: holding the process's
+    /// posting lock shared, with an event after the work noted as this communicator's work that
+    /// may still run (see [`PostingAlone`]).
+    ///
+    /// # Errors
+    /// `launch`'s error; the record's error (the work is launched then; this communicator's
+    /// work then never counts as complete, so no receive is captured in the process while it
+    /// lives).
+    pub(crate) fn posting_launch(&self, stream: &CudaStream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        posting(|| {
+            launch()?;
+            self.in_flight.note(stream)
         })
     }
 
@@ -1028,14 +1054,16 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     posting(|| {
         let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
         let posted = ordered_from(nccl, ops, 0, &comms, &mut locks);
-        // Noted whatever the group returned: a failed group may have enqueued work.
-        let mut streams: SmallVec<[&CudaStream; 4]> = SmallVec::new();
+        // Noted whatever the group returned: a failed group may have enqueued work. Once per
+        // communicator and stream.
+        let mut noted: SmallVec<[(&NcclComm, &CudaStream); 4]> = SmallVec::new();
         for op in ops {
-            if !streams.iter().any(|stream| stream.id() == op.stream().id()) {
-                streams.push(op.stream());
+            let pair = (op.comm(), &**op.stream());
+            if !noted.iter().any(|&(comm, stream)| std::ptr::eq(comm, pair.0) && stream.id() == pair.1.id()) {
+                noted.push(pair);
             }
         }
-        let noted = streams.into_iter().try_for_each(note_in_flight);
+        let noted = noted.into_iter().try_for_each(|(comm, stream)| comm.in_flight.note(stream));
         posted.and(noted)
     })
 }
@@ -1060,70 +1088,94 @@ fn posting<R>(post: impl FnOnce() -> R) -> R {
     post()
 }
 
-/// Launches work holding an NCCL operation (a graph that captured a send or receive) on
-/// `stream` as a send or receive is posted: under [`POSTING`] shared, its event noted in
-/// [`IN_FLIGHT`] after `launch` succeeded.
-///
-/// # Errors
-/// `launch`'s error; the record's error (the work is launched then, and no capture is made in
-/// the process from then on).
-pub(crate) fn posting_launch(stream: &CudaStream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
-    posting(|| {
-        launch()?;
-        note_in_flight(stream)
-    })
+/// The NCCL work one communicator posted that may still run: for each stream that carried one
+/// of its sends, receives or launches of a graph holding one, an event recorded after the last
+/// of them (taken out once seen complete). `None` where that record failed: nothing is known of
+/// the stream then, and it never counts as complete. Written under [`POSTING`] (shared), read
+/// under it exclusively.
+#[derive(Default)]
+struct InFlight {
+    last: Mutex<Vec<LastPosted>>,
 }
-
-/// The process's NCCL work that may still run: for each stream that carried a send, a receive
-/// or a launch of a graph holding one, an event recorded after the last of them (taken out once
-/// seen complete). `None` where that record failed: nothing is known of the stream then, and it
-/// never counts as complete. Written under [`POSTING`] (shared), read under it exclusively.
-static IN_FLIGHT: Mutex<Vec<LastPosted>> = Mutex::new(Vec::new());
 
 struct LastPosted {
     stream_id: u64,
     event: Option<StreamEvent>,
 }
 
-/// Notes in [`IN_FLIGHT`] that NCCL work was just enqueued on `stream`: an event recorded after it
-/// (while `stream` is captured, the capture's own event before it, since captured work does not
-/// run until a launch, which is noted itself).
-fn note_in_flight(stream: &CudaStream) -> Result<()> {
-    let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let at = match in_flight.iter().position(|last| last.stream_id == stream.id()) {
-        Some(at) => at,
-        None => {
-            in_flight.push(LastPosted { stream_id: stream.id(), event: None });
-            in_flight.len() - 1
-        }
-    };
-    stream.record_after_enqueued(None, &mut in_flight[at].event)
+/// Every live communicator's [`InFlight`] (weakly: a communicator's drop takes its events, and
+/// the contexts they hold, with it); the dead ones are taken out when one is added.
+static COMMUNICATORS_IN_FLIGHT: Mutex<Vec<Weak<InFlight>>> = Mutex::new(Vec::new());
+
+impl InFlight {
+    /// A new one, registered in [`COMMUNICATORS_IN_FLIGHT`].
+    fn registered() -> Arc<InFlight> {
+        let in_flight = Arc::new(InFlight::default());
+        let mut all = COMMUNICATORS_IN_FLIGHT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.retain(|weak| weak.strong_count() > 0);
+        all.push(Arc::downgrade(&in_flight));
+        in_flight
+    }
+
+    /// Notes that work was just enqueued on `stream`: an event recorded after it (while `stream`
+    /// is captured, the capture's own event before it: captured work runs only when launched,
+    /// and a launch is noted itself).
+    fn note(&self, stream: &CudaStream) -> Result<()> {
+        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let at = match last.iter().position(|posted| posted.stream_id == stream.id()) {
+            Some(at) => at,
+            None => {
+                last.push(LastPosted { stream_id: stream.id(), event: None });
+                last.len() - 1
+            }
+        };
+        stream.record_after_enqueued(None, &mut last[at].event)
+    }
+
+    /// Whether all the work noted has completed (queried, never waited for); the completed
+    /// entries are taken out.
+    ///
+    /// # Errors
+    /// An event query's error.
+    fn settled(&self) -> Result<bool> {
+        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut settled = true;
+        let mut failed = None;
+        last.retain(|posted| {
+            if failed.is_some() {
+                return true;
+            }
+            let complete = match &posted.event {
+                Some(event) => event.is_complete().unwrap_or_else(|e| {
+                    failed = Some(e);
+                    false
+                }),
+                None => false,
+            };
+            settled &= complete;
+            !complete
+        });
+        failed.map_or(Ok(settled), Err)
+    }
 }
 
-/// Whether all of the process's NCCL work noted in [`IN_FLIGHT`] has completed (queried, never
-/// waited for); the completed entries are taken out.
+/// Whether every live communicator's NCCL work has completed (see [`InFlight::settled`]).
 ///
 /// # Errors
 /// An event query's error.
-fn in_flight_settled() -> Result<bool> {
-    let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let mut settled = true;
-    let mut failed = None;
-    in_flight.retain(|last| {
-        if failed.is_some() {
-            return true;
+fn all_settled() -> Result<bool> {
+    let all: Vec<Arc<InFlight>> = COMMUNICATORS_IN_FLIGHT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for in_flight in all {
+        if !in_flight.settled()? {
+            return Ok(false);
         }
-        let complete = match &last.event {
-            Some(event) => event.is_complete().unwrap_or_else(|e| {
-                failed = Some(e);
-                false
-            }),
-            None => false,
-        };
-        settled &= complete;
-        !complete
-    });
-    failed.map_or(Ok(settled), Err)
+    }
+    Ok(true)
 }
 
 /// [`POSTING`] held exclusively by this thread: while it lives, no other send or receive of the
@@ -1133,10 +1185,10 @@ pub(crate) struct PostingAlone {
 }
 
 impl PostingAlone {
-    /// The lock, if no send or receive of the process is being posted now and every one posted
-    /// before has completed on its GPU (no NCCL kernel of the process is running, which may wait
-    /// for a peer that waits for this process); `None` else. Never waits (a call in progress may
-    /// be waiting for a peer).
+    /// The lock, if no send or receive of the process is being posted now and every one a live
+    /// communicator posted before has completed on its GPU (no NCCL kernel of the process is
+    /// running, which may wait for a peer that waits for this process); `None` else. Never waits
+    /// (a call in progress may be waiting for a peer).
     ///
     /// # Errors
     /// An event query's error.
@@ -1146,7 +1198,7 @@ impl PostingAlone {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(None),
         };
-        if !in_flight_settled()? {
+        if !all_settled()? {
             return Ok(None);
         }
         POSTING_ALONE.set(true);

@@ -55,7 +55,7 @@ use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
 use crate::config::PpConfig;
 use crate::error::{Error, Result};
-use crate::nccl::{self, GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
@@ -695,7 +695,7 @@ fn receive_step(
     if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
         if graphs[at].exec.writes(dst) {
             let exec = &mut graphs[at].exec;
-            nccl::posting_launch(recv_stream, || exec.launch(recv_stream))?;
+            link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
             link.graph_receives.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -711,7 +711,7 @@ fn receive_step(
     }
     graphs.push(RecvGraph { slot, bytes, exec });
     let exec = &mut graphs.last_mut().expect("pushed above").exec;
-    nccl::posting_launch(recv_stream, || exec.launch(recv_stream))?;
+    link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
     link.graph_receives.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
