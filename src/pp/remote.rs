@@ -15,7 +15,9 @@
 //! that count in a CUDA graph (on a stream nothing else uses) and from then on launches the
 //! graph, ordered like the call. A receive is captured only while no other NCCL call of the
 //! process is in progress and none of the process's NCCL work is still running on its GPU
-//! (`nccl::PostingAlone`); else it waits for a later step of its count.
+//! (`nccl::PostingAlone`; waited for at most a millisecond); else it is received by NCCL's call
+//! and the capture waits for a later step of its count. A link that missed 32 such chances
+//! no longer waits (it captures only where it finds the work complete at once).
 //! The graphs live in the link; each slot keeps two counts. A graph
 //! of a slot's old memory (the slot grew) is dropped. NCCL's abort and destroy wait until every
 //! graph holding an operation of the communicator is destroyed, so a failing link destroys its
@@ -46,7 +48,7 @@
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -101,6 +103,9 @@ pub(super) struct Link {
     recv_graphs: Mutex<Option<Vec<RecvGraph>>>,
     /// How many steps were received through captured graphs.
     graph_receives: AtomicU64,
+    /// On how many steps a capture found the process's NCCL work still running within its wait
+    /// (see [`capture_receive`]).
+    captures_missed: AtomicU32,
     pub(super) comm: NcclComm,
     failure: Failure,
     /// A handle of the link's control connection, shut down when the link fails so that the
@@ -174,6 +179,14 @@ struct RecvGraph {
 
 /// How many byte counts each slot keeps a captured receive for (the oldest is dropped).
 const RECV_GRAPHS_PER_SLOT: usize = 2;
+
+/// How long a receiver thread about to capture a receive waits for the process's NCCL work to
+/// complete (see [`capture_receive`]).
+const CAPTURE_SETTLE_WAIT: Duration = Duration::from_millis(1);
+
+/// On how many steps a link waits so; later it captures only when it finds the work complete
+/// at once.
+const CAPTURE_WAITS: u32 = 32;
 
 impl Link {
     /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
@@ -721,13 +734,30 @@ fn receive_step(
 /// process is in progress or NCCL work of the process has not completed on its GPU (NCCL's
 /// launch into a capture beside another launch, and beside an NCCL kernel of the process waiting
 /// for the peer, was seen to stall inside the driver, see [`PostingAlone`]).
+///
+/// The process's NCCL work is waited for (polled) at most [`CAPTURE_SETTLE_WAIT`], on at most
+/// [`CAPTURE_WAITS`] steps of the link that found it still running: a link whose receives
+/// rarely find the process's NCCL work complete (the ranks' stages keep NCCL busy) costs its
+/// steps at most that long in all, and then captures only where it finds the work complete
+/// at once.
 fn capture_receive(
     link: &Link,
     capture_stream: &Arc<CudaStream>,
     dst: &mut CudaViewMut<'_, u8>,
 ) -> Result<Option<GraphExec>> {
-    let Some(_alone) = PostingAlone::try_settled()? else {
-        return Ok(None);
+    let wait =
+        if link.captures_missed.load(Ordering::Relaxed) < CAPTURE_WAITS { CAPTURE_SETTLE_WAIT } else { Duration::ZERO };
+    let deadline = Instant::now() + wait;
+    let mut polls = 0;
+    let _alone = loop {
+        if let Some(alone) = PostingAlone::try_settled()? {
+            break alone;
+        }
+        if Instant::now() >= deadline {
+            link.captures_missed.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        poll_pause(&mut polls);
     };
     let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
     let captured = link.comm.recv(capture_stream, dst, 0);
@@ -993,6 +1023,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             peer,
             recv_graphs,
             graph_receives: AtomicU64::new(0),
+            captures_missed: AtomicU32::new(0),
             comm,
             failure: Failure::default(),
             connection: clone(&socket)?,
