@@ -451,15 +451,31 @@ fn mismatches_against_reference(engine: &Engine, name: &str, launch: &Launch<'_>
         },
         started.elapsed().as_secs_f64()
     ));
-    // Steps come in runs of one length: the receiver threads must have used captured graphs,
-    // unless NCCL's support for them is turned off (`NCCL_GRAPH_MIXING_SUPPORT=0`, which the
-    // ranks inherit), when none may have.
+    // With NCCL's support for captured receives turned off (`NCCL_GRAPH_MIXING_SUPPORT=0`, which
+    // the ranks inherit) none may go through a graph. Else steps come in runs of one length, and
+    // the receiver threads capture where they find the process's NCCL work complete: counted
+    // here, and each test checks that its scenarios used captured graphs at all
+    // (`assert_receives_captured`; one placement may keep NCCL busy on a loaded GPU).
     if captured_receives_off() {
         assert_eq!(graph_receives, 0, "{name}: receives went through captured graphs with NCCL_GRAPH_MIXING_SUPPORT=0");
-    } else {
-        assert!(graph_receives > 0, "{name}: no receive went through a captured graph");
     }
+    GRAPH_RECEIVES.set(GRAPH_RECEIVES.get() + graph_receives);
     mismatches
+}
+
+thread_local! {
+    /// Cross-rank receives through captured graphs in the scenarios this thread ran so far (a
+    /// test runs its scenarios on its own thread).
+    static GRAPH_RECEIVES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Checks that the scenarios `test` ran used captured receives (unless they are turned off).
+fn assert_receives_captured(test: &str) {
+    let graph_receives = GRAPH_RECEIVES.replace(0);
+    assert!(
+        captured_receives_off() || graph_receives > 0,
+        "{test}: no receive of its scenarios went through a captured graph"
+    );
 }
 
 /// Whether `NCCL_GRAPH_MIXING_SUPPORT=0` turns the ranks' captured receives off.
@@ -482,6 +498,7 @@ fn two_processes_match_one_engine_bitwise() {
     matches_reference(&engine, "4-alternating", &[0, 1, 0, 1], 3, 500, false);
     matches_reference(&engine, "8-contiguous", &[0, 0, 0, 0, 1, 1, 1, 1], 2, 300, false);
     matches_reference(&engine, "8-alternating", &[0, 1, 0, 1, 0, 1, 0, 1], 4, 300, false);
+    assert_receives_captured(test);
 }
 
 /// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ. Both
@@ -497,6 +514,7 @@ fn a_broken_protocol_across_processes_is_caught() {
     let broken = Launch { broken: true, max_delay_ns: Some(1_000_000), ..pipeline_launch(&[0, 1], 2, 300, false) };
     let broken = mismatches_against_reference(&engine, "broken-long-delays", &broken);
     assert!(broken > 0, "rx without waiting for the receive went unnoticed");
+    assert_receives_captured(test);
 }
 
 /// Graph mode across processes: each rank captures its own stages' step once (`capture_step`)
@@ -559,6 +577,7 @@ fn graph_mode_across_processes_matches_one_engine_bitwise() {
         mismatches_against_reference(&engine, "graphs-broken", &broken) > 0
     });
     assert!(caught, "a graph launched without waiting for the receive went unnoticed");
+    assert_receives_captured(test);
 }
 
 #[test]
@@ -567,6 +586,7 @@ fn two_processes_over_sockets_match_one_engine_bitwise() {
     let Some(engine) = ready(test) else { return };
     matches_reference(&engine, "sockets-2-stages", &[0, 1], 2, 2000, true);
     matches_reference(&engine, "sockets-4-alternating", &[0, 1, 0, 1], 2, 300, true);
+    assert_receives_captured(test);
 }
 
 #[test]
@@ -656,6 +676,7 @@ fn no_receive_is_captured_while_another_nccl_call_posts() {
     let launch = Launch { rank_env: &rank_env, ..pipeline_launch(&[0, 1, 0, 1], 2, 300, false) };
     let mismatches = mismatches_against_reference(&engine, "posting-apart", &launch);
     assert_eq!(mismatches, 0, "{test}: outputs differ from one engine's");
+    assert_receives_captured(test);
 }
 
 /// A slot of a boundary from another rank grows (its receiver thread allocates) while the RX
