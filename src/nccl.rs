@@ -26,9 +26,9 @@
 //! communicator), or while an NCCL kernel of the process still ran, was seen to stall inside the
 //! driver (NCCL 2.28.9, driver 580, two ranks sharing one GPU): every send, receive and group
 //! here, and every launch of a graph holding one (`NcclComm::posting_launch`), holds one
-//! process-wide lock shared and notes an event after its work on its stream, kept by its
-//! communicator; the pipeline posts a receive into a capture only while it holds that lock alone
-//! and every live communicator's last events have completed (`PostingAlone`).
+//! process-wide lock shared and notes its stream in its communicator; the pipeline posts a
+//! receive into a capture only while it holds that lock alone and an event recorded then at the
+//! end of every such stream of every live communicator has completed (`PostingAlone`).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
@@ -36,8 +36,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
-
-use smallvec::SmallVec;
 
 use crate::error::{Error, LoadAttempt, Result};
 use crate::safe::memory::{Tracked, ordered, ordered_with};
@@ -780,8 +778,8 @@ impl NcclComm {
                 self.settle(nccl, &mut one_call, op.call_name(), result)
             });
             // Noted whatever the call returned: a failed call may have enqueued work.
-            let noted = self.in_flight.note(op.stream());
-            posted.and(noted)
+            self.in_flight.note(op.stream());
+            posted
         })
     }
 
@@ -791,13 +789,12 @@ impl NcclComm {
     /// may still run (see [`PostingAlone`]).
     ///
     /// # Errors
-    /// `launch`'s error; the record's error (the work is launched then; this communicator's
-    /// work then never counts as complete, so no receive is captured in the process while it
-    /// lives).
-    pub(crate) fn posting_launch(&self, stream: &CudaStream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// `launch`'s error.
+    pub(crate) fn posting_launch(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         posting(|| {
             launch()?;
-            self.in_flight.note(stream)
+            self.in_flight.note(stream);
+            Ok(())
         })
     }
 
@@ -1054,17 +1051,11 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     posting(|| {
         let mut locks = comms.iter().map(|comm| comm.one_call("nccl::group")).collect::<Result<Vec<_>>>()?;
         let posted = ordered_from(nccl, ops, 0, &comms, &mut locks);
-        // Noted whatever the group returned: a failed group may have enqueued work. Once per
-        // communicator and stream.
-        let mut noted: SmallVec<[(&NcclComm, &CudaStream); 4]> = SmallVec::new();
+        // Noted whatever the group returned: a failed group may have enqueued work.
         for op in ops {
-            let pair = (op.comm(), &**op.stream());
-            if !noted.iter().any(|&(comm, stream)| std::ptr::eq(comm, pair.0) && stream.id() == pair.1.id()) {
-                noted.push(pair);
-            }
+            op.comm().in_flight.note(op.stream());
         }
-        let noted = noted.into_iter().try_for_each(|(comm, stream)| comm.in_flight.note(stream));
-        posted.and(noted)
+        posted
     })
 }
 
@@ -1088,23 +1079,26 @@ fn posting<R>(post: impl FnOnce() -> R) -> R {
     post()
 }
 
-/// The NCCL work one communicator posted that may still run: for each stream that carried one
-/// of its sends, receives or launches of a graph holding one, an event recorded after the last
-/// of them (taken out once seen complete). `None` where that record failed: nothing is known of
-/// the stream then, and it never counts as complete. Written under [`POSTING`] (shared), read
-/// under it exclusively.
+/// The NCCL work one communicator posted that may still run: each stream that carried one of
+/// its sends, receives or launches of a graph holding one, whether it did since the stream's
+/// event was last recorded, and that event. Noting a post costs no driver call: the event is
+/// recorded only when a capture asks ([`settled`](Self::settled)), at the end of the stream then
+/// (after the post, and after whatever the stream was given since, which only makes the answer
+/// later). Written under [`POSTING`] (shared), read under it exclusively.
 #[derive(Default)]
 struct InFlight {
-    last: Mutex<Vec<LastPosted>>,
+    streams: Mutex<Vec<PostedOn>>,
 }
 
-struct LastPosted {
-    stream_id: u64,
+struct PostedOn {
+    stream: Arc<CudaStream>,
+    /// Posted on since `event` was recorded (or never recorded).
+    posted: bool,
     event: Option<StreamEvent>,
 }
 
-/// Every live communicator's [`InFlight`] (weakly: a communicator's drop takes its events, and
-/// the contexts they hold, with it); the dead ones are taken out when one is added.
+/// Every live communicator's [`InFlight`] (weakly: a communicator's drop takes its streams and
+/// events, and the contexts they hold, with it); the dead ones are taken out when one is added.
 static COMMUNICATORS_IN_FLIGHT: Mutex<Vec<Weak<InFlight>>> = Mutex::new(Vec::new());
 
 impl InFlight {
@@ -1117,35 +1111,36 @@ impl InFlight {
         in_flight
     }
 
-    /// Notes that work was just enqueued on `stream`: an event recorded after it (while `stream`
-    /// is captured, the capture's own event before it: captured work runs only when launched,
-    /// and a launch is noted itself).
-    fn note(&self, stream: &CudaStream) -> Result<()> {
-        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let at = match last.iter().position(|posted| posted.stream_id == stream.id()) {
-            Some(at) => at,
-            None => {
-                last.push(LastPosted { stream_id: stream.id(), event: None });
-                last.len() - 1
-            }
-        };
-        stream.record_after_enqueued(None, &mut last[at].event)
+    /// Notes that work was just enqueued on `stream`.
+    fn note(&self, stream: &Arc<CudaStream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match streams.iter_mut().find(|on| on.stream.id() == stream.id()) {
+            Some(on) => on.posted = true,
+            None => streams.push(PostedOn { stream: Arc::clone(stream), posted: true, event: None }),
+        }
     }
 
-    /// Whether all the work noted has completed (queried, never waited for); the completed
-    /// entries are taken out.
+    /// Whether all the work noted has completed: an event recorded at the end of each stream
+    /// posted on since its last one (while the stream is captured, the capture's own event before
+    /// it: captured work runs only when launched, and a launch is noted itself), then every
+    /// stream's event queried, never waited for. The streams whose event completed with nothing
+    /// posted since are taken out.
     ///
     /// # Errors
-    /// An event query's error.
+    /// An event record's or query's error.
     fn settled(&self) -> Result<bool> {
-        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for on in streams.iter_mut().filter(|on| on.posted) {
+            on.stream.record_after_enqueued(None, &mut on.event)?;
+            on.posted = false;
+        }
         let mut settled = true;
         let mut failed = None;
-        last.retain(|posted| {
+        streams.retain(|on| {
             if failed.is_some() {
                 return true;
             }
-            let complete = match &posted.event {
+            let complete = match &on.event {
                 Some(event) => event.is_complete().unwrap_or_else(|e| {
                     failed = Some(e);
                     false
