@@ -1091,11 +1091,17 @@ struct InFlight {
 }
 
 struct PostedOn {
-    stream: Arc<CudaStream>,
+    /// `None` once only this entry held the stream (see [`InFlight::note`]).
+    stream: Option<Arc<CudaStream>>,
+    stream_id: u64,
     /// Posted on since `event` was recorded (or never recorded).
     posted: bool,
     event: Option<StreamEvent>,
 }
+
+/// How many streams a communicator's [`InFlight`] holds before a new one makes it let go of
+/// those nothing else holds.
+const IN_FLIGHT_STREAMS: usize = 8;
 
 /// Every live communicator's [`InFlight`] (weakly: a communicator's drop takes its streams and
 /// events, and the contexts they hold, with it); the dead ones are taken out when one is added.
@@ -1111,13 +1117,33 @@ impl InFlight {
         in_flight
     }
 
-    /// Notes that work was just enqueued on `stream`.
+    /// Notes that work was just enqueued on `stream`. A stream new to this communicator, past
+    /// [`IN_FLIGHT_STREAMS`] of them, first makes it let go of the streams only it holds (their
+    /// callers dropped them): the event of such a stream is recorded then, and the stream
+    /// released; the entries whose event completed are taken out. So a caller that posts on a
+    /// new stream each time keeps no stream alive here.
     fn note(&self, stream: &Arc<CudaStream>) {
         let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match streams.iter_mut().find(|on| on.stream.id() == stream.id()) {
-            Some(on) => on.posted = true,
-            None => streams.push(PostedOn { stream: Arc::clone(stream), posted: true, event: None }),
+        if let Some(on) = streams.iter_mut().find(|on| on.stream_id == stream.id()) {
+            on.posted = true;
+            return;
         }
+        if streams.len() >= IN_FLIGHT_STREAMS {
+            streams.retain_mut(|on| {
+                if on.stream.as_ref().is_some_and(|held| Arc::strong_count(held) == 1) {
+                    if let Some(held) = on.stream.take() {
+                        if on.posted && held.record_after_enqueued(None, &mut on.event).is_ok() {
+                            on.posted = false;
+                        }
+                    }
+                }
+                // A released stream whose record failed stays unknown (never complete).
+                on.stream.is_some()
+                    || on.posted
+                    || !on.event.as_ref().is_some_and(|event| event.is_complete().unwrap_or(false))
+            });
+        }
+        streams.push(PostedOn { stream: Some(Arc::clone(stream)), stream_id: stream.id(), posted: true, event: None });
     }
 
     /// Whether all the work noted has completed: an event recorded at the end of each stream
@@ -1131,8 +1157,11 @@ impl InFlight {
     fn settled(&self) -> Result<bool> {
         let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for on in streams.iter_mut().filter(|on| on.posted) {
-            on.stream.record_after_enqueued(None, &mut on.event)?;
-            on.posted = false;
+            // A released stream still posted on is one whose record failed: unknown, not complete.
+            if let Some(stream) = &on.stream {
+                stream.record_after_enqueued(None, &mut on.event)?;
+                on.posted = false;
+            }
         }
         let mut settled = true;
         let mut failed = None;
@@ -1141,6 +1170,7 @@ impl InFlight {
                 return true;
             }
             let complete = match &on.event {
+                Some(_) if on.posted => false,
                 Some(event) => event.is_complete().unwrap_or_else(|e| {
                     failed = Some(e);
                     false

@@ -152,6 +152,21 @@ fn exchange(test: &str, watched: bool) {
                         Err(Error::Nccl(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS })) if ops == MAX_GROUP_OPS + 1
                     ));
                     comm.async_error().unwrap();
+                    // A communicator keeps alive no more than a few of the streams its caller
+                    // posted on and dropped (it notes each for the captures' look at the NCCL
+                    // work in flight).
+                    let dropped: Vec<std::sync::Weak<ppnrt::CudaStream>> = (0..20)
+                        .map(|i| {
+                            let fresh = ppnrt::CudaStream::new(engine.context()).unwrap();
+                            let mut buf = CudaSlice::<u32>::alloc(&fresh, 16).unwrap();
+                            engine.fill_pattern(&mut buf, i).unwrap();
+                            if rank == 0 { comm.send(&fresh, &buf, 1) } else { comm.recv(&fresh, &mut buf, 0) }.unwrap();
+                            drop(buf);
+                            Arc::downgrade(&fresh)
+                        })
+                        .collect();
+                    let alive = dropped.iter().filter(|stream| stream.strong_count() > 0).count();
+                    assert!(alive <= 8, "rank {rank}: {alive} of 20 dropped streams still alive");
                     checked.wait();
                     (engine.checksum(&theirs).unwrap(), engine.checksum(&mine).unwrap())
                 })
