@@ -91,3 +91,6 @@ run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender
 run capture-in-flight src/nccl.rs "        if !all_settled()? {" "        if false && !all_settled()? {" processes
 run graph-launch-unnoted src/nccl.rs "            self.in_flight.note(stream);
             Ok(())" "            Ok(())" processes
+# A communicator lets go of the streams only it holds (a caller posting on a new stream each
+# time keeps none alive).
+run in-flight-streams-kept src/nccl.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
