@@ -1090,13 +1090,43 @@ struct InFlight {
     streams: Mutex<Vec<PostedOn>>,
 }
 
+/// One stream of a communicator's [`InFlight`]. A released entry (`stream` taken, see
+/// [`InFlight::note`]) was recorded after its last post: its `posted` is false and its `event`
+/// set.
 struct PostedOn {
-    /// `None` once only this entry held the stream (see [`InFlight::note`]).
     stream: Option<Arc<CudaStream>>,
-    stream_id: u64,
     /// Posted on since `event` was recorded (or never recorded).
     posted: bool,
     event: Option<StreamEvent>,
+}
+
+impl PostedOn {
+    /// Records the event at the end of the stream if it was posted on since the last record
+    /// (while the stream is captured, the capture's own event before it: captured work runs only
+    /// when launched, and a launch is noted itself).
+    fn record(&mut self) -> Result<()> {
+        if let (true, Some(stream)) = (self.posted, &self.stream) {
+            stream.record_after_enqueued(None, &mut self.event)?;
+            self.posted = false;
+        }
+        Ok(())
+    }
+
+    /// Lets go of the stream when nothing else holds it (its caller dropped it), once its event
+    /// is recorded (a failed record keeps it, for the next look).
+    fn release_if_unheld(&mut self) {
+        if self.stream.as_ref().is_some_and(|held| Arc::strong_count(held) == 1) && self.record().is_ok() {
+            self.stream = None;
+        }
+    }
+
+    /// Whether the work posted on the stream has completed (queried, never waited for).
+    fn complete(&self) -> Result<bool> {
+        match &self.event {
+            Some(event) if !self.posted => event.is_complete(),
+            _ => Ok(false),
+        }
+    }
 }
 
 /// How many streams a communicator's [`InFlight`] holds before a new one makes it let go of
@@ -1119,64 +1149,39 @@ impl InFlight {
 
     /// Notes that work was just enqueued on `stream`. A stream new to this communicator, past
     /// [`IN_FLIGHT_STREAMS`] of them, first makes it let go of the streams only it holds (their
-    /// callers dropped them): the event of such a stream is recorded then, and the stream
-    /// released; the entries whose event completed are taken out. So a caller that posts on a
-    /// new stream each time keeps no stream alive here.
+    /// callers dropped them), and the released entries whose event completed are taken out. So a
+    /// caller that posts on a new stream each time keeps no stream alive here.
     fn note(&self, stream: &Arc<CudaStream>) {
         let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(on) = streams.iter_mut().find(|on| on.stream_id == stream.id()) {
+        let noted = streams.iter_mut().find(|on| on.stream.as_ref().is_some_and(|held| held.id() == stream.id()));
+        if let Some(on) = noted {
             on.posted = true;
             return;
         }
         if streams.len() >= IN_FLIGHT_STREAMS {
-            streams.retain_mut(|on| {
-                if on.stream.as_ref().is_some_and(|held| Arc::strong_count(held) == 1) {
-                    if let Some(held) = on.stream.take() {
-                        if on.posted && held.record_after_enqueued(None, &mut on.event).is_ok() {
-                            on.posted = false;
-                        }
-                    }
-                }
-                // A released stream whose record failed stays unknown (never complete).
-                on.stream.is_some()
-                    || on.posted
-                    || !on.event.as_ref().is_some_and(|event| event.is_complete().unwrap_or(false))
-            });
+            streams.iter_mut().for_each(PostedOn::release_if_unheld);
+            streams.retain(|on| on.stream.is_some() || !on.complete().unwrap_or(false));
         }
-        streams.push(PostedOn { stream: Some(Arc::clone(stream)), stream_id: stream.id(), posted: true, event: None });
+        streams.push(PostedOn { stream: Some(Arc::clone(stream)), posted: true, event: None });
     }
 
     /// Whether all the work noted has completed: an event recorded at the end of each stream
-    /// posted on since its last one (while the stream is captured, the capture's own event before
-    /// it: captured work runs only when launched, and a launch is noted itself), then every
-    /// stream's event queried, never waited for. The streams whose event completed with nothing
-    /// posted since are taken out.
+    /// posted on since its last one ([`PostedOn::record`]), then every stream's event queried.
+    /// The streams whose event completed are taken out.
     ///
     /// # Errors
     /// An event record's or query's error.
     fn settled(&self) -> Result<bool> {
         let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for on in streams.iter_mut().filter(|on| on.posted) {
-            // A released stream still posted on is one whose record failed: unknown, not complete.
-            if let Some(stream) = &on.stream {
-                stream.record_after_enqueued(None, &mut on.event)?;
-                on.posted = false;
-            }
-        }
+        streams.iter_mut().try_for_each(PostedOn::record)?;
         let mut settled = true;
         let mut failed = None;
         streams.retain(|on| {
-            if failed.is_some() {
-                return true;
-            }
-            let complete = match &on.event {
-                Some(_) if on.posted => false,
-                Some(event) => event.is_complete().unwrap_or_else(|e| {
+            let complete = failed.is_none()
+                && on.complete().unwrap_or_else(|e| {
                     failed = Some(e);
                     false
-                }),
-                None => false,
-            };
+                });
             settled &= complete;
             !complete
         });
