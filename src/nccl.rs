@@ -37,6 +37,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::error::{Error, LoadAttempt, Result};
 use crate::safe::memory::{Tracked, ordered, ordered_with};
 use crate::safe::ordering::{StreamEvent, Use};
@@ -1194,7 +1196,8 @@ impl InFlight {
 /// # Errors
 /// An event query's error.
 fn all_settled() -> Result<bool> {
-    let all: Vec<Arc<InFlight>> = COMMUNICATORS_IN_FLIGHT
+    // Taken out of the list first: the list is not held across the driver calls below.
+    let all: SmallVec<[Arc<InFlight>; 8]> = COMMUNICATORS_IN_FLIGHT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .iter()

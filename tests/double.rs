@@ -13,6 +13,8 @@ mod common;
 mod double;
 #[path = "common/ordering.rs"]
 mod ordering;
+#[path = "common/raw_driver.rs"]
+mod raw_driver;
 #[path = "common/soundness.rs"]
 mod soundness;
 #[path = "common/threads.rs"]
@@ -20,6 +22,8 @@ mod threads;
 
 use std::process::Command;
 use std::sync::Arc;
+
+use raw_driver::raw;
 
 use ppnrt::{
     CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
@@ -1257,5 +1261,170 @@ fn a_stream_waits_once_per_write_it_reads_not_once_per_read() {
         writer.synchronize().unwrap();
         reader.synchronize().unwrap();
         assert_eq!(double.violations(), 0, "{}", double.last_violation());
+    });
+}
+
+/// How one step of the fault sweep ended.
+#[derive(Debug)]
+enum Swept {
+    /// Every call succeeded: the values read back.
+    Delivered(Vec<u32>),
+    /// `tx` (or entering its stage) failed: nothing was sent.
+    NotSent(Error),
+    /// `tx` succeeded and receiving failed: the slot to receive again.
+    NotReceived(usize, Error),
+    /// Received, and a later call failed (the copy out of the slot, the readback or its wait).
+    NotReadBack(Error),
+}
+
+/// Receives slot `slot` of boundary 0 (a copy by `rx`, or in place and copied out on the stage's
+/// stream) and reads it back; `Err(None)` when the receive itself failed.
+fn receive_and_read_back(
+    rt: &PpNRt,
+    e1: &Engine,
+    slot: usize,
+    n: usize,
+    in_place: bool,
+) -> Result<Vec<u32>, (bool, Error)> {
+    let not_received = |e: Error| (false, e);
+    let not_read_back = |e: Error| (true, e);
+    let _stage = rt.enter(1).map_err(not_received)?;
+    let received = if in_place {
+        let lent = rt.rx_in_place::<u32>(0, slot, n).map_err(not_received)?;
+        let mut out = e1.alloc::<u32>(n).map_err(not_read_back)?;
+        e1.dtod(&lent.view().map_err(not_read_back)?, &mut out).map_err(not_read_back)?;
+        out
+    } else {
+        rt.rx::<u32>(0, slot, n).map_err(not_received)?
+    };
+    let pending = rt.readback(received).map_err(not_read_back)?;
+    pending.wait().map(<[u32]>::to_vec).map_err(not_read_back)
+}
+
+/// One decode-like step for the fault sweep: `tx` of `input` from stage 0, the receive on
+/// stage 1, a deferred readback of what arrived.
+fn sweep_step(rt: &PpNRt, e1: &Engine, input: &CudaSlice<u32>, n: usize, in_place: bool) -> Swept {
+    let sent = rt.enter(0).and_then(|_stage| rt.tx(0, input, n));
+    let slot = match sent {
+        Ok(slot) => slot,
+        Err(e) => return Swept::NotSent(e),
+    };
+    match receive_and_read_back(rt, e1, slot, n, in_place) {
+        Ok(values) => Swept::Delivered(values),
+        Err((false, e)) => Swept::NotReceived(slot, e),
+        Err((true, e)) => Swept::NotReadBack(e),
+    }
+}
+
+/// The fault sweep: every driver call that a warm step makes (`tx`, `rx` or an in-place receive
+/// copied out, a deferred readback and its wait, the drops) is failed in turn, one per run, on
+/// every transport. Whatever call fails, the step returns a typed error naming it or delivers
+/// the right values (a failure the crate can only record, in a drop); a step whose `tx` went out
+/// but whose receive failed is received by a second try, whole; the next steps deliver their
+/// values; and no queued work ever touches memory freed meanwhile (the double counts every such
+/// access), through the runtime's drop as well.
+#[test]
+fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
+    with_double("every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing", |double| {
+        const WARM: usize = 4;
+        const AFTER: usize = 3;
+        let n = 4096;
+        let data = |t: usize| -> Vec<u32> {
+            (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x5a5)).collect()
+        };
+        let primary = Engine::new(0).unwrap();
+        let mut cases = 0;
+        for (devices, policy) in EVERY_TRANSPORT {
+            for in_place in [false, true] {
+                let what = format!("{policy:?} {devices:?}{}", if in_place { " in place" } else { "" });
+                // A runtime with its inputs made and WARM steps run: every slot, event and
+                // pinned buffer a step needs exists.
+                let warm = || {
+                    let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
+                    let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+                    let inputs: Vec<CudaSlice<u32>> = {
+                        let _stage = rt.enter(0).unwrap();
+                        (0..WARM + 1 + AFTER).map(|t| e0.htod(&data(t)).unwrap()).collect()
+                    };
+                    for (t, input) in inputs.iter().enumerate().take(WARM) {
+                        match sweep_step(&rt, &e1, input, n, in_place) {
+                            Swept::Delivered(values) => assert!(values == data(t), "{what}: warm step {t}"),
+                            other => panic!("{what}: warm step {t}: {other:?}"),
+                        }
+                    }
+                    double.flush();
+                    // Each step starts with no context current: a failed restore of the current
+                    // context in an earlier run changes nothing here.
+                    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                    (rt, e1, inputs)
+                };
+                // The driver calls of one warm step, per entry point.
+                let calls: Vec<(String, u64)> = {
+                    let (rt, e1, inputs) = warm();
+                    let before: Vec<(String, u64)> = double
+                        .entries_called()
+                        .into_iter()
+                        .map(|entry| (double.calls(&entry), entry))
+                        .map(|(c, e)| (e, c))
+                        .collect();
+                    assert!(matches!(sweep_step(&rt, &e1, &inputs[WARM], n, in_place), Swept::Delivered(_)));
+                    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
+                    double
+                        .entries_called()
+                        .into_iter()
+                        .map(|entry| (double.calls(&entry) - made(&entry), entry))
+                        .filter(|(calls, _)| *calls > 0)
+                        .map(|(calls, entry)| (entry, calls))
+                        .collect()
+                };
+                assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 5, "{what}: a step made only {calls:?}");
+                for (entry, made) in &calls {
+                    for nth in 1..=*made as i32 {
+                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
+                        let (rt, e1, inputs) = warm();
+                        let violations = double.violations();
+                        let calls_before = double.calls(entry);
+                        double.fail(entry, nth, OUT_OF_MEMORY);
+                        let outcome = sweep_step(&rt, &e1, &inputs[WARM], n, in_place);
+                        double.clear_faults();
+                        assert!(
+                            double.calls(entry) - calls_before >= nth as u64,
+                            "{case}: the failure was not reached"
+                        );
+                        let named = |e: &Error| {
+                            let text = e.to_string();
+                            assert!(
+                                text.contains(entry.trim_end_matches("_v2")),
+                                "{case}: the error does not name the call: {text}"
+                            );
+                        };
+                        match &outcome {
+                            Swept::Delivered(values) => {
+                                assert!(*values == data(WARM), "{case}: wrong values delivered")
+                            }
+                            Swept::NotSent(e) | Swept::NotReadBack(e) => named(e),
+                            Swept::NotReceived(slot, e) => {
+                                named(e);
+                                let again = receive_and_read_back(&rt, &e1, *slot, n, in_place)
+                                    .unwrap_or_else(|(_, e)| panic!("{case}: the second receive failed: {e}"));
+                                assert!(again == data(WARM), "{case}: the second receive got wrong values");
+                            }
+                        }
+                        for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                            match sweep_step(&rt, &e1, input, n, in_place) {
+                                Swept::Delivered(values) => assert!(values == data(t), "{case}: step {t} wrong"),
+                                other => panic!("{case}: step {t} after the failure: {other:?}"),
+                            }
+                        }
+                        drop((inputs, e1, rt));
+                        double.flush();
+                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                        let _ = ppnrt::take_drop_errors();
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        println!("fault sweep: {cases} runs, each with one failing driver call");
     });
 }

@@ -108,6 +108,19 @@ impl Double {
         unsafe { f(entry.as_ptr()) }
     }
 
+    /// Every driver entry point called so far, in the order of their first calls.
+    pub fn entries_called(&self) -> Vec<String> {
+        let f: unsafe extern "C" fn(usize, *mut c_char, usize) -> c_int = self.symbol(b"ppnrt_double_entry_called\0");
+        let mut names = Vec::new();
+        let mut buf = vec![0 as c_char; 128];
+        // SAFETY: the buffer is writable for its length; the double NUL-terminates within it.
+        while unsafe { f(names.len(), buf.as_mut_ptr(), buf.len()) } == 0 {
+            // SAFETY: NUL-terminated by the call above.
+            names.push(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
+        }
+        names
+    }
+
     /// Runs `body` `runs` times and returns the calls of each of `entries` per run, in order.
     pub fn calls_per_run(&self, entries: &[&'static str], runs: usize, mut body: impl FnMut()) -> CallCounts {
         let before: Vec<u64> = entries.iter().map(|entry| self.calls(entry)).collect();

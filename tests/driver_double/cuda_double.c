@@ -264,6 +264,19 @@ unsigned long long ppnrt_double_calls(const char* entry) {
     return n;
 }
 
+/* The name of the i-th entry point called so far (in order of first call) into buf
+ * (NUL-terminated); -1 past the last. */
+int ppnrt_double_entry_called(size_t i, char* buf, size_t len) {
+    pthread_mutex_lock(&lock);
+    int rc = -1;
+    if (i < sizeof call_counts / sizeof call_counts[0] && call_counts[i].name) {
+        snprintf(buf, len, "%s", call_counts[i].name);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 #define ENTER(name)                              \
     pthread_mutex_lock(&lock);                   \
     count_call(name);                            \
