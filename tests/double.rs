@@ -1320,17 +1320,20 @@ fn sweep_step(rt: &PpNRt, e1: &Engine, input: &CudaSlice<u32>, n: usize, in_plac
 /// copied out, a deferred readback and its wait, the drops) is failed in turn, one per run, on
 /// every transport. Whatever call fails, the step returns a typed error naming it or delivers
 /// the right values (a failure the crate can only record, in a drop); a step whose `tx` went out
-/// but whose receive failed is received by a second try, whole; the next steps deliver their
-/// values; and no queued work ever touches memory freed meanwhile (the double counts every such
-/// access), through the runtime's drop as well.
+/// but whose receive failed is received by a second try, whole; and the next steps deliver their
+/// values. The step's input is dropped at once and the next step is larger (its slot is
+/// allocated again, the old one freed), so work a failed call left queued and unordered would
+/// touch freed memory: the double counts every such access, through the runtime's drop too.
 #[test]
 fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
     with_double("every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing", |double| {
         const WARM: usize = 4;
         const AFTER: usize = 3;
         let n = 4096;
+        // Step t's length: the step after the swept one is four times as long, so its slot grows.
+        let len = |t: usize| if t == WARM + 1 { 4 * n } else { n };
         let data = |t: usize| -> Vec<u32> {
-            (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x5a5)).collect()
+            (0..len(t) as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x5a5)).collect()
         };
         let primary = Engine::new(0).unwrap();
         let mut cases = 0;
@@ -1338,16 +1341,16 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
             for in_place in [false, true] {
                 let what = format!("{policy:?} {devices:?}{}", if in_place { " in place" } else { "" });
                 // A runtime with its inputs made and WARM steps run: every slot, event and
-                // pinned buffer a step needs exists.
+                // pinned buffer a step of length n needs exists.
                 let warm = || {
                     let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
                     let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
-                    let inputs: Vec<CudaSlice<u32>> = {
+                    let inputs: Vec<Option<CudaSlice<u32>>> = {
                         let _stage = rt.enter(0).unwrap();
-                        (0..WARM + 1 + AFTER).map(|t| e0.htod(&data(t)).unwrap()).collect()
+                        (0..WARM + 1 + AFTER).map(|t| Some(e0.htod(&data(t)).unwrap())).collect()
                     };
                     for (t, input) in inputs.iter().enumerate().take(WARM) {
-                        match sweep_step(&rt, &e1, input, n, in_place) {
+                        match sweep_step(&rt, &e1, input.as_ref().unwrap(), n, in_place) {
                             Swept::Delivered(values) => assert!(values == data(t), "{what}: warm step {t}"),
                             other => panic!("{what}: warm step {t}: {other:?}"),
                         }
@@ -1367,7 +1370,8 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                         .map(|entry| (double.calls(&entry), entry))
                         .map(|(c, e)| (e, c))
                         .collect();
-                    assert!(matches!(sweep_step(&rt, &e1, &inputs[WARM], n, in_place), Swept::Delivered(_)));
+                    let step = sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place);
+                    assert!(matches!(step, Swept::Delivered(_)), "{what}: {step:?}");
                     let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
                     double
                         .entries_called()
@@ -1381,16 +1385,18 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                 for (entry, made) in &calls {
                     for nth in 1..=*made as i32 {
                         let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                        let (rt, e1, inputs) = warm();
+                        let (rt, e1, mut inputs) = warm();
                         let violations = double.violations();
                         let calls_before = double.calls(entry);
                         double.fail(entry, nth, OUT_OF_MEMORY);
-                        let outcome = sweep_step(&rt, &e1, &inputs[WARM], n, in_place);
+                        let outcome = sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place);
                         double.clear_faults();
                         assert!(
                             double.calls(entry) - calls_before >= nth as u64,
                             "{case}: the failure was not reached"
                         );
+                        // Freed at once: its free waits for whatever the step left reading it.
+                        inputs[WARM] = None;
                         let named = |e: &Error| {
                             let text = e.to_string();
                             assert!(
@@ -1411,7 +1417,7 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                             }
                         }
                         for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
-                            match sweep_step(&rt, &e1, input, n, in_place) {
+                            match sweep_step(&rt, &e1, input.as_ref().unwrap(), len(t), in_place) {
                                 Swept::Delivered(values) => assert!(values == data(t), "{case}: step {t} wrong"),
                                 other => panic!("{case}: step {t} after the failure: {other:?}"),
                             }
