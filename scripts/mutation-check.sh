@@ -94,3 +94,13 @@ run graph-launch-unnoted src/nccl.rs "            self.in_flight.note(stream);
 # A communicator lets go of the streams only it holds (a caller posting on a new stream each
 # time keeps none alive).
 run in-flight-streams-kept src/nccl.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
+# A step's slot state changes only once its copy is enqueued: a failed tx leaves the slot free,
+# a failed rx leaves it filled (to be received again). The fault sweep fails every call in turn.
+run tx-state-early src/pp/runtime.rs "        match &mut slot.buffer {
+            SlotBuffer::Device(buffer) => {" "        slot.state = SlotState::Filled { n, elem: T::NAME };
+        match &mut slot.buffer {
+            SlotBuffer::Device(buffer) => {"
+run rx-state-early src/pp/runtime.rs "        let dst = out.as_view_mut().into_bytes();
+        match &slot.buffer {" "        let dst = out.as_view_mut().into_bytes();
+        slot.state = SlotState::Received;
+        match &slot.buffer {"
