@@ -1434,3 +1434,189 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
         println!("fault sweep: {cases} runs, each with one failing driver call");
     });
 }
+
+/// How one graph step of the graph fault sweep ended.
+#[derive(Debug)]
+enum GraphSwept {
+    /// Every call succeeded: the slot the step used and the last stage's values read back.
+    Delivered(usize, Vec<f32>),
+    /// Writing the step's input failed: nothing was launched.
+    NotLaunched(Error),
+    /// The launch failed: some stages may have run.
+    LaunchFailed(Error),
+    /// The step ran (in slot `.0`); copying its output out or reading it back failed.
+    NotReadBack(usize, Error),
+}
+
+/// The last stage's activations, copied out on its stream and read back.
+fn read_last_stage(rt: &PpNRt, primary: &Engine, buffers: &graphs::StepBuffers, n: usize) -> ppnrt::Result<Vec<f32>> {
+    let last = rt.n_stages() - 1;
+    let engine = rt.engine(last, primary)?;
+    let _stage = rt.enter(last)?;
+    let mut out = engine.alloc::<f32>(n)?;
+    engine.dtod(&buffers.acts[last], &mut out)?;
+    Ok(rt.readback(out)?.wait()?.to_vec())
+}
+
+/// One graph step: the input written into stage 0's activations, the step launched, the last
+/// stage's activations read back.
+fn graph_sweep_step(
+    rt: &PpNRt,
+    primary: &Engine,
+    step: &mut ppnrt::StepGraphs<'_, f32>,
+    buffers: &mut graphs::StepBuffers,
+    input: &[f32],
+) -> GraphSwept {
+    let e0 = rt.engine(0, primary).unwrap();
+    if let Err(e) = rt.enter(0).and_then(|_stage| e0.htod_into(input, &mut buffers.acts[0])) {
+        return GraphSwept::NotLaunched(e);
+    }
+    let slot = match step.launch() {
+        Ok(slot) => slot,
+        Err(e) => return GraphSwept::LaunchFailed(e),
+    };
+    match read_last_stage(rt, primary, buffers, input.len()) {
+        Ok(values) => GraphSwept::Delivered(slot, values),
+        Err(e) => GraphSwept::NotReadBack(slot, e),
+    }
+}
+
+/// The fault sweep in graph mode: every driver call of a warm graph step (the input's copy, each
+/// stage's graph launch with the protocol's waits and records, the copy out and readback) is
+/// failed in turn, one per run, on two GPUs and on one, the slot copied or read in place.
+/// Whatever call fails, the step returns a typed error naming it, or delivers the right values.
+/// A failed launch is finished as documented on [`StepGraphs::launch`](ppnrt::StepGraphs::launch):
+/// `launch` again, and where it answers that a stage is behind, `launch_stage` of that stage;
+/// the step then delivers its values, bitwise, and so do the next ones. No queued work touches
+/// freed memory, through the runtime's drop too.
+#[test]
+fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
+    with_double("every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing", |double| {
+        const WARM: usize = 3;
+        const AFTER: usize = 3;
+        let n = 1024;
+        let primary = Engine::new(0).unwrap();
+        let inputs: Vec<Vec<f32>> = (0..WARM + 1 + AFTER)
+            .map(|t| (0..n).map(|i| ((i * 7 + t * 13) % 101) as f32 * 0.125 - 3.0).collect())
+            .collect();
+        // The model's output for input t run with step parameter (slot) k: expected[k][t].
+        let expected: Vec<Vec<Vec<f32>>> = (0..2).map(|k| graphs::reference(&primary, &inputs, |_| k)).collect();
+        let same =
+            |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let mut cases = 0;
+        let mut finished_by_stage = 0;
+        for devices in [[0, 1], [0, 0]] {
+            for in_place in [false, true] {
+                let what = format!("graph mode {devices:?}{}", if in_place { " in place" } else { "" });
+                let config = PpConfig::with_devices(&devices).slots(2);
+                let run =
+                    |check_calls: &mut dyn FnMut(&PpNRt, &mut ppnrt::StepGraphs<'_, f32>, &mut graphs::StepBuffers)| {
+                        let rt = PpNRt::new(config.clone(), &primary).unwrap();
+                        let mut buffers = graphs::StepBuffers::new(&rt, &primary, n);
+                        let mut step = graphs::capture(&rt, &primary, &mut buffers, n, in_place).unwrap();
+                        for (t, input) in inputs.iter().enumerate().take(WARM) {
+                            match graph_sweep_step(&rt, &primary, &mut step, &mut buffers, input) {
+                                GraphSwept::Delivered(k, values) => {
+                                    assert!(same(&values, &expected[k][t]), "{what}: warm step {t}")
+                                }
+                                other => panic!("{what}: warm step {t}: {other:?}"),
+                            }
+                        }
+                        double.flush();
+                        raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                        check_calls(&rt, &mut step, &mut buffers);
+                        drop(step);
+                        drop(buffers);
+                        drop(rt);
+                    };
+                // The driver calls of one warm graph step, per entry point.
+                let mut calls: Vec<(String, u64)> = Vec::new();
+                run(&mut |rt, step, buffers| {
+                    let before: Vec<(String, u64)> = double
+                        .entries_called()
+                        .into_iter()
+                        .map(|entry| (double.calls(&entry), entry))
+                        .map(|(c, e)| (e, c))
+                        .collect();
+                    let swept = graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]);
+                    assert!(matches!(swept, GraphSwept::Delivered(..)), "{what}: {swept:?}");
+                    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
+                    calls = double
+                        .entries_called()
+                        .into_iter()
+                        .map(|entry| (double.calls(&entry) - made(&entry), entry))
+                        .filter(|(calls, _)| *calls > 0)
+                        .map(|(calls, entry)| (entry, calls))
+                        .collect();
+                });
+                assert!(calls.iter().any(|(entry, _)| entry == "cuGraphLaunch"), "{what}: {calls:?}");
+                for (entry, made) in &calls {
+                    for nth in 1..=*made as i32 {
+                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
+                        let violations = double.violations();
+                        run(&mut |rt, step, buffers| {
+                            let calls_before = double.calls(entry);
+                            double.fail(entry, nth, OUT_OF_MEMORY);
+                            let swept = graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]);
+                            double.clear_faults();
+                            assert!(
+                                double.calls(entry) - calls_before >= nth as u64,
+                                "{case}: the failure was not reached"
+                            );
+                            let named = |e: &Error| {
+                                let text = e.to_string();
+                                assert!(
+                                    text.contains(entry.trim_end_matches("_v2")),
+                                    "{case}: the error does not name the call: {text}"
+                                );
+                            };
+                            let (slot, values) = match swept {
+                                GraphSwept::Delivered(slot, values) => (slot, values),
+                                GraphSwept::NotReadBack(slot, e) => {
+                                    named(&e);
+                                    (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
+                                }
+                                GraphSwept::NotLaunched(e) | GraphSwept::LaunchFailed(e) => {
+                                    named(&e);
+                                    // Finished as documented: the input again, then `launch`; a
+                                    // stage left behind is launched alone.
+                                    match graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]) {
+                                        GraphSwept::Delivered(slot, values) => (slot, values),
+                                        GraphSwept::LaunchFailed(Error::Pipeline(
+                                            ppnrt::PpError::GraphStageOutOfStep { stage, .. },
+                                        )) => {
+                                            let slot = step
+                                                .launch_stage(stage, std::time::Duration::from_secs(1))
+                                                .unwrap_or_else(|e| {
+                                                    panic!("{case}: stage {stage} could not catch up: {e}")
+                                                });
+                                            finished_by_stage += 1;
+                                            (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
+                                        }
+                                        other => panic!("{case}: the step could not be finished: {other:?}"),
+                                    }
+                                }
+                            };
+                            assert!(same(&values, &expected[slot][WARM]), "{case}: wrong values (slot {slot})");
+                            for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                                match graph_sweep_step(rt, &primary, step, buffers, input) {
+                                    GraphSwept::Delivered(k, values) => {
+                                        assert!(same(&values, &expected[k][t]), "{case}: step {t} wrong")
+                                    }
+                                    other => panic!("{case}: step {t} after the failure: {other:?}"),
+                                }
+                            }
+                        });
+                        double.flush();
+                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                        let _ = ppnrt::take_drop_errors();
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "graph fault sweep: {cases} runs, each with one failing driver call; {finished_by_stage} finished by launch_stage"
+        );
+    });
+}
