@@ -104,3 +104,8 @@ run rx-state-early src/pp/runtime.rs "        let dst = out.as_view_mut().into_b
         match &slot.buffer {" "        let dst = out.as_view_mut().into_bytes();
         slot.state = SlotState::Received;
         match &slot.buffer {"
+# A stage's count moves only once its graph was launched: a failed launch leaves the stage where
+# it was, for `launch_stage` to finish the step (the graph fault sweep).
+run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+            next[s] = (k + 1) % n_slots;" "            next[s] = (k + 1) % n_slots;
+            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;"

@@ -467,6 +467,14 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// [`PpError::SlotState`] (a slot still holds an unreceived eager `tx`). Else the driver's
     /// error; stages launched before it keep their effect on the rings. Across processes, as
     /// [`launch_stage`](Self::launch_stage).
+    ///
+    /// A driver error names the call that failed. The stage whose launch failed did not move: its
+    /// graph did not run, or (a failure after the launch, in the protocol's record) it ran to
+    /// completion before the error returned. To finish the step, call `launch` again (write the
+    /// step's input again first when the first stage's graph changes it in place): when no stage
+    /// had moved, that is the whole step again; else it refuses with
+    /// [`PpError::GraphStageOutOfStep`] naming the first stage behind, and
+    /// [`launch_stage`](Self::launch_stage) of that stage, then of each later one, finishes it.
     pub fn launch(&mut self) -> Result<usize> {
         let rt = self.rt;
         if rt.spans_processes() {
