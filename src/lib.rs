@@ -27,6 +27,15 @@
 //! [`LoadError::DriverTooOld`]. An entry point the loaded driver lacks fails only the calls that
 //! need it ([`Error::MissingEntryPoint`]).
 //!
+//! An error leaves no work in flight unordered. A call that fails before it enqueues its work
+//! leaves its buffers as they were. One that fails after (in the event record that orders the
+//! work) first waits for its stream: when it returns, the work has completed, or the context is
+//! lost and it never runs, and every buffer it touched may be used or dropped at once. Within a
+//! process the pipeline's rings stay consistent: a failed `tx` fills no slot, a failed `rx`
+//! leaves its slot filled for another try, and a failed graph launch is finished as
+//! [`StepGraphs::launch`](pp::StepGraphs::launch) says. The tests fail every driver call of a
+//! warm step in turn, through a driver double, and check each of these.
+//!
 //! # Environment
 //! - `PPNRT_LIBCUDA_PATH`: load this driver library instead of `libcuda.so.1` / `libcuda.so`.
 //! - `PPNRT_STAGES`, `PPNRT_DEVICES`, `PPNRT_SLOTS`, `PPNRT_TRANSPORT`: the process-wide
