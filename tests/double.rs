@@ -1620,3 +1620,202 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
         );
     });
 }
+
+/// The per-entry driver calls made by `body`, for the entry points called at all.
+fn calls_made_by(double: &double::Double, body: impl FnOnce()) -> Vec<(String, u64)> {
+    let before: Vec<(String, u64)> =
+        double.entries_called().into_iter().map(|e| (e.clone(), double.calls(&e))).collect();
+    body();
+    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
+    double
+        .entries_called()
+        .into_iter()
+        .map(|entry| (double.calls(&entry) - made(&entry), entry))
+        .filter(|(calls, _)| *calls > 0)
+        .map(|(calls, entry)| (entry, calls))
+        .collect()
+}
+
+/// Bitwise equality of two runs of the toy model.
+fn same_f32_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Graph steps `steps` of `inputs`, each bitwise the model's output for its slot.
+fn graph_steps_deliver(
+    rt: &PpNRt,
+    primary: &Engine,
+    step: &mut ppnrt::StepGraphs<'_, f32>,
+    buffers: &mut graphs::StepBuffers,
+    inputs: &[Vec<f32>],
+    expected: &[Vec<Vec<f32>>],
+    steps: std::ops::Range<usize>,
+    case: &str,
+) {
+    for t in steps {
+        match graph_sweep_step(rt, primary, step, buffers, &inputs[t]) {
+            GraphSwept::Delivered(k, values) => {
+                assert!(same_f32_bits(&values, &expected[k][t]), "{case}: graph step {t}")
+            }
+            other => panic!("{case}: graph step {t}: {other:?}"),
+        }
+    }
+}
+
+/// An eager step of `inputs[t]` (step parameter 0), bitwise the model's output.
+fn eager_step_delivers(
+    rt: &PpNRt,
+    primary: &Engine,
+    inputs: &[Vec<f32>],
+    expected: &[Vec<Vec<f32>>],
+    t: usize,
+    case: &str,
+) {
+    let out = graphs::eager_step(rt, primary, &inputs[t], 0);
+    let last = rt.n_stages() - 1;
+    let _stage = rt.enter(last).unwrap();
+    let values = rt.engine(last, primary).unwrap().dtoh(&out).unwrap();
+    assert!(same_f32_bits(&values, &expected[0][t]), "{case}: eager step {t}");
+}
+
+/// One run of the capture sweep: a warm runtime (eager steps, and for a re-capture a capture
+/// and graph steps), then the capture or re-capture with `fault` injected, then the checks.
+/// Returns the driver calls the capture made.
+#[allow(clippy::too_many_arguments)]
+fn capture_sweep_run(
+    double: &double::Double,
+    primary: &Engine,
+    config: &PpConfig,
+    in_place: bool,
+    recapturing: bool,
+    inputs: &[Vec<f32>],
+    expected: &[Vec<Vec<f32>>],
+    fault: Option<(&str, i32)>,
+    case: &str,
+) -> Vec<(String, u64)> {
+    let n = inputs[0].len();
+    let rt = PpNRt::new(config.clone(), primary).unwrap();
+    let mut buffers = graphs::StepBuffers::new(&rt, primary, n);
+    eager_step_delivers(&rt, primary, inputs, expected, 0, case);
+    let mut step = if recapturing {
+        let mut step = graphs::capture(&rt, primary, &mut buffers, n, in_place).unwrap();
+        graph_steps_deliver(&rt, primary, &mut step, &mut buffers, inputs, expected, 1..3, case);
+        Some(step)
+    } else {
+        None
+    };
+    double.flush();
+    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+    let calls_before = fault.map(|(entry, _)| double.calls(entry));
+    if let Some((entry, nth)) = fault {
+        double.fail(entry, nth, OUT_OF_MEMORY);
+    }
+    let mut captured = None;
+    let calls = calls_made_by(double, || {
+        captured = Some(match step.as_mut() {
+            Some(step) => graphs::recapture(step, &rt, primary, &mut buffers, n, in_place).map(|()| None),
+            None => graphs::capture(&rt, primary, &mut buffers, n, in_place).map(Some),
+        });
+    });
+    double.clear_faults();
+    if let (Some((entry, nth)), Some(before)) = (fault, calls_before) {
+        assert!(double.calls(entry) - before >= nth as u64, "{case}: the failure was not reached");
+    }
+    match captured.expect("ran above") {
+        Ok(Some(fresh)) => step = Some(fresh),
+        Ok(None) => {}
+        Err(e) => {
+            assert!(matches!(e, Error::Driver(_) | Error::Capture(_)), "{case}: not a driver or capture error: {e}");
+            // The runtime stays usable: an eager step delivers (no stream is left capturing).
+            eager_step_delivers(&rt, primary, inputs, expected, 3, case);
+            if step.is_none() {
+                step = Some(graphs::capture(&rt, primary, &mut buffers, n, in_place).unwrap());
+            }
+        }
+    }
+    let step_ref = step.as_mut().expect("captured above");
+    // The graphs as they are now: the old ones, new ones, or stale until captured again.
+    if let GraphSwept::LaunchFailed(Error::Pipeline(ppnrt::PpError::GraphStale { .. })) =
+        graph_sweep_step(&rt, primary, step_ref, &mut buffers, &inputs[4])
+    {
+        graphs::recapture(step_ref, &rt, primary, &mut buffers, n, in_place).unwrap();
+        graph_steps_deliver(&rt, primary, step_ref, &mut buffers, inputs, expected, 4..5, case);
+    }
+    graph_steps_deliver(&rt, primary, step_ref, &mut buffers, inputs, expected, 5..7, case);
+    eager_step_delivers(&rt, primary, inputs, expected, 7, case);
+    drop(step);
+    drop(buffers);
+    drop(rt);
+    calls
+}
+
+/// The fault sweep of captures: every driver call of a first capture (`capture_step`) and of a
+/// re-capture (`recapture`) of a warm pipeline is failed in turn, one per run, on two devices
+/// and on one, the slot copied or read in place. A failed capture is a typed error and leaves
+/// the runtime usable (an eager step delivers: no stream is left capturing) and, for a
+/// re-capture, the graphs as `recapture` documents (the old ones, or stale until captured
+/// again); every later graph and eager step delivers bitwise; no queued work touches freed
+/// memory.
+#[test]
+fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
+    with_double("every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing", |double| {
+        let n = 1024;
+        let primary = Engine::new(0).unwrap();
+        let inputs: Vec<Vec<f32>> =
+            (0..8).map(|t| (0..n).map(|i| ((i * 5 + t * 17) % 97) as f32 * 0.25 - 7.0).collect()).collect();
+        let expected: Vec<Vec<Vec<f32>>> = (0..2).map(|k| graphs::reference(&primary, &inputs, |_| k)).collect();
+        let mut cases = 0;
+        for devices in [[0, 1], [0, 0]] {
+            for in_place in [false, true] {
+                for recapturing in [false, true] {
+                    let config = PpConfig::with_devices(&devices).slots(2);
+                    let what = format!(
+                        "{} {devices:?}{}",
+                        if recapturing { "re-capture" } else { "capture" },
+                        if in_place { " in place" } else { "" }
+                    );
+                    // Counted on a second run: the first may make one-time calls (a module's load,
+                    // peer access) that later runs do not.
+                    let counted = || {
+                        capture_sweep_run(
+                            double,
+                            &primary,
+                            &config,
+                            in_place,
+                            recapturing,
+                            &inputs,
+                            &expected,
+                            None,
+                            &what,
+                        )
+                    };
+                    counted();
+                    let calls = counted();
+                    assert!(calls.iter().any(|(entry, _)| entry == "cuStreamBeginCapture_v2"), "{what}: {calls:?}");
+                    for (entry, made) in &calls {
+                        for nth in 1..=*made as i32 {
+                            let case = format!("{what}: call {nth} of {made} to {entry} failing");
+                            let violations = double.violations();
+                            capture_sweep_run(
+                                double,
+                                &primary,
+                                &config,
+                                in_place,
+                                recapturing,
+                                &inputs,
+                                &expected,
+                                Some((entry, nth)),
+                                &case,
+                            );
+                            double.flush();
+                            assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                            let _ = ppnrt::take_drop_errors();
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        println!("capture fault sweep: {cases} runs, each with one failing driver call");
+    });
+}

@@ -6,7 +6,7 @@ use super::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CUevent, CUevent_record_flags, CUevent_wait_flags, CUgraph, CUgraphExec, CUgraphExecUpdateResultInfo, CUstream,
-    CUstreamCaptureMode,
+    CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 
 /// `cuStreamBeginCapture_v2`: work enqueued on `stream` from now on is recorded, not run.
@@ -29,6 +29,18 @@ pub unsafe fn end_capture(stream: CUstream) -> Result<CUgraph> {
     let mut graph: CUgraph = std::ptr::null_mut();
     driver_call!(cuStreamEndCapture(stream, &mut graph))?;
     Ok(graph)
+}
+
+/// `cuStreamIsCapturing`: whether `stream` is capturing (a capture active or invalidated and not
+/// yet ended).
+///
+/// # Safety
+/// - `stream` is a live stream that is not the legacy default stream.
+#[doc(alias = "cuStreamIsCapturing")]
+pub unsafe fn is_capturing(stream: CUstream) -> Result<bool> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    driver_call!(cuStreamIsCapturing(stream, &mut status))?;
+    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// `cuGraphInstantiateWithFlags` with no flags.

@@ -309,13 +309,7 @@ impl StreamCapture {
     /// Deferred frees run here, after the stream stopped capturing.
     fn finish(&mut self) -> (Result<CUgraph>, Recorded) {
         self.ended = true;
-        let ended = self.stream.release_capture(|| {
-            self.stream.context().bind().and_then(|_bound| {
-                // SAFETY: the stream is live and capturing in this capture, begun on this thread
-                // (StreamCapture is not Send).
-                unsafe { raw::end_capture(self.stream.raw()) }
-            })
-        });
+        let ended = self.stream.release_capture(|| end_driver_capture(&self.stream));
         match self.state.mode {
             CaptureMode::Global => global().retain(|held| !Arc::ptr_eq(held, &self.state)),
             CaptureMode::ThreadLocal => {
@@ -339,6 +333,32 @@ impl StreamCapture {
         recorded.deferred_frees.clear();
         (graph, recorded)
     }
+}
+
+/// Ends the driver's capture of `stream` (capturing in a capture this thread began), however
+/// the calls around it fail: a stream left capturing would refuse all its later work. The end is
+/// made even when the stream's context cannot be bound (the stream names its context), and made
+/// once more when it failed and the stream is still capturing; the first error stands when the
+/// second end fails too.
+fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
+    let bound = stream.context().bind();
+    // SAFETY: the stream is live and capturing in this capture, begun on this thread
+    // (StreamCapture is not Send) or relaxed.
+    let ended = match unsafe { raw::end_capture(stream.raw()) } {
+        Err(Error::Driver(first)) if first.code != CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+            // SAFETY: the stream is live and not the legacy stream (captures refuse it).
+            let still_capturing = !matches!(unsafe { raw::is_capturing(stream.raw()) }, Ok(false));
+            if still_capturing {
+                // SAFETY: as the first end: the stream is still capturing in this capture.
+                unsafe { raw::end_capture(stream.raw()) }.map_err(|_| Error::Driver(first))
+            } else {
+                Err(Error::Driver(first))
+            }
+        }
+        other => other,
+    };
+    drop(bound);
+    ended
 }
 
 impl Drop for StreamCapture {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::common::{Rng, say};
 use ppnrt::{
     CaptureError, CaptureMode, CudaSlice, CudaStream, Engine, Error, PinnedHostBuffer, PpConfig, PpError, PpNRt,
-    SlotState, StepGraphs,
+    SlotState, StageCapture, StepGraphs,
 };
 
 pub const TOTAL_LAYERS: u32 = 12;
@@ -51,17 +51,16 @@ impl StepBuffers {
     }
 }
 
-/// Captures the toy model's step: stage `s` receives into its activations (stage 0 finds its
-/// input there), runs its layers with step parameter = the slot, and sends.
-pub fn capture<'rt>(
-    rt: &'rt PpNRt,
-    primary: &Engine,
-    buffers: &mut StepBuffers,
-    n: usize,
+/// The toy model's step, as a capture's body: stage `s` receives into its activations (stage 0
+/// finds its input there), runs its layers with step parameter = the slot, and sends.
+pub fn toy_step<'a>(
+    rt: &'a PpNRt,
+    primary: &'a Engine,
+    buffers: &'a mut StepBuffers,
     in_place: bool,
-) -> Result<StepGraphs<'rt, f32>, Error> {
+) -> impl FnMut(&mut StageCapture<'_, f32>) -> Result<(), Error> + 'a {
     let n_stages = rt.n_stages();
-    rt.capture_step::<f32>(n, |stage| {
+    move |stage: &mut StageCapture<'_, f32>| {
         let s = stage.stage();
         let engine = rt.engine(s, primary)?;
         let x = &mut buffers.acts[s];
@@ -82,7 +81,30 @@ pub fn capture<'rt>(
             stage.tx(x)?;
         }
         Ok(())
-    })
+    }
+}
+
+/// Captures the toy model's step ([`toy_step`]).
+pub fn capture<'rt>(
+    rt: &'rt PpNRt,
+    primary: &Engine,
+    buffers: &mut StepBuffers,
+    n: usize,
+    in_place: bool,
+) -> Result<StepGraphs<'rt, f32>, Error> {
+    rt.capture_step::<f32>(n, toy_step(rt, primary, buffers, in_place))
+}
+
+/// Captures the toy model's step again into `step` ([`toy_step`]).
+pub fn recapture(
+    step: &mut StepGraphs<'_, f32>,
+    rt: &PpNRt,
+    primary: &Engine,
+    buffers: &mut StepBuffers,
+    n: usize,
+    in_place: bool,
+) -> Result<(), Error> {
+    step.recapture(n, toy_step(rt, primary, buffers, in_place))
 }
 
 /// One eager step with the same work as the captured one (step parameter `step`); returns the

@@ -1433,6 +1433,15 @@ CUresult cuStreamEndCapture(void* stream, void** graph) {
     RETURN(OK);
 }
 
+/* 0: not capturing; 1: capturing; 2: capturing, invalidated. */
+CUresult cuStreamIsCapturing(void* stream, int* status) {
+    ENTER("cuStreamIsCapturing");
+    Stream* s = (Stream*)stream;
+    if (!s || !status) RETURN(E_INVALID_VALUE);
+    *status = !s->capture ? 0 : s->capture_invalid ? 2 : 1;
+    RETURN(OK);
+}
+
 CUresult cuEventRecordWithFlags(void* event, void* stream, unsigned flags) {
     ENTER("cuEventRecordWithFlags");
     NEED_LIVE_CTX();
