@@ -1641,21 +1641,28 @@ fn same_f32_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// Graph steps `steps` of `inputs`, each bitwise the model's output for its slot.
+/// The toy model's inputs, and its outputs for each: `outputs[k][t]` is input t's run with step
+/// parameter (slot) k.
+#[derive(Clone, Copy)]
+struct ToyRuns<'a> {
+    inputs: &'a [Vec<f32>],
+    outputs: &'a [Vec<Vec<f32>>],
+}
+
+/// Graph steps `steps` of the inputs, each bitwise the model's output for its slot.
 fn graph_steps_deliver(
     rt: &PpNRt,
     primary: &Engine,
     step: &mut ppnrt::StepGraphs<'_, f32>,
     buffers: &mut graphs::StepBuffers,
-    inputs: &[Vec<f32>],
-    expected: &[Vec<Vec<f32>>],
+    runs: ToyRuns<'_>,
     steps: std::ops::Range<usize>,
     case: &str,
 ) {
     for t in steps {
-        match graph_sweep_step(rt, primary, step, buffers, &inputs[t]) {
+        match graph_sweep_step(rt, primary, step, buffers, &runs.inputs[t]) {
             GraphSwept::Delivered(k, values) => {
-                assert!(same_f32_bits(&values, &expected[k][t]), "{case}: graph step {t}")
+                assert!(same_f32_bits(&values, &runs.outputs[k][t]), "{case}: graph step {t}")
             }
             other => panic!("{case}: graph step {t}: {other:?}"),
         }
@@ -1663,43 +1670,42 @@ fn graph_steps_deliver(
 }
 
 /// An eager step of `inputs[t]` (step parameter 0), bitwise the model's output.
-fn eager_step_delivers(
-    rt: &PpNRt,
-    primary: &Engine,
-    inputs: &[Vec<f32>],
-    expected: &[Vec<Vec<f32>>],
-    t: usize,
-    case: &str,
-) {
-    let out = graphs::eager_step(rt, primary, &inputs[t], 0);
+fn eager_step_delivers(rt: &PpNRt, primary: &Engine, runs: ToyRuns<'_>, t: usize, case: &str) {
+    let out = graphs::eager_step(rt, primary, &runs.inputs[t], 0);
     let last = rt.n_stages() - 1;
     let _stage = rt.enter(last).unwrap();
     let values = rt.engine(last, primary).unwrap().dtoh(&out).unwrap();
-    assert!(same_f32_bits(&values, &expected[0][t]), "{case}: eager step {t}");
+    assert!(same_f32_bits(&values, &runs.outputs[0][t]), "{case}: eager step {t}");
+}
+
+/// What the capture sweep captures: the pipeline, whether a stage reads its slot in place, and
+/// whether the capture swept is a re-capture of graphs already launched.
+struct CaptureSetup {
+    config: PpConfig,
+    in_place: bool,
+    recapturing: bool,
 }
 
 /// One run of the capture sweep: a warm runtime (eager steps, and for a re-capture a capture
 /// and graph steps), then the capture or re-capture with `fault` injected, then the checks.
 /// Returns the driver calls the capture made.
-#[allow(clippy::too_many_arguments)]
 fn capture_sweep_run(
     double: &double::Double,
     primary: &Engine,
-    config: &PpConfig,
-    in_place: bool,
-    recapturing: bool,
-    inputs: &[Vec<f32>],
-    expected: &[Vec<Vec<f32>>],
+    setup: &CaptureSetup,
+    runs: ToyRuns<'_>,
     fault: Option<(&str, i32)>,
     case: &str,
 ) -> Vec<(String, u64)> {
-    let n = inputs[0].len();
+    let CaptureSetup { config, in_place, recapturing } = setup;
+    let (in_place, recapturing) = (*in_place, *recapturing);
+    let n = runs.inputs[0].len();
     let rt = PpNRt::new(config.clone(), primary).unwrap();
     let mut buffers = graphs::StepBuffers::new(&rt, primary, n);
-    eager_step_delivers(&rt, primary, inputs, expected, 0, case);
+    eager_step_delivers(&rt, primary, runs, 0, case);
     let mut step = if recapturing {
         let mut step = graphs::capture(&rt, primary, &mut buffers, n, in_place).unwrap();
-        graph_steps_deliver(&rt, primary, &mut step, &mut buffers, inputs, expected, 1..3, case);
+        graph_steps_deliver(&rt, primary, &mut step, &mut buffers, runs, 1..3, case);
         Some(step)
     } else {
         None
@@ -1727,7 +1733,7 @@ fn capture_sweep_run(
         Err(e) => {
             assert!(matches!(e, Error::Driver(_) | Error::Capture(_)), "{case}: not a driver or capture error: {e}");
             // The runtime stays usable: an eager step delivers (no stream is left capturing).
-            eager_step_delivers(&rt, primary, inputs, expected, 3, case);
+            eager_step_delivers(&rt, primary, runs, 3, case);
             if step.is_none() {
                 step = Some(graphs::capture(&rt, primary, &mut buffers, n, in_place).unwrap());
             }
@@ -1736,13 +1742,13 @@ fn capture_sweep_run(
     let step_ref = step.as_mut().expect("captured above");
     // The graphs as they are now: the old ones, new ones, or stale until captured again.
     if let GraphSwept::LaunchFailed(Error::Pipeline(ppnrt::PpError::GraphStale { .. })) =
-        graph_sweep_step(&rt, primary, step_ref, &mut buffers, &inputs[4])
+        graph_sweep_step(&rt, primary, step_ref, &mut buffers, &runs.inputs[4])
     {
         graphs::recapture(step_ref, &rt, primary, &mut buffers, n, in_place).unwrap();
-        graph_steps_deliver(&rt, primary, step_ref, &mut buffers, inputs, expected, 4..5, case);
+        graph_steps_deliver(&rt, primary, step_ref, &mut buffers, runs, 4..5, case);
     }
-    graph_steps_deliver(&rt, primary, step_ref, &mut buffers, inputs, expected, 5..7, case);
-    eager_step_delivers(&rt, primary, inputs, expected, 7, case);
+    graph_steps_deliver(&rt, primary, step_ref, &mut buffers, runs, 5..7, case);
+    eager_step_delivers(&rt, primary, runs, 7, case);
     drop(step);
     drop(buffers);
     drop(rt);
@@ -1764,11 +1770,13 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
         let inputs: Vec<Vec<f32>> =
             (0..8).map(|t| (0..n).map(|i| ((i * 5 + t * 17) % 97) as f32 * 0.25 - 7.0).collect()).collect();
         let expected: Vec<Vec<Vec<f32>>> = (0..2).map(|k| graphs::reference(&primary, &inputs, |_| k)).collect();
+        let runs = ToyRuns { inputs: &inputs, outputs: &expected };
         let mut cases = 0;
         for devices in [[0, 1], [0, 0]] {
             for in_place in [false, true] {
                 for recapturing in [false, true] {
-                    let config = PpConfig::with_devices(&devices).slots(2);
+                    let setup =
+                        CaptureSetup { config: PpConfig::with_devices(&devices).slots(2), in_place, recapturing };
                     let what = format!(
                         "{} {devices:?}{}",
                         if recapturing { "re-capture" } else { "capture" },
@@ -1776,19 +1784,7 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
                     );
                     // Counted on a second run: the first may make one-time calls (a module's load,
                     // peer access) that later runs do not.
-                    let counted = || {
-                        capture_sweep_run(
-                            double,
-                            &primary,
-                            &config,
-                            in_place,
-                            recapturing,
-                            &inputs,
-                            &expected,
-                            None,
-                            &what,
-                        )
-                    };
+                    let counted = || capture_sweep_run(double, &primary, &setup, runs, None, &what);
                     counted();
                     let calls = counted();
                     assert!(calls.iter().any(|(entry, _)| entry == "cuStreamBeginCapture_v2"), "{what}: {calls:?}");
@@ -1796,17 +1792,7 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
                         for nth in 1..=*made as i32 {
                             let case = format!("{what}: call {nth} of {made} to {entry} failing");
                             let violations = double.violations();
-                            capture_sweep_run(
-                                double,
-                                &primary,
-                                &config,
-                                in_place,
-                                recapturing,
-                                &inputs,
-                                &expected,
-                                Some((entry, nth)),
-                                &case,
-                            );
+                            capture_sweep_run(double, &primary, &setup, runs, Some((entry, nth)), &case);
                             double.flush();
                             assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
                             let _ = ppnrt::take_drop_errors();
