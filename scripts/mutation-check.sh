@@ -109,3 +109,9 @@ run rx-state-early src/pp/runtime.rs "        let dst = out.as_view_mut().into_b
 run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
             next[s] = (k + 1) % n_slots;" "            next[s] = (k + 1) % n_slots;
             self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;"
+# A capture is ended however the calls around its end fail: without the context bound, and once
+# more while the stream is still capturing (the capture fault sweep).
+run capture-end-bound src/safe/graph.rs "    let bound = stream.context().bind();
+    // SAFETY: the stream is live and capturing" "    let bound = stream.context().bind()?;
+    // SAFETY: the stream is live and capturing"
+run capture-end-once src/safe/graph.rs "            if still_capturing {" "            if false && still_capturing {"
