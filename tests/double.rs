@@ -1805,3 +1805,87 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
         println!("capture fault sweep: {cases} runs, each with one failing driver call");
     });
 }
+
+/// The fault sweep of a runtime's build: every driver call `PpNRt::new` makes (streams, events,
+/// slot buffers, peer access) is failed in turn, one per run, on every transport. A failed build
+/// is a typed error naming the call (or, for a failure it can recover from, a build that records
+/// the error for `take_drop_errors`) and leaves nothing behind: once the double ran every queued
+/// free, as many device and pinned allocations are live as before it; no queued work touched
+/// freed memory; and the next build works, its first step delivering its values.
+#[test]
+fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
+    with_double("every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing", |double| {
+        let n = 4096;
+        let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_246_822_519) ^ 0x1234_5678).collect();
+        let primary = Engine::new(0).unwrap();
+        let mut cases = 0;
+        for (devices, policy) in EVERY_TRANSPORT {
+            let what = format!("{policy:?} {devices:?}");
+            let config = PpConfig::with_devices(&devices).transport(policy);
+            // A build, one step, and the drop.
+            let build_and_step = |case: &str| {
+                let rt =
+                    PpNRt::new(config.clone(), &primary).unwrap_or_else(|e| panic!("{case}: the build failed: {e}"));
+                let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+                let input = {
+                    let _stage = rt.enter(0).unwrap();
+                    e0.htod(&data).unwrap()
+                };
+                match sweep_step(&rt, &e1, &input, n, false) {
+                    Swept::Delivered(values) => assert!(values == data, "{case}: wrong values"),
+                    other => panic!("{case}: {other:?}"),
+                }
+            };
+            // One-time work (module loads, peer access) done first; then the calls of a build.
+            build_and_step(&what);
+            raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+            double.flush();
+            let baseline = double.live_allocations();
+            let mut built = None;
+            let calls = calls_made_by(double, || built = Some(PpNRt::new(config.clone(), &primary).unwrap()));
+            drop(built);
+            double.flush();
+            assert_eq!(double.live_allocations(), baseline, "{what}: a build and its drop leaked");
+            assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 5, "{what}: a build made only {calls:?}");
+            for (entry, made) in &calls {
+                for nth in 1..=*made as i32 {
+                    let case = format!("{what}: call {nth} of {made} to {entry} failing");
+                    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                    let violations = double.violations();
+                    let calls_before = double.calls(entry);
+                    double.fail(entry, nth, OUT_OF_MEMORY);
+                    let built = PpNRt::new(config.clone(), &primary);
+                    double.clear_faults();
+                    assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
+                    match built {
+                        Err(e) => {
+                            let text = e.to_string();
+                            assert!(
+                                text.contains(entry.trim_end_matches("_v2")),
+                                "{case}: the error does not name the call: {text}"
+                            );
+                        }
+                        Ok(rt) => {
+                            // Only a failure the build can recover from: a guard's restore of
+                            // the thread's current context, which it records.
+                            let recorded = ppnrt::take_drop_errors();
+                            assert!(
+                                recorded.iter().any(|e| e.to_string().contains(entry.as_str())),
+                                "{case}: the build succeeded and recorded no error naming the call: {recorded:?}"
+                            );
+                            drop(rt);
+                        }
+                    }
+                    double.flush();
+                    assert_eq!(double.live_allocations(), baseline, "{case}: allocations left behind");
+                    assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                    build_and_step(&case);
+                    double.flush();
+                    let _ = ppnrt::take_drop_errors();
+                    cases += 1;
+                }
+            }
+        }
+        println!("build fault sweep: {cases} runs, each with one failing driver call");
+    });
+}

@@ -136,6 +136,14 @@ impl Double {
         )
     }
 
+    /// Device allocations not freed yet (a stream-ordered free counts once it ran), and pinned
+    /// host allocations not freed yet.
+    pub fn live_allocations(&self) -> (u64, u64) {
+        let f: unsafe extern "C" fn(c_int) -> u64 = self.symbol(b"ppnrt_double_live_allocations\0");
+        // SAFETY: 1 and 2 are the kinds the double counts.
+        unsafe { (f(1), f(2)) }
+    }
+
     /// Queued operations not yet run.
     pub fn pending(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_pending\0");
