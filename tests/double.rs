@@ -1889,3 +1889,68 @@ fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
         println!("build fault sweep: {cases} runs, each with one failing driver call");
     });
 }
+
+/// The fault sweep of a runtime's drop with work still queued (a step's `tx` and `rx` issued, not
+/// waited for, the received buffer and the input dropped first): every driver call the drop makes
+/// is failed in turn, one per run, on every transport. The failure is recorded for
+/// `take_drop_errors`, and no queued work touches freed memory (a buffer whose wait could not be
+/// set up is left allocated rather than freed under a copy).
+#[test]
+fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
+    with_double("every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use", |double| {
+        let n = 1 << 16;
+        let data: Vec<u32> = (0..n as u32).map(|i| i ^ 0xa5a5_0f0f).collect();
+        let primary = Engine::new(0).unwrap();
+        let mut cases = 0;
+        for (devices, policy) in EVERY_TRANSPORT {
+            let what = format!("{policy:?} {devices:?}");
+            let config = PpConfig::with_devices(&devices).transport(policy);
+            // A runtime with one step's copies queued and nothing waited for.
+            let busy = || {
+                let rt = PpNRt::new(config.clone(), &primary).unwrap();
+                let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+                {
+                    let input = {
+                        let _stage = rt.enter(0).unwrap();
+                        e0.htod(&data).unwrap()
+                    };
+                    let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &input, n)).unwrap();
+                    let _stage = rt.enter(1).unwrap();
+                    let received = rt.rx::<u32>(0, slot, n).unwrap();
+                    let mut out = e1.alloc::<u32>(n).unwrap();
+                    e1.dtod(&received, &mut out).unwrap();
+                }
+                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                rt
+            };
+            drop(busy());
+            double.flush();
+            let rt = busy();
+            let calls = calls_made_by(double, || drop(rt));
+            double.flush();
+            assert!(calls.iter().any(|(entry, _)| entry == "cuStreamSynchronize"), "{what}: {calls:?}");
+            for (entry, made) in &calls {
+                for nth in 1..=*made as i32 {
+                    let case = format!("{what}: call {nth} of {made} to {entry} in the drop failing");
+                    let rt = busy();
+                    let violations = double.violations();
+                    let calls_before = double.calls(entry);
+                    let _ = ppnrt::take_drop_errors();
+                    double.fail(entry, nth, OUT_OF_MEMORY);
+                    drop(rt);
+                    double.clear_faults();
+                    assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
+                    let recorded = ppnrt::take_drop_errors();
+                    assert!(
+                        recorded.iter().any(|e| e.to_string().contains(entry.trim_end_matches("_v2"))),
+                        "{case}: no recorded error names the call: {recorded:?}"
+                    );
+                    double.flush();
+                    assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                    cases += 1;
+                }
+            }
+        }
+        println!("drop fault sweep: {cases} runs, each with one failing driver call");
+    });
+}
