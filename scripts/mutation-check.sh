@@ -115,3 +115,7 @@ run capture-end-bound src/safe/graph.rs "    let bound = stream.context().bind()
     // SAFETY: the stream is live and capturing" "    let bound = stream.context().bind()?;
     // SAFETY: the stream is live and capturing"
 run capture-end-once src/safe/graph.rs "            if still_capturing {" "            if false && still_capturing {"
+# A buffer whose free could not be ordered after its uses (a failed wait) is left allocated, not
+# freed under them (the drop fault sweep).
+run pooled-free-unordered src/safe/memory.rs "            self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {" "            { let _ = self.access.order_exclusive(&self.stream, Use::Write); Ok(()) }.and_then(|()| {"
+run plain-free-unwaited src/safe/memory.rs '            self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {' '            { let _ = self.access.wait_on_host("CudaSlice::drop", Use::Write); Ok(()) }.and_then(|()| {'

@@ -1890,8 +1890,9 @@ fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
     });
 }
 
-/// The fault sweep of a runtime's drop with work still queued (a step's `tx` and `rx` issued, not
-/// waited for, the received buffer and the input dropped first): every driver call the drop makes
+/// The fault sweep of drops with work still queued: a step's `tx` and `rx` issued and not waited
+/// for, the received buffer read on another stream; then the input, the received buffer, the
+/// other stream's copy and the runtime dropped, in that order. Every driver call those drops make
 /// is failed in turn, one per run, on every transport. The failure is recorded for
 /// `take_drop_errors`, and no queued work touches freed memory (a buffer whose wait could not be
 /// set up is left allocated rather than freed under a copy).
@@ -1905,39 +1906,39 @@ fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
         for (devices, policy) in EVERY_TRANSPORT {
             let what = format!("{policy:?} {devices:?}");
             let config = PpConfig::with_devices(&devices).transport(policy);
-            // A runtime with one step's copies queued and nothing waited for.
+            // A runtime with one step's copies queued and nothing waited for, and the step's
+            // buffers: the input (read by `tx`), the received buffer (read on another stream of
+            // its device, so its free must wait for that stream) and that stream's copy.
             let busy = || {
                 let rt = PpNRt::new(config.clone(), &primary).unwrap();
                 let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
-                {
-                    let input = {
-                        let _stage = rt.enter(0).unwrap();
-                        e0.htod(&data).unwrap()
-                    };
-                    let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &input, n)).unwrap();
-                    let _stage = rt.enter(1).unwrap();
-                    let received = rt.rx::<u32>(0, slot, n).unwrap();
-                    let mut out = e1.alloc::<u32>(n).unwrap();
-                    e1.dtod(&received, &mut out).unwrap();
-                }
+                let input = {
+                    let _stage = rt.enter(0).unwrap();
+                    e0.htod(&data).unwrap()
+                };
+                let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &input, n)).unwrap();
+                let received = rt.enter(1).and_then(|_stage| rt.rx::<u32>(0, slot, n)).unwrap();
+                let other = CudaStream::new(e1.context()).unwrap();
+                let mut copy = CudaSlice::<u32>::alloc(&other, n).unwrap();
+                other.memcpy_dtod(&received, &mut copy).unwrap();
                 raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-                rt
+                (vec![input, received, copy], rt)
             };
             drop(busy());
             double.flush();
-            let rt = busy();
-            let calls = calls_made_by(double, || drop(rt));
+            let held = busy();
+            let calls = calls_made_by(double, || drop(held));
             double.flush();
             assert!(calls.iter().any(|(entry, _)| entry == "cuStreamSynchronize"), "{what}: {calls:?}");
             for (entry, made) in &calls {
                 for nth in 1..=*made as i32 {
                     let case = format!("{what}: call {nth} of {made} to {entry} in the drop failing");
-                    let rt = busy();
+                    let held = busy();
                     let violations = double.violations();
                     let calls_before = double.calls(entry);
                     let _ = ppnrt::take_drop_errors();
                     double.fail(entry, nth, OUT_OF_MEMORY);
-                    drop(rt);
+                    drop(held);
                     double.clear_faults();
                     assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
                     let recorded = ppnrt::take_drop_errors();
