@@ -1273,21 +1273,23 @@ enum Swept {
     NotSent(Error),
     /// `tx` succeeded and receiving failed: the slot to receive again.
     NotReceived(usize, Error),
-    /// Received, and a later call failed (the copy out of the slot, the readback or its wait).
-    NotReadBack(Error),
+    /// Received, and a later call failed (the copy out of the slot, the readback or its wait);
+    /// for a failed wait, what a second wait gave.
+    NotReadBack(Error, Option<Vec<u32>>),
 }
 
 /// Receives slot `slot` of boundary 0 (a copy by `rx`, or in place and copied out on the stage's
-/// stream) and reads it back; `Err(None)` when the receive itself failed.
+/// stream) and reads it back. An error says whether the receive was made, and, when the
+/// readback's wait failed, carries what a second wait gave.
 fn receive_and_read_back(
     rt: &PpNRt,
     e1: &Engine,
     slot: usize,
     n: usize,
     in_place: bool,
-) -> Result<Vec<u32>, (bool, Error)> {
-    let not_received = |e: Error| (false, e);
-    let not_read_back = |e: Error| (true, e);
+) -> Result<Vec<u32>, (bool, Error, Option<Vec<u32>>)> {
+    let not_received = |e: Error| (false, e, None);
+    let not_read_back = |e: Error| (true, e, None);
     let _stage = rt.enter(1).map_err(not_received)?;
     let received = if in_place {
         let lent = rt.rx_in_place::<u32>(0, slot, n).map_err(not_received)?;
@@ -1298,7 +1300,11 @@ fn receive_and_read_back(
         rt.rx::<u32>(0, slot, n).map_err(not_received)?
     };
     let pending = rt.readback(received).map_err(not_read_back)?;
-    pending.wait().map(<[u32]>::to_vec).map_err(not_read_back)
+    pending.wait().map(<[u32]>::to_vec).map_err(|e| {
+        // A failed wait loses nothing: the next one gives the values.
+        let again = pending.wait().map(<[u32]>::to_vec).unwrap_or_else(|e| panic!("the second wait failed: {e}"));
+        (true, e, Some(again))
+    })
 }
 
 /// One decode-like step for the fault sweep: `tx` of `input` from stage 0, the receive on
@@ -1311,8 +1317,8 @@ fn sweep_step(rt: &PpNRt, e1: &Engine, input: &CudaSlice<u32>, n: usize, in_plac
     };
     match receive_and_read_back(rt, e1, slot, n, in_place) {
         Ok(values) => Swept::Delivered(values),
-        Err((false, e)) => Swept::NotReceived(slot, e),
-        Err((true, e)) => Swept::NotReadBack(e),
+        Err((false, e, _)) => Swept::NotReceived(slot, e),
+        Err((true, e, again)) => Swept::NotReadBack(e, again),
     }
 }
 
@@ -1320,8 +1326,8 @@ fn sweep_step(rt: &PpNRt, e1: &Engine, input: &CudaSlice<u32>, n: usize, in_plac
 /// copied out, a deferred readback and its wait, the drops) is failed in turn, one per run, on
 /// every transport. Whatever call fails, the step returns a typed error naming it or delivers
 /// the right values (a failure the crate can only record, in a drop); a step whose `tx` went out
-/// but whose receive failed is received by a second try, whole; and the next steps deliver their
-/// values. The step's input is dropped at once and the next step is larger (its slot is
+/// but whose receive failed is received by a second try, whole; a readback whose wait failed
+/// gives its values to a second wait; and the next steps deliver their values. The step's input is dropped at once and the next step is larger (its slot is
 /// allocated again, the old one freed), so work a failed call left queued and unordered would
 /// touch freed memory: the double counts every such access, through the runtime's drop too.
 #[test]
@@ -1408,11 +1414,15 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                             Swept::Delivered(values) => {
                                 assert!(*values == data(WARM), "{case}: wrong values delivered")
                             }
-                            Swept::NotSent(e) | Swept::NotReadBack(e) => named(e),
+                            Swept::NotSent(e) | Swept::NotReadBack(e, None) => named(e),
+                            Swept::NotReadBack(e, Some(again)) => {
+                                named(e);
+                                assert!(*again == data(WARM), "{case}: the second wait gave wrong values");
+                            }
                             Swept::NotReceived(slot, e) => {
                                 named(e);
                                 let again = receive_and_read_back(&rt, &e1, *slot, n, in_place)
-                                    .unwrap_or_else(|(_, e)| panic!("{case}: the second receive failed: {e}"));
+                                    .unwrap_or_else(|(_, e, _)| panic!("{case}: the second receive failed: {e}"));
                                 assert!(again == data(WARM), "{case}: the second receive got wrong values");
                             }
                         }
