@@ -1279,46 +1279,53 @@ enum Swept {
 }
 
 /// Receives slot `slot` of boundary 0 (a copy by `rx`, or in place and copied out on the stage's
-/// stream) and reads it back. An error says whether the receive was made, and, when the
-/// readback's wait failed, carries what a second wait gave.
-fn receive_and_read_back(
-    rt: &PpNRt,
-    e1: &Engine,
-    slot: usize,
-    n: usize,
-    in_place: bool,
-) -> Result<Vec<u32>, (bool, Error, Option<Vec<u32>>)> {
-    let not_received = |e: Error| (false, e, None);
-    let not_read_back = |e: Error| (true, e, None);
-    let _stage = rt.enter(1).map_err(not_received)?;
-    let received = if in_place {
-        let lent = rt.rx_in_place::<u32>(0, slot, n).map_err(not_received)?;
-        let mut out = e1.alloc::<u32>(n).map_err(not_read_back)?;
-        e1.dtod(&lent.view().map_err(not_read_back)?, &mut out).map_err(not_read_back)?;
-        out
-    } else {
-        rt.rx::<u32>(0, slot, n).map_err(not_received)?
+/// stream) and reads it back: `Delivered`, `NotReceived` when the receive failed, or
+/// `NotReadBack` (for a failed wait, with what a second wait gave).
+fn receive_and_read_back(rt: &PpNRt, e1: &Engine, slot: usize, n: usize, in_place: bool) -> Swept {
+    let stage = match rt.enter(1) {
+        Ok(stage) => stage,
+        Err(e) => return Swept::NotReceived(slot, e),
     };
-    let pending = rt.readback(received).map_err(not_read_back)?;
-    pending.wait().map(<[u32]>::to_vec).map_err(|e| {
-        // A failed wait loses nothing: the next one gives the values.
-        let again = pending.wait().map(<[u32]>::to_vec).unwrap_or_else(|e| panic!("the second wait failed: {e}"));
-        (true, e, Some(again))
-    })
+    let received = if in_place {
+        let lent = match rt.rx_in_place::<u32>(0, slot, n) {
+            Ok(lent) => lent,
+            Err(e) => return Swept::NotReceived(slot, e),
+        };
+        let copied = e1.alloc::<u32>(n).and_then(|mut out| {
+            e1.dtod(&lent.view()?, &mut out)?;
+            Ok(out)
+        });
+        match copied {
+            Ok(out) => out,
+            Err(e) => return Swept::NotReadBack(e, None),
+        }
+    } else {
+        match rt.rx::<u32>(0, slot, n) {
+            Ok(received) => received,
+            Err(e) => return Swept::NotReceived(slot, e),
+        }
+    };
+    let pending = match rt.readback(received) {
+        Ok(pending) => pending,
+        Err(e) => return Swept::NotReadBack(e, None),
+    };
+    drop(stage);
+    match pending.wait() {
+        Ok(values) => Swept::Delivered(values.to_vec()),
+        Err(e) => {
+            // A failed wait loses nothing: the next one gives the values.
+            let again = pending.wait().map(<[u32]>::to_vec).unwrap_or_else(|e| panic!("the second wait failed: {e}"));
+            Swept::NotReadBack(e, Some(again))
+        }
+    }
 }
 
 /// One decode-like step for the fault sweep: `tx` of `input` from stage 0, the receive on
 /// stage 1, a deferred readback of what arrived.
 fn sweep_step(rt: &PpNRt, e1: &Engine, input: &CudaSlice<u32>, n: usize, in_place: bool) -> Swept {
-    let sent = rt.enter(0).and_then(|_stage| rt.tx(0, input, n));
-    let slot = match sent {
-        Ok(slot) => slot,
-        Err(e) => return Swept::NotSent(e),
-    };
-    match receive_and_read_back(rt, e1, slot, n, in_place) {
-        Ok(values) => Swept::Delivered(values),
-        Err((false, e, _)) => Swept::NotReceived(slot, e),
-        Err((true, e, again)) => Swept::NotReadBack(e, again),
+    match rt.enter(0).and_then(|_stage| rt.tx(0, input, n)) {
+        Ok(slot) => receive_and_read_back(rt, e1, slot, n, in_place),
+        Err(e) => Swept::NotSent(e),
     }
 }
 
@@ -1421,9 +1428,12 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                             }
                             Swept::NotReceived(slot, e) => {
                                 named(e);
-                                let again = receive_and_read_back(&rt, &e1, *slot, n, in_place)
-                                    .unwrap_or_else(|(_, e, _)| panic!("{case}: the second receive failed: {e}"));
-                                assert!(again == data(WARM), "{case}: the second receive got wrong values");
+                                match receive_and_read_back(&rt, &e1, *slot, n, in_place) {
+                                    Swept::Delivered(again) => {
+                                        assert!(again == data(WARM), "{case}: the second receive got wrong values")
+                                    }
+                                    other => panic!("{case}: the second receive: {other:?}"),
+                                }
                             }
                         }
                         for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
