@@ -1975,3 +1975,84 @@ fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
         println!("drop fault sweep: {cases} runs, each with one failing driver call");
     });
 }
+
+/// A chain of the safe layer's operations across two streams of one device, each buffer used on
+/// a stream other than the one that last wrote it: a pageable upload, a copy read on the other
+/// stream and its source dropped, a memset, a copy back, a helper kernel's write under an ambient
+/// stream after that read, a copy into a pinned buffer and the host's read of it, and a pinned
+/// upload read back. Returns what the host read twice (pinned, then through the device).
+fn safe_chain(e: &Engine, data: &[u32]) -> ppnrt::Result<(Vec<u32>, Vec<u32>)> {
+    let n = data.len();
+    let (s1, s2) = (e.stream()?, e.stream()?);
+    let mut a = CudaSlice::<u32>::alloc(&s1, n)?;
+    s1.memcpy_htod(data, &mut a)?;
+    let mut b = CudaSlice::<u32>::alloc(&s2, n)?;
+    s2.memcpy_dtod(&a, &mut b)?;
+    drop(a);
+    let mut c = CudaSlice::<u32>::alloc(&s1, n)?;
+    s1.memset_u32(&mut c, 7)?;
+    s1.memcpy_dtod(&b, &mut c)?;
+    {
+        let _on_s2 = StreamOverride::new(Arc::clone(&s2))?;
+        e.fill_u32(&mut b, 0)?;
+    }
+    let mut host = PinnedHostBuffer::<u32>::new(e.context(), n, false)?;
+    s2.memcpy_dtoh_pinned(&c, &mut host)?;
+    let pinned = host.as_slice()?.to_vec();
+    s1.memcpy_htod_pinned(&host, &mut b)?;
+    drop(host);
+    let back = {
+        let _on_s1 = StreamOverride::new(Arc::clone(&s1))?;
+        e.dtoh(&b)?
+    };
+    Ok((pinned, back))
+}
+
+/// The fault sweep of the safe layer: every driver call of [`safe_chain`] is failed in turn, one
+/// per run. The chain returns a typed error naming the call, or the right values with the failure
+/// recorded for `take_drop_errors`; a second chain then delivers; and no queued work touches memory freed meanwhile, the buffers the failed chain
+/// dropped on its way out included.
+#[test]
+fn every_failing_driver_call_of_the_safe_layer_is_an_error_that_loses_nothing() {
+    with_double("every_failing_driver_call_of_the_safe_layer_is_an_error_that_loses_nothing", |double| {
+        let e = Engine::new(0).unwrap();
+        let data: Vec<u32> = (0..1u32 << 14).map(|i| i.wrapping_mul(0x9e37_79b9) ^ 0x00c0_ffee).collect();
+        let expected = (data.clone(), data.clone());
+        assert_eq!(safe_chain(&e, &data).unwrap(), expected, "the chain itself");
+        raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+        double.flush();
+        let mut chained = None;
+        let calls = calls_made_by(double, || chained = Some(safe_chain(&e, &data).unwrap()));
+        assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 10, "the chain made only {calls:?}");
+        let mut cases = 0;
+        for (entry, made) in &calls {
+            for nth in 1..=*made as i32 {
+                let case = format!("call {nth} of {made} to {entry} failing");
+                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                double.flush();
+                let violations = double.violations();
+                let calls_before = double.calls(entry);
+                double.fail(entry, nth, OUT_OF_MEMORY);
+                let outcome = safe_chain(&e, &data);
+                double.clear_faults();
+                assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
+                let recorded = ppnrt::take_drop_errors();
+                let names = |text: String| text.contains(entry.trim_end_matches("_v2"));
+                match outcome {
+                    Ok(values) => {
+                        assert!(values == expected, "{case}: wrong values");
+                        // A failure the chain got over is recorded.
+                        assert!(recorded.iter().any(|e| names(e.to_string())), "{case}: unreported: {recorded:?}");
+                    }
+                    Err(err) => assert!(names(err.to_string()), "{case}: the error does not name the call: {err}"),
+                }
+                assert!(safe_chain(&e, &data).unwrap() == expected, "{case}: the next chain");
+                double.flush();
+                assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                let _ = ppnrt::take_drop_errors();
+                cases += 1;
+            }
+        }
+        println!("safe-layer fault sweep: {cases} runs, each with one failing driver call");
+    });
+}
