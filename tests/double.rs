@@ -1264,6 +1264,79 @@ fn a_stream_waits_once_per_write_it_reads_not_once_per_read() {
     });
 }
 
+/// One failing driver call of a fault sweep: the `nth` call of `entry`, counted from when it is
+/// armed.
+struct Injected<'d> {
+    double: &'d double::Double,
+    entry: &'d str,
+    nth: i32,
+    /// Names the run in assertion messages.
+    case: String,
+    calls_before: Option<u64>,
+}
+
+impl Injected<'_> {
+    /// Makes the call fail from here on: right before the operation swept.
+    fn arm(&mut self) {
+        self.calls_before = Some(self.double.calls(self.entry));
+        self.double.fail(self.entry, self.nth, OUT_OF_MEMORY);
+    }
+
+    /// Ends the failure, right after the operation, and checks that the operation reached it;
+    /// returns the errors recorded meanwhile for `take_drop_errors`.
+    fn disarm(&mut self) -> Vec<Error> {
+        self.double.clear_faults();
+        let before = self.calls_before.expect("armed before disarmed");
+        assert!(
+            self.double.calls(self.entry) - before >= self.nth as u64,
+            "{}: the failure was not reached",
+            self.case
+        );
+        ppnrt::take_drop_errors()
+    }
+
+    /// Whether `error` names the failing call.
+    fn names(&self, error: &Error) -> bool {
+        error.to_string().contains(self.entry.trim_end_matches("_v2"))
+    }
+
+    /// Asserts that `error` names the failing call.
+    fn assert_named(&self, error: &Error) {
+        assert!(self.names(error), "{}: the error does not name the call: {error}", self.case);
+    }
+}
+
+/// Runs `run` once for each driver call that one operation makes (`calls`: entry points, calls
+/// each), with that call failing: `run` sets the operation up, [`arm`](Injected::arm)s the
+/// failure right before it and [`disarm`](Injected::disarm)s it right after, and checks the
+/// outcome. After each run, once every queued operation ran, the double must have seen no access
+/// to freed memory. Returns the number of runs.
+fn sweep_calls(
+    double: &double::Double,
+    calls: &[(String, u64)],
+    what: &str,
+    mut run: impl FnMut(&mut Injected<'_>),
+) -> usize {
+    let mut runs = 0;
+    for (entry, made) in calls {
+        for nth in 1..=*made as i32 {
+            let case = format!("{what}: call {nth} of {made} to {entry} failing");
+            let mut injected = Injected { double, entry, nth, case, calls_before: None };
+            double.flush();
+            let _ = ppnrt::take_drop_errors();
+            let violations = double.violations();
+            run(&mut injected);
+            assert!(injected.calls_before.is_some(), "{}: never armed", injected.case);
+            double.clear_faults();
+            double.flush();
+            assert_eq!(double.violations(), violations, "{}: {}", injected.case, double.last_violation());
+            let _ = ppnrt::take_drop_errors();
+            runs += 1;
+        }
+    }
+    runs
+}
+
 /// How one step of the fault sweep ended.
 #[derive(Debug)]
 enum Swept {
@@ -1395,60 +1468,38 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                         .collect()
                 };
                 assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 5, "{what}: a step made only {calls:?}");
-                for (entry, made) in &calls {
-                    for nth in 1..=*made as i32 {
-                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                        let (rt, e1, mut inputs) = warm();
-                        let violations = double.violations();
-                        let calls_before = double.calls(entry);
-                        double.fail(entry, nth, OUT_OF_MEMORY);
-                        let outcome = sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place);
-                        double.clear_faults();
-                        assert!(
-                            double.calls(entry) - calls_before >= nth as u64,
-                            "{case}: the failure was not reached"
-                        );
-                        // Freed at once: its free waits for whatever the step left reading it.
-                        inputs[WARM] = None;
-                        let named = |e: &Error| {
-                            let text = e.to_string();
-                            assert!(
-                                text.contains(entry.trim_end_matches("_v2")),
-                                "{case}: the error does not name the call: {text}"
-                            );
-                        };
-                        match &outcome {
-                            Swept::Delivered(values) => {
-                                assert!(*values == data(WARM), "{case}: wrong values delivered")
-                            }
-                            Swept::NotSent(e) | Swept::NotReadBack(e, None) => named(e),
-                            Swept::NotReadBack(e, Some(again)) => {
-                                named(e);
-                                assert!(*again == data(WARM), "{case}: the second wait gave wrong values");
-                            }
-                            Swept::NotReceived(slot, e) => {
-                                named(e);
-                                match receive_and_read_back(&rt, &e1, *slot, n, in_place) {
-                                    Swept::Delivered(again) => {
-                                        assert!(again == data(WARM), "{case}: the second receive got wrong values")
-                                    }
-                                    other => panic!("{case}: the second receive: {other:?}"),
+                cases += sweep_calls(double, &calls, &what, |injected| {
+                    let case = injected.case.clone();
+                    let (rt, e1, mut inputs) = warm();
+                    injected.arm();
+                    let outcome = sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place);
+                    injected.disarm();
+                    // Freed at once: its free waits for whatever the step left reading it.
+                    inputs[WARM] = None;
+                    match &outcome {
+                        Swept::Delivered(values) => assert!(*values == data(WARM), "{case}: wrong values delivered"),
+                        Swept::NotSent(e) | Swept::NotReadBack(e, None) => injected.assert_named(e),
+                        Swept::NotReadBack(e, Some(again)) => {
+                            injected.assert_named(e);
+                            assert!(*again == data(WARM), "{case}: the second wait gave wrong values");
+                        }
+                        Swept::NotReceived(slot, e) => {
+                            injected.assert_named(e);
+                            match receive_and_read_back(&rt, &e1, *slot, n, in_place) {
+                                Swept::Delivered(again) => {
+                                    assert!(again == data(WARM), "{case}: the second receive got wrong values")
                                 }
+                                other => panic!("{case}: the second receive: {other:?}"),
                             }
                         }
-                        for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
-                            match sweep_step(&rt, &e1, input.as_ref().unwrap(), len(t), in_place) {
-                                Swept::Delivered(values) => assert!(values == data(t), "{case}: step {t} wrong"),
-                                other => panic!("{case}: step {t} after the failure: {other:?}"),
-                            }
-                        }
-                        drop((inputs, e1, rt));
-                        double.flush();
-                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                        let _ = ppnrt::take_drop_errors();
-                        cases += 1;
                     }
-                }
+                    for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                        match sweep_step(&rt, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                            Swept::Delivered(values) => assert!(values == data(t), "{case}: step {t} wrong"),
+                            other => panic!("{case}: step {t} after the failure: {other:?}"),
+                        }
+                    }
+                });
             }
         }
         println!("fault sweep: {cases} runs, each with one failing driver call");
@@ -1570,69 +1621,50 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
                         .collect();
                 });
                 assert!(calls.iter().any(|(entry, _)| entry == "cuGraphLaunch"), "{what}: {calls:?}");
-                for (entry, made) in &calls {
-                    for nth in 1..=*made as i32 {
-                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                        let violations = double.violations();
-                        run(&mut |rt, step, buffers| {
-                            let calls_before = double.calls(entry);
-                            double.fail(entry, nth, OUT_OF_MEMORY);
-                            let swept = graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]);
-                            double.clear_faults();
-                            assert!(
-                                double.calls(entry) - calls_before >= nth as u64,
-                                "{case}: the failure was not reached"
-                            );
-                            let named = |e: &Error| {
-                                let text = e.to_string();
-                                assert!(
-                                    text.contains(entry.trim_end_matches("_v2")),
-                                    "{case}: the error does not name the call: {text}"
-                                );
-                            };
-                            let (slot, values) = match swept {
-                                GraphSwept::Delivered(slot, values) => (slot, values),
-                                GraphSwept::NotReadBack(slot, e) => {
-                                    named(&e);
-                                    (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
-                                }
-                                GraphSwept::NotLaunched(e) | GraphSwept::LaunchFailed(e) => {
-                                    named(&e);
-                                    // Finished as documented: the input again, then `launch`; a
-                                    // stage left behind is launched alone.
-                                    match graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]) {
-                                        GraphSwept::Delivered(slot, values) => (slot, values),
-                                        GraphSwept::LaunchFailed(Error::Pipeline(
-                                            ppnrt::PpError::GraphStageOutOfStep { stage, .. },
-                                        )) => {
-                                            let slot = step
-                                                .launch_stage(stage, std::time::Duration::from_secs(1))
-                                                .unwrap_or_else(|e| {
-                                                    panic!("{case}: stage {stage} could not catch up: {e}")
-                                                });
-                                            finished_by_stage += 1;
-                                            (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
-                                        }
-                                        other => panic!("{case}: the step could not be finished: {other:?}"),
+                cases += sweep_calls(double, &calls, &what, |injected| {
+                    let case = injected.case.clone();
+                    run(&mut |rt, step, buffers| {
+                        injected.arm();
+                        let swept = graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]);
+                        injected.disarm();
+                        let named = |e: &Error| injected.assert_named(e);
+                        let (slot, values) = match swept {
+                            GraphSwept::Delivered(slot, values) => (slot, values),
+                            GraphSwept::NotReadBack(slot, e) => {
+                                named(&e);
+                                (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
+                            }
+                            GraphSwept::NotLaunched(e) | GraphSwept::LaunchFailed(e) => {
+                                named(&e);
+                                // Finished as documented: the input again, then `launch`; a
+                                // stage left behind is launched alone.
+                                match graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]) {
+                                    GraphSwept::Delivered(slot, values) => (slot, values),
+                                    GraphSwept::LaunchFailed(Error::Pipeline(
+                                        ppnrt::PpError::GraphStageOutOfStep { stage, .. },
+                                    )) => {
+                                        let slot =
+                                            step.launch_stage(stage, std::time::Duration::from_secs(1)).unwrap_or_else(
+                                                |e| panic!("{case}: stage {stage} could not catch up: {e}"),
+                                            );
+                                        finished_by_stage += 1;
+                                        (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
                                     }
-                                }
-                            };
-                            assert!(same(&values, &expected[slot][WARM]), "{case}: wrong values (slot {slot})");
-                            for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
-                                match graph_sweep_step(rt, &primary, step, buffers, input) {
-                                    GraphSwept::Delivered(k, values) => {
-                                        assert!(same(&values, &expected[k][t]), "{case}: step {t} wrong")
-                                    }
-                                    other => panic!("{case}: step {t} after the failure: {other:?}"),
+                                    other => panic!("{case}: the step could not be finished: {other:?}"),
                                 }
                             }
-                        });
-                        double.flush();
-                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                        let _ = ppnrt::take_drop_errors();
-                        cases += 1;
-                    }
-                }
+                        };
+                        assert!(same(&values, &expected[slot][WARM]), "{case}: wrong values (slot {slot})");
+                        for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                            match graph_sweep_step(rt, &primary, step, buffers, input) {
+                                GraphSwept::Delivered(k, values) => {
+                                    assert!(same(&values, &expected[k][t]), "{case}: step {t} wrong")
+                                }
+                                other => panic!("{case}: step {t} after the failure: {other:?}"),
+                            }
+                        }
+                    });
+                });
             }
         }
         println!(
@@ -1714,7 +1746,7 @@ fn capture_sweep_run(
     primary: &Engine,
     setup: &CaptureSetup,
     runs: ToyRuns<'_>,
-    fault: Option<(&str, i32)>,
+    mut fault: Option<&mut Injected<'_>>,
     case: &str,
 ) -> Vec<(String, u64)> {
     let CaptureSetup { config, in_place, recapturing } = setup;
@@ -1732,9 +1764,8 @@ fn capture_sweep_run(
     };
     double.flush();
     raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-    let calls_before = fault.map(|(entry, _)| double.calls(entry));
-    if let Some((entry, nth)) = fault {
-        double.fail(entry, nth, OUT_OF_MEMORY);
+    if let Some(injected) = fault.as_deref_mut() {
+        injected.arm();
     }
     let mut captured = None;
     let calls = calls_made_by(double, || {
@@ -1743,9 +1774,8 @@ fn capture_sweep_run(
             None => graphs::capture(&rt, primary, &mut buffers, n, in_place).map(Some),
         });
     });
-    double.clear_faults();
-    if let (Some((entry, nth)), Some(before)) = (fault, calls_before) {
-        assert!(double.calls(entry) - before >= nth as u64, "{case}: the failure was not reached");
+    if let Some(injected) = fault {
+        injected.disarm();
     }
     match captured.expect("ran above") {
         Ok(Some(fresh)) => step = Some(fresh),
@@ -1808,17 +1838,10 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
                     counted();
                     let calls = counted();
                     assert!(calls.iter().any(|(entry, _)| entry == "cuStreamBeginCapture_v2"), "{what}: {calls:?}");
-                    for (entry, made) in &calls {
-                        for nth in 1..=*made as i32 {
-                            let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                            let violations = double.violations();
-                            capture_sweep_run(double, &primary, &setup, runs, Some((entry, nth)), &case);
-                            double.flush();
-                            assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                            let _ = ppnrt::take_drop_errors();
-                            cases += 1;
-                        }
-                    }
+                    cases += sweep_calls(double, &calls, &what, |injected| {
+                        let case = injected.case.clone();
+                        capture_sweep_run(double, &primary, &setup, runs, Some(injected), &case);
+                    });
                 }
             }
         }
@@ -1867,44 +1890,28 @@ fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
             double.flush();
             assert_eq!(double.live_allocations(), baseline, "{what}: a build and its drop leaked");
             assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 5, "{what}: a build made only {calls:?}");
-            for (entry, made) in &calls {
-                for nth in 1..=*made as i32 {
-                    let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-                    let violations = double.violations();
-                    let calls_before = double.calls(entry);
-                    double.fail(entry, nth, OUT_OF_MEMORY);
-                    let built = PpNRt::new(config.clone(), &primary);
-                    double.clear_faults();
-                    assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
-                    match built {
-                        Err(e) => {
-                            let text = e.to_string();
-                            assert!(
-                                text.contains(entry.trim_end_matches("_v2")),
-                                "{case}: the error does not name the call: {text}"
-                            );
-                        }
-                        Ok(rt) => {
-                            // Only a failure the build can recover from: a guard's restore of
-                            // the thread's current context, which it records.
-                            let recorded = ppnrt::take_drop_errors();
-                            assert!(
-                                recorded.iter().any(|e| e.to_string().contains(entry.as_str())),
-                                "{case}: the build succeeded and recorded no error naming the call: {recorded:?}"
-                            );
-                            drop(rt);
-                        }
+            cases += sweep_calls(double, &calls, &what, |injected| {
+                let case = injected.case.clone();
+                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                injected.arm();
+                let built = PpNRt::new(config.clone(), &primary);
+                let recorded = injected.disarm();
+                match built {
+                    Err(e) => injected.assert_named(&e),
+                    Ok(rt) => {
+                        // Only a failure the build can recover from: a guard's restore of the
+                        // thread's current context, which it records.
+                        assert!(
+                            recorded.iter().any(|e| injected.names(e)),
+                            "{case}: the build succeeded and recorded no error naming the call: {recorded:?}"
+                        );
+                        drop(rt);
                     }
-                    double.flush();
-                    assert_eq!(double.live_allocations(), baseline, "{case}: allocations left behind");
-                    assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                    build_and_step(&case);
-                    double.flush();
-                    let _ = ppnrt::take_drop_errors();
-                    cases += 1;
                 }
-            }
+                double.flush();
+                assert_eq!(double.live_allocations(), baseline, "{case}: allocations left behind");
+                build_and_step(&case);
+            });
         }
         println!("build fault sweep: {cases} runs, each with one failing driver call");
     });
@@ -1950,27 +1957,17 @@ fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
             let calls = calls_made_by(double, || drop(held));
             double.flush();
             assert!(calls.iter().any(|(entry, _)| entry == "cuStreamSynchronize"), "{what}: {calls:?}");
-            for (entry, made) in &calls {
-                for nth in 1..=*made as i32 {
-                    let case = format!("{what}: call {nth} of {made} to {entry} in the drop failing");
-                    let held = busy();
-                    let violations = double.violations();
-                    let calls_before = double.calls(entry);
-                    let _ = ppnrt::take_drop_errors();
-                    double.fail(entry, nth, OUT_OF_MEMORY);
-                    drop(held);
-                    double.clear_faults();
-                    assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
-                    let recorded = ppnrt::take_drop_errors();
-                    assert!(
-                        recorded.iter().any(|e| e.to_string().contains(entry.trim_end_matches("_v2"))),
-                        "{case}: no recorded error names the call: {recorded:?}"
-                    );
-                    double.flush();
-                    assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                    cases += 1;
-                }
-            }
+            cases += sweep_calls(double, &calls, &format!("{what}, in the drops"), |injected| {
+                let held = busy();
+                injected.arm();
+                drop(held);
+                let recorded = injected.disarm();
+                assert!(
+                    recorded.iter().any(|e| injected.names(e)),
+                    "{}: no recorded error names the call: {recorded:?}",
+                    injected.case
+                );
+            });
         }
         println!("drop fault sweep: {cases} runs, each with one failing driver call");
     });
@@ -2024,35 +2021,22 @@ fn every_failing_driver_call_of_the_safe_layer_is_an_error_that_loses_nothing() 
         let mut chained = None;
         let calls = calls_made_by(double, || chained = Some(safe_chain(&e, &data).unwrap()));
         assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 10, "the chain made only {calls:?}");
-        let mut cases = 0;
-        for (entry, made) in &calls {
-            for nth in 1..=*made as i32 {
-                let case = format!("call {nth} of {made} to {entry} failing");
-                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-                double.flush();
-                let violations = double.violations();
-                let calls_before = double.calls(entry);
-                double.fail(entry, nth, OUT_OF_MEMORY);
-                let outcome = safe_chain(&e, &data);
-                double.clear_faults();
-                assert!(double.calls(entry) - calls_before >= nth as u64, "{case}: the failure was not reached");
-                let recorded = ppnrt::take_drop_errors();
-                let names = |text: String| text.contains(entry.trim_end_matches("_v2"));
-                match outcome {
-                    Ok(values) => {
-                        assert!(values == expected, "{case}: wrong values");
-                        // A failure the chain got over is recorded.
-                        assert!(recorded.iter().any(|e| names(e.to_string())), "{case}: unreported: {recorded:?}");
-                    }
-                    Err(err) => assert!(names(err.to_string()), "{case}: the error does not name the call: {err}"),
+        let cases = sweep_calls(double, &calls, "the safe-layer chain", |injected| {
+            let case = injected.case.clone();
+            raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+            injected.arm();
+            let outcome = safe_chain(&e, &data);
+            let recorded = injected.disarm();
+            match outcome {
+                Ok(values) => {
+                    assert!(values == expected, "{case}: wrong values");
+                    // A failure the chain got over is recorded.
+                    assert!(recorded.iter().any(|e| injected.names(e)), "{case}: unreported: {recorded:?}");
                 }
-                assert!(safe_chain(&e, &data).unwrap() == expected, "{case}: the next chain");
-                double.flush();
-                assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                let _ = ppnrt::take_drop_errors();
-                cases += 1;
+                Err(err) => injected.assert_named(&err),
             }
-        }
+            assert!(safe_chain(&e, &data).unwrap() == expected, "{case}: the next chain");
+        });
         println!("safe-layer fault sweep: {cases} runs, each with one failing driver call");
     });
 }
