@@ -1450,22 +1450,12 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                 // The driver calls of one warm step, per entry point.
                 let calls: Vec<(String, u64)> = {
                     let (rt, e1, inputs) = warm();
-                    let before: Vec<(String, u64)> = double
-                        .entries_called()
-                        .into_iter()
-                        .map(|entry| (double.calls(&entry), entry))
-                        .map(|(c, e)| (e, c))
-                        .collect();
-                    let step = sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place);
-                    assert!(matches!(step, Swept::Delivered(_)), "{what}: {step:?}");
-                    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
-                    double
-                        .entries_called()
-                        .into_iter()
-                        .map(|entry| (double.calls(&entry) - made(&entry), entry))
-                        .filter(|(calls, _)| *calls > 0)
-                        .map(|(calls, entry)| (entry, calls))
-                        .collect()
+                    let mut step = None;
+                    let calls = calls_made_by(double, || {
+                        step = Some(sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place))
+                    });
+                    assert!(matches!(step, Some(Swept::Delivered(_))), "{what}: {step:?}");
+                    calls
                 };
                 assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 5, "{what}: a step made only {calls:?}");
                 cases += sweep_calls(double, &calls, &what, |injected| {
@@ -1603,22 +1593,11 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
                 // The driver calls of one warm graph step, per entry point.
                 let mut calls: Vec<(String, u64)> = Vec::new();
                 run(&mut |rt, step, buffers| {
-                    let before: Vec<(String, u64)> = double
-                        .entries_called()
-                        .into_iter()
-                        .map(|entry| (double.calls(&entry), entry))
-                        .map(|(c, e)| (e, c))
-                        .collect();
-                    let swept = graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]);
-                    assert!(matches!(swept, GraphSwept::Delivered(..)), "{what}: {swept:?}");
-                    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
-                    calls = double
-                        .entries_called()
-                        .into_iter()
-                        .map(|entry| (double.calls(&entry) - made(&entry), entry))
-                        .filter(|(calls, _)| *calls > 0)
-                        .map(|(calls, entry)| (entry, calls))
-                        .collect();
+                    let mut swept = None;
+                    calls = calls_made_by(double, || {
+                        swept = Some(graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]))
+                    });
+                    assert!(matches!(swept, Some(GraphSwept::Delivered(..))), "{what}: {swept:?}");
                 });
                 assert!(calls.iter().any(|(entry, _)| entry == "cuGraphLaunch"), "{what}: {calls:?}");
                 cases += sweep_calls(double, &calls, &what, |injected| {
