@@ -1544,10 +1544,12 @@ fn graph_sweep_step(
 
 /// The fault sweep in graph mode: every driver call of a warm graph step (the input's copy, each
 /// stage's graph launch with the protocol's waits and records, the copy out and readback) is
-/// failed in turn, one per run, on two GPUs and on one, the slot copied or read in place.
-/// Whatever call fails, the step returns a typed error naming it, or delivers the right values.
+/// failed in turn, one per run: two stages on two GPUs and on one, four stages alternating over
+/// two GPUs, the slot copied or read in place. Whatever call fails, the step returns a typed error
+/// naming it, or delivers the right values.
 /// A failed launch is finished as documented on [`StepGraphs::launch`](ppnrt::StepGraphs::launch):
-/// `launch` again, and where it answers that a stage is behind, `launch_stage` of that stage;
+/// `launch` again, and where it answers that a stage is behind, `launch_stage` of that stage and
+/// of each later one;
 /// the step then delivers its values, bitwise, and so do the next ones. No queued work touches
 /// freed memory, through the runtime's drop too.
 #[test]
@@ -1566,7 +1568,7 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
             |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         let mut cases = 0;
         let mut finished_by_stage = 0;
-        for devices in [[0, 1], [0, 0]] {
+        for devices in [&[0, 1][..], &[0, 0], &[0, 1, 0, 1]] {
             for in_place in [false, true] {
                 let what = format!("graph mode {devices:?}{}", if in_place { " in place" } else { "" });
                 let config = PpConfig::with_devices(&devices).slots(2);
@@ -1622,10 +1624,15 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
                                     GraphSwept::LaunchFailed(Error::Pipeline(
                                         ppnrt::PpError::GraphStageOutOfStep { stage, .. },
                                     )) => {
-                                        let slot =
-                                            step.launch_stage(stage, std::time::Duration::from_secs(1)).unwrap_or_else(
-                                                |e| panic!("{case}: stage {stage} could not catch up: {e}"),
-                                            );
+                                        // That stage, then each later one.
+                                        let mut slot = 0;
+                                        for behind in stage..rt.n_stages() {
+                                            slot = step
+                                                .launch_stage(behind, std::time::Duration::from_secs(1))
+                                                .unwrap_or_else(|e| {
+                                                    panic!("{case}: stage {behind} could not catch up: {e}")
+                                                });
+                                        }
                                         finished_by_stage += 1;
                                         (slot, read_last_stage(rt, &primary, buffers, n).unwrap())
                                     }

@@ -463,8 +463,10 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// waits for its step to arrive); returns the slot of this rank's first stage.
     ///
     /// # Errors
-    /// Caught before anything is enqueued: [`PpError::GraphStale`], [`PpError::GraphOutOfStep`],
-    /// [`PpError::SlotState`] (a slot still holds an unreceived eager `tx`). Else the driver's
+    /// Caught before anything is enqueued: [`PpError::GraphStale`], [`PpError::GraphStageOutOfStep`]
+    /// (a stage ran ahead with [`launch_stage`](Self::launch_stage), or a failed launch left it
+    /// behind), [`PpError::GraphOutOfStep`], [`PpError::SlotState`] (a slot still holds an
+    /// unreceived eager `tx`). Else the driver's
     /// error; stages launched before it keep their effect on the rings. Across processes, as
     /// [`launch_stage`](Self::launch_stage).
     ///
@@ -492,6 +494,13 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
         }
+        let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Between steps every stage is at the same slot (eager steps may have moved the rings:
+        // the stages follow them); a stage that ran ahead with `launch_stage`, or one left behind
+        // by a failed launch, is refused first (its rings are out of step too), naming the stage.
+        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+            return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
+        }
         for (b, ring) in rings.iter().enumerate() {
             if ring.next != k {
                 return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
@@ -500,12 +509,6 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             self.check_captured(ring, b, k)?;
         }
         let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
-        let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Between steps every stage is at the same slot (eager steps may have moved the rings:
-        // the stages follow them); a stage that ran ahead with `launch_stage` is refused.
-        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
-            return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
-        }
         next.iter_mut().for_each(|at| *at = k);
         for (s, stage) in rt.local_stages() {
             #[cfg(feature = "testing")]
