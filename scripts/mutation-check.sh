@@ -119,3 +119,17 @@ run capture-end-once src/safe/graph.rs "            if still_capturing {" "     
 # freed under them (the drop fault sweep).
 run pooled-free-unordered src/safe/memory.rs "            self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {" "            { let _ = self.access.order_exclusive(&self.stream, Use::Write); Ok(()) }.and_then(|()| {"
 run plain-free-unwaited src/safe/memory.rs '            self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {' '            { let _ = self.access.wait_on_host("CudaSlice::drop", Use::Write); Ok(()) }.and_then(|()| {'
+# `launch` names the first stage behind (a launch that failed part-way) before any ring out of
+# step, so that `launch_stage` can finish the step (the graph sweep, four stages).
+run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+            return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
+        }
+        for (b, ring) in rings.iter().enumerate() {" "        for (b, ring) in rings.iter().enumerate() {
+            if ring.next != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
+            }
+        }
+        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+            return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
+        }
+        for (b, ring) in rings.iter().enumerate() {"
