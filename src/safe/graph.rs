@@ -349,7 +349,9 @@ fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
             // SAFETY: the stream is live and not the legacy stream (captures refuse it).
             let still_capturing = !matches!(unsafe { raw::is_capturing(stream.raw()) }, Ok(false));
             if still_capturing {
-                // SAFETY: as the first end: the stream is still capturing in this capture.
+                // SAFETY: as the first end: the stream was capturing in this capture and, by the
+                // query (or its failure), may still be; the driver refuses with an error the end
+                // of a stream that no longer captures.
                 unsafe { raw::end_capture(stream.raw()) }.map_err(|_| Error::Driver(first))
             } else {
                 Err(Error::Driver(first))
