@@ -1761,7 +1761,11 @@ fn capture_sweep_run(
         });
     });
     if let Some(injected) = fault {
-        injected.disarm();
+        let recorded = injected.disarm();
+        if captured.as_ref().is_some_and(Result::is_ok) {
+            // A failure the capture got over is recorded.
+            assert!(recorded.iter().any(|e| injected.names(e)), "{case}: unreported: {recorded:?}");
+        }
     }
     match captured.expect("ran above") {
         Ok(Some(fresh)) => step = Some(fresh),

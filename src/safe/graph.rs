@@ -339,7 +339,8 @@ impl StreamCapture {
 /// the calls around it fail: a stream left capturing would refuse all its later work. The end is
 /// made even when the stream's context cannot be bound (the stream names its context), and made
 /// once more when it failed and the stream is still capturing; the first error stands when the
-/// second end fails too.
+/// second end fails too. A failure the end gets over (the bind, or a first end the second makes
+/// good) is recorded for [`take_drop_errors`](crate::take_drop_errors).
 fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
     let bound = stream.context().bind();
     // SAFETY: the stream is live and capturing in this capture, begun on this thread
@@ -352,14 +353,23 @@ fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
                 // SAFETY: as the first end: the stream was capturing in this capture and, by the
                 // query (or its failure), may still be; the driver refuses with an error the end
                 // of a stream that no longer captures.
-                unsafe { raw::end_capture(stream.raw()) }.map_err(|_| Error::Driver(first))
+                match unsafe { raw::end_capture(stream.raw()) } {
+                    Ok(graph) => {
+                        super::record_drop_error(Error::Driver(first));
+                        Ok(graph)
+                    }
+                    Err(_) => Err(Error::Driver(first)),
+                }
             } else {
                 Err(Error::Driver(first))
             }
         }
         other => other,
     };
-    drop(bound);
+    match bound {
+        Ok(guard) => drop(guard),
+        Err(e) => super::record_drop_error(e),
+    }
     ended
 }
 
