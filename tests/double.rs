@@ -31,6 +31,8 @@ use ppnrt::{
 };
 
 const OUT_OF_MEMORY: i32 = 2;
+/// `ncclInternalError`.
+const NCCL_INTERNAL_ERROR: i32 = 3;
 
 /// Runs `body` with the double loaded, then checks that it saw no access to freed memory.
 fn with_double(test: &str, body: impl FnOnce(&double::Double)) {
@@ -1265,9 +1267,10 @@ fn a_stream_waits_once_per_write_it_reads_not_once_per_read() {
 }
 
 /// One failing driver call of a fault sweep: the `nth` call of `entry`, counted from when it is
-/// armed.
+/// armed (an entry point of the NCCL double when `in_nccl`).
 struct Injected<'d> {
     double: &'d double::Double,
+    in_nccl: bool,
     entry: &'d str,
     nth: i32,
     /// Names the run in assertion messages.
@@ -1276,23 +1279,52 @@ struct Injected<'d> {
 }
 
 impl Injected<'_> {
+    /// Calls of the entry so far.
+    fn calls(&self) -> u64 {
+        if self.in_nccl { double::nccl_double().calls(self.entry) } else { self.double.calls(self.entry) }
+    }
+
     /// Makes the call fail from here on: right before the operation swept.
     fn arm(&mut self) {
-        self.calls_before = Some(self.double.calls(self.entry));
-        self.double.fail(self.entry, self.nth, OUT_OF_MEMORY);
+        self.calls_before = Some(self.calls());
+        if self.in_nccl {
+            double::nccl_double().fail(self.entry, self.nth, NCCL_INTERNAL_ERROR);
+        } else {
+            self.double.fail(self.entry, self.nth, OUT_OF_MEMORY);
+        }
+    }
+
+    /// Whether the operation reached the failing call.
+    fn reached(&self) -> bool {
+        self.calls() - self.calls_before.expect("armed before") >= self.nth as u64
     }
 
     /// Ends the failure, right after the operation, and checks that the operation reached it;
     /// returns the errors recorded meanwhile for `take_drop_errors`.
     fn disarm(&mut self) -> Vec<Error> {
+        self.disarm_within(std::time::Duration::ZERO)
+    }
+
+    /// [`disarm`](Self::disarm) for a call that a background thread may make: waits up to
+    /// `within` for it first.
+    fn disarm_within(&mut self, within: std::time::Duration) -> Vec<Error> {
+        let (reached, errors) = self.disarm_if_reached_within(within);
+        assert!(reached, "{}: the failure was not reached", self.case);
+        errors
+    }
+
+    /// [`disarm_within`](Self::disarm_within) for an operation whose calls depend on timing:
+    /// whether the failure was reached, and the errors recorded meanwhile.
+    fn disarm_if_reached_within(&mut self, within: std::time::Duration) -> (bool, Vec<Error>) {
+        let until = std::time::Instant::now() + within;
+        while !self.reached() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         self.double.clear_faults();
-        let before = self.calls_before.expect("armed before disarmed");
-        assert!(
-            self.double.calls(self.entry) - before >= self.nth as u64,
-            "{}: the failure was not reached",
-            self.case
-        );
-        ppnrt::take_drop_errors()
+        if self.in_nccl {
+            double::nccl_double().clear_faults();
+        }
+        (self.reached(), ppnrt::take_drop_errors())
     }
 
     /// Whether `error` names the failing call.
@@ -1321,7 +1353,7 @@ fn sweep_calls(
     for (entry, made) in calls {
         for nth in 1..=*made as i32 {
             let case = format!("{what}: call {nth} of {made} to {entry} failing");
-            let mut injected = Injected { double, entry, nth, case, calls_before: None };
+            let mut injected = Injected { double, in_nccl: false, entry, nth, case, calls_before: None };
             double.flush();
             let _ = ppnrt::take_drop_errors();
             let violations = double.violations();
@@ -1355,12 +1387,26 @@ enum Swept {
 /// stream) and reads it back: `Delivered`, `NotReceived` when the receive failed, or
 /// `NotReadBack` (for a failed wait, with what a second wait gave).
 fn receive_and_read_back(rt: &PpNRt, e1: &Engine, slot: usize, n: usize, in_place: bool) -> Swept {
+    receive_and_read_back_within(rt, e1, slot, n, in_place, None)
+}
+
+/// [`receive_and_read_back`], waiting up to `wait` for the slot to be filled when given (a
+/// boundary from another rank fills it in the background).
+fn receive_and_read_back_within(
+    rt: &PpNRt,
+    e1: &Engine,
+    slot: usize,
+    n: usize,
+    in_place: bool,
+    wait: Option<std::time::Duration>,
+) -> Swept {
     let stage = match rt.enter(1) {
         Ok(stage) => stage,
         Err(e) => return Swept::NotReceived(slot, e),
     };
     let received = if in_place {
-        let lent = match rt.rx_in_place::<u32>(0, slot, n) {
+        let lent = match wait.map_or_else(|| rt.rx_in_place::<u32>(0, slot, n), |t| rt.rx_in_place_wait(0, slot, n, t))
+        {
             Ok(lent) => lent,
             Err(e) => return Swept::NotReceived(slot, e),
         };
@@ -1373,7 +1419,7 @@ fn receive_and_read_back(rt: &PpNRt, e1: &Engine, slot: usize, n: usize, in_plac
             Err(e) => return Swept::NotReadBack(e, None),
         }
     } else {
-        match rt.rx::<u32>(0, slot, n) {
+        match wait.map_or_else(|| rt.rx::<u32>(0, slot, n), |t| rt.rx_wait(0, slot, n, t)) {
             Ok(received) => received,
             Err(e) => return Swept::NotReceived(slot, e),
         }
@@ -2028,5 +2074,336 @@ fn every_failing_driver_call_of_the_safe_layer_is_an_error_that_loses_nothing() 
             assert!(safe_chain(&e, &data).unwrap() == expected, "{case}: the next chain");
         });
         println!("safe-layer fault sweep: {cases} runs, each with one failing driver call");
+    });
+}
+
+/// How long a remote sweep's receive waits for its slot: far past the peer timeout, so that a
+/// receive that times out was stalled, not slow.
+const REMOTE_RECEIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Two ranks of one pipeline in this process, one stage each (rank 0's on device 0, rank 1's on
+/// device 1), each built on a thread of its own (a rank's setup waits for the other's). The
+/// rendezvous port is one the system handed out and this function closed again, which a
+/// connection made meanwhile may take: rank 0 then fails with the typed `Address` error, and
+/// both are built again on another port (at most three times).
+fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
+    for attempt in 1.. {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let build = |rank: usize| {
+            let config =
+                PpConfig::with_devices(&[0, 1]).ranks(&[0, 1]).rank(rank).rendezvous(&addr).peer_timeout(peer_timeout);
+            PpNRt::new(config, &Engine::new(0).unwrap())
+        };
+        let built = std::thread::scope(|scope| {
+            let one = scope.spawn(|| build(1));
+            match build(0) {
+                Err(Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. })) if attempt < 3 => {
+                    let _ = one.join();
+                    None
+                }
+                zero => Some((zero.expect("rank 0's setup"), one.join().unwrap().expect("rank 1's setup"))),
+            }
+        });
+        if let Some(ranks) = built {
+            return ranks;
+        }
+    }
+    unreachable!("the loop returns or panics")
+}
+
+/// Drops both ranks' runtimes, failing when that takes longer than `limit` (a hang); returns the
+/// errors the drops recorded.
+fn drop_ranks_within(ranks: (PpNRt, PpNRt), limit: std::time::Duration, case: &str) -> Vec<Error> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(ranks);
+        let _ = done.send(ppnrt::take_drop_errors());
+    });
+    finished.recv_timeout(limit).unwrap_or_else(|_| panic!("{case}: dropping the two ranks took over {limit:?}"))
+}
+
+/// One step across the two ranks: rank 0's `tx` of `input`, rank 1's receive (waiting for the
+/// slot to be filled) and deferred readback.
+fn remote_step(ranks: &(PpNRt, PpNRt), e1: &Engine, input: &CudaSlice<u32>, n: usize, in_place: bool) -> Swept {
+    match ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, n)) {
+        Ok(slot) => receive_and_read_back_within(&ranks.1, e1, slot, n, in_place, Some(REMOTE_RECEIVE_WAIT)),
+        Err(e) => Swept::NotSent(e),
+    }
+}
+
+/// Whether `e` is the typed failure of a boundary to another rank.
+fn peer_failed(e: &Error) -> bool {
+    matches!(e, Error::Pipeline(ppnrt::PpError::PeerFailed { .. }))
+}
+
+/// The operation swept by
+/// [`every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RemoteSwept {
+    /// A step of the warm steps' length: received through the receive graph captured for it.
+    Steady,
+    /// A step of a length not seen before: NCCL's receive call (the slot grows).
+    NewLength,
+    /// The second step of a new length in a row: its receive is captured, then launched.
+    Captured,
+    /// Both runtimes dropped, with a step's readback and the input's free still queued.
+    Teardown,
+}
+
+/// The NCCL double's calls that `body` makes, per entry point, but for the watchdog's polls of
+/// asynchronous errors (made on a clock, not by the operation).
+fn nccl_calls_made_by(body: impl FnOnce()) -> Vec<(String, u64)> {
+    let nccl = double::nccl_double();
+    let before: Vec<(String, u64)> = nccl.entries_called().into_iter().map(|e| (e.clone(), nccl.calls(&e))).collect();
+    body();
+    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
+    nccl.entries_called()
+        .into_iter()
+        .filter(|entry| entry != "ncclCommGetAsyncError")
+        .map(|entry| (nccl.calls(&entry) - made(&entry), entry))
+        .filter(|(calls, _)| *calls > 0)
+        .map(|(calls, entry)| (entry, calls))
+        .collect()
+}
+
+/// The fault sweep across ranks: two ranks of one pipeline (threads of this process, through
+/// the driver and NCCL doubles) run warm steps, then every driver call and NCCL call that one
+/// more operation makes (a steady step received through its captured graph, a step of a new
+/// length, a step whose receive is captured, each received by copy and in place; and the two
+/// runtimes' teardown) is failed in turn, one per run, and so is the watchdog's next poll of
+/// NCCL's asynchronous error. Whatever call fails, in whichever rank: nothing hangs (a receive
+/// waits far past the peer timeout and must not time out; the drops are bounded); an error
+/// names the failing call; a receive that failed in its own rank (the link alive) is received
+/// again whole; a link that failed makes every later step fail `PeerFailed` in both ranks, never
+/// stall or deliver wrong data; a run that saw no `PeerFailed` delivers its next steps; and once
+/// both runtimes are dropped and every queued operation ran, nothing touched freed memory (the
+/// NCCL double's sends and receives included) and no allocation is left.
+#[test]
+fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing() {
+    with_double("every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing", |double| {
+        double::nccl_double().clear_faults();
+        const WARM: usize = 5;
+        const AFTER: usize = 3;
+        let peer_timeout = std::time::Duration::from_secs(3);
+        let drop_limit = peer_timeout * 4;
+        let n = 2048;
+        let mut cases = 0;
+        let mut unreached = Vec::new();
+        for swept in [RemoteSwept::Steady, RemoteSwept::NewLength, RemoteSwept::Captured, RemoteSwept::Teardown] {
+            for in_place in [false, true] {
+                if swept == RemoteSwept::Teardown && in_place {
+                    continue;
+                }
+                let what = format!("across ranks, {swept:?}{}", if in_place { " in place" } else { "" });
+                // Step t's length; the swept step is step WARM.
+                let len = |t: usize| match swept {
+                    RemoteSwept::NewLength if t == WARM => 3 * n,
+                    RemoteSwept::Captured if t == WARM - 1 || t == WARM => 3 * n,
+                    _ => n,
+                };
+                let data = |t: usize| -> Vec<u32> {
+                    (0..len(t) as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x7e1)).collect()
+                };
+                // Two ranks with their inputs made and WARM steps run.
+                let warm = || {
+                    let ranks = two_ranks(peer_timeout);
+                    let primary = Engine::new(0).unwrap();
+                    let (e0, e1) =
+                        (ranks.0.engine(0, &primary).unwrap().clone(), ranks.1.engine(1, &primary).unwrap().clone());
+                    let inputs: Vec<Option<CudaSlice<u32>>> = {
+                        let _stage = ranks.0.enter(0).unwrap();
+                        (0..WARM + 1 + AFTER).map(|t| Some(e0.htod(&data(t)).unwrap())).collect()
+                    };
+                    for (t, input) in inputs.iter().enumerate().take(WARM) {
+                        match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                            Swept::Delivered(values) => assert!(values == data(t), "{what}: warm step {t}"),
+                            other => panic!("{what}: warm step {t}: {other:?}"),
+                        }
+                    }
+                    double.flush();
+                    // Each run starts with no context current: a failed restore of the current
+                    // context in an earlier run changes nothing here.
+                    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                    (ranks, e1, inputs)
+                };
+                // For the teardown swept: step WARM sent and its readback queued.
+                let last_step_queued = |ranks: &(PpNRt, PpNRt), inputs: &[Option<CudaSlice<u32>>]| {
+                    let slot = ranks.0.tx(0, inputs[WARM].as_ref().unwrap(), len(WARM)).unwrap();
+                    let received = ranks.1.rx_wait::<u32>(0, slot, len(WARM), REMOTE_RECEIVE_WAIT).unwrap();
+                    ranks.1.readback(received).unwrap()
+                };
+                // The teardown swept: the inputs freed, the readback dropped unread, both runtimes
+                // dropped; the errors the drops recorded.
+                let teardown = |ranks: (PpNRt, PpNRt), inputs: Vec<Option<CudaSlice<u32>>>, pending| -> Vec<Error> {
+                    drop(inputs);
+                    drop::<ppnrt::pp::PendingReadback<u32>>(pending);
+                    drop_ranks_within(ranks, drop_limit, &what)
+                };
+                // The calls of one swept operation, per entry point, in each library.
+                let (driver_calls, nccl_calls) = {
+                    let (ranks, e1, inputs) = warm();
+                    let mut ranks = Some(ranks);
+                    let mut inputs = Some(inputs);
+                    let mut nccl_made = Vec::new();
+                    let mut pending = (swept == RemoteSwept::Teardown)
+                        .then(|| last_step_queued(ranks.as_ref().unwrap(), inputs.as_ref().unwrap()));
+                    let driver_made = calls_made_by(double, || {
+                        nccl_made = nccl_calls_made_by(|| {
+                            if let Some(pending) = pending.take() {
+                                let errors = teardown(ranks.take().unwrap(), inputs.take().unwrap(), pending);
+                                assert!(errors.is_empty(), "{what}: {errors:?}");
+                            } else {
+                                let input = inputs.as_ref().unwrap()[WARM].as_ref().unwrap();
+                                let step = remote_step(ranks.as_ref().unwrap(), &e1, input, len(WARM), in_place);
+                                assert!(matches!(&step, Swept::Delivered(v) if *v == data(WARM)), "{what}: {step:?}");
+                            }
+                        });
+                    });
+                    drop(inputs);
+                    if let Some(ranks) = ranks {
+                        let errors = drop_ranks_within(ranks, drop_limit, &what);
+                        assert!(errors.is_empty(), "{what}: {errors:?}");
+                    }
+                    (driver_made, nccl_made)
+                };
+                assert!(
+                    nccl_calls.iter().any(|(entry, _)| entry == "ncclSend" || entry == "ncclCommDestroy"),
+                    "{what}: no NCCL call: {nccl_calls:?}"
+                );
+                let mut faults: Vec<(bool, String, u64)> =
+                    driver_calls.into_iter().map(|(e, c)| (false, e, c)).collect();
+                faults.extend(nccl_calls.into_iter().map(|(e, c)| (true, e, c)));
+                if swept == RemoteSwept::Steady && !in_place {
+                    faults.push((true, "ncclCommGetAsyncError".to_string(), 1));
+                }
+                for (in_nccl, entry, made) in &faults {
+                    for nth in 1..=*made as i32 {
+                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
+                        let mut injected =
+                            Injected { double, in_nccl: *in_nccl, entry, nth, case: case.clone(), calls_before: None };
+                        let _ = ppnrt::take_drop_errors();
+                        let violations = double.violations();
+                        double.flush();
+                        let live_before = double.live_allocations();
+                        let (ranks, e1, mut inputs) = warm();
+                        // The errors calls returned, and those drops recorded.
+                        let mut errors: Vec<Error> = Vec::new();
+                        let mut drop_errors: Vec<Error> = Vec::new();
+                        // The watchdog's poll comes on its clock; the operation's calls are made
+                        // when it returns.
+                        let within = if injected.entry == "ncclCommGetAsyncError" {
+                            drop_limit
+                        } else {
+                            std::time::Duration::from_millis(100)
+                        };
+                        let reached = if swept == RemoteSwept::Teardown {
+                            let pending = last_step_queued(&ranks, &inputs);
+                            injected.arm();
+                            drop_errors.extend(teardown(ranks, inputs, pending));
+                            let (reached, recorded) = injected.disarm_if_reached_within(within);
+                            drop_errors.extend(recorded);
+                            reached
+                        } else {
+                            injected.arm();
+                            let input = inputs[WARM].as_ref().unwrap();
+                            let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
+                            let (reached, recorded) = injected.disarm_if_reached_within(within);
+                            drop_errors.extend(recorded);
+                            inputs[WARM] = None;
+                            match outcome {
+                                Swept::Delivered(values) => assert!(values == data(WARM), "{case}: wrong values"),
+                                Swept::NotSent(e) | Swept::NotReadBack(e, None) => errors.push(e),
+                                Swept::NotReadBack(e, Some(again)) => {
+                                    assert!(again == data(WARM), "{case}: the second wait gave wrong values");
+                                    errors.push(e);
+                                }
+                                Swept::NotReceived(slot, e) => {
+                                    let again = receive_and_read_back_within(
+                                        &ranks.1,
+                                        &e1,
+                                        slot,
+                                        len(WARM),
+                                        in_place,
+                                        Some(REMOTE_RECEIVE_WAIT),
+                                    );
+                                    match again {
+                                        Swept::Delivered(values) if !peer_failed(&e) => {
+                                            assert!(values == data(WARM), "{case}: the second receive: wrong values")
+                                        }
+                                        Swept::NotReceived(_, again) if peer_failed(&e) && peer_failed(&again) => {}
+                                        other => panic!("{case}: the receive failed with {e}; again: {other:?}"),
+                                    }
+                                    errors.push(e);
+                                }
+                            }
+                            // The next steps: delivered, or, once the link failed, `PeerFailed`.
+                            let mut link_failed = errors.iter().any(peer_failed);
+                            let saw_peer_failed = link_failed;
+                            for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                                match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                                    Swept::Delivered(values) => {
+                                        assert!(!link_failed, "{case}: step {t} delivered after the link failed");
+                                        assert!(values == data(t), "{case}: step {t}: wrong values");
+                                    }
+                                    Swept::NotSent(e) | Swept::NotReceived(_, e) if peer_failed(&e) => {
+                                        link_failed = true;
+                                        errors.push(e);
+                                    }
+                                    other => panic!("{case}: step {t} after the failure: {other:?}"),
+                                }
+                            }
+                            assert!(
+                                saw_peer_failed || !link_failed || injected.entry == "ncclCommGetAsyncError",
+                                "{case}: the link failed after a step that did not report it"
+                            );
+                            if link_failed {
+                                // Each rank's own account of the failure (the rank that failed first
+                                // says why; its peer, that the connection closed).
+                                let short = std::time::Duration::from_millis(1);
+                                errors.push(ranks.1.rx_wait::<u32>(0, 0, n, short).expect_err("the link failed"));
+                                errors
+                                    .push(ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).expect_err("the link failed"));
+                            }
+                            drop(inputs);
+                            drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
+                            reached
+                        };
+                        if !reached {
+                            // A call the measured run made and this one did not: the receive's
+                            // capture waits for NCCL's work on a clock (at most a millisecond),
+                            // and takes NCCL's call when it finds the work still running.
+                            unreached.push(case.clone());
+                        }
+                        if reached {
+                            // A failure the crate got over is recorded too.
+                            assert!(
+                                errors.iter().chain(&drop_errors).any(|e| injected.names(e)),
+                                "{case}: no error names the call: {errors:?}; recorded by drops: {drop_errors:?}"
+                            );
+                        }
+                        double.clear_faults();
+                        double.flush();
+                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                        // A drop that cannot order or free its memory leaves it allocated (it may be
+                        // in use) and records why: at most one allocation per error recorded.
+                        let (live, live_pinned) = double.live_allocations();
+                        let left = (live - live_before.0) + (live_pinned - live_before.1);
+                        assert!(
+                            left <= drop_errors.len() as u64,
+                            "{case}: {left} allocation(s) left, {} drop error(s) recorded: {drop_errors:?}",
+                            drop_errors.len()
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "fault sweep across ranks: {cases} runs, each with one failing driver or NCCL call; {} of them did \
+             not reach it: {unreached:?}",
+            unreached.len()
+        );
+        assert!(unreached.len() * 10 <= cases, "the failure was not reached in too many runs");
     });
 }

@@ -90,6 +90,8 @@ const MAX_TYPE_NAME: usize = 64;
 #[derive(Default)]
 pub(super) struct Failure {
     reason: Mutex<Option<(String, bool)>>,
+    /// Whether a call returned the link's error to its caller.
+    reported: AtomicBool,
 }
 
 /// One boundary between two ranks, as seen by either of them.
@@ -229,8 +231,25 @@ impl Link {
         self.graph_receives.load(Ordering::Relaxed)
     }
 
-    /// The typed error of a stopped link, if it stopped.
+    /// The typed error of a stopped link, if it stopped, for a caller: the failure counts as
+    /// reported.
     pub(super) fn stopped(&self) -> Option<Error> {
+        let error = self.error()?;
+        self.failure.reported.store(true, Ordering::Relaxed);
+        Some(error)
+    }
+
+    /// Whether the link stopped (failed, or closed cleanly).
+    pub(super) fn is_stopped(&self) -> bool {
+        self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
+    }
+
+    /// The error of a link that failed (was aborted) without any call returning it to a caller.
+    pub(super) fn unreported_failure(&self) -> Option<Error> {
+        (self.aborted() && !self.failure.reported.load(Ordering::Relaxed)).then(|| self.error()).flatten()
+    }
+
+    fn error(&self) -> Option<Error> {
         let (reason, _) = self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()?;
         Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
     }
@@ -241,9 +260,16 @@ impl Link {
     }
 
     /// The typed error of the stopped link, or [`PpError::PeerFailed`] with `reason` if it has no
-    /// recorded one.
+    /// recorded one, for a caller (see [`stopped`](Self::stopped)).
     fn stopped_or(&self, reason: &str) -> Error {
-        self.stopped().unwrap_or_else(|| {
+        self.failure.reported.store(true, Ordering::Relaxed);
+        self.error_or(reason)
+    }
+
+    /// [`stopped_or`](Self::stopped_or) for this crate's own threads: the failure does not count
+    /// as reported.
+    fn error_or(&self, reason: &str) -> Error {
+        self.error().unwrap_or_else(|| {
             Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason: reason.into() })
         })
     }
@@ -367,7 +393,7 @@ impl Sender {
     /// (aborted), so no send of it stays queued.
     pub(super) fn close(&self, timeout: Duration) {
         let mut control = self.lock();
-        if control.closed || self.link.stopped().is_some() {
+        if control.closed || self.link.is_stopped() {
             return;
         }
         control.closed = true;
@@ -402,7 +428,7 @@ impl Sender {
     /// long: skipped while a `tx` or the close holds it (the close reads the peer's answer, and a
     /// `tx` blocked on a full connection fails by its own write timeout).
     fn watch(&self, heard: &mut Instant) {
-        if self.link.stopped().is_some() {
+        if self.link.is_stopped() {
             return;
         }
         match self.look(heard) {
@@ -467,7 +493,7 @@ impl Sender {
 /// thread's call holds the communicator (the watchdog never waits on the calls it watches).
 fn watch_comm(link: &Link) {
     if let Err(e) = link.comm.async_error_if_idle() {
-        if link.stopped().is_none() {
+        if !link.is_stopped() {
             link.fail(format!("NCCL reported: {e}"));
         }
     }
@@ -504,7 +530,7 @@ impl Heartbeat {
     /// may be non-blocking at the time (the receiver thread switches it): a full buffer skips
     /// this one.
     fn beat(&self, sent: &mut Instant) {
-        if self.link.stopped().is_some() || sent.elapsed() < self.link.heartbeat_interval() {
+        if self.link.is_stopped() || sent.elapsed() < self.link.heartbeat_interval() {
             return;
         }
         match (&self.socket).write(&[ALIVE]) {
@@ -593,7 +619,7 @@ fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool
     // slot, when it read nothing).
     let mut heard = Instant::now();
     let outcome: std::result::Result<(), String> = loop {
-        if stop.load(Ordering::SeqCst) || link.stopped().is_some() {
+        if stop.load(Ordering::SeqCst) || link.is_stopped() {
             break Ok(());
         }
         if last_poll.elapsed() >= POLL {
@@ -702,7 +728,7 @@ fn receive_step(
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
-        return Err(link.stopped_or("the boundary failed"));
+        return Err(link.error_or("the boundary failed"));
     };
     let bytes = dst.len();
     if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {

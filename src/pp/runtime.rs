@@ -1367,6 +1367,19 @@ impl Drop for PpNRt {
                 record_drop_error(e);
             }
         }
+        // A link to another rank that failed and whose failure no call returned (it failed in
+        // the background after the last call, or during this teardown: the close was not
+        // confirmed, the receives did not complete) may have lost steps: recorded.
+        for end in &self.boundaries {
+            let link = match end {
+                BoundaryEnd::Send(sender) => Some(&sender.link),
+                BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref(),
+                BoundaryEnd::Foreign => None,
+            };
+            if let Some(failure) = link.and_then(|link| link.unreported_failure()) {
+                record_drop_error(failure);
+            }
+        }
     }
 }
 

@@ -152,10 +152,72 @@ impl Double {
     }
 }
 
+/// The control functions of the loaded NCCL double (`tests/driver_double/nccl_double.c`).
+pub struct NcclDouble {
+    lib: libloading::Library,
+}
+
+impl NcclDouble {
+    fn symbol<T: Copy>(&self, name: &[u8]) -> T {
+        // SAFETY: the NCCL double exports each control function with the C signature given by T
+        // at the call sites below.
+        unsafe { *self.lib.get::<T>(name).expect("the NCCL double exports its control functions") }
+    }
+
+    /// Makes the `nth` next call of `entry` fail with the NCCL result `code`.
+    pub fn fail(&self, entry: &str, nth: i32, code: i32) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int = self.symbol(b"ppnrt_nccl_double_fail\0");
+        let entry = CString::new(entry).unwrap();
+        // SAFETY: a NUL-terminated name that outlives the call.
+        assert_eq!(unsafe { f(entry.as_ptr(), nth, code) }, 0, "fault table full");
+    }
+
+    /// Clears every injected fault not yet triggered.
+    pub fn clear_faults(&self) {
+        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_nccl_double_clear_faults\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Calls of the NCCL entry point `entry` so far.
+    pub fn calls(&self, entry: &str) -> u64 {
+        let f: unsafe extern "C" fn(*const c_char) -> u64 = self.symbol(b"ppnrt_nccl_double_calls\0");
+        let entry = CString::new(entry).unwrap();
+        // SAFETY: a NUL-terminated name that outlives the call.
+        unsafe { f(entry.as_ptr()) }
+    }
+
+    /// Every NCCL entry point called so far, in the order of their first calls.
+    pub fn entries_called(&self) -> Vec<String> {
+        let f: unsafe extern "C" fn(usize, *mut c_char, usize) -> c_int =
+            self.symbol(b"ppnrt_nccl_double_entry_called\0");
+        let mut names = Vec::new();
+        let mut buf = vec![0 as c_char; 128];
+        // SAFETY: the buffer is writable for its length; the double NUL-terminates within it.
+        while unsafe { f(names.len(), buf.as_mut_ptr(), buf.len()) } == 0 {
+            // SAFETY: NUL-terminated by the call above.
+            names.push(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
+        }
+        names
+    }
+}
+
+/// The NCCL double that [`setup`] named in the environment, loaded (the library ppnrt loads too).
+pub fn nccl_double() -> &'static NcclDouble {
+    static NCCL: OnceLock<NcclDouble> = OnceLock::new();
+    NCCL.get_or_init(|| {
+        let path = std::env::var_os(ppnrt::nccl::LIBNCCL_PATH_VAR).expect("setup() named the NCCL double");
+        // SAFETY: opening the NCCL double runs no initialiser with preconditions.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("the NCCL double loads");
+        NcclDouble { lib }
+    })
+}
+
 static DOUBLE: OnceLock<Result<Double, String>> = OnceLock::new();
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Points ppnrt at the double (built once per process) before anything loads a driver, and
+/// Points ppnrt at the double (built once per process) before anything loads a driver, and at
+/// the NCCL double (see [`nccl_double`]) before anything loads NCCL, and
 /// serialises the calling test with the others of its binary (the double's fault table and
 /// violation count are process-wide). `None`, after saying why, when it cannot be built and
 /// `PPNRT_REQUIRE_DOUBLE` is unset; with it set (CI sets it) that is a failure.
@@ -167,9 +229,16 @@ pub fn setup(test: &str) -> Option<(MutexGuard<'static, ()>, &'static Double)> {
             Some(path) if std::env::var_os("PPNRT_DOUBLE_CHILD").is_some() => PathBuf::from(path),
             _ => build(&[])?,
         };
-        // SAFETY: set before any driver load, while every test of this binary waits on SERIAL or
-        // on this OnceLock; nothing else reads the environment concurrently.
-        unsafe { std::env::set_var("PPNRT_LIBCUDA_PATH", &path) };
+        let nccl = match std::env::var_os(ppnrt::nccl::LIBNCCL_PATH_VAR) {
+            Some(nccl) if std::env::var_os("PPNRT_DOUBLE_CHILD").is_some() => PathBuf::from(nccl),
+            _ => build_nccl()?,
+        };
+        // SAFETY: set before any driver or NCCL load, while every test of this binary waits on
+        // SERIAL or on this OnceLock; nothing else reads the environment concurrently.
+        unsafe {
+            std::env::set_var("PPNRT_LIBCUDA_PATH", &path);
+            std::env::set_var(ppnrt::nccl::LIBNCCL_PATH_VAR, nccl);
+        }
         // SAFETY: opening the double runs no initialiser with preconditions.
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
         Ok(Double { lib, path })

@@ -657,7 +657,7 @@ int ppnrt_double_stream_capturing(void* stream) {
 
 /* Enqueues another library's work on `stream` (the NCCL double's sends and receives): `run(arg)`
  * runs in stream order once `ready(arg)` says it can (both called with the double's lock held;
- * neither may call the driver); captured like any work on a capturing stream, and then run at
+ * neither may call the driver, except `run` ppnrt_double_external_range_ok); captured like any work on a capturing stream, and then run at
  * each launch of the graph with the same `arg`. */
 int ppnrt_double_enqueue_external(void* stream, int (*ready)(void*), void (*run)(void*), void* arg) {
     pthread_mutex_lock(&lock);
@@ -673,6 +673,13 @@ int ppnrt_double_enqueue_external(void* stream, int (*ready)(void*), void (*run)
     }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+/* For another library's operation while it runs (called from its `run`, with the double's lock
+ * held): whether [p, p+bytes) lies in one live allocation; a violation, counted and described as
+ * for the double's own copies, when it does not. The operation must then leave the memory alone. */
+int ppnrt_double_external_range_ok(const char* who, void* p, size_t bytes) {
+    return bytes == 0 || check_range(who, (CUdeviceptr)(uintptr_t)p, bytes) != NULL;
 }
 
 /* Runs `stream`'s queued work, waiting (unlocked) for external operations: the NCCL double's

@@ -29,7 +29,13 @@
  *   short), later calls fail. PPNRT_NCCL_DOUBLE_ABORT_HANGS=1 makes it never return instead, as
  *   NCCL's abort waits for a thread of its own that is stuck (inside the driver, say). A peer that vanished (the connection ended without an abort) is an
  *   asynchronous error (ncclRemoteError).
- * - The version is 2.28.9, so graph launches may mix with calls on one communicator. */
+ * - The version is 2.28.9, so graph launches may mix with calls on one communicator.
+ * - A send or receive checks its buffer when it runs, through the driver double
+ *   (ppnrt_double_external_range_ok): memory freed or never allocated is a violation there, and
+ *   the operation leaves it alone (a send then sends poison bytes of the same length).
+ * - Fault injection, as the driver double's: ppnrt_nccl_double_fail(entry, nth, code) makes the
+ *   nth next call of `entry` return `code` at once, doing nothing (a group's end that fails drops
+ *   the group's sends and receives); ppnrt_nccl_double_calls(entry) counts the calls. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -122,7 +128,96 @@ static __thread int n_group_ops;
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* Fault injection and call counts (see the top). */
+typedef struct {
+    char entry[48];
+    int countdown;
+    ncclResult_t code;
+} Fault;
+static Fault faults[8];
+typedef struct {
+    const char* name;
+    unsigned long long calls;
+} CallCount;
+static CallCount call_counts[32];
+static pthread_mutex_t control_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Counts a call of `name`; the injected result when a fault of it comes due, else SUCCESS. */
+static ncclResult_t entered(const char* name) {
+    pthread_mutex_lock(&control_lock);
+    for (size_t i = 0; i < sizeof call_counts / sizeof call_counts[0]; i++) {
+        if (!call_counts[i].name) call_counts[i].name = name;
+        if (strcmp(call_counts[i].name, name) == 0) {
+            call_counts[i].calls++;
+            break;
+        }
+    }
+    ncclResult_t rc = SUCCESS;
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
+        if (faults[i].entry[0] && strcmp(faults[i].entry, name) == 0 && --faults[i].countdown == 0) {
+            rc = faults[i].code;
+            faults[i].entry[0] = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&control_lock);
+    return rc;
+}
+
+#define ENTER(name)                                   \
+    do {                                              \
+        ncclResult_t _injected = entered(name);       \
+        if (_injected != SUCCESS) return _injected;   \
+    } while (0)
+
+/* Makes the nth next call of `entry` return `code`; -1 when the table is full. */
+int ppnrt_nccl_double_fail(const char* entry, int nth, int code) {
+    pthread_mutex_lock(&control_lock);
+    int rc = -1;
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+        if (!faults[i].entry[0]) {
+            snprintf(faults[i].entry, sizeof faults[i].entry, "%s", entry);
+            faults[i].countdown = nth;
+            faults[i].code = code;
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&control_lock);
+    return rc;
+}
+
+/* Clears every injected fault not yet triggered. */
+void ppnrt_nccl_double_clear_faults(void) {
+    pthread_mutex_lock(&control_lock);
+    memset(faults, 0, sizeof faults);
+    pthread_mutex_unlock(&control_lock);
+}
+
+/* Calls of `entry` so far (0 for one never called). */
+unsigned long long ppnrt_nccl_double_calls(const char* entry) {
+    pthread_mutex_lock(&control_lock);
+    unsigned long long n = 0;
+    for (size_t i = 0; i < sizeof call_counts / sizeof call_counts[0] && call_counts[i].name; i++)
+        if (strcmp(call_counts[i].name, entry) == 0) n = call_counts[i].calls;
+    pthread_mutex_unlock(&control_lock);
+    return n;
+}
+
+/* The name of the i-th entry point called so far (in order of first call) into buf
+ * (NUL-terminated); -1 past the last. */
+int ppnrt_nccl_double_entry_called(size_t i, char* buf, size_t len) {
+    pthread_mutex_lock(&control_lock);
+    int rc = -1;
+    if (i < sizeof call_counts / sizeof call_counts[0] && call_counts[i].name) {
+        snprintf(buf, len, "%s", call_counts[i].name);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&control_lock);
+    return rc;
+}
+
 static int (*enqueue_external)(void*, int (*)(void*), void (*)(void*), void*);
+static int (*range_ok)(const char*, void*, size_t);
 static int (*run_stream)(void*);
 static int (*stream_capturing)(void*);
 static unsigned long long (*external_pending)(void);
@@ -137,8 +232,10 @@ static int find_driver_double(void) {
     run_stream = (int (*)(void*))dlsym(lib, "ppnrt_double_run_stream");
     stream_capturing = (int (*)(void*))dlsym(lib, "ppnrt_double_stream_capturing");
     external_pending = (unsigned long long (*)(void))dlsym(lib, "ppnrt_double_external_pending");
+    range_ok = (int (*)(const char*, void*, size_t))dlsym(lib, "ppnrt_double_external_range_ok");
     enqueue_external = (int (*)(void*, int (*)(void*), void (*)(void*), void*))dlsym(lib, "ppnrt_double_enqueue_external");
-    return enqueue_external != NULL && run_stream != NULL && stream_capturing != NULL && external_pending != NULL;
+    return enqueue_external != NULL && run_stream != NULL && stream_capturing != NULL && external_pending != NULL &&
+           range_ok != NULL;
 }
 
 static void address(const ncclUniqueId* id, struct sockaddr_un* addr, socklen_t* len) {
@@ -239,6 +336,7 @@ ncclResult_t ncclGetVersion(int* version) {
 }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+    ENTER("ncclGetUniqueId");
     if (!id) return INVALID_ARGUMENT;
     memset(id, 0, sizeof *id);
     memcpy(id->internal, MAGIC, sizeof MAGIC);
@@ -294,7 +392,7 @@ static ncclResult_t join(Comm* c) {
     return c->rank == 0 ? accept_peer(c) : connect_peer(c);
 }
 
-ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank) {
+static ncclResult_t init_rank(Comm** out, int nranks, ncclUniqueId id, int rank) {
     Comm* c = NULL;
     ncclResult_t rc = make_comm(&c, nranks, id, rank);
     if (rc != SUCCESS) return rc;
@@ -308,6 +406,11 @@ ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank)
     return SUCCESS;
 }
 
+ncclResult_t ncclCommInitRank(Comm** out, int nranks, ncclUniqueId id, int rank) {
+    ENTER("ncclCommInitRank");
+    return init_rank(out, nranks, id, rank);
+}
+
 static void* join_main(void* arg) {
     Comm* c = arg;
     ncclResult_t rc = join(c);
@@ -319,8 +422,9 @@ static void* join_main(void* arg) {
 }
 
 ncclResult_t ncclCommInitRankConfig(Comm** out, int nranks, ncclUniqueId id, int rank, ConfigHead* config) {
+    ENTER("ncclCommInitRankConfig");
     if (config && (config->magic != 0xcafebeefu || config->version < 21400 || config->size < sizeof(ConfigHead))) return INVALID_ARGUMENT;
-    if (!config || config->blocking != 0) return ncclCommInitRank(out, nranks, id, rank);
+    if (!config || config->blocking != 0) return init_rank(out, nranks, id, rank);
     Comm* c = NULL;
     ncclResult_t rc = make_comm(&c, nranks, id, rank);
     if (rc != SUCCESS) return rc;
@@ -337,6 +441,7 @@ ncclResult_t ncclCommInitRankConfig(Comm** out, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclGroupStart(void) {
+    ENTER("ncclGroupStart");
     group_depth++;
     return SUCCESS;
 }
@@ -344,6 +449,17 @@ ncclResult_t ncclGroupStart(void) {
 static int enqueue_work(Work* w, void* stream, int sending);
 
 ncclResult_t ncclGroupEnd(void) {
+    ncclResult_t injected = entered("ncclGroupEnd");
+    if (injected != SUCCESS) {
+        /* The group ends, failed: its sends and receives are dropped, not enqueued. */
+        if (group_depth > 0 && --group_depth == 0) {
+            for (int i = 0; i < n_group_ops; i++) free(group_ops[i].work);
+            n_group_ops = 0;
+            n_group_pending = 0;
+            group_in_progress = 0;
+        }
+        return injected;
+    }
     if (group_depth == 0) return INVALID_USAGE;
     if (--group_depth > 0) return SUCCESS;
     ncclResult_t rc = group_in_progress ? IN_PROGRESS : SUCCESS;
@@ -374,7 +490,16 @@ static void send_run(void* arg) {
     pthread_mutex_unlock(&c->lock);
     if (!usable) return;
     uint64_t len = w->bytes;
-    if (write_all(c->fd, &len, sizeof len) != 0 || write_all(c->fd, w->buf, w->bytes) != 0) {
+    const void* bytes = w->buf;
+    void* poison = NULL;
+    if (!range_ok("ncclSend (NCCL double): the send buffer", w->buf, w->bytes)) {
+        poison = malloc(w->bytes ? w->bytes : 1);
+        memset(poison, 0xab, w->bytes);
+        bytes = poison;
+    }
+    int failed = write_all(c->fd, &len, sizeof len) != 0 || write_all(c->fd, bytes, w->bytes) != 0;
+    free(poison);
+    if (failed) {
         pthread_mutex_lock(&c->lock);
         if (!c->aborted) c->remote_error = 1;
         pthread_mutex_unlock(&c->lock);
@@ -401,7 +526,8 @@ static void recv_run(void* arg) {
     }
     pthread_mutex_unlock(&c->lock);
     if (!m) return; /* aborted or ended: the buffer stays as it was */
-    memcpy(w->buf, m->bytes, m->len < w->bytes ? m->len : w->bytes);
+    size_t len = m->len < w->bytes ? m->len : w->bytes;
+    if (range_ok("ncclRecv (NCCL double): the receive buffer", w->buf, len)) memcpy(w->buf, m->bytes, len);
     free(m);
 }
 
@@ -556,6 +682,7 @@ static ncclResult_t enqueue_checked(Comm* c, void* buf, size_t count, int dataty
 }
 
 ncclResult_t ncclSend(const void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
+    ENTER("ncclSend");
     return enqueue(comm, (void*)buf, count, datatype, peer, stream, 1);
 }
 
@@ -573,11 +700,13 @@ static void slow_recv_if_asked(void) {
 }
 
 ncclResult_t ncclRecv(void* buf, size_t count, int datatype, int peer, Comm* comm, void* stream) {
+    ENTER("ncclRecv");
     slow_recv_if_asked();
     return enqueue(comm, buf, count, datatype, peer, stream, 0);
 }
 
 ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
+    ENTER("ncclCommGetAsyncError");
     if (!comm || !state) return INVALID_ARGUMENT;
     pthread_mutex_lock(&comm->lock);
     *state = comm->joining || comm->connecting ? IN_PROGRESS
@@ -615,6 +744,7 @@ static void end(Comm* c, int aborting) {
 }
 
 ncclResult_t ncclCommAbort(Comm* comm) {
+    ENTER("ncclCommAbort");
     if (!comm) return INVALID_ARGUMENT;
     const char* hangs = getenv("PPNRT_NCCL_DOUBLE_ABORT_HANGS");
     if (hangs && strcmp(hangs, "1") == 0) {
@@ -625,12 +755,14 @@ ncclResult_t ncclCommAbort(Comm* comm) {
 }
 
 ncclResult_t ncclCommDestroy(Comm* comm) {
+    ENTER("ncclCommDestroy");
     if (!comm) return INVALID_ARGUMENT;
     end(comm, 0);
     return SUCCESS;
 }
 
 ncclResult_t ncclCommFinalize(Comm* comm) {
+    ENTER("ncclCommFinalize");
     return comm ? SUCCESS : INVALID_ARGUMENT;
 }
 
