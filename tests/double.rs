@@ -1431,6 +1431,8 @@ fn receive_and_read_back_within(
     drop(stage);
     match pending.wait() {
         Ok(values) => Swept::Delivered(values.to_vec()),
+        // A boundary from another rank failed: the values are not given, now or later.
+        Err(e) if peer_failed(&e) => Swept::NotReadBack(e, None),
         Err(e) => {
             // A failed wait loses nothing: the next one gives the values.
             let again = pending.wait().map(<[u32]>::to_vec).unwrap_or_else(|e| panic!("the second wait failed: {e}"));
@@ -2087,13 +2089,19 @@ const REMOTE_RECEIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// connection made meanwhile may take: rank 0 then fails with the typed `Address` error, and
 /// both are built again on another port (at most three times).
 fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
+    let (zero, one) = try_two_ranks(&Engine::new(0).unwrap(), peer_timeout);
+    (zero.expect("rank 0's setup"), one.expect("rank 1's setup"))
+}
+
+/// [`two_ranks`] with the caller's primary engine, each rank's setup as it ended.
+fn try_two_ranks(primary: &Engine, peer_timeout: std::time::Duration) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
     for attempt in 1.. {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config =
                 PpConfig::with_devices(&[0, 1]).ranks(&[0, 1]).rank(rank).rendezvous(&addr).peer_timeout(peer_timeout);
-            PpNRt::new(config, &Engine::new(0).unwrap())
+            PpNRt::new(config, primary)
         };
         let built = std::thread::scope(|scope| {
             let one = scope.spawn(|| build(1));
@@ -2102,25 +2110,25 @@ fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
                     let _ = one.join();
                     None
                 }
-                zero => Some((zero.expect("rank 0's setup"), one.join().unwrap().expect("rank 1's setup"))),
+                zero => Some((zero, one.join().unwrap())),
             }
         });
         if let Some(ranks) = built {
             return ranks;
         }
     }
-    unreachable!("the loop returns or panics")
+    unreachable!("the loop returns")
 }
 
-/// Drops both ranks' runtimes, failing when that takes longer than `limit` (a hang); returns the
-/// errors the drops recorded.
-fn drop_ranks_within(ranks: (PpNRt, PpNRt), limit: std::time::Duration, case: &str) -> Vec<Error> {
+/// Drops runtimes (one rank's, or both ranks'), failing when that takes longer than `limit` (a
+/// hang); returns the errors the drops recorded.
+fn drop_ranks_within<R: Send + 'static>(ranks: R, limit: std::time::Duration, case: &str) -> Vec<Error> {
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         drop(ranks);
         let _ = done.send(ppnrt::take_drop_errors());
     });
-    finished.recv_timeout(limit).unwrap_or_else(|_| panic!("{case}: dropping the two ranks took over {limit:?}"))
+    finished.recv_timeout(limit).unwrap_or_else(|_| panic!("{case}: dropping the ranks took over {limit:?}"))
 }
 
 /// One step across the two ranks: rank 0's `tx` of `input`, rank 1's receive (waiting for the
@@ -2309,6 +2317,9 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                             let input = inputs[WARM].as_ref().unwrap();
                             let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
                             let (reached, recorded) = injected.disarm_if_reached_within(within);
+                            // A failure on a clock (the watchdog's poll) may fail the link between
+                            // two calls; any other failure is met by a call.
+                            let on_a_clock = injected.entry == "ncclCommGetAsyncError";
                             drop_errors.extend(recorded);
                             inputs[WARM] = None;
                             match outcome {
@@ -2346,7 +2357,9 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                                         assert!(!link_failed, "{case}: step {t} delivered after the link failed");
                                         assert!(values == data(t), "{case}: step {t}: wrong values");
                                     }
-                                    Swept::NotSent(e) | Swept::NotReceived(_, e) if peer_failed(&e) => {
+                                    Swept::NotSent(e) | Swept::NotReceived(_, e) | Swept::NotReadBack(e, None)
+                                        if peer_failed(&e) =>
+                                    {
                                         link_failed = true;
                                         errors.push(e);
                                     }
@@ -2354,16 +2367,31 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                                 }
                             }
                             assert!(
-                                saw_peer_failed || !link_failed || injected.entry == "ncclCommGetAsyncError",
+                                saw_peer_failed || !link_failed || on_a_clock,
                                 "{case}: the link failed after a step that did not report it"
                             );
                             if link_failed {
                                 // Each rank's own account of the failure (the rank that failed first
-                                // says why; its peer, that the connection closed).
+                                // says why; its peer, that the connection closed, which it learns
+                                // within milliseconds: until then a call of it may still succeed).
+                                let until = std::time::Instant::now() + drop_limit;
                                 let short = std::time::Duration::from_millis(1);
-                                errors.push(ranks.1.rx_wait::<u32>(0, 0, n, short).expect_err("the link failed"));
-                                errors
-                                    .push(ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).expect_err("the link failed"));
+                                let mut accounts = 0;
+                                while accounts < 2 && std::time::Instant::now() < until {
+                                    accounts = 0;
+                                    for account in [
+                                        ranks.1.rx_wait::<u32>(0, 0, n, short).err(),
+                                        ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).err(),
+                                    ]
+                                    .into_iter()
+                                    .flatten()
+                                    .filter(peer_failed)
+                                    {
+                                        errors.push(account);
+                                        accounts += 1;
+                                    }
+                                }
+                                assert_eq!(accounts, 2, "{case}: a rank never learned that the link failed");
                             }
                             drop(inputs);
                             drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
@@ -2405,5 +2433,212 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
             unreached.len()
         );
         assert!(unreached.len() * 10 <= cases, "the failure was not reached in too many runs");
+    });
+}
+
+/// The setup sweep across ranks: every driver call and NCCL call that building two ranks of one
+/// pipeline makes (the rendezvous, each rank's stages and streams, the communicator's join, the
+/// first message that proves the link) is failed in turn, in whichever rank makes it, one per
+/// run; so are the first polls of NCCL during the join. Whatever call fails: both setups end
+/// within a bound of the peer timeout (never a hang); a rank whose setup failed returns a typed
+/// error, and one of the errors names the failing call (a failure a setup got over is recorded);
+/// two ranks whose setups both succeeded run a step bitwise; and once everything is dropped and
+/// every queued operation ran, nothing is left allocated beyond one allocation per drop that
+/// recorded it could not free safely, and nothing touched freed memory.
+#[test]
+fn every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time() {
+    with_double("every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time", |double| {
+        double::nccl_double().clear_faults();
+        let peer_timeout = std::time::Duration::from_millis(700);
+        let bound = peer_timeout * 4;
+        let n = 1024;
+        let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ 0x5e7).collect();
+        // One step across the two ranks, bitwise.
+        let step_delivers = |ranks: &(PpNRt, PpNRt), case: &str| {
+            let primary = Engine::new(0).unwrap();
+            let (e0, e1) = (ranks.0.engine(0, &primary).unwrap(), ranks.1.engine(1, &primary).unwrap());
+            let input = {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&data).unwrap()
+            };
+            match remote_step(ranks, e1, &input, n, false) {
+                Swept::Delivered(values) => assert!(values == data, "{case}: wrong values"),
+                other => panic!("{case}: the step after the setup: {other:?}"),
+            }
+        };
+        double.flush();
+        let _ = ppnrt::take_drop_errors();
+        // The calls of a setup, per entry point: the fewest of three setups (the waits for the
+        // other rank poll, as many times as the wait lasts).
+        let measured: Vec<Vec<(bool, String, u64)>> = (0..3)
+            .map(|_| {
+                let mut built = None;
+                let mut nccl_made = Vec::new();
+                let primary = Engine::new(0).unwrap();
+                let driver_made = calls_made_by(double, || {
+                    nccl_made = nccl_calls_made_by(|| built = Some(try_two_ranks(&primary, peer_timeout)));
+                });
+                let (zero, one) = built.unwrap();
+                let ranks = (zero.unwrap(), one.unwrap());
+                step_delivers(&ranks, "a measured setup");
+                let errors = drop_ranks_within(ranks, bound, "a measured setup");
+                assert!(errors.is_empty(), "{errors:?}");
+                driver_made
+                    .into_iter()
+                    .map(|(e, c)| (false, e, c))
+                    .chain(nccl_made.into_iter().map(|(e, c)| (true, e, c)))
+                    .collect()
+            })
+            .collect();
+        let fewest = |in_nccl: bool, entry: &str| {
+            measured
+                .iter()
+                .map(|calls| calls.iter().find(|(n, e, _)| *n == in_nccl && e == entry).map_or(0, |(_, _, c)| *c))
+                .min()
+                .unwrap()
+        };
+        let mut faults: Vec<(bool, String, u64)> = measured[0]
+            .iter()
+            .map(|(in_nccl, entry, _)| (*in_nccl, entry.clone(), fewest(*in_nccl, entry)))
+            .filter(|(_, _, calls)| *calls > 0)
+            .collect();
+        assert!(
+            faults.iter().any(|(in_nccl, entry, _)| *in_nccl && entry == "ncclCommInitRankConfig"),
+            "the setup made no NCCL join: {faults:?}"
+        );
+        faults.push((true, "ncclCommGetAsyncError".to_string(), 2));
+        let (mut cases, mut unreached, mut slowest) = (0, Vec::new(), std::time::Duration::ZERO);
+        for (in_nccl, entry, made) in &faults {
+            for nth in 1..=*made as i32 {
+                let case = format!("setup across ranks: call {nth} of {made} to {entry} failing");
+                let mut injected =
+                    Injected { double, in_nccl: *in_nccl, entry, nth, case: case.clone(), calls_before: None };
+                let _ = ppnrt::take_drop_errors();
+                let violations = double.violations();
+                double.flush();
+                let live_before = double.live_allocations();
+                // Each run starts with no context current: a failed restore of the current
+                // context in an earlier run changes nothing here.
+                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                // The primary engine made before the failure: it is the caller's, not the setup's.
+                let primary = Engine::new(0).unwrap();
+                let started = std::time::Instant::now();
+                injected.arm();
+                let (zero, one) = try_two_ranks(&primary, peer_timeout);
+                let took = started.elapsed();
+                let (reached, mut drop_errors) =
+                    injected.disarm_if_reached_within(std::time::Duration::from_millis(100));
+                assert!(took < bound, "{case}: the setups took {took:?}");
+                slowest = slowest.max(took);
+                let mut errors = Vec::new();
+                match (zero, one) {
+                    (Ok(zero), Ok(one)) => {
+                        let ranks = (zero, one);
+                        step_delivers(&ranks, &case);
+                        drop_errors.extend(drop_ranks_within(ranks, bound, &case));
+                    }
+                    (zero, one) => {
+                        for built in [zero, one] {
+                            match built {
+                                Ok(rt) => drop_errors.extend(drop_ranks_within(rt, bound, &case)),
+                                Err(e) => errors.push(e),
+                            }
+                        }
+                    }
+                }
+                if reached {
+                    assert!(
+                        errors.iter().chain(&drop_errors).any(|e| injected.names(e)),
+                        "{case}: no error names the call: {errors:?}; recorded by drops: {drop_errors:?}"
+                    );
+                } else {
+                    unreached.push(case.clone());
+                }
+                double.clear_faults();
+                double.flush();
+                assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+                let (live, live_pinned) = double.live_allocations();
+                let left = (live - live_before.0) + (live_pinned - live_before.1);
+                assert!(
+                    left <= drop_errors.len() as u64,
+                    "{case}: {left} allocation(s) left, {} drop error(s) recorded: {drop_errors:?}",
+                    drop_errors.len()
+                );
+                cases += 1;
+            }
+        }
+        println!(
+            "setup fault sweep across ranks: {cases} runs, each with one failing driver or NCCL call, the slowest \
+             {slowest:?}; {} of them did not reach it: {unreached:?}",
+            unreached.len()
+        );
+        assert!(unreached.len() * 10 <= cases, "the failure was not reached in too many runs");
+    });
+}
+
+/// A readback whose values came through a boundary from another rank is not given once that
+/// boundary failed: the failure aborts the communicator, which cuts short a receive still queued
+/// (the NCCL double then leaves the slot as it was, as NCCL's abort ends its kernels), so the
+/// values would be an earlier step's. Each round: warm steps, one more step received and read
+/// back with nothing run yet, then the watchdog's next poll of NCCL fails (in either rank: the
+/// other learns it from the connection), and the readback is waited for only once rank 1's
+/// boundary failed. The wait must give `PeerFailed` or, where the receive ran before the failure
+/// (a poll of the receive's completion ran it), this step's values; never another step's. With
+/// the check taken out (mutation `readback-after-failure`), the wait gives the earlier step's.
+#[test]
+fn a_readback_fed_by_a_failed_boundary_is_refused() {
+    with_double("a_readback_fed_by_a_failed_boundary_is_refused", |double| {
+        let nccl = double::nccl_double();
+        nccl.clear_faults();
+        let n = 1024;
+        let data =
+            |t: u32| -> Vec<u32> { (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ (t << 20 | 0x3b)).collect() };
+        let (mut refused, mut given) = (0, 0);
+        for round in 0..12 {
+            let ranks = two_ranks(std::time::Duration::from_secs(3));
+            let primary = Engine::new(0).unwrap();
+            let (e0, e1) = (ranks.0.engine(0, &primary).unwrap().clone(), ranks.1.engine(1, &primary).unwrap().clone());
+            let inputs: Vec<CudaSlice<u32>> = {
+                let _stage = ranks.0.enter(0).unwrap();
+                (0..4).map(|t| e0.htod(&data(t)).unwrap()).collect()
+            };
+            for (t, input) in inputs.iter().enumerate().take(3) {
+                match remote_step(&ranks, &e1, input, n, false) {
+                    Swept::Delivered(values) => assert!(values == data(t as u32), "round {round}: warm step {t}"),
+                    other => panic!("round {round}: warm step {t}: {other:?}"),
+                }
+            }
+            let slot = ranks.0.tx(0, &inputs[3], n).unwrap();
+            let pending = {
+                let _stage = ranks.1.enter(1).unwrap();
+                let received = ranks.1.rx_wait::<u32>(0, slot, n, REMOTE_RECEIVE_WAIT).unwrap();
+                ranks.1.readback(received).unwrap()
+            };
+            nccl.fail("ncclCommGetAsyncError", 1, NCCL_INTERNAL_ERROR);
+            let until = std::time::Instant::now() + REMOTE_RECEIVE_WAIT;
+            let next = (slot + 1) % ranks.1.n_slots();
+            loop {
+                match ranks.1.rx_wait::<u32>(0, next, n, std::time::Duration::from_millis(1)) {
+                    Err(e) if peer_failed(&e) => break,
+                    _ => assert!(std::time::Instant::now() < until, "round {round}: rank 1's boundary never failed"),
+                }
+            }
+            nccl.clear_faults();
+            match pending.wait() {
+                Err(e) if peer_failed(&e) => refused += 1,
+                Ok(values) => {
+                    assert!(values == data(3), "round {round}: the values of another step were given");
+                    given += 1;
+                }
+                Err(e) => panic!("round {round}: {e}"),
+            }
+            drop(pending);
+            drop(inputs);
+            drop_ranks_within(ranks, REMOTE_RECEIVE_WAIT, "a readback fed by a failed boundary");
+            let _ = ppnrt::take_drop_errors();
+        }
+        println!("readbacks after their boundary failed: {refused} refused, {given} given (their receive had run)");
+        assert!(refused > 0, "no receive was still queued when its boundary failed");
+        double.flush();
     });
 }

@@ -6,21 +6,38 @@
 //! pinned buffer from the runtime's ring, and hands the buffer's free to the readback stream, so
 //! no stage stream ever waits for the copy. A [`PendingReadback`] gives the values with
 //! [`wait`](PendingReadback::wait) (blocking) or [`try_get`](PendingReadback::try_get) (not
-//! blocking); dropping it returns its pinned buffer to the ring without waiting.
+//! blocking); dropping it returns its pinned buffer to the ring without waiting. In a pipeline
+//! across processes, the values are given only while every boundary of this rank to another rank
+//! is up: a boundary that failed aborted its communicator, which may cut short a receive the values
+//! were computed from (see [`PendingReadback::wait`]).
 //!
 //! Threading: a `PendingReadback` is `Send + Sync`; the ring is shared behind a mutex.
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
+use super::remote::Link;
 use crate::error::Result;
 use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
 
 /// Pinned buffers kept for reuse; more than this many idle ones are freed.
-pub(crate) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
+pub(super) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
 
-/// The runtime's ring of idle pinned readback buffers.
-pub(crate) type ReadbackRing = Arc<Mutex<Vec<PinnedHostBuffer<u8>>>>;
+/// What the runtime's readbacks share: its ring of idle pinned buffers, and this rank's links to
+/// other ranks, whose failure a readback's values must not outlive.
+pub(super) struct ReadbackShared {
+    pub(super) ring: Mutex<Vec<PinnedHostBuffer<u8>>>,
+    pub(super) links: Vec<Arc<Link>>,
+}
+
+impl std::fmt::Debug for ReadbackShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadbackShared").field("links", &self.links.len()).finish_non_exhaustive()
+    }
+}
+
+/// The runtime's [`ReadbackShared`].
+pub(super) type ReadbackRing = Arc<ReadbackShared>;
 
 /// A readback in flight, made by [`PpNRt::readback`](crate::PpNRt::readback): the values with
 /// [`wait`](Self::wait) or [`try_get`](Self::try_get); dropping it returns its pinned buffer to the
@@ -32,13 +49,13 @@ pub struct PendingReadback<T: DeviceRepr> {
     /// The device buffer, alive until the copy is done; its free is ordered on the readback
     /// stream.
     _source: CudaSlice<T>,
-    ring: ReadbackRing,
+    shared: ReadbackRing,
     _marker: PhantomData<T>,
 }
 
 impl<T: DeviceRepr> PendingReadback<T> {
-    pub(crate) fn new(host: PinnedHostBuffer<u8>, len: usize, source: CudaSlice<T>, ring: ReadbackRing) -> Self {
-        PendingReadback { host: Some(host), len, _source: source, ring, _marker: PhantomData }
+    pub(super) fn new(host: PinnedHostBuffer<u8>, len: usize, source: CudaSlice<T>, shared: ReadbackRing) -> Self {
+        PendingReadback { host: Some(host), len, _source: source, shared, _marker: PhantomData }
     }
 
     fn host(&self) -> &PinnedHostBuffer<u8> {
@@ -58,17 +75,33 @@ impl<T: DeviceRepr> PendingReadback<T> {
     /// The values, once the copy completed (blocks until then).
     ///
     /// # Errors
-    /// The error of the work waited for.
+    /// The error of the work waited for. In a pipeline across processes,
+    /// [`PpError::PeerFailed`](crate::PpError::PeerFailed) once a boundary of this rank to another
+    /// rank has failed (now or at any time before): its communicator was aborted, which may cut
+    /// short a receive in flight, so values computed from its steps are not given (the steps in
+    /// flight at a failure are lost). A link fails before its abort begins, so values whose copy
+    /// completed before that are given.
     pub fn wait(&self) -> Result<&[T]> {
-        self.host().as_slice_of::<T>(self.len)
+        let values = self.host().as_slice_of::<T>(self.len)?;
+        self.links_up()?;
+        Ok(values)
     }
 
     /// The values if the copy has completed, else `None` (does not block).
     ///
     /// # Errors
-    /// The driver's error.
+    /// The driver's error; [`PpError::PeerFailed`](crate::PpError::PeerFailed) as
+    /// [`wait`](Self::wait).
     pub fn try_get(&self) -> Result<Option<&[T]>> {
         if self.host().is_ready()? { self.wait().map(Some) } else { Ok(None) }
+    }
+
+    /// The error of the first of this rank's links to other ranks that failed, if one did.
+    fn links_up(&self) -> Result<()> {
+        match self.shared.links.iter().find(|link| link.aborted()) {
+            Some(link) => Err(link.stopped().expect("an aborted link has stopped")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -76,7 +109,7 @@ impl<T: DeviceRepr> Drop for PendingReadback<T> {
     fn drop(&mut self) {
         // Back to the ring without waiting: the next copy into it is ordered after this one.
         if let Some(host) = self.host.take() {
-            let mut ring = self.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut ring = self.shared.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if ring.len() < MAX_IDLE_READBACK_BUFFERS {
                 ring.push(host);
             }

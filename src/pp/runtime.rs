@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{PpError, ReceiverState, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
-use super::readback::{PendingReadback, ReadbackRing};
+use super::readback::{PendingReadback, ReadbackRing, ReadbackShared};
 use super::remote::{self, Announced, Link, LocalStage, Phase, Receiver, Sender, SlotFiller, Watchdog};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
@@ -328,13 +328,21 @@ impl PpNRt {
         // when another rank runs the last stage; `readback` is refused there).
         let last = stages.iter().rev().flatten().next().expect("every rank runs at least one stage");
         let readback = CudaStream::new(last.engine.context())?;
+        let links = boundaries
+            .iter()
+            .filter_map(|end| match end {
+                BoundaryEnd::Send(sender) => Some(Arc::clone(&sender.link)),
+                BoundaryEnd::Ring(boundary) => boundary.inbound.clone(),
+                BoundaryEnd::Foreign => None,
+            })
+            .collect();
         Ok(PpNRt {
             config,
             plan,
             stages,
             boundaries,
             readback,
-            readback_ring: ReadbackRing::default(),
+            readback_ring: Arc::new(ReadbackShared { ring: Mutex::new(Vec::new()), links }),
             watchdog,
             receivers,
         })
@@ -935,7 +943,7 @@ impl PpNRt {
         }
         let bytes = source.len() * std::mem::size_of::<T>();
         let reused = {
-            let mut ring = self.readback_ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut ring = self.readback_ring.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
         };
         let mut host = match reused {
@@ -947,7 +955,7 @@ impl PpNRt {
         };
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
         if let Err(e) = copied {
-            self.readback_ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
+            self.readback_ring.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
             return Err(e);
         }
         source.set_stream(&self.readback)?;
