@@ -141,3 +141,5 @@ run drop-unreported-link src/pp/runtime.rs "            if let Some(failure) = l
 run send-failure-keeps-link src/pp/remote.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
             return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
 run receive-failure-keeps-link src/pp/remote.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
+# A readback given although a boundary of its rank failed (its receive may have been cut short).
+run readback-after-failure src/pp/readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
