@@ -16,18 +16,18 @@
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use super::remote::Link;
+use super::remote::LinkFailure;
 use crate::error::Result;
 use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
 
 /// Pinned buffers kept for reuse; more than this many idle ones are freed.
 pub(super) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
 
-/// What the runtime's readbacks share: its ring of idle pinned buffers, and this rank's links to
-/// other ranks, whose failure a readback's values must not outlive.
+/// What the runtime's readbacks share: its ring of idle pinned buffers, and the failure records of
+/// this rank's links to other ranks, whose failure a readback's values must not outlive.
 pub(super) struct ReadbackShared {
     pub(super) ring: Mutex<Vec<PinnedHostBuffer<u8>>>,
-    pub(super) links: Vec<Arc<Link>>,
+    pub(super) links: Vec<Arc<LinkFailure>>,
 }
 
 impl std::fmt::Debug for ReadbackShared {
@@ -99,7 +99,7 @@ impl<T: DeviceRepr> PendingReadback<T> {
     /// The error of the first of this rank's links to other ranks that failed, if one did.
     fn links_up(&self) -> Result<()> {
         match self.shared.links.iter().find(|link| link.aborted()) {
-            Some(link) => Err(link.stopped().expect("an aborted link has stopped")),
+            Some(link) => Err(link.reported_error().expect("an aborted link has stopped")),
             None => Ok(()),
         }
     }

@@ -86,12 +86,43 @@ const ALIVE: u8 = 4;
 const RECORD_HEAD: usize = 32;
 const MAX_TYPE_NAME: usize = 64;
 
-/// Why a link stopped, set once, and whether it was aborted (not closed cleanly).
-#[derive(Default)]
-pub(super) struct Failure {
+/// Why a link stopped, set once, and whether it was aborted (not closed cleanly). Shared with the
+/// runtime's readbacks, which outlive neither its meaning nor the link's failure: a readback
+/// holds this record, not the link (whose connection and communicator end with the runtime).
+pub(super) struct LinkFailure {
+    boundary: usize,
+    peer: usize,
     reason: Mutex<Option<(String, bool)>>,
     /// Whether a call returned the link's error to its caller.
     reported: AtomicBool,
+}
+
+impl LinkFailure {
+    fn new(boundary: usize, peer: usize) -> LinkFailure {
+        LinkFailure { boundary, peer, reason: Mutex::new(None), reported: AtomicBool::new(false) }
+    }
+
+    fn reason(&self) -> MutexGuard<'_, Option<(String, bool)>> {
+        self.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the link failed and its communicator was aborted (its receives may be cut short).
+    pub(super) fn aborted(&self) -> bool {
+        self.reason().as_ref().is_some_and(|(_, aborted)| *aborted)
+    }
+
+    /// The typed error of the stopped link, if it stopped (not counted as reported).
+    fn error(&self) -> Option<Error> {
+        let (reason, _) = self.reason().clone()?;
+        Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
+    }
+
+    /// [`error`](Self::error) for a caller: the failure counts as reported.
+    pub(super) fn reported_error(&self) -> Option<Error> {
+        let error = self.error()?;
+        self.reported.store(true, Ordering::Relaxed);
+        Some(error)
+    }
 }
 
 /// One boundary between two ranks, as seen by either of them.
@@ -109,7 +140,7 @@ pub(super) struct Link {
     /// (see [`capture_receive`]).
     captures_missed: AtomicU32,
     pub(super) comm: NcclComm,
-    failure: Failure,
+    failure: Arc<LinkFailure>,
     /// A handle of the link's control connection, shut down when the link fails so that the
     /// peer learns it at once (its end reads the connection's end).
     connection: TcpStream,
@@ -217,7 +248,7 @@ impl Link {
 
     /// Records why the link stopped; false if it had stopped before.
     fn stop(&self, reason: String, aborted: bool) -> bool {
-        let mut slot = self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slot = self.failure.reason();
         if slot.is_some() {
             return false;
         }
@@ -234,14 +265,12 @@ impl Link {
     /// The typed error of a stopped link, if it stopped, for a caller: the failure counts as
     /// reported.
     pub(super) fn stopped(&self) -> Option<Error> {
-        let error = self.error()?;
-        self.failure.reported.store(true, Ordering::Relaxed);
-        Some(error)
+        self.failure.reported_error()
     }
 
     /// Whether the link stopped (failed, or closed cleanly).
     pub(super) fn is_stopped(&self) -> bool {
-        self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
+        self.failure.reason().is_some()
     }
 
     /// The error of a link that failed (was aborted) without any call returning it to a caller.
@@ -250,13 +279,17 @@ impl Link {
     }
 
     fn error(&self) -> Option<Error> {
-        let (reason, _) = self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()?;
-        Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
+        self.failure.error()
+    }
+
+    /// The link's failure record, for the runtime's readbacks.
+    pub(super) fn failure(&self) -> Arc<LinkFailure> {
+        Arc::clone(&self.failure)
     }
 
     /// Whether the link failed and its communicator was aborted (its receives may be cut short).
     pub(super) fn aborted(&self) -> bool {
-        self.failure.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref().is_some_and(|(_, a)| *a)
+        self.failure.aborted()
     }
 
     /// The typed error of the stopped link, or [`PpError::PeerFailed`] with `reason` if it has no
@@ -1051,7 +1084,7 @@ pub(super) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStag
             graph_receives: AtomicU64::new(0),
             captures_missed: AtomicU32::new(0),
             comm,
-            failure: Failure::default(),
+            failure: Arc::new(LinkFailure::new(b.boundary, peer)),
             connection: clone(&socket)?,
             timeout,
             silence_fails: silence_fails(config),

@@ -331,8 +331,8 @@ impl PpNRt {
         let links = boundaries
             .iter()
             .filter_map(|end| match end {
-                BoundaryEnd::Send(sender) => Some(Arc::clone(&sender.link)),
-                BoundaryEnd::Ring(boundary) => boundary.inbound.clone(),
+                BoundaryEnd::Send(sender) => Some(sender.link.failure()),
+                BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref().map(|link| link.failure()),
                 BoundaryEnd::Foreign => None,
             })
             .collect();
