@@ -29,7 +29,9 @@
 //! stopped) fails the link: its communicator is aborted at once (so no NCCL kernel stays queued
 //! and every stream drains, a stream synchronisation waiting for a send or receive included),
 //! waiting `rx` calls wake up, and every later call on the boundary returns
-//! [`PpError::PeerFailed`]. Liveness: a watchdog thread per runtime sends a sign of life on every
+//! [`PpError::PeerFailed`], as does the wait of every readback of the rank (its values may come
+//! from a receive the abort cut short). A failure no call returned is recorded by the runtime's
+//! drop. Liveness: a watchdog thread per runtime sends a sign of life on every
 //! link of this rank a few times per timeout (an `ALIVE` record to the RX rank, an `ALIVE` byte
 //! back to the TX rank), reads the TX side's, and polls NCCL; the receiver threads read the RX
 //! side's with the records. Clean shutdown: the TX rank sends a close record and waits (bounded)
@@ -87,8 +89,9 @@ const RECORD_HEAD: usize = 32;
 const MAX_TYPE_NAME: usize = 64;
 
 /// Why a link stopped, set once, and whether it was aborted (not closed cleanly). Shared with the
-/// runtime's readbacks, which outlive neither its meaning nor the link's failure: a readback
-/// holds this record, not the link (whose connection and communicator end with the runtime).
+/// runtime's readbacks: a readback holds this record, not the link (whose connection and
+/// communicator end with the runtime), and can tell whether the link failed after the runtime is
+/// gone.
 pub(super) struct LinkFailure {
     boundary: usize,
     peer: usize,
