@@ -1,7 +1,9 @@
 //! Host tests through the CUDA driver double (`tests/driver_double/cuda_double.c`): the soundness
 //! scenarios of `common/soundness.rs`, and error injection on each call that protects work
-//! already enqueued. They run on every machine with a C compiler (CI sets `PPNRT_REQUIRE_DOUBLE`
-//! so that a missing compiler fails rather than skips).
+//! already enqueued; with the NCCL double (`tests/driver_double/nccl_double.c`) too, two ranks of
+//! one pipeline as threads of this process, each driver and NCCL call of their steps, setup and
+//! teardown failed in turn. They run on every machine with a C compiler (CI sets
+//! `PPNRT_REQUIRE_DOUBLE` so that a missing compiler fails rather than skips).
 //!
 //! The double runs queued work only when something synchronises, and then only what that needs:
 //! work left unordered runs as late as possible, so a missing wait shows up deterministically as
