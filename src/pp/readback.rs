@@ -36,9 +36,6 @@ impl std::fmt::Debug for ReadbackShared {
     }
 }
 
-/// The runtime's [`ReadbackShared`].
-pub(super) type ReadbackRing = Arc<ReadbackShared>;
-
 /// A readback in flight, made by [`PpNRt::readback`](crate::PpNRt::readback): the values with
 /// [`wait`](Self::wait) or [`try_get`](Self::try_get); dropping it returns its pinned buffer to the
 /// runtime's ring without waiting.
@@ -49,12 +46,17 @@ pub struct PendingReadback<T: DeviceRepr> {
     /// The device buffer, alive until the copy is done; its free is ordered on the readback
     /// stream.
     _source: CudaSlice<T>,
-    shared: ReadbackRing,
+    shared: Arc<ReadbackShared>,
     _marker: PhantomData<T>,
 }
 
 impl<T: DeviceRepr> PendingReadback<T> {
-    pub(super) fn new(host: PinnedHostBuffer<u8>, len: usize, source: CudaSlice<T>, shared: ReadbackRing) -> Self {
+    pub(super) fn new(
+        host: PinnedHostBuffer<u8>,
+        len: usize,
+        source: CudaSlice<T>,
+        shared: Arc<ReadbackShared>,
+    ) -> Self {
         PendingReadback { host: Some(host), len, _source: source, shared, _marker: PhantomData }
     }
 

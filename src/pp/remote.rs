@@ -120,6 +120,11 @@ impl LinkFailure {
         Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
     }
 
+    /// The error of a link that failed (was aborted) without any call returning it to a caller.
+    pub(super) fn unreported(&self) -> Option<Error> {
+        (self.aborted() && !self.reported.load(Ordering::Relaxed)).then(|| self.error()).flatten()
+    }
+
     /// [`error`](Self::error) for a caller: the failure counts as reported.
     pub(super) fn reported_error(&self) -> Option<Error> {
         let error = self.error()?;
@@ -274,11 +279,6 @@ impl Link {
     /// Whether the link stopped (failed, or closed cleanly).
     pub(super) fn is_stopped(&self) -> bool {
         self.failure.reason().is_some()
-    }
-
-    /// The error of a link that failed (was aborted) without any call returning it to a caller.
-    pub(super) fn unreported_failure(&self) -> Option<Error> {
-        (self.aborted() && !self.failure.reported.load(Ordering::Relaxed)).then(|| self.error()).flatten()
     }
 
     fn error(&self) -> Option<Error> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{PpError, ReceiverState, SlotState};
 use super::plan::{BoundaryPlan, Plan, Transport};
-use super::readback::{PendingReadback, ReadbackRing, ReadbackShared};
+use super::readback::{PendingReadback, ReadbackShared};
 use super::remote::{self, Announced, Link, LocalStage, Phase, Receiver, Sender, SlotFiller, Watchdog};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
@@ -38,7 +38,8 @@ pub struct PpNRt {
     stages: Vec<Option<Stage>>,
     boundaries: Vec<BoundaryEnd>,
     readback: Arc<CudaStream>,
-    readback_ring: ReadbackRing,
+    /// The readbacks' pinned buffers, and this rank's links' failure records.
+    readbacks: Arc<ReadbackShared>,
     /// The watchdog of this rank's outbound links to other ranks.
     watchdog: Option<Watchdog>,
     /// The receiver threads of this rank's inbound links.
@@ -54,6 +55,17 @@ enum BoundaryEnd {
     Send(Arc<Sender>),
     /// Both stages run in other ranks.
     Foreign,
+}
+
+impl BoundaryEnd {
+    /// This rank's link of the boundary to another rank, if it has one.
+    fn link(&self) -> Option<&Arc<Link>> {
+        match self {
+            BoundaryEnd::Send(sender) => Some(&sender.link),
+            BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref(),
+            BoundaryEnd::Foreign => None,
+        }
+    }
 }
 
 struct Stage {
@@ -328,21 +340,14 @@ impl PpNRt {
         // when another rank runs the last stage; `readback` is refused there).
         let last = stages.iter().rev().flatten().next().expect("every rank runs at least one stage");
         let readback = CudaStream::new(last.engine.context())?;
-        let links = boundaries
-            .iter()
-            .filter_map(|end| match end {
-                BoundaryEnd::Send(sender) => Some(sender.link.failure()),
-                BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref().map(|link| link.failure()),
-                BoundaryEnd::Foreign => None,
-            })
-            .collect();
+        let links = boundaries.iter().filter_map(BoundaryEnd::link).map(|link| link.failure()).collect();
         Ok(PpNRt {
             config,
             plan,
             stages,
             boundaries,
             readback,
-            readback_ring: Arc::new(ReadbackShared { ring: Mutex::new(Vec::new()), links }),
+            readbacks: Arc::new(ReadbackShared { ring: Mutex::new(Vec::new()), links }),
             watchdog,
             receivers,
         })
@@ -943,7 +948,7 @@ impl PpNRt {
         }
         let bytes = source.len() * std::mem::size_of::<T>();
         let reused = {
-            let mut ring = self.readback_ring.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut ring = self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
         };
         let mut host = match reused {
@@ -955,11 +960,11 @@ impl PpNRt {
         };
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
         if let Err(e) = copied {
-            self.readback_ring.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
+            self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
             return Err(e);
         }
         source.set_stream(&self.readback)?;
-        Ok(PendingReadback::new(host, source.len(), source, Arc::clone(&self.readback_ring)))
+        Ok(PendingReadback::new(host, source.len(), source, Arc::clone(&self.readbacks)))
     }
 
     /// What the receiver thread of boundary `b` is doing, for a boundary from another rank into
@@ -1378,15 +1383,8 @@ impl Drop for PpNRt {
         // A link to another rank that failed and whose failure no call returned (it failed in
         // the background after the last call, or during this teardown: the close was not
         // confirmed, the receives did not complete) may have lost steps: recorded.
-        for end in &self.boundaries {
-            let link = match end {
-                BoundaryEnd::Send(sender) => Some(&sender.link),
-                BoundaryEnd::Ring(boundary) => boundary.inbound.as_ref(),
-                BoundaryEnd::Foreign => None,
-            };
-            if let Some(failure) = link.and_then(|link| link.unreported_failure()) {
-                record_drop_error(failure);
-            }
+        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {
+            record_drop_error(failure);
         }
     }
 }
