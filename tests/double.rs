@@ -2147,6 +2147,68 @@ fn peer_failed(e: &Error) -> bool {
     matches!(e, Error::Pipeline(ppnrt::PpError::PeerFailed { .. }))
 }
 
+/// What one run of a sweep across ranks saw: whether it reached its failing call, the errors calls
+/// returned, and those drops recorded.
+struct RanksRun {
+    reached: bool,
+    errors: Vec<Error>,
+    drop_errors: Vec<Error>,
+}
+
+/// The loop of the sweeps across ranks, [`sweep_calls`] for calls of either double made by either
+/// rank: runs `run` once for each call of `faults` (`true` for the NCCL double's, the entry point,
+/// the calls made), with that call failing. `run` sets the ranks up, [`arm`](Injected::arm)s the
+/// failure, disarms it and reports what it saw. After each run: a run that reached its failure
+/// saw an error naming the call (a failure the crate got over is recorded); once every queued
+/// operation ran, nothing touched freed memory, and at most one allocation per drop error is
+/// left (a drop that cannot order or free its memory leaves it allocated, since it may be in
+/// use, and records why). The runs that did not reach their failure go into `unreached`. Returns
+/// the number of runs.
+fn sweep_across_ranks(
+    double: &double::Double,
+    faults: &[(bool, String, u64)],
+    what: &str,
+    unreached: &mut Vec<String>,
+    mut run: impl FnMut(&mut Injected<'_>) -> RanksRun,
+) -> usize {
+    let mut runs = 0;
+    for (in_nccl, entry, made) in faults {
+        for nth in 1..=*made as i32 {
+            let case = format!("{what}: call {nth} of {made} to {entry} failing");
+            let mut injected =
+                Injected { double, in_nccl: *in_nccl, entry, nth, case: case.clone(), calls_before: None };
+            let _ = ppnrt::take_drop_errors();
+            let violations = double.violations();
+            double.flush();
+            let live_before = double.live_allocations();
+            let RanksRun { reached, errors, drop_errors } = run(&mut injected);
+            if reached {
+                assert!(
+                    errors.iter().chain(&drop_errors).any(|e| injected.names(e)),
+                    "{case}: no error names the call: {errors:?}; recorded by drops: {drop_errors:?}"
+                );
+            } else {
+                // A call the measured run made and this one did not: the receive's capture waits
+                // for NCCL's work on a clock (at most a millisecond), and takes NCCL's call when
+                // it finds the work still running; a setup's waits for the other rank poll.
+                unreached.push(case.clone());
+            }
+            double.clear_faults();
+            double.flush();
+            assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+            let (live, live_pinned) = double.live_allocations();
+            let left = (live - live_before.0) + (live_pinned - live_before.1);
+            assert!(
+                left <= drop_errors.len() as u64,
+                "{case}: {left} allocation(s) left, {} drop error(s) recorded: {drop_errors:?}",
+                drop_errors.len()
+            );
+            runs += 1;
+        }
+    }
+    runs
+}
+
 /// The operation swept by
 /// [`every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2287,146 +2349,113 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                 if swept == RemoteSwept::Steady && !in_place {
                     faults.push((true, "ncclCommGetAsyncError".to_string(), 1));
                 }
-                for (in_nccl, entry, made) in &faults {
-                    for nth in 1..=*made as i32 {
-                        let case = format!("{what}: call {nth} of {made} to {entry} failing");
-                        let mut injected =
-                            Injected { double, in_nccl: *in_nccl, entry, nth, case: case.clone(), calls_before: None };
-                        let _ = ppnrt::take_drop_errors();
-                        let violations = double.violations();
-                        double.flush();
-                        let live_before = double.live_allocations();
-                        let (ranks, e1, mut inputs) = warm();
-                        // The errors calls returned, and those drops recorded.
-                        let mut errors: Vec<Error> = Vec::new();
-                        let mut drop_errors: Vec<Error> = Vec::new();
-                        // The watchdog's poll comes on its clock; the operation's calls are made
-                        // when it returns.
-                        let within = if injected.entry == "ncclCommGetAsyncError" {
-                            drop_limit
-                        } else {
-                            std::time::Duration::from_millis(100)
-                        };
-                        let reached = if swept == RemoteSwept::Teardown {
-                            let pending = last_step_queued(&ranks, &inputs);
-                            injected.arm();
-                            drop_errors.extend(teardown(ranks, inputs, pending));
-                            let (reached, recorded) = injected.disarm_if_reached_within(within);
-                            drop_errors.extend(recorded);
-                            reached
-                        } else {
-                            injected.arm();
-                            let input = inputs[WARM].as_ref().unwrap();
-                            let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
-                            let (reached, recorded) = injected.disarm_if_reached_within(within);
-                            // A failure on a clock (the watchdog's poll) may fail the link between
-                            // two calls; any other failure is met by a call.
-                            let on_a_clock = injected.entry == "ncclCommGetAsyncError";
-                            drop_errors.extend(recorded);
-                            inputs[WARM] = None;
-                            match outcome {
-                                Swept::Delivered(values) => assert!(values == data(WARM), "{case}: wrong values"),
-                                Swept::NotSent(e) | Swept::NotReadBack(e, None) => errors.push(e),
-                                Swept::NotReadBack(e, Some(again)) => {
-                                    assert!(again == data(WARM), "{case}: the second wait gave wrong values");
+                cases += sweep_across_ranks(double, &faults, &what, &mut unreached, |injected| {
+                    let case = injected.case.clone();
+                    let (ranks, e1, mut inputs) = warm();
+                    // The errors calls returned, and those drops recorded.
+                    let mut errors: Vec<Error> = Vec::new();
+                    let mut drop_errors: Vec<Error> = Vec::new();
+                    // The watchdog's poll comes on its clock; the operation's calls are made
+                    // when it returns.
+                    let within = if injected.entry == "ncclCommGetAsyncError" {
+                        drop_limit
+                    } else {
+                        std::time::Duration::from_millis(100)
+                    };
+                    let reached = if swept == RemoteSwept::Teardown {
+                        let pending = last_step_queued(&ranks, &inputs);
+                        injected.arm();
+                        drop_errors.extend(teardown(ranks, inputs, pending));
+                        let (reached, recorded) = injected.disarm_if_reached_within(within);
+                        drop_errors.extend(recorded);
+                        reached
+                    } else {
+                        injected.arm();
+                        let input = inputs[WARM].as_ref().unwrap();
+                        let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
+                        let (reached, recorded) = injected.disarm_if_reached_within(within);
+                        // A failure on a clock (the watchdog's poll) may fail the link between
+                        // two calls; any other failure is met by a call.
+                        let on_a_clock = injected.entry == "ncclCommGetAsyncError";
+                        drop_errors.extend(recorded);
+                        inputs[WARM] = None;
+                        match outcome {
+                            Swept::Delivered(values) => assert!(values == data(WARM), "{case}: wrong values"),
+                            Swept::NotSent(e) | Swept::NotReadBack(e, None) => errors.push(e),
+                            Swept::NotReadBack(e, Some(again)) => {
+                                assert!(again == data(WARM), "{case}: the second wait gave wrong values");
+                                errors.push(e);
+                            }
+                            Swept::NotReceived(slot, e) => {
+                                let again = receive_and_read_back_within(
+                                    &ranks.1,
+                                    &e1,
+                                    slot,
+                                    len(WARM),
+                                    in_place,
+                                    Some(REMOTE_RECEIVE_WAIT),
+                                );
+                                match again {
+                                    Swept::Delivered(values) if !peer_failed(&e) => {
+                                        assert!(values == data(WARM), "{case}: the second receive: wrong values")
+                                    }
+                                    Swept::NotReceived(_, again) if peer_failed(&e) && peer_failed(&again) => {}
+                                    other => panic!("{case}: the receive failed with {e}; again: {other:?}"),
+                                }
+                                errors.push(e);
+                            }
+                        }
+                        // The next steps: delivered, or, once the link failed, `PeerFailed`.
+                        let mut link_failed = errors.iter().any(peer_failed);
+                        let saw_peer_failed = link_failed;
+                        for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                            match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                                Swept::Delivered(values) => {
+                                    assert!(!link_failed, "{case}: step {t} delivered after the link failed");
+                                    assert!(values == data(t), "{case}: step {t}: wrong values");
+                                }
+                                Swept::NotSent(e) | Swept::NotReceived(_, e) | Swept::NotReadBack(e, None)
+                                    if peer_failed(&e) =>
+                                {
+                                    link_failed = true;
                                     errors.push(e);
                                 }
-                                Swept::NotReceived(slot, e) => {
-                                    let again = receive_and_read_back_within(
-                                        &ranks.1,
-                                        &e1,
-                                        slot,
-                                        len(WARM),
-                                        in_place,
-                                        Some(REMOTE_RECEIVE_WAIT),
-                                    );
-                                    match again {
-                                        Swept::Delivered(values) if !peer_failed(&e) => {
-                                            assert!(values == data(WARM), "{case}: the second receive: wrong values")
-                                        }
-                                        Swept::NotReceived(_, again) if peer_failed(&e) && peer_failed(&again) => {}
-                                        other => panic!("{case}: the receive failed with {e}; again: {other:?}"),
-                                    }
-                                    errors.push(e);
-                                }
+                                other => panic!("{case}: step {t} after the failure: {other:?}"),
                             }
-                            // The next steps: delivered, or, once the link failed, `PeerFailed`.
-                            let mut link_failed = errors.iter().any(peer_failed);
-                            let saw_peer_failed = link_failed;
-                            for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
-                                match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
-                                    Swept::Delivered(values) => {
-                                        assert!(!link_failed, "{case}: step {t} delivered after the link failed");
-                                        assert!(values == data(t), "{case}: step {t}: wrong values");
-                                    }
-                                    Swept::NotSent(e) | Swept::NotReceived(_, e) | Swept::NotReadBack(e, None)
-                                        if peer_failed(&e) =>
-                                    {
-                                        link_failed = true;
-                                        errors.push(e);
-                                    }
-                                    other => panic!("{case}: step {t} after the failure: {other:?}"),
-                                }
-                            }
-                            assert!(
-                                saw_peer_failed || !link_failed || on_a_clock,
-                                "{case}: the link failed after a step that did not report it"
-                            );
-                            if link_failed {
-                                // Each rank's own account of the failure (the rank that failed first
-                                // says why; its peer, that the connection closed, which it learns
-                                // within milliseconds: until then a call of it may still succeed).
-                                let until = std::time::Instant::now() + drop_limit;
-                                let short = std::time::Duration::from_millis(1);
-                                let mut accounts = 0;
-                                while accounts < 2 && std::time::Instant::now() < until {
-                                    accounts = 0;
-                                    for account in [
-                                        ranks.1.rx_wait::<u32>(0, 0, n, short).err(),
-                                        ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).err(),
-                                    ]
-                                    .into_iter()
-                                    .flatten()
-                                    .filter(peer_failed)
-                                    {
-                                        errors.push(account);
-                                        accounts += 1;
-                                    }
-                                }
-                                assert_eq!(accounts, 2, "{case}: a rank never learned that the link failed");
-                            }
-                            drop(inputs);
-                            drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
-                            reached
-                        };
-                        if !reached {
-                            // A call the measured run made and this one did not: the receive's
-                            // capture waits for NCCL's work on a clock (at most a millisecond),
-                            // and takes NCCL's call when it finds the work still running.
-                            unreached.push(case.clone());
                         }
-                        if reached {
-                            // A failure the crate got over is recorded too.
-                            assert!(
-                                errors.iter().chain(&drop_errors).any(|e| injected.names(e)),
-                                "{case}: no error names the call: {errors:?}; recorded by drops: {drop_errors:?}"
-                            );
-                        }
-                        double.clear_faults();
-                        double.flush();
-                        assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                        // A drop that cannot order or free its memory leaves it allocated (it may be
-                        // in use) and records why: at most one allocation per error recorded.
-                        let (live, live_pinned) = double.live_allocations();
-                        let left = (live - live_before.0) + (live_pinned - live_before.1);
                         assert!(
-                            left <= drop_errors.len() as u64,
-                            "{case}: {left} allocation(s) left, {} drop error(s) recorded: {drop_errors:?}",
-                            drop_errors.len()
+                            saw_peer_failed || !link_failed || on_a_clock,
+                            "{case}: the link failed after a step that did not report it"
                         );
-                        cases += 1;
-                    }
-                }
+                        if link_failed {
+                            // Each rank's own account of the failure (the rank that failed first
+                            // says why; its peer, that the connection closed, which it learns
+                            // within milliseconds: until then a call of it may still succeed).
+                            let until = std::time::Instant::now() + drop_limit;
+                            let short = std::time::Duration::from_millis(1);
+                            let mut accounts = 0;
+                            while accounts < 2 && std::time::Instant::now() < until {
+                                accounts = 0;
+                                for account in [
+                                    ranks.1.rx_wait::<u32>(0, 0, n, short).err(),
+                                    ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).err(),
+                                ]
+                                .into_iter()
+                                .flatten()
+                                .filter(peer_failed)
+                                {
+                                    errors.push(account);
+                                    accounts += 1;
+                                }
+                            }
+                            assert_eq!(accounts, 2, "{case}: a rank never learned that the link failed");
+                        }
+                        drop(inputs);
+                        drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
+                        reached
+                    };
+                    RanksRun { reached, errors, drop_errors }
+                });
             }
         }
         println!(
@@ -2509,66 +2538,40 @@ fn every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time()
             "the setup made no NCCL join: {faults:?}"
         );
         faults.push((true, "ncclCommGetAsyncError".to_string(), 2));
-        let (mut cases, mut unreached, mut slowest) = (0, Vec::new(), std::time::Duration::ZERO);
-        for (in_nccl, entry, made) in &faults {
-            for nth in 1..=*made as i32 {
-                let case = format!("setup across ranks: call {nth} of {made} to {entry} failing");
-                let mut injected =
-                    Injected { double, in_nccl: *in_nccl, entry, nth, case: case.clone(), calls_before: None };
-                let _ = ppnrt::take_drop_errors();
-                let violations = double.violations();
-                double.flush();
-                let live_before = double.live_allocations();
-                // Each run starts with no context current: a failed restore of the current
-                // context in an earlier run changes nothing here.
-                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-                // The primary engine made before the failure: it is the caller's, not the setup's.
-                let primary = Engine::new(0).unwrap();
-                let started = std::time::Instant::now();
-                injected.arm();
-                let (zero, one) = try_two_ranks(&primary, peer_timeout);
-                let took = started.elapsed();
-                let (reached, mut drop_errors) =
-                    injected.disarm_if_reached_within(std::time::Duration::from_millis(100));
-                assert!(took < bound, "{case}: the setups took {took:?}");
-                slowest = slowest.max(took);
-                let mut errors = Vec::new();
-                match (zero, one) {
-                    (Ok(zero), Ok(one)) => {
-                        let ranks = (zero, one);
-                        step_delivers(&ranks, &case);
-                        drop_errors.extend(drop_ranks_within(ranks, bound, &case));
-                    }
-                    (zero, one) => {
-                        for built in [zero, one] {
-                            match built {
-                                Ok(rt) => drop_errors.extend(drop_ranks_within(rt, bound, &case)),
-                                Err(e) => errors.push(e),
-                            }
+        let mut slowest = std::time::Duration::ZERO;
+        let mut unreached = Vec::new();
+        let cases = sweep_across_ranks(double, &faults, "setup across ranks", &mut unreached, |injected| {
+            let case = injected.case.clone();
+            // Each run starts with no context current: a failed restore of the current
+            // context in an earlier run changes nothing here.
+            raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+            // The primary engine made before the failure: it is the caller's, not the setup's.
+            let primary = Engine::new(0).unwrap();
+            let started = std::time::Instant::now();
+            injected.arm();
+            let (zero, one) = try_two_ranks(&primary, peer_timeout);
+            let took = started.elapsed();
+            let (reached, mut drop_errors) = injected.disarm_if_reached_within(std::time::Duration::from_millis(100));
+            assert!(took < bound, "{case}: the setups took {took:?}");
+            slowest = slowest.max(took);
+            let mut errors = Vec::new();
+            match (zero, one) {
+                (Ok(zero), Ok(one)) => {
+                    let ranks = (zero, one);
+                    step_delivers(&ranks, &case);
+                    drop_errors.extend(drop_ranks_within(ranks, bound, &case));
+                }
+                (zero, one) => {
+                    for built in [zero, one] {
+                        match built {
+                            Ok(rt) => drop_errors.extend(drop_ranks_within(rt, bound, &case)),
+                            Err(e) => errors.push(e),
                         }
                     }
                 }
-                if reached {
-                    assert!(
-                        errors.iter().chain(&drop_errors).any(|e| injected.names(e)),
-                        "{case}: no error names the call: {errors:?}; recorded by drops: {drop_errors:?}"
-                    );
-                } else {
-                    unreached.push(case.clone());
-                }
-                double.clear_faults();
-                double.flush();
-                assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
-                let (live, live_pinned) = double.live_allocations();
-                let left = (live - live_before.0) + (live_pinned - live_before.1);
-                assert!(
-                    left <= drop_errors.len() as u64,
-                    "{case}: {left} allocation(s) left, {} drop error(s) recorded: {drop_errors:?}",
-                    drop_errors.len()
-                );
-                cases += 1;
             }
-        }
+            RanksRun { reached, errors, drop_errors }
+        });
         println!(
             "setup fault sweep across ranks: {cases} runs, each with one failing driver or NCCL call, the slowest \
              {slowest:?}; {} of them did not reach it: {unreached:?}",

@@ -61,19 +61,19 @@ impl Double {
         unsafe { *self.lib.get::<T>(name).expect("the double exports its control functions") }
     }
 
+    /// Its fault table and call counts.
+    fn calls_table(&self) -> CallTable<'_> {
+        CallTable { lib: &self.lib, prefix: "ppnrt_double" }
+    }
+
     /// Makes the `nth` next call of `entry` fail with `code`.
     pub fn fail(&self, entry: &str, nth: i32, code: i32) {
-        let f: unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int = self.symbol(b"ppnrt_double_fail\0");
-        let entry = CString::new(entry).unwrap();
-        // SAFETY: a NUL-terminated name that outlives the call.
-        assert_eq!(unsafe { f(entry.as_ptr(), nth, code) }, 0, "fault table full");
+        self.calls_table().fail(entry, nth, code)
     }
 
     /// Clears every injected fault not yet triggered.
     pub fn clear_faults(&self) {
-        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_double_clear_faults\0");
-        // SAFETY: no arguments.
-        unsafe { f() }
+        self.calls_table().clear_faults()
     }
 
     /// Accesses to freed or unallocated memory so far.
@@ -102,23 +102,12 @@ impl Double {
 
     /// Calls of the driver entry point `entry` so far.
     pub fn calls(&self, entry: &str) -> u64 {
-        let f: unsafe extern "C" fn(*const c_char) -> u64 = self.symbol(b"ppnrt_double_calls\0");
-        let entry = CString::new(entry).unwrap();
-        // SAFETY: a NUL-terminated name that outlives the call.
-        unsafe { f(entry.as_ptr()) }
+        self.calls_table().calls(entry)
     }
 
     /// Every driver entry point called so far, in the order of their first calls.
     pub fn entries_called(&self) -> Vec<String> {
-        let f: unsafe extern "C" fn(usize, *mut c_char, usize) -> c_int = self.symbol(b"ppnrt_double_entry_called\0");
-        let mut names = Vec::new();
-        let mut buf = vec![0 as c_char; 128];
-        // SAFETY: the buffer is writable for its length; the double NUL-terminates within it.
-        while unsafe { f(names.len(), buf.as_mut_ptr(), buf.len()) } == 0 {
-            // SAFETY: NUL-terminated by the call above.
-            names.push(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
-        }
-        names
+        self.calls_table().entries_called()
     }
 
     /// Runs `body` `runs` times and returns the calls of each of `entries` per run, in order.
@@ -152,45 +141,43 @@ impl Double {
     }
 }
 
-/// The control functions of the loaded NCCL double (`tests/driver_double/nccl_double.c`).
-pub struct NcclDouble {
-    lib: libloading::Library,
+/// The fault table and call counts a double exports: `<prefix>_fail`, `<prefix>_clear_faults`,
+/// `<prefix>_calls`, `<prefix>_entry_called`, with the same C signatures in both doubles.
+struct CallTable<'a> {
+    lib: &'a libloading::Library,
+    prefix: &'static str,
 }
 
-impl NcclDouble {
-    fn symbol<T: Copy>(&self, name: &[u8]) -> T {
-        // SAFETY: the NCCL double exports each control function with the C signature given by T
-        // at the call sites below.
-        unsafe { *self.lib.get::<T>(name).expect("the NCCL double exports its control functions") }
+impl CallTable<'_> {
+    fn symbol<T: Copy>(&self, name: &str) -> T {
+        let name = format!("{}_{name}\0", self.prefix);
+        // SAFETY: both doubles export each of these functions with the C signature given by T at
+        // the call sites below.
+        unsafe { *self.lib.get::<T>(name.as_bytes()).expect("the double exports its control functions") }
     }
 
-    /// Makes the `nth` next call of `entry` fail with the NCCL result `code`.
-    pub fn fail(&self, entry: &str, nth: i32, code: i32) {
-        let f: unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int = self.symbol(b"ppnrt_nccl_double_fail\0");
+    fn fail(&self, entry: &str, nth: i32, code: i32) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int = self.symbol("fail");
         let entry = CString::new(entry).unwrap();
         // SAFETY: a NUL-terminated name that outlives the call.
         assert_eq!(unsafe { f(entry.as_ptr(), nth, code) }, 0, "fault table full");
     }
 
-    /// Clears every injected fault not yet triggered.
-    pub fn clear_faults(&self) {
-        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_nccl_double_clear_faults\0");
+    fn clear_faults(&self) {
+        let f: unsafe extern "C" fn() = self.symbol("clear_faults");
         // SAFETY: no arguments.
         unsafe { f() }
     }
 
-    /// Calls of the NCCL entry point `entry` so far.
-    pub fn calls(&self, entry: &str) -> u64 {
-        let f: unsafe extern "C" fn(*const c_char) -> u64 = self.symbol(b"ppnrt_nccl_double_calls\0");
+    fn calls(&self, entry: &str) -> u64 {
+        let f: unsafe extern "C" fn(*const c_char) -> u64 = self.symbol("calls");
         let entry = CString::new(entry).unwrap();
         // SAFETY: a NUL-terminated name that outlives the call.
         unsafe { f(entry.as_ptr()) }
     }
 
-    /// Every NCCL entry point called so far, in the order of their first calls.
-    pub fn entries_called(&self) -> Vec<String> {
-        let f: unsafe extern "C" fn(usize, *mut c_char, usize) -> c_int =
-            self.symbol(b"ppnrt_nccl_double_entry_called\0");
+    fn entries_called(&self) -> Vec<String> {
+        let f: unsafe extern "C" fn(usize, *mut c_char, usize) -> c_int = self.symbol("entry_called");
         let mut names = Vec::new();
         let mut buf = vec![0 as c_char; 128];
         // SAFETY: the buffer is writable for its length; the double NUL-terminates within it.
@@ -199,6 +186,37 @@ impl NcclDouble {
             names.push(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
         }
         names
+    }
+}
+
+/// The control functions of the loaded NCCL double (`tests/driver_double/nccl_double.c`).
+pub struct NcclDouble {
+    lib: libloading::Library,
+}
+
+impl NcclDouble {
+    fn calls_table(&self) -> CallTable<'_> {
+        CallTable { lib: &self.lib, prefix: "ppnrt_nccl_double" }
+    }
+
+    /// Makes the `nth` next call of `entry` fail with the NCCL result `code`.
+    pub fn fail(&self, entry: &str, nth: i32, code: i32) {
+        self.calls_table().fail(entry, nth, code)
+    }
+
+    /// Clears every injected fault not yet triggered.
+    pub fn clear_faults(&self) {
+        self.calls_table().clear_faults()
+    }
+
+    /// Calls of the NCCL entry point `entry` so far.
+    pub fn calls(&self, entry: &str) -> u64 {
+        self.calls_table().calls(entry)
+    }
+
+    /// Every NCCL entry point called so far, in the order of their first calls.
+    pub fn entries_called(&self) -> Vec<String> {
+        self.calls_table().entries_called()
     }
 }
 
