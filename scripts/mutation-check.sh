@@ -5,7 +5,8 @@
 # report a failure.
 # Prints, per mutation, the failing tests; "CAUGHT" or "MISSED" ("STALE" when the code it
 # mutates has changed and the mutation no longer applies; "BROKEN" when the mutated code does
-# not build, which shows nothing about the tests: rewrite the mutation so that it builds).
+# not build, which shows nothing about the tests: rewrite the mutation so that it builds;
+# "UNMATCHED" when none of the tests listed for it exists any more).
 #
 #   bash scripts/mutation-check.sh [NAME...]     (only the mutations named; default every one)
 #
@@ -89,6 +90,8 @@ PY
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
   elif echo "$log" | grep -q -E "^error(\[E[0-9]+\])?: "; then
     echo "BROKEN $name (the mutated code does not build):"; echo "$log" | grep -E -m 2 -A 4 "^error" | sed 's/^/    /'
+  elif [ ${#filters[@]} -gt 0 ] && ! echo "$log" | grep -q -E "^running [1-9][0-9]* tests?$"; then
+    echo "UNMATCHED $name (no test matches its catchers: a test was renamed? update the table)"
   else
     echo "MISSED $name"
   fi
