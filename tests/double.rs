@@ -1501,7 +1501,7 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                 let calls: Vec<(String, u64)> = {
                     let (rt, e1, inputs) = warm();
                     let mut step = None;
-                    let calls = calls_made_by(double, || {
+                    let calls = double.calls_made_by(|| {
                         step = Some(sweep_step(&rt, &e1, inputs[WARM].as_ref().unwrap(), n, in_place))
                     });
                     assert!(matches!(step, Some(Swept::Delivered(_))), "{what}: {step:?}");
@@ -1646,9 +1646,8 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
                 let mut calls: Vec<(String, u64)> = Vec::new();
                 run(&mut |rt, step, buffers| {
                     let mut swept = None;
-                    calls = calls_made_by(double, || {
-                        swept = Some(graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM]))
-                    });
+                    calls = double
+                        .calls_made_by(|| swept = Some(graph_sweep_step(rt, &primary, step, buffers, &inputs[WARM])));
                     assert!(matches!(swept, Some(GraphSwept::Delivered(..))), "{what}: {swept:?}");
                 });
                 assert!(calls.iter().any(|(entry, _)| entry == "cuGraphLaunch"), "{what}: {calls:?}");
@@ -1707,21 +1706,6 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
             "graph fault sweep: {cases} runs, each with one failing driver call; {finished_by_stage} finished by launch_stage"
         );
     });
-}
-
-/// The per-entry driver calls made by `body`, for the entry points called at all.
-fn calls_made_by(double: &double::Double, body: impl FnOnce()) -> Vec<(String, u64)> {
-    let before: Vec<(String, u64)> =
-        double.entries_called().into_iter().map(|e| (e.clone(), double.calls(&e))).collect();
-    body();
-    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
-    double
-        .entries_called()
-        .into_iter()
-        .map(|entry| (double.calls(&entry) - made(&entry), entry))
-        .filter(|(calls, _)| *calls > 0)
-        .map(|(calls, entry)| (entry, calls))
-        .collect()
 }
 
 /// Bitwise equality of two runs of the toy model.
@@ -1804,7 +1788,7 @@ fn capture_sweep_run(
         injected.arm();
     }
     let mut captured = None;
-    let calls = calls_made_by(double, || {
+    let calls = double.calls_made_by(|| {
         captured = Some(match step.as_mut() {
             Some(step) => graphs::recapture(step, &rt, primary, &mut buffers, n, in_place).map(|()| None),
             None => graphs::capture(&rt, primary, &mut buffers, n, in_place).map(Some),
@@ -1925,7 +1909,7 @@ fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
             double.flush();
             let baseline = double.live_allocations();
             let mut built = None;
-            let calls = calls_made_by(double, || built = Some(PpNRt::new(config.clone(), &primary).unwrap()));
+            let calls = double.calls_made_by(|| built = Some(PpNRt::new(config.clone(), &primary).unwrap()));
             drop(built);
             double.flush();
             assert_eq!(double.live_allocations(), baseline, "{what}: a build and its drop leaked");
@@ -1994,7 +1978,7 @@ fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
             drop(busy());
             double.flush();
             let held = busy();
-            let calls = calls_made_by(double, || drop(held));
+            let calls = double.calls_made_by(|| drop(held));
             double.flush();
             assert!(calls.iter().any(|(entry, _)| entry == "cuStreamSynchronize"), "{what}: {calls:?}");
             cases += sweep_calls(double, &calls, &format!("{what}, in the drops"), |injected| {
@@ -2059,7 +2043,7 @@ fn every_failing_driver_call_of_the_safe_layer_is_an_error_that_loses_nothing() 
         raw!(cuCtxSetCurrent(std::ptr::null_mut()));
         double.flush();
         let mut chained = None;
-        let calls = calls_made_by(double, || chained = Some(safe_chain(&e, &data).unwrap()));
+        let calls = double.calls_made_by(|| chained = Some(safe_chain(&e, &data).unwrap()));
         assert!(calls.iter().map(|(_, c)| c).sum::<u64>() >= 10, "the chain made only {calls:?}");
         let cases = sweep_calls(double, &calls, "the safe-layer chain", |injected| {
             let case = injected.case.clone();
@@ -2226,17 +2210,9 @@ enum RemoteSwept {
 /// The NCCL double's calls that `body` makes, per entry point, but for the watchdog's polls of
 /// asynchronous errors (made on a clock, not by the operation).
 fn nccl_calls_made_by(body: impl FnOnce()) -> Vec<(String, u64)> {
-    let nccl = double::nccl_double();
-    let before: Vec<(String, u64)> = nccl.entries_called().into_iter().map(|e| (e.clone(), nccl.calls(&e))).collect();
-    body();
-    let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
-    nccl.entries_called()
-        .into_iter()
-        .filter(|entry| entry != "ncclCommGetAsyncError")
-        .map(|entry| (nccl.calls(&entry) - made(&entry), entry))
-        .filter(|(calls, _)| *calls > 0)
-        .map(|(calls, entry)| (entry, calls))
-        .collect()
+    let mut made = double::nccl_double().calls_made_by(body);
+    made.retain(|(entry, _)| entry != "ncclCommGetAsyncError");
+    made
 }
 
 /// The fault sweep across ranks: two ranks of one pipeline (threads of this process, through
@@ -2320,7 +2296,7 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                     let mut nccl_made = Vec::new();
                     let mut pending = (swept == RemoteSwept::Teardown)
                         .then(|| last_step_queued(ranks.as_ref().unwrap(), inputs.as_ref().unwrap()));
-                    let driver_made = calls_made_by(double, || {
+                    let driver_made = double.calls_made_by(|| {
                         nccl_made = nccl_calls_made_by(|| {
                             if let Some(pending) = pending.take() {
                                 let errors = teardown(ranks.take().unwrap(), inputs.take().unwrap(), pending);
@@ -2506,7 +2482,7 @@ fn every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time()
                 let mut built = None;
                 let mut nccl_made = Vec::new();
                 let primary = Engine::new(0).unwrap();
-                let driver_made = calls_made_by(double, || {
+                let driver_made = double.calls_made_by(|| {
                     nccl_made = nccl_calls_made_by(|| built = Some(try_two_ranks(&primary, peer_timeout)));
                 });
                 let (zero, one) = built.unwrap();

@@ -105,9 +105,9 @@ impl Double {
         self.calls_table().calls(entry)
     }
 
-    /// Every driver entry point called so far, in the order of their first calls.
-    pub fn entries_called(&self) -> Vec<String> {
-        self.calls_table().entries_called()
+    /// The driver calls `body` makes, per entry point, for the entry points it called at all.
+    pub fn calls_made_by(&self, body: impl FnOnce()) -> Vec<(String, u64)> {
+        self.calls_table().calls_made_by(body)
     }
 
     /// Runs `body` `runs` times and returns the calls of each of `entries` per run, in order.
@@ -187,6 +187,20 @@ impl CallTable<'_> {
         }
         names
     }
+
+    /// The calls `body` makes, per entry point, for the entry points it called at all.
+    fn calls_made_by(&self, body: impl FnOnce()) -> Vec<(String, u64)> {
+        let before: Vec<(String, u64)> =
+            self.entries_called().into_iter().map(|e| (e.clone(), self.calls(&e))).collect();
+        body();
+        let made = |entry: &str| before.iter().find(|(e, _)| e == entry).map_or(0, |(_, c)| *c);
+        self.entries_called()
+            .into_iter()
+            .map(|entry| (self.calls(&entry) - made(&entry), entry))
+            .filter(|(calls, _)| *calls > 0)
+            .map(|(calls, entry)| (entry, calls))
+            .collect()
+    }
 }
 
 /// The control functions of the loaded NCCL double (`tests/driver_double/nccl_double.c`).
@@ -214,9 +228,9 @@ impl NcclDouble {
         self.calls_table().calls(entry)
     }
 
-    /// Every NCCL entry point called so far, in the order of their first calls.
-    pub fn entries_called(&self) -> Vec<String> {
-        self.calls_table().entries_called()
+    /// The NCCL calls `body` makes, per entry point, for the entry points it called at all.
+    pub fn calls_made_by(&self, body: impl FnOnce()) -> Vec<(String, u64)> {
+        self.calls_table().calls_made_by(body)
     }
 }
 
