@@ -1353,7 +1353,7 @@ fn contract(rt: &PpNRt, primary: &Engine) {
             );
             let _scope = rt.enter(1).unwrap();
             // A step from another process cannot be received in a capture either.
-            refused_in_capture(rt, 1, "PpNRt::rx from another rank", || rt.rx::<f32>(0, 0, n).map(drop));
+            refused_in_capture(rt, 1, "PpNRt::rx", || rt.rx::<f32>(0, 0, n).map(drop));
             let short = rt.rx_wait::<f32>(0, 0, n - 1, WAIT).unwrap_err();
             assert!(
                 matches!(short, Error::Pipeline(PpError::RxLengthMismatch { requested: 999, sent: 1000, .. })),

@@ -25,7 +25,8 @@ pub enum SlotState {
     /// Free: its data was given up by [`PpNRt::discard_unreceived`](crate::PpNRt::discard_unreceived).
     Discarded,
     /// Received in place ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place)): the receiver's view
-    /// of it is alive, so `tx` cannot refill it yet.
+    /// of it is alive. A write that reaches it gives the slot another buffer and leaves the lent
+    /// one to the view.
     Lent,
     /// Taken by [`PpNRt::capture_step`](crate::PpNRt::capture_step) while it captures the step's
     /// graphs.

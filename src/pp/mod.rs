@@ -35,6 +35,7 @@ mod error;
 mod plan;
 mod readback;
 mod remote;
+mod ring;
 mod runtime;
 
 #[cfg(feature = "testing")]

@@ -43,9 +43,10 @@ impl std::fmt::Debug for ReadbackShared {
 pub struct PendingReadback<T: DeviceRepr> {
     host: Option<PinnedHostBuffer<u8>>,
     len: usize,
-    /// The device buffer, alive until the copy is done; its free is ordered on the readback
-    /// stream.
-    _source: CudaSlice<T>,
+    /// The device buffer given by [`readback`](crate::PpNRt::readback), alive until the copy is
+    /// done; its free is ordered on the readback stream. `None` for
+    /// [`readback_of`](crate::PpNRt::readback_of), whose buffer stays the caller's.
+    _source: Option<CudaSlice<T>>,
     shared: Arc<ReadbackShared>,
     _marker: PhantomData<T>,
 }
@@ -54,7 +55,7 @@ impl<T: DeviceRepr> PendingReadback<T> {
     pub(super) fn new(
         host: PinnedHostBuffer<u8>,
         len: usize,
-        source: CudaSlice<T>,
+        source: Option<CudaSlice<T>>,
         shared: Arc<ReadbackShared>,
     ) -> Self {
         PendingReadback { host: Some(host), len, _source: source, shared, _marker: PhantomData }

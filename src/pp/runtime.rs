@@ -9,14 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::error::{PpError, ReceiverState, SlotState};
+use super::error::{PpError, ReceiverState};
 use super::plan::{BoundaryPlan, Plan, Transport};
 use super::readback::{PendingReadback, ReadbackShared};
 use super::remote::{self, Announced, Link, LocalStage, Phase, Receiver, Sender, SlotFiller, Watchdog};
+use super::ring::{MIN_SLOT_BYTES, SlotBuffer, SlotHome, SlotRing, Slots};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::config::{
@@ -24,6 +25,7 @@ use crate::config::{
 };
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
+use crate::safe::EnqueueGate;
 use crate::safe::ordering::{Access, Use};
 use crate::safe::{
     CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, PinnedHostBuffer,
@@ -84,94 +86,16 @@ struct Boundary {
     /// Whether same-device copies may use that kernel (allowed by the config, the boundary has
     /// device slots, and the driver runs the embedded PTX).
     sm_copies: bool,
-    ring: Mutex<Ring>,
-    /// Signalled whenever a slot of the ring changes state (for the waiting `tx_wait`/`rx_wait`).
-    changed: Condvar,
-    /// Threads asleep on `changed`: a state change signals it only when some are (a signal
-    /// costs a system call, which a step's `tx` and `rx` would otherwise pay each time).
-    sleepers: AtomicUsize,
+    /// The slot ring: its slots, their states, and the waits on them.
+    ring: SlotRing,
     /// The link to the TX stage's rank, when that stage runs in another process.
     inbound: Option<Arc<Link>>,
-    /// Counts the ring's state changes (bumped by [`wake_sleepers`](Boundary::wake_sleepers) after
-    /// each): a thread waiting for a slot of a boundary from another rank (an `rx_wait`, or the
-    /// receiver thread waiting for a free slot) spins on it briefly before it sleeps on `changed`,
-    /// so the thread that makes the change pays no wake-up system call.
-    changes: AtomicU64,
-}
-
-struct Ring {
-    next: usize,
-    slots: Vec<Slot>,
-    /// For a boundary from another rank: the step after the last one its RX stage took (copied
-    /// out, lent, or read by a graph), which a graph launch of that stage reads next. Steps fill
-    /// the slots in turn, so that step is in slot `received % slots`.
-    received: u64,
-}
-
-impl Ring {
-    /// Notes that the RX stage took slot `k` (a ring of a boundary from another rank: the steps
-    /// it holds are counted).
-    fn took(&mut self, k: usize, inbound: bool) {
-        if inbound {
-            self.received = self.received.max(self.slots[k].step + 1);
-        }
-    }
-}
-
-/// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
-/// records its event on the TX stream right after the copy (the protocol's `ev_tx`), the copy out
-/// records its event on the RX stream right after that copy (`ev_rx`); the next copy out waits for
-/// the first (read after write), the next copy in for the second (write after read).
-struct Slot {
-    state: SlotState,
-    buffer: SlotBuffer,
-    /// For a boundary from another rank: the step the slot was last filled with.
-    step: u64,
-}
-
-enum SlotBuffer {
-    Empty,
-    /// Memory on the RX device, shared with a [`ReceivedSlot`] while the slot is lent:
-    /// `cuMemAlloc` memory owned by the RX stream, or, for a boundary from another rank, pool
-    /// memory owned by its receive stream (see [`grow`]).
-    Device(Arc<CudaSlice<u8>>),
-    /// Pinned host memory.
-    Host(PinnedHostBuffer<u8>),
-}
-
-impl SlotBuffer {
-    /// The buffer's ordering state (the protocol's events live there).
-    #[cfg(feature = "testing")]
-    fn access(&self) -> &Access {
-        match self {
-            SlotBuffer::Empty => unreachable!("only a slot with a buffer is copied to or from"),
-            SlotBuffer::Device(buffer) => buffer.access(),
-            SlotBuffer::Host(buffer) => buffer.access(),
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        match self {
-            SlotBuffer::Empty => 0,
-            SlotBuffer::Device(buffer) => buffer.len(),
-            SlotBuffer::Host(buffer) => buffer.len(),
-        }
-    }
-
-    /// Whether the slot has a buffer of at least `bytes` (a step of zero-sized elements, 0 bytes,
-    /// still needs a buffer to be ordered through).
-    fn holds(&self, bytes: usize) -> bool {
-        !matches!(self, SlotBuffer::Empty) && self.capacity() >= bytes
-    }
 }
 
 mod step_graph;
 pub use step_graph::{StageCapture, StepGraphs};
 
 static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
-
-/// The smallest slot allocation, in bytes; slots grow in powers of two from here.
-const MIN_SLOT_BYTES: usize = 4096;
 
 /// Same-device boundary copies (`tx` over a [`Transport::Local`] boundary, and every `rx` from a
 /// device slot) of at most this many bytes, with both addresses 16-byte aligned, run as the SM
@@ -300,15 +224,8 @@ impl PpNRt {
                     }
                     (None, None) => return Ok(BoundaryEnd::Foreign),
                 };
-                let slots = (0..config.n_slots())
-                    .map(|_| {
-                        let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty, step: 0 };
-                        if config.reserved_bytes() > 0 {
-                            grow(&mut slot.buffer, bp.transport, &tx_stream, &rx.stream, config.reserved_bytes())?;
-                        }
-                        Ok(slot)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let home = SlotHome { transport: bp.transport, tx_stream: &tx_stream, rx_stream: &rx.stream };
+                let ring = SlotRing::new(config.n_slots(), config.reserved_bytes(), inbound.is_some(), home)?;
                 let sm_copies = bp.transport != Transport::HostStaged
                     && config.sm_copies_allowed()
                     && helpers_runnable(&rx.engine)?;
@@ -318,11 +235,8 @@ impl PpNRt {
                     rx_stream: Arc::clone(&rx.stream),
                     rx_engine: rx.engine.clone(),
                     sm_copies,
-                    ring: Mutex::new(Ring { next: 0, slots, received: 0 }),
-                    changed: Condvar::new(),
-                    sleepers: AtomicUsize::new(0),
+                    ring,
                     inbound,
-                    changes: AtomicU64::new(0),
                 })))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -525,69 +439,6 @@ impl PpNRt {
         StreamOverride::new(Arc::clone(&self.stage(s)?.stream))
     }
 
-    fn lock(boundary: &Boundary) -> MutexGuard<'_, Ring> {
-        // A panic while the lock was held cannot leave a slot half-updated (state changes last),
-        // so a poisoned ring is still consistent.
-        boundary.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Parks until the slot `which(ring)` is ready for `call` (`tx`: free; `rx`: filled), for
-    /// at most `timeout`; returns the ring's lock held.
-    fn wait_until<'a>(
-        b: usize,
-        call: &'static str,
-        boundary: &'a Boundary,
-        ring: MutexGuard<'a, Ring>,
-        timeout: Duration,
-        which: impl Fn(&Ring) -> usize,
-    ) -> Result<MutexGuard<'a, Ring>> {
-        let not_ready = |ring: &Ring| {
-            let slot = which(ring);
-            let state = ring.slots[slot].state;
-            let ready = if call == "tx" { state.is_free() } else { matches!(state, SlotState::Filled { .. }) };
-            (!ready).then_some(slot)
-        };
-        Self::wait_while(b, call, boundary, ring, timeout, not_ready)
-    }
-
-    /// Parks while `blocking(ring)` names a slot that `call` waits for, for at most `timeout`
-    /// ([`PpError::Timeout`] naming that slot); a failed link from another rank ends the wait
-    /// with its error. Returns the ring's lock held.
-    fn wait_while<'a>(
-        b: usize,
-        call: &'static str,
-        boundary: &'a Boundary,
-        mut ring: MutexGuard<'a, Ring>,
-        timeout: Duration,
-        blocking: impl Fn(&Ring) -> Option<usize>,
-    ) -> Result<MutexGuard<'a, Ring>> {
-        let start = Instant::now();
-        let spin_until = start + remote::SPIN;
-        while let Some(slot) = blocking(&ring) {
-            if let Some(failed) = boundary.inbound.as_ref().and_then(|link| link.stopped()) {
-                return Err(failed);
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(Error::Pipeline(PpError::Timeout {
-                    boundary: b,
-                    slot,
-                    call,
-                    waited,
-                    found: ring.slots[slot].state,
-                }));
-            }
-            if boundary.inbound.is_some() && Instant::now() < spin_until {
-                // A step from another rank is likely near: spin on the ring's change count
-                // (read under the lock, so no change is missed), then look again.
-                ring = boundary.spin(ring, spin_until, || false);
-                continue;
-            }
-            ring = boundary.sleep(ring, timeout - waited);
-        }
-        Ok(ring)
-    }
-
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
     /// (write-after-read guard; from the slot's second use on), copies `x[..n]` into the slot
     /// through the boundary's transport on stage `b`'s stream, records the slot's TX event.
@@ -602,17 +453,21 @@ impl PpNRt {
     /// Caught before anything is enqueued, nothing overwritten: [`PpError::BoundaryOutOfRange`],
     /// [`PpError::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
     /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
-    /// received). Else the driver's error. To another rank also [`PpError::TypeNameTooLong`],
-    /// [`PpError::PeerFailed`] (the link failed) and [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's
-    /// stream is being captured: a step to another process is announced once and cannot be
-    /// replayed; the capture is invalidated).
+    /// received), [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's
+    /// stream is being captured: the copy would run at the graph's launch while the slot said
+    /// filled now; the capture is invalidated; [`capture_step`](Self::capture_step) captures
+    /// steps). Else the driver's error. To another rank also [`PpError::TypeNameTooLong`] and
+    /// [`PpError::PeerFailed`] (the link failed).
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
         self.tx_impl(b, x, n, None)
     }
 
     /// [`tx`](Self::tx) for a thread that drives its own stage: when the ring's next slot still
     /// holds data not yet received, parks the thread until the receiving stage's `rx` of it has
-    /// been issued (or the slot was discarded), for at most `timeout`. No busy-waiting.
+    /// been issued (or the slot was discarded), for at most `timeout`. No busy-waiting. A slot
+    /// lent to an in-place guard ([`rx_in_place`](Self::rx_in_place)) is waited for until the
+    /// guard drops, for at most one second (or `timeout`, when shorter); then the slot gets
+    /// another buffer and the guard keeps its own, as [`tx`](Self::tx) does at once.
     ///
     /// # Errors
     /// As [`tx`](Self::tx), and [`PpError::Timeout`] when the slot stayed filled for `timeout`
@@ -641,39 +496,38 @@ impl PpNRt {
         };
         check_tx_args(b, x, n, boundary.plan.tx_device)?;
         let bytes = n * std::mem::size_of::<T>();
-        let mut ring = Self::lock(boundary);
+        let mut ring = boundary.ring.lock();
         if let Some(timeout) = wait {
-            ring = Self::wait_until(b, "tx", boundary, ring, timeout, |ring| ring.next)?;
+            ring = boundary.ring.wait_until(b, "tx", ring, timeout, &|| None, Slots::next)?;
         }
-        let index = ring.next;
-        let slot = &mut ring.slots[index];
-        check_free(b, index, "tx", slot.state)?;
-        if !slot.buffer.holds(bytes) {
-            grow(&mut slot.buffer, boundary.plan.transport, &boundary.tx_stream, &boundary.rx_stream, bytes)?;
-        }
+        let index = ring.next();
+        ring.check_writable(b, index, "tx")?;
         let tx = &boundary.tx_stream;
+        // No capture of the stage's stream: a captured copy would run at the graph's launch, not
+        // now, and the slot would say filled with nothing in it. (`capture_step` captures steps.)
+        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;
+        let slot = ring.writable(b, index, "tx", bytes, boundary.home())?;
         // One binding for the whole call (the copy and its event record find it current).
         let _bound = tx.context().bind_for_call()?;
         let src = x.as_view().slice(..n)?.into_bytes();
         #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipRxWait {
-            slot.buffer.access().forget_reads();
+            slot.access().forget_reads();
         }
-        match &mut slot.buffer {
+        match slot {
             SlotBuffer::Device(buffer) => {
-                // A lent slot is not free, and its view gives its share back before the slot is
-                // marked received: the buffer is not shared here.
-                let buffer = Arc::get_mut(buffer).ok_or_else(|| not_free(b, index, "tx", SlotState::Lent))?;
+                // A writable slot is not lent (a lent one was given another buffer): the buffer
+                // is not shared.
+                let buffer = Arc::get_mut(buffer).expect("a writable slot's buffer is not shared");
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
                 boundary.copy_into_slot(tx, src, dst)?;
             }
             SlotBuffer::Host(buffer) => buffer.copy_from_device(tx, src)?,
-            SlotBuffer::Empty => unreachable!("grow() gave the slot a buffer of at least one byte"),
+            SlotBuffer::Empty => unreachable!("writable() gave the slot a buffer of at least one byte"),
         }
-        slot.state = SlotState::Filled { n, elem: T::NAME };
-        ring.next = (index + 1) % ring.slots.len();
+        ring.filled(index, n, T::NAME);
         drop(ring);
-        boundary.wake_sleepers();
+        boundary.ring.wake_sleepers();
         Ok(index)
     }
 
@@ -690,10 +544,11 @@ impl PpNRt {
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::BoundaryOutOfRange`], [`PpError::ZeroLength`],
     /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
-    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`]. Else the driver's error. From
-    /// another rank also [`PpError::PeerFailed`] (the link failed) and [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall)
-    /// (the stage's stream is being captured: the step fills its slot once; the capture is
-    /// invalidated).
+    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`],
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's stream is
+    /// being captured: the copy would run at the graph's launch, reading whatever the slot holds
+    /// then, while the slot said received now; the capture is invalidated). Else the driver's
+    /// error. From another rank also [`PpError::PeerFailed`] (the link failed).
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         self.rx_impl(b, slot_index, n, None)
     }
@@ -722,34 +577,36 @@ impl PpNRt {
         n: usize,
         wait: Option<Duration>,
     ) -> Result<CudaSlice<T>> {
-        let (boundary, mut ring) = self.receivable::<T>(b, slot_index, n, wait)?;
-        let slot = &mut ring.slots[slot_index];
+        let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx")?;
         let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
         let _bound = rx.context().bind_for_call()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
         let dst = out.as_view_mut().into_bytes();
-        match &slot.buffer {
+        match ring.buffer(slot_index) {
             SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
             SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
-        slot.state = SlotState::Received;
-        ring.took(slot_index, boundary.inbound.is_some());
+        ring.received(slot_index);
         drop(ring);
-        boundary.wake_sleepers();
+        boundary.ring.wake_sleepers();
         Ok(out)
     }
 
     /// Boundary `b` and its ring, locked, with slot `slot_index` checked to be filled with `n`
-    /// elements of `T` (after waiting up to `wait` for it to be filled).
+    /// elements of `T` (after waiting up to `wait` for it to be filled), and the RX stream's
+    /// enqueue gate, taken after the wait and checked uncaptured for `call`: a captured receive
+    /// would run at the graph's launch, reading whatever the slot holds then, while the slot says
+    /// received now. (`capture_step` captures steps.)
     fn receivable<T: DeviceRepr>(
         &self,
         b: usize,
         slot_index: usize,
         n: usize,
         wait: Option<Duration>,
-    ) -> Result<(&Boundary, MutexGuard<'_, Ring>)> {
+        call: &'static str,
+    ) -> Result<(&Boundary, MutexGuard<'_, Slots>, EnqueueGate<'_>)> {
         let boundary = self.boundary(b)?;
         if n == 0 {
             return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
@@ -758,38 +615,36 @@ impl PpNRt {
             // Receives of a failed link may have been cut short: no slot of it is trusted.
             return Err(failed);
         }
-        // From another rank: no capture of the RX stream begins between this check and the copy.
-        let _gate = boundary.inbound.as_ref().map(|_| boundary.rx_stream.enqueue_gate());
-        if boundary.inbound.is_some() && boundary.rx_stream.is_capturing() {
-            // A step from another rank fills its slot once: a captured receive replayed later
-            // would read whatever the slot holds then.
-            boundary.rx_stream.refuse_in_capture("PpNRt::rx from another rank")?;
-        }
         // A step from another rank may still be on its way: wait for it, bounded.
         let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout_value()));
-        let mut ring = Self::lock(boundary);
-        let n_slots = ring.slots.len();
+        let mut ring = boundary.ring.lock();
+        let n_slots = ring.n_slots();
         if slot_index >= n_slots {
             return Err(Error::Pipeline(PpError::SlotOutOfRange { boundary: b, slot: slot_index, n_slots }));
         }
         if let Some(timeout) = wait {
-            ring = Self::wait_until(b, "rx", boundary, ring, timeout, |_| slot_index)?;
+            ring = boundary.ring.wait_until(b, "rx", ring, timeout, &|| boundary.link_failure(), |_| slot_index)?;
         }
-        let slot = &ring.slots[slot_index];
-        check_filled::<T>(b, slot_index, "rx", slot.state, n)?;
+        ring.check_filled::<T>(b, slot_index, "rx", n)?;
+        // Taken after the wait (a capture of the stream may begin and end meanwhile) and held
+        // until the copy is enqueued.
+        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;
         #[cfg(feature = "testing")]
         if self.config.fault() == ProtocolFault::SkipTxWait {
-            slot.buffer.access().forget_write();
+            ring.buffer(slot_index).access().forget_write();
         }
-        Ok((boundary, ring))
+        Ok((boundary, ring, gate))
     }
 
     /// Boundary RX without a copy: lends the slot itself to stage `b + 1` as a [`ReceivedSlot`],
     /// whose [`view`](ReceivedSlot::view) the stage's kernels read in place (ordered after the
-    /// slot's `tx` by the crate's rule, and the slot's next `tx` after them). The slot stays
-    /// taken until the guard drops (a `tx` onto it is refused, `tx_wait` waits); drop it once the
-    /// work that reads the view has been enqueued. A host-staged slot cannot be lent to kernels:
-    /// there the guard holds a copy, as [`rx`](Self::rx) makes.
+    /// slot's `tx` by the crate's rule, and the slot's next `tx` after them). Drop the guard once
+    /// the work that reads the view has been enqueued: the slot's buffer then serves the next
+    /// write again. A write that reaches the slot while the guard lives (or after it was
+    /// forgotten) gives the slot another buffer (a spare from an earlier guard, else a fresh
+    /// allocation) and leaves the guard's buffer, and its step, to the guard; captured step graphs
+    /// that used the slot's old buffer are then stale ([`PpError::GraphStale`]). A host-staged
+    /// slot cannot be lent to kernels: there the guard holds a copy, as [`rx`](Self::rx) makes.
     ///
     /// # Errors
     /// As [`rx`](Self::rx).
@@ -834,14 +689,8 @@ impl PpNRt {
                 n,
             });
         }
-        let (_, mut ring) = self.receivable::<T>(b, slot_index, n, wait)?;
-        let slot = &mut ring.slots[slot_index];
-        let SlotBuffer::Device(buffer) = &slot.buffer else {
-            unreachable!("a filled device-transport slot has a device buffer")
-        };
-        let lent = Arc::clone(buffer);
-        slot.state = SlotState::Lent;
-        ring.took(slot_index, boundary.inbound.is_some());
+        let (_, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx_in_place")?;
+        let lent = ring.lend(slot_index);
         Ok(ReceivedSlot { lent: Some(lent), readers: Vec::new(), copy: None, boundary, slot: slot_index, n })
     }
 
@@ -855,18 +704,8 @@ impl PpNRt {
     /// [`PpError::BoundaryOutOfRange`].
     pub fn discard_unreceived(&self, b: usize) -> Result<usize> {
         let boundary = self.boundary(b)?;
-        let mut ring = Self::lock(boundary);
-        let mut discarded = 0;
-        for k in 0..ring.slots.len() {
-            if matches!(ring.slots[k].state, SlotState::Filled { .. }) {
-                ring.slots[k].state = SlotState::Discarded;
-                // A step from another rank given up counts as taken: the graphs read the next.
-                ring.took(k, boundary.inbound.is_some());
-                discarded += 1;
-            }
-        }
-        drop(ring);
-        boundary.wake_sleepers();
+        let discarded = boundary.ring.lock().discard_unreceived();
+        boundary.ring.wake_sleepers();
         Ok(discarded)
     }
 
@@ -917,6 +756,9 @@ impl PpNRt {
     /// call) and copies it into a pinned buffer from the runtime's ring; `source`'s free is moved
     /// to the readback stream, so no stage stream ever waits for the copy, and the buffer stays
     /// alive until the copy is done. Call it after the step's last work on `source` was enqueued.
+    /// A buffer that a graph holds (the last stage's output in graph mode) keeps its owner: the
+    /// graph frees it last, after the copy as every free; to read such a buffer back step after
+    /// step without giving it up, use [`readback_of`](Self::readback_of).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -938,13 +780,40 @@ impl PpNRt {
     /// [`Error::WrongDevice`] when `source` is not on the last stage's device; the driver's
     /// error (a pinned allocation the first time a size is read back).
     pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
+        let host = self.start_readback("PpNRt::readback", &source)?;
+        match source.set_stream(&self.readback) {
+            // A graph holds the memory and frees it last: the slice's drop frees nothing.
+            Ok(()) | Err(Error::HeldByGraph { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(PendingReadback::new(host, source.len(), Some(source), Arc::clone(&self.readbacks)))
+    }
+
+    /// Deferred readback of a buffer the caller keeps (the last stage's output buffer of captured
+    /// step graphs, say): as [`readback`](Self::readback), but `source` stays the caller's. The
+    /// copy is a read of `source` under the crate's ordering rule: the next write of `source`
+    /// (the next step's, a graph's launch included) waits for it on the GPU, and its free does
+    /// too. Prefer [`readback`](Self::readback) for a buffer of one step, which no stage stream
+    /// then waits for.
+    ///
+    /// # Errors
+    /// As [`readback`](Self::readback).
+    pub fn readback_of<T: DeviceRepr, S: DeviceSlice<T>>(&self, source: &S) -> Result<PendingReadback<T>> {
+        let host = self.start_readback("PpNRt::readback_of", source)?;
+        Ok(PendingReadback::new(host, source.len(), None, Arc::clone(&self.readbacks)))
+    }
+
+    /// Checks `source` (`what` reads it back), takes a pinned buffer from the ring (or allocates
+    /// one) and enqueues the copy on the readback stream. On error the pinned buffer is back in
+    /// the ring.
+    fn start_readback<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        what: &'static str,
+        source: &S,
+    ) -> Result<PinnedHostBuffer<u8>> {
         let device = self.stage(self.stages.len() - 1)?.engine.ordinal();
         if source.ordinal() != device {
-            return Err(Error::WrongDevice {
-                what: "PpNRt::readback: the buffer must be on the last stage's device",
-                expected: device,
-                found: source.ordinal(),
-            });
+            return Err(Error::WrongDevice { what, expected: device, found: source.ordinal() });
         }
         let bytes = source.len() * std::mem::size_of::<T>();
         let reused = {
@@ -963,8 +832,7 @@ impl PpNRt {
             self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
             return Err(e);
         }
-        source.set_stream(&self.readback)?;
-        Ok(PendingReadback::new(host, source.len(), source, Arc::clone(&self.readbacks)))
+        Ok(host)
     }
 
     /// What the receiver thread of boundary `b` is doing, for a boundary from another rank into
@@ -1020,63 +888,66 @@ impl SlotFiller for Boundary {
             }
         };
         phase(Phase::AwaitingFreeSlot);
-        let mut ring = PpNRt::lock(self);
+        let mut ring = self.ring.lock();
         // The RX stage's `rx` of the slot is likely near: spin first, so that `rx` finds no
         // sleeper to wake, then sleep.
-        let spin_until = Instant::now() + remote::SPIN;
-        while !ring.slots[ring.next].state.is_free() {
+        let start = Instant::now();
+        let spin_until = start + remote::SPIN;
+        while !ring.next_writable(start.elapsed()) {
             if stop.load(Ordering::SeqCst) {
                 return Ok(false);
             }
             ring = if Instant::now() < spin_until {
-                self.spin(ring, spin_until, || stop.load(Ordering::Relaxed))
+                self.ring.spin(ring, spin_until, || stop.load(Ordering::Relaxed))
             } else {
-                self.sleep(ring, remote::POLL)
+                self.ring.sleep(ring, remote::POLL)
             };
         }
-        let index = ring.next;
         // The slot's buffer leaves the ring while its receive is posted, and the ring's lock is
         // released: growing the slot allocates, and posting the receive may wait (a graph launch
         // for its previous launch, NCCL for a connection it makes in the background). The RX
         // stage's `rx` of the other slots, and its bounded waits, go on meanwhile. This thread is
-        // the ring's only writer; the slot is `Receiving` (not free, not filled) until its
-        // receive is posted, so that a capture of the step's graphs leaves it alone.
-        let mut buffer = std::mem::replace(&mut ring.slots[index].buffer, SlotBuffer::Empty);
-        let was = std::mem::replace(&mut ring.slots[index].state, SlotState::Receiving);
+        // the ring's only writer; the slot is receiving (not free, not filled) until its receive
+        // is posted, so that a capture of the step's graphs leaves it alone.
+        let (index, mut buffer, was) = ring.begin_receive(step.bytes);
         drop(ring);
         phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
-        let mut ring = PpNRt::lock(self);
-        ring.slots[index].buffer = buffer;
+        let mut ring = self.ring.lock();
+        let arrived = posted.is_ok().then_some((step.n, step.elem, step.step));
+        ring.end_receive(index, buffer, was, arrived);
         if let Err(e) = posted {
-            ring.slots[index].state = was;
             drop(ring);
-            self.wake_sleepers();
+            self.ring.wake_sleepers();
             return Err(e);
         }
-        ring.slots[index].state = SlotState::Filled { n: step.n, elem: step.elem };
-        ring.slots[index].step = step.step;
-        ring.next = (index + 1) % ring.slots.len();
         // Under the ring's lock: a receive that finds the slot filled finds the thread awaiting
         // the next record, not still posting this one.
         if let Some(link) = &self.inbound {
             link.phase.set(Phase::AwaitingRecord, step.step + 1);
         }
         drop(ring);
-        self.wake_sleepers();
+        self.ring.wake_sleepers();
         Ok(true)
     }
 
     fn wake(&self) {
-        let ring = PpNRt::lock(self);
-        self.changes.fetch_add(1, Ordering::Release);
-        drop(ring);
-        // Unconditionally: the link's failure is no slot state a sleeper could have checked.
-        self.changed.notify_all();
+        self.ring.wake_all();
     }
 }
 
 impl Boundary {
+    /// Where the ring's slot buffers live, to grow them.
+    fn home(&self) -> SlotHome<'_> {
+        SlotHome { transport: self.plan.transport, tx_stream: &self.tx_stream, rx_stream: &self.rx_stream }
+    }
+
+    /// The error of the failed link from the TX stage's rank, if this boundary has one that
+    /// failed.
+    fn link_failure(&self) -> Option<Error> {
+        self.inbound.as_ref().and_then(|link| link.stopped())
+    }
+
     /// Posts `recv` of `bytes` into slot `index`'s buffer `buffer` (taken out of the ring), grown
     /// first if it is too small.
     fn post_receive(
@@ -1087,56 +958,16 @@ impl Boundary {
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<()> {
         if !buffer.holds(bytes) {
-            grow(buffer, self.plan.transport, &self.tx_stream, &self.rx_stream, bytes)?;
+            self.home().grow(buffer, bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;
         let SlotBuffer::Device(buffer) = buffer else {
             unreachable!("a slot of a boundary from another rank is device memory")
         };
-        // A free slot is not lent: its view gave its share back before the slot was freed.
-        let buffer = Arc::get_mut(buffer).expect("a free slot's buffer is not shared");
+        // A writable slot is not lent (a lent one was given another buffer).
+        let buffer = Arc::get_mut(buffer).expect("a writable slot's buffer is not shared");
         let mut dst = buffer.as_view_mut().slice_mut(..bytes)?;
         recv(index, &mut dst)
-    }
-
-    /// Sleeps on the ring's condition variable for at most `timeout` (counted as a sleeper, so
-    /// state changes signal it); returns the lock held again.
-    fn sleep<'a>(&'a self, ring: MutexGuard<'a, Ring>, timeout: Duration) -> MutexGuard<'a, Ring> {
-        // Counted under the lock: a thread that changes a slot's state afterwards (it needs the
-        // lock) sees the count and signals.
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let ring = match self.changed.wait_timeout(ring, timeout) {
-            Ok((ring, _)) => ring,
-            Err(poisoned) => poisoned.into_inner().0,
-        };
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        ring
-    }
-
-    /// Releases the ring's lock and spins until its state changes (the change count moves), `until`
-    /// passes or `give_up` says so; returns the lock held again. The count is read under the
-    /// lock, so a change made after it is never missed.
-    fn spin<'a>(
-        &'a self,
-        ring: MutexGuard<'a, Ring>,
-        until: Instant,
-        give_up: impl Fn() -> bool,
-    ) -> MutexGuard<'a, Ring> {
-        let seen = self.changes.load(Ordering::Acquire);
-        drop(ring);
-        while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until && !give_up() {
-            std::hint::spin_loop();
-        }
-        PpNRt::lock(self)
-    }
-
-    /// Counts a change of the ring and signals the threads asleep on it, if any. Call after a
-    /// slot's state changed under the ring's lock (with the lock held or just released).
-    fn wake_sleepers(&self) {
-        self.changes.fetch_add(1, Ordering::Release);
-        if self.sleepers.load(Ordering::SeqCst) != 0 {
-            self.changed.notify_all();
-        }
     }
 
     /// Enqueues a copy within the RX device on `stream` (a stream of that device): the SM copy
@@ -1175,33 +1006,6 @@ fn check_tx_args<T: DeviceRepr, S: DeviceSlice<T>>(b: usize, x: &S, n: usize, tx
     Ok(())
 }
 
-/// The error of `call` finding slot `slot` of boundary `b` not free for a write (`found`).
-fn not_free(b: usize, slot: usize, call: &'static str, found: SlotState) -> Error {
-    Error::Pipeline(PpError::SlotState { boundary: b, slot, call, needed: "free (received)", found })
-}
-
-/// Checks that a slot of boundary `b` in `state` may be written by `call`: [`PpError::SlotState`]
-/// when it is not free.
-fn check_free(b: usize, slot: usize, call: &'static str, state: SlotState) -> Result<()> {
-    if state.is_free() { Ok(()) } else { Err(not_free(b, slot, call, state)) }
-}
-
-/// Checks that a slot of boundary `b` in `state` holds `n` elements of `T`, for `call` to receive
-/// it: [`PpError::RxTypeMismatch`], [`PpError::RxLengthMismatch`], or [`PpError::SlotState`] when it
-/// is not filled at all.
-fn check_filled<T: DeviceRepr>(b: usize, slot: usize, call: &'static str, state: SlotState, n: usize) -> Result<()> {
-    match state {
-        SlotState::Filled { elem, .. } if elem != T::NAME => {
-            Err(Error::Pipeline(PpError::RxTypeMismatch { boundary: b, slot, requested: T::NAME, sent: elem }))
-        }
-        SlotState::Filled { n: sent, .. } if sent != n => {
-            Err(Error::Pipeline(PpError::RxLengthMismatch { boundary: b, slot, requested: n, sent }))
-        }
-        SlotState::Filled { .. } => Ok(()),
-        found => Err(Error::Pipeline(PpError::SlotState { boundary: b, slot, call, needed: "filled", found })),
-    }
-}
-
 /// Whether the helper kernels load on `engine`'s device. `Ok(false)` when the driver cannot run
 /// the embedded PTX (a driver older than the toolkit that built it): boundary copies then stay on
 /// the copy engines, which need no kernel. Any other failure is the build's error.
@@ -1213,51 +1017,12 @@ fn helpers_runnable(engine: &Engine) -> Result<bool> {
     }
 }
 
-/// Replaces the slot's buffer with one of at least `bytes` (a power of two, ≥ 4 KiB) of a boundary
-/// of `transport` whose slots `tx_stream` writes and `rx_stream` reads, owned by `rx_stream`, or,
-/// for a boundary from another rank, by its receive stream (that boundary's `tx_stream`). The slot is
-/// free, and no copy in flight ever sees a freed buffer: a pooled buffer's free is ordered after
-/// its last writer and reader; any other's last writer and reader are waited for first.
-///
-/// A boundary from another rank takes pooled memory: its slots grow while NCCL's kernels are in
-/// flight, each waiting for its peer, and `cuMemAlloc`/`cuMemFree` may wait for the whole device
-/// (NCCL warns that such a call can deadlock communicators used at once), where the stream-ordered
-/// allocation and free do not. Its receive stream is never captured (a capture of the RX stage's
-/// stream, which another thread may be making, is left alone). Slots reached by peers' copies
-/// stay `cuMemAlloc` memory.
-fn grow(
-    slot: &mut SlotBuffer,
-    transport: Transport,
-    tx_stream: &Arc<CudaStream>,
-    rx_stream: &Arc<CudaStream>,
-    bytes: usize,
-) -> Result<()> {
-    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };
-    // Every copy into and out of an old buffer that is not pooled has completed before it goes
-    // (its drop would wait too, but could not report an error).
-    match slot {
-        SlotBuffer::Device(buffer) if buffer.is_pooled() => {}
-        SlotBuffer::Empty => {}
-        SlotBuffer::Device(buffer) => buffer.synchronize()?,
-        SlotBuffer::Host(buffer) => buffer.synchronize()?,
-    }
-    let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
-    *slot = SlotBuffer::Empty;
-    *slot = match transport {
-        Transport::Local | Transport::Peer => {
-            SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(owner, capacity)?))
-        }
-        Transport::Nccl => SlotBuffer::Device(Arc::new(CudaSlice::alloc_eager(owner, capacity)?)),
-        Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(owner.context(), capacity)?),
-    };
-    Ok(())
-}
-
 /// A slot received in place ([`PpNRt::rx_in_place`]): read it through [`view`](Self::view) on
 /// any stream (the crate's ordering rule orders those reads after the slot's `tx`, and the slot's
-/// next `tx` after them). Dropping the guard frees the slot for the next `tx`; drop it once the
-/// work that reads the view has been enqueued.
-#[must_use = "the slot stays taken until the guard drops"]
+/// next `tx` after them). Dropping the guard gives the slot's buffer back for the next `tx`; drop
+/// it once the work that reads the view has been enqueued. A guard that lives past its slot's
+/// next write keeps its own buffer and step (see [`PpNRt::rx_in_place`]).
+#[must_use = "the guard lends the slot's buffer until it drops"]
 pub struct ReceivedSlot<'a, T: DeviceRepr> {
     /// The slot's own buffer (device transports).
     lent: Option<Arc<CudaSlice<u8>>>,
@@ -1338,14 +1103,10 @@ impl<T: DeviceRepr> Drop for ReceivedSlot<'_, T> {
                 record_drop_error(e);
             }
         }
-        // Give the buffer's share back first: a `tx` woken by the state change finds it unshared.
-        if self.lent.take().is_some() {
-            let mut ring = PpNRt::lock(self.boundary);
-            if ring.slots[self.slot].state == SlotState::Lent {
-                ring.slots[self.slot].state = SlotState::Received;
-            }
-            drop(ring);
-            self.boundary.wake_sleepers();
+        if let Some(lent) = self.lent.take() {
+            let left = self.boundary.ring.lock().give_back(self.slot, lent);
+            self.boundary.ring.wake_sleepers();
+            drop(left);
         }
     }
 }

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
 use super::event::CudaEvent;
-use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr, Tracked, ordered};
+use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr};
 use super::ordering::{Access, PooledEvent, Use};
 use super::stream::CudaStream;
 use crate::error::{CaptureError, Error, Result};
@@ -495,12 +495,15 @@ impl GraphExec {
 
     /// Enqueues one run of the graph on `stream`, ordered by the crate's rule: after the last
     /// writes (and, for memory the graph writes, the reads since) of everything it touches, and
-    /// before their next conflicting use. Launching on a capturing stream captures the launch.
+    /// before their next conflicting use. A launch cannot be captured (the driver refuses it and
+    /// invalidates the capture): on a capturing stream it is refused before anything is enqueued.
     /// Graphs that share memory may be launched from several threads at once: each launch is
     /// ordered after the ones whose bookkeeping came first, as if they were issued in turn.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for a stream of another device; the driver's error.
+    /// [`Error::WrongDevice`] for a stream of another device;
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing stream (the
+    /// capture is invalidated, as the driver would); the driver's error.
     #[doc(alias = "cuGraphLaunch")]
     pub fn launch(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_stream("GraphExec::launch: the stream must be on the graph's device", stream)?;
@@ -509,15 +512,7 @@ impl GraphExec {
         // uses is held alive by self.footprint, and the closure runs only after the waits that
         // order that memory on this stream (both paths below).
         let launch = || unsafe { raw::launch(raw_exec, stream.raw()) };
-        let gate = stream.enqueue_gate();
-        if stream.is_capturing() {
-            // Into the enclosing capture: its footprint takes this one's.
-            return ordered(
-                stream,
-                self.footprint.iter().map(|(memory, use_)| (Tracked::Device(memory), *use_)),
-                launch,
-            );
-        }
+        let gate = stream.enqueue_gate_uncaptured("GraphExec::launch")?;
         // Another graph holding the same memory may be launched from another thread at the same
         // time (no borrow keeps it away): the footprint stays locked from the waits to the notes,
         // so one launch is ordered after the other.

@@ -45,3 +45,4 @@ pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, Devi
 pub use module::{BufferUse, Function, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;
+pub(crate) use stream::EnqueueGate;

@@ -288,6 +288,17 @@ pub fn setup(test: &str) -> Option<(MutexGuard<'static, ()>, &'static Double)> {
     }
 }
 
+/// Runs `body` with the double loaded (see [`setup`]; skipped, saying why, where it cannot be
+/// built), then checks that it saw no access to freed memory.
+pub fn with_double(test: &str, body: impl FnOnce(&Double)) {
+    let Some((_serial, double)) = setup(test) else { return };
+    let before = double.violations();
+    body(double);
+    double.clear_faults();
+    double.flush();
+    assert_eq!(double.violations(), before, "{test}: {}", double.last_violation());
+}
+
 /// Driver calls per run of some work ([`Double::calls_per_run`]).
 #[derive(Debug)]
 pub struct CallCounts(pub Vec<(&'static str, f64)>);

@@ -454,6 +454,13 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
         Err(Error::Capture(CaptureError::CannotBegin { .. })) => {}
         other => panic!("expected CannotBegin, got {other:?}"),
     }
+    // A graph's launch cannot be captured (the driver refuses it): refused, nothing enqueued.
+    match exec.launch(&capture_stream) {
+        Err(Error::Capture(CaptureError::IllegalCall { call })) => {
+            assert!(call.contains("GraphExec::launch"), "{call}")
+        }
+        other => panic!("expected a launch into a capture to be refused, got {other:?}"),
+    }
     // Dropping an unended capture discards it; the stream works normally afterwards.
     drop(capture);
     capture_stream.synchronize().unwrap();

@@ -1497,6 +1497,8 @@ CUresult cuGraphLaunch(void* exec, void* stream) {
     Graph* g = (Graph*)exec;
     Stream* s = stream_of(stream);
     if (!g || s->ctx != g->ctx) RETURN(E_INVALID_VALUE);
+    /* The driver refuses a launch into a capture (seen on driver 580: error 900). */
+    if (s->capture) RETURN(refuse_capture(s));
     for (size_t i = 0; i < g->len; i++) {
         Op op = g->ops[i];
         if (op.kind == OP_RECORD) {

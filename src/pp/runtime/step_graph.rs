@@ -30,12 +30,13 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Boundary, PpNRt, Ring, SlotBuffer, check_filled, check_free, grow};
+use super::{Boundary, PpNRt};
 #[cfg(feature = "testing")]
 use crate::config::ProtocolFault;
 use crate::error::{CaptureError, Error, Result};
 use crate::pp::error::{PpError, SlotState};
 use crate::pp::plan::Transport;
+use crate::pp::ring::{SlotBuffer, Slots};
 use crate::safe::memory::{DeviceMemory, byte_size};
 use crate::safe::{
     CaptureMode, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut,
@@ -222,13 +223,12 @@ impl Drop for TakenSlots<'_> {
     fn drop(&mut self) {
         for (b, taken) in self.taken.drain(..).enumerate() {
             let (Some(taken), Some(boundary)) = (taken, self.rt.ring(b)) else { continue };
-            let mut ring = PpNRt::lock(boundary);
-            for (slot, (buffer, state)) in ring.slots.iter_mut().zip(taken) {
-                slot.buffer = SlotBuffer::Device(Arc::new(buffer));
-                slot.state = state;
+            let mut ring = boundary.ring.lock();
+            for (k, (buffer, state)) in taken.into_iter().enumerate() {
+                ring.restore_after_capture(k, buffer, state);
             }
             drop(ring);
-            boundary.wake_sleepers();
+            boundary.ring.wake_sleepers();
         }
     }
 }
@@ -313,9 +313,9 @@ impl PpNRt {
         // received, and for a boundary to another rank the first step not yet sent.
         let n_slots = self.n_slots();
         let first = if let Some((_, ring)) = self.rings().find(|(_, ring)| ring.inbound.is_none()) {
-            PpNRt::lock(ring).next
+            ring.ring.lock().next()
         } else if let Some((_, ring)) = self.rings().next() {
-            slot_of(PpNRt::lock(ring).received, n_slots)
+            slot_of(ring.ring.lock().received_steps(), n_slots)
         } else if let Some(sender) = (0..self.boundaries.len()).find_map(|b| self.sender(b)) {
             slot_of(sender.steps_sent(), n_slots)
         } else {
@@ -420,32 +420,30 @@ impl PpNRt {
     fn take_slots(&self, bytes: usize) -> Result<TakenSlots<'_>> {
         let mut taken = TakenSlots { rt: self, taken: (0..self.boundaries.len()).map(|_| None).collect() };
         for (b, boundary) in self.rings() {
-            let from_another_rank = boundary.inbound.is_some();
-            let mut ring = PpNRt::lock(boundary);
-            if from_another_rank {
-                let receiving = |ring: &Ring| ring.slots.iter().position(|slot| slot.state == SlotState::Receiving);
+            let mut ring = boundary.ring.lock();
+            if boundary.inbound.is_some() {
                 let timeout = self.config.peer_timeout_value();
-                ring = PpNRt::wait_while(b, "capture_step", boundary, ring, timeout, receiving)?;
+                let failed = || boundary.link_failure();
+                ring = boundary.ring.wait_while(b, "capture_step", ring, timeout, &failed, Slots::receiving)?;
             }
-            for (k, slot) in ring.slots.iter().enumerate() {
-                match slot.state {
-                    SlotState::Filled { .. } if from_another_rank && slot.buffer.holds(bytes) => {}
-                    state => check_free(b, k, "capture_step", state)?,
+            // Every slot is checked before any is taken: a refusal leaves the ring as it was.
+            for k in 0..ring.n_slots() {
+                if !matches!(ring.state(k), SlotState::Filled { .. }) || boundary.inbound.is_none() {
+                    ring.check_writable(b, k, "capture_step")?;
                 }
             }
-            for slot in ring.slots.iter_mut() {
-                if !slot.buffer.holds(bytes) {
-                    grow(&mut slot.buffer, boundary.plan.transport, &boundary.tx_stream, &boundary.rx_stream, bytes)?;
+            let home = boundary.home();
+            let mut row = Vec::with_capacity(ring.n_slots());
+            for k in 0..ring.n_slots() {
+                match ring.take_for_capture(b, k, bytes, home) {
+                    Ok(taken) => row.push(taken),
+                    Err(e) => {
+                        for (k, (buffer, state)) in row.into_iter().enumerate() {
+                            ring.restore_after_capture(k, buffer, state);
+                        }
+                        return Err(e);
+                    }
                 }
-            }
-            let mut row = Vec::with_capacity(ring.slots.len());
-            for slot in ring.slots.iter_mut() {
-                let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
-                    unreachable!("a device-transport slot grown above has a device buffer")
-                };
-                // A free or filled slot is not lent: its buffer is not shared.
-                let buffer = Arc::into_inner(buffer).expect("a slot that is not lent has its buffer unshared");
-                row.push((buffer, std::mem::replace(&mut slot.state, SlotState::Capturing)));
             }
             taken.taken[b] = Some(row);
         }
@@ -489,8 +487,8 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             }
             return Ok(first.unwrap_or(0));
         }
-        let mut rings: Vec<MutexGuard<'_, Ring>> = rt.rings().map(|(_, boundary)| PpNRt::lock(boundary)).collect();
-        let k = rings.first().map_or(0, |ring| ring.next);
+        let mut rings: Vec<MutexGuard<'_, Slots>> = rt.rings().map(|(_, boundary)| boundary.ring.lock()).collect();
+        let k = rings.first().map_or(0, |ring| ring.next());
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
         }
@@ -502,13 +500,13 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
         for (b, ring) in rings.iter().enumerate() {
-            if ring.next != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
+            if ring.next() != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
             }
-            check_free(b, k, "StepGraphs::launch", ring.slots[k].state)?;
+            ring.check_free(b, k, "StepGraphs::launch")?;
             self.check_captured(ring, b, k)?;
         }
-        let n_slots = rings.first().map_or(1, |ring| ring.slots.len());
+        let n_slots = rings.first().map_or(1, |ring| ring.n_slots());
         next.iter_mut().for_each(|at| *at = k);
         for (s, stage) in rt.local_stages() {
             #[cfg(feature = "testing")]
@@ -520,7 +518,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         drop(rings);
         for (_, boundary) in rt.rings() {
-            boundary.wake_sleepers();
+            boundary.ring.wake_sleepers();
         }
         Ok(k)
     }
@@ -565,11 +563,11 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // runs ahead of the stage that reads it, which reads the step after the last one it
         // received instead (below).
         let k = {
-            let followed = rt.rings().find(|(_, boundary)| boundary.inbound.is_none()).map(|(_, b)| PpNRt::lock(b));
+            let followed = rt.rings().find(|(_, boundary)| boundary.inbound.is_none()).map(|(_, b)| b.ring.lock());
             let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let between_steps = rt.local_stages().all(|(t, _)| next[t] == next[s]);
             if between_steps && (followed.is_some() || !rt.spans_processes()) {
-                let rings_at = followed.as_deref().map_or(0, |ring| ring.next);
+                let rings_at = followed.as_deref().map_or(0, Slots::next);
                 rt.local_stages().for_each(|(t, _)| next[t] = rings_at);
             }
             next[s]
@@ -582,7 +580,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             .checked_sub(1)
             .and_then(|b| rt.ring(b))
             .filter(|boundary| boundary.inbound.is_some())
-            .map(|boundary| PpNRt::lock(boundary).received);
+            .map(|boundary| boundary.ring.lock().received_steps());
         let k = match (remote_step, rt.sender(s)) {
             (Some(step), _) => slot_of(step, n_slots),
             (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
@@ -596,60 +594,58 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // ordered after the graph's copy into the buffer they send, on the stage's stream.
         if s > 0 {
             let boundary = rt.ring(s - 1).expect("the ring a stage of this rank reads is in this rank");
-            let ring = PpNRt::wait_until(s - 1, "rx", boundary, PpNRt::lock(boundary), left(), |_| k)?;
+            let failed = || boundary.link_failure();
+            let ring = boundary.ring.wait_until(s - 1, "rx", boundary.ring.lock(), left(), &failed, |_| k)?;
             // An input of another length or type is refused now, not after waiting for the output.
-            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
+            ring.check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", self.n)?;
         }
         if let Some(boundary) = rt.ring(s) {
-            drop(PpNRt::wait_until(s, "tx", boundary, PpNRt::lock(boundary), left(), |_| k)?);
+            drop(boundary.ring.wait_until(s, "tx", boundary.ring.lock(), left(), &|| None, |_| k)?);
         }
         // Both rings, in boundary order (as every caller locks them), checked and updated around
         // the launch under their locks: a call from another thread between the waits and here
         // (an eager `rx` or `tx` on these slots) is caught, not raced.
         let input_ring = s.checked_sub(1).and_then(|b| rt.ring(b));
-        let mut input = input_ring.map(PpNRt::lock);
-        let mut output = rt.ring(s).map(PpNRt::lock);
+        let mut input = input_ring.map(|boundary| boundary.ring.lock());
+        let mut output = rt.ring(s).map(|boundary| boundary.ring.lock());
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: s.saturating_sub(1), slot: k }));
         }
         if let Some(ring) = input.as_deref() {
-            check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", ring.slots[k].state, self.n)?;
+            ring.check_filled::<T>(s - 1, k, "StepGraphs::launch_stage", self.n)?;
             self.check_captured(ring, s - 1, k)?;
             // From another rank: the slot holds the step the stage is at (each slot holds the
             // step it was filled with), and no eager `rx` took a step since it was read above.
             if let Some(expected) = remote_step {
-                if ring.received != expected {
-                    let found = slot_of(ring.received, n_slots);
+                if ring.received_steps() != expected {
+                    let found = slot_of(ring.received_steps(), n_slots);
                     return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s - 1, expected: k, found }));
                 }
-                if ring.slots[k].step != expected {
+                if ring.step(k) != expected {
                     return Err(Error::Pipeline(PpError::GraphStepOrder {
                         boundary: s - 1,
                         expected,
-                        found: ring.slots[k].step,
+                        found: ring.step(k),
                     }));
                 }
             }
         }
         if let Some(ring) = output.as_deref() {
-            if ring.next != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next }));
+            if ring.next() != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next() }));
             }
-            check_free(s, k, "StepGraphs::launch_stage", ring.slots[k].state)?;
+            ring.check_free(s, k, "StepGraphs::launch_stage")?;
             self.check_captured(ring, s, k)?;
         }
         #[cfg(feature = "testing")]
         self.break_protocol(input.as_deref(), output.as_deref(), k);
         self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
-        if let (Some(ring), Some(_)) = (input.as_deref_mut(), remote_step) {
-            ring.took(k, true);
-        }
         self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
             if let Some(boundary) = rt.ring(b) {
-                boundary.wake_sleepers();
+                boundary.ring.wake_sleepers();
             }
         }
         // A boundary to another rank: the step's record and NCCL's send of the buffer the graph
@@ -662,8 +658,8 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     }
 
     /// Checks that boundary `b`'s slot `k` still has the allocation the graphs were captured with.
-    fn check_captured(&self, ring: &Ring, b: usize, k: usize) -> Result<()> {
-        match (&ring.slots[k].buffer, &self.slots[k][b]) {
+    fn check_captured(&self, ring: &Slots, b: usize, k: usize) -> Result<()> {
+        match (ring.buffer(k), &self.slots[k][b]) {
             (SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(()),
             _ => Err(Error::Pipeline(PpError::GraphStale { boundary: b, slot: k })),
         }
@@ -671,13 +667,12 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
 
     /// Moves the rings as a stage's launch on slot `k` does, as its `rx` and `tx` would: the
     /// input slot received, the output slot filled and its ring at the next slot.
-    fn advance(&self, input: Option<&mut Ring>, output: Option<&mut Ring>, k: usize) {
+    fn advance(&self, input: Option<&mut Slots>, output: Option<&mut Slots>, k: usize) {
         if let Some(ring) = input {
-            ring.slots[k].state = SlotState::Received;
+            ring.received(k);
         }
         if let Some(ring) = output {
-            ring.slots[k].state = SlotState::Filled { n: self.n, elem: T::NAME };
-            ring.next = (k + 1) % ring.slots.len();
+            ring.filled(k, self.n, T::NAME);
         }
     }
 
@@ -685,13 +680,13 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// asks (hazard tests show that the broken protocol is caught): the wait for the input slot's
     /// write, or for the output slot's reads.
     #[cfg(feature = "testing")]
-    fn break_protocol(&self, input: Option<&Ring>, output: Option<&Ring>, k: usize) {
+    fn break_protocol(&self, input: Option<&Slots>, output: Option<&Slots>, k: usize) {
         let (ring, fault) = match self.rt.config.fault() {
             ProtocolFault::SkipTxWait => (input, ProtocolFault::SkipTxWait),
             ProtocolFault::SkipRxWait => (output, ProtocolFault::SkipRxWait),
             _ => return,
         };
-        if let Some(SlotBuffer::Device(buffer)) = ring.map(|ring| &ring.slots[k].buffer) {
+        if let Some(SlotBuffer::Device(buffer)) = ring.map(|ring| ring.buffer(k)) {
             if fault == ProtocolFault::SkipTxWait {
                 buffer.access().forget_write();
             } else {

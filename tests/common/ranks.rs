@@ -1,0 +1,45 @@
+//! Two ranks of one pipeline as threads of one test process (through the driver and NCCL
+//! doubles, or on a GPU machine), each rank's runtime built on a thread of its own.
+#![allow(dead_code, unreachable_pub)]
+
+use ppnrt::{Engine, Error, PpConfig, PpNRt};
+
+/// Two ranks of one pipeline in this process, one stage each (rank 0's on device 0, rank 1's on
+/// device 1), each built on a thread of its own (a rank's setup waits for the other's). The
+/// rendezvous port is one the system handed out and this function closed again, which a
+/// connection made meanwhile may take: rank 0 then fails with the typed `Address` error, and
+/// both are built again on another port (at most three times).
+pub fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
+    let (zero, one) = try_two_ranks(&Engine::new(0).unwrap(), peer_timeout);
+    (zero.expect("rank 0's setup"), one.expect("rank 1's setup"))
+}
+
+/// [`two_ranks`] with the caller's primary engine, each rank's setup as it ended.
+pub fn try_two_ranks(
+    primary: &Engine,
+    peer_timeout: std::time::Duration,
+) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
+    for attempt in 1.. {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let build = |rank: usize| {
+            let config =
+                PpConfig::with_devices(&[0, 1]).ranks(&[0, 1]).rank(rank).rendezvous(&addr).peer_timeout(peer_timeout);
+            PpNRt::new(config, primary)
+        };
+        let built = std::thread::scope(|scope| {
+            let one = scope.spawn(|| build(1));
+            match build(0) {
+                Err(Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. })) if attempt < 3 => {
+                    let _ = one.join();
+                    None
+                }
+                zero => Some((zero, one.join().unwrap())),
+            }
+        });
+        if let Some(ranks) = built {
+            return ranks;
+        }
+    }
+    unreachable!("the loop returns")
+}

@@ -1,0 +1,272 @@
+//! The slot ring's rules on every eager path, through the CUDA driver double
+//! (`tests/driver_double/cuda_double.c`): a boundary call on a stage stream that is being
+//! captured is refused and changes nothing; an in-place guard held across the slot's next write,
+//! or forgotten, never stops the boundary, and its view keeps reading its own step; a readback of
+//! a buffer that a graph holds is given, and the buffer stays usable.
+//!
+//! The double runs queued work only when something synchronises, and then only what that needs:
+//! a missing wait shows up as a wrong value or a counted access to freed memory.
+
+mod common;
+
+#[path = "common/double.rs"]
+mod double;
+#[path = "common/ranks.rs"]
+mod ranks;
+
+use std::time::Duration;
+
+use double::with_double;
+use ppnrt::{CaptureError, CaptureMode, CudaSlice, Engine, Error, PpConfig, PpError, PpNRt, SlotState};
+
+const N: usize = 2048;
+
+/// The values `fill_pattern(seed)` writes into `n` elements.
+fn pattern(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect()
+}
+
+/// Stage 0's input of step `seed`: `N` pattern values on its stream.
+fn input(rt: &PpNRt, primary: &Engine, seed: u32) -> CudaSlice<u32> {
+    let _stage = rt.enter(0).unwrap();
+    let engine = rt.engine(0, primary).unwrap();
+    let mut x = engine.alloc::<u32>(N).unwrap();
+    engine.fill_pattern(&mut x, seed).unwrap();
+    x
+}
+
+fn is_illegal_in_capture(e: &Error) -> bool {
+    matches!(e, Error::Capture(CaptureError::IllegalCall { .. }))
+}
+
+/// An eager `tx` (or `tx_wait`) on a stage stream that the caller is capturing would record its
+/// copy into the caller's graph while the slot said filled now: it is refused, the capture is
+/// invalidated, and the slot stays as it was.
+#[test]
+fn an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing() {
+    with_double("an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let x = input(&rt, &primary, 1);
+            let capture = rt.stage_stream(0).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+            let refused = rt.tx(0, &x, N).unwrap_err();
+            assert!(is_illegal_in_capture(&refused), "{devices:?}: {refused}");
+            let refused = rt.tx_wait(0, &x, N, Duration::from_millis(50)).unwrap_err();
+            assert!(is_illegal_in_capture(&refused), "{devices:?}: {refused}");
+            assert!(capture.end().is_err(), "{devices:?}: the capture that met the refused call is invalidated");
+            // Nothing was filled.
+            let nothing = rt.rx::<u32>(0, 0, N).unwrap_err();
+            assert!(
+                matches!(nothing, Error::Pipeline(PpError::SlotState { found: SlotState::NeverFilled, .. })),
+                "{devices:?}: {nothing}"
+            );
+            // The boundary works on.
+            let x = input(&rt, &primary, 2);
+            let slot = rt.tx(0, &x, N).unwrap();
+            let _stage = rt.enter(1).unwrap();
+            let y = rt.rx::<u32>(0, slot, N).unwrap();
+            assert_eq!(rt.engine(1, &primary).unwrap().dtoh(&y).unwrap(), pattern(2, N), "{devices:?}");
+        }
+    });
+}
+
+/// An eager `rx`, `rx_wait` or `rx_in_place` on a stage stream that the caller is capturing
+/// would read the slot whenever the graph is launched while the slot said received now: each is
+/// refused, the capture invalidated, and the slot still holds its step for the next receive.
+#[test]
+fn an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing() {
+    with_double("an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let slot = rt.tx(0, &input(&rt, &primary, 3), N).unwrap();
+            let capture = rt.stage_stream(1).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
+            let refused = rt.rx::<u32>(0, slot, N).unwrap_err();
+            assert!(is_illegal_in_capture(&refused), "{devices:?} rx: {refused}");
+            let refused = rt.rx_wait::<u32>(0, slot, N, Duration::from_millis(50)).unwrap_err();
+            assert!(is_illegal_in_capture(&refused), "{devices:?} rx_wait: {refused}");
+            let refused = rt.rx_in_place::<u32>(0, slot, N).unwrap_err();
+            assert!(is_illegal_in_capture(&refused), "{devices:?} rx_in_place: {refused}");
+            assert!(capture.end().is_err(), "{devices:?}: the capture that met the refused call is invalidated");
+            let received = rt.rx_in_place::<u32>(0, slot, N).unwrap();
+            let values = rt.engine(1, &primary).unwrap().dtoh(&received.view().unwrap()).unwrap();
+            assert_eq!(values, pattern(3, N), "{devices:?}: the step is still there");
+        }
+    });
+}
+
+/// A guard of a slot received in place that is forgotten (`mem::forget`) keeps its buffer, and the
+/// boundary goes on: `tx`, `tx_wait`, `discard_unreceived` and `capture_step` take the slot, each
+/// step arrives whole.
+#[test]
+fn a_forgotten_in_place_guard_does_not_stop_the_boundary() {
+    with_double("a_forgotten_in_place_guard_does_not_stop_the_boundary", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            for slot in 0..2 {
+                assert_eq!(rt.tx(0, &input(&rt, &primary, 10 + slot as u32), N).unwrap(), slot);
+                std::mem::forget(rt.rx_in_place::<u32>(0, slot, N).unwrap());
+            }
+            for step in 0..6u32 {
+                let x = input(&rt, &primary, 20 + step);
+                let slot = if step % 2 == 0 {
+                    rt.tx(0, &x, N).unwrap()
+                } else {
+                    rt.tx_wait(0, &x, N, Duration::from_millis(200)).unwrap()
+                };
+                let _stage = rt.enter(1).unwrap();
+                let y = rt.rx::<u32>(0, slot, N).unwrap();
+                assert_eq!(e1.dtoh(&y).unwrap(), pattern(20 + step, N), "{devices:?} step {step}");
+            }
+            // Forgotten again, then discarded over, then captured over.
+            let slot = rt.tx(0, &input(&rt, &primary, 30), N).unwrap();
+            std::mem::forget(rt.rx_in_place::<u32>(0, slot, N).unwrap());
+            rt.tx(0, &input(&rt, &primary, 31), N).unwrap();
+            assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
+            let slot = rt.tx(0, &input(&rt, &primary, 32), N).unwrap();
+            std::mem::forget(rt.rx_in_place::<u32>(0, slot, N).unwrap());
+            let mut output = {
+                let _stage = rt.enter(1).unwrap();
+                e1.alloc_persistent::<u32>(N).unwrap()
+            };
+            let source = {
+                let _stage = rt.enter(0).unwrap();
+                let e0 = rt.engine(0, &primary).unwrap();
+                let mut source = e0.alloc_persistent::<u32>(N).unwrap();
+                e0.fill_pattern(&mut source, 33).unwrap();
+                source
+            };
+            let mut step =
+                rt.capture_step::<u32>(N, |stage| {
+                    if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
+                })
+                .unwrap();
+            step.launch().unwrap();
+            drop(step);
+            assert_eq!(e1.dtoh(&output).unwrap(), pattern(33, N), "{devices:?} graph step");
+        }
+    });
+}
+
+/// A guard held across its slot's next write: the write gives the slot another buffer, the
+/// guard's view still reads its own step (the double runs the sender's stream first: were the
+/// write made into the lent buffer, the view would read the new step), and the next step is
+/// received whole. Held so step after step, the two buffers take turns: nothing is allocated
+/// after the first turn.
+#[test]
+fn a_guard_held_across_the_next_write_reads_its_own_step() {
+    with_double("a_guard_held_across_the_next_write_reads_its_own_step", |double| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            let mut slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+            let mut allocated_after_first_turn = None;
+            for step in 1..12u32 {
+                let guard = rt.rx_in_place::<u32>(0, slot, N).unwrap();
+                let next = input(&rt, &primary, step + 1);
+                slot = rt.tx(0, &next, N).unwrap();
+                drop(next);
+                rt.stage_stream(0).unwrap().synchronize().unwrap(); // the sender's stream runs first
+                let seen = e1.dtoh(&guard.view().unwrap()).unwrap();
+                assert_eq!(seen, pattern(step, N), "{devices:?}: the guard of step {step} reads its own step");
+                drop(guard);
+                rt.synchronize().unwrap();
+                let live = double.live_allocations().0;
+                match (step, allocated_after_first_turn) {
+                    (1, _) => {}
+                    (2, _) => allocated_after_first_turn = Some(live),
+                    (_, Some(first)) => assert_eq!(live, first, "{devices:?} step {step}: a buffer was allocated"),
+                    (_, None) => unreachable!(),
+                }
+            }
+            let last = rt.rx::<u32>(0, slot, N).unwrap();
+            assert_eq!(e1.dtoh(&last).unwrap(), pattern(12, N), "{devices:?}");
+        }
+    });
+}
+
+/// The last stage's output of captured step graphs is read back every step: by `readback_of`,
+/// which leaves the buffer to the caller (each step's values arrive although the next launch
+/// writes the buffer again: the launch waits for the copy), and by `readback`, which takes a
+/// buffer the graphs hold without failing or losing it (the graphs go on writing it).
+#[test]
+fn a_graph_steps_output_is_read_back_every_step() {
+    with_double("a_graph_steps_output_is_read_back_every_step", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
+            let mut source = {
+                let _stage = rt.enter(0).unwrap();
+                e0.alloc_persistent::<u32>(N).unwrap()
+            };
+            let mut output = {
+                let _stage = rt.enter(1).unwrap();
+                e1.alloc_persistent::<u32>(N).unwrap()
+            };
+            let mut step =
+                rt.capture_step::<u32>(N, |stage| {
+                    if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
+                })
+                .unwrap();
+            let mut pending = Vec::new();
+            for k in 0..4u32 {
+                {
+                    let _stage = rt.enter(0).unwrap();
+                    e0.fill_pattern(&mut source, 40 + k).unwrap();
+                }
+                step.launch().unwrap();
+                pending.push(rt.readback_of(&output).unwrap());
+            }
+            for (k, pending) in pending.iter().enumerate() {
+                assert_eq!(pending.wait().unwrap(), pattern(40 + k as u32, N), "{devices:?} step {k}");
+            }
+            let taken = rt.readback(output).unwrap();
+            assert_eq!(taken.wait().unwrap(), pattern(43, N), "{devices:?}: readback of a buffer a graph holds");
+            {
+                let _stage = rt.enter(0).unwrap();
+                e0.fill_pattern(&mut source, 50).unwrap();
+            }
+            step.launch().unwrap();
+            rt.synchronize().unwrap();
+            assert_eq!(taken.wait().unwrap(), pattern(43, N), "{devices:?}: the values read back stay");
+        }
+    });
+}
+
+/// A receive from another rank that waits for its step holds nothing a capture needs: a capture
+/// of the step's graphs on the receiving rank, begun meanwhile, ends at once (it used to wait
+/// until the receive timed out), and the receive then gets its step whole.
+#[test]
+fn a_receive_waiting_for_another_rank_does_not_hold_up_a_capture() {
+    with_double("a_receive_waiting_for_another_rank_does_not_hold_up_a_capture", |_| {
+        let wait = Duration::from_secs(4);
+        let ranks = ranks::two_ranks(Duration::from_secs(10));
+        let e1 = ranks.1.engine(1, &Engine::new(0).unwrap()).unwrap().clone();
+        let mut output = {
+            let _stage = ranks.1.enter(1).unwrap();
+            e1.alloc_persistent::<u32>(N).unwrap()
+        };
+        std::thread::scope(|scope| {
+            let receiving = scope.spawn(|| {
+                let _stage = ranks.1.enter(1).unwrap();
+                let y = ranks.1.rx_wait::<u32>(0, 0, N, wait)?;
+                e1.dtoh(&y)
+            });
+            std::thread::sleep(Duration::from_millis(300)); // the receive is waiting
+            let start = std::time::Instant::now();
+            let step = ranks.1.capture_step::<u32>(N, |stage| stage.rx_into(&mut output)).unwrap();
+            let took = start.elapsed();
+            drop(step);
+            assert!(took < Duration::from_secs(2), "the capture waited {took:?} for the receive");
+            let primary = Engine::new(0).unwrap();
+            let x = input(&ranks.0, &primary, 7);
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
+            assert_eq!(receiving.join().unwrap().unwrap(), pattern(7, N));
+        });
+    });
+}
