@@ -66,6 +66,11 @@ declare -A catchers=(
   [receive-failure-keeps-link]="every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing"
   [readback-after-failure]="a_readback_fed_by_a_failed_boundary_is_refused every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing"
   [capture-end-bound]="every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing"
+  [tx-in-capture]="an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing"
+  [rx-in-capture]="an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing"
+  [lent-blocks-ring]="a_forgotten_in_place_guard_does_not_stop_the_boundary a_guard_held_across_the_next_write_reads_its_own_step"
+  [spares-dropped]="a_guard_held_across_the_next_write_reads_its_own_step"
+  [readback-held-by-graph]="a_graph_steps_output_is_read_back_every_step"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -101,7 +106,7 @@ run copy-with-sms src/safe/module.rs "            if used.pooled {" "           
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/pp/runtime.rs "        source.set_stream(&self.readback)?;" ""
+run readback-free-on-readback-stream src/pp/runtime.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), Error>(()) {"
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
@@ -130,7 +135,7 @@ run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "   
 run post-unlocked src/pp/runtime.rs "        drop(ring);
         phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
-        let mut ring = PpNRt::lock(self);" "        phase(Phase::Posting);
+        let mut ring = self.ring.lock();" "        phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # No receive is captured while another NCCL call of the process posts (the NCCL double refuses
 # such a pair).
@@ -138,17 +143,17 @@ run posting-apart src/nccl.rs "    let _shared = POSTING.read().unwrap_or_else(|
     post()" "    post()" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
-run slot-owner src/pp/runtime.rs "    let owner = if transport == Transport::Nccl { tx_stream } else { rx_stream };" "    let owner = rx_stream;" processes
+run slot-owner src/pp/ring.rs "        let owner = if self.transport == Transport::Nccl { self.tx_stream } else { self.rx_stream };" "        let owner = self.rx_stream;" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
 run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
-run graph-step-order src/pp/runtime/step_graph.rs "if ring.slots[k].step != expected {" "if false {" processes
+run graph-step-order src/pp/runtime/step_graph.rs "if ring.step(k) != expected {" "if false {" processes
 # Eager and graph steps interleave across processes: an eager receive is counted, so the next
 # launch reads the step after it; a first stage sending to another rank uses its step's slot.
-run eager-rx-untracked src/pp/runtime.rs "        ring.took(slot_index, boundary.inbound.is_some());
-" "" processes
+run eager-rx-untracked src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
+        self.took(k);" "        self.slots[k].state = SlotState::Received;" processes
 run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
 " "" processes
 # A receive is captured only while none of the process's NCCL work is still running: the check,
@@ -161,14 +166,20 @@ run graph-launch-unnoted src/nccl.rs "            self.in_flight.note(stream);
 run in-flight-streams-kept src/nccl.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
 # A step's slot state changes only once its copy is enqueued: a failed tx leaves the slot free,
 # a failed rx leaves it filled (to be received again). The fault sweep fails every call in turn.
-run tx-state-early src/pp/runtime.rs "        match &mut slot.buffer {
-            SlotBuffer::Device(buffer) => {" "        slot.state = SlotState::Filled { n, elem: T::NAME };
-        match &mut slot.buffer {
-            SlotBuffer::Device(buffer) => {"
-run rx-state-early src/pp/runtime.rs "        let dst = out.as_view_mut().into_bytes();
-        match &slot.buffer {" "        let dst = out.as_view_mut().into_bytes();
-        slot.state = SlotState::Received;
-        match &slot.buffer {"
+run tx-state-early src/pp/runtime.rs "                boundary.copy_into_slot(tx, src, dst)?;" "                let _ = boundary.copy_into_slot(tx, src, dst);"
+run rx-state-early src/pp/runtime.rs "            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?," "            SlotBuffer::Device(buffer) => {
+                let _ = boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst);
+            }"
+# The ring (src/pp/ring.rs): an eager boundary call on a capturing stage stream is refused; a
+# lent slot is given another buffer rather than stopping the ring; a guard's buffer is kept as a
+# spare; a graph's output is read back while the graph holds it (tests/ring.rs).
+run tx-in-capture src/pp/runtime.rs '        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let _gate = tx.enqueue_gate();' ring
+run rx-in-capture src/pp/runtime.rs "        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;" "        let gate = { let _ = call; boundary.rx_stream.enqueue_gate() };" ring
+run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::Lent
+}" "    state.is_free()
+}" ring
+run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" ring
+run readback-held-by-graph src/pp/runtime.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" ring
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
 run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
