@@ -71,6 +71,9 @@ declare -A catchers=(
   [lent-blocks-ring]="a_forgotten_in_place_guard_does_not_stop_the_boundary a_guard_held_across_the_next_write_reads_its_own_step"
   [spares-dropped]="a_guard_held_across_the_next_write_reads_its_own_step"
   [readback-held-by-graph]="a_graph_steps_output_is_read_back_every_step"
+  [forgotten-capture-holds-frees]="a_forgotten_thread_local_capture_holds_back_no_other_streams_frees"
+  [read-marks-hold-streams]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
+  [detached-reads-dropped]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -115,8 +118,8 @@ run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_
 # during a capture are held back; illegal calls invalidate the capture.
 run graph-launch-order src/safe/graph.rs "let mut held = Access::lock_all(self.footprint.iter().map(" "let mut held = Access::lock_all(self.footprint.iter().take(0).map("
 run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::clone(memory), use_))," "None => {}"
-run graph-deferred-free src/safe/memory.rs "        if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
-run graph-deferred-pinned-free src/safe/host.rs "        if let Some(capture) = super::graph::capture_for_free(None) {" "        if let Some(capture) = None::<std::sync::Arc<super::graph::CaptureState>> {"
+run graph-deferred-free src/safe/memory.rs "        if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
+run graph-deferred-pinned-free src/safe/host.rs "        if let Some(blocked) = super::graph::free_blocked(None) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
 run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
 run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
@@ -219,3 +222,9 @@ run send-failure-keeps-link src/pp/remote.rs '            self.link.fail(format!
 run receive-failure-keeps-link src/pp/remote.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
 # A readback given although a boundary of its rank failed (its receive may have been cut short).
 run readback-after-failure src/pp/readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
+# Nothing a caller forgets or reads keeps memory or streams without bound (tests/bounded.rs): a
+# forgotten thread-local capture holds back no other stream's free; read marks let their streams
+# go; a detached read is dropped only once it completed.
+run forgotten-capture-holds-frees src/safe/graph.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" bounded
+run read-marks-hold-streams src/safe/ordering.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" bounded
+run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," bounded

@@ -162,6 +162,13 @@ fn active_captures(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
     found
 }
 
+/// Whether a call that cannot be captured, concerning no stream (an event query, say), may be
+/// made on this thread now (no capture of this thread, and no global one, is active).
+#[inline]
+pub(crate) fn queries_allowed() -> bool {
+    affected(None).is_empty()
+}
+
 /// Refuses `call` (a call that cannot be captured) while it would break a capture: see the
 /// [module docs](self). Invalidates each capture it would break.
 #[inline]
@@ -176,11 +183,48 @@ pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str)
     Err(Error::Capture(CaptureError::IllegalCall { call }))
 }
 
-/// The capture that a free of memory owned by `stream` (or of host memory, `None`) would land in
-/// or break, if any.
+/// Why a free of memory owned by `stream` (or of host memory, `None`) cannot be made here and
+/// now ([`free_blocked`]).
+pub(crate) enum FreeBlocked {
+    /// It would land in this capture (`stream`'s own) or break it for every thread (a global
+    /// one): the capture holds the allocation and frees it when it ends.
+    Capture(Arc<CaptureState>),
+    /// Only captures begun on this thread (not relaxed) forbid it, and only on this thread:
+    /// another thread frees it ([`free_elsewhere`](super::reaper::free_elsewhere)). A capture
+    /// this thread forgot (`mem::forget`) then holds back no free of another stream's memory.
+    /// The capture named holds the allocation when that thread cannot take it.
+    ThisThread(Arc<CaptureState>),
+}
+
+impl FreeBlocked {
+    /// Takes `allocation`, whose free this thread may not make now: into the capture, or to the
+    /// freeing thread.
+    pub(crate) fn hold(self, allocation: Box<dyn Send>) {
+        match self {
+            FreeBlocked::Capture(capture) => capture.defer_free(allocation),
+            FreeBlocked::ThisThread(capture) => {
+                if let Err(allocation) = super::reaper::free_elsewhere(allocation) {
+                    capture.defer_free(allocation);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a free of memory owned by `stream` (or of host memory, `None`) would land in or break
+/// a capture, and which way it must go instead.
 #[inline]
-pub(crate) fn capture_for_free(stream: Option<&CudaStream>) -> Option<Arc<CaptureState>> {
-    affected(stream).into_iter().next()
+pub(crate) fn free_blocked(stream: Option<&CudaStream>) -> Option<FreeBlocked> {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    if let Some(own) = stream.and_then(CudaStream::capture) {
+        return Some(FreeBlocked::Capture(own));
+    }
+    if let Some(everywhere) = global().first() {
+        return Some(FreeBlocked::Capture(Arc::clone(everywhere)));
+    }
+    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)
 }
 
 /// An active capture of one stream; [`end`](Self::end) it to get the graph. Dropping it without

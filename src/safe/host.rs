@@ -305,16 +305,16 @@ impl PinnedHostBuffer<u8> {
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if let Some(capture) = super::graph::capture_for_free(None) {
-            // Waiting on the host would break the capture: hand the buffer to it, which frees it
-            // when it ends.
+        if let Some(blocked) = super::graph::free_blocked(None) {
+            // Waiting on the host would break a capture: hand the buffer to it, which frees it
+            // when it ends, or to a thread the capture leaves free.
             let held = PinnedHostBuffer {
                 ptr: std::mem::replace(&mut self.ptr, std::ptr::null_mut()),
                 len: std::mem::take(&mut self.len),
                 ctx: Arc::clone(&self.ctx),
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
-            capture.defer_free(Box::new(held));
+            blocked.hold(Box::new(held));
             return;
         }
         if let Err(e) = self.access.wait_on_host("PinnedHostBuffer::drop", Use::Write) {

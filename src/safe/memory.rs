@@ -503,16 +503,16 @@ impl Drop for DeviceMemory {
         }
         // The owner's capture state holds still from the look below to the free.
         let _gate = self.stream.enqueue_gate();
-        if let Some(capture) = super::graph::capture_for_free(Some(&self.stream)) {
-            // A free now would be captured (or break the capture): hand the allocation to the
-            // capture, which frees it when it ends.
+        if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {
+            // A free now would be captured (or break a capture): hand the allocation to the
+            // capture, which frees it when it ends, or to a thread the capture leaves free.
             let held = DeviceMemory {
                 ptr: std::mem::take(&mut self.ptr),
                 stream: Arc::clone(&self.stream),
                 pooled: self.pooled,
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
-            capture.defer_free(Box::new(held));
+            blocked.hold(Box::new(held));
             return;
         }
         let result = if self.pooled {

@@ -27,6 +27,7 @@ pub(crate) mod memory;
 mod module;
 pub(crate) mod ordering;
 mod peer;
+mod reaper;
 mod stream;
 
 pub use ambient::{StreamOverride, ambient_stream};

@@ -139,11 +139,17 @@ impl std::ops::Deref for StreamEvent {
     }
 }
 
+/// Read marks a buffer keeps holding their streams: past this many, the older ones are detached
+/// (see [`detach_reads`]).
+const ATTACHED_READS: usize = 4;
+
 /// One use of a buffer: the stream it was enqueued on, and an event recorded after it (made when
 /// first needed).
 #[derive(Debug)]
 struct Mark {
-    stream: Arc<CudaStream>,
+    /// The stream of the use; `None` once the mark is detached: its event recorded after the use,
+    /// the stream let go (see [`detach_reads`]).
+    stream: Option<Arc<CudaStream>>,
     /// Shared while the stream is captured (see [`CudaStream::event_after_enqueued`]) or while a
     /// host wait holds it (see [`Access::wait_on_host`]).
     event: Option<StreamEvent>,
@@ -156,7 +162,14 @@ struct Mark {
 
 impl Mark {
     fn new(stream: &Arc<CudaStream>) -> Mark {
-        Mark { stream: Arc::clone(stream), event: None, waited_by: None }
+        Mark { stream: Some(Arc::clone(stream)), event: None, waited_by: None }
+    }
+
+    /// Whether the use was enqueued on `stream` (never, for a detached mark: `stream` then waits
+    /// for its event, which costs a wait and orders nothing wrongly).
+    #[inline]
+    fn is_on(&self, stream: &CudaStream) -> bool {
+        self.stream.as_deref().is_some_and(|own| same_stream(own, stream))
     }
 
     /// Makes `stream` (another stream than the mark's) wait for the use, unless it already did
@@ -195,7 +208,8 @@ impl Mark {
     fn event(&mut self) -> Result<&PooledEvent> {
         if self.event.is_none() {
             self.waited_by = None;
-            self.event = Some(self.stream.event_after_enqueued(None)?);
+            let stream = self.stream.as_ref().expect("a detached mark keeps its event");
+            self.event = Some(stream.event_after_enqueued(None)?);
         }
         Ok(self.event.as_deref().expect("set above"))
     }
@@ -420,7 +434,7 @@ impl HeldAccesses<'_> {
 #[inline]
 fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
     // The usual case needs nothing: the last write on this stream, and no read to wait for.
-    let write_here = state.write.as_ref().is_none_or(|mark| same_stream(&mark.stream, stream));
+    let write_here = state.write.as_ref().is_none_or(|mark| mark.is_on(stream));
     if write_here && (use_ == Use::Read || state.reads.is_empty()) {
         return Ok(());
     }
@@ -430,11 +444,11 @@ fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Resul
 /// The waits of [`order_locked`] on other streams.
 #[inline(never)]
 fn order_waits(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-    if let Some(mark) = state.write.as_mut().filter(|mark| !same_stream(&mark.stream, stream)) {
+    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream)) {
         mark.wait_on(stream)?;
     }
     if use_ == Use::Write {
-        for mark in state.reads.iter_mut().filter(|mark| !same_stream(&mark.stream, stream)) {
+        for mark in state.reads.iter_mut().filter(|mark| !mark.is_on(stream)) {
             mark.wait_on(stream)?;
         }
     }
@@ -454,13 +468,48 @@ fn note_locked(
     // The usual case of a buffer that is not eager: its last write was on this stream, whose mark
     // then stands for this use too (for a write, the reads since were waited for by `order`).
     if !eager && state.reads.is_empty() {
-        if let Some(mark) = state.write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+        if let Some(mark) = state.write.as_mut().filter(|mark| mark.is_on(stream)) {
             mark.waited_by = None;
             mark.event = None;
             return Ok(());
         }
     }
     note_marks(state, stream, use_, eager, gate)
+}
+
+/// Lets the read marks go of the streams they hold, so that a buffer read on stream after stream
+/// (weights read by a fresh stream per request) keeps neither the streams nor a mark per stream:
+/// each mark gets its event (recorded now at the end of its stream, after the read, if it has
+/// none) and lets its stream go; detached marks whose reads have completed are dropped. Writes
+/// still wait for the reads in flight, through the events.
+#[cold]
+fn detach_reads(reads: &mut SmallVec<[Mark; 1]>) -> Result<()> {
+    for mark in reads.iter_mut() {
+        mark.event()?;
+        // Only an event of the pool's own is recorded again later; a shared one stays with its
+        // capture or host wait, and the stream is kept with it.
+        if matches!(mark.event, Some(StreamEvent::Own(_))) {
+            mark.stream = None;
+        }
+    }
+    // A query would break a capture of this thread: the marks are pruned on a later read.
+    if !super::graph::queries_allowed() {
+        return Ok(());
+    }
+    // Every query first: a failed one leaves every mark in place.
+    let mut done: SmallVec<[bool; 8]> = SmallVec::with_capacity(reads.len());
+    for mark in reads.iter() {
+        done.push(match (&mark.stream, &mark.event) {
+            (None, Some(event)) => event.is_complete()?,
+            _ => false,
+        });
+    }
+    let mut at = 0;
+    reads.retain(|_| {
+        at += 1;
+        !done[at - 1]
+    });
+    Ok(())
 }
 
 /// [`note_locked`] beyond its usual case.
@@ -485,18 +534,21 @@ fn note_marks(
                 *spare = reads.pop();
             }
             reads.clear();
-            if !write.as_ref().is_some_and(|mark| same_stream(&mark.stream, stream)) {
+            if !write.as_ref().is_some_and(|mark| mark.is_on(stream)) {
                 *write = Some(Mark::new(stream));
             }
             write.as_mut().expect("set above")
         }
-        Use::Read => match write.as_mut().filter(|mark| same_stream(&mark.stream, stream)) {
+        Use::Read => match write.as_mut().filter(|mark| mark.is_on(stream)) {
             Some(mark) => mark,
-            None => match reads.iter().position(|mark| same_stream(&mark.stream, stream)) {
+            None => match reads.iter().position(|mark| mark.is_on(stream)) {
                 Some(at) => &mut reads[at],
                 None => {
+                    if reads.len() >= ATTACHED_READS {
+                        detach_reads(reads)?;
+                    }
                     reads.push(match spare.take() {
-                        Some(retired) if same_stream(&retired.stream, stream) => retired,
+                        Some(retired) if retired.is_on(stream) => retired,
                         // Another stream's: only its event is taken up.
                         Some(mut retired) => Mark { event: retired.event.take(), ..Mark::new(stream) },
                         None => Mark::new(stream),
