@@ -56,21 +56,8 @@ impl Engine {
     /// The engine of device `ordinal`.
     ///
     /// # Errors
-    /// [`Error::DeviceOutOfRange`]; the loader's or driver's error. When it fails and a `PPNRT_*`
-    /// variable is malformed too, the configuration error ([`Error::Config`]), which names the
-    /// other failure.
+    /// [`Error::DeviceOutOfRange`]; the loader's or driver's error.
     pub fn new(ordinal: i32) -> Result<Engine> {
-        Engine::open(ordinal).map_err(|e| match crate::config::PpConfig::from_env() {
-            // The first thing to fix is the configuration: report it, naming the other failure.
-            Err(mut config) => {
-                config.reason = format!("{} (and Engine::new({ordinal}) failed: {e})", config.reason);
-                Error::Config(config)
-            }
-            Ok(_) => e,
-        })
-    }
-
-    fn open(ordinal: i32) -> Result<Engine> {
         let device = Device::get(ordinal)?;
         let ctx = Context::primary(&device)?;
         let stream = CudaStream::new(&ctx)?;

@@ -8,8 +8,8 @@
 //! Each layer calls only the layers below it. `engine` and `pp` hold no raw device pointer and no
 //! `unsafe`: the crate root denies `unsafe_code`, and only `sys`, `result`, `safe` and `loader`
 //! opt in (a test, `engine_and_pp_use_no_raw_pointers_and_no_unsafe`, keeps it so). The pipeline's
-//! settings (`PpConfig`, published in [`pp`]) are plain data below `engine`, which reports a
-//! malformed `PPNRT_*` variable first when it cannot open a device.
+//! settings ([`PpConfig`]) belong to [`pp`]: nothing below it reads a `PPNRT_*` variable. The
+//! architecture, the slot ring and which layer validates what: `docs/ARCHITECTURE.md`.
 //!
 //! | layer | module | what it is |
 //! | --- | --- | --- |
@@ -19,7 +19,7 @@
 //! | 3 | [`nccl`] | NCCL loaded at run time: communicators and point-to-point calls, ordered like the safe layer's copies |
 //! | — | [`rendezvous`] | the TCP meeting of a pipeline's processes (no GPU) |
 //! | 4 | [`engine`] | [`Engine`]: one device's context, default stream and helper kernels, honouring the ambient stream |
-//! | 5 | [`pp`] | [`PpNRt`]: configuration, the boundary plan, slot rings and the TX/RX protocol, boundaries between processes |
+//! | 5 | [`pp`] | [`PpNRt`]: its settings, the boundary plan, the slot ring (the only owner of slot states) and the TX/RX protocol, boundaries between processes |
 //!
 //! # Errors and the driver
 //! Every fallible call returns [`Error`]. With no driver installed, every entry point returns
@@ -46,7 +46,6 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod config;
 pub mod engine;
 pub mod error;
 pub mod kernels;

@@ -26,7 +26,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-pub use crate::config::RENDEZVOUS_VAR;
+/// Variable holding rank 0's rendezvous address, `host:port`.
+pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
 
 /// Bytes of the payload rank 0 hands out (an NCCL unique id).
 pub const PAYLOAD_BYTES: usize = 128;

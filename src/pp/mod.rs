@@ -31,6 +31,7 @@
 //! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `bf16`,
 //! `f16`, integers, or a type of yours); `rx` checks that it asks for the type and length `tx` sent.
 
+mod config;
 mod error;
 mod plan;
 mod readback;
@@ -39,8 +40,8 @@ mod ring;
 mod runtime;
 
 #[cfg(feature = "testing")]
-pub use crate::config::ProtocolFault;
-pub use crate::config::{
+pub use crate::pp::config::ProtocolFault;
+pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR,
     RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };

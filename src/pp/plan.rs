@@ -5,8 +5,8 @@
 
 use std::fmt;
 
-use crate::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
 use crate::error::ConfigError;
+use crate::pp::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
 
 /// How one boundary moves data from its TX stage to its RX stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

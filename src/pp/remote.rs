@@ -57,9 +57,9 @@ use std::time::{Duration, Instant};
 
 use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
-use crate::config::PpConfig;
 use crate::error::{Error, Result};
 use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
+use crate::pp::config::PpConfig;
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
@@ -357,7 +357,7 @@ fn heartbeat_interval(timeout: Duration) -> Duration {
 /// the liveness check broken on purpose ([`ProtocolFault::IgnoreSilence`], tests only).
 fn silence_fails(config: &PpConfig) -> bool {
     #[cfg(feature = "testing")]
-    if config.fault() == crate::config::ProtocolFault::IgnoreSilence {
+    if config.fault() == crate::pp::config::ProtocolFault::IgnoreSilence {
         return false;
     }
     #[cfg(not(feature = "testing"))]
@@ -1145,8 +1145,8 @@ fn mixing_support_off(value: Option<&str>) -> bool {
 fn setup_watched(config: &PpConfig) -> bool {
     #[cfg(feature = "testing")]
     match config.fault() {
-        crate::config::ProtocolFault::ExitBeforeCommJoin => std::process::exit(EXIT_BEFORE_COMM_JOIN),
-        crate::config::ProtocolFault::UnwatchedSetup => return false,
+        crate::pp::config::ProtocolFault::ExitBeforeCommJoin => std::process::exit(EXIT_BEFORE_COMM_JOIN),
+        crate::pp::config::ProtocolFault::UnwatchedSetup => return false,
         _ => {}
     }
     #[cfg(not(feature = "testing"))]

@@ -18,13 +18,13 @@ use super::plan::{BoundaryPlan, Plan, Transport};
 use super::readback::{PendingReadback, ReadbackShared};
 use super::remote::{self, Announced, Link, LocalStage, Phase, Receiver, Sender, SlotFiller, Watchdog};
 use super::ring::{MIN_SLOT_BYTES, SlotBuffer, SlotHome, SlotRing, Slots};
-#[cfg(feature = "testing")]
-use crate::config::ProtocolFault;
-use crate::config::{
-    DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
-};
 use crate::engine::Engine;
 use crate::error::{ConfigError, Error, Result};
+#[cfg(feature = "testing")]
+use crate::pp::config::ProtocolFault;
+use crate::pp::config::{
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+};
 use crate::safe::EnqueueGate;
 use crate::safe::ordering::{Access, Use};
 use crate::safe::{

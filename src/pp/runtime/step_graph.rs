@@ -31,9 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Boundary, PpNRt};
-#[cfg(feature = "testing")]
-use crate::config::ProtocolFault;
 use crate::error::{CaptureError, Error, Result};
+#[cfg(feature = "testing")]
+use crate::pp::config::ProtocolFault;
 use crate::pp::error::{PpError, SlotState};
 use crate::pp::plan::Transport;
 use crate::pp::ring::{SlotBuffer, Slots};

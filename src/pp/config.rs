@@ -1,8 +1,8 @@
 //! Pipeline configuration: stage count, stage→device map, slots per boundary, transport policy.
 //!
 //! See [`PpConfig`] for the settings and the variables that carry them. Plain data and parsing,
-//! below every layer that uses it: `pp` builds runtimes from it, and `engine` reports a malformed
-//! `PPNRT_*` variable first when it cannot open a device. Published as `ppnrt::pp::*`.
+//! which the runtime ([`PpNRt`](crate::PpNRt)) is built from; nothing below `pp` reads it.
+//! Published as `ppnrt::pp::*`.
 
 use std::fmt;
 use std::time::Duration;
@@ -21,8 +21,7 @@ pub const TRANSPORT_VAR: &str = "PPNRT_TRANSPORT";
 pub const RANKS_VAR: &str = "PPNRT_RANKS";
 /// Variable holding this process's rank.
 pub const RANK_VAR: &str = "PPNRT_RANK";
-/// Variable holding rank 0's rendezvous address, `host:port`.
-pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
+pub use crate::rendezvous::RENDEZVOUS_VAR;
 /// Variable holding the bound, in milliseconds, on waits for another process (the rendezvous, a
 /// receive from a peer that has not sent yet, a clean shutdown's handshake).
 pub const PEER_TIMEOUT_VAR: &str = "PPNRT_PEER_TIMEOUT_MS";
