@@ -1,0 +1,281 @@
+//! Building a runtime: the process-wide one from the environment ([`PpNRt::get`]) or one of a
+//! configuration ([`PpNRt::new`]): engines, stage streams, peer access, the boundaries' ends
+//! (slot rings, senders to other ranks) and the links to other ranks; and its teardown.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::{Boundary, BoundaryEnd, PpNRt, Stage};
+use crate::engine::Engine;
+use crate::error::{ConfigError, Error, Result};
+use crate::pp::config::{
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+};
+use crate::pp::plan::{BoundaryPlan, Plan, Transport};
+use crate::pp::readback::ReadbackShared;
+use crate::pp::remote::{self, Inbound, Links, LocalStage, Receiver, SlotFiller, Watchdog};
+use crate::pp::ring::{SlotHome, SlotRing};
+use crate::safe::{CudaStream, Device, enable_peer_access, record_drop_error};
+
+static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
+
+impl PpNRt {
+    /// The process-wide runtime, built on first use against `primary` from the `PPNRT_*`
+    /// variables (see [`PpConfig`]). The configuration freezes at the first build; later calls
+    /// return the same runtime whatever engine they pass. A failed build is sticky: every later
+    /// call returns the same [`Error::PipelineBuild`], which names the configuration and the cause.
+    ///
+    /// # Errors
+    /// [`Error::PipelineBuild`].
+    pub fn get(primary: &Engine) -> Result<&'static PpNRt> {
+        let built = RUNTIME.get_or_init(|| {
+            let config = PpConfig::from_env()
+                .map_err(|e| Error::PipelineBuild { config: describe_env(), source: Box::new(Error::Config(e)) })?;
+            PpNRt::new(config.clone(), primary)
+                .map_err(|e| Error::PipelineBuild { config: config.to_string(), source: Box::new(e) })
+        });
+        built.as_ref().map_err(Clone::clone)
+    }
+
+    /// Builds a runtime for `config` (not the process-wide one): engines for the devices of the
+    /// stages (`primary` for its own device), one stream per stage, peer access where the plan
+    /// uses it, and one slot ring per boundary.
+    ///
+    /// When the stages span processes ([`PpConfig::ranks`]), this process builds only its own
+    /// stages, and the call blocks until every rank has met at the rendezvous and each boundary
+    /// between two ranks has its NCCL communicator and its connection (at most the peer timeout
+    /// for the rendezvous; see the [module docs](crate::pp)).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a configuration that cannot run on the devices present; the driver's
+    /// error; across processes also [`Error::Rendezvous`], [`Error::Nccl`] and
+    /// [`PpError::PeerFailed`](crate::PpError::PeerFailed).
+    pub fn new(config: PpConfig, primary: &Engine) -> Result<PpNRt> {
+        config.validate()?;
+        let placement = Placement::of(&config, primary.ordinal());
+        let engines = placement.open_engines(primary)?;
+        let plan = placement.plan(&config, &engines)?;
+        let stages = placement.stages(&engines)?;
+        let mut links = if plan.spans_processes() {
+            let local: Vec<_> = stages
+                .iter()
+                .map(|stage| {
+                    let stage = stage.as_ref()?;
+                    Some(LocalStage { ctx: Arc::clone(stage.engine.context()), stream: Arc::clone(&stage.stream) })
+                })
+                .collect();
+            Some(remote::connect(&config, &plan, &local)?)
+        } else {
+            None
+        };
+        let mut inbound_links = Vec::new();
+        let boundaries = plan
+            .boundaries
+            .iter()
+            .map(|&bp| boundary_end(&config, bp, &stages, links.as_mut(), &mut inbound_links))
+            .collect::<Result<Vec<_>>>()?;
+        let (receivers, watchdog) = start_link_threads(&boundaries, inbound_links)?;
+        // The readback stream lives in the last stage's context (in this rank's last stage's
+        // when another rank runs the last stage; `readback` is refused there).
+        let last = stages.iter().rev().flatten().next().expect("every rank runs at least one stage");
+        let readback = CudaStream::new(last.engine.context())?;
+        let links = boundaries.iter().filter_map(BoundaryEnd::link).map(|link| link.failure()).collect();
+        Ok(PpNRt {
+            config,
+            plan,
+            stages,
+            boundaries,
+            readback,
+            readbacks: Arc::new(ReadbackShared { ring: Mutex::new(Vec::new()), links }),
+            watchdog,
+            receivers,
+        })
+    }
+}
+
+/// Where a configuration puts each stage: its device and its rank, and this process's rank.
+struct Placement {
+    devices: Vec<i32>,
+    ranks: Vec<usize>,
+    rank: usize,
+}
+
+impl Placement {
+    fn of(config: &PpConfig, primary: i32) -> Placement {
+        Placement { devices: config.stage_devices(primary), ranks: config.stage_ranks(), rank: config.own_rank() }
+    }
+
+    /// The devices of this rank's stages, each with its stage.
+    fn owned_devices(&self) -> impl Iterator<Item = (usize, i32)> + '_ {
+        self.devices.iter().enumerate().filter(|&(s, _)| self.ranks[s] == self.rank).map(|(s, &d)| (s, d))
+    }
+
+    /// One engine per device of this rank's stages (`primary` for its own device), once every
+    /// such device was found present ([`ConfigError`] naming the first that is not).
+    fn open_engines(&self, primary: &Engine) -> Result<BTreeMap<i32, Engine>> {
+        let count = Device::count()?;
+        if let Some((_, bad)) = self.owned_devices().find(|&(_, d)| d >= count) {
+            return Err(ConfigError {
+                setting: DEVICES_VAR,
+                value: self.devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                reason: format!("device ordinal {bad} is not present: {count} device(s) found"),
+            }
+            .into());
+        }
+        let mut engines = BTreeMap::new();
+        for (_, ordinal) in self.owned_devices() {
+            if let std::collections::btree_map::Entry::Vacant(entry) = engines.entry(ordinal) {
+                entry.insert(if ordinal == primary.ordinal() { primary.clone() } else { Engine::new(ordinal)? });
+            }
+        }
+        Ok(engines)
+    }
+
+    /// The boundary plan from the peer-access matrix of this rank's devices; peer access is
+    /// enabled where the plan uses it.
+    fn plan(&self, config: &PpConfig, engines: &BTreeMap<i32, Engine>) -> Result<Plan> {
+        let mut access = BTreeMap::new();
+        for (&a, ea) in engines {
+            for (&b, eb) in engines {
+                access.insert((a, b), a != b && ea.device().peer_info(eb.device())?.access_supported);
+            }
+        }
+        let plan = Plan::choose_across(&self.devices, &self.ranks, self.rank, config.transport_policy(), |a, b| {
+            access.get(&(a, b)).copied().unwrap_or(false)
+        })?;
+        for b in plan.boundaries.iter().filter(|b| b.transport == Transport::Peer && b.tx_rank == self.rank) {
+            enable_peer_access(engines[&b.tx_device].context(), engines[&b.rx_device].context())?;
+        }
+        Ok(plan)
+    }
+
+    /// Every stage: its engine and a stream of its own for this rank's, `None` for another
+    /// rank's.
+    fn stages(&self, engines: &BTreeMap<i32, Engine>) -> Result<Vec<Option<Stage>>> {
+        (0..self.devices.len())
+            .map(|s| {
+                if self.ranks[s] != self.rank {
+                    return Ok(None);
+                }
+                let engine = engines[&self.devices[s]].clone();
+                let stream = CudaStream::new(engine.context())?;
+                Ok(Some(Stage { engine, stream }))
+            })
+            .collect()
+    }
+}
+
+/// This rank's end of boundary `bp`: a slot ring when its RX stage runs here (filled by a
+/// receiver thread, whose link goes into `inbound_links`, when its TX stage runs in another
+/// rank), the sender when only its TX stage does, else nothing.
+fn boundary_end(
+    config: &PpConfig,
+    bp: BoundaryPlan,
+    stages: &[Option<Stage>],
+    links: Option<&mut Links>,
+    inbound_links: &mut Vec<(usize, Inbound)>,
+) -> Result<BoundaryEnd> {
+    let (tx, rx) = (&stages[bp.boundary], &stages[bp.boundary + 1]);
+    let (tx_stream, rx, inbound) = match (tx, rx) {
+        (Some(tx), Some(rx)) => (Arc::clone(&tx.stream), rx, None),
+        (None, Some(rx)) => {
+            let inbound = links
+                .and_then(|links| links.inbound.remove(&bp.boundary))
+                .expect("connect() links every boundary this rank receives");
+            let stream = Arc::clone(&inbound.recv_stream);
+            let link = Arc::clone(&inbound.link);
+            inbound_links.push((bp.boundary, inbound));
+            (stream, rx, Some(link))
+        }
+        (Some(_), None) => {
+            let sender = links
+                .and_then(|links| links.senders.get(&bp.boundary))
+                .expect("connect() links every boundary this rank sends");
+            return Ok(BoundaryEnd::Send(Arc::clone(sender)));
+        }
+        (None, None) => return Ok(BoundaryEnd::Foreign),
+    };
+    let home = SlotHome { transport: bp.transport, tx_stream: &tx_stream, rx_stream: &rx.stream };
+    let ring = SlotRing::new(config.n_slots(), config.reserved_bytes(), inbound.is_some(), home)?;
+    let sm_copies =
+        bp.transport != Transport::HostStaged && config.sm_copies_allowed() && helpers_runnable(&rx.engine)?;
+    Ok(BoundaryEnd::Ring(Arc::new(Boundary {
+        plan: bp,
+        tx_stream,
+        rx_stream: Arc::clone(&rx.stream),
+        rx_engine: rx.engine.clone(),
+        sm_copies,
+        ring,
+        inbound,
+    })))
+}
+
+/// Starts the receiver thread of each boundary from another rank (filling its ring) and the
+/// watchdog of this rank's links (signs of life both ways).
+fn start_link_threads(
+    boundaries: &[BoundaryEnd],
+    inbound_links: Vec<(usize, Inbound)>,
+) -> Result<(Vec<Receiver>, Option<Watchdog>)> {
+    let mut receivers = Vec::with_capacity(inbound_links.len());
+    let mut heartbeats = Vec::with_capacity(inbound_links.len());
+    for (b, inbound) in inbound_links {
+        let BoundaryEnd::Ring(ring) = &boundaries[b] else { unreachable!("an inbound boundary has a ring") };
+        heartbeats.push(inbound.heartbeat()?);
+        receivers.push(Receiver::start(inbound, Arc::clone(ring) as Arc<dyn SlotFiller>)?);
+    }
+    let senders =
+        boundaries.iter().filter_map(|end| if let BoundaryEnd::Send(s) = end { Some(Arc::clone(s)) } else { None });
+    Ok((receivers, Watchdog::start(senders.collect(), heartbeats)?))
+}
+
+/// Whether the helper kernels load on `engine`'s device. `Ok(false)` when the driver cannot run
+/// the embedded PTX (a driver older than the toolkit that built it): boundary copies then stay on
+/// the copy engines, which need no kernel. Any other failure is the build's error.
+fn helpers_runnable(engine: &Engine) -> Result<bool> {
+    match engine.helper_kernels() {
+        Ok(_) => Ok(true),
+        Err(Error::Driver(e)) if e.is_unrunnable_code() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl Drop for PpNRt {
+    fn drop(&mut self) {
+        // Slot buffers are written by TX streams of other devices: drain every stream before the
+        // fields (and the buffers) go, each one even when another failed.
+        // A boundary to another rank first closes cleanly (the receiving rank confirms that it
+        // received every step), or is aborted: no NCCL send of it may stay queued.
+        for end in &self.boundaries {
+            if let BoundaryEnd::Send(sender) = end {
+                sender.close(self.config.peer_timeout_value());
+            }
+        }
+        self.watchdog = None;
+        for receiver in &mut self.receivers {
+            receiver.stop();
+        }
+        for stream in self.local_streams() {
+            if let Err(e) = stream.synchronize() {
+                record_drop_error(e);
+            }
+        }
+        // A link to another rank that failed and whose failure no call returned (it failed in
+        // the background after the last call, or during this teardown: the close was not
+        // confirmed, the receives did not complete) may have lost steps: recorded.
+        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {
+            record_drop_error(failure);
+        }
+    }
+}
+
+fn describe_env() -> String {
+    let core = [STAGES_VAR, DEVICES_VAR, SLOTS_VAR, TRANSPORT_VAR].iter().map(|name| match std::env::var_os(name) {
+        Some(value) => format!("{name}={:?}", value.to_string_lossy()),
+        None => format!("{name} unset"),
+    });
+    // The settings of a pipeline across processes, where set.
+    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR]
+        .iter()
+        .filter_map(|name| std::env::var_os(name).map(|value| format!("{name}={:?}", value.to_string_lossy())));
+    core.chain(processes).collect::<Vec<_>>().join(" ")
+}
