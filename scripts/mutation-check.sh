@@ -126,13 +126,13 @@ run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate()
         loop {" "        loop {"
 # Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
 # fails the link.
-run liveness src/pp/remote.rs "    let _ = config;
+run liveness src/pp/remote/sender.rs "    let _ = config;
     true
 }" "    let _ = config;
     false
 }" processes
 # ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
-run setup-peer-closed src/pp/remote.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
+run setup-peer-closed src/pp/remote/setup.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
 # A receiver thread posts a step's receive without the ring's lock (the RX stage's other slots
 # and its bounded waits go on while the posting is held up).
 run post-unlocked src/pp/runtime.rs "        drop(ring);
@@ -217,9 +217,9 @@ run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((st
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
 # link up.
 run drop-unreported-link src/pp/runtime.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
-run send-failure-keeps-link src/pp/remote.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
+run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
             return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
-run receive-failure-keeps-link src/pp/remote.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
+run receive-failure-keeps-link src/pp/remote/receiver.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
 # A readback given although a boundary of its rank failed (its receive may have been cut short).
 run readback-after-failure src/pp/readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
 # Nothing a caller forgets or reads keeps memory or streams without bound (tests/bounded.rs): a

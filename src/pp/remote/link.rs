@@ -1,0 +1,243 @@
+//! A link between two ranks: its NCCL communicator, its failure record, the receiver's phase,
+//! and the receive graphs captured for its slots.
+
+use super::*;
+
+/// Why a link stopped, set once, and whether it was aborted (not closed cleanly). Shared with the
+/// runtime's readbacks: a readback holds this record, not the link (whose connection and
+/// communicator end with the runtime), and can tell whether the link failed after the runtime is
+/// gone.
+pub(in crate::pp) struct LinkFailure {
+    pub(super) boundary: usize,
+    pub(super) peer: usize,
+    pub(super) reason: Mutex<Option<(String, bool)>>,
+    /// Whether a call returned the link's error to its caller.
+    pub(super) reported: AtomicBool,
+}
+
+impl LinkFailure {
+    pub(super) fn new(boundary: usize, peer: usize) -> LinkFailure {
+        LinkFailure { boundary, peer, reason: Mutex::new(None), reported: AtomicBool::new(false) }
+    }
+
+    pub(super) fn reason(&self) -> MutexGuard<'_, Option<(String, bool)>> {
+        self.reason.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the link failed and its communicator was aborted (its receives may be cut short).
+    pub(in crate::pp) fn aborted(&self) -> bool {
+        self.reason().as_ref().is_some_and(|(_, aborted)| *aborted)
+    }
+
+    /// The typed error of the stopped link, if it stopped (not counted as reported).
+    pub(super) fn error(&self) -> Option<Error> {
+        let (reason, _) = self.reason().clone()?;
+        Some(Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason }))
+    }
+
+    /// The error of a link that failed (was aborted) without any call returning it to a caller.
+    pub(in crate::pp) fn unreported(&self) -> Option<Error> {
+        (self.aborted() && !self.reported.load(Ordering::Relaxed)).then(|| self.error()).flatten()
+    }
+
+    /// [`error`](Self::error) for a caller: the failure counts as reported.
+    pub(in crate::pp) fn reported_error(&self) -> Option<Error> {
+        let error = self.error()?;
+        self.reported.store(true, Ordering::Relaxed);
+        Some(error)
+    }
+}
+
+/// One boundary between two ranks, as seen by either of them.
+pub(in crate::pp) struct Link {
+    pub(in crate::pp) boundary: usize,
+    /// The other rank.
+    pub(in crate::pp) peer: usize,
+    /// On the RX rank: the receives captured in CUDA graphs (see [`receive_step`]); `None` once
+    /// the link failed. Declared before `comm`, so dropped first: NCCL's destroy and abort wait
+    /// until every graph holding an operation of the communicator is destroyed.
+    pub(super) recv_graphs: Mutex<Option<Vec<RecvGraph>>>,
+    /// How many steps were received through captured graphs.
+    pub(super) graph_receives: AtomicU64,
+    /// On how many steps a capture found the process's NCCL work still running within its wait
+    /// (see [`capture_receive`]).
+    pub(super) captures_missed: AtomicU32,
+    pub(in crate::pp) comm: NcclComm,
+    pub(super) failure: Arc<LinkFailure>,
+    /// A handle of the link's control connection, shut down when the link fails so that the
+    /// peer learns it at once (its end reads the connection's end).
+    pub(super) connection: TcpStream,
+    /// The peer timeout: a peer silent for longer fails the link; signs of life go out ten times
+    /// as often.
+    pub(super) timeout: Duration,
+    /// Whether silence fails the link (see [`silence_fails`]).
+    pub(super) silence_fails: bool,
+    /// On the RX rank: what its receiver thread is doing.
+    pub(in crate::pp) phase: PhaseCell,
+}
+
+/// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
+/// time it began), read apart (a diagnosis, not a synchronisation).
+pub(in crate::pp) struct PhaseCell {
+    /// The step shifted left by 2, or'd with the phase.
+    pub(super) word: AtomicU64,
+    /// When the phase began, in ns since `epoch`.
+    pub(super) began_ns: AtomicU64,
+    pub(super) epoch: Instant,
+}
+
+/// A receiver thread's phase (see [`ReceiverState`]).
+#[derive(Clone, Copy)]
+pub(in crate::pp) enum Phase {
+    AwaitingRecord = 0,
+    AwaitingFreeSlot = 1,
+    Posting = 2,
+    Stopped = 3,
+}
+
+impl PhaseCell {
+    pub(super) fn new() -> PhaseCell {
+        PhaseCell {
+            word: AtomicU64::new(Phase::AwaitingRecord as u64),
+            began_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Records that the thread entered `phase` for step `step`, now.
+    pub(in crate::pp) fn set(&self, phase: Phase, step: u64) {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.began_ns.store(now, Ordering::Relaxed);
+        self.word.store((step << 2) | phase as u64, Ordering::Release);
+    }
+
+    pub(in crate::pp) fn get(&self) -> ReceiverState {
+        let word = self.word.load(Ordering::Acquire);
+        let began = Duration::from_nanos(self.began_ns.load(Ordering::Relaxed));
+        let waited = self.epoch.elapsed().saturating_sub(began);
+        let step = word >> 2;
+        match word & 3 {
+            0 => ReceiverState::AwaitingRecord { step, waited },
+            1 => ReceiverState::AwaitingFreeSlot { step, waited },
+            2 => ReceiverState::Posting { step, waited },
+            _ => ReceiverState::Stopped,
+        }
+    }
+}
+
+/// The receive of `bytes` bytes into slot `slot`, captured once and launched for each step of
+/// that size into that slot.
+pub(super) struct RecvGraph {
+    pub(super) slot: usize,
+    pub(super) bytes: usize,
+    pub(super) exec: GraphExec,
+}
+
+/// How many byte counts each slot keeps a captured receive for (the oldest is dropped).
+pub(super) const RECV_GRAPHS_PER_SLOT: usize = 2;
+
+/// How long a receiver thread about to capture a receive waits for the process's NCCL work to
+/// complete (see [`capture_receive`]).
+pub(super) const CAPTURE_SETTLE_WAIT: Duration = Duration::from_millis(1);
+
+/// On how many steps a link waits so; later it captures only when it finds the work complete
+/// at once.
+pub(super) const CAPTURE_WAITS: u32 = 32;
+
+impl Link {
+    /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
+    /// link fails too, within milliseconds, whatever this side's reason) and aborts the
+    /// communicator, so no NCCL kernel of it stays queued.
+    pub(in crate::pp) fn fail(&self, reason: String) {
+        if self.stop(reason, true) {
+            let _ = self.connection.shutdown(std::net::Shutdown::Both);
+            // NCCL's abort waits until every graph holding an operation of the communicator is
+            // destroyed: destroy the captured receives first, keeping their slots' memory alive
+            // until the abort has stopped their runs.
+            let graphs = self.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+            let kept: Vec<KeptMemory> =
+                graphs.into_iter().flatten().map(|graph| graph.exec.destroy_keeping_memory()).collect();
+            if let Err(e) = self.comm.abort_now() {
+                crate::safe::record_drop_error(e);
+            }
+            drop(kept);
+        }
+    }
+
+    /// Records why the link stopped without aborting (a clean close).
+    pub(super) fn stop_with(&self, reason: String) {
+        self.stop(reason, false);
+    }
+
+    /// Records why the link stopped; false if it had stopped before.
+    pub(super) fn stop(&self, reason: String, aborted: bool) -> bool {
+        let mut slot = self.failure.reason();
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some((reason, aborted));
+        true
+    }
+
+    /// How many steps were received through captured graphs.
+    #[cfg(feature = "testing")]
+    pub(in crate::pp) fn graph_receives(&self) -> u64 {
+        self.graph_receives.load(Ordering::Relaxed)
+    }
+
+    /// The typed error of a stopped link, if it stopped, for a caller: the failure counts as
+    /// reported.
+    pub(in crate::pp) fn stopped(&self) -> Option<Error> {
+        self.failure.reported_error()
+    }
+
+    /// Whether the link stopped (failed, or closed cleanly).
+    pub(in crate::pp) fn is_stopped(&self) -> bool {
+        self.failure.reason().is_some()
+    }
+
+    pub(super) fn error(&self) -> Option<Error> {
+        self.failure.error()
+    }
+
+    /// The link's failure record, for the runtime's readbacks.
+    pub(in crate::pp) fn failure(&self) -> Arc<LinkFailure> {
+        Arc::clone(&self.failure)
+    }
+
+    /// Whether the link failed and its communicator was aborted (its receives may be cut short).
+    pub(in crate::pp) fn aborted(&self) -> bool {
+        self.failure.aborted()
+    }
+
+    /// The typed error of the stopped link, or [`PpError::PeerFailed`] with `reason` if it has no
+    /// recorded one, for a caller (see [`stopped`](Self::stopped)).
+    pub(super) fn stopped_or(&self, reason: &str) -> Error {
+        self.failure.reported.store(true, Ordering::Relaxed);
+        self.error_or(reason)
+    }
+
+    /// [`stopped_or`](Self::stopped_or) for this crate's own threads: the failure does not count
+    /// as reported.
+    pub(super) fn error_or(&self, reason: &str) -> Error {
+        self.error().unwrap_or_else(|| {
+            Error::Pipeline(PpError::PeerFailed { boundary: self.boundary, peer: self.peer, reason: reason.into() })
+        })
+    }
+
+    pub(super) fn check(&self) -> Result<()> {
+        self.stopped().map_or(Ok(()), Err)
+    }
+
+    /// Why the link fails when the peer, last heard from at `heard`, has been silent for longer
+    /// than the peer timeout; `None` while it has not (or silence does not fail links).
+    pub(super) fn silent_too_long(&self, heard: Instant) -> Option<String> {
+        let silent = heard.elapsed();
+        (self.silence_fails && silent > self.timeout).then(|| silence(silent))
+    }
+
+    /// How often this rank shows the peer it is alive.
+    pub(super) fn heartbeat_interval(&self) -> Duration {
+        heartbeat_interval(self.timeout)
+    }
+}

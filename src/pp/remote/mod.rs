@@ -1,0 +1,252 @@
+//! Boundaries between processes: the links of a pipeline whose stages run in several ranks.
+//!
+//! Owns, per boundary whose two stages run in different ranks, the link: a two-rank NCCL
+//! communicator (the TX rank is its rank 0, the RX rank its rank 1) and a TCP control connection
+//! from the TX rank to the RX rank. `tx` sends the payload with NCCL on the TX stage's stream and
+//! writes a record `(step, n, element type)` to the connection; on the RX rank a receiver thread
+//! reads each record, waits for the ring's next slot to be free (as an in-process `tx` does),
+//! posts the NCCL receive of exactly the bytes sent into the slot on the boundary's receive
+//! stream, and marks the slot filled with the sender's `n` and type. The RX stage's `rx` is then
+//! the in-process one: it checks `n` and the type against the sender's (a mismatch is a typed
+//! error, the slot keeps its data) and orders itself after the receive by the crate's rule.
+//!
+//! Captured receives: NCCL's receive call costs several µs of host time, on the hop's critical
+//! path. Once a byte count repeats, the receiver thread captures the receive into each slot for
+//! that count in a CUDA graph (on a stream nothing else uses) and from then on launches the
+//! graph, ordered like the call. A receive is captured only while no other NCCL call of the
+//! process is in progress and none of the process's NCCL work is still running on its GPU
+//! (`nccl::PostingAlone`; waited for at most a millisecond); else it is received by NCCL's call
+//! and the capture waits for a later step of its count. A link that missed 32 such chances
+//! no longer waits (it captures only where it finds the work complete at once).
+//! The graphs live in the link; each slot keeps two counts. A graph
+//! of a slot's old memory (the slot grew) is dropped. NCCL's abort and destroy wait until every
+//! graph holding an operation of the communicator is destroyed, so a failing link destroys its
+//! graphs first (keeping the slots' memory alive until the abort has ended their runs), and a
+//! link drops them before its communicator.
+//!
+//! Failure: a connection that ends without the close record (the peer exited), a failed write,
+//! an NCCL asynchronous error, or a peer silent for the peer timeout (its process hung or
+//! stopped) fails the link: its communicator is aborted at once (so no NCCL kernel stays queued
+//! and every stream drains, a stream synchronisation waiting for a send or receive included),
+//! waiting `rx` calls wake up, and every later call on the boundary returns
+//! [`PpError::PeerFailed`], as does the wait of every readback of the rank (its values may come
+//! from a receive the abort cut short). A failure no call returned is recorded by the runtime's
+//! drop. Liveness: a watchdog thread per runtime sends a sign of life on every
+//! link of this rank a few times per timeout (an `ALIVE` record to the RX rank, an `ALIVE` byte
+//! back to the TX rank), reads the TX side's, and polls NCCL; the receiver threads read the RX
+//! side's with the records. Clean shutdown: the TX rank sends a close record and waits (bounded)
+//! until the RX rank's receives of every step are complete.
+//!
+//! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and hands out
+//! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks; the communicators
+//! are initialised in boundary order (every rank in the same order, so none waits on another
+//! cycle); and each link moves one small message to prove it before the runtime is returned.
+//! Every wait of the setup for another rank is bounded by the peer timeout, and the waits for
+//! NCCL (the join, which NCCL does in the background, and the first message, which connects
+//! NCCL's transport) also end as soon as the peer closes its end of the boundary's connection
+//! (it died): a rank that dies or stops during another's setup is a [`PpError::PeerFailed`]
+//! there, not a hang.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::error::{PpError, ReceiverState};
+use super::plan::{Plan, Transport};
+use crate::error::{Error, Result};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
+use crate::pp::config::PpConfig;
+use crate::rendezvous::{Rendezvous, RendezvousError};
+use crate::safe::{
+    CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
+};
+
+mod link;
+mod receiver;
+mod sender;
+mod setup;
+mod watchdog;
+mod wire;
+
+use link::*;
+pub(super) use link::{Link, LinkFailure, Phase, PhaseCell};
+use receiver::*;
+pub(super) use receiver::{Announced, Inbound, Receiver, SlotFiller};
+pub(super) use sender::Sender;
+use sender::*;
+pub(super) use setup::{Links, LocalStage, connect};
+pub(super) use watchdog::Watchdog;
+use wire::*;
+
+/// How often the receiver threads and the watchdog look at a link that is quiet.
+pub(super) const POLL: Duration = Duration::from_millis(10);
+
+/// How long a thread that expects the next step soon (a receiver thread after a record or
+/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it
+/// sleeps: waking a sleeping thread costs tens of µs on a busy host, more than a step's host
+/// work, and a decode step's next boundary crossing comes within this window. Spinning costs one
+/// core for at most this long per wait.
+pub(super) const SPIN: Duration = Duration::from_micros(250);
+
+/// The greeting of a control connection; the digit is the wire protocol's version.
+const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD2";
+const DATA: u8 = 1;
+const CLOSE: u8 = 2;
+/// The RX rank's one-byte answer to a close: every step was received.
+const DONE: u8 = 3;
+/// A sign of life: a record with no payload from the TX rank, one byte from the RX rank.
+const ALIVE: u8 = 4;
+/// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
+/// element's size in bytes (u64), then the element type's name.
+const RECORD_HEAD: usize = 32;
+const MAX_TYPE_NAME: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::setup::*;
+    use super::*;
+
+    /// A connected pair on loopback; the reader's reads time out after 20 ms.
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        reader.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        writer.set_nodelay(true).unwrap();
+        (writer, reader)
+    }
+
+    fn read_until_record(reader: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Result<Record, String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(record) = read_record(reader, pending)? {
+                return Ok(record);
+            }
+            assert!(Instant::now() < deadline, "no record within 5 s");
+        }
+    }
+
+    #[test]
+    fn receives_use_graphs_unless_configured_off_or_nccl_mixing_is_off() {
+        assert!(!mixing_support_off(None));
+        assert!(!mixing_support_off(Some("1")));
+        assert!(!mixing_support_off(Some("")));
+        assert!(mixing_support_off(Some("0")));
+        assert!(mixing_support_off(Some(" 0 ")));
+        let config = PpConfig::default();
+        assert!(config.nccl_recv_graphs_allowed());
+        assert!(!config.clone().nccl_recv_graphs(false).nccl_recv_graphs_allowed());
+        assert!(config.nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
+    }
+
+    #[test]
+    fn a_record_written_byte_by_byte_is_read_whole_and_two_in_one_write_both() {
+        let (mut writer, mut reader) = pair();
+        let mut pending = Vec::new();
+        let record = encode_record(DATA, 7, 1000, 4, "f32");
+        for byte in &record {
+            assert!(read_record(&mut reader, &mut pending).unwrap().is_none(), "a partial record is not a record");
+            writer.write_all(std::slice::from_ref(byte)).unwrap();
+        }
+        match read_until_record(&mut reader, &mut pending).unwrap() {
+            Record::Data(step) => {
+                assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
+            }
+            Record::Close { .. } | Record::Alive => panic!("expected data"),
+        }
+        let mut three = encode_record(DATA, 8, 3, 2, "bf16");
+        three.extend(encode_record(ALIVE, 0, 0, 0, ""));
+        three.extend(encode_record(CLOSE, 9, 0, 0, ""));
+        writer.write_all(&three).unwrap();
+        assert!(
+            matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Data(s) if s.elem == "bf16" && s.bytes == 6)
+        );
+        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Alive));
+        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Close { steps: 9 }));
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn signs_of_life_come_ten_times_per_timeout_within_bounds() {
+        assert_eq!(heartbeat_interval(Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(heartbeat_interval(Duration::from_secs(2)), Duration::from_millis(200));
+        assert_eq!(heartbeat_interval(Duration::from_millis(20)), POLL);
+        assert!(silence(Duration::from_secs(3)).contains("no sign of life from the peer for 3s"));
+    }
+
+    #[test]
+    fn malformed_records_and_a_closed_connection_are_reasons_to_fail() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (encode_record(9, 0, 1, 4, "f32"), "unknown kind"),
+            (encode_record(DATA, 0, 0, 4, "f32"), "element(s)"),
+            (encode_record(DATA, 0, u64::MAX, 8, "f64"), "element(s)"),
+            (encode_record(DATA, 0, 1, 4, &"x".repeat(MAX_TYPE_NAME + 1)), "type name of"),
+            (
+                {
+                    let mut r = encode_record(DATA, 0, 1, 1, "ab");
+                    let at = r.len() - 2;
+                    r[at] = 0xff;
+                    r
+                },
+                "not UTF-8",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let (mut writer, mut reader) = pair();
+            writer.write_all(&bytes).unwrap();
+            let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+        let (writer, mut reader) = pair();
+        drop(writer);
+        let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+        assert!(err.contains("closed"), "{err}");
+    }
+
+    #[test]
+    fn a_type_name_longer_than_a_record_carries_is_refused_before_sending() {
+        let longest: &'static str = Box::leak("t".repeat(MAX_TYPE_NAME).into_boxed_str());
+        check_type_name(3, longest).unwrap();
+        let long: &'static str = Box::leak("t".repeat(MAX_TYPE_NAME + 1).into_boxed_str());
+        let err = check_type_name(3, long).unwrap_err();
+        assert!(
+            matches!(err, Error::Pipeline(PpError::TypeNameTooLong { boundary: 3, name, max: MAX_TYPE_NAME }) if name == long),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&format!("{} bytes", MAX_TYPE_NAME + 1)), "{err}");
+    }
+
+    #[test]
+    fn a_receiver_phase_reads_back_as_set() {
+        let cell = PhaseCell::new();
+        assert!(matches!(cell.get(), ReceiverState::AwaitingRecord { step: 0, .. }));
+        for (phase, step) in
+            [(Phase::AwaitingFreeSlot, 7), (Phase::Posting, (1u64 << 62) - 1), (Phase::AwaitingRecord, 8)]
+        {
+            cell.set(phase, step);
+            let state = cell.get();
+            let (got_phase, got_step) = match state {
+                ReceiverState::AwaitingRecord { step, waited } => (Phase::AwaitingRecord as u8, (step, waited)),
+                ReceiverState::AwaitingFreeSlot { step, waited } => (Phase::AwaitingFreeSlot as u8, (step, waited)),
+                ReceiverState::Posting { step, waited } => (Phase::Posting as u8, (step, waited)),
+                other => panic!("{other}"),
+            };
+            assert_eq!((got_phase, got_step.0), (phase as u8, step));
+            assert!(got_step.1 < Duration::from_secs(5));
+        }
+        cell.set(Phase::Stopped, 9);
+        assert_eq!(cell.get(), ReceiverState::Stopped);
+    }
+
+    #[test]
+    fn type_names_from_the_wire_are_kept_once() {
+        let a = intern("my_type_from_the_wire").unwrap();
+        let b = intern(&String::from("my_type_from_the_wire")).unwrap();
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(a, "my_type_from_the_wire");
+    }
+}

@@ -1,0 +1,297 @@
+//! The RX rank's end of a link: the receiver thread that reads each record and fills the ring's
+//! next slot through NCCL's receive (or a captured one).
+
+use super::*;
+
+/// The RX rank's end of a link, before its receiver thread starts.
+pub(in crate::pp) struct Inbound {
+    pub(in crate::pp) link: Arc<Link>,
+    pub(in crate::pp) socket: TcpStream,
+    /// The boundary's receive stream (on the RX stage's device): the NCCL receives run there.
+    pub(in crate::pp) recv_stream: Arc<CudaStream>,
+    /// A stream of the same device used only to capture receives into graphs, when allowed
+    /// ([`PpConfig::nccl_recv_graphs`]).
+    pub(in crate::pp) capture_stream: Option<Arc<CudaStream>>,
+}
+
+impl Inbound {
+    /// The watchdog's end of this link: a second handle of the connection, for this rank's
+    /// signs of life.
+    pub(in crate::pp) fn heartbeat(&self) -> Result<Heartbeat> {
+        let socket = self.socket.try_clone().map_err(|e| io_error(&self.link, "cloning the connection", &e))?;
+        Ok(Heartbeat { link: Arc::clone(&self.link), socket })
+    }
+}
+
+/// Signs of life from the RX rank to the TX rank of one link, sent by the watchdog.
+pub(in crate::pp) struct Heartbeat {
+    pub(super) link: Arc<Link>,
+    pub(super) socket: TcpStream,
+}
+
+impl Heartbeat {
+    /// Sends a sign of life when `sent` (the last one's time) is an interval ago. The connection
+    /// may be non-blocking at the time (the receiver thread switches it): a full buffer skips
+    /// this one.
+    pub(super) fn beat(&self, sent: &mut Instant) {
+        if self.link.is_stopped() || sent.elapsed() < self.link.heartbeat_interval() {
+            return;
+        }
+        match (&self.socket).write(&[ALIVE]) {
+            Ok(_) => *sent = Instant::now(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(e) => self.link.fail(format!("writing a sign of life failed: {e}")),
+        }
+    }
+}
+
+/// A step announced by the TX rank.
+pub(in crate::pp) struct Announced {
+    pub(in crate::pp) step: u64,
+    pub(in crate::pp) n: usize,
+    pub(in crate::pp) elem: &'static str,
+    pub(in crate::pp) bytes: usize,
+}
+
+/// What the receiver thread does with each announced step: fill the ring's next slot through
+/// `recv` (which posts the NCCL receive into the slot's bytes, given the slot's index), waiting
+/// while the slot is taken and `stop` is not set, and keep the link's phase (the next record's,
+/// once the slot is filled). Returns `Ok(false)` when stopped first.
+pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
+    fn fill(
+        &self,
+        step: &Announced,
+        stop: &AtomicBool,
+        recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
+    ) -> Result<bool>;
+    /// Wakes every thread waiting on the ring (the link stopped).
+    fn wake(&self);
+}
+
+/// The receiver thread of one inbound link.
+pub(in crate::pp) struct Receiver {
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    pub(in crate::pp) fn start(inbound: Inbound, filler: Arc<dyn SlotFiller>) -> Result<Receiver> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let link = Arc::clone(&inbound.link);
+        inbound.socket.set_read_timeout(Some(POLL)).map_err(|e| io_error(&link, "the connection's timeout", &e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("ppnrt-rx-b{}", link.boundary))
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || receive_loop(inbound, &*filler, &stop)
+            })
+            .map_err(|e| io_error(&link, "starting the receiver thread", &e))?;
+        Ok(Receiver { stop, thread: Some(thread) })
+    }
+
+    /// Stops the thread and waits for it (within one poll interval once it is not posting).
+    pub(in crate::pp) fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub(super) fn io_error(link: &Link, what: &str, e: &std::io::Error) -> Error {
+    Error::Pipeline(PpError::PeerFailed { boundary: link.boundary, peer: link.peer, reason: format!("{what}: {e}") })
+}
+
+pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
+    let link = Arc::clone(&inbound.link);
+    let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
+    let mut expected = 0u64;
+    // The previous step's byte count: a count seen twice in a row is worth a captured receive.
+    let mut last_bytes: Option<usize> = None;
+    let mut last_poll = Instant::now();
+    // After each record the connection is read without blocking for SPIN (the next record is
+    // likely near), then with a blocking read bounded by POLL.
+    let mut spin_until: Option<Instant> = None;
+    let mut nonblocking = false;
+    // When the TX rank was last heard from (or this thread last came back from waiting for a
+    // slot, when it read nothing).
+    let mut heard = Instant::now();
+    let outcome: std::result::Result<(), String> = loop {
+        if stop.load(Ordering::SeqCst) || link.is_stopped() {
+            break Ok(());
+        }
+        if last_poll.elapsed() >= POLL {
+            watch_comm(&link);
+            last_poll = Instant::now();
+        }
+        let spinning = spin_until.is_some_and(|until| Instant::now() < until);
+        if spinning != nonblocking {
+            if let Err(e) = inbound.socket.set_nonblocking(spinning) {
+                break Err(format!("switching the connection's blocking mode failed: {e}"));
+            }
+            nonblocking = spinning;
+        }
+        let record = match read_record(&mut inbound.socket, &mut pending) {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                if spinning {
+                    // Between two reads, a microsecond of pause instructions rather than a tight
+                    // loop of system calls: the thread may share a core with a stage's thread.
+                    let until = Instant::now() + Duration::from_micros(1);
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    spin_until = None;
+                }
+                if let Some(reason) = link.silent_too_long(heard) {
+                    break Err(reason);
+                }
+                continue;
+            }
+            Err(reason) => break Err(reason),
+        };
+        heard = Instant::now();
+        if matches!(record, Record::Alive) {
+            continue;
+        }
+        spin_until = Some(Instant::now() + SPIN);
+        match record {
+            Record::Close { steps } if steps == expected => {
+                let drained = inbound.recv_stream.synchronize();
+                let _ = inbound.socket.set_nonblocking(false);
+                let answered = inbound.socket.write_all(&[DONE]);
+                match (drained, answered) {
+                    (Ok(()), Ok(())) => {
+                        link.stop_with(format!("the peer closed the boundary after {steps} step(s)"));
+                        break Ok(());
+                    }
+                    (Err(e), _) => break Err(format!("the receives did not complete: {e}")),
+                    (_, Err(e)) => break Err(format!("answering the close failed: {e}")),
+                }
+            }
+            Record::Close { steps } => {
+                break Err(format!("the close names {steps} step(s), {expected} were announced"));
+            }
+            Record::Alive => unreachable!("handled above"),
+            Record::Data(step) if step.step != expected => {
+                break Err(format!("step {} announced where step {expected} was due", step.step));
+            }
+            Record::Data(step) => {
+                let repeated = last_bytes == Some(step.bytes);
+                let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
+                let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
+                    receive_step(&link, recv_stream, capture_stream, slot, dst, repeated)
+                };
+                let filled = filler.fill(&step, stop, &mut recv);
+                // The wait for a free slot is this rank's, not the peer's silence.
+                heard = Instant::now();
+                match filled {
+                    Ok(true) => {
+                        // The filler moved the phase to the next record with the slot filled.
+                        expected += 1;
+                        last_bytes = Some(step.bytes);
+                    }
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),
+                }
+            }
+        }
+    };
+    link.phase.set(Phase::Stopped, expected);
+    if let Err(reason) = outcome {
+        link.fail(reason);
+    }
+    filler.wake();
+}
+
+/// Posts the receive of one step into slot `slot`'s bytes `dst` on `recv_stream`, ordered like
+/// a copy that writes them: a launch of the receive captured for this slot and byte count when
+/// there is one; else, with `capture_stream` (graphs allowed) and a byte count that `repeated`
+/// the previous step's, the receive is captured now (on `capture_stream`, which nothing else
+/// uses; only while no other NCCL call of the process is in progress, see [`capture_receive`]) and
+/// launched; else NCCL's receive call. A capture whose graph writes other memory than
+/// the slot's (the slot grew since) is dropped. A failed capture fails the step (the link then
+/// fails): NCCL's state after a half-made capture is not trusted.
+pub(super) fn receive_step(
+    link: &Link,
+    recv_stream: &Arc<CudaStream>,
+    capture_stream: Option<&Arc<CudaStream>>,
+    slot: usize,
+    dst: &mut CudaViewMut<'_, u8>,
+    repeated: bool,
+) -> Result<()> {
+    let Some(capture_stream) = capture_stream else {
+        return link.comm.recv(recv_stream, dst, 0);
+    };
+    let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(graphs) = held.as_mut() else {
+        return Err(link.error_or("the boundary failed"));
+    };
+    let bytes = dst.len();
+    if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
+        if graphs[at].exec.writes(dst) {
+            let exec = &mut graphs[at].exec;
+            link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
+            link.graph_receives.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        graphs.remove(at);
+    }
+    let exec = if repeated { capture_receive(link, capture_stream, dst)? } else { None };
+    let Some(exec) = exec else {
+        return link.comm.recv(recv_stream, dst, 0);
+    };
+    if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
+        let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
+        graphs.remove(oldest);
+    }
+    graphs.push(RecvGraph { slot, bytes, exec });
+    let exec = &mut graphs.last_mut().expect("pushed above").exec;
+    link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
+    link.graph_receives.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Captures NCCL's receive into `dst` on `capture_stream` (relaxed mode: other threads' calls
+/// are unaffected) and instantiates it; `None`, with nothing done, while another NCCL call of the
+/// process is in progress or NCCL work of the process has not completed on its GPU (NCCL's
+/// launch into a capture beside another launch, and beside an NCCL kernel of the process waiting
+/// for the peer, was seen to stall inside the driver, see [`PostingAlone`]).
+///
+/// The process's NCCL work is waited for (polled) at most [`CAPTURE_SETTLE_WAIT`], on at most
+/// [`CAPTURE_WAITS`] steps of the link that found it still running: a link whose receives
+/// rarely find the process's NCCL work complete (the ranks' stages keep NCCL busy) costs its
+/// steps at most that long in all, and then captures only where it finds the work complete
+/// at once.
+pub(super) fn capture_receive(
+    link: &Link,
+    capture_stream: &Arc<CudaStream>,
+    dst: &mut CudaViewMut<'_, u8>,
+) -> Result<Option<GraphExec>> {
+    let wait =
+        if link.captures_missed.load(Ordering::Relaxed) < CAPTURE_WAITS { CAPTURE_SETTLE_WAIT } else { Duration::ZERO };
+    let deadline = Instant::now() + wait;
+    let mut polls = 0;
+    let _alone = loop {
+        if let Some(alone) = PostingAlone::try_settled()? {
+            break alone;
+        }
+        if Instant::now() >= deadline {
+            link.captures_missed.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        poll_pause(&mut polls);
+    };
+    let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
+    let captured = link.comm.recv(capture_stream, dst, 0);
+    let graph = capture.end();
+    captured?;
+    graph?.instantiate().map(Some)
+}

@@ -1,0 +1,212 @@
+//! The TX rank's end of a link: the step's record and NCCL's send, signs of life, the clean
+//! close.
+
+use super::*;
+
+/// The TX rank's end of a link.
+pub(in crate::pp) struct Sender {
+    pub(in crate::pp) link: Arc<Link>,
+    pub(in crate::pp) tx_stream: Arc<CudaStream>,
+    pub(in crate::pp) tx_device: i32,
+    pub(super) n_slots: usize,
+    pub(super) control: Mutex<SendControl>,
+    /// A second handle of the control connection: the watchdog reads the peer's signs of life
+    /// (and sees its end) through it.
+    pub(super) watch: TcpStream,
+}
+
+pub(super) struct SendControl {
+    pub(super) socket: TcpStream,
+    pub(super) step: u64,
+    pub(super) closed: bool,
+    /// When this rank last wrote to the connection (a record or a sign of life).
+    pub(super) written: Instant,
+}
+
+/// How often a rank shows a peer it is alive, for a peer `timeout`: ten times per timeout,
+/// at most once per poll interval and at least once a second.
+pub(super) fn heartbeat_interval(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(POLL, Duration::from_secs(1))
+}
+
+/// Whether a peer silent for longer than the peer timeout fails its link: always, except with
+/// the liveness check broken on purpose ([`ProtocolFault::IgnoreSilence`], tests only).
+pub(super) fn silence_fails(config: &PpConfig) -> bool {
+    #[cfg(feature = "testing")]
+    if config.fault() == crate::pp::config::ProtocolFault::IgnoreSilence {
+        return false;
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = config;
+    true
+}
+
+/// Why a link whose peer was silent for `silent` (more than the peer timeout) fails.
+pub(super) fn silence(silent: Duration) -> String {
+    format!("no sign of life from the peer for {silent:?}, more than the peer timeout (its process hung or stopped?)")
+}
+
+/// Why a link fails when its connection ends without the close record.
+pub(super) const PEER_CLOSED: &str =
+    "the peer closed the boundary's connection (its process exited, or its end of the boundary failed)";
+
+impl Sender {
+    /// Sends `x[..n]` (checked by the caller) as the boundary's next step: the step's record
+    /// first (so the RX rank posts its receive while this rank issues the send), then the NCCL
+    /// send on the TX stage's stream, ordered like a copy that reads `x`. Returns the step's slot
+    /// index. If the send fails after its record went out, the link fails and the connection is
+    /// shut down, so the RX rank aborts its receive instead of waiting for it.
+    ///
+    /// Refused on a capturing TX stream like every call that cannot be captured
+    /// ([`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall), the capture invalidated):
+    /// the record would go out once while the captured send ran at every launch of the graph
+    /// (never, or more than once), and the receiver would wait for data that does not come, or the
+    /// sender for a receive.
+    pub(in crate::pp) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
+        check_type_name(self.link.boundary, T::NAME)?;
+        self.link.check()?;
+        // No capture of the TX stream begins between this check and the send.
+        let _gate = self.tx_stream.enqueue_gate_uncaptured("PpNRt::tx to another rank")?;
+        let mut control = self.lock();
+        if control.closed {
+            return Err(self.link.stopped_or("the boundary was closed"));
+        }
+        let view = x.as_view().slice(..n)?;
+        let step = control.step;
+        let record = encode_record(DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+        if let Err(e) = control.socket.write_all(&record) {
+            self.link.fail(format!("writing step {step}'s record failed: {e}"));
+            return Err(self.link.stopped().expect("failed above"));
+        }
+        control.written = Instant::now();
+        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
+            // The send may or may not be queued, and its record is out: the link cannot be
+            // trusted with another step, and the RX rank must not wait for this one.
+            // A send that failed because the link failed meanwhile (its communicator aborted by
+            // the watchdog or a receiver thread) reports that failure, as every later call does.
+            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
+            return Err(self.link.stopped().unwrap_or(e));
+        }
+        control.step += 1;
+        Ok((step % self.n_slots as u64) as usize)
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, SendControl> {
+        self.control.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How many steps this end has sent.
+    pub(in crate::pp) fn steps_sent(&self) -> u64 {
+        self.lock().step
+    }
+
+    /// Clean close: sends the close record and waits, at most `timeout`, until the RX rank has
+    /// received every step (its receives are complete). A link that cannot close is failed
+    /// (aborted), so no send of it stays queued.
+    pub(in crate::pp) fn close(&self, timeout: Duration) {
+        let mut control = self.lock();
+        if control.closed || self.link.is_stopped() {
+            return;
+        }
+        control.closed = true;
+        let step = control.step;
+        let deadline = Instant::now() + timeout;
+        let answer = control.socket.write_all(&encode_record(CLOSE, step, 0, 0, "")).and_then(|()| {
+            // The answer, past the signs of life the peer sent meanwhile.
+            let mut byte = [0u8; 1];
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                control.socket.set_read_timeout(Some(left))?;
+                control.socket.read_exact(&mut byte)?;
+                if byte[0] != ALIVE {
+                    return Ok(byte[0]);
+                }
+            }
+        });
+        match answer {
+            Ok(DONE) => {
+                self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
+            }
+            Ok(other) => self.link.fail(format!("the peer answered the close with {other}")),
+            Err(e) => self.link.fail(format!("the peer did not confirm the close within {timeout:?}: {e}")),
+        }
+    }
+
+    /// The watchdog's look at the link: the peer's end of the connection and its signs of life
+    /// (`heard` is when the last came); silence longer than the timeout; a sign of life to the
+    /// peer when this rank wrote nothing for a heartbeat interval; NCCL's asynchronous error.
+    /// The connection is looked at without the link's lock (a peek waits up to a millisecond
+    /// when nothing came), and read or written under it only when that cannot block a `tx` for
+    /// long: skipped while a `tx` or the close holds it (the close reads the peer's answer, and a
+    /// `tx` blocked on a full connection fails by its own write timeout).
+    pub(super) fn watch(&self, heard: &mut Instant) {
+        if self.link.is_stopped() {
+            return;
+        }
+        match self.look(heard) {
+            Ok(()) => watch_comm(&self.link),
+            Err(reason) => self.link.fail(reason),
+        }
+    }
+
+    /// [`watch`](Self::watch) of the connection; the reason the link fails, if it does.
+    pub(super) fn look(&self, heard: &mut Instant) -> std::result::Result<(), String> {
+        let quiet = |e: &std::io::Error| {
+            matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
+        };
+        let failed = |e: std::io::Error| format!("the boundary's connection failed: {e}");
+        let mut byte = [0u8; 1];
+        let waiting = match self.watch.peek(&mut byte) {
+            Ok(0) => return Err(PEER_CLOSED.into()),
+            Ok(_) => true,
+            Err(e) if quiet(&e) => false,
+            Err(e) => return Err(failed(e)),
+        };
+        let mut control = match self.control.try_lock() {
+            Ok(control) => control,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(()),
+        };
+        if control.closed {
+            return Ok(());
+        }
+        if waiting {
+            // Bytes are there (only this thread and the close, which holds the lock, read them):
+            // the read returns at once.
+            let mut bytes = [0u8; 64];
+            match (&self.watch).read(&mut bytes) {
+                Ok(0) => return Err(PEER_CLOSED.into()),
+                Ok(read) => {
+                    if let Some(other) = bytes[..read].iter().find(|&&byte| byte != ALIVE) {
+                        return Err(format!("the peer sent {other} before the close"));
+                    }
+                    *heard = Instant::now();
+                }
+                Err(e) if quiet(&e) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        if let Some(reason) = self.link.silent_too_long(*heard) {
+            return Err(reason);
+        }
+        let now = Instant::now();
+        if now.duration_since(control.written) >= self.link.heartbeat_interval() {
+            control
+                .socket
+                .write_all(&encode_record(ALIVE, 0, 0, 0, ""))
+                .map_err(|e| format!("writing a sign of life failed: {e}"))?;
+            control.written = now;
+        }
+        Ok(())
+    }
+}
+
+/// The watchdog's look at NCCL: an asynchronous error fails the link. Skipped while another
+/// thread's call holds the communicator (the watchdog never waits on the calls it watches).
+pub(super) fn watch_comm(link: &Link) {
+    if let Err(e) = link.comm.async_error_if_idle() {
+        if !link.is_stopped() {
+            link.fail(format!("NCCL reported: {e}"));
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The watchdog thread of a runtime's outbound links: signs of life both ways, NCCL's errors.
+
+use super::*;
+
+/// The watchdog of a runtime's outbound links (inbound links are watched by their receiver
+/// threads).
+pub(in crate::pp) struct Watchdog {
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the thread that watches this rank's outgoing links (`senders`) and sends the
+    /// signs of life of its incoming ones (`heartbeats`); none when there are neither.
+    pub(in crate::pp) fn start(senders: Vec<Arc<Sender>>, heartbeats: Vec<Heartbeat>) -> Result<Option<Watchdog>> {
+        let Some(first) = senders.first().map(|s| &s.link).or(heartbeats.first().map(|h| &h.link)) else {
+            return Ok(None);
+        };
+        // A failure to start names the first link it would have watched.
+        let first = Arc::clone(first);
+        for sender in &senders {
+            sender
+                .watch
+                .set_read_timeout(Some(Duration::from_millis(1)))
+                .map_err(|e| io_error(&sender.link, "the connection's timeout", &e))?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("ppnrt-watchdog".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || {
+                    let start = Instant::now();
+                    let mut heard = vec![start; senders.len()];
+                    let mut sent = vec![start; heartbeats.len()];
+                    while !stop.load(Ordering::SeqCst) {
+                        for (sender, heard) in senders.iter().zip(&mut heard) {
+                            sender.watch(heard);
+                        }
+                        for (heartbeat, sent) in heartbeats.iter().zip(&mut sent) {
+                            heartbeat.beat(sent);
+                        }
+                        std::thread::sleep(POLL);
+                    }
+                }
+            })
+            .map_err(|e| io_error(&first, "starting the watchdog thread", &e))?;
+        Ok(Some(Watchdog { stop, thread: Some(thread) }))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
