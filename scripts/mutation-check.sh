@@ -142,15 +142,15 @@ run post-unlocked src/pp/runtime.rs "        drop(ring);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
 # No receive is captured while another NCCL call of the process posts (the NCCL double refuses
 # such a pair).
-run posting-apart src/nccl.rs "    let _shared = POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+run posting-apart src/nccl/posting.rs "    let _shared = POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     post()" "    post()" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
 run slot-owner src/pp/ring.rs "        let owner = if self.transport == Transport::Nccl { self.tx_stream } else { self.rx_stream };" "        let owner = self.rx_stream;" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
-run nccl-settle src/nccl.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
+run nccl-settle src/nccl/comm.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
-run abort-unbounded src/nccl.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
+run abort-unbounded src/nccl/settle.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
 run graph-step-order src/pp/runtime/step_graph.rs "if ring.step(k) != expected {" "if false {" processes
 # Eager and graph steps interleave across processes: an eager receive is counted, so the next
@@ -161,12 +161,12 @@ run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender
 " "" processes
 # A receive is captured only while none of the process's NCCL work is still running: the check,
 # and the note a launch of a captured receive leaves (the NCCL double refuses such a capture).
-run capture-in-flight src/nccl.rs "        if !all_settled()? {" "        if false && !all_settled()? {" processes
-run graph-launch-unnoted src/nccl.rs "            self.in_flight.note(stream);
+run capture-in-flight src/nccl/posting.rs "        if !all_settled()? {" "        if false && !all_settled()? {" processes
+run graph-launch-unnoted src/nccl/comm.rs "            self.in_flight.note(stream);
             Ok(())" "            Ok(())" processes
 # A communicator lets go of the streams only it holds (a caller posting on a new stream each
 # time keeps none alive).
-run in-flight-streams-kept src/nccl.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
+run in-flight-streams-kept src/nccl/posting.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
 # A step's slot state changes only once its copy is enqueued: a failed tx leaves the slot free,
 # a failed rx leaves it filled (to be received again). The fault sweep fails every call in turn.
 run tx-state-early src/pp/runtime.rs "                boundary.copy_into_slot(tx, src, dst)?;" "                let _ = boundary.copy_into_slot(tx, src, dst);"
