@@ -185,9 +185,9 @@ run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && s
 run readback-held-by-graph src/pp/runtime.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" ring
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
-run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.launch_on(stage, s, k, input, output)?;
             next[s] = (k + 1) % n_slots;" "            next[s] = (k + 1) % n_slots;
-            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;"
+            self.launch_on(stage, s, k, input, output)?;"
 # A capture is ended however the calls around its end fail: without the context bound, and once
 # more while the stream is still capturing (the capture fault sweep).
 run capture-end-bound src/safe/graph.rs "    let bound = stream.context().bind();

@@ -30,7 +30,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Boundary, PpNRt};
+use super::{Boundary, PpNRt, Stage};
 use crate::error::{CaptureError, Error, Result};
 #[cfg(feature = "testing")]
 use crate::pp::config::ProtocolFault;
@@ -499,22 +499,19 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
+        // Every stage's output slot is checked before any graph is launched; each input slot is
+        // filled by the launch of the stage before it.
         for (b, ring) in rings.iter().enumerate() {
-            if ring.next() != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
-            }
-            ring.check_free(b, k, "StepGraphs::launch")?;
-            self.check_captured(ring, b, k)?;
+            self.check_output(ring, b, k, "StepGraphs::launch")?;
         }
         let n_slots = rings.first().map_or(1, |ring| ring.n_slots());
         next.iter_mut().for_each(|at| *at = k);
         for (s, stage) in rt.local_stages() {
-            #[cfg(feature = "testing")]
-            self.break_protocol(s.checked_sub(1).map(|b| &*rings[b]), rings.get(s).map(|ring| &**ring), k);
-            self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
-            next[s] = (k + 1) % n_slots;
             let (before, after) = rings.split_at_mut(s);
-            self.advance(before.last_mut().map(|ring| &mut **ring), after.first_mut().map(|ring| &mut **ring), k);
+            let (input, output) =
+                (before.last_mut().map(|ring| &mut **ring), after.first_mut().map(|ring| &mut **ring));
+            self.launch_on(stage, s, k, input, output)?;
+            next[s] = (k + 1) % n_slots;
         }
         drop(rings);
         for (_, boundary) in rt.rings() {
@@ -631,17 +628,10 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             }
         }
         if let Some(ring) = output.as_deref() {
-            if ring.next() != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: s, expected: k, found: ring.next() }));
-            }
-            ring.check_free(s, k, "StepGraphs::launch_stage")?;
-            self.check_captured(ring, s, k)?;
+            self.check_output(ring, s, k, "StepGraphs::launch_stage")?;
         }
-        #[cfg(feature = "testing")]
-        self.break_protocol(input.as_deref(), output.as_deref(), k);
-        self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+        self.launch_on(stage, s, k, input.as_deref_mut(), output.as_deref_mut())?;
         self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
-        self.advance(input.as_deref_mut(), output.as_deref_mut(), k);
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
             if let Some(boundary) = rt.ring(b) {
@@ -655,6 +645,35 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             sender.tx(&sent, self.n)?;
         }
         Ok(k)
+    }
+
+    /// Checks, under its ring's lock, that boundary `b`'s slot `k` may take its TX stage's output
+    /// from this step's graphs (`call` names the launch): the ring is at that slot, and the slot
+    /// is free and still the allocation the graphs were captured with.
+    fn check_output(&self, ring: &Slots, b: usize, k: usize, call: &'static str) -> Result<()> {
+        if ring.next() != k {
+            return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
+        }
+        ring.check_free(b, k, call)?;
+        self.check_captured(ring, b, k)
+    }
+
+    /// The one per-stage step of both launches: launches stage `s`'s graph for slot `k` on the
+    /// stage's stream (its rings `input` and `output` checked and locked by the caller), then
+    /// moves them as the stage's `rx` and `tx` would. A failed launch moves nothing.
+    fn launch_on(
+        &self,
+        stage: &Stage,
+        s: usize,
+        k: usize,
+        input: Option<&mut Slots>,
+        output: Option<&mut Slots>,
+    ) -> Result<()> {
+        #[cfg(feature = "testing")]
+        self.break_protocol(input.as_deref(), output.as_deref(), k);
+        self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+        self.advance(input, output, k);
+        Ok(())
     }
 
     /// Checks that boundary `b`'s slot `k` still has the allocation the graphs were captured with.

@@ -1,0 +1,56 @@
+//! Host tests through the CUDA driver double (`tests/driver_double/cuda_double.c`): the soundness
+//! scenarios of `common/soundness.rs`, and error injection on each call that protects work
+//! already enqueued; with the NCCL double (`tests/driver_double/nccl_double.c`) too, two ranks of
+//! one pipeline as threads of this process, each driver and NCCL call of their steps, setup and
+//! teardown failed in turn. They run on every machine with a C compiler (CI sets
+//! `PPNRT_REQUIRE_DOUBLE` so that a missing compiler fails rather than skips).
+//!
+//! The double runs queued work only when something synchronises, and then only what that needs:
+//! work left unordered runs as late as possible, so a missing wait shows up deterministically as
+//! a wrong value or a counted access to freed memory (a "violation").
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[path = "../common/double.rs"]
+mod double;
+#[path = "../common/graphs.rs"]
+mod graphs;
+#[path = "../common/ordering.rs"]
+mod ordering;
+#[path = "../common/ranks.rs"]
+mod ranks;
+#[path = "../common/raw_driver.rs"]
+mod raw_driver;
+#[path = "../common/soundness.rs"]
+mod soundness;
+#[path = "../common/threads.rs"]
+mod threads;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use double::with_double;
+use ranks::{try_two_ranks, two_ranks};
+use raw_driver::raw;
+
+use ppnrt::{
+    CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
+    TransportPolicy,
+};
+
+const OUT_OF_MEMORY: i32 = 2;
+/// `ncclInternalError`.
+const NCCL_INTERNAL_ERROR: i32 = 3;
+
+mod graphs_mode;
+mod protocol;
+mod scenarios;
+mod sweep_graph;
+mod sweep_lifetime;
+mod sweep_ranks;
+mod sweep_step;
+
+use scenarios::*;
+use sweep_ranks::*;
+use sweep_step::*;
