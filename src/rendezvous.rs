@@ -37,6 +37,10 @@ pub const MAX_CONTRIBUTION: usize = 64 << 10;
 
 const MAGIC: &[u8; 8] = b"PPNRTRV2";
 const MAX_FINGERPRINT: usize = 4096;
+/// The most ranks a rendezvous gathers (at least a pipeline's most stages, each of which may
+/// have a rank of its own).
+pub const MAX_WORLD: usize = 256;
+
 /// A reply carries every rank's address and contribution.
 const MAX_REPLY: usize = 64 << 20;
 const OK: u8 = 0;
@@ -62,6 +66,14 @@ pub enum RendezvousError {
         waited: Duration,
         /// What never came.
         waiting_for: String,
+    },
+    /// More ranks than a rendezvous gathers ([`MAX_WORLD`]).
+    #[error("a world of {world} ranks is more than a rendezvous gathers ({max})")]
+    WorldOutOfRange {
+        /// The world size given.
+        world: usize,
+        /// [`MAX_WORLD`].
+        max: usize,
     },
     /// A rank outside `0..world` (or a world of fewer than two ranks).
     #[error("rank {rank} is not in 0..{world}")]
@@ -325,6 +337,9 @@ impl Rendezvous {
     }
 
     fn check_rank(&self) -> Result<(), RendezvousError> {
+        if self.world > MAX_WORLD {
+            return Err(RendezvousError::WorldOutOfRange { world: self.world, max: MAX_WORLD });
+        }
         if self.world < 2 || self.rank >= self.world {
             return Err(RendezvousError::RankOutOfRange { rank: self.rank, world: self.world });
         }

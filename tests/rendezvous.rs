@@ -103,6 +103,19 @@ fn ranks_out_of_range_are_typed_errors() {
         RendezvousError::RankOutOfRange { rank: 0, world: 1 }
     );
     assert!(matches!(member("no such host:1", 1, 2, "", 100).join(), Err(RendezvousError::Address { .. })));
+    // A world larger than a rendezvous gathers is refused before anything is allocated for it
+    // (`usize::MAX` used to panic, `1 << 40` to abort the process).
+    for world in [ppnrt::rendezvous::MAX_WORLD + 1, 1 << 40, usize::MAX] {
+        let max = ppnrt::rendezvous::MAX_WORLD;
+        assert_eq!(
+            member(&addr, 0, world, "", 100).serve(&payload()).unwrap_err(),
+            RendezvousError::WorldOutOfRange { world, max }
+        );
+        assert_eq!(
+            member(&addr, 1, world, "", 100).join().unwrap_err(),
+            RendezvousError::WorldOutOfRange { world, max }
+        );
+    }
 }
 
 #[test]

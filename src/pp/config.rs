@@ -29,8 +29,18 @@ pub const PEER_TIMEOUT_VAR: &str = "PPNRT_PEER_TIMEOUT_MS";
 /// The default of [`PEER_TIMEOUT_VAR`].
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The shortest peer timeout: every rank shows its peers a sign of life ten times per timeout,
+/// and at most every 10 ms, so a shorter timeout would fail healthy peers.
+pub const MIN_PEER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The longest peer timeout (a day): every deadline the runtime computes from it stays far
+/// from the clock's range, and a peer that is gone is still noticed.
+pub const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The most stages a pipeline may have (a sanity bound against typos such as `PPNRT_STAGES=1000`).
 pub const MAX_STAGES: usize = 256;
+// Every stage may have a rank of its own: the rendezvous gathers that many.
+static_assertions::const_assert!(MAX_STAGES <= crate::rendezvous::MAX_WORLD);
 /// The most slots a ring may have.
 pub const MAX_SLOTS: usize = 64;
 
@@ -382,18 +392,28 @@ impl PpConfig {
                 reason: format!("the pipeline spans {world} rank(s) ({RANKS_VAR}), so the rank must be below {world}"),
             });
         }
-        if world > 1 && self.rendezvous.as_deref().is_none_or(|addr| addr.trim().is_empty()) {
-            return Err(ConfigError {
-                setting: RENDEZVOUS_VAR,
-                value: String::new(),
-                reason: format!("a pipeline of {world} ranks needs rank 0's address, host:port"),
-            });
+        if world > 1 {
+            match self.rendezvous.as_deref().map(str::trim) {
+                None | Some("") => {
+                    return Err(ConfigError {
+                        setting: RENDEZVOUS_VAR,
+                        value: String::new(),
+                        reason: format!("a pipeline of {world} ranks needs rank 0's address, host:port"),
+                    });
+                }
+                Some(addr) => check_rendezvous_address(addr)?,
+            }
         }
-        if self.peer_timeout.is_zero() {
+        if !(MIN_PEER_TIMEOUT..=MAX_PEER_TIMEOUT).contains(&self.peer_timeout) {
             return Err(ConfigError {
                 setting: PEER_TIMEOUT_VAR,
-                value: "0".into(),
-                reason: "the peer timeout must be at least 1 ms".into(),
+                value: format!("{} ms", self.peer_timeout.as_millis()),
+                reason: format!(
+                    "the peer timeout must be between {} ms and {} ms (signs of life go out ten times per \
+                     timeout, at most every 10 ms)",
+                    MIN_PEER_TIMEOUT.as_millis(),
+                    MAX_PEER_TIMEOUT.as_millis()
+                ),
             });
         }
         Ok(())
@@ -501,6 +521,26 @@ impl PpConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// Checks a rendezvous address's form, `host:port` (a name, an IPv4 address or a bracketed IPv6
+/// one, and a port from 1 to 65535), without resolving it.
+fn check_rendezvous_address(addr: &str) -> Result<(), ConfigError> {
+    let bad = |reason: String| ConfigError { setting: RENDEZVOUS_VAR, value: addr.to_string(), reason };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(bad("not host:port (no port)".into()));
+    };
+    if host.is_empty() || host.chars().any(char::is_whitespace) {
+        return Err(bad(format!("`{host}` is not a host name or address")));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad("an IPv6 address is written in brackets, [addr]:port".into()));
+    }
+    match port.parse::<u16>() {
+        Ok(0) => Err(bad("port 0 is no port to meet at".into())),
+        Ok(_) => Ok(()),
+        Err(e) => Err(bad(format!("`{port}` is not a port (1 to 65535): {e}"))),
     }
 }
 
@@ -642,6 +682,35 @@ mod tests {
         }
         // One rank needs no rendezvous.
         assert_eq!(base.parse_processes(Some("0,0,0,0"), None, None, None).unwrap().world(), 1);
+    }
+
+    /// Every rendezvous address and peer timeout is checked before a runtime is built: no
+    /// malformed address reaches the rendezvous, and no timeout overflows a deadline (a
+    /// `Duration::MAX` timeout used to panic in `PpNRt::new`) or fails healthy peers (signs of
+    /// life go out at most every 10 ms).
+    #[test]
+    fn rendezvous_addresses_and_peer_timeouts_are_checked() {
+        let two = PpConfig::with_devices(&[0, 0]).ranks(&[0, 1]).rank(1);
+        for addr in ["garbage", "localhost:99999", "localhost:0", ":29500", "::1:29500", "host name:1", "h:", "h:-1"] {
+            let err = two.clone().rendezvous(addr).validate().unwrap_err();
+            assert_eq!((err.setting, err.value.as_str()), (RENDEZVOUS_VAR, addr), "{err}");
+        }
+        for addr in ["localhost:29500", "10.0.0.1:1", "[::1]:65535", "node-7.cluster:29500"] {
+            assert!(two.clone().rendezvous(addr).validate().is_ok(), "{addr}");
+        }
+        let with = |timeout: Duration| two.clone().rendezvous("h:1").peer_timeout(timeout).validate();
+        for timeout in [Duration::ZERO, Duration::from_millis(1), Duration::from_millis(99), Duration::MAX] {
+            let err = with(timeout).unwrap_err();
+            assert_eq!(err.setting, PEER_TIMEOUT_VAR, "{timeout:?}: {err}");
+        }
+        for timeout in [MIN_PEER_TIMEOUT, DEFAULT_PEER_TIMEOUT, MAX_PEER_TIMEOUT] {
+            assert!(with(timeout).is_ok(), "{timeout:?}");
+        }
+        let base = PpConfig::parse(None, Some("0,0"), None, None).unwrap();
+        for text in ["1", "99", "99999999999999"] {
+            let err = base.clone().parse_processes(Some("0,1"), Some("1"), Some("h:1"), Some(text)).unwrap_err();
+            assert_eq!(err.setting, PEER_TIMEOUT_VAR, "{text}: {err}");
+        }
     }
 
     #[test]

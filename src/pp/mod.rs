@@ -42,8 +42,8 @@ mod runtime;
 #[cfg(feature = "testing")]
 pub use crate::pp::config::ProtocolFault;
 pub use crate::pp::config::{
-    DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_SLOTS, MAX_STAGES, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR,
-    RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
+    DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
+    PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
 pub use error::{PpError, ReceiverState, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use crate::error::ConfigError;
-use crate::pp::config::{DEVICES_VAR, TRANSPORT_VAR, TransportPolicy};
+use crate::pp::config::{DEVICES_VAR, RANKS_VAR, TRANSPORT_VAR, TransportPolicy};
 
 /// How one boundary moves data from its TX stage to its RX stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +91,13 @@ impl Plan {
         policy: TransportPolicy,
         mut peer_access: impl FnMut(i32, i32) -> bool,
     ) -> Result<Plan, ConfigError> {
+        if stage_ranks.len() != stage_devices.len() {
+            return Err(ConfigError {
+                setting: RANKS_VAR,
+                value: stage_ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                reason: format!("{} rank(s) listed for {} stage(s)", stage_ranks.len(), stage_devices.len()),
+            });
+        }
         let mut boundaries = Vec::with_capacity(stage_devices.len().saturating_sub(1));
         for (boundary, pair) in stage_devices.windows(2).enumerate() {
             let (tx_device, rx_device) = (pair[0], pair[1]);
@@ -216,6 +223,15 @@ mod tests {
         );
         let staged = Plan::choose_across(&[0, 0], &[0, 1], 1, TransportPolicy::Staged, |_, _| false).unwrap();
         assert_eq!(staged.boundaries[0].transport, Transport::Nccl);
+    }
+
+    /// Fewer (or more) stage ranks than stages is a typed error, not an index out of bounds.
+    #[test]
+    fn a_rank_list_of_another_length_is_a_typed_error() {
+        for ranks in [&[0usize][..], &[0, 1, 1][..]] {
+            let err = Plan::choose_across(&[0, 1], ranks, 0, TransportPolicy::Auto, |_, _| true).unwrap_err();
+            assert_eq!(err.setting, RANKS_VAR, "{err}");
+        }
     }
 
     #[test]
