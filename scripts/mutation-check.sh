@@ -74,6 +74,7 @@ declare -A catchers=(
   [forgotten-capture-holds-frees]="a_forgotten_thread_local_capture_holds_back_no_other_streams_frees"
   [read-marks-hold-streams]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
   [detached-reads-dropped]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
+  [rx-size-unchecked]="a_step_of_another_element_size_is_refused_and_kept"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -228,3 +229,6 @@ run readback-after-failure src/pp/readback.rs "        match self.shared.links.i
 run forgotten-capture-holds-frees src/safe/graph.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" bounded
 run read-marks-hold-streams src/safe/ordering.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" bounded
 run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," bounded
+# A step whose bytes are not the receiver's n elements is refused (a peer whose type of that
+# name has another size): tests/ring.rs.
+run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring

@@ -270,3 +270,44 @@ fn a_receive_waiting_for_another_rank_does_not_hold_up_a_capture() {
         });
     });
 }
+
+/// A one-byte element that calls itself `f32`, as a peer process of another build whose `f32`
+/// had another size would send it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(transparent)]
+struct ShortF32(u8);
+
+// SAFETY: one byte, every bit pattern valid, no padding or pointers. Its name is the wrong one on
+// purpose: it stands for a peer whose type of that name has another size.
+unsafe impl ppnrt::DeviceRepr for ShortF32 {
+    const NAME: &'static str = "f32";
+}
+
+/// A step from another rank whose element count and type name match the receiver's but whose
+/// bytes do not (the sender's `f32` is one byte): `rx` and `rx_in_place` refuse it with
+/// `RxSizeMismatch`, nothing is received, and the step is still there for a receive of the
+/// sender's own type.
+#[test]
+fn a_step_of_another_element_size_is_refused_and_kept() {
+    with_double("a_step_of_another_element_size_is_refused_and_kept", |_| {
+        let ranks = ranks::two_ranks(Duration::from_secs(10));
+        let primary = Engine::new(0).unwrap();
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let sent: Vec<ShortF32> = (0..N as u32).map(|i| ShortF32((i * 7) as u8)).collect();
+        let x = {
+            let _stage = ranks.0.enter(0).unwrap();
+            ranks.0.engine(0, &primary).unwrap().htod(&sent).unwrap()
+        };
+        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
+        let wait = Duration::from_secs(5);
+        let refused = ranks.1.rx_wait::<f32>(0, 0, N, wait).unwrap_err();
+        let expected =
+            PpError::RxSizeMismatch { boundary: 0, slot: 0, elem: "f32", n: N, requested_size: 4, sent_bytes: N };
+        assert_eq!(refused, Error::Pipeline(expected.clone()), "{refused}");
+        let refused = ranks.1.rx_in_place::<f32>(0, 0, N).unwrap_err();
+        assert_eq!(refused, Error::Pipeline(expected), "{refused}");
+        let _stage = ranks.1.enter(1).unwrap();
+        let received = ranks.1.rx::<ShortF32>(0, 0, N).unwrap();
+        assert_eq!(e1.dtoh(&received).unwrap(), sent);
+    });
+}

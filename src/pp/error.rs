@@ -203,6 +203,28 @@ pub enum PpError {
         /// The element type `tx` sent.
         sent: &'static str,
     },
+    /// `rx` asked for as many elements of a type of that name as were sent, but they fill another
+    /// number of bytes than the step carried: the sender's type of that name has another size (a
+    /// peer process of another build, or a record that lies). Nothing was received; the slot
+    /// keeps its data.
+    #[error(
+        "boundary {boundary}, slot {slot}: rx of {n} {elem} of {requested_size} byte(s) each, but the step \
+         carried {sent_bytes} byte(s)"
+    )]
+    RxSizeMismatch {
+        /// The boundary.
+        boundary: usize,
+        /// The slot.
+        slot: usize,
+        /// The element type's name.
+        elem: &'static str,
+        /// Elements asked for (as many as were sent).
+        n: usize,
+        /// The size of the receiver's element type, in bytes.
+        requested_size: usize,
+        /// The bytes the step carried.
+        sent_bytes: usize,
+    },
     /// `tx` over a boundary to another process of an element type whose name
     /// ([`DeviceRepr::NAME`](crate::DeviceRepr::NAME)) is longer than the boundary carries;
     /// nothing was sent.

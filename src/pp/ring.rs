@@ -73,6 +73,8 @@ pub(super) struct Slots {
 /// the first (read after write), the next copy in for the second (write after read).
 struct Slot {
     state: SlotState,
+    /// The bytes the slot was last filled with (its state names the element count and type).
+    bytes: usize,
     buffer: SlotBuffer,
     /// For a boundary from another rank: the step the slot was last filled with.
     step: u64,
@@ -189,7 +191,7 @@ impl SlotRing {
     pub(super) fn new(n_slots: usize, reserved: usize, inbound: bool, home: SlotHome<'_>) -> Result<SlotRing> {
         let slots = (0..n_slots)
             .map(|_| {
-                let mut slot = Slot { state: SlotState::NeverFilled, buffer: SlotBuffer::Empty, step: 0 };
+                let mut slot = Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Empty, step: 0 };
                 if reserved > 0 {
                     home.grow(&mut slot.buffer, reserved)?;
                 }
@@ -376,8 +378,9 @@ impl Slots {
     }
 
     /// Checks that slot `k` of boundary `b` holds `n` elements of `T`, for `call` to receive it:
-    /// [`PpError::RxTypeMismatch`], [`PpError::RxLengthMismatch`], or [`PpError::SlotState`] when
-    /// it is not filled at all.
+    /// [`PpError::RxTypeMismatch`], [`PpError::RxLengthMismatch`], [`PpError::RxSizeMismatch`]
+    /// (the bytes filled are not `n` of `T`'s), or [`PpError::SlotState`] when it is not filled at
+    /// all.
     pub(super) fn check_filled<T: DeviceRepr>(&self, b: usize, k: usize, call: &'static str, n: usize) -> Result<()> {
         match self.slots[k].state {
             SlotState::Filled { elem, .. } if elem != T::NAME => {
@@ -385,6 +388,16 @@ impl Slots {
             }
             SlotState::Filled { n: sent, .. } if sent != n => {
                 Err(Error::Pipeline(PpError::RxLengthMismatch { boundary: b, slot: k, requested: n, sent }))
+            }
+            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {
+                Err(Error::Pipeline(PpError::RxSizeMismatch {
+                    boundary: b,
+                    slot: k,
+                    elem: T::NAME,
+                    n,
+                    requested_size: size_of::<T>(),
+                    sent_bytes: self.slots[k].bytes,
+                }))
             }
             SlotState::Filled { .. } => Ok(()),
             found => Err(Error::Pipeline(PpError::SlotState { boundary: b, slot: k, call, needed: "filled", found })),
@@ -423,9 +436,10 @@ impl Slots {
         self.slots[k].state = SlotState::Received;
     }
 
-    /// Slot `k` was written with `n` elements of the type named `elem`: filled, and the ring
-    /// moves on to the next slot.
-    pub(super) fn filled(&mut self, k: usize, n: usize, elem: &'static str) {
+    /// Slot `k` was written with `n` elements of the type named `elem`, `bytes` in all: filled,
+    /// and the ring moves on to the next slot.
+    pub(super) fn filled(&mut self, k: usize, n: usize, elem: &'static str, bytes: usize) {
+        self.slots[k].bytes = bytes;
         self.slots[k].state = SlotState::Filled { n, elem };
         self.next = (k + 1) % self.slots.len();
     }
@@ -501,20 +515,21 @@ impl Slots {
     }
 
     /// The receive into slot `k` begun by [`begin_receive`](Self::begin_receive) ended: the
-    /// buffer comes back; on success (`Some((n, elem, step))`) the slot holds step `step`'s `n`
-    /// elements of `elem` and the ring moves on, else it is back in the state `was`.
+    /// buffer comes back; on success (`Some((n, elem, bytes, step))`) the slot holds step `step`'s
+    /// `n` elements of `elem`, `bytes` in all, and the ring moves on, else it is back in the state
+    /// `was`.
     pub(super) fn end_receive(
         &mut self,
         k: usize,
         buffer: SlotBuffer,
         was: SlotState,
-        arrived: Option<(usize, &'static str, u64)>,
+        arrived: Option<(usize, &'static str, usize, u64)>,
     ) {
         self.slots[k].buffer = buffer;
         match arrived {
-            Some((n, elem, step)) => {
+            Some((n, elem, bytes, step)) => {
                 self.slots[k].step = step;
-                self.filled(k, n, elem);
+                self.filled(k, n, elem, bytes);
             }
             None => self.slots[k].state = was,
         }

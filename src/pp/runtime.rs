@@ -359,7 +359,7 @@ impl PpNRt {
             SlotBuffer::Host(buffer) => buffer.copy_from_device(tx, src)?,
             SlotBuffer::Empty => unreachable!("writable() gave the slot a buffer of at least one byte"),
         }
-        ring.filled(index, n, T::NAME);
+        ring.filled(index, n, T::NAME, bytes);
         drop(ring);
         boundary.ring.wake_sleepers();
         Ok(index)

@@ -51,7 +51,7 @@ impl SlotFiller for Boundary {
         phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
         let mut ring = self.ring.lock();
-        let arrived = posted.is_ok().then_some((step.n, step.elem, step.step));
+        let arrived = posted.is_ok().then_some((step.n, step.elem, step.bytes, step.step));
         ring.end_receive(index, buffer, was, arrived);
         if let Err(e) = posted {
             drop(ring);

@@ -691,7 +691,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             ring.received(k);
         }
         if let Some(ring) = output {
-            ring.filled(k, self.n, T::NAME);
+            ring.filled(k, self.n, T::NAME, self.n * std::mem::size_of::<T>());
         }
     }
 
