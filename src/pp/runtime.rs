@@ -378,7 +378,8 @@ impl PpNRt {
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::BoundaryOutOfRange`], [`PpError::ZeroLength`],
     /// [`PpError::SlotOutOfRange`], [`PpError::SlotState`] (never filled or already received),
-    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`],
+    /// [`PpError::RxLengthMismatch`], [`PpError::RxTypeMismatch`], [`PpError::RxSizeMismatch`] (from another
+    /// rank: the bytes sent are not `n` of `T`'s),
     /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's stream is
     /// being captured: the copy would run at the graph's launch, reading whatever the slot holds
     /// then, while the slot said received now; the capture is invalidated). Else the driver's
