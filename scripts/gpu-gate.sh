@@ -147,11 +147,12 @@ sanitize_one_per_process() {
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
-  # faults: its child processes trap on purpose; unit, no_driver, double, rendezvous: never reach a GPU (the
+  # faults: its child processes trap on purpose; unit, no_driver, double, ring, bounded, rendezvous:
+  # never reach a GPU (they run through the driver double, or need no driver; the
   # sanitizer refuses a program that makes no CUDA call); nccl: not yet run under the sanitizer
   # (NCCL's own kernels and proxy threads; pick it with GATE_SANITIZE_TESTS=nccl); processes: its
   # ranks are child processes, and its own test runs one rank under memcheck.
-  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double|nccl|processes|rendezvous)$' | tr '\n' ' ')
+  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double|ring|bounded|nccl|processes|rendezvous)$' | tr '\n' ' ')
   tests=${GATE_SANITIZE_TESTS:-$default_tests}
   for tool in $tools; do
     extra=()
