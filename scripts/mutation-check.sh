@@ -75,6 +75,7 @@ declare -A catchers=(
   [read-marks-hold-streams]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
   [detached-reads-dropped]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
   [rx-size-unchecked]="a_step_of_another_element_size_is_refused_and_kept"
+  [hellos-one-at-a-time]="silent_trickling_and_foreign_connections_cost_the_ranks_nothing"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -232,3 +233,5 @@ run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event))
 # A step whose bytes are not the receiver's n elements is refused (a peer whose type of that
 # name has another size): tests/ring.rs.
 run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
+# Rank 0 reads every connection's hello at once, each within its own budget (tests/rendezvous.rs).
+run hellos-one-at-a-time src/rendezvous.rs "    while at < pending.len() {" "    while at < pending.len().min(1) {" rendezvous

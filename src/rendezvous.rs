@@ -8,7 +8,9 @@
 //! with a typed [`RendezvousError`] on rank 0 and on the rank concerned (the others learn that the
 //! rendezvous failed), never a hang: every wait is bounded by the caller's timeout, and a rank
 //! that nobody answers gets [`RendezvousError::Timeout`]. Ranks may start in any order: a
-//! connecting rank retries until rank 0 listens or the time is up.
+//! connecting rank retries until rank 0 listens or the time is up. Rank 0 reads the hellos of
+//! every connection at once, each within a budget of its own (two seconds): a connection that is
+//! silent, trickles bytes or speaks another protocol is dropped and costs the real ranks nothing.
 //!
 //! Threading and lifetime: every call blocks its thread for at most the timeout and keeps no
 //! state afterwards (rank 0's listener closes when `serve` returns).
@@ -43,6 +45,11 @@ pub const MAX_WORLD: usize = 256;
 
 /// A reply carries every rank's address and contribution.
 const MAX_REPLY: usize = 64 << 20;
+/// How long one connection to rank 0 has to deliver its whole hello (a rank sends it at once):
+/// a connection that is silent, or trickles bytes, is dropped then, and the rendezvous goes on.
+const HELLO_BUDGET: Duration = Duration::from_secs(2);
+/// Connections whose hellos rank 0 reads at once; more are closed as they come.
+const MAX_PENDING_HELLOS: usize = 4 * MAX_WORLD;
 const OK: u8 = 0;
 const REFUSED: u8 = 1;
 
@@ -207,6 +214,7 @@ impl Rendezvous {
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let start = Instant::now();
         let mut joined: Vec<Option<(TcpStream, Member)>> = (0..self.world).map(|_| None).collect();
+        let mut pending: Vec<PendingHello> = Vec::new();
         let missing = |joined: &[Option<(TcpStream, Member)>]| -> Vec<usize> {
             (1..joined.len()).filter(|r| joined[*r].is_none()).collect()
         };
@@ -221,25 +229,17 @@ impl Rendezvous {
                 refuse_all(&mut joined, &error);
                 return Err(error);
             }
-            let (mut stream, peer) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
+            // Every connection's hello is read at once, each within its own budget: a silent or
+            // trickling connection costs the others nothing and is dropped when its budget ends.
+            let accepted = accept_pending(&listener, &mut pending)
+                .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
+            let Some((stream, peer, (rank, world, fingerprint, bytes))) = next_hello(&mut pending) else {
+                if !accepted {
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(e) => return Err(RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() }),
+                continue;
             };
-            let remaining = self.timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
-            let hello = stream
-                .set_nonblocking(false)
-                .and_then(|()| stream.set_read_timeout(Some(remaining)))
-                .map_err(|e| e.to_string())
-                .and_then(|()| read_hello(&mut stream));
-            let (rank, world, fingerprint, bytes) = match hello {
-                Ok(hello) => hello,
-                // Not one of ours (or too slow to speak): ignore it and keep waiting.
-                Err(_) => continue,
-            };
+            let mut stream = stream;
             let refusal = if world != self.world {
                 Some(RendezvousError::WorldSizeMismatch { rank, expected: self.world, found: world })
             } else if rank == 0 || rank >= self.world {
@@ -358,28 +358,111 @@ impl Rendezvous {
     }
 }
 
-fn read_hello(stream: &mut TcpStream) -> Result<(usize, usize, String, Vec<u8>), String> {
-    let mut head = [0u8; 20];
-    stream.read_exact(&mut head).map_err(|e| e.to_string())?;
-    if &head[..8] != MAGIC {
+/// A hello: rank, world size, configuration fingerprint, contribution.
+type Hello = (usize, usize, String, Vec<u8>);
+
+/// A connection to rank 0 whose hello is being read (without blocking), and until when it may
+/// take.
+struct PendingHello {
+    stream: TcpStream,
+    peer: SocketAddr,
+    read: Vec<u8>,
+    deadline: Instant,
+}
+
+/// Takes every connection waiting on `listener` into `pending` (non-blocking, each with
+/// [`HELLO_BUDGET`]; beyond [`MAX_PENDING_HELLOS`] a connection is closed at once). Returns
+/// whether any came.
+fn accept_pending(listener: &TcpListener, pending: &mut Vec<PendingHello>) -> std::io::Result<bool> {
+    let mut any = false;
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                any = true;
+                if pending.len() >= MAX_PENDING_HELLOS || stream.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                pending.push(PendingHello { stream, peer, read: Vec::new(), deadline: Instant::now() + HELLO_BUDGET });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(any),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A connection that failed between its arrival and the accept: not the listener's.
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads what each pending connection has sent; returns the first whose hello is whole (its
+/// stream blocking again), and drops those that failed, closed, sent what is no hello, or ran
+/// past their budget.
+fn next_hello(pending: &mut Vec<PendingHello>) -> Option<(TcpStream, SocketAddr, Hello)> {
+    let now = Instant::now();
+    let mut at = 0;
+    while at < pending.len() {
+        let connection = &mut pending[at];
+        let mut chunk = [0u8; 4096];
+        let outcome = loop {
+            match connection.stream.read(&mut chunk) {
+                Ok(0) => break Err(()),
+                Ok(read) => {
+                    connection.read.extend_from_slice(&chunk[..read]);
+                    match parse_hello(&connection.read) {
+                        Ok(Some(hello)) => break Ok(Some(hello)),
+                        Ok(None) => {}
+                        Err(_) => break Err(()),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break Err(()),
+            }
+        };
+        match outcome {
+            Ok(Some(hello)) => {
+                let connection = pending.swap_remove(at);
+                if connection.stream.set_nonblocking(false).is_ok() {
+                    return Some((connection.stream, connection.peer, hello));
+                }
+            }
+            Ok(None) if now < connection.deadline => at += 1,
+            // Silent or trickling past its budget, closed, failed, or not one of ours: dropped.
+            Ok(None) | Err(()) => {
+                pending.swap_remove(at);
+            }
+        }
+    }
+    None
+}
+
+/// A hello from the bytes read so far: `Ok(None)` while it is incomplete; an error for bytes
+/// that are no hello (another protocol, or sizes past the bounds).
+fn parse_hello(read: &[u8]) -> Result<Option<Hello>, String> {
+    let head = MAGIC.len().min(read.len());
+    if read[..head] != MAGIC[..head] {
         return Err("not a ppnrt rendezvous".into());
     }
-    let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("four bytes")) as usize;
-    let (rank, world, len) = (word(8), word(12), word(16));
-    if len > MAX_FINGERPRINT {
-        return Err(format!("a fingerprint of {len} bytes"));
+    let word = |at: usize| -> Option<usize> {
+        Some(u32::from_le_bytes(read.get(at..at + 4)?.try_into().expect("four bytes")) as usize)
+    };
+    let (Some(rank), Some(world), Some(fingerprint_len)) = (word(8), word(12), word(16)) else { return Ok(None) };
+    if fingerprint_len > MAX_FINGERPRINT {
+        return Err(format!("a fingerprint of {fingerprint_len} bytes"));
     }
-    let mut fingerprint = vec![0u8; len];
-    stream.read_exact(&mut fingerprint).map_err(|e| e.to_string())?;
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).map_err(|e| e.to_string())?;
-    let len = u32::from_le_bytes(len) as usize;
+    let Some(len) = word(20 + fingerprint_len) else { return Ok(None) };
     if len > MAX_CONTRIBUTION {
         return Err(format!("a contribution of {len} bytes"));
     }
-    let mut bytes = vec![0u8; len];
-    stream.read_exact(&mut bytes).map_err(|e| e.to_string())?;
-    Ok((rank, world, String::from_utf8_lossy(&fingerprint).into_owned(), bytes))
+    let body = 24 + fingerprint_len;
+    if read.len() < body + len {
+        return Ok(None);
+    }
+    if read.len() > body + len {
+        return Err("bytes past the hello".into());
+    }
+    let fingerprint = String::from_utf8_lossy(&read[20..20 + fingerprint_len]).into_owned();
+    Ok(Some((rank, world, fingerprint, read[body..body + len].to_vec())))
 }
 
 /// The member table: per rank, its address as text and its contribution, each length-prefixed.

@@ -165,3 +165,63 @@ fn exchange_gathers_every_ranks_contribution_with_its_address() {
     let too_big = vec![0u8; ppnrt::rendezvous::MAX_CONTRIBUTION + 1];
     assert!(matches!(member(&addr, 1, 2, "fp", 100).exchange(&too_big), Err(RendezvousError::Protocol { .. })));
 }
+
+/// Connects to `addr`, retrying until rank 0 listens (at most two seconds).
+fn connect_when_listening(addr: &str) -> std::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(stream) => return stream,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("rank 0 never listened at {addr}: {e}"),
+        }
+    }
+}
+
+/// Connections that are not ranks cost the real ranks nothing: one that says nothing, one that
+/// trickles a well-formed hello a byte every 100 ms (it would take seconds), and one that speaks
+/// another protocol, all made before rank 1 arrives. Rank 0 reads every connection at once, each
+/// within its own budget: rank 1 is met at once and both ranks get the payload (a silent
+/// connection used to hold rank 0 until its whole timeout, failing the rendezvous).
+#[test]
+fn silent_trickling_and_foreign_connections_cost_the_ranks_nothing() {
+    let addr = free_address();
+    std::thread::scope(|scope| {
+        let server = {
+            let addr = addr.clone();
+            scope.spawn(move || member(&addr, 0, 2, "cfg", 5000).serve(&payload()))
+        };
+        let _silent = connect_when_listening(&addr);
+        let mut foreign = connect_when_listening(&addr);
+        std::io::Write::write_all(&mut foreign, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let trickler = {
+            let addr = addr.clone();
+            scope.spawn(move || {
+                let mut stream = connect_when_listening(&addr);
+                let mut hello = b"PPNRTRV2".to_vec();
+                for word in [1u32, 2, 3] {
+                    hello.extend_from_slice(&word.to_le_bytes());
+                }
+                hello.extend_from_slice(b"cfg");
+                hello.extend_from_slice(&0u32.to_le_bytes());
+                for byte in hello.iter().take(20) {
+                    if std::io::Write::write_all(&mut stream, &[*byte]).is_err() {
+                        return; // dropped by rank 0
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        let joined = member(&addr, 1, 2, "cfg", 5000).join();
+        let took = start.elapsed();
+        assert_eq!(joined.unwrap(), payload(), "rank 1");
+        assert!(took < Duration::from_secs(1), "rank 1 waited {took:?} behind the connections that are not ranks");
+        assert_eq!(server.join().unwrap().unwrap(), payload(), "rank 0");
+        trickler.join().unwrap();
+    });
+}
