@@ -76,6 +76,7 @@ declare -A catchers=(
   [detached-reads-dropped]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
   [rx-size-unchecked]="a_step_of_another_element_size_is_refused_and_kept"
   [hellos-one-at-a-time]="silent_trickling_and_foreign_connections_cost_the_ranks_nothing"
+  [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -235,3 +236,6 @@ run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event))
 run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
 # Rank 0 reads every connection's hello at once, each within its own budget (tests/rendezvous.rs).
 run hellos-one-at-a-time src/rendezvous.rs "    while at < pending.len() {" "    while at < pending.len().min(1) {" rendezvous
+# The receiver drains its receives at a close within the peer timeout: a step announced and
+# never sent fails the boundary instead of keeping the thread and the drop for ever.
+run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring

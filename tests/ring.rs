@@ -311,3 +311,46 @@ fn a_step_of_another_element_size_is_refused_and_kept() {
         assert_eq!(e1.dtoh(&received).unwrap(), sent);
     });
 }
+
+/// A peer that announces a step and never sends its data, then closes its end (it died between
+/// the record and the send): the receiving rank's receive of that step would wait for ever (an
+/// NCCL receive waits on a peer that died until its own communicator is aborted; the NCCL double
+/// does the same with `PPNRT_NCCL_DOUBLE_ORPHAN_RECV`). The receiving rank fails the boundary
+/// within the peer timeout of the close, and both ranks' drops return: no thread of the runtime
+/// waits without a bound. (The receiver thread used to wait for the receive in a stream
+/// synchronisation, and the runtime's drop for that thread, for ever.)
+#[test]
+fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
+    with_double("a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time", |_| {
+        // SAFETY: tests through the double run one at a time (`with_double` holds its lock), and
+        // nothing else of this process reads the environment while this test sets it.
+        unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1") };
+        let timeout = Duration::from_millis(800);
+        let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
+            if rank == 0 { config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend) } else { config }
+        });
+        let primary = Engine::new(0).unwrap();
+        let x = input(&ranks.0, &primary, 5);
+        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap(); // announced, never sent
+        drop(x);
+        std::thread::sleep(Duration::from_millis(100)); // the receiver posts the receive
+        let (done, dropped) = std::sync::mpsc::channel();
+        let start = std::time::Instant::now();
+        std::thread::spawn(move || {
+            let (zero, one) = ranks;
+            drop(zero); // closes: its close waits for rank 1's answer, at most the peer timeout
+            drop(one);
+            let _ = done.send(ppnrt::take_drop_errors());
+        });
+        let errors = dropped.recv_timeout(Duration::from_secs(10));
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV") };
+        let errors = errors.expect("dropping the ranks did not return within 10 s");
+        let took = start.elapsed();
+        assert!(took < 4 * timeout, "the drops took {took:?}");
+        assert!(
+            errors.iter().any(|e| matches!(e, Error::Pipeline(PpError::PeerFailed { .. }))),
+            "the lost step is recorded as a failed boundary: {errors:?}"
+        );
+    });
+}

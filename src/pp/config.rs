@@ -102,6 +102,9 @@ pub enum ProtocolFault {
     /// The setup joins NCCL communicators blocking and waits for each link's first message with
     /// no bound (a peer that dies meanwhile hangs it): the bounded setup off.
     UnwatchedSetup,
+    /// A `tx` to another rank writes its step's record but never sends the step's data: a peer
+    /// that announces a step and dies before its send ran.
+    AnnounceWithoutSend,
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -316,7 +319,10 @@ impl PpConfig {
     pub fn fingerprint(&self) -> String {
         #[cfg(feature = "testing")]
         let fault = match self.fault {
-            ProtocolFault::ExitBeforeCommJoin | ProtocolFault::UnwatchedSetup => ProtocolFault::None,
+            // Faults of one rank's own behaviour, which the others need not share.
+            ProtocolFault::ExitBeforeCommJoin | ProtocolFault::UnwatchedSetup | ProtocolFault::AnnounceWithoutSend => {
+                ProtocolFault::None
+            }
             other => other,
         };
         PpConfig {

@@ -14,10 +14,29 @@ pub fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
     (zero.expect("rank 0's setup"), one.expect("rank 1's setup"))
 }
 
+/// [`two_ranks`] with each rank's configuration passed through `configure(rank, config)` first
+/// (a fault injected into one rank, say).
+pub fn two_ranks_configured(
+    peer_timeout: std::time::Duration,
+    configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
+) -> (PpNRt, PpNRt) {
+    let (zero, one) = try_two_ranks_configured(&Engine::new(0).unwrap(), peer_timeout, configure);
+    (zero.expect("rank 0's setup"), one.expect("rank 1's setup"))
+}
+
 /// [`two_ranks`] with the caller's primary engine, each rank's setup as it ended.
 pub fn try_two_ranks(
     primary: &Engine,
     peer_timeout: std::time::Duration,
+) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
+    try_two_ranks_configured(primary, peer_timeout, |_, config| config)
+}
+
+/// [`try_two_ranks`] with each rank's configuration passed through `configure(rank, config)`.
+pub fn try_two_ranks_configured(
+    primary: &Engine,
+    peer_timeout: std::time::Duration,
+    configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
 ) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
     for attempt in 1.. {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -25,7 +44,7 @@ pub fn try_two_ranks(
         let build = |rank: usize| {
             let config =
                 PpConfig::with_devices(&[0, 1]).ranks(&[0, 1]).rank(rank).rendezvous(&addr).peer_timeout(peer_timeout);
-            PpNRt::new(config, primary)
+            PpNRt::new(configure(rank, config), primary)
         };
         let built = std::thread::scope(|scope| {
             let one = scope.spawn(|| build(1));

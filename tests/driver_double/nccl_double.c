@@ -26,7 +26,9 @@
  *   buffer, so a stream waits for its receive as a GPU's does, and captured into a graph, each
  *   launch receives the next message. Device memory is host memory in the double.
  * - ncclCommAbort ends the connection: a receive waiting then runs with its buffer as it was (cut
- *   short), later calls fail. PPNRT_NCCL_DOUBLE_ABORT_HANGS=1 makes it never return instead, as
+ *   short), later calls fail. With PPNRT_NCCL_DOUBLE_ORPHAN_RECV=1 a receive whose peer ended the
+ *   connection (closed or aborted its communicator) waits on until its own communicator is
+ *   aborted, as an NCCL receive kernel waits on a peer that died. PPNRT_NCCL_DOUBLE_ABORT_HANGS=1 makes it never return instead, as
  *   NCCL's abort waits for a thread of its own that is stuck (inside the driver, say). A peer that vanished (the connection ended without an abort) is an
  *   asynchronous error (ncclRemoteError).
  * - The version is 2.28.9, so graph launches may mix with calls on one communicator.
@@ -510,7 +512,9 @@ static int recv_ready(void* arg) {
     Work* w = arg;
     Comm* c = w->comm;
     pthread_mutex_lock(&c->lock);
-    int ready = c->head != NULL || c->ended || c->aborted;
+    const char* orphan = getenv("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
+    int orphaned = orphan && *orphan && strcmp(orphan, "0") != 0;
+    int ready = c->head != NULL || c->aborted || (c->ended && !orphaned);
     pthread_mutex_unlock(&c->lock);
     return ready;
 }

@@ -108,6 +108,35 @@ pub(super) fn io_error(link: &Link, what: &str, e: &std::io::Error) -> Error {
     Error::Pipeline(PpError::PeerFailed { boundary: link.boundary, peer: link.peer, reason: format!("{what}: {e}") })
 }
 
+/// Waits, polling, until every receive queued on `stream` has completed, for at most `timeout`
+/// (the peer timeout) or until `stop` is set: a step whose record came and whose data never
+/// will (its sender died between the two, and NCCL's receive waits on until this side aborts)
+/// fails the link then, instead of keeping this thread, and the runtime's drop, for ever.
+pub(super) fn drain_within(
+    stream: &CudaStream,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> std::result::Result<(), String> {
+    let start = Instant::now();
+    loop {
+        match stream.is_idle() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "still running {:?} after the close, more than the peer timeout (a step announced and never sent?)",
+                start.elapsed()
+            ));
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Err("the runtime stopped before they completed".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
     let link = Arc::clone(&inbound.link);
     let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
@@ -164,7 +193,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
-                let drained = inbound.recv_stream.synchronize();
+                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);
                 let _ = inbound.socket.set_nonblocking(false);
                 let answered = inbound.socket.write_all(&[DONE]);
                 match (drained, answered) {

@@ -13,6 +13,9 @@ pub(in crate::pp) struct Sender {
     /// A second handle of the control connection: the watchdog reads the peer's signs of life
     /// (and sees its end) through it.
     pub(super) watch: TcpStream,
+    /// Steps are announced and never sent ([`ProtocolFault::AnnounceWithoutSend`], tests only).
+    #[cfg(feature = "testing")]
+    pub(super) announce_only: bool,
 }
 
 pub(super) struct SendControl {
@@ -79,6 +82,11 @@ impl Sender {
             return Err(self.link.stopped().expect("failed above"));
         }
         control.written = Instant::now();
+        #[cfg(feature = "testing")]
+        if self.announce_only {
+            control.step += 1;
+            return Ok((step % self.n_slots as u64) as usize);
+        }
         if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.

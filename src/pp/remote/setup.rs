@@ -130,6 +130,8 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 n_slots: config.n_slots(),
                 control,
                 watch,
+                #[cfg(feature = "testing")]
+                announce_only: config.fault() == crate::pp::config::ProtocolFault::AnnounceWithoutSend,
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
