@@ -112,7 +112,7 @@ run copy-with-sms src/safe/module.rs "            if used.pooled {" "           
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/pp/runtime.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), Error>(()) {"
+run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), Error>(()) {"
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
@@ -138,7 +138,7 @@ run liveness src/pp/remote/sender.rs "    let _ = config;
 run setup-peer-closed src/pp/remote/setup.rs "        Ok(read) => Ok(read == 0)," "        Ok(read) => Ok(read == 0 && false)," processes
 # A receiver thread posts a step's receive without the ring's lock (the RX stage's other slots
 # and its bounded waits go on while the posting is held up).
-run post-unlocked src/pp/runtime.rs "        drop(ring);
+run post-unlocked src/pp/runtime/inbound.rs "        drop(ring);
         phase(Phase::Posting);
         let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
         let mut ring = self.ring.lock();" "        phase(Phase::Posting);
@@ -185,7 +185,7 @@ run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::
 }" "    state.is_free()
 }" ring
 run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" ring
-run readback-held-by-graph src/pp/runtime.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" ring
+run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" ring
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
 run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.launch_on(stage, s, k, input, output)?;
@@ -219,7 +219,7 @@ run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((st
 # does not record a boundary failure no call returned; a failed send that leaves its link up (the
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
 # link up.
-run drop-unreported-link src/pp/runtime.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
+run drop-unreported-link src/pp/runtime/build.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
 run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
             return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
 run receive-failure-keeps-link src/pp/remote/receiver.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
