@@ -206,15 +206,15 @@ run plain-free-unwaited src/safe/memory.rs '            self.access.wait_on_host
 run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        for (b, ring) in rings.iter().enumerate() {" "        for (b, ring) in rings.iter().enumerate() {
-            if ring.next != k {
-                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next }));
+        // Every stage's output slot" "        for (b, ring) in rings.iter().enumerate() {
+            if ring.next() != k {
+                return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
             }
         }
         if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        for (b, ring) in rings.iter().enumerate() {"
+        // Every stage's output slot"
 # Across ranks (the fault sweep across ranks, through the driver and NCCL doubles): a drop that
 # does not record a boundary failure no call returned; a failed send that leaves its link up (the
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
