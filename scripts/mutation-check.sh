@@ -77,6 +77,7 @@ declare -A catchers=(
   [rx-size-unchecked]="a_step_of_another_element_size_is_refused_and_kept"
   [hellos-one-at-a-time]="silent_trickling_and_foreign_connections_cost_the_ranks_nothing"
   [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
+  [unable-rank-silent]="a_rank_without_nccl_fails_the_others_setup_at_once"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -239,3 +240,5 @@ run hellos-one-at-a-time src/rendezvous.rs "    while at < pending.len() {" "   
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring
+# A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
+run unable-rank-silent src/pp/remote/setup.rs "        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" "        (m.bytes.first() == Some(&UNABLE) && false).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" processes

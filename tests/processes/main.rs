@@ -405,6 +405,40 @@ fn a_rank_that_dies_during_setup_is_a_typed_error_in_the_other() {
     assert!(broken.is_none(), "with the setup unwatched the surviving rank still reported: {line}");
 }
 
+/// A rank that cannot load NCCL still meets the other ranks and says so: the others' setup
+/// fails at once with `PeerFailed` naming it (the peer timeout is 30 s), and the rank itself
+/// reports its own NCCL error. Rank 0 without NCCL used to fail before the rendezvous, and rank 1
+/// after it, each leaving the other to wait.
+#[test]
+fn a_rank_without_nccl_fails_the_others_setup_at_once() {
+    let test = "a_rank_without_nccl_fails_the_others_setup_at_once";
+    if ready(test).is_none() {
+        return;
+    }
+    for without in [0usize, 1] {
+        let dir = scratch(&format!("no-nccl-{without}"));
+        let env = [(without, "PPNRT_LIBNCCL_PATH", "/nonexistent/ppnrt-test/libnccl.so.2")];
+        let launch = Launch { mode: "setup", rank_env: &env, ..pipeline_launch(&[0, 1], 2, 0, false) };
+        let start = Instant::now();
+        let results = launch.run(&dir, Duration::from_secs(25));
+        let took = start.elapsed();
+        let other = 1 - without;
+        let told = format!("rank {without} cannot run its boundaries");
+        assert!(
+            results[other].1.contains("CHILD-PEER-FAILED") && results[other].1.contains(&told),
+            "{test}: rank {other} was not told that rank {without} has no NCCL:\n{}",
+            results[other].1
+        );
+        assert!(
+            results[without].1.contains("CHILD-PEER-FAILED") && results[without].1.contains("/nonexistent/ppnrt-test"),
+            "{test}: rank {without} did not report its own NCCL error:\n{}",
+            results[without].1
+        );
+        say(&format!("{test}: rank {without} without NCCL: both ranks failed, typed, in {took:?}"));
+        assert!(took < Duration::from_secs(15), "{test}: the ranks took {took:?} (peer timeout 30 s)");
+    }
+}
+
 #[test]
 fn one_rank_under_memcheck() {
     let test = "one_rank_under_memcheck";

@@ -15,6 +15,14 @@ pub(in crate::pp) struct LocalStage {
     pub(in crate::pp) stream: Arc<CudaStream>,
 }
 
+/// A rank's contribution to the rendezvous starts with this byte when it can run its boundaries
+/// (its listening port and, from rank 0, the NCCL ids follow)...
+const READY: u8 = 1;
+/// ... and with this one when it cannot (the reason follows, at most [`MAX_UNABLE_REASON`] bytes).
+const UNABLE: u8 = 0;
+/// The longest reason a rank that cannot run its boundaries gives the others.
+const MAX_UNABLE_REASON: usize = 1024;
+
 /// Joins the other ranks of `config` (see the module docs) and returns this rank's links.
 ///
 /// # Errors
@@ -29,10 +37,24 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
     let unbindable = |e: std::io::Error| RendezvousError::Address { addr: "0.0.0.0:0".into(), reason: e.to_string() };
     let listener = TcpListener::bind("0.0.0.0:0").map_err(unbindable)?;
     let port = listener.local_addr().map_err(unbindable)?.port();
-    let mut contribution = port.to_le_bytes().to_vec();
-    if rank == 0 {
-        for _ in &cross {
-            contribution.extend_from_slice(&NcclUniqueId::new()?.to_bytes());
+    // A rank that cannot run its boundaries (no usable NCCL) still meets the others and says so:
+    // they fail at once, naming it, instead of waiting out the peer timeout for it.
+    let usable = crate::nccl::nccl().map(|_| ());
+    let mut contribution = Vec::new();
+    match &usable {
+        Ok(()) => {
+            contribution.push(READY);
+            contribution.extend_from_slice(&port.to_le_bytes());
+            if rank == 0 {
+                for _ in &cross {
+                    contribution.extend_from_slice(&NcclUniqueId::new()?.to_bytes());
+                }
+            }
+        }
+        Err(e) => {
+            contribution.push(UNABLE);
+            let reason = e.to_string();
+            contribution.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_UNABLE_REASON)]);
         }
     }
     let rendezvous = Rendezvous {
@@ -42,19 +64,32 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
         fingerprint: config.fingerprint(),
         timeout,
     };
-    let members = rendezvous.exchange(&contribution)?;
-    let malformed = |reason: String| {
-        Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason })
-    };
-    if let Some(short) = members.iter().position(|m| m.bytes.len() < 2) {
+    let members = rendezvous.exchange(&contribution);
+    // This rank's own cause first, whatever the rendezvous gave.
+    usable?;
+    let members = members?;
+    let first_boundary = cross.first().map_or(0, |b| b.boundary);
+    if let Some((peer, reason)) = members.iter().enumerate().find_map(|(r, m)| {
+        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))
+    }) {
+        let boundary =
+            cross.iter().find(|b| b.tx_rank == peer || b.rx_rank == peer).map_or(first_boundary, |b| b.boundary);
+        return Err(Error::Pipeline(PpError::PeerFailed {
+            boundary,
+            peer,
+            reason: format!("rank {peer} cannot run its boundaries: {reason}"),
+        }));
+    }
+    let malformed = |reason: String| Error::Pipeline(PpError::PeerFailed { boundary: first_boundary, peer: 0, reason });
+    if let Some(short) = members.iter().position(|m| m.bytes.len() < 3 || m.bytes[0] != READY) {
         return Err(malformed(format!("rank {short} contributed no listening port")));
     }
-    let ids = &members[0].bytes[2..];
+    let ids = &members[0].bytes[3..];
     if ids.len() != cross.len() * NcclUniqueId::BYTES {
         return Err(malformed(format!("rank 0 handed out {} id bytes for {} boundaries", ids.len(), cross.len())));
     }
     let address_of =
-        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[0], members[r].bytes[1]]));
+        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[1], members[r].bytes[2]]));
 
     // Control connections: every outbound one first (a connect completes in the listener's
     // backlog, so no rank waits on another here), then accept the inbound ones in any order.
