@@ -252,7 +252,7 @@ impl Rendezvous {
                 None
             };
             if let Some(error) = refusal {
-                let _ = reply(&mut stream, REFUSED, error.to_string().as_bytes());
+                let _ = reply(&mut stream, REFUSED, told(&error).as_bytes());
                 refuse_all(&mut joined, &error);
                 return Err(error);
             }
@@ -503,9 +503,20 @@ fn reply(stream: &mut TcpStream, status: u8, body: &[u8]) -> std::io::Result<()>
 
 /// Tells every rank already connected that the rendezvous failed, and why.
 fn refuse_all(joined: &mut [Option<(TcpStream, Member)>], error: &RendezvousError) {
-    let reason = format!("the rendezvous failed: {error}");
+    let reason = format!("the rendezvous failed: {}", told(error));
     for (stream, _) in joined.iter_mut().flatten() {
         let _ = reply(stream, REFUSED, reason.as_bytes());
+    }
+}
+
+/// What rank 0 tells the connections it refuses about `error`: never its own configuration (a
+/// connection may be anyone's), only what the connection sent.
+fn told(error: &RendezvousError) -> String {
+    match error {
+        RendezvousError::ConfigMismatch { rank, found, .. } => {
+            format!("rank {rank} runs another configuration than rank 0: {found:?}")
+        }
+        other => other.to_string(),
     }
 }
 

@@ -91,7 +91,13 @@ fn another_world_size_or_configuration_is_refused() {
     assert!(matches!(&clients[0], Err(RendezvousError::Refused { reason }) if reason.contains("world of 3")));
     let (server, clients) = meet(2, &[(1, 2, "stages=8 slots=2")], 10_000);
     assert!(matches!(server, Err(RendezvousError::ConfigMismatch { rank: 1, .. })), "{server:?}");
-    assert!(matches!(&clients[0], Err(RendezvousError::Refused { .. })));
+    // The refused connection learns what it sent, never rank 0's configuration.
+    match &clients[0] {
+        Err(RendezvousError::Refused { reason }) => {
+            assert!(reason.contains("stages=8 slots=2") && !reason.contains("stages=4"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]
