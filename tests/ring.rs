@@ -35,6 +35,20 @@ fn input(rt: &PpNRt, primary: &Engine, seed: u32) -> CudaSlice<u32> {
     x
 }
 
+/// A graph step's buffers, allocated before its capture: stage 0's persistent source, filled
+/// with `seed`'s pattern, and stage 1's persistent output.
+fn copy_step_buffers(rt: &PpNRt, primary: &Engine, seed: u32) -> (CudaSlice<u32>, CudaSlice<u32>) {
+    let source = {
+        let _stage = rt.enter(0).unwrap();
+        let e0 = rt.engine(0, primary).unwrap();
+        let mut source = e0.alloc_persistent::<u32>(N).unwrap();
+        e0.fill_pattern(&mut source, seed).unwrap();
+        source
+    };
+    let _stage = rt.enter(1).unwrap();
+    (source, rt.engine(1, primary).unwrap().alloc_persistent::<u32>(N).unwrap())
+}
+
 fn is_illegal_in_capture(e: &Error) -> bool {
     matches!(e, Error::Capture(CaptureError::IllegalCall { .. }))
 }
@@ -128,17 +142,7 @@ fn a_forgotten_in_place_guard_does_not_stop_the_boundary() {
             assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
             let slot = rt.tx(0, &input(&rt, &primary, 32), N).unwrap();
             std::mem::forget(rt.rx_in_place::<u32>(0, slot, N).unwrap());
-            let mut output = {
-                let _stage = rt.enter(1).unwrap();
-                e1.alloc_persistent::<u32>(N).unwrap()
-            };
-            let source = {
-                let _stage = rt.enter(0).unwrap();
-                let e0 = rt.engine(0, &primary).unwrap();
-                let mut source = e0.alloc_persistent::<u32>(N).unwrap();
-                e0.fill_pattern(&mut source, 33).unwrap();
-                source
-            };
+            let (source, mut output) = copy_step_buffers(&rt, &primary, 33);
             let mut step =
                 rt.capture_step::<u32>(N, |stage| {
                     if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
@@ -202,15 +206,8 @@ fn a_graph_steps_output_is_read_back_every_step() {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
             let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
-            let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
-            let mut source = {
-                let _stage = rt.enter(0).unwrap();
-                e0.alloc_persistent::<u32>(N).unwrap()
-            };
-            let mut output = {
-                let _stage = rt.enter(1).unwrap();
-                e1.alloc_persistent::<u32>(N).unwrap()
-            };
+            let e0 = rt.engine(0, &primary).unwrap().clone();
+            let (mut source, mut output) = copy_step_buffers(&rt, &primary, 40);
             let mut step =
                 rt.capture_step::<u32>(N, |stage| {
                     if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
