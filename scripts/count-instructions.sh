@@ -10,7 +10,7 @@
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
 # (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the
-# `PpNRt::readback` call is counted. ATOMICS=1 also counts the atomic read-modify-writes executed
+# `PpNRt::readback` call is counted (its method symbol, wherever the impl block lives). ATOMICS=1 also counts the atomic read-modify-writes executed
 # in the binary's own code per step (`lock`-prefixed instructions and `xchg` with memory, found by
 # objdump, counted by callgrind per instruction), by function.
 set -euo pipefail
@@ -28,7 +28,7 @@ modes=("$@")
 for mode in "${modes[@]}"; do
   toggle=()
   [ "${ATOMICS:-0}" = 1 ] && toggle=(--dump-instr=yes --compress-pos=no --compress-strings=no)
-  [ "$mode" = readback ] && toggle+=(--collect-atstart=no "--toggle-collect=ppnrt::pp::runtime::PpNRt::readback*")
+  [ "$mode" = readback ] && toggle+=(--collect-atstart=no "--toggle-collect=*<impl ppnrt::pp::runtime::PpNRt>::readback")
   for n in "$lo" "$hi"; do
     PPNRT_LIBCUDA_PATH="$PWD/$out/libcuda_double.so" PPNRT_DOUBLE_DEVICES=2 \
       valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" \
