@@ -233,13 +233,12 @@ impl Rendezvous {
             // trickling connection costs the others nothing and is dropped when its budget ends.
             let accepted = accept_pending(&listener, &mut pending)
                 .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
-            let Some((stream, peer, (rank, world, fingerprint, bytes))) = next_hello(&mut pending) else {
+            let Some((mut stream, peer, (rank, world, fingerprint, bytes))) = next_hello(&mut pending) else {
                 if !accepted {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 continue;
             };
-            let mut stream = stream;
             let refusal = if world != self.world {
                 Some(RendezvousError::WorldSizeMismatch { rank, expected: self.world, found: world })
             } else if rank == 0 || rank >= self.world {

@@ -88,8 +88,8 @@ pub(super) enum SlotBuffer {
     /// slot is lent: `cuMemAlloc` memory owned by the RX stream, or, for a boundary from another
     /// rank, pool memory owned by its receive stream (see [`SlotHome::grow`]).
     Device(Arc<CudaSlice<u8>>),
-    /// Pinned host memory.
-    Host(PinnedHostBuffer<u8>),
+    /// Pinned host memory (boxed: its ordering state is larger than a device buffer's `Arc`).
+    Host(Box<PinnedHostBuffer<u8>>),
 }
 
 impl SlotBuffer {
@@ -167,7 +167,9 @@ impl SlotHome<'_> {
                 SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(owner, capacity)?))
             }
             Transport::Nccl => SlotBuffer::Device(Arc::new(CudaSlice::alloc_eager(owner, capacity)?)),
-            Transport::HostStaged => SlotBuffer::Host(PinnedHostBuffer::new_eager(owner.context(), capacity)?),
+            Transport::HostStaged => {
+                SlotBuffer::Host(Box::new(PinnedHostBuffer::new_eager(owner.context(), capacity)?))
+            }
         };
         Ok(())
     }
@@ -338,11 +340,6 @@ impl Slots {
         self.slots.len()
     }
 
-    /// Slot `k`'s state.
-    pub(super) fn state(&self, k: usize) -> SlotState {
-        self.slots[k].state
-    }
-
     /// Slot `k`'s buffer.
     pub(super) fn buffer(&self, k: usize) -> &SlotBuffer {
         &self.slots[k].buffer
@@ -418,9 +415,7 @@ impl Slots {
         home: SlotHome<'_>,
     ) -> Result<&mut SlotBuffer> {
         self.check_writable(b, k, call)?;
-        if self.slots[k].state == SlotState::Lent {
-            self.rehome(k, bytes);
-        }
+        self.rehome_if_lent(k, bytes);
         let slot = &mut self.slots[k];
         if !slot.buffer.holds(bytes) {
             home.grow(&mut slot.buffer, bytes)?;
@@ -428,9 +423,13 @@ impl Slots {
         Ok(&mut slot.buffer)
     }
 
-    /// Gives lent slot `k` a buffer of its own again (the guard keeps the one it was lent): a
-    /// spare that holds `bytes` when there is one, else none (the caller grows it). Lent → free.
-    fn rehome(&mut self, k: usize, bytes: usize) {
+    /// Gives slot `k`, when it is lent, a buffer of its own again (the guard keeps the one it was
+    /// lent): a spare that holds `bytes` when there is one, else none (the caller grows it).
+    /// Lent → free.
+    fn rehome_if_lent(&mut self, k: usize, bytes: usize) {
+        if self.slots[k].state != SlotState::Lent {
+            return;
+        }
         let spare = self.spares.iter().position(|spare| spare.len() >= bytes).map(|at| self.spares.swap_remove(at));
         self.slots[k].buffer = spare.map_or(SlotBuffer::Empty, SlotBuffer::Device);
         self.slots[k].state = SlotState::Received;
@@ -506,9 +505,7 @@ impl Slots {
     pub(super) fn begin_receive(&mut self, bytes: usize) -> (usize, SlotBuffer, SlotState) {
         let k = self.next;
         debug_assert!(writable(self.slots[k].state), "the receiver waits for a writable slot");
-        if self.slots[k].state == SlotState::Lent {
-            self.rehome(k, bytes);
-        }
+        self.rehome_if_lent(k, bytes);
         let buffer = std::mem::replace(&mut self.slots[k].buffer, SlotBuffer::Empty);
         let was = std::mem::replace(&mut self.slots[k].state, SlotState::Receiving);
         (k, buffer, was)
@@ -553,21 +550,26 @@ impl Slots {
         bytes: usize,
         home: SlotHome<'_>,
     ) -> Result<(CudaSlice<u8>, SlotState)> {
-        match self.slots[k].state {
-            SlotState::Filled { .. } if self.inbound && self.slots[k].buffer.holds(bytes) => {}
-            SlotState::Lent => self.rehome(k, bytes),
-            _ => self.check_writable(b, k, "capture_step")?,
+        self.check_capturable(b, k, bytes)?;
+        if !matches!(self.slots[k].state, SlotState::Filled { .. }) {
+            self.writable(b, k, "capture_step", bytes, home)?;
         }
         let slot = &mut self.slots[k];
-        if !slot.buffer.holds(bytes) {
-            home.grow(&mut slot.buffer, bytes)?;
-        }
         let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
             unreachable!("a device-transport slot grown above has a device buffer")
         };
         // A slot that is not lent has its buffer unshared.
         let buffer = Arc::into_inner(buffer).expect("a slot that is not lent has its buffer unshared");
         Ok((buffer, std::mem::replace(&mut slot.state, SlotState::Capturing)))
+    }
+
+    /// Checks that slot `k` of boundary `b` may be taken for a capture of the step's graphs of
+    /// `bytes` (see [`take_for_capture`](Self::take_for_capture)): [`PpError::SlotState`] when not.
+    pub(super) fn check_capturable(&self, b: usize, k: usize, bytes: usize) -> Result<()> {
+        match self.slots[k].state {
+            SlotState::Filled { .. } if self.inbound && self.slots[k].buffer.holds(bytes) => Ok(()),
+            _ => self.check_writable(b, k, "capture_step"),
+        }
     }
 
     /// Puts back slot `k`'s buffer taken by [`take_for_capture`](Self::take_for_capture), with

@@ -335,7 +335,6 @@ impl PpNRt {
             ring = boundary.ring.wait_until(b, "tx", ring, timeout, &|| None, Slots::next)?;
         }
         let index = ring.next();
-        ring.check_writable(b, index, "tx")?;
         let tx = &boundary.tx_stream;
         // No capture of the stage's stream: a captured copy would run at the graph's launch, not
         // now, and the slot would say filled with nothing in it. (`capture_step` captures steps.)

@@ -150,6 +150,9 @@ struct Mark {
     /// The stream of the use; `None` once the mark is detached: its event recorded after the use,
     /// the stream let go (see [`detach_reads`]).
     stream: Option<Arc<CudaStream>>,
+    /// The [`id`](CudaStream::id) of the use's stream, kept when the mark is detached: that
+    /// stream's next read takes the mark up again rather than adding one.
+    stream_id: u64,
     /// Shared while the stream is captured (see [`CudaStream::event_after_enqueued`]) or while a
     /// host wait holds it (see [`Access::wait_on_host`]).
     event: Option<StreamEvent>,
@@ -162,14 +165,16 @@ struct Mark {
 
 impl Mark {
     fn new(stream: &Arc<CudaStream>) -> Mark {
-        Mark { stream: Some(Arc::clone(stream)), event: None, waited_by: None }
+        Mark { stream: Some(Arc::clone(stream)), stream_id: stream.id(), event: None, waited_by: None }
     }
 
-    /// Whether the use was enqueued on `stream` (never, for a detached mark: `stream` then waits
-    /// for its event, which costs a wait and orders nothing wrongly).
+    /// Whether the use was enqueued on `stream` (for a detached mark, the very stream, by its id).
     #[inline]
     fn is_on(&self, stream: &CudaStream) -> bool {
-        self.stream.as_deref().is_some_and(|own| same_stream(own, stream))
+        match self.stream.as_deref() {
+            Some(own) => same_stream(own, stream),
+            None => self.stream_id == stream.id(),
+        }
     }
 
     /// Makes `stream` (another stream than the mark's) wait for the use, unless it already did
@@ -559,8 +564,11 @@ fn note_marks(
         },
     };
     // The mark now stands for this use too: a wait made for its event as it was does not
-    // cover it.
+    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;
+    if mark.stream.is_none() {
+        mark.stream = Some(Arc::clone(stream));
+    }
     if eager {
         // Its event recorded again after this use (or one from the pool).
         stream.record_after_enqueued(gate, &mut mark.event)

@@ -11,14 +11,14 @@
 //! process. The allocations' own drops order and free them there, as on any thread, and record
 //! their errors for [`take_drop_errors`](super::take_drop_errors).
 
+use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Mutex, OnceLock};
 
 /// An allocation whose drop frees it.
 type Allocation = Box<dyn Send>;
 
 /// The channel to the freeing thread; `None` when the thread could not be started.
-static REAPER: OnceLock<Option<Mutex<Sender<Allocation>>>> = OnceLock::new();
+static REAPER: OnceLock<Option<Sender<Allocation>>> = OnceLock::new();
 
 /// Hands `allocation` to the freeing thread, which drops it. Gives it back when that thread
 /// cannot be started (or has gone): the caller then keeps it some other way.
@@ -30,13 +30,10 @@ pub(crate) fn free_elsewhere(allocation: Allocation) -> Result<(), Allocation> {
                 drop(allocation);
             }
         });
-        started.ok().map(|_| Mutex::new(send))
+        started.ok().map(|_| send)
     });
     match reaper {
-        Some(send) => {
-            let send = send.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            send.send(allocation).map_err(|refused| refused.0)
-        }
+        Some(send) => send.send(allocation).map_err(|refused| refused.0),
         None => Err(allocation),
     }
 }

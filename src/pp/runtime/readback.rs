@@ -81,7 +81,7 @@ impl PpNRt {
     /// [`Error::WrongDevice`] when `source` is not on the last stage's device; the driver's
     /// error (a pinned allocation the first time a size is read back).
     pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
-        let host = self.start_readback("PpNRt::readback", &source)?;
+        let host = self.start_readback("PpNRt::readback: the buffer must be on the last stage's device", &source)?;
         match source.set_stream(&self.readback) {
             // A graph holds the memory and frees it last: the slice's drop frees nothing.
             Ok(()) | Err(Error::HeldByGraph { .. }) => {}
@@ -100,11 +100,12 @@ impl PpNRt {
     /// # Errors
     /// As [`readback`](Self::readback).
     pub fn readback_of<T: DeviceRepr, S: DeviceSlice<T>>(&self, source: &S) -> Result<PendingReadback<T>> {
-        let host = self.start_readback("PpNRt::readback_of", source)?;
+        let host = self.start_readback("PpNRt::readback_of: the buffer must be on the last stage's device", source)?;
         Ok(PendingReadback::new(host, source.len(), None, Arc::clone(&self.readbacks)))
     }
 
-    /// Checks `source` (`what` reads it back), takes a pinned buffer from the ring (or allocates
+    /// Checks `source` (`what` names the call and the rule, for the error of a buffer of another
+    /// device), takes a pinned buffer from the ring (or allocates
     /// one) and enqueues the copy on the readback stream. On error the pinned buffer is back in
     /// the ring.
     fn start_readback<T: DeviceRepr, S: DeviceSlice<T>>(

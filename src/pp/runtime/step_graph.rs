@@ -428,9 +428,7 @@ impl PpNRt {
             }
             // Every slot is checked before any is taken: a refusal leaves the ring as it was.
             for k in 0..ring.n_slots() {
-                if !matches!(ring.state(k), SlotState::Filled { .. }) || boundary.inbound.is_none() {
-                    ring.check_writable(b, k, "capture_step")?;
-                }
+                ring.check_capturable(b, k, bytes)?;
             }
             let home = boundary.home();
             let mut row = Vec::with_capacity(ring.n_slots());
