@@ -5,7 +5,9 @@
 #
 # RANKS is the stage-to-rank map (PPNRT_RANKS), e.g. 0,0,1,1. Every rank gets the same
 # environment plus PPNRT_RANKS, PPNRT_RANK and PPNRT_RENDEZVOUS=127.0.0.1:P (a free port unless
-# --port is given). With --one-gpu-per-rank, rank r sees GPU r only (CUDA_VISIBLE_DEVICES=r) and,
+# --port is given), and a job secret made for this job (PPNRT_JOB_SECRET, 32 random bytes in hex,
+# unless PPNRT_JOB_SECRET or PPNRT_JOB_SECRET_FILE is set already), so only these ranks can join
+# and their records are sealed. With --one-gpu-per-rank, rank r sees GPU r only (CUDA_VISIBLE_DEVICES=r) and,
 # unless PPNRT_DEVICES is set, every stage is on its rank's device 0. With --share-one-gpu every
 # rank sees GPU 0 only and gets a host id of its own (NCCL_HOSTID), so NCCL treats the ranks as
 # hosts and moves data over sockets on loopback (a test setup for a one-GPU machine). Each rank's
@@ -14,7 +16,7 @@
 # PPNRT_RENDEZVOUS naming rank 0's reachable address.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 3 ] || usage
 ranks=$1; shift
 one_gpu=0
@@ -42,6 +44,10 @@ if [ -z "$port" ]; then
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 fi
 export PPNRT_RANKS=$ranks PPNRT_RENDEZVOUS=127.0.0.1:$port
+if [ -z "${PPNRT_JOB_SECRET:-}" ] && [ -z "${PPNRT_JOB_SECRET_FILE:-}" ]; then
+  PPNRT_JOB_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+  export PPNRT_JOB_SECRET
+fi
 if [ $one_gpu != 0 ] && [ -z "${PPNRT_DEVICES:-}" ]; then
   export PPNRT_DEVICES=$(yes 0 | head -n "$stages" | paste -sd,)
 fi

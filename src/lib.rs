@@ -42,10 +42,13 @@
 //!   pipeline's configuration (see [`pp::PpConfig`]).
 //! - `PPNRT_RANKS`, `PPNRT_RANK`, `PPNRT_RENDEZVOUS`, `PPNRT_PEER_TIMEOUT_MS`: a pipeline whose
 //!   stages run in several processes (see [`pp::PpConfig`]).
+//! - `PPNRT_JOB_SECRET`, `PPNRT_JOB_SECRET_FILE`, `PPNRT_ALLOW_UNAUTHENTICATED`: how the ranks of
+//!   such a pipeline recognise each other (see [`auth::JobAccess`] and `SECURITY.md`).
 //! - `PPNRT_LIBNCCL_PATH`: load this NCCL library (see [`nccl`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod engine;
 pub mod error;
 pub mod kernels;
@@ -69,6 +72,7 @@ mod layout;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+pub use auth::{JobAccess, JobSecret};
 pub use engine::Engine;
 pub use error::{CaptureError, ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
 /// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.

@@ -24,9 +24,10 @@
 //! table or a reason.
 
 use std::fmt;
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
+
+use crate::auth::{Admission, Admitted, JobAccess, JobKey, KnockError, knock};
 
 /// Variable holding rank 0's rendezvous address, `host:port`.
 pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
@@ -37,7 +38,7 @@ pub const PAYLOAD_BYTES: usize = 128;
 /// The most bytes one rank may contribute to [`Rendezvous::exchange`].
 pub const MAX_CONTRIBUTION: usize = 64 << 10;
 
-const MAGIC: &[u8; 8] = b"PPNRTRV2";
+const MAGIC: &[u8; 8] = b"PPNRTRV3";
 const MAX_FINGERPRINT: usize = 4096;
 /// The most ranks a rendezvous gathers (at least a pipeline's most stages, each of which may
 /// have a rank of its own).
@@ -122,6 +123,26 @@ pub enum RendezvousError {
         /// Rank 0's reason.
         reason: String,
     },
+    /// The other end of the connection does not prove the job secret: a process that is not a
+    /// rank of this job holds rank 0's address, or the ranks were given different secrets.
+    #[error("rendezvous at {addr}: {what}")]
+    Unauthenticated {
+        /// The address.
+        addr: String,
+        /// What failed.
+        what: String,
+    },
+    /// No job secret, and an address other ranks reach from other hosts.
+    #[error(
+        "rendezvous at {addr}: ranks on other hosts meet only with a job secret: set the same \
+         PPNRT_JOB_SECRET (for example `export PPNRT_JOB_SECRET=$(openssl rand -hex 32)`) or \
+         PPNRT_JOB_SECRET_FILE on every rank, or PPNRT_ALLOW_UNAUTHENTICATED=1 on a network nobody \
+         else reaches (see SECURITY.md); without either, use a loopback address"
+    )]
+    NoSecret {
+        /// The address.
+        addr: String,
+    },
     /// A peer sent something that is not this crate's rendezvous.
     #[error("rendezvous at {addr}: {what}")]
     Protocol {
@@ -154,6 +175,9 @@ pub struct Rendezvous {
     pub fingerprint: String,
     /// The bound on every wait.
     pub timeout: Duration,
+    /// How the ranks recognise each other: the job secret they prove, or no secret (then only
+    /// on loopback addresses unless [`JobAccess::Unauthenticated`]).
+    pub access: JobAccess,
 }
 
 impl Rendezvous {
@@ -209,13 +233,12 @@ impl Rendezvous {
     fn gather(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let listener = TcpListener::bind(self.resolve()?)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
-        listener
-            .set_nonblocking(true)
+        let key = self.access.key();
+        let mut admission = Admission::new(&listener, key.clone(), MAGIC, HELLO_BUDGET, MAX_PENDING_HELLOS)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let start = Instant::now();
-        let mut joined: Vec<Option<(TcpStream, Member)>> = (0..self.world).map(|_| None).collect();
-        let mut pending: Vec<PendingHello> = Vec::new();
-        let missing = |joined: &[Option<(TcpStream, Member)>]| -> Vec<usize> {
+        let mut joined: Vec<Option<(Admitted, Member)>> = (0..self.world).map(|_| None).collect();
+        let missing = |joined: &[Option<(Admitted, Member)>]| -> Vec<usize> {
             (1..joined.len()).filter(|r| joined[*r].is_none()).collect()
         };
         while !missing(&joined).is_empty() {
@@ -224,21 +247,22 @@ impl Rendezvous {
                 let error = RendezvousError::Timeout {
                     addr: self.addr.clone(),
                     waited,
-                    waiting_for: format!("rank(s) {:?} never joined", missing(&joined)),
+                    waiting_for: format!("rank(s) {:?} never joined{}", missing(&joined), admission.refusals()),
                 };
-                refuse_all(&mut joined, &error);
+                refuse_all(&mut joined, &key, &error);
                 return Err(error);
             }
-            // Every connection's hello is read at once, each within its own budget: a silent or
-            // trickling connection costs the others nothing and is dropped when its budget ends.
-            let accepted = accept_pending(&listener, &mut pending)
+            // Every connection's handshake and hello is served at once, each within its own
+            // budget: a silent, trickling or unproven connection costs the others nothing and is
+            // closed without a word.
+            let admitted = admission
+                .poll(&hello_length)
                 .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
-            let Some((mut stream, peer, (rank, world, fingerprint, bytes))) = next_hello(&mut pending) else {
-                if !accepted {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+            let Some(mut admitted) = admitted else {
+                std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
+            let Ok((rank, world, fingerprint, bytes)) = parse_hello(&admitted.message) else { continue };
             let refusal = if world != self.world {
                 Some(RendezvousError::WorldSizeMismatch { rank, expected: self.world, found: world })
             } else if rank == 0 || rank >= self.world {
@@ -251,24 +275,25 @@ impl Rendezvous {
                 None
             };
             if let Some(error) = refusal {
-                let _ = reply(&mut stream, REFUSED, told(&error).as_bytes());
-                refuse_all(&mut joined, &error);
+                let _ = reply(&mut admitted, &key, REFUSED, told(&error).as_bytes());
+                refuse_all(&mut joined, &key, &error);
                 return Err(error);
             }
-            joined[rank] = Some((stream, Member { addr: peer.ip(), bytes }));
+            let member = Member { addr: admitted.peer.ip(), bytes };
+            joined[rank] = Some((admitted, member));
         }
         // Rank 0 is reached at the address the others connected to.
         let own = joined
             .iter()
             .flatten()
-            .find_map(|(stream, _)| stream.local_addr().ok())
+            .find_map(|(admitted, _)| admitted.stream.local_addr().ok())
             .map_or(self.resolve()?.ip(), |local| local.ip());
         let mut members = vec![Member { addr: own, bytes: contribution.to_vec() }];
         members.extend(joined.iter().skip(1).flatten().map(|(_, member)| member.clone()));
         let table = encode_members(&members);
-        for (stream, _) in joined.iter_mut().flatten() {
+        for (admitted, _) in joined.iter_mut().flatten() {
             // A rank that vanished now learns nothing; it fails on its own side.
-            let _ = reply(stream, OK, &table);
+            let _ = reply(admitted, &key, OK, &table);
         }
         Ok(members)
     }
@@ -276,6 +301,7 @@ impl Rendezvous {
     fn contribute(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let addr = self.resolve()?;
         let start = Instant::now();
+        let deadline = start + self.timeout;
         let mut stream = loop {
             let remaining = self.timeout.saturating_sub(start.elapsed());
             if remaining.is_zero() {
@@ -290,49 +316,78 @@ impl Rendezvous {
                 Err(_) => std::thread::sleep(Duration::from_millis(20).min(remaining)),
             }
         };
-        let io = |e: std::io::Error| RendezvousError::Protocol { addr: self.addr.clone(), what: e.to_string() };
-        let remaining = self.timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
-        stream.set_read_timeout(Some(remaining)).map_err(io)?;
+        let key = self.access.key();
+        let failed = |e: KnockError, waiting_for: &str| match e {
+            e if e.timed_out() => RendezvousError::Timeout {
+                addr: self.addr.clone(),
+                waited: start.elapsed(),
+                waiting_for: waiting_for.to_string(),
+            },
+            e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Closed { after_knock: true }) => {
+                RendezvousError::Unauthenticated { addr: self.addr.clone(), what: e.to_string() }
+            }
+            KnockError::Closed { after_knock: false } => {
+                RendezvousError::Refused { reason: "rank 0 closed the connection without an answer".into() }
+            }
+            e => RendezvousError::Protocol { addr: self.addr.clone(), what: e.to_string() },
+        };
+        // Nothing about this rank goes out before rank 0 proved the job's key.
+        let handshake = knock(&mut stream, &key, MAGIC, deadline).map_err(|e| failed(e, "rank 0's handshake"))?;
         let fingerprint = self.fingerprint.as_bytes();
-        let mut hello = Vec::with_capacity(24 + fingerprint.len() + contribution.len());
-        hello.extend_from_slice(MAGIC);
+        let mut hello = Vec::with_capacity(16 + fingerprint.len() + contribution.len());
         hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
         hello.extend_from_slice(&(self.world as u32).to_le_bytes());
         hello.extend_from_slice(&(fingerprint.len() as u32).to_le_bytes());
         hello.extend_from_slice(fingerprint);
         hello.extend_from_slice(&(contribution.len() as u32).to_le_bytes());
         hello.extend_from_slice(contribution);
-        stream.write_all(&hello).map_err(io)?;
-        let mut status = [0u8; 1];
-        if let Err(e) = stream.read_exact(&mut status) {
-            return Err(match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => RendezvousError::Timeout {
-                    addr: self.addr.clone(),
-                    waited: start.elapsed(),
-                    waiting_for: "rank 0's answer (other ranks missing?)".into(),
-                },
-                _ => RendezvousError::Refused { reason: format!("rank 0 closed the connection: {e}") },
-            });
-        }
-        let mut len = [0u8; 4];
-        stream.read_exact(&mut len).map_err(io)?;
-        let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_REPLY {
-            return Err(RendezvousError::Protocol { addr: self.addr.clone(), what: format!("a reply of {len} bytes") });
-        }
-        let mut body = vec![0u8; len];
-        stream.read_exact(&mut body).map_err(io)?;
-        match status[0] {
-            OK => decode_members(&body, self.world).ok_or_else(|| RendezvousError::Protocol {
+        handshake
+            .send_message(&mut stream, &key, &hello)
+            .map_err(|e| RendezvousError::Protocol { addr: self.addr.clone(), what: e.to_string() })?;
+        let reply = handshake
+            .read_answer(&mut stream, &key, deadline, reply_length)
+            .map_err(|e| failed(e, "rank 0's answer (other ranks missing?)"))?;
+        let body = &reply[5..];
+        match reply[0] {
+            OK => decode_members(body, self.world).ok_or_else(|| RendezvousError::Protocol {
                 addr: self.addr.clone(),
                 what: format!("a malformed member table of {} bytes", body.len()),
             }),
-            REFUSED => Err(RendezvousError::Refused { reason: String::from_utf8_lossy(&body).into_owned() }),
+            REFUSED => Err(RendezvousError::Refused { reason: String::from_utf8_lossy(body).into_owned() }),
             other => Err(RendezvousError::Protocol {
                 addr: self.addr.clone(),
                 what: format!("reply status {other} with {} bytes", body.len()),
             }),
         }
+    }
+
+    /// Checks that this rendezvous may run with its access: without a secret, only on loopback
+    /// addresses unless the job opted out ([`JobAccess::Unauthenticated`]).
+    fn check_access(&self, addr: SocketAddr) -> Result<(), RendezvousError> {
+        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {
+            return Err(RendezvousError::NoSecret { addr: self.addr.clone() });
+        }
+        Ok(())
+    }
+
+    /// The address of this host's interface on the way to rank 0, where the other ranks reach
+    /// this one: for rank 0 its rendezvous address, for the others the source address of the
+    /// route to it (found without sending anything).
+    ///
+    /// # Errors
+    /// [`RendezvousError::Address`] for an address that does not resolve or has no route;
+    /// [`RendezvousError::NoSecret`] as [`exchange`](Self::exchange).
+    pub fn local_interface(&self) -> Result<IpAddr, RendezvousError> {
+        let addr = self.resolve()?;
+        if self.rank == 0 || addr.ip().is_unspecified() {
+            return Ok(addr.ip());
+        }
+        let unroutable =
+            |e: std::io::Error| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() };
+        let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("an address");
+        let probe = std::net::UdpSocket::bind(any).map_err(unroutable)?;
+        probe.connect(addr).map_err(unroutable)?;
+        Ok(probe.local_addr().map_err(unroutable)?.ip())
     }
 
     fn check_rank(&self) -> Result<(), RendezvousError> {
@@ -346,6 +401,12 @@ impl Rendezvous {
     }
 
     fn resolve(&self) -> Result<SocketAddr, RendezvousError> {
+        let addr = self.resolve_any()?;
+        self.check_access(addr)?;
+        Ok(addr)
+    }
+
+    fn resolve_any(&self) -> Result<SocketAddr, RendezvousError> {
         self.addr
             .to_socket_addrs()
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?
@@ -360,108 +421,39 @@ impl Rendezvous {
 /// A hello: rank, world size, configuration fingerprint, contribution.
 type Hello = (usize, usize, String, Vec<u8>);
 
-/// A connection to rank 0 whose hello is being read (without blocking), and until when it may
-/// take.
-struct PendingHello {
-    stream: TcpStream,
-    peer: SocketAddr,
-    read: Vec<u8>,
-    deadline: Instant,
-}
-
-/// Takes every connection waiting on `listener` into `pending` (non-blocking, each with
-/// [`HELLO_BUDGET`]; beyond [`MAX_PENDING_HELLOS`] a connection is closed at once). Returns
-/// whether any came.
-fn accept_pending(listener: &TcpListener, pending: &mut Vec<PendingHello>) -> std::io::Result<bool> {
-    let mut any = false;
-    loop {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                any = true;
-                if pending.len() >= MAX_PENDING_HELLOS || stream.set_nonblocking(true).is_err() {
-                    continue;
-                }
-                pending.push(PendingHello { stream, peer, read: Vec::new(), deadline: Instant::now() + HELLO_BUDGET });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(any),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // A connection that failed between its arrival and the accept: not the listener's.
-            Err(e)
-                if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Reads what each pending connection has sent; returns the first whose hello is whole (its
-/// stream blocking again), and drops those that failed, closed, sent what is no hello, or ran
-/// past their budget.
-fn next_hello(pending: &mut Vec<PendingHello>) -> Option<(TcpStream, SocketAddr, Hello)> {
-    let now = Instant::now();
-    let mut at = 0;
-    while at < pending.len() {
-        let connection = &mut pending[at];
-        let mut chunk = [0u8; 4096];
-        let outcome = loop {
-            match connection.stream.read(&mut chunk) {
-                Ok(0) => break Err(()),
-                Ok(read) => {
-                    connection.read.extend_from_slice(&chunk[..read]);
-                    match parse_hello(&connection.read) {
-                        Ok(Some(hello)) => break Ok(Some(hello)),
-                        Ok(None) => {}
-                        Err(_) => break Err(()),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(None),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break Err(()),
-            }
-        };
-        match outcome {
-            Ok(Some(hello)) => {
-                let connection = pending.swap_remove(at);
-                if connection.stream.set_nonblocking(false).is_ok() {
-                    return Some((connection.stream, connection.peer, hello));
-                }
-            }
-            Ok(None) if now < connection.deadline => at += 1,
-            // Silent or trickling past its budget, closed, failed, or not one of ours: dropped.
-            Ok(None) | Err(()) => {
-                pending.swap_remove(at);
-            }
-        }
-    }
-    None
-}
-
-/// A hello from the bytes read so far: `Ok(None)` while it is incomplete; an error for bytes
-/// that are no hello (another protocol, or sizes past the bounds).
-fn parse_hello(read: &[u8]) -> Result<Option<Hello>, String> {
-    let head = MAGIC.len().min(read.len());
-    if read[..head] != MAGIC[..head] {
-        return Err("not a ppnrt rendezvous".into());
-    }
+/// The length of the hello whose first bytes are `read`, once it is known; an error for bytes
+/// that are no hello (sizes past the bounds).
+fn hello_length(read: &[u8]) -> Result<Option<usize>, String> {
     let word = |at: usize| -> Option<usize> {
         Some(u32::from_le_bytes(read.get(at..at + 4)?.try_into().expect("four bytes")) as usize)
     };
-    let (Some(rank), Some(world), Some(fingerprint_len)) = (word(8), word(12), word(16)) else { return Ok(None) };
+    let Some(fingerprint_len) = word(8) else { return Ok(None) };
     if fingerprint_len > MAX_FINGERPRINT {
         return Err(format!("a fingerprint of {fingerprint_len} bytes"));
     }
-    let Some(len) = word(20 + fingerprint_len) else { return Ok(None) };
+    let Some(len) = word(12 + fingerprint_len) else { return Ok(None) };
     if len > MAX_CONTRIBUTION {
         return Err(format!("a contribution of {len} bytes"));
     }
-    let body = 24 + fingerprint_len;
-    if read.len() < body + len {
-        return Ok(None);
+    Ok(Some(16 + fingerprint_len + len))
+}
+
+/// The hello in `message` (whole, as [`hello_length`] measured it).
+fn parse_hello(message: &[u8]) -> Result<Hello, String> {
+    let word = |at: usize| u32::from_le_bytes(message[at..at + 4].try_into().expect("four bytes")) as usize;
+    let fingerprint_len = word(8);
+    let fingerprint = String::from_utf8_lossy(&message[12..12 + fingerprint_len]).into_owned();
+    Ok((word(0), word(4), fingerprint, message[16 + fingerprint_len..].to_vec()))
+}
+
+/// The length of rank 0's reply (status, length, body) whose first bytes are `read`.
+fn reply_length(read: &[u8]) -> Result<Option<usize>, String> {
+    let Some(len) = read.get(1..5) else { return Ok(None) };
+    let len = u32::from_le_bytes(len.try_into().expect("four bytes")) as usize;
+    if len > MAX_REPLY {
+        return Err(format!("a reply of {len} bytes"));
     }
-    if read.len() > body + len {
-        return Err("bytes past the hello".into());
-    }
-    let fingerprint = String::from_utf8_lossy(&read[20..20 + fingerprint_len]).into_owned();
-    Ok(Some((rank, world, fingerprint, read[body..body + len].to_vec())))
+    Ok(Some(5 + len))
 }
 
 /// The member table: per rank, its address as text and its contribution, each length-prefixed.
@@ -492,19 +484,19 @@ fn decode_members(mut body: &[u8], world: usize) -> Option<Vec<Member>> {
     body.is_empty().then_some(members)
 }
 
-fn reply(stream: &mut TcpStream, status: u8, body: &[u8]) -> std::io::Result<()> {
+fn reply(admitted: &mut Admitted, key: &JobKey, status: u8, body: &[u8]) -> std::io::Result<()> {
     let mut message = Vec::with_capacity(5 + body.len());
     message.push(status);
     message.extend_from_slice(&(body.len() as u32).to_le_bytes());
     message.extend_from_slice(body);
-    stream.write_all(&message)
+    admitted.handshake.answer(&mut admitted.stream, key, &message)
 }
 
 /// Tells every rank already connected that the rendezvous failed, and why.
-fn refuse_all(joined: &mut [Option<(TcpStream, Member)>], error: &RendezvousError) {
+fn refuse_all(joined: &mut [Option<(Admitted, Member)>], key: &JobKey, error: &RendezvousError) {
     let reason = format!("the rendezvous failed: {}", told(error));
-    for (stream, _) in joined.iter_mut().flatten() {
-        let _ = reply(stream, REFUSED, reason.as_bytes());
+    for (admitted, _) in joined.iter_mut().flatten() {
+        let _ = reply(admitted, key, REFUSED, reason.as_bytes());
     }
 }
 

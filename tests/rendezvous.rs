@@ -1,12 +1,14 @@
 //! The rendezvous of a multi-process pipeline, on this host's loopback (no GPU needed): a world
 //! of ranks meets and gets rank 0's payload; a duplicate rank, another world size, another
 //! configuration and a rank out of range are typed errors on rank 0 and on the ranks; a rank
-//! nobody answers, and a rank 0 missing ranks, time out with a typed error in bounded time.
+//! nobody answers, and a rank 0 missing ranks, time out with a typed error in bounded time. With a
+//! job secret, a process without it learns nothing and disturbs no one, on either side.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use ppnrt::rendezvous::{PAYLOAD_BYTES, Rendezvous, RendezvousError};
+use ppnrt::{JobAccess, JobSecret};
 
 fn free_address() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -20,6 +22,7 @@ fn member(addr: &str, rank: usize, world: usize, fingerprint: &str, timeout_ms: 
         world,
         fingerprint: fingerprint.to_string(),
         timeout: Duration::from_millis(timeout_ms),
+        access: JobAccess::SameHost,
     }
 }
 
@@ -207,7 +210,7 @@ fn silent_trickling_and_foreign_connections_cost_the_ranks_nothing() {
             let addr = addr.clone();
             scope.spawn(move || {
                 let mut stream = connect_when_listening(&addr);
-                let mut hello = b"PPNRTRV2".to_vec();
+                let mut hello = b"PPNRTRV3".to_vec();
                 for word in [1u32, 2, 3] {
                     hello.extend_from_slice(&word.to_le_bytes());
                 }
@@ -230,4 +233,110 @@ fn silent_trickling_and_foreign_connections_cost_the_ranks_nothing() {
         assert_eq!(server.join().unwrap().unwrap(), payload(), "rank 0");
         trickler.join().unwrap();
     });
+}
+
+fn with_secret(mut member: Rendezvous, secret: &str) -> Rendezvous {
+    member.access = JobAccess::Secret(JobSecret::new(secret).unwrap());
+    member
+}
+
+const SECRET: &str = "the job's secret, made once per job";
+
+/// A process without the job secret that connects to rank 0 (as a rank that states a disagreeing
+/// configuration would: that used to abort every rank's rendezvous and hand it rank 0's
+/// configuration) is closed after its first proof: it gets a typed error and nothing of the job,
+/// and the real ranks meet as if it had not come.
+#[test]
+fn a_process_without_the_secret_is_dropped_and_the_rendezvous_goes_on() {
+    let addr = free_address();
+    std::thread::scope(|scope| {
+        let server = {
+            let addr = addr.clone();
+            scope.spawn(move || with_secret(member(&addr, 0, 3, "cfg", 5000), SECRET).serve(&payload()))
+        };
+        // Strangers: no secret, another secret, another configuration and a duplicate rank.
+        let strangers: Vec<_> =
+            [(1, "cfg", None), (2, "other cfg", Some("another job's secret entirely")), (1, "x", None)]
+                .into_iter()
+                .map(|(rank, fp, secret)| {
+                    let addr = addr.clone();
+                    scope.spawn(move || {
+                        let stranger = member(&addr, rank, 3, fp, 3000);
+                        match secret {
+                            Some(secret) => with_secret(stranger, secret).join(),
+                            None => stranger.join(),
+                        }
+                    })
+                })
+                .collect();
+        for stranger in strangers {
+            match stranger.join().unwrap() {
+                Err(RendezvousError::Unauthenticated { what, .. }) => {
+                    assert!(what.contains("another job secret"), "{what}");
+                }
+                other => panic!("a stranger got {other:?}"),
+            }
+        }
+        let start = Instant::now();
+        let ranks: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|rank| {
+                let addr = addr.clone();
+                scope.spawn(move || with_secret(member(&addr, rank, 3, "cfg", 5000), SECRET).join())
+            })
+            .collect();
+        for rank in ranks {
+            assert_eq!(rank.join().unwrap().unwrap(), payload());
+        }
+        assert_eq!(server.join().unwrap().unwrap(), payload());
+        assert!(start.elapsed() < Duration::from_secs(2), "the ranks took {:?}", start.elapsed());
+    });
+}
+
+/// A process that holds rank 0's address first (without the secret) is found out by every rank
+/// at once: it never proves the key, so a rank sends it nothing but a nonce and fails with a typed
+/// error instead of taking its member table and NCCL ids; the squatter's own wait names what it
+/// saw.
+#[test]
+fn a_squatter_on_rank_0s_address_is_found_out_and_learns_nothing() {
+    let addr = free_address();
+    std::thread::scope(|scope| {
+        let squatter = {
+            let addr = addr.clone();
+            scope.spawn(move || {
+                with_secret(member(&addr, 0, 2, "cfg", 1500), "a squatter's guess at the secret").serve(&payload())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        match with_secret(member(&addr, 1, 2, "cfg", 5000), SECRET).join() {
+            Err(RendezvousError::Unauthenticated { what, .. }) => {
+                assert!(what.contains("another job secret"), "{what}")
+            }
+            other => panic!("rank 1 got {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(1), "rank 1 took {:?}", start.elapsed());
+        match squatter.join().unwrap() {
+            Err(RendezvousError::Timeout { waiting_for, .. }) => {
+                assert!(waiting_for.contains("1 connection(s) did not prove the job secret"), "{waiting_for}");
+            }
+            other => panic!("the squatter got {other:?}"),
+        }
+    });
+}
+
+/// Without a secret, ranks meet only on loopback: an address other hosts reach is refused on
+/// every rank with a message that says how to set a secret, unless the job opted out.
+#[test]
+fn without_a_secret_only_loopback_unless_opted_out() {
+    for (rank, addr) in [(1, "10.11.12.13:29500"), (0, "0.0.0.0:29500")] {
+        let without = member(addr, rank, 2, "cfg", 200);
+        let err = if rank == 0 { without.serve(&payload()).unwrap_err() } else { without.join().unwrap_err() };
+        assert!(matches!(err, RendezvousError::NoSecret { .. }), "{err:?}");
+        assert!(err.to_string().contains("PPNRT_JOB_SECRET") && err.to_string().contains("SECURITY.md"), "{err}");
+    }
+    let mut open = member("10.11.12.13:29500", 1, 2, "cfg", 200);
+    open.access = JobAccess::Unauthenticated;
+    assert!(matches!(open.join(), Err(RendezvousError::Timeout { .. })));
+    assert!(with_secret(member("10.11.12.13:29500", 1, 2, "cfg", 200), SECRET).local_interface().is_ok());
 }

@@ -168,6 +168,7 @@ fn raw_nccl(primary: &Engine) -> [(Option<f64>, Option<f64>, Option<f64>); 2] {
         world: 2,
         fingerprint: "raw".into(),
         timeout: Duration::from_secs(60),
+        access: ppnrt::JobAccess::from_env().expect("the job's access settings"),
     };
     // Rank 0 hands out two ids: the blocking communicator's and the non-blocking one's.
     let contribution: Vec<u8> = if rank == 0 {

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::auth::JobAccess;
 use crate::error::ConfigError;
 
 /// Variable holding the stage count.
@@ -121,6 +122,8 @@ pub enum ProtocolFault {
 /// | `PPNRT_RANK` | this process's rank | 0 |
 /// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
 /// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process, and on its silence (a peer that shows no sign of life for longer fails its boundaries) | 60000 |
+/// | `PPNRT_JOB_SECRET` / `PPNRT_JOB_SECRET_FILE` | the secret every rank of the job proves (see [`JobAccess`], `SECURITY.md`); required across hosts | none: every rank on this host |
+/// | `PPNRT_ALLOW_UNAUTHENTICATED` | `1`: ranks without a secret meet across hosts, unauthenticated | `0` |
 ///
 /// Every process of a pipeline that spans processes runs the same configuration (compared at the
 /// rendezvous) except `PPNRT_RANK`; `PPNRT_DEVICES` names, for each stage, a device of the host
@@ -144,6 +147,7 @@ pub struct PpConfig {
     rank: usize,
     rendezvous: Option<String>,
     peer_timeout: Duration,
+    access: JobAccess,
 }
 
 impl Default for PpConfig {
@@ -162,6 +166,7 @@ impl Default for PpConfig {
             rank: 0,
             rendezvous: None,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
+            access: JobAccess::SameHost,
         }
     }
 }
@@ -244,6 +249,14 @@ impl PpConfig {
         self
     }
 
+    /// Sets how the ranks recognise each other (`PPNRT_JOB_SECRET`, `PPNRT_JOB_SECRET_FILE`,
+    /// `PPNRT_ALLOW_UNAUTHENTICATED`; see [`JobAccess`] and `SECURITY.md`). Default:
+    /// [`JobAccess::SameHost`], every rank on this host.
+    pub fn job_access(mut self, access: JobAccess) -> PpConfig {
+        self.access = access;
+        self
+    }
+
     /// Breaks the protocol on purpose (hazard tests only; `testing` feature).
     #[cfg(feature = "testing")]
     pub fn inject_fault(mut self, fault: ProtocolFault) -> PpConfig {
@@ -311,6 +324,11 @@ impl PpConfig {
     /// The bound on every wait for another process.
     pub fn peer_timeout_value(&self) -> Duration {
         self.peer_timeout
+    }
+
+    /// How the ranks recognise each other (see [`job_access`](Self::job_access)).
+    pub fn job_access_value(&self) -> &JobAccess {
+        &self.access
     }
 
     /// The configuration without this process's rank: every process of one pipeline has the same
@@ -453,6 +471,7 @@ impl PpConfig {
             read(RENDEZVOUS_VAR)?.as_deref(),
             read(PEER_TIMEOUT_VAR)?.as_deref(),
         )
+        .and_then(|config| Ok(config.job_access(JobAccess::from_env()?)))
     }
 
     /// Adds the settings of a pipeline that spans processes, as [`from_env`](Self::from_env) reads
@@ -524,6 +543,7 @@ impl PpConfig {
             rank: 0,
             rendezvous: None,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
+            access: JobAccess::SameHost,
         };
         config.validate()?;
         Ok(config)

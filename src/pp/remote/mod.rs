@@ -93,7 +93,7 @@ pub(super) const POLL: Duration = Duration::from_millis(10);
 pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 /// The greeting of a control connection; the digit is the wire protocol's version.
-const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD2";
+const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD3";
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
 /// The RX rank's one-byte answer to a close: every step was received.
@@ -101,7 +101,7 @@ const DONE: u8 = 3;
 /// A sign of life: a record with no payload from the TX rank, one byte from the RX rank.
 const ALIVE: u8 = 4;
 /// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
-/// element's size in bytes (u64), then the element type's name.
+/// element's size in bytes (u64), the element type's name, then the record's seal.
 const RECORD_HEAD: usize = 32;
 const MAX_TYPE_NAME: usize = 64;
 
@@ -109,6 +109,7 @@ const MAX_TYPE_NAME: usize = 64;
 mod tests {
     use super::setup::*;
     use super::*;
+    use crate::auth::{JobAccess, JobSecret, Opener, Sealer};
 
     /// A connected pair on loopback; the reader's reads time out after 20 ms.
     fn pair() -> (TcpStream, TcpStream) {
@@ -120,10 +121,20 @@ mod tests {
         (writer, reader)
     }
 
-    fn read_until_record(reader: &mut TcpStream, pending: &mut Vec<u8>) -> std::result::Result<Record, String> {
+    /// The two ends' record keys of one link.
+    fn seals() -> (Sealer, Opener) {
+        let key = JobAccess::Secret(JobSecret::new("a job secret for the tests").unwrap()).key().derive(&[b"link"]);
+        (Sealer::new(key.clone()), Opener::new(key))
+    }
+
+    fn read_until_record(
+        reader: &mut TcpStream,
+        pending: &mut Vec<u8>,
+        opener: &mut Opener,
+    ) -> std::result::Result<Record, String> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(record) = read_record(reader, pending)? {
+            if let Some(record) = read_record(reader, pending, opener)? {
                 return Ok(record);
             }
             assert!(Instant::now() < deadline, "no record within 5 s");
@@ -146,27 +157,35 @@ mod tests {
     #[test]
     fn a_record_written_byte_by_byte_is_read_whole_and_two_in_one_write_both() {
         let (mut writer, mut reader) = pair();
+        let (mut sealer, mut opener) = seals();
         let mut pending = Vec::new();
-        let record = encode_record(DATA, 7, 1000, 4, "f32");
+        let record = encode_record(&mut sealer, DATA, 7, 1000, 4, "f32");
         for byte in &record {
-            assert!(read_record(&mut reader, &mut pending).unwrap().is_none(), "a partial record is not a record");
+            assert!(
+                read_record(&mut reader, &mut pending, &mut opener).unwrap().is_none(),
+                "a partial record is not a record"
+            );
             writer.write_all(std::slice::from_ref(byte)).unwrap();
         }
-        match read_until_record(&mut reader, &mut pending).unwrap() {
+        match read_until_record(&mut reader, &mut pending, &mut opener).unwrap() {
             Record::Data(step) => {
                 assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
             }
             Record::Close { .. } | Record::Alive => panic!("expected data"),
         }
-        let mut three = encode_record(DATA, 8, 3, 2, "bf16");
-        three.extend(encode_record(ALIVE, 0, 0, 0, ""));
-        three.extend(encode_record(CLOSE, 9, 0, 0, ""));
+        let mut three = encode_record(&mut sealer, DATA, 8, 3, 2, "bf16");
+        three.extend(encode_record(&mut sealer, ALIVE, 0, 0, 0, ""));
+        three.extend(encode_record(&mut sealer, CLOSE, 9, 0, 0, ""));
         writer.write_all(&three).unwrap();
-        assert!(
-            matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Data(s) if s.elem == "bf16" && s.bytes == 6)
-        );
-        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Alive));
-        assert!(matches!(read_until_record(&mut reader, &mut pending).unwrap(), Record::Close { steps: 9 }));
+        assert!(matches!(
+            read_until_record(&mut reader, &mut pending, &mut opener).unwrap(),
+            Record::Data(s) if s.elem == "bf16" && s.bytes == 6
+        ));
+        assert!(matches!(read_until_record(&mut reader, &mut pending, &mut opener).unwrap(), Record::Alive));
+        assert!(matches!(
+            read_until_record(&mut reader, &mut pending, &mut opener).unwrap(),
+            Record::Close { steps: 9 }
+        ));
         assert!(pending.is_empty());
     }
 
@@ -180,16 +199,21 @@ mod tests {
 
     #[test]
     fn malformed_records_and_a_closed_connection_are_reasons_to_fail() {
+        let record = |kind, step, n, size, name: &str| encode_record(&mut seals().0, kind, step, n, size, name);
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (encode_record(9, 0, 1, 4, "f32"), "unknown kind"),
-            (encode_record(DATA, 0, 0, 4, "f32"), "element(s)"),
-            (encode_record(DATA, 0, u64::MAX, 8, "f64"), "element(s)"),
-            (encode_record(DATA, 0, 1, 4, &"x".repeat(MAX_TYPE_NAME + 1)), "type name of"),
+            (record(9, 0, 1, 4, "f32"), "unknown kind"),
+            (record(DATA, 0, 0, 4, "f32"), "element(s)"),
+            (record(DATA, 0, u64::MAX, 8, "f64"), "element(s)"),
+            (record(DATA, 0, 1, 4, &"x".repeat(MAX_TYPE_NAME + 1)), "type name of"),
             (
                 {
-                    let mut r = encode_record(DATA, 0, 1, 1, "ab");
+                    // A type name that is not UTF-8, sealed as it is (a sender of another build).
+                    let mut r = record(DATA, 0, 1, 1, "ab");
+                    r.truncate(r.len() - crate::auth::SEAL);
                     let at = r.len() - 2;
                     r[at] = 0xff;
+                    let mut sealer = seals().0;
+                    sealer.seal(&mut r);
                     r
                 },
                 "not UTF-8",
@@ -198,13 +222,134 @@ mod tests {
         for (bytes, expected) in cases {
             let (mut writer, mut reader) = pair();
             writer.write_all(&bytes).unwrap();
-            let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+            let err = read_until_record(&mut reader, &mut Vec::new(), &mut seals().1).err().unwrap_or_default();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");
         }
         let (writer, mut reader) = pair();
         drop(writer);
-        let err = read_until_record(&mut reader, &mut Vec::new()).err().unwrap_or_default();
+        let err = read_until_record(&mut reader, &mut Vec::new(), &mut seals().1).err().unwrap_or_default();
         assert!(err.contains("closed"), "{err}");
+    }
+
+    #[test]
+    fn forged_altered_replayed_reordered_and_foreign_records_fail_the_link_before_they_are_believed() {
+        let (mut sealer, _) = seals();
+        let first = encode_record(&mut sealer, DATA, 0, 256, 4, "f32");
+        let second = encode_record(&mut sealer, DATA, 1, 256, 4, "f32");
+        let mut altered = first.clone();
+        altered[16] = 0; // n = 256 becomes 0 ... or any other value: the seal no longer fits.
+        altered[17] ^= 4;
+        let mut wrong_size = first.clone();
+        wrong_size[24] = 1; // the element size the receiver checks against its own type
+        let stranger = {
+            let key = JobAccess::Secret(JobSecret::new("another job's secret, as long").unwrap()).key();
+            encode_record(&mut Sealer::new(key.derive(&[b"link"])), DATA, 0, 256, 4, "f32")
+        };
+        let unsealed = first[..first.len() - crate::auth::SEAL].to_vec();
+        let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+            ("altered", vec![altered]),
+            ("element size changed", vec![wrong_size]),
+            ("replayed", vec![first.clone(), first.clone()]),
+            ("reordered", vec![second.clone(), first.clone()]),
+            ("from another job", vec![stranger]),
+            ("unsealed, then another", vec![unsealed, second.clone()]),
+        ];
+        for (what, records) in cases {
+            let (mut writer, mut reader) = pair();
+            let mut opener = seals().1;
+            let mut pending = Vec::new();
+            for record in &records {
+                writer.write_all(record).unwrap();
+            }
+            let mut believed = 0;
+            let outcome = loop {
+                match read_until_record(&mut reader, &mut pending, &mut opener) {
+                    Ok(_) => believed += 1,
+                    Err(reason) => break reason,
+                }
+            };
+            assert!(outcome.contains("seal is wrong"), "{what}: {outcome}");
+            assert!(believed < records.len(), "{what}: every record was believed");
+        }
+        // A truncated record is no record: nothing is believed while its seal is missing.
+        let (mut writer, mut reader) = pair();
+        let mut opener = seals().1;
+        writer.write_all(&first[..first.len() - 1]).unwrap();
+        let mut pending = Vec::new();
+        for _ in 0..5 {
+            assert!(read_record(&mut reader, &mut pending, &mut opener).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn the_receivers_answers_are_sealed_and_never_cut_or_interleaved() {
+        let key = JobAccess::Secret(JobSecret::new("a job secret for the tests").unwrap()).key().derive(&[b"back"]);
+        let (writer_socket, reader_socket) = pair();
+        let mut writer = BackWriter { sealer: Sealer::new(key.clone()), unsent: Vec::new() };
+        for kind in [ALIVE, ALIVE, DONE] {
+            writer.send(&writer_socket, kind).unwrap();
+        }
+        let mut reader = BackReader { opener: Opener::new(key.clone()), pending: Vec::new() };
+        let mut bytes = vec![0u8; 3 * (1 + crate::auth::SEAL)];
+        (&reader_socket).read_exact(&mut bytes).unwrap();
+        // Delivered in two pieces, cut inside a frame.
+        let mut kinds = reader.take(&bytes[..20]).unwrap();
+        kinds.extend(reader.take(&bytes[20..]).unwrap());
+        assert_eq!(kinds, [ALIVE, ALIVE, DONE]);
+        // A forged DONE (a byte without its seal, or another key's) fails.
+        let mut forger =
+            BackWriter { sealer: Sealer::new(seals_key_of("another job's secret, as long")), unsent: Vec::new() };
+        forger.send(&writer_socket, DONE).unwrap();
+        let mut frame = vec![0u8; 1 + crate::auth::SEAL];
+        (&reader_socket).read_exact(&mut frame).unwrap();
+        assert!(reader.take(&frame).unwrap_err().contains("seal is wrong"));
+    }
+
+    /// A receiving rank's listener admits only the sending rank of the job: a silent connection, a
+    /// process without the job's key that names the boundary, and a second claim of a boundary
+    /// already taken are closed, the real sender is admitted, and both ends derive the same
+    /// record keys (the listener used to take the first connection that sent the public magic).
+    #[test]
+    fn a_boundary_listener_admits_only_the_jobs_sender() {
+        let job = JobAccess::Secret(JobSecret::new("a job secret for the tests").unwrap()).key();
+        let intruder = JobAccess::Secret(JobSecret::new("an intruder's guess at one").unwrap()).key();
+        let plan = |boundary| crate::pp::plan::BoundaryPlan {
+            boundary,
+            tx_device: 0,
+            rx_device: 0,
+            tx_rank: 0,
+            rx_rank: 1,
+            transport: Transport::Nccl,
+        };
+        let cross = vec![plan(0), plan(1)];
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let timeout = Duration::from_secs(10);
+        std::thread::scope(|scope| {
+            let receiver = {
+                let (cross, job) = (cross.clone(), job.clone());
+                scope.spawn(move || accept_inbound(&listener, &cross, 1, timeout, &job))
+            };
+            let _silent = TcpStream::connect(addr).unwrap();
+            let refused = connect_outbound(&plan(0), addr, timeout, &intruder).map(|_| ()).unwrap_err();
+            assert!(refused.to_string().contains("another job secret"), "{refused}");
+            let start = Instant::now();
+            let (mut socket, forward, _) = connect_outbound(&plan(0), addr, timeout, &job).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(1), "the sender waited {:?}", start.elapsed());
+            let twice = connect_outbound(&plan(0), addr, timeout, &job).map(|_| ()).unwrap_err();
+            assert!(twice.to_string().contains("does not take this boundary"), "{twice}");
+            let (_socket1, _, _) = connect_outbound(&plan(1), addr, timeout, &job).unwrap();
+            let mut inbound = receiver.join().unwrap().unwrap();
+            let (mut reader, rx_forward, _) = inbound.remove(&0).unwrap();
+            reader.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            socket.write_all(&encode_record(&mut Sealer::new(forward), DATA, 0, 8, 4, "f32")).unwrap();
+            let record = read_until_record(&mut reader, &mut Vec::new(), &mut Opener::new(rx_forward)).unwrap();
+            assert!(matches!(record, Record::Data(step) if step.n == 8));
+        });
+    }
+
+    fn seals_key_of(secret: &str) -> crate::auth::JobKey {
+        JobAccess::Secret(JobSecret::new(secret).unwrap()).key().derive(&[b"back"])
     }
 
     #[test]

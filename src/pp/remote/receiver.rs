@@ -2,11 +2,16 @@
 //! next slot through NCCL's receive (or a captured one).
 
 use super::*;
+use crate::auth::Opener;
 
 /// The RX rank's end of a link, before its receiver thread starts.
 pub(in crate::pp) struct Inbound {
     pub(in crate::pp) link: Arc<Link>,
     pub(in crate::pp) socket: TcpStream,
+    /// Checks the seals of the TX rank's records.
+    pub(super) opener: Opener,
+    /// This end's sealed answers to the TX rank (the receiver thread's and the watchdog's).
+    pub(super) back: Arc<Mutex<BackWriter>>,
     /// The boundary's receive stream (on the RX stage's device): the NCCL receives run there.
     pub(in crate::pp) recv_stream: Arc<CudaStream>,
     /// A stream of the same device used only to capture receives into graphs, when allowed
@@ -19,7 +24,7 @@ impl Inbound {
     /// signs of life.
     pub(in crate::pp) fn heartbeat(&self) -> Result<Heartbeat> {
         let socket = self.socket.try_clone().map_err(|e| io_error(&self.link, "cloning the connection", &e))?;
-        Ok(Heartbeat { link: Arc::clone(&self.link), socket })
+        Ok(Heartbeat { link: Arc::clone(&self.link), socket, back: Arc::clone(&self.back) })
     }
 }
 
@@ -27,6 +32,7 @@ impl Inbound {
 pub(in crate::pp) struct Heartbeat {
     pub(super) link: Arc<Link>,
     pub(super) socket: TcpStream,
+    pub(super) back: Arc<Mutex<BackWriter>>,
 }
 
 impl Heartbeat {
@@ -37,8 +43,11 @@ impl Heartbeat {
         if self.link.is_stopped() || sent.elapsed() < self.link.heartbeat_interval() {
             return;
         }
-        match (&self.socket).write(&[ALIVE]) {
-            Ok(_) => *sent = Instant::now(),
+        let mut back = self.back.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // One queued sign of life is enough: a full connection does not grow the queue.
+        let sent_now = if back.unsent.is_empty() { back.send(&self.socket, ALIVE) } else { back.flush(&self.socket) };
+        match sent_now {
+            Ok(()) => *sent = Instant::now(),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
             Err(e) => self.link.fail(format!("writing a sign of life failed: {e}")),
         }
@@ -139,7 +148,7 @@ pub(super) fn drain_within(
 
 pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
     let link = Arc::clone(&inbound.link);
-    let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME);
+    let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME + crate::auth::SEAL);
     let mut expected = 0u64;
     // The previous step's byte count: a count seen twice in a row is worth a captured receive.
     let mut last_bytes: Option<usize> = None;
@@ -166,7 +175,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             }
             nonblocking = spinning;
         }
-        let record = match read_record(&mut inbound.socket, &mut pending) {
+        let record = match read_record(&mut inbound.socket, &mut pending, &mut inbound.opener) {
             Ok(Some(record)) => record,
             Ok(None) => {
                 if spinning {
@@ -195,7 +204,8 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Close { steps } if steps == expected => {
                 let drained = drain_within(&inbound.recv_stream, link.timeout, stop);
                 let _ = inbound.socket.set_nonblocking(false);
-                let answered = inbound.socket.write_all(&[DONE]);
+                let answered =
+                    inbound.back.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).send(&inbound.socket, DONE);
                 match (drained, answered) {
                     (Ok(()), Ok(())) => {
                         link.stop_with(format!("the peer closed the boundary after {steps} step(s)"));

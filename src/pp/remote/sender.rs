@@ -2,6 +2,7 @@
 //! close.
 
 use super::*;
+use crate::auth::Sealer;
 
 /// The TX rank's end of a link.
 pub(in crate::pp) struct Sender {
@@ -20,6 +21,10 @@ pub(in crate::pp) struct Sender {
 
 pub(super) struct SendControl {
     pub(super) socket: TcpStream,
+    /// Seals the records this end writes.
+    pub(super) sealer: Sealer,
+    /// The RX rank's answers, checked as they come.
+    pub(super) back: BackReader,
     pub(super) step: u64,
     pub(super) closed: bool,
     /// When this rank last wrote to the connection (a record or a sign of life).
@@ -76,7 +81,7 @@ impl Sender {
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
-        let record = encode_record(DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+        let record = encode_record(&mut control.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
         if let Err(e) = control.socket.write_all(&record) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
@@ -119,15 +124,23 @@ impl Sender {
         control.closed = true;
         let step = control.step;
         let deadline = Instant::now() + timeout;
-        let answer = control.socket.write_all(&encode_record(CLOSE, step, 0, 0, "")).and_then(|()| {
+        let control = &mut *control;
+        let record = encode_record(&mut control.sealer, CLOSE, step, 0, 0, "");
+        let answer = control.socket.write_all(&record).map_err(|e| e.to_string()).and_then(|()| {
             // The answer, past the signs of life the peer sent meanwhile.
-            let mut byte = [0u8; 1];
+            let mut bytes = [0u8; 64];
             loop {
                 let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                control.socket.set_read_timeout(Some(left))?;
-                control.socket.read_exact(&mut byte)?;
-                if byte[0] != ALIVE {
-                    return Ok(byte[0]);
+                let read = control
+                    .socket
+                    .set_read_timeout(Some(left))
+                    .and_then(|()| control.socket.read(&mut bytes))
+                    .map_err(|e| e.to_string())?;
+                if read == 0 {
+                    return Err(PEER_CLOSED.to_string());
+                }
+                if let Some(&kind) = control.back.take(&bytes[..read])?.iter().find(|&&kind| kind != ALIVE) {
+                    return Ok(kind);
                 }
             }
         });
@@ -185,7 +198,7 @@ impl Sender {
             match (&self.watch).read(&mut bytes) {
                 Ok(0) => return Err(PEER_CLOSED.into()),
                 Ok(read) => {
-                    if let Some(other) = bytes[..read].iter().find(|&&byte| byte != ALIVE) {
+                    if let Some(other) = control.back.take(&bytes[..read])?.into_iter().find(|&kind| kind != ALIVE) {
                         return Err(format!("the peer sent {other} before the close"));
                     }
                     *heard = Instant::now();
@@ -199,10 +212,9 @@ impl Sender {
         }
         let now = Instant::now();
         if now.duration_since(control.written) >= self.link.heartbeat_interval() {
-            control
-                .socket
-                .write_all(&encode_record(ALIVE, 0, 0, 0, ""))
-                .map_err(|e| format!("writing a sign of life failed: {e}"))?;
+            let control = &mut *control;
+            let record = encode_record(&mut control.sealer, ALIVE, 0, 0, 0, "");
+            control.socket.write_all(&record).map_err(|e| format!("writing a sign of life failed: {e}"))?;
             control.written = now;
         }
         Ok(())

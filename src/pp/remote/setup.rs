@@ -2,6 +2,7 @@
 //! join and the first message that proves each link, every wait bounded.
 
 use super::*;
+use crate::auth::{Admission, JobKey, Opener, Sealer, knock};
 
 /// The local side of every cross-rank boundary, keyed by boundary.
 pub(in crate::pp) struct Links {
@@ -33,9 +34,22 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
     let rank = config.own_rank();
     let timeout = config.peer_timeout_value();
     let cross: Vec<_> = plan.boundaries.iter().filter(|b| b.transport == Transport::Nccl).copied().collect();
-    // The listener of this rank's incoming boundaries, on an ephemeral port of every interface.
-    let unbindable = |e: std::io::Error| RendezvousError::Address { addr: "0.0.0.0:0".into(), reason: e.to_string() };
-    let listener = TcpListener::bind("0.0.0.0:0").map_err(unbindable)?;
+    let rendezvous = Rendezvous {
+        addr: config.rendezvous_addr().unwrap_or_default().to_string(),
+        rank,
+        world: config.world(),
+        fingerprint: config.fingerprint(),
+        timeout,
+        access: config.job_access_value().clone(),
+    };
+    // The listener of this rank's incoming boundaries: an ephemeral port of the interface that
+    // reaches rank 0 (where the other ranks reach this one), never every interface.
+    let interface = rendezvous.local_interface()?;
+    let unbindable = |e: std::io::Error| RendezvousError::Address {
+        addr: SocketAddr::new(interface, 0).to_string(),
+        reason: e.to_string(),
+    };
+    let listener = TcpListener::bind(SocketAddr::new(interface, 0)).map_err(unbindable)?;
     let port = listener.local_addr().map_err(unbindable)?.port();
     // A rank that cannot run its boundaries (no usable NCCL) still meets the others and says so:
     // they fail at once, naming it, instead of waiting out the peer timeout for it.
@@ -57,13 +71,6 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             contribution.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_UNABLE_REASON)]);
         }
     }
-    let rendezvous = Rendezvous {
-        addr: config.rendezvous_addr().unwrap_or_default().to_string(),
-        rank,
-        world: config.world(),
-        fingerprint: config.fingerprint(),
-        timeout,
-    };
     let members = rendezvous.exchange(&contribution);
     // This rank's own cause first, whatever the rendezvous gave.
     usable?;
@@ -91,20 +98,41 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
     let address_of =
         |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[1], members[r].bytes[2]]));
 
-    // Control connections: every outbound one first (a connect completes in the listener's
-    // backlog, so no rank waits on another here), then accept the inbound ones in any order.
+    // Control connections, each authenticated both ways: the inbound ones are admitted on a
+    // thread of their own while this one connects the outbound ones (two ranks may each send to
+    // the other, so neither may wait for its own connections before serving the other's).
+    let key = config.job_access_value().key();
+    let admitting = {
+        let (cross, key) = (cross.clone(), key.clone());
+        std::thread::Builder::new()
+            .name("ppnrt-admit".into())
+            .spawn(move || accept_inbound(&listener, &cross, rank, timeout, &key))
+            .map_err(|e| setup_error(first_boundary, rank, "starting the admission thread", &e))?
+    };
     let mut outbound = BTreeMap::new();
+    let mut outbound_failed = None;
     for b in cross.iter().filter(|b| b.tx_rank == rank) {
-        let mut socket = connect_with_retry(address_of(b.rx_rank), timeout)
-            .map_err(|e| setup_error(b.boundary, b.rx_rank, "connecting the boundary", &e))?;
-        let mut hello = HELLO_MAGIC.to_vec();
-        hello.extend_from_slice(&(b.boundary as u32).to_le_bytes());
-        socket.write_all(&hello).map_err(|e| setup_error(b.boundary, b.rx_rank, "greeting the receiver", &e))?;
-        socket.set_nodelay(true).map_err(|e| setup_error(b.boundary, b.rx_rank, "TCP_NODELAY", &e))?;
-        socket.set_write_timeout(Some(timeout)).map_err(|e| setup_error(b.boundary, b.rx_rank, "write timeout", &e))?;
-        outbound.insert(b.boundary, socket);
+        match connect_outbound(b, address_of(b.rx_rank), timeout, &key) {
+            Ok(connection) => {
+                outbound.insert(b.boundary, connection);
+            }
+            Err(e) => {
+                outbound_failed = Some(e);
+                break;
+            }
+        }
     }
-    let mut inbound_sockets = accept_inbound(&listener, &cross, rank, timeout)?;
+    let inbound_sockets = admitting.join().unwrap_or_else(|_| {
+        Err(Error::Pipeline(PpError::PeerFailed {
+            boundary: first_boundary,
+            peer: rank,
+            reason: "the admission thread panicked".into(),
+        }))
+    });
+    if let Some(e) = outbound_failed {
+        return Err(e);
+    }
+    let mut inbound_sockets = inbound_sockets?;
 
     // Communicators, in boundary order on every rank.
     let mut links = Links { senders: BTreeMap::new(), inbound: BTreeMap::new() };
@@ -118,7 +146,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
         let stage = if sending { b.boundary } else { b.boundary + 1 };
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
         let peer = if sending { b.rx_rank } else { b.tx_rank };
-        let socket = if sending {
+        let (socket, forward, back) = if sending {
             outbound.remove(&b.boundary).expect("connected above")
         } else {
             inbound_sockets.remove(&b.boundary).expect("accepted above")
@@ -157,7 +185,14 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             // The probe proves the link (and makes NCCL connect now, not in the first step).
             link.comm.send(&local.stream, &probe, 1)?;
             wait_for_probe(&link, &local.stream, &socket, watched)?;
-            let control = Mutex::new(SendControl { socket, step: 0, closed: false, written: Instant::now() });
+            let control = Mutex::new(SendControl {
+                socket,
+                sealer: Sealer::new(forward),
+                back: BackReader { opener: Opener::new(back), pending: Vec::new() },
+                step: 0,
+                closed: false,
+                written: Instant::now(),
+            });
             let sender = Sender {
                 link,
                 tx_stream: Arc::clone(&local.stream),
@@ -175,7 +210,9 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             link.comm.recv(&recv_stream, &mut probe, 0)?;
             wait_for_probe(&link, &recv_stream, &socket, watched)?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
-            links.inbound.insert(b.boundary, Inbound { link, socket, recv_stream, capture_stream });
+            let opener = Opener::new(forward);
+            let back = Arc::new(Mutex::new(BackWriter { sealer: Sealer::new(back), unsent: Vec::new() }));
+            links.inbound.insert(b.boundary, Inbound { link, socket, opener, back, recv_stream, capture_stream });
         }
     }
     Ok(links)
@@ -291,55 +328,98 @@ pub(super) fn connect_with_retry(addr: SocketAddr, timeout: Duration) -> std::io
     }
 }
 
-/// Accepts one connection per boundary this rank receives, each greeting with its boundary.
+/// A control connection with the keys of its records: `(connection, TX to RX, RX to TX)`.
+pub(super) type Connection = (TcpStream, JobKey, JobKey);
+
+/// How long one connection to a receiving rank's listener has for its handshake: a connection
+/// that is silent, trickles or does not prove the job's key is closed then, and the others go on.
+const HANDSHAKE_BUDGET: Duration = Duration::from_secs(2);
+/// Connections a receiving rank's listener serves at once; more are closed as they come.
+const MAX_PENDING_CONNECTIONS: usize = 64;
+/// The receiving rank's answer: the boundary is taken...
+const ACCEPTED: u8 = 1;
+/// ... or not (not one of its boundaries, or connected already).
+const NOT_ACCEPTED: u8 = 0;
+
+/// The TX rank's control connection of boundary `b` to the RX rank at `addr`: connects (retrying
+/// while the listener is not up, within `timeout`), proves the job's key, checks the listener's
+/// proof, names the boundary and waits for the answer.
+pub(super) fn connect_outbound(
+    b: &crate::pp::plan::BoundaryPlan,
+    addr: SocketAddr,
+    timeout: Duration,
+    key: &JobKey,
+) -> Result<Connection> {
+    let deadline = Instant::now() + timeout;
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Pipeline(PpError::PeerFailed {
+            boundary: b.boundary,
+            peer: b.rx_rank,
+            reason: format!("{what} at {addr}: {e}"),
+        })
+    };
+    let mut socket = connect_with_retry(addr, timeout).map_err(|e| failed("connecting the boundary", &e))?;
+    let handshake =
+        knock(&mut socket, key, HELLO_MAGIC, deadline).map_err(|e| failed("the receiving rank's handshake", &e))?;
+    let boundary = (b.boundary as u32).to_le_bytes();
+    handshake.send_message(&mut socket, key, &boundary).map_err(|e| failed("naming the boundary", &e))?;
+    let answer = handshake
+        .read_answer(&mut socket, key, deadline, |read: &[u8]| Ok((!read.is_empty()).then_some(1)))
+        .map_err(|e| failed("the receiving rank's answer", &e))?;
+    if answer != [ACCEPTED] {
+        return Err(failed("the receiving rank", &"it does not take this boundary from this rank"));
+    }
+    socket.set_nodelay(true).map_err(|e| failed("TCP_NODELAY", &e))?;
+    socket.set_write_timeout(Some(timeout)).map_err(|e| failed("write timeout", &e))?;
+    let (forward, back) = handshake.record_keys(key, &(b.boundary as u64).to_le_bytes());
+    Ok((socket, forward, back))
+}
+
+/// Admits one connection per boundary this rank receives, each proving the job's key and naming
+/// its boundary, within `timeout` in all. Connections that do not prove the key, or name a
+/// boundary this rank does not receive or has already, are closed and cost the others nothing.
 pub(super) fn accept_inbound(
     listener: &TcpListener,
     cross: &[crate::pp::plan::BoundaryPlan],
     rank: usize,
     timeout: Duration,
-) -> Result<BTreeMap<usize, TcpStream>> {
+    key: &JobKey,
+) -> Result<BTreeMap<usize, Connection>> {
     let wanted: Vec<_> = cross.iter().filter(|b| b.rx_rank == rank).map(|b| (b.boundary, b.tx_rank)).collect();
     let mut sockets = BTreeMap::new();
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| RendezvousError::Address { addr: "0.0.0.0:0".into(), reason: e.to_string() })?;
+    let unusable = |e: std::io::Error| {
+        let addr = listener.local_addr().map_or_else(|_| "the boundary listener".into(), |a| a.to_string());
+        RendezvousError::Address { addr, reason: e.to_string() }
+    };
+    let mut admission =
+        Admission::new(listener, key.clone(), HELLO_MAGIC, HANDSHAKE_BUDGET.min(timeout), MAX_PENDING_CONNECTIONS)
+            .map_err(unusable)?;
     let start = Instant::now();
+    let boundary_named = |read: &[u8]| Ok((read.len() >= 4).then_some(4));
     while sockets.len() < wanted.len() {
-        let missing = || wanted.iter().find(|(b, _)| !sockets.contains_key(b)).copied().unwrap_or((0, 0));
-        let (mut socket, _) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if start.elapsed() >= timeout {
-                    let (b, peer) = missing();
-                    return Err(Error::Pipeline(PpError::PeerFailed {
-                        boundary: b,
-                        peer,
-                        reason: format!("the sending rank never connected within {timeout:?}"),
-                    }));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(e) => {
-                let (b, peer) = missing();
-                return Err(setup_error(b, peer, "accepting a connection", &e));
-            }
+        if start.elapsed() >= timeout {
+            let (b, peer) = wanted.iter().find(|(b, _)| !sockets.contains_key(b)).copied().unwrap_or((0, 0));
+            return Err(Error::Pipeline(PpError::PeerFailed {
+                boundary: b,
+                peer,
+                reason: format!("the sending rank never connected within {timeout:?}{}", admission.refusals()),
+            }));
+        }
+        let Some(mut admitted) = admission.poll(&boundary_named).map_err(unusable)? else {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         };
-        let mut hello = [0u8; 12];
-        let greeted = socket
-            .set_nonblocking(false)
-            .and_then(|()| socket.set_read_timeout(Some(timeout.saturating_sub(start.elapsed()).max(POLL))))
-            .and_then(|()| socket.read_exact(&mut hello));
-        if greeted.is_err() || &hello[..8] != HELLO_MAGIC {
-            continue; // not one of ours
+        let b = u32::from_le_bytes(admitted.message[..4].try_into().expect("four bytes")) as usize;
+        let fresh = wanted.iter().any(|&(w, _)| w == b) && !sockets.contains_key(&b);
+        let answer = if fresh { ACCEPTED } else { NOT_ACCEPTED };
+        if admitted.handshake.answer(&mut admitted.stream, key, &[answer]).is_err() || !fresh {
+            continue;
         }
-        let b = u32::from_le_bytes(hello[8..12].try_into().expect("four bytes")) as usize;
-        if wanted.iter().any(|&(w, _)| w == b) && !sockets.contains_key(&b) {
-            let peer = wanted.iter().find(|&&(w, _)| w == b).map_or(0, |&(_, p)| p);
-            socket.set_nodelay(true).map_err(|e| setup_error(b, peer, "TCP_NODELAY", &e))?;
-            socket.set_write_timeout(Some(timeout)).map_err(|e| setup_error(b, peer, "write timeout", &e))?;
-            sockets.insert(b, socket);
-        }
+        let peer = wanted.iter().find(|&&(w, _)| w == b).map_or(0, |&(_, p)| p);
+        admitted.stream.set_nodelay(true).map_err(|e| setup_error(b, peer, "TCP_NODELAY", &e))?;
+        admitted.stream.set_write_timeout(Some(timeout)).map_err(|e| setup_error(b, peer, "write timeout", &e))?;
+        let (forward, back) = admitted.handshake.record_keys(key, &(b as u64).to_le_bytes());
+        sockets.insert(b, (admitted.stream, forward, back));
     }
     Ok(sockets)
 }

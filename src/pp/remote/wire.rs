@@ -1,7 +1,9 @@
-//! The control connection's records: encoding, reading (whole, however the bytes arrive) and
-//! the element type names they carry.
+//! The control connection's records: encoding and sealing, reading and checking (whole, however
+//! the bytes arrive), the RX rank's sealed answers on the way back, and the element type names
+//! the records carry.
 
 use super::*;
+use crate::auth::{Opener, SEAL, Sealer};
 
 pub(super) enum Record {
     Data(Announced),
@@ -9,23 +11,31 @@ pub(super) enum Record {
     Alive,
 }
 
-pub(super) fn encode_record(kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> Vec<u8> {
-    let mut record = Vec::with_capacity(RECORD_HEAD + elem.len());
+/// A record, sealed at the sender's next position (see [`crate::auth`]).
+pub(super) fn encode_record(sealer: &mut Sealer, kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> Vec<u8> {
+    let mut record = Vec::with_capacity(RECORD_HEAD + elem.len() + SEAL);
     record.extend_from_slice(&[kind, 0, 0, 0]);
     record.extend_from_slice(&(elem.len() as u32).to_le_bytes());
     record.extend_from_slice(&step.to_le_bytes());
     record.extend_from_slice(&n.to_le_bytes());
     record.extend_from_slice(&elem_size.to_le_bytes());
     record.extend_from_slice(elem.as_bytes());
+    sealer.seal(&mut record);
     record
 }
 
+/// Why a link fails on a record whose seal is wrong.
+pub(super) const BROKEN_SEAL: &str =
+    "a record whose seal is wrong (forged, altered, replayed, reordered or from another job)";
+
 /// Reads what the connection has into `pending` and returns the first whole record, if any
-/// (`Ok(None)` after a quiet poll interval). A closed connection or a malformed record is the
-/// reason the link fails.
+/// (`Ok(None)` after a quiet poll interval), once `opener` found its seal right. A closed
+/// connection, a malformed record or a wrong seal is the reason the link fails; nothing of a
+/// record is believed before its seal is checked.
 pub(super) fn read_record(
     socket: &mut TcpStream,
     pending: &mut Vec<u8>,
+    opener: &mut Opener,
 ) -> std::result::Result<Option<Record>, String> {
     loop {
         if pending.len() >= RECORD_HEAD {
@@ -38,7 +48,11 @@ pub(super) fn read_record(
             if name_len > MAX_TYPE_NAME {
                 return Err(format!("a record with a type name of {name_len} bytes"));
             }
-            if pending.len() >= RECORD_HEAD + name_len {
+            let sealed = RECORD_HEAD + name_len;
+            if pending.len() >= sealed + SEAL {
+                if !opener.open(&pending[..sealed], &pending[sealed..sealed + SEAL]) {
+                    return Err(BROKEN_SEAL.into());
+                }
                 let (kind, step, n, elem_size) = (pending[0], word(8, 8), word(16, 8), word(24, 8));
                 let name = std::str::from_utf8(&pending[RECORD_HEAD..RECORD_HEAD + name_len])
                     .map_err(|_| "a record whose type name is not UTF-8".to_string())?;
@@ -57,7 +71,7 @@ pub(super) fn read_record(
                     ALIVE => Record::Alive,
                     other => return Err(format!("a record of unknown kind {other}")),
                 };
-                pending.drain(..RECORD_HEAD + name_len);
+                pending.drain(..sealed + SEAL);
                 return Ok(Some(record));
             }
         }
@@ -69,6 +83,63 @@ pub(super) fn read_record(
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("reading the boundary's connection failed: {e}")),
         }
+    }
+}
+
+/// The RX rank's answers to the TX rank ([`ALIVE`], [`DONE`]), each a kind byte and its seal,
+/// written by the watchdog and the receiver thread in turn: what a full connection did not take
+/// yet goes out first next time, so frames are never interleaved or cut.
+pub(super) struct BackWriter {
+    pub(super) sealer: Sealer,
+    pub(super) unsent: Vec<u8>,
+}
+
+impl BackWriter {
+    /// Queues `kind` and writes what the connection takes now (all of it, when it blocks).
+    pub(super) fn send(&mut self, socket: &TcpStream, kind: u8) -> std::io::Result<()> {
+        let mut frame = vec![kind];
+        self.sealer.seal(&mut frame);
+        self.unsent.extend_from_slice(&frame);
+        self.flush(socket)
+    }
+
+    /// Writes what is queued; a non-blocking connection that is full keeps the rest queued.
+    pub(super) fn flush(&mut self, mut socket: &TcpStream) -> std::io::Result<()> {
+        while !self.unsent.is_empty() {
+            match socket.write(&self.unsent) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(written) => {
+                    self.unsent.drain(..written);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The TX rank's reading of the RX rank's answers: bytes as they come, frames once whole and
+/// their seals right.
+pub(super) struct BackReader {
+    pub(super) opener: Opener,
+    pub(super) pending: Vec<u8>,
+}
+
+impl BackReader {
+    /// Takes `bytes` and returns the kinds of the frames now whole; a wrong seal is the reason the
+    /// link fails.
+    pub(super) fn take(&mut self, bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        self.pending.extend_from_slice(bytes);
+        let mut kinds = Vec::new();
+        while self.pending.len() > SEAL {
+            if !self.opener.open(&self.pending[..1], &self.pending[1..1 + SEAL]) {
+                return Err(format!("an answer from the receiving rank whose seal is wrong: {BROKEN_SEAL}"));
+            }
+            kinds.push(self.pending[0]);
+            self.pending.drain(..1 + SEAL);
+        }
+        Ok(kinds)
     }
 }
 
