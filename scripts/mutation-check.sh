@@ -77,6 +77,11 @@ declare -A catchers=(
   [detached-reads-dropped]="a_buffer_read_on_stream_after_stream_keeps_none_of_them"
   [rx-size-unchecked]="a_step_of_another_element_size_is_refused_and_kept"
   [hellos-one-at-a-time]="silent_trickling_and_foreign_connections_cost_the_ranks_nothing"
+  [unproven-knock-admitted]="a_process_without_the_secret_is_dropped_and_the_rendezvous_goes_on"
+  [welcome-unchecked]="a_squatter_on_rank_0s_address_is_found_out_and_learns_nothing"
+  [seals-unchecked]="forged_altered_replayed_reordered_and_foreign_records_fail_the_link_before_they_are_believed"
+  [no-secret-across-hosts]="without_a_secret_only_loopback_unless_opted_out"
+  [link-failure-contained]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
   [unable-rank-silent]="a_rank_without_nccl_fails_the_others_setup_at_once"
 )
@@ -97,7 +102,8 @@ PY
   fi
   filters=()
   [ "${MUTATION_FILTERS:-1}" = 1 ] && read -r -a filters <<< "${catchers[$name]:-}"
-  log=$(cargo test --test "$test" -- "${filters[@]}" 2>&1)
+  if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
+  log=$(cargo test "${target[@]}" -- "${filters[@]}" 2>&1)
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
@@ -237,7 +243,18 @@ run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event))
 # name has another size): tests/ring.rs.
 run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
 # Rank 0 reads every connection's hello at once, each within its own budget (tests/rendezvous.rs).
-run hellos-one-at-a-time src/rendezvous.rs "    while at < pending.len() {" "    while at < pending.len().min(1) {" rendezvous
+run hellos-one-at-a-time src/auth.rs "        while at < self.pending.len() {" "        while at < self.pending.len().min(1) {" rendezvous
+# Only the job's members get in (SECURITY.md): a connection that does not prove the job secret is
+# closed before it learns anything; a listener that does not prove it back gets nothing; records
+# are believed only with their seal; without a secret, only loopback (tests/rendezvous.rs, the
+# link's unit tests).
+run unproven-knock-admitted src/auth.rs "            if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..NONCE + PROOF]) {" "            if false {" rendezvous
+run welcome-unchecked src/auth.rs "    if !handshake.verify(key, b\"welcome\", &[], &welcome) {" "    if false {" rendezvous
+run seals-unchecked src/pp/remote/wire.rs "                if !opener.open(&pending[..sealed], &pending[sealed..sealed + SEAL]) {" "                if false {" lib
+run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {" "        if false {" rendezvous
+# A rank whose link fails fails its other links first: nothing cut short goes on downstream as
+# whole (tests/ring.rs).
+run link-failure-contained src/pp/remote/link.rs "            if !contained {" "            if false {" ring
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring

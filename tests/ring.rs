@@ -354,3 +354,92 @@ fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
         );
     });
 }
+
+/// End-to-end validity across ranks: rank 0 announces a step and dies before its send ran; rank 1
+/// had taken the step (its `rx` returns at once: the data's arrival is ordered on the GPU) and
+/// forwarded it to rank 2 over a healthy link; rank 2 reads it back. When rank 1's boundary from
+/// rank 0 fails (its receive cut short by the abort), rank 1 fails its other boundaries first, so
+/// rank 2's receive never gets the cut-short data, its boundary fails and its readback is refused
+/// with `PeerFailed` (every rank ends with a typed error, none with wrong data as `Ok`). With the
+/// failure kept to the one link ([`ProtocolFault::ContainedFailure`], the rule broken on purpose),
+/// rank 2's readback returns the cut-short slot's stale bytes as `Ok`: the test shows what it
+/// guards against.
+#[test]
+fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
+    with_double("a_step_cut_short_upstream_is_never_read_back_as_ok_downstream", |_| {
+        // SAFETY: tests through the double run one at a time (`with_double` holds its lock), and
+        // nothing else of this process reads the environment while this test sets it.
+        unsafe {
+            std::env::set_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1");
+            std::env::set_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
+        }
+        let timeout = Duration::from_millis(800);
+        let mut outcomes = Vec::new();
+        for contained in [false, true] {
+            let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| match rank {
+                0 => config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
+                1 if contained => config.inject_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
+                _ => config,
+            });
+            let primary = Engine::new(0).unwrap();
+            let x = input(&ranks[0], &primary, 11);
+            ranks[0].enter(0).and_then(|_stage| ranks[0].tx(0, &x, N)).unwrap(); // announced, never sent
+            drop(x);
+            let wait = Duration::from_secs(5);
+            let mut ranks = ranks.into_iter().map(std::sync::Arc::new);
+            let (zero, one, two) = (ranks.next().unwrap(), ranks.next().unwrap(), ranks.next().unwrap());
+            // Rank 1 takes the step and forwards it.
+            let forward = {
+                let one = std::sync::Arc::clone(&one);
+                std::thread::spawn(move || {
+                    let _stage = one.enter(1)?;
+                    let received = one.rx_wait::<u32>(0, 0, N, wait)?;
+                    one.tx(1, &received, N).map(|_| ())
+                })
+            };
+            let pending = {
+                let _stage = two.enter(2).unwrap();
+                let received = two.rx_wait::<u32>(1, 0, N, wait).unwrap();
+                two.readback(received).unwrap()
+            };
+            // Rank 0 goes: rank 1 fails its boundary from it within the peer timeout.
+            let (done, dropped) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                drop(zero);
+                let _ = done.send(());
+            });
+            let (read, readback) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = read.send(pending.wait().map(<[u32]>::to_vec));
+            });
+            let outcome = readback.recv_timeout(Duration::from_secs(10)).expect("rank 2's readback returned");
+            dropped.recv_timeout(Duration::from_secs(10)).expect("rank 0's drop returned");
+            let forwarded = forward.join().unwrap();
+            assert!(forwarded.is_ok() || forwarded.as_ref().is_err_and(is_peer_failed), "{forwarded:?}");
+            let (done, dropped) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                drop((one, two));
+                let _ = done.send(ppnrt::take_drop_errors());
+            });
+            dropped.recv_timeout(Duration::from_secs(10)).expect("the other ranks' drops returned");
+            outcomes.push(outcome);
+        }
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
+            std::env::remove_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
+        }
+        match &outcomes[0] {
+            Err(e) if is_peer_failed(e) => {}
+            other => panic!("rank 2's readback of a step cut short upstream: {other:?}"),
+        }
+        match &outcomes[1] {
+            Ok(values) => assert_ne!(values, &pattern(11, N), "the step was never sent, yet its values arrived"),
+            other => panic!("with the failure contained, rank 2 was expected to read back stale bytes: {other:?}"),
+        }
+    });
+}
+
+fn is_peer_failed(e: &Error) -> bool {
+    matches!(e, Error::Pipeline(PpError::PeerFailed { .. }))
+}

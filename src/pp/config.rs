@@ -106,6 +106,9 @@ pub enum ProtocolFault {
     /// A `tx` to another rank writes its step's record but never sends the step's data: a peer
     /// that announces a step and dies before its send ran.
     AnnounceWithoutSend,
+    /// A link that fails does not fail this rank's other links: what this rank forwards after a
+    /// receive the failure cut short goes on downstream as if it were whole.
+    ContainedFailure,
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -338,9 +341,10 @@ impl PpConfig {
         #[cfg(feature = "testing")]
         let fault = match self.fault {
             // Faults of one rank's own behaviour, which the others need not share.
-            ProtocolFault::ExitBeforeCommJoin | ProtocolFault::UnwatchedSetup | ProtocolFault::AnnounceWithoutSend => {
-                ProtocolFault::None
-            }
+            ProtocolFault::ExitBeforeCommJoin
+            | ProtocolFault::UnwatchedSetup
+            | ProtocolFault::AnnounceWithoutSend
+            | ProtocolFault::ContainedFailure => ProtocolFault::None,
             other => other,
         };
         PpConfig {

@@ -62,3 +62,43 @@ pub fn try_two_ranks_configured(
     }
     unreachable!("the loop returns")
 }
+
+/// One rank per stage of a pipeline of `devices.len()` stages (stage `s` on `devices[s]`, in rank
+/// `s`), every rank built on a thread of its own, each configuration passed through
+/// `configure(rank, config)` first. Retries on another port as [`two_ranks`] does.
+pub fn chain_of_ranks(
+    devices: &[i32],
+    peer_timeout: std::time::Duration,
+    configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
+) -> Vec<PpNRt> {
+    let primary = Engine::new(0).unwrap();
+    let stage_ranks: Vec<usize> = (0..devices.len()).collect();
+    for attempt in 1.. {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let build = |rank: usize| {
+            let config = PpConfig::with_devices(devices)
+                .ranks(&stage_ranks)
+                .rank(rank)
+                .rendezvous(&addr)
+                .peer_timeout(peer_timeout);
+            PpNRt::new(configure(rank, config), &primary)
+        };
+        let built: Vec<ppnrt::Result<PpNRt>> = std::thread::scope(|scope| {
+            let others: Vec<_> = (1..devices.len()).map(|rank| scope.spawn(move || build(rank))).collect();
+            let mut all = vec![build(0)];
+            all.extend(others.into_iter().map(|other| other.join().unwrap()));
+            all
+        });
+        if attempt < 3 && matches!(built[0], Err(Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. })))
+        {
+            continue;
+        }
+        return built
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}'s setup: {e}")))
+            .collect();
+    }
+    unreachable!("the loop returns")
+}

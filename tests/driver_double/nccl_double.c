@@ -535,10 +535,26 @@ static void recv_run(void* arg) {
     free(m);
 }
 
+/* Runs a stream's work up to a send that was queued behind work not done yet. */
+static void* progress_main(void* stream) {
+    run_stream(stream);
+    return NULL;
+}
+
 static int enqueue_work(Work* w, void* stream, int sending) {
     int rc = sending ? enqueue_external(stream, send_ready, send_run, w) : enqueue_external(stream, recv_ready, recv_run, w);
-    /* A send goes out at once (its receiver, in another process, waits for it). */
-    if (rc == 0 && sending) rc = run_stream(stream);
+    /* A send goes out at once (its receiver, in another process, waits for it): in the call, or
+     * with PPNRT_NCCL_DOUBLE_ASYNC_SEND=1 on a thread of its own, so that the call returns while
+     * the work before the send waits (as ncclSend returns once the send is queued). */
+    if (rc == 0 && sending) {
+        const char* async = getenv("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
+        pthread_t progress;
+        if (async && *async && strcmp(async, "0") != 0 && pthread_create(&progress, NULL, progress_main, stream) == 0) {
+            pthread_detach(progress);
+        } else {
+            rc = run_stream(stream);
+        }
+    }
     return rc;
 }
 

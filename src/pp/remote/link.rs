@@ -64,6 +64,8 @@ pub(in crate::pp) struct Link {
     pub(super) captures_missed: AtomicU32,
     pub(in crate::pp) comm: NcclComm,
     pub(super) failure: Arc<LinkFailure>,
+    /// Every link of this rank: a link that fails fails the others first (see [`Link::fail`]).
+    pub(super) rank_links: Arc<RankLinks>,
     /// A handle of the link's control connection, shut down when the link fails so that the
     /// peer learns it at once (its end reads the connection's end).
     pub(super) connection: TcpStream,
@@ -74,6 +76,10 @@ pub(in crate::pp) struct Link {
     pub(super) silence_fails: bool,
     /// On the RX rank: what its receiver thread is doing.
     pub(in crate::pp) phase: PhaseCell,
+    /// The failure of this link is not passed on to the rank's other links
+    /// ([`ProtocolFault::ContainedFailure`](crate::pp::ProtocolFault), tests only).
+    #[cfg(feature = "testing")]
+    pub(super) contained: bool,
 }
 
 /// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
@@ -144,13 +150,55 @@ pub(super) const CAPTURE_SETTLE_WAIT: Duration = Duration::from_millis(1);
 /// at once.
 pub(super) const CAPTURE_WAITS: u32 = 32;
 
+/// The links of one rank. A rank's boundaries form one pipeline: when one link fails, what this
+/// rank sends on from then on may come from a receive the abort cut short, so every other link
+/// of the rank fails too, before the failing link's communicator is aborted (before any cut-short
+/// data exists). The ranks downstream then fail their links and refuse the readbacks of what
+/// may be affected, instead of delivering it; the ranks upstream learn it at once.
+#[derive(Default)]
+pub(in crate::pp) struct RankLinks {
+    links: Mutex<Vec<std::sync::Weak<Link>>>,
+}
+
+impl RankLinks {
+    pub(super) fn add(&self, link: &Arc<Link>) {
+        self.links.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Arc::downgrade(link));
+    }
+
+    /// Fails every link of the rank but `failed`, naming it.
+    fn fail_others(&self, failed: &Link, reason: &str) {
+        let others: Vec<Arc<Link>> = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|link| !std::ptr::eq(Arc::as_ptr(link), failed))
+            .collect();
+        for link in others {
+            link.fail(format!(
+                "boundary {} of this rank (with rank {}) failed first: {reason}",
+                failed.boundary, failed.peer
+            ));
+        }
+    }
+}
+
 impl Link {
     /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
-    /// link fails too, within milliseconds, whatever this side's reason) and aborts the
-    /// communicator, so no NCCL kernel of it stays queued.
+    /// link fails too, within milliseconds, whatever this side's reason), fails every other link
+    /// of the rank (see [`RankLinks`]) and aborts the communicator, so no NCCL kernel of it stays
+    /// queued.
     pub(in crate::pp) fn fail(&self, reason: String) {
-        if self.stop(reason, true) {
+        if self.stop(reason.clone(), true) {
             let _ = self.connection.shutdown(std::net::Shutdown::Both);
+            #[cfg(feature = "testing")]
+            let contained = self.contained;
+            #[cfg(not(feature = "testing"))]
+            let contained = false;
+            if !contained {
+                self.rank_links.fail_others(self, &reason);
+            }
             // NCCL's abort waits until every graph holding an operation of the communicator is
             // destroyed: destroy the captured receives first, keeping their slots' memory alive
             // until the abort has stopped their runs.

@@ -134,6 +134,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
     }
     let mut inbound_sockets = inbound_sockets?;
 
+    let rank_links = Arc::new(RankLinks::default());
     // Communicators, in boundary order on every rank.
     let mut links = Links { senders: BTreeMap::new(), inbound: BTreeMap::new() };
     for (i, b) in cross.iter().enumerate() {
@@ -174,11 +175,15 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             captures_missed: AtomicU32::new(0),
             comm,
             failure: Arc::new(LinkFailure::new(b.boundary, peer)),
+            rank_links: Arc::clone(&rank_links),
             connection: clone(&socket)?,
             timeout,
             silence_fails: silence_fails(config),
             phase: PhaseCell::new(),
+            #[cfg(feature = "testing")]
+            contained: config.fault() == crate::pp::config::ProtocolFault::ContainedFailure,
         });
+        rank_links.add(&link);
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
         if sending {
             let watch = clone(&socket)?;
