@@ -8,9 +8,18 @@
 //! with a typed [`RendezvousError`] on rank 0 and on the rank concerned (the others learn that the
 //! rendezvous failed), never a hang: every wait is bounded by the caller's timeout, and a rank
 //! that nobody answers gets [`RendezvousError::Timeout`]. Ranks may start in any order: a
-//! connecting rank retries until rank 0 listens or the time is up. Rank 0 reads the hellos of
-//! every connection at once, each within a budget of its own (two seconds): a connection that is
-//! silent, trickles bytes or speaks another protocol is dropped and costs the real ranks nothing.
+//! connecting rank retries until rank 0 listens or the time is up. Rank 0 serves the handshakes
+//! of every connection at once, each within a budget of its own (two seconds): a connection that
+//! is silent, trickles bytes, speaks another protocol or does not prove the job's key is closed
+//! without a word and costs the real ranks nothing.
+//!
+//! Every connection is admitted as [`crate::auth`] describes: rank 0 and the connecting rank each
+//! prove the job's key (the [`JobAccess`] given) before either says anything else, and every
+//! message then carries a proof bound to both ends' nonces. A process without the secret learns
+//! only a nonce, cannot abort the rendezvous, and cannot pose as rank 0 (every rank finds it out
+//! at once: [`RendezvousError::Unauthenticated`]). Without a secret, the address must be a
+//! loopback one unless the job chose [`JobAccess::Unauthenticated`]
+//! ([`RendezvousError::NoSecret`]).
 //!
 //! Threading and lifetime: every call blocks its thread for at most the timeout and keeps no
 //! state afterwards (rank 0's listener closes when `serve` returns).
@@ -19,9 +28,9 @@
 //! each rank the whole table, with the address rank 0 reached each rank at (the pipeline uses it
 //! for the listening port of each rank's boundary connections).
 //!
-//! The wire format is private to this crate (all ranks run the same version): a hello of magic,
-//! rank, world size, fingerprint and contribution; a reply of a status byte and either the member
-//! table or a reason.
+//! The wire format is private to this crate (all ranks run the same version): after the
+//! handshake, a hello of rank, world size, fingerprint and contribution; a reply of a status byte
+//! and either the member table or a reason; each with its proof.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};

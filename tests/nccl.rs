@@ -133,20 +133,27 @@ fn exchange(test: &str, watched: bool) {
                     // Each rank sends its buffer and receives the other's, in one group; the
                     // receive is read at once on another stream, with no join (the group notes
                     // its uses after NCCL enqueued its work).
-                    group(&[P2p::send(&comm, &stream, &mine, 1 - rank), P2p::recv(&comm, &stream, &mut theirs, 1 - rank)])
-                        .unwrap();
+                    // SAFETY: both ranks send and receive `n` u32 each.
+                    let pair = unsafe {
+                        [P2p::send(&comm, &stream, &mine, 1 - rank), P2p::recv(&comm, &stream, &mut theirs, 1 - rank)]
+                    };
+                    group(&pair).unwrap();
                     let reader = ppnrt::CudaStream::new(engine.context()).unwrap();
                     let mut copy = CudaSlice::<u32>::alloc(&reader, n).unwrap();
                     reader.memcpy_dtod(&theirs, &mut copy).unwrap();
                     assert_eq!(engine.checksum(&copy).unwrap(), engine.checksum(&theirs).unwrap());
                     // Refused before anything is issued: a rank outside the communicator, too
                     // many operations.
+                    // SAFETY: refused before anything is issued (nothing is sent).
+                    let bad = unsafe { [P2p::send(&comm, &stream, &mine, 1 - rank), P2p::send(&comm, &stream, &mine, 7)] };
                     assert!(matches!(
-                        group(&[P2p::send(&comm, &stream, &mine, 1 - rank), P2p::send(&comm, &stream, &mine, 7)]),
+                        group(&bad),
                         Err(Error::Nccl(NcclError::InvalidRank { rank: 7, n_ranks: 2, .. }))
                     ));
-                    let many: Vec<P2p<'_>> =
-                        (0..=MAX_GROUP_OPS).map(|_| P2p::send(&comm, &stream, &mine, 1 - rank)).collect();
+                    let many: Vec<P2p<'_>> = (0..=MAX_GROUP_OPS)
+                        // SAFETY: refused before anything is issued (too many operations).
+                        .map(|_| unsafe { P2p::send(&comm, &stream, &mine, 1 - rank) })
+                        .collect();
                     assert!(matches!(
                         group(&many),
                         Err(Error::Nccl(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS })) if ops == MAX_GROUP_OPS + 1
@@ -160,7 +167,9 @@ fn exchange(test: &str, watched: bool) {
                             let fresh = ppnrt::CudaStream::new(engine.context()).unwrap();
                             let mut buf = CudaSlice::<u32>::alloc(&fresh, 16).unwrap();
                             engine.fill_pattern(&mut buf, i).unwrap();
-                            if rank == 0 { comm.send(&fresh, &buf, 1) } else { comm.recv(&fresh, &mut buf, 0) }.unwrap();
+                            // SAFETY: both ranks move 16 u32.
+                            unsafe { if rank == 0 { comm.send(&fresh, &buf, 1) } else { comm.recv(&fresh, &mut buf, 0) } }
+                                .unwrap();
                             drop(buf);
                             Arc::downgrade(&fresh)
                         })
@@ -304,7 +313,9 @@ fn stalled_connection_child() {
                 let stream: Arc<_> = engine.stream().unwrap();
                 let mut buf = CudaSlice::<u32>::alloc(&stream, 256).unwrap();
                 let started = Instant::now();
-                let first = if rank == 0 { comm.send(&stream, &buf, 1) } else { comm.recv(&stream, &mut buf, 0) };
+                // SAFETY: both ranks move 256 u32.
+                let first =
+                    unsafe { if rank == 0 { comm.send(&stream, &buf, 1) } else { comm.recv(&stream, &mut buf, 0) } };
                 let took = started.elapsed();
                 match first {
                     Err(Error::Nccl(NcclError::TimedOut { waited, .. })) if waited == bound => {}
@@ -312,7 +323,8 @@ fn stalled_connection_child() {
                 }
                 let least = if abort_hangs { bound * 2 } else { bound };
                 assert!(took >= least && took < bound * 5, "rank {rank}: the call took {took:?}");
-                let next = comm.send(&stream, &buf, 1 - rank);
+                // SAFETY: refused (the communicator is aborted), nothing is sent.
+                let next = unsafe { comm.send(&stream, &buf, 1 - rank) };
                 assert!(matches!(next, Err(Error::Nccl(NcclError::Aborted { .. }))), "rank {rank}: {next:?}");
                 println!("STALLED rank {rank}: TimedOut after {took:?}, then Aborted");
                 if abort_hangs {

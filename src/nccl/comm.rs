@@ -220,26 +220,46 @@ impl NcclComm {
     /// [`recv`](Self::recv) of as many bytes must be issued by `peer` (a rank sending to itself
     /// issues both inside one [`group`]).
     ///
+    /// # Safety
+    /// `peer`'s matching receive is of exactly `buf`'s bytes. NCCL does not check that the two
+    /// counts agree, and a send longer than its receive may write past the receiving buffer
+    /// (NCCL's direct path writes into the peer's memory); one shorter leaves the receive waiting
+    /// or delivers part of a later message. Carry the count to the peer first (as the pipeline's
+    /// sealed records do) when it is not fixed by the program.
+    ///
     /// # Errors
     /// [`NcclError::InvalidRank`]; [`Error::WrongDevice`] for a stream or buffer of another
     /// device; NCCL's error.
-    pub fn send<T: DeviceRepr, S: DeviceSlice<T>>(&self, stream: &Arc<CudaStream>, buf: &S, peer: i32) -> Result<()> {
+    pub unsafe fn send<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &S,
+        peer: i32,
+    ) -> Result<()> {
         self.check_peer("NcclComm::send", peer, stream, buf.ordinal())?;
-        self.alone(&P2p::send(self, stream, buf, peer), "NcclComm::send")
+        // SAFETY: the caller's contract is this function's.
+        let op = unsafe { P2p::send(self, stream, buf, peer) };
+        self.alone(&op, "NcclComm::send")
     }
 
     /// Receives from rank `peer` into `buf` on `stream`, ordered like a copy that writes `buf`.
     ///
+    /// # Safety
+    /// `peer`'s matching send is of exactly `buf`'s bytes (see [`send`](Self::send)): a longer
+    /// send may write past `buf`.
+    ///
     /// # Errors
     /// As [`send`](Self::send).
-    pub fn recv<T: DeviceRepr, D: DeviceSliceMut<T>>(
+    pub unsafe fn recv<T: DeviceRepr, D: DeviceSliceMut<T>>(
         &self,
         stream: &Arc<CudaStream>,
         buf: &mut D,
         peer: i32,
     ) -> Result<()> {
         self.check_peer("NcclComm::recv", peer, stream, buf.ordinal())?;
-        self.alone(&P2p::recv(self, stream, buf, peer), "NcclComm::recv")
+        // SAFETY: the caller's contract is this function's.
+        let op = unsafe { P2p::recv(self, stream, buf, peer) };
+        self.alone(&op, "NcclComm::recv")
     }
 
     /// Issues `op`, a send or receive of this communicator, outside a group, ordered like a copy

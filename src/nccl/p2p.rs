@@ -32,7 +32,10 @@ pub enum P2p<'a> {
 
 impl<'a> P2p<'a> {
     /// A send of `buf` to `peer` on `stream`.
-    pub fn send<T: DeviceRepr, S: DeviceSlice<T>>(
+    ///
+    /// # Safety
+    /// As [`NcclComm::send`]: `peer`'s matching receive is of exactly `buf`'s bytes.
+    pub unsafe fn send<T: DeviceRepr, S: DeviceSlice<T>>(
         comm: &'a NcclComm,
         stream: &'a Arc<CudaStream>,
         buf: &'a S,
@@ -42,7 +45,10 @@ impl<'a> P2p<'a> {
     }
 
     /// A receive from `peer` into `buf` on `stream`.
-    pub fn recv<T: DeviceRepr, D: DeviceSliceMut<T>>(
+    ///
+    /// # Safety
+    /// As [`NcclComm::recv`]: `peer`'s matching send is of exactly `buf`'s bytes.
+    pub unsafe fn recv<T: DeviceRepr, D: DeviceSliceMut<T>>(
         comm: &'a NcclComm,
         stream: &'a Arc<CudaStream>,
         buf: &'a mut D,

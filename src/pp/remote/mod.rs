@@ -37,8 +37,16 @@
 //! side's with the records. Clean shutdown: the TX rank sends a close record and waits (bounded)
 //! until the RX rank's receives of every step are complete.
 //!
+//! Trust: every control connection is admitted as [`crate::auth`] describes (the TX rank and the
+//! RX rank each prove the job's key before the boundary is named; the RX rank's listener binds
+//! the interface that reaches rank 0), and every record in either direction carries a seal over
+//! its position and bytes; a record whose seal is wrong fails the link before any of it is used.
+//! A link that fails fails the rank's other links first ([`RankLinks`]), so what this rank
+//! forwards after a receive the abort cut short never reaches the next rank as whole.
+//!
 //! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and hands out
-//! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks; the communicators
+//! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks (while a thread of
+//! the rank admits the connections of its inbound boundaries); the communicators
 //! are initialised in boundary order (every rank in the same order, so none waits on another
 //! cycle); and each link moves one small message to prove it before the runtime is returned.
 //! Every wait of the setup for another rank is bounded by the peer timeout, and the waits for

@@ -63,7 +63,8 @@ pub(in crate::pp) struct Announced {
 }
 
 /// What the receiver thread does with each announced step: fill the ring's next slot through
-/// `recv` (which posts the NCCL receive into the slot's bytes, given the slot's index), waiting
+/// `recv` (which posts the NCCL receive into the slot's first `step.bytes` bytes, exactly those,
+/// given the slot's index), waiting
 /// while the slot is taken and `stop` is not set, and keep the link's phase (the next record's,
 /// once the slot is filled). Returns `Ok(false)` when stopped first.
 pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
@@ -226,7 +227,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 let repeated = last_bytes == Some(step.bytes);
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
-                    receive_step(&link, recv_stream, capture_stream, slot, dst, repeated)
+                    // SAFETY: the filler hands `recv` the slot's first `step.bytes` bytes (see
+                    // `SlotFiller::fill`), the count of the sealed record the TX rank sends.
+                    unsafe { receive_step(&link, recv_stream, capture_stream, slot, dst, repeated) }
                 };
                 let filled = filler.fill(&step, stop, &mut recv);
                 // The wait for a free slot is this rank's, not the peer's silence.
@@ -258,7 +261,10 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
 /// launched; else NCCL's receive call. A capture whose graph writes other memory than
 /// the slot's (the slot grew since) is dropped. A failed capture fails the step (the link then
 /// fails): NCCL's state after a half-made capture is not trusted.
-pub(super) fn receive_step(
+///
+/// # Safety
+/// `dst` is exactly the bytes the TX rank announced for this step (its send moves that many).
+pub(super) unsafe fn receive_step(
     link: &Link,
     recv_stream: &Arc<CudaStream>,
     capture_stream: Option<&Arc<CudaStream>>,
@@ -267,7 +273,9 @@ pub(super) fn receive_step(
     repeated: bool,
 ) -> Result<()> {
     let Some(capture_stream) = capture_stream else {
-        return link.comm.recv(recv_stream, dst, 0);
+        // SAFETY: `dst` is exactly the bytes the TX rank's sealed record announced, which its
+        // send moves (the caller's contract, `receive_step`'s).
+        return unsafe { link.comm.recv(recv_stream, dst, 0) };
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
@@ -283,9 +291,12 @@ pub(super) fn receive_step(
         }
         graphs.remove(at);
     }
-    let exec = if repeated { capture_receive(link, capture_stream, dst)? } else { None };
+    // SAFETY: `dst` is the step's announced bytes (this function's contract), and the capture is
+    // launched only for steps of that many bytes into this slot (matched above).
+    let exec = if repeated { unsafe { capture_receive(link, capture_stream, dst) }? } else { None };
     let Some(exec) = exec else {
-        return link.comm.recv(recv_stream, dst, 0);
+        // SAFETY: as above.
+        return unsafe { link.comm.recv(recv_stream, dst, 0) };
     };
     if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
         let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
@@ -309,7 +320,10 @@ pub(super) fn receive_step(
 /// rarely find the process's NCCL work complete (the ranks' stages keep NCCL busy) costs its
 /// steps at most that long in all, and then captures only where it finds the work complete
 /// at once.
-pub(super) fn capture_receive(
+///
+/// # Safety
+/// The graph is launched only for steps whose TX rank sends exactly `dst`'s bytes.
+pub(super) unsafe fn capture_receive(
     link: &Link,
     capture_stream: &Arc<CudaStream>,
     dst: &mut CudaViewMut<'_, u8>,
@@ -329,7 +343,9 @@ pub(super) fn capture_receive(
         poll_pause(&mut polls);
     };
     let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
-    let captured = link.comm.recv(capture_stream, dst, 0);
+    // SAFETY: the capture is launched only for steps of exactly `dst`'s bytes (this function's
+    // contract), which the TX rank's send moves.
+    let captured = unsafe { link.comm.recv(capture_stream, dst, 0) };
     let graph = capture.end();
     captured?;
     graph?.instantiate().map(Some)

@@ -92,7 +92,9 @@ impl Sender {
             control.step += 1;
             return Ok((step % self.n_slots as u64) as usize);
         }
-        if let Err(e) = self.link.comm.send(&self.tx_stream, &view, 1) {
+        // SAFETY: the RX rank receives exactly the bytes of the record written above (n elements
+        // of `size_of::<T>()` bytes, sealed), which are `view`'s bytes.
+        if let Err(e) = unsafe { self.link.comm.send(&self.tx_stream, &view, 1) } {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.
             // A send that failed because the link failed meanwhile (its communicator aborted by

@@ -188,7 +188,8 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
         if sending {
             let watch = clone(&socket)?;
             // The probe proves the link (and makes NCCL connect now, not in the first step).
-            link.comm.send(&local.stream, &probe, 1)?;
+            // SAFETY: the RX rank's probe receive is of the same four `u32`s.
+            unsafe { link.comm.send(&local.stream, &probe, 1) }?;
             wait_for_probe(&link, &local.stream, &socket, watched)?;
             let control = Mutex::new(SendControl {
                 socket,
@@ -212,7 +213,8 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
         } else {
             let recv_stream = CudaStream::new(&local.ctx)?;
             let mut probe = probe;
-            link.comm.recv(&recv_stream, &mut probe, 0)?;
+            // SAFETY: the TX rank's probe send is of the same four `u32`s.
+            unsafe { link.comm.recv(&recv_stream, &mut probe, 0) }?;
             wait_for_probe(&link, &recv_stream, &socket, watched)?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
             let opener = Opener::new(forward);
