@@ -443,3 +443,64 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
 fn is_peer_failed(e: &Error) -> bool {
     matches!(e, Error::Pipeline(PpError::PeerFailed { .. }))
 }
+
+/// `tx_wait` to another rank honours its timeout: with the receiving rank's ring full (its stage
+/// took nothing), the wait ends in `Timeout` naming the step the slot holds, and nothing is sent
+/// (the steps that follow arrive in order, none lost or doubled); once the receiving stage takes a
+/// step, a waiting `tx_wait` goes on within milliseconds (the receiving rank answers the
+/// `WAITING` record at once and again at its stage's take). It used to go straight to NCCL's send
+/// whatever its timeout.
+#[test]
+fn tx_wait_to_another_rank_honours_its_timeout_and_loses_nothing() {
+    with_double("tx_wait_to_another_rank_honours_its_timeout_and_loses_nothing", |_| {
+        let ranks = ranks::two_ranks(Duration::from_secs(5));
+        let primary = Engine::new(0).unwrap();
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let inputs: Vec<CudaSlice<u32>> = (0..4).map(|t| input(&ranks.0, &primary, 100 + t)).collect();
+        let send = |t: usize, timeout: Duration| {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx_wait(0, &inputs[t], N, timeout))
+        };
+        let receive = |slot: usize| -> Vec<u32> {
+            let _stage = ranks.1.enter(1).unwrap();
+            let received = ranks.1.rx_wait::<u32>(0, slot, N, Duration::from_secs(5)).unwrap();
+            e1.dtoh(&received).unwrap()
+        };
+        // Two slots: two steps go at once.
+        assert_eq!(send(0, Duration::from_secs(5)).unwrap(), 0);
+        assert_eq!(send(1, Duration::from_secs(5)).unwrap(), 1);
+        // The third finds both slots of rank 1 holding steps its stage has not taken.
+        let start = std::time::Instant::now();
+        let refused = send(2, Duration::from_millis(300)).unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(
+                &refused,
+                Error::Pipeline(PpError::Timeout {
+                    boundary: 0,
+                    slot: 0,
+                    call: "tx",
+                    found: SlotState::UntakenByPeer { step: 0 },
+                    ..
+                })
+            ),
+            "{refused}"
+        );
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "the wait took {took:?}");
+        // Rank 1 takes step 0 a little later: a waiting tx_wait goes on at once.
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| {
+                let start = std::time::Instant::now();
+                (send(2, Duration::from_secs(5)), start.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(receive(0), pattern(100, N), "step 0");
+            let (sent, took) = waiting.join().unwrap();
+            assert_eq!(sent.unwrap(), 0);
+            assert!(took >= Duration::from_millis(150) && took < Duration::from_secs(1), "the tx_wait took {took:?}");
+        });
+        assert_eq!(receive(1), pattern(101, N), "step 1");
+        assert_eq!(send(3, Duration::from_secs(5)).unwrap(), 1);
+        assert_eq!(receive(0), pattern(102, N), "step 2: the timed-out wait sent nothing");
+        assert_eq!(receive(1), pattern(103, N), "step 3");
+    });
+}

@@ -33,6 +33,12 @@ pub enum SlotState {
     Capturing,
     /// Being filled by a receive from another rank: the boundary's receiver thread is posting it.
     Receiving,
+    /// Seen from the sending rank of a boundary to another rank: the slot holds step `step`,
+    /// which the receiving rank's stage has not taken yet (as far as its answers tell).
+    UntakenByPeer {
+        /// The step the slot holds.
+        step: u64,
+    },
 }
 
 impl SlotState {
@@ -52,6 +58,7 @@ impl fmt::Display for SlotState {
             SlotState::Lent => f.write_str("lent (received in place, its view still alive)"),
             SlotState::Capturing => f.write_str("taken by a capture of the step's graphs"),
             SlotState::Receiving => f.write_str("being received from another rank"),
+            SlotState::UntakenByPeer { step } => write!(f, "holding step {step}, not yet taken by the receiving rank"),
         }
     }
 }

@@ -65,7 +65,14 @@ pub(super) struct Slots {
     /// the next write that meets a lent slot takes one instead of allocating (at most one per
     /// slot is kept).
     spares: Vec<Arc<CudaSlice<u8>>>,
+    /// For a boundary from another rank: told the steps taken each time the RX stage takes one
+    /// (with the ring's lock held), so a sending rank that waits for a free slot learns of it.
+    on_taken: Option<TakenHook>,
 }
+
+/// What a ring filled from another rank tells each time its RX stage takes a step: the steps
+/// taken so far. Called with the ring's lock held: it must not take the lock or wait.
+pub(super) type TakenHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
 /// records its event on the TX stream right after the copy (the protocol's `ev_tx`), the copy out
@@ -201,11 +208,16 @@ impl SlotRing {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(SlotRing {
-            slots: Mutex::new(Slots { next: 0, slots, received: 0, inbound, spares: Vec::new() }),
+            slots: Mutex::new(Slots { next: 0, slots, received: 0, inbound, spares: Vec::new(), on_taken: None }),
             changed: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             changes: AtomicU64::new(0),
         })
+    }
+
+    /// Calls `hook` each time the RX stage takes a step (see [`TakenHook`]).
+    pub(super) fn on_taken(&self, hook: TakenHook) {
+        self.lock().on_taken = Some(hook);
     }
 
     /// Locks the ring. A panic while the lock was held cannot leave a slot half-updated (each
@@ -584,6 +596,9 @@ impl Slots {
     fn took(&mut self, k: usize) {
         if self.inbound {
             self.received = self.received.max(self.slots[k].step + 1);
+            if let Some(hook) = &self.on_taken {
+                hook(self.received);
+            }
         }
     }
 }

@@ -292,6 +292,10 @@ impl PpNRt {
     /// filled now; the capture is invalidated; [`capture_step`](Self::capture_step) captures
     /// steps). Else the driver's error. To another rank also [`PpError::TypeNameTooLong`] and
     /// [`PpError::PeerFailed`] (the link failed).
+    ///
+    /// To another rank, `tx` does not wait on the host: it writes the step's record and queues
+    /// NCCL's send, which waits on the device until the receiving rank has a free slot for it
+    /// ([`tx_wait`](Self::tx_wait) waits on the host instead, bounded).
     pub fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, x: &S, n: usize) -> Result<usize> {
         self.tx_impl(b, x, n, None)
     }
@@ -303,9 +307,14 @@ impl PpNRt {
     /// guard drops, for at most one second (or `timeout`, when shorter); then the slot gets
     /// another buffer and the guard keeps its own, as [`tx`](Self::tx) does at once.
     ///
+    /// To another rank, waits until the receiving rank's stage has taken the step its slot holds:
+    /// the receiving rank answers at once and again at its stage's next take (so the wait ends
+    /// within a round trip of the take), for at most `timeout`.
+    ///
     /// # Errors
     /// As [`tx`](Self::tx), and [`PpError::Timeout`] when the slot stayed filled for `timeout`
-    /// (nothing was enqueued).
+    /// (nothing was enqueued or sent; to another rank its state is
+    /// [`SlotState::UntakenByPeer`]).
     pub fn tx_wait<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
         b: usize,
@@ -325,7 +334,7 @@ impl PpNRt {
     ) -> Result<usize> {
         let boundary = match self.end(b)? {
             BoundaryEnd::Ring(boundary) if boundary.inbound.is_none() => boundary,
-            BoundaryEnd::Send(sender) => return self.tx_remote(b, sender, x, n),
+            BoundaryEnd::Send(sender) => return self.tx_remote(b, sender, x, n, wait),
             BoundaryEnd::Ring(_) | BoundaryEnd::Foreign => return Err(self.not_owned(b)),
         };
         check_tx_args(b, x, n, boundary.plan.tx_device)?;
@@ -364,10 +373,18 @@ impl PpNRt {
         Ok(index)
     }
 
-    /// `tx` over a boundary to another rank: the same checks, then the NCCL send.
-    fn tx_remote<T: DeviceRepr, S: DeviceSlice<T>>(&self, b: usize, sender: &Sender, x: &S, n: usize) -> Result<usize> {
+    /// `tx` over a boundary to another rank: the same checks, then the NCCL send (after a wait
+    /// for the RX rank's free slot, with `wait`).
+    fn tx_remote<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        b: usize,
+        sender: &Sender,
+        x: &S,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<usize> {
         check_tx_args(b, x, n, sender.tx_device)?;
-        sender.tx(x, n)
+        sender.tx(x, n, wait)
     }
 
     /// Boundary RX at boundary `b` (stage `b + 1`'s side): waits for the slot's TX event, copies
@@ -383,6 +400,11 @@ impl PpNRt {
     /// being captured: the copy would run at the graph's launch, reading whatever the slot holds
     /// then, while the slot said received now; the capture is invalidated). Else the driver's
     /// error. From another rank also [`PpError::PeerFailed`] (the link failed).
+    ///
+    /// From another rank, a step may still be on its way when `rx` is called: `rx` then waits for
+    /// the receiving thread to post it, for at most the peer timeout
+    /// ([`PpConfig::peer_timeout`]; [`PpError::Timeout`] after it); [`rx_wait`](Self::rx_wait)
+    /// bounds that wait by its own timeout.
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         self.rx_impl(b, slot_index, n, None)
     }

@@ -76,6 +76,8 @@ pub(in crate::pp) struct Link {
     pub(super) silence_fails: bool,
     /// On the RX rank: what its receiver thread is doing.
     pub(in crate::pp) phase: PhaseCell,
+    /// On the RX rank: the TX rank's waits for a free slot ([`Credit`]).
+    pub(super) credit: Option<Credit>,
     /// The failure of this link is not passed on to the rank's other links
     /// ([`ProtocolFault::ContainedFailure`](crate::pp::ProtocolFault), tests only).
     #[cfg(feature = "testing")]
@@ -150,6 +152,16 @@ pub(super) const CAPTURE_SETTLE_WAIT: Duration = Duration::from_millis(1);
 /// at once.
 pub(super) const CAPTURE_WAITS: u32 = 32;
 
+/// On the RX rank of a link: whether the TX rank waits for a free slot (its `tx_wait` sent a
+/// [`WAITING`] record), and the sealed answers this rank writes back. The receiver thread answers
+/// each [`WAITING`] at once with the steps this rank's stage has taken, and the stage's next take
+/// answers again ([`Link::answer_credit`]), so the TX rank's wait ends as soon as a slot is free,
+/// and nothing is written back while nobody waits.
+pub(in crate::pp) struct Credit {
+    pub(super) wanted: AtomicBool,
+    pub(super) back: Arc<Mutex<BackWriter>>,
+}
+
 /// The links of one rank. A rank's boundaries form one pipeline: when one link fails, what this
 /// rank sends on from then on may come from a receive the abort cut short, so every other link
 /// of the rank fails too, before the failing link's communicator is aborted (before any cut-short
@@ -210,6 +222,21 @@ impl Link {
             }
             drop(kept);
         }
+    }
+
+    /// On the RX rank: tells the TX rank that this rank's stage has taken `taken` steps, when it
+    /// waits for a free slot (or `now`, the receiver thread's answer to its [`WAITING`]). Called
+    /// with the ring's lock held: never waits; a connection that is full or failed loses nothing
+    /// (the answer stays queued for the next write; a failed connection fails the link through its
+    /// reads).
+    pub(in crate::pp) fn answer_credit(&self, taken: u64, now: bool) {
+        let Some(credit) = &self.credit else { return };
+        let wanted = || credit.wanted.load(Ordering::Relaxed) && credit.wanted.swap(false, Ordering::AcqRel);
+        if !now && !wanted() {
+            return;
+        }
+        let mut back = credit.back.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _ = back.send_credit(&self.connection, taken);
     }
 
     /// Records why the link stopped without aborting (a clean close).

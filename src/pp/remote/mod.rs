@@ -108,6 +108,11 @@ const CLOSE: u8 = 2;
 const DONE: u8 = 3;
 /// A sign of life: a record with no payload from the TX rank, one byte from the RX rank.
 const ALIVE: u8 = 4;
+/// The TX rank's record: a `tx_wait` waits for a free slot for this step (see [`Credit`]).
+const WAITING: u8 = 5;
+/// The RX rank's answer to [`WAITING`]: how many steps its stage has taken (a `u64` follows),
+/// sent at once and again when its stage next takes one.
+const CREDIT: u8 = 6;
 /// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
 /// element's size in bytes (u64), the element type's name, then the record's seal.
 const RECORD_HEAD: usize = 32;

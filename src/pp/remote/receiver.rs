@@ -76,6 +76,8 @@ pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
     ) -> Result<bool>;
     /// Wakes every thread waiting on the ring (the link stopped).
     fn wake(&self);
+    /// The steps the RX stage has taken so far.
+    fn taken(&self) -> u64;
 }
 
 /// The receiver thread of one inbound link.
@@ -200,6 +202,18 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         if matches!(record, Record::Alive) {
             continue;
         }
+        if let Record::Waiting { step } = record {
+            if step != expected {
+                break Err(format!("a wait for a free slot for step {step} where step {expected} was due"));
+            }
+            // The TX rank's `tx_wait` waits for a free slot: answered now, and again at the
+            // stage's next take.
+            if let Some(credit) = &link.credit {
+                credit.wanted.store(true, Ordering::Release);
+            }
+            link.answer_credit(filler.taken(), true);
+            continue;
+        }
         spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
@@ -219,7 +233,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Close { steps } => {
                 break Err(format!("the close names {steps} step(s), {expected} were announced"));
             }
-            Record::Alive => unreachable!("handled above"),
+            Record::Alive | Record::Waiting { .. } => unreachable!("handled above"),
             Record::Data(step) if step.step != expected => {
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }

@@ -25,6 +25,8 @@ pub(super) struct SendControl {
     pub(super) sealer: Sealer,
     /// The RX rank's answers, checked as they come.
     pub(super) back: BackReader,
+    /// The steps the RX rank's stage has taken, as far as its answers told ([`CREDIT`]).
+    pub(super) credit: u64,
     pub(super) step: u64,
     pub(super) closed: bool,
     /// When this rank last wrote to the connection (a record or a sign of life).
@@ -70,7 +72,17 @@ impl Sender {
     /// the record would go out once while the captured send ran at every launch of the graph
     /// (never, or more than once), and the receiver would wait for data that does not come, or the
     /// sender for a receive.
-    pub(in crate::pp) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(&self, x: &S, n: usize) -> Result<usize> {
+    ///
+    /// With `wait` (`tx_wait`), first waits, at most that long, until the RX rank's stage has
+    /// taken the step the slot last held ([`PpError::Timeout`] with nothing sent otherwise): the
+    /// TX rank asks with a [`WAITING`] record and reads the RX rank's [`CREDIT`] answers.
+    /// Without it the send is queued at once and waits on the device.
+    pub(in crate::pp) fn tx<T: DeviceRepr, S: DeviceSlice<T>>(
+        &self,
+        x: &S,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<usize> {
         check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
         // No capture of the TX stream begins between this check and the send.
@@ -78,6 +90,9 @@ impl Sender {
         let mut control = self.lock();
         if control.closed {
             return Err(self.link.stopped_or("the boundary was closed"));
+        }
+        if let Some(timeout) = wait {
+            self.wait_for_credit(&mut control, timeout)?;
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
@@ -104,6 +119,71 @@ impl Sender {
         }
         control.step += 1;
         Ok((step % self.n_slots as u64) as usize)
+    }
+
+    /// Waits, at most `timeout`, until the RX rank's stage has taken enough steps for this one
+    /// to find a free slot there; reads the connection for the answers meanwhile (the
+    /// watchdog leaves it alone while the lock is held).
+    fn wait_for_credit(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
+        let n_slots = self.n_slots as u64;
+        let start = Instant::now();
+        // Answers to the last WAITING: the first comes at once, the next at the stage's next take,
+        // which frees the slot; should that still leave none free, it is asked again.
+        let mut asked = false;
+        let mut answers = 0u32;
+        while control.step >= control.credit + n_slots {
+            let waited = start.elapsed();
+            if waited >= timeout {
+                let held = control.step - n_slots;
+                return Err(Error::Pipeline(PpError::Timeout {
+                    boundary: self.link.boundary,
+                    slot: (control.step % n_slots) as usize,
+                    call: "tx",
+                    waited,
+                    found: crate::pp::SlotState::UntakenByPeer { step: held },
+                }));
+            }
+            let control_ = &mut *control;
+            if !asked {
+                let record = encode_record(&mut control_.sealer, WAITING, control_.step, 0, 0, "");
+                if let Err(e) = control_.socket.write_all(&record) {
+                    self.link.fail(format!("writing a wait for a free slot failed: {e}"));
+                    return Err(self.link.stopped().expect("failed above"));
+                }
+                control_.written = Instant::now();
+                asked = true;
+                answers = 0;
+            }
+            let left = (timeout - waited).min(POLL).max(Duration::from_micros(100));
+            let mut bytes = [0u8; 256];
+            let read = control_.socket.set_read_timeout(Some(left)).and_then(|()| control_.socket.read(&mut bytes));
+            let kinds = match read {
+                Ok(0) => Err(PEER_CLOSED.to_string()),
+                Ok(read) => control_.back.take(&bytes[..read], &mut control_.credit),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    Ok(Vec::new())
+                }
+                Err(e) => Err(format!("the boundary's connection failed: {e}")),
+            };
+            match kinds {
+                Ok(kinds) if kinds.iter().all(|&kind| kind == ALIVE || kind == CREDIT) => {
+                    answers += kinds.iter().filter(|&&kind| kind == CREDIT).count() as u32;
+                    if answers >= 2 {
+                        asked = false;
+                    }
+                }
+                Ok(kinds) => {
+                    self.link.fail(format!("the peer sent {kinds:?} before the close"));
+                    return Err(self.link.stopped().expect("failed above"));
+                }
+                Err(reason) => {
+                    self.link.fail(reason);
+                    return Err(self.link.stopped().expect("failed above"));
+                }
+            }
+            self.link.check()?;
+        }
+        Ok(())
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, SendControl> {
@@ -141,7 +221,8 @@ impl Sender {
                 if read == 0 {
                     return Err(PEER_CLOSED.to_string());
                 }
-                if let Some(&kind) = control.back.take(&bytes[..read])?.iter().find(|&&kind| kind != ALIVE) {
+                let kinds = control.back.take(&bytes[..read], &mut control.credit)?;
+                if let Some(&kind) = kinds.iter().find(|&&kind| kind != ALIVE && kind != CREDIT) {
                     return Ok(kind);
                 }
             }
@@ -200,7 +281,9 @@ impl Sender {
             match (&self.watch).read(&mut bytes) {
                 Ok(0) => return Err(PEER_CLOSED.into()),
                 Ok(read) => {
-                    if let Some(other) = control.back.take(&bytes[..read])?.into_iter().find(|&kind| kind != ALIVE) {
+                    let control = &mut *control;
+                    let kinds = control.back.take(&bytes[..read], &mut control.credit)?;
+                    if let Some(other) = kinds.into_iter().find(|&kind| kind != ALIVE && kind != CREDIT) {
                         return Err(format!("the peer sent {other} before the close"));
                     }
                     *heard = Instant::now();

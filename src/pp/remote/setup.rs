@@ -167,6 +167,10 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))
         };
         let recv_graphs = Mutex::new(Some(Vec::new()));
+        // On the RX rank: its sealed answers to the TX rank (the receiver thread's, the
+        // watchdog's and the stage's credits).
+        let back_writer = (!sending)
+            .then(|| Arc::new(Mutex::new(BackWriter { sealer: Sealer::new(back.clone()), unsent: Vec::new() })));
         let link = Arc::new(Link {
             boundary: b.boundary,
             peer,
@@ -180,6 +184,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             timeout,
             silence_fails: silence_fails(config),
             phase: PhaseCell::new(),
+            credit: back_writer.clone().map(|back| Credit { wanted: AtomicBool::new(false), back }),
             #[cfg(feature = "testing")]
             contained: config.fault() == crate::pp::config::ProtocolFault::ContainedFailure,
         });
@@ -195,6 +200,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 socket,
                 sealer: Sealer::new(forward),
                 back: BackReader { opener: Opener::new(back), pending: Vec::new() },
+                credit: 0,
                 step: 0,
                 closed: false,
                 written: Instant::now(),
@@ -218,7 +224,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             wait_for_probe(&link, &recv_stream, &socket, watched)?;
             let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
             let opener = Opener::new(forward);
-            let back = Arc::new(Mutex::new(BackWriter { sealer: Sealer::new(back), unsent: Vec::new() }));
+            let back = back_writer.expect("made above for the RX rank");
             links.inbound.insert(b.boundary, Inbound { link, socket, opener, back, recv_stream, capture_stream });
         }
     }

@@ -7,8 +7,14 @@ use crate::auth::{Opener, SEAL, Sealer};
 
 pub(super) enum Record {
     Data(Announced),
-    Close { steps: u64 },
+    Close {
+        steps: u64,
+    },
     Alive,
+    /// A `tx_wait` of the TX rank waits for a free slot for step `step`.
+    Waiting {
+        step: u64,
+    },
 }
 
 /// A record, sealed at the sender's next position (see [`crate::auth`]).
@@ -69,6 +75,7 @@ pub(super) fn read_record(
                     }
                     CLOSE => Record::Close { steps: step },
                     ALIVE => Record::Alive,
+                    WAITING => Record::Waiting { step },
                     other => return Err(format!("a record of unknown kind {other}")),
                 };
                 pending.drain(..sealed + SEAL);
@@ -97,7 +104,17 @@ pub(super) struct BackWriter {
 impl BackWriter {
     /// Queues `kind` and writes what the connection takes now (all of it, when it blocks).
     pub(super) fn send(&mut self, socket: &TcpStream, kind: u8) -> std::io::Result<()> {
-        let mut frame = vec![kind];
+        self.send_frame(socket, vec![kind])
+    }
+
+    /// Queues a [`CREDIT`] of `taken` steps and writes what the connection takes now.
+    pub(super) fn send_credit(&mut self, socket: &TcpStream, taken: u64) -> std::io::Result<()> {
+        let mut frame = vec![CREDIT];
+        frame.extend_from_slice(&taken.to_le_bytes());
+        self.send_frame(socket, frame)
+    }
+
+    fn send_frame(&mut self, socket: &TcpStream, mut frame: Vec<u8>) -> std::io::Result<()> {
         self.sealer.seal(&mut frame);
         self.unsent.extend_from_slice(&frame);
         self.flush(socket)
@@ -127,17 +144,30 @@ pub(super) struct BackReader {
 }
 
 impl BackReader {
-    /// Takes `bytes` and returns the kinds of the frames now whole; a wrong seal is the reason the
-    /// link fails.
-    pub(super) fn take(&mut self, bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    /// Takes `bytes` and returns the kinds of the frames now whole; a [`CREDIT`] updates
+    /// `credit` (the steps the RX stage has taken) as it comes. A wrong seal or an unknown kind is
+    /// the reason the link fails.
+    pub(super) fn take(&mut self, bytes: &[u8], credit: &mut u64) -> std::result::Result<Vec<u8>, String> {
         self.pending.extend_from_slice(bytes);
         let mut kinds = Vec::new();
-        while self.pending.len() > SEAL {
-            if !self.opener.open(&self.pending[..1], &self.pending[1..1 + SEAL]) {
+        while let Some(&kind) = self.pending.first() {
+            let body = match kind {
+                ALIVE | DONE => 1,
+                CREDIT => 9,
+                other => return Err(format!("an answer of unknown kind {other} from the receiving rank")),
+            };
+            if self.pending.len() < body + SEAL {
+                break;
+            }
+            if !self.opener.open(&self.pending[..body], &self.pending[body..body + SEAL]) {
                 return Err(format!("an answer from the receiving rank whose seal is wrong: {BROKEN_SEAL}"));
             }
-            kinds.push(self.pending[0]);
-            self.pending.drain(..1 + SEAL);
+            if kind == CREDIT {
+                let taken = u64::from_le_bytes(self.pending[1..9].try_into().expect("eight bytes"));
+                *credit = (*credit).max(taken);
+            }
+            kinds.push(kind);
+            self.pending.drain(..body + SEAL);
         }
         Ok(kinds)
     }

@@ -197,6 +197,15 @@ fn boundary_end(
     };
     let home = SlotHome { transport: bp.transport, tx_stream: &tx_stream, rx_stream: &rx.stream };
     let ring = SlotRing::new(config.n_slots(), config.reserved_bytes(), inbound.is_some(), home)?;
+    if let Some(link) = &inbound {
+        // A sending rank that waits for a free slot (`tx_wait`) learns when this stage takes one.
+        let link = Arc::downgrade(link);
+        ring.on_taken(Arc::new(move |taken| {
+            if let Some(link) = link.upgrade() {
+                link.answer_credit(taken, false);
+            }
+        }));
+    }
     let sm_copies =
         bp.transport != Transport::HostStaged && config.sm_copies_allowed() && helpers_runnable(&rx.engine)?;
     Ok(BoundaryEnd::Ring(Arc::new(Boundary {

@@ -71,6 +71,10 @@ impl SlotFiller for Boundary {
     fn wake(&self) {
         self.ring.wake_all();
     }
+
+    fn taken(&self) -> u64 {
+        self.ring.lock().received_steps()
+    }
 }
 
 impl Boundary {

@@ -640,7 +640,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // just filled, on the stage's stream (so after the graph), as an eager `tx` sends.
         if let (Some(sender), Some(Some(staging))) = (rt.sender(s), self.staging[k].get(s)) {
             let sent = staging.as_view().first_as::<T>("StepGraphs::launch_stage", self.n)?;
-            sender.tx(&sent, self.n)?;
+            sender.tx(&sent, self.n, None)?;
         }
         Ok(k)
     }
