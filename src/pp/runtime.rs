@@ -314,7 +314,7 @@ impl PpNRt {
     /// # Errors
     /// As [`tx`](Self::tx), and [`PpError::Timeout`] when the slot stayed filled for `timeout`
     /// (nothing was enqueued or sent; to another rank its state is
-    /// [`SlotState::UntakenByPeer`]).
+    /// [`SlotState::UntakenByPeer`](crate::SlotState::UntakenByPeer)).
     pub fn tx_wait<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
         b: usize,

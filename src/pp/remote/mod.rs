@@ -306,16 +306,24 @@ mod tests {
         let mut bytes = vec![0u8; 3 * (1 + crate::auth::SEAL)];
         (&reader_socket).read_exact(&mut bytes).unwrap();
         // Delivered in two pieces, cut inside a frame.
-        let mut kinds = reader.take(&bytes[..20]).unwrap();
-        kinds.extend(reader.take(&bytes[20..]).unwrap());
+        let mut credit = 0;
+        let mut kinds = reader.take(&bytes[..20], &mut credit).unwrap();
+        kinds.extend(reader.take(&bytes[20..], &mut credit).unwrap());
         assert_eq!(kinds, [ALIVE, ALIVE, DONE]);
+        // A credit's count comes with it; an older one never lowers it.
+        writer.send_credit(&writer_socket, 7).unwrap();
+        writer.send_credit(&writer_socket, 5).unwrap();
+        let mut bytes = vec![0u8; 2 * (9 + crate::auth::SEAL)];
+        (&reader_socket).read_exact(&mut bytes).unwrap();
+        assert_eq!(reader.take(&bytes, &mut credit).unwrap(), [CREDIT, CREDIT]);
+        assert_eq!(credit, 7);
         // A forged DONE (a byte without its seal, or another key's) fails.
         let mut forger =
             BackWriter { sealer: Sealer::new(seals_key_of("another job's secret, as long")), unsent: Vec::new() };
         forger.send(&writer_socket, DONE).unwrap();
         let mut frame = vec![0u8; 1 + crate::auth::SEAL];
         (&reader_socket).read_exact(&mut frame).unwrap();
-        assert!(reader.take(&frame).unwrap_err().contains("seal is wrong"));
+        assert!(reader.take(&frame, &mut credit).unwrap_err().contains("seal is wrong"));
     }
 
     /// A receiving rank's listener admits only the sending rank of the job: a silent connection, a
