@@ -184,7 +184,7 @@ mod tests {
             Record::Data(step) => {
                 assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
             }
-            Record::Close { .. } | Record::Alive => panic!("expected data"),
+            Record::Close { .. } | Record::Alive | Record::Waiting { .. } => panic!("expected data"),
         }
         let mut three = encode_record(&mut sealer, DATA, 8, 3, 2, "bf16");
         three.extend(encode_record(&mut sealer, ALIVE, 0, 0, 0, ""));
