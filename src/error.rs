@@ -271,6 +271,15 @@ pub enum Error {
         /// Offset of the first NUL.
         position: usize,
     },
+    /// Bytes given as a module image that are no whole PTX text, cubin or fatbin (checked before
+    /// the driver reads them: it reads an image without a length).
+    #[error("module `{module}`: {reason}")]
+    InvalidModuleImage {
+        /// The module's name.
+        module: String,
+        /// What is wrong with the bytes.
+        reason: String,
+    },
     /// A kernel name that the module does not define.
     #[error("module `{module}` has no kernel `{kernel}`")]
     KernelNotFound {

@@ -83,8 +83,8 @@ pub use pp::{
     Transport, TransportPolicy,
 };
 pub use safe::{
-    BoundContext, BufferUse, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgs, KernelParam,
-    LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCapture, StreamOverride, ambient_stream,
-    enable_peer_access, take_drop_errors,
+    BoundContext, BufferUse, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView,
+    CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgList,
+    KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCapture,
+    StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
 };

@@ -18,6 +18,18 @@ pub fn load_data(image: &CStr) -> Result<CUmodule> {
     Ok(module)
 }
 
+/// `cuModuleLoadData` of a binary image (a cubin or a fatbin).
+///
+/// # Safety
+/// `image` points at a whole, well-formed cubin or fatbin (the driver reads it without a length:
+/// every size its headers state lies within the image), aligned to 8 bytes.
+#[doc(alias = "cuModuleLoadData")]
+pub unsafe fn load_binary(image: *const u8) -> Result<CUmodule> {
+    let mut module: CUmodule = std::ptr::null_mut();
+    driver_call!(cuModuleLoadData(&mut module, image.cast::<c_void>()))?;
+    Ok(module)
+}
+
 /// `cuModuleUnload`.
 ///
 /// # Safety

@@ -43,7 +43,10 @@ pub use helpers::HelperKernels;
 pub use helpers::{TestKernels, ToyModel};
 pub use host::PinnedHostBuffer;
 pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
-pub use module::{BufferUse, Function, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module};
+pub use module::{
+    BufferUse, ByValue, Function, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module,
+    by_value,
+};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;
 pub(crate) use stream::EnqueueGate;

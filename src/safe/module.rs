@@ -1,4 +1,4 @@
-//! PTX modules and kernel launch.
+//! Modules (PTX text, cubins and fatbins) and kernel launch with any parameters.
 //!
 //! A [`Module`] owns a loaded module of one context (unloaded when the last [`Function`] of it
 //! goes); both are `Send + Sync`. A launch orders the slices and views it is given by the crate's
@@ -22,8 +22,9 @@ pub struct Module {
     ctx: Arc<Context>,
     raw: CUmodule,
     name: String,
-    /// The `.entry` names of the PTX, to refuse unknown kernels before asking the driver.
-    entries: Vec<String>,
+    /// The kernels the image names (PTX `.entry` names, a cubin's `.text.` sections), to refuse
+    /// unknown kernels before asking the driver; `None` for a fatbin (the driver is asked).
+    entries: Option<Vec<String>>,
 }
 
 // SAFETY: a loaded CUmodule and its functions may be used from any thread.
@@ -54,18 +55,88 @@ impl Module {
         };
         let _bound = ctx.bind()?;
         let raw = raw::load_data(image)?;
-        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string(), entries: ptx_entries(ptx) }))
+        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string(), entries: Some(ptx_entries(ptx)) }))
+    }
+
+    /// Loads a module image as engines ship their kernels: a cubin (ELF, for the device's
+    /// architecture), a fatbin (several architectures' cubins and PTX; the driver picks) or PTX
+    /// text. The bytes are checked before the driver sees them (it reads an image without a
+    /// length): every size a cubin's or fatbin's headers state must lie within `image`. `name`
+    /// is used in errors.
+    ///
+    /// Loading an engine's own kernel and launching it (the kernel of
+    /// `kernels/test_params.cu`: two slices, a length, a `#[repr(C)]` struct, `bf16`, `bool`, and
+    /// six more scalars):
+    ///
+    /// ```no_run
+    /// # fn main() -> ppnrt::Result<()> {
+    /// use ppnrt::{LaunchConfig, Module, bf16, by_value, f16};
+    ///
+    /// #[derive(Clone, Copy)]
+    /// #[repr(C)]
+    /// struct Shape { rows: u32, cols: u32, scale: f32 } // as the kernel declares it
+    ///
+    /// static IMAGE: &[u8] = include_bytes!("../../tests/data/test_params.fatbin");
+    /// let engine = ppnrt::Engine::new(0)?;
+    /// let module = Module::load_image(engine.context(), "test_params", IMAGE)?;
+    /// let kernel = module.function("ppnrt_test_params12")?;
+    /// let n = 4096;
+    /// let x = engine.htod(&vec![1.0f32; n])?;
+    /// let mut y = engine.alloc::<f32>(n)?;
+    /// let shape = Shape { rows: 3, cols: 5, scale: 0.25 };
+    /// let stream = engine.stream()?;
+    /// // SAFETY: the arguments match the kernel's parameters in order, size and meaning; it
+    /// // reads `n` elements of `x` and writes `n` of `y`, nothing else.
+    /// unsafe {
+    ///     stream.launch(
+    ///         &kernel,
+    ///         LaunchConfig::for_elements(n, 1024),
+    ///         (&x, &mut y, n as u64, by_value(shape), bf16::from_f32(1.5), false, -4i32, 200u8,
+    ///          0.125f64, f16::from_f32(-2.0), 7i64, 9u32),
+    ///     )?;
+    /// }
+    /// let values = engine.dtoh(&y)?; // ordered after the kernel by the crate's rule
+    /// # let _ = values;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidModuleImage`] for bytes that are no whole image (truncated, or neither PTX,
+    /// ELF nor a fatbin); the driver's error (`CUDA_ERROR_NO_BINARY_FOR_GPU` when no image inside
+    /// suits the device, `CUDA_ERROR_INVALID_IMAGE`).
+    #[doc(alias = "cuModuleLoadData")]
+    pub fn load_image(ctx: &Arc<Context>, name: &str, image: &[u8]) -> Result<Arc<Module>> {
+        let invalid = |reason: String| Error::InvalidModuleImage { module: name.to_string(), reason };
+        let entries = match image_kind(image).map_err(invalid)? {
+            ImageKind::Ptx => {
+                let text =
+                    std::str::from_utf8(image).map_err(|e| invalid(format!("PTX text that is not UTF-8: {e}")))?;
+                return Module::load_ptx(ctx, name, text);
+            }
+            ImageKind::Cubin { entries } => Some(entries),
+            ImageKind::Fatbin => None,
+        };
+        // The driver reads the image's headers as 8-byte words: an aligned copy.
+        let mut aligned = vec![0u64; image.len().div_ceil(8)];
+        // SAFETY: `aligned` has at least `image.len()` bytes; the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(image.as_ptr(), aligned.as_mut_ptr().cast::<u8>(), image.len()) };
+        let _bound = ctx.bind()?;
+        // SAFETY: `image_kind` checked that every size the headers state lies within the image,
+        // which `aligned` holds whole, 8-byte aligned, for the duration of the call.
+        let raw = unsafe { raw::load_binary(aligned.as_ptr().cast::<u8>()) }?;
+        Ok(Arc::new(Module { ctx: Arc::clone(ctx), raw, name: name.to_string(), entries }))
     }
 
     /// The kernel `name`.
     ///
     /// # Errors
-    /// [`Error::KernelNotFound`] when the module has no such kernel (checked against the PTX's
-    /// entries before the driver is asked).
+    /// [`Error::KernelNotFound`] when the module has no such kernel (checked against the
+    /// image's entries before the driver is asked, where the image lists them).
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(self: &Arc<Self>, name: &str) -> Result<Function> {
         let not_found = || Error::KernelNotFound { module: self.name.clone(), kernel: name.to_string() };
-        if !self.entries.iter().any(|entry| entry == name) {
+        if self.entries.as_ref().is_some_and(|entries| !entries.iter().any(|entry| entry == name)) {
             return Err(not_found());
         }
         let c_name = CString::new(name)
@@ -79,9 +150,10 @@ impl Module {
         }
     }
 
-    /// The kernels the module defines (its PTX `.entry` names).
+    /// The kernels the module defines (its PTX `.entry` names, or a cubin's kernels); empty for
+    /// a fatbin, whose kernels the driver knows (ask [`function`](Self::function)).
     pub fn entries(&self) -> &[String] {
-        &self.entries
+        self.entries.as_deref().unwrap_or(&[])
     }
 
     /// The module's context.
@@ -93,6 +165,99 @@ impl Module {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// What a module image is.
+#[derive(Debug, PartialEq, Eq)]
+enum ImageKind {
+    Ptx,
+    /// An ELF cubin and the kernels it defines (its `.text.<kernel>` sections).
+    Cubin {
+        entries: Vec<String>,
+    },
+    Fatbin,
+}
+
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// What `image` is, checked whole: every size a cubin's or fatbin's headers state lies within
+/// it (the driver reads an image without a length). The reason, when it is no image.
+fn image_kind(image: &[u8]) -> std::result::Result<ImageKind, String> {
+    let u16_at = |at: usize| image.get(at..at + 2).map(|b| u16::from_le_bytes(b.try_into().expect("two bytes")));
+    let u32_at = |at: usize| image.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")));
+    let u64_at = |at: usize| image.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")));
+    let short = |what: &str| format!("a truncated {what} of {} bytes", image.len());
+    if image.starts_with(b"\x7fELF") {
+        if image.get(4) != Some(&2) || image.get(5) != Some(&1) {
+            return Err("an ELF image that is not 64-bit little-endian (a cubin is)".into());
+        }
+        let (Some(shoff), Some(shentsize), Some(shnum), Some(shstrndx)) =
+            (u64_at(0x28), u16_at(0x3A), u16_at(0x3C), u16_at(0x3E))
+        else {
+            return Err(short("ELF header"));
+        };
+        let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+            return Err(short("ELF header"));
+        };
+        let within = |offset: u64, size: u64| offset.checked_add(size).is_some_and(|end| end <= image.len() as u64);
+        if shentsize < 64 || !within(shoff, u64::from(shentsize) * u64::from(shnum)) {
+            return Err(format!("section headers past the end of a cubin of {} bytes", image.len()));
+        }
+        if phnum > 0 && (phentsize < 56 || !within(phoff, u64::from(phentsize) * u64::from(phnum))) {
+            return Err(format!("program headers past the end of a cubin of {} bytes", image.len()));
+        }
+        let section = |i: u16| shoff as usize + usize::from(i) * usize::from(shentsize);
+        let mut sections = Vec::with_capacity(usize::from(shnum));
+        for i in 0..shnum {
+            let at = section(i);
+            let (Some(name), Some(kind), Some(offset), Some(size)) =
+                (u32_at(at), u32_at(at + 4), u64_at(at + 0x18), u64_at(at + 0x20))
+            else {
+                return Err(short("cubin"));
+            };
+            // SHT_NOBITS (8) occupies no bytes of the file.
+            if kind != 8 && !within(offset, size) {
+                return Err(format!(
+                    "section {i} ({size} bytes at {offset}) past the end of a cubin of {} bytes",
+                    image.len()
+                ));
+            }
+            sections.push((name, kind, offset, size));
+        }
+        let names = sections
+            .get(usize::from(shstrndx))
+            .map(|&(_, _, offset, size)| &image[offset as usize..(offset + size) as usize]);
+        let entries = names
+            .map(|names| {
+                sections
+                    .iter()
+                    .filter_map(|&(name, _, _, _)| {
+                        let rest = names.get(name as usize..)?;
+                        let end = rest.iter().position(|&b| b == 0)?;
+                        std::str::from_utf8(&rest[..end]).ok()?.strip_prefix(".text.").map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Ok(ImageKind::Cubin { entries });
+    }
+    if u32_at(0) == Some(FATBIN_MAGIC) {
+        let (Some(header), Some(size)) = (u16_at(6), u64_at(8)) else { return Err(short("fatbin header")) };
+        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {
+            return Err(format!(
+                "a fatbin that states {header} + {size} bytes in an image of {} bytes (truncated?)",
+                image.len()
+            ));
+        }
+        return Ok(ImageKind::Fatbin);
+    }
+    if image.starts_with(b"//")
+        || image.windows(7).any(|w| w == b".entry ")
+        || image.windows(8).any(|w| w == b".version")
+    {
+        return Ok(ImageKind::Ptx);
+    }
+    Err(format!("{} bytes that are no PTX text, cubin (ELF) or fatbin", image.len()))
 }
 
 /// The names of the `.entry` directives of PTX text (`.visible .entry name(`).
@@ -220,7 +385,49 @@ macro_rules! scalar_params {
         }
     )*};
 }
-scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize);
+scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize, isize, half::f16, half::bf16);
+
+/// A C++ `bool` parameter: one byte, 0 or 1.
+impl KernelParam for bool {
+    const FOREIGN: bool = false;
+    type Raw = u8;
+    fn raw_param(&self) -> u8 {
+        u8::from(*self)
+    }
+}
+
+/// A parameter passed by value as its bytes: a `#[repr(C)]` struct (or any `Copy` value) whose
+/// layout matches the kernel's parameter type, field for field (size, alignment, padding).
+/// Built by [`by_value`].
+///
+/// Device addresses inside the value are not ordered by the crate's rule (their ordering is the
+/// caller's, as for addresses passed as integers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByValue<T: Copy + 'static>(pub T);
+
+/// Passes `value` to a kernel by value, as its bytes (see [`ByValue`]).
+pub fn by_value<T: Copy + 'static>(value: T) -> ByValue<T> {
+    ByValue(value)
+}
+
+impl<T: Copy + 'static> KernelParam for ByValue<T> {
+    const FOREIGN: bool = false;
+    type Raw = T;
+    fn raw_param(&self) -> T {
+        self.0
+    }
+}
+
+impl<P: KernelParam + ?Sized> KernelParam for &P {
+    const FOREIGN: bool = P::FOREIGN;
+    type Raw = P::Raw;
+    fn raw_param(&self) -> P::Raw {
+        (**self).raw_param()
+    }
+    fn buffer_use(&self) -> Option<BufferUse<'_>> {
+        (**self).buffer_use()
+    }
+}
 
 macro_rules! slice_params {
     ($($ty:ty => $use_:expr),* $(,)?) => {$(
@@ -237,29 +444,38 @@ macro_rules! slice_params {
     )*};
 }
 slice_params!(
-    &CudaSlice<T> => Use::Read,
+    CudaSlice<T> => Use::Read,
     &mut CudaSlice<T> => Use::Write,
     CudaView<'_, T> => Use::Read,
     CudaViewMut<'_, T> => Use::Write,
     &mut CudaViewMut<'_, T> => Use::Write,
 );
 
-/// The most parameters a launch takes.
-pub const MAX_KERNEL_PARAMS: usize = 8;
+/// The most parameters a tuple passes (a [`KernelArgList`] passes any number).
+pub const MAX_KERNEL_PARAMS: usize = 16;
 
-/// A tuple of kernel parameters, passed in order.
+/// Kernel parameters, passed in order: a tuple of up to [`MAX_KERNEL_PARAMS`] parameters, or a
+/// [`KernelArgList`] of any number.
 pub trait KernelArgs {
     /// Whether [`with_params`](Self::with_params) may run code that is not this crate's (true
-    /// for every implementation but the crate's tuples of the crate's own parameters): the
-    /// launch then binds the stream's context again right before `cuLaunchKernel`, and checks
+    /// for every implementation but the crate's tuples and lists of the crate's own parameters):
+    /// the launch then binds the stream's context again right before `cuLaunchKernel`, and checks
     /// afterwards that the thread's current context was left as it was.
     #[doc(hidden)]
     const FOREIGN: bool = true;
 
+    /// Whether these arguments' code is foreign (see [`FOREIGN`](Self::FOREIGN)); a list knows
+    /// it only from its parameters.
+    #[doc(hidden)]
+    fn is_foreign(&self) -> bool {
+        Self::FOREIGN
+    }
+
     /// Calls `f` with one pointer per parameter, each valid for the duration of the call.
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
-    /// The device memory each parameter hands the kernel (see [`KernelParam::buffer_use`]).
-    fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS];
+    /// Hands `each` the device memory each parameter gives the kernel (see
+    /// [`KernelParam::buffer_use`]).
+    fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>));
 }
 
 macro_rules! kernel_args {
@@ -274,10 +490,8 @@ macro_rules! kernel_args {
                 let mut params = [$((&raw mut $name).cast::<c_void>()),*];
                 f(&mut params)
             }
-            fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS] {
-                let mut uses = [None; MAX_KERNEL_PARAMS];
-                $(uses[$idx] = self.$idx.buffer_use();)*
-                uses
+            fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>)) {
+                $(if let Some(used) = self.$idx.buffer_use() { each(used) })*
             }
         }
     };
@@ -288,9 +502,7 @@ impl KernelArgs for () {
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
         f(&mut [])
     }
-    fn buffer_uses(&self) -> [Option<BufferUse<'_>>; MAX_KERNEL_PARAMS] {
-        [None; MAX_KERNEL_PARAMS]
-    }
+    fn buffer_uses<'a>(&'a self, _each: &mut dyn FnMut(BufferUse<'a>)) {}
 }
 kernel_args!(A: 0);
 kernel_args!(A: 0, B: 1);
@@ -300,6 +512,127 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11, M: 12);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11, M: 12, N: 13);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11, M: 12, N: 13, O: 14);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11, M: 12, N: 13, O: 14, P: 15);
+
+/// One parameter of a [`KernelArgList`], its type erased.
+trait ListedParam {
+    /// The parameter's value, boxed where the launch can point at it.
+    fn raw_boxed(&self) -> Box<dyn RawValue>;
+    fn buffer_use(&self) -> Option<BufferUse<'_>>;
+}
+
+impl<P: KernelParam> ListedParam for P
+where
+    P::Raw: 'static,
+{
+    fn raw_boxed(&self) -> Box<dyn RawValue> {
+        Box::new(self.raw_param())
+    }
+    fn buffer_use(&self) -> Option<BufferUse<'_>> {
+        KernelParam::buffer_use(self)
+    }
+}
+
+/// A parameter's C value, at an address the launch passes.
+trait RawValue {
+    fn address(&mut self) -> *mut c_void;
+}
+
+impl<T: Copy + 'static> RawValue for T {
+    fn address(&mut self) -> *mut c_void {
+        (self as *mut T).cast()
+    }
+}
+
+/// Kernel parameters of any number, in the order they are added: for kernels with more
+/// parameters than a tuple passes, or built in a loop.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// use ppnrt::{KernelArgList, by_value};
+/// # let engine = ppnrt::Engine::new(0)?;
+/// # let stream = engine.stream()?;
+/// # let x = engine.alloc::<f32>(1024)?;
+/// # let mut y = engine.alloc::<f32>(1024)?;
+/// #[derive(Clone, Copy)]
+/// #[repr(C)]
+/// struct Shape { rows: u32, cols: u32, scale: f32 }
+/// let args = KernelArgList::new()
+///     .arg(&x) // read by the kernel
+///     .arg(&mut y) // written by the kernel
+///     .arg(by_value(Shape { rows: 32, cols: 32, scale: 0.5 }))
+///     .arg(ppnrt::bf16::from_f32(1.5))
+///     .arg(true);
+/// assert_eq!(args.len(), 5);
+/// # let _ = (stream, args);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Default)]
+pub struct KernelArgList<'a> {
+    params: Vec<Box<dyn ListedParam + 'a>>,
+    foreign: bool,
+}
+
+impl<'a> KernelArgList<'a> {
+    /// An empty list.
+    pub fn new() -> KernelArgList<'a> {
+        KernelArgList::default()
+    }
+
+    /// Adds `param` as the next parameter.
+    pub fn arg<P: KernelParam + 'a>(mut self, param: P) -> KernelArgList<'a>
+    where
+        P::Raw: 'static,
+    {
+        self.foreign |= P::FOREIGN;
+        self.params.push(Box::new(param));
+        self
+    }
+
+    /// How many parameters the list holds.
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Whether the list holds none.
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+}
+
+impl std::fmt::Debug for KernelArgList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KernelArgList({} parameters)", self.params.len())
+    }
+}
+
+impl KernelArgs for KernelArgList<'_> {
+    fn is_foreign(&self) -> bool {
+        self.foreign
+    }
+
+    fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+        let mut values: Vec<Box<dyn RawValue>> = self.params.iter().map(|param| param.raw_boxed()).collect();
+        let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|value| value.address()).collect();
+        f(&mut pointers)
+    }
+
+    fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>)) {
+        for param in &self.params {
+            if let Some(used) = param.buffer_use() {
+                each(used);
+            }
+        }
+    }
+}
 
 impl CudaStream {
     /// Launches `function` on this stream. Device memory passed as slices and views is ordered
@@ -337,8 +670,10 @@ impl CudaStream {
                 found: function.ordinal(),
             });
         }
-        let uses = args.buffer_uses();
-        for used in uses.iter().flatten().filter(|used| used.owner.ordinal() != self.ordinal()) {
+        let mut uses: smallvec::SmallVec<[BufferUse<'_>; 8]> = smallvec::SmallVec::new();
+        args.buffer_uses(&mut |used| uses.push(used));
+        let foreign = args.is_foreign();
+        for used in uses.iter().filter(|used| used.owner.ordinal() != self.ordinal()) {
             if used.pooled {
                 return Err(Error::NotPeerReachable {
                     what: "CudaStream::launch",
@@ -349,14 +684,14 @@ impl CudaStream {
             }
             ensure_peer_access(self.context(), used.owner.context())?;
         }
-        let tracked = uses.iter().flatten().map(|used| (Tracked::Device(used.memory), used.use_));
+        let tracked = uses.iter().map(|used| (Tracked::Device(used.memory), used.use_));
         // A caller's kernel-argument code may use the same buffers through this crate: their
         // states are not held locked while it runs.
-        ordered_with(self, tracked, !A::FOREIGN, || {
+        ordered_with(self, tracked, !foreign, || {
             let launch = |params: &mut [*mut c_void]| {
                 // A caller's `with_params` runs its own code first, which may change the current
                 // context: the launch binds the stream's again.
-                let _bound = if A::FOREIGN { Some(self.context().bind()?) } else { None };
+                let _bound = if foreign { Some(self.context().bind()?) } else { None };
                 // SAFETY: the caller guarantees that params match the kernel and that it touches
                 // only the memory they give it; function and stream are live and of one context
                 // (checked above); that memory is reachable from this device (checked above) and
@@ -372,7 +707,7 @@ impl CudaStream {
                     )
                 }
             };
-            if A::FOREIGN {
+            if foreign {
                 // A caller's implementation runs code that is not the crate's own.
                 self.run_launch_arguments(|| super::context::outside_call_scope(|| args.with_params(launch)))
             } else {
@@ -391,6 +726,92 @@ mod tests {
         assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
         assert!(super::ptx_entries("// no kernels here\n.func f(\n").is_empty());
         assert_eq!(super::ptx_entries(crate::kernels::HELPERS_PTX), ["ppnrt_copy_bytes"]);
+    }
+
+    #[test]
+    fn module_images_are_checked_whole_before_the_driver_reads_them() {
+        use super::{ImageKind, image_kind};
+        let fatbin: &[u8] = include_bytes!("../../tests/data/test_params.fatbin");
+        let cubin: &[u8] = include_bytes!("../../tests/data/test_params.cubin");
+        assert_eq!(image_kind(fatbin), Ok(ImageKind::Fatbin));
+        assert_eq!(image_kind(cubin), Ok(ImageKind::Cubin { entries: vec!["ppnrt_test_params12".into()] }));
+        assert_eq!(image_kind(crate::kernels::HELPERS_PTX.as_bytes()), Ok(ImageKind::Ptx));
+        // Every truncation of either is refused (never handed to the driver).
+        for image in [fatbin, cubin] {
+            for len in [0, 3, 16, 63, 64, image.len() / 2, image.len() - 1] {
+                let refused = image_kind(&image[..len]);
+                assert!(refused.is_err(), "{len} of {} bytes: {refused:?}", image.len());
+            }
+        }
+        assert!(image_kind(&[0u8; 64]).unwrap_err().contains("no PTX text, cubin (ELF) or fatbin"));
+        let mut huge = fatbin.to_vec();
+        huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(image_kind(&huge).unwrap_err().contains("truncated"), "a size that overflows");
+        let mut far = cubin.to_vec();
+        far[0x28..0x30].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(image_kind(&far).unwrap_err().contains("section headers past the end"));
+    }
+
+    /// What a launch hands the driver: one pointer per parameter, at the parameter's C value —
+    /// `bool` as one byte, `bf16` and `f16` as their bits, a `#[repr(C)]` struct as its bytes,
+    /// slices as their device addresses — for tuples of up to sixteen and lists of any length.
+    #[test]
+    fn every_parameter_reaches_the_launch_as_its_c_value() {
+        use super::{KernelArgList, KernelArgs, by_value};
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[repr(C)]
+        struct Shape {
+            rows: u32,
+            cols: u32,
+            scale: f32,
+        }
+        let shape = Shape { rows: 3, cols: 5, scale: 0.25 };
+        let bias = half::bf16::from_f32(1.5);
+        let h = half::f16::from_f32(-2.0);
+        let check = |params: &mut [*mut std::ffi::c_void]|
+        // SAFETY: each pointer points at a value of the type read, alive for the closure's call.
+        unsafe {
+            assert_eq!(params.len(), 12);
+            assert_eq!(*params[0].cast::<u64>(), 0x1000);
+            assert_eq!(*params[2].cast::<u64>(), 77);
+            assert_eq!(*params[3].cast::<Shape>(), shape);
+            assert_eq!(*params[4].cast::<u16>(), bias.to_bits());
+            assert_eq!(*params[5].cast::<u8>(), 1);
+            assert_eq!(*params[6].cast::<i32>(), -4);
+            assert_eq!(*params[7].cast::<u8>(), 200);
+            assert_eq!(*params[8].cast::<f64>(), 0.125);
+            assert_eq!(*params[9].cast::<u16>(), h.to_bits());
+            assert_eq!(*params[10].cast::<i64>(), -(1 << 40));
+            assert_eq!(*params[11].cast::<u32>(), 9);
+        };
+        let tuple =
+            (0x1000u64, 0x2000u64, 77u64, by_value(shape), bias, true, -4i32, 200u8, 0.125f64, h, -(1i64 << 40), 9u32);
+        assert!(!tuple.is_foreign());
+        tuple.with_params(check);
+        let list = KernelArgList::new()
+            .arg(0x1000u64)
+            .arg(0x2000u64)
+            .arg(77u64)
+            .arg(by_value(shape))
+            .arg(bias)
+            .arg(true)
+            .arg(-4i32)
+            .arg(200u8)
+            .arg(0.125f64)
+            .arg(h)
+            .arg(-(1i64 << 40))
+            .arg(9u32);
+        assert!(!list.is_foreign());
+        list.with_params(check);
+        let mut uses = 0;
+        list.buffer_uses(&mut |_| uses += 1);
+        assert_eq!(uses, 0, "plain values hand the kernel no memory");
+        let long = (0..40u32).fold(KernelArgList::new(), |list, i| list.arg(i));
+        long.with_params(|params| {
+            assert_eq!(params.len(), 40);
+            // SAFETY: each points at a live u32.
+            assert!((0..40).all(|i| unsafe { *params[i].cast::<u32>() } == i as u32));
+        });
     }
 
     #[test]
