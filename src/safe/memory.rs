@@ -111,6 +111,9 @@ pub(crate) struct DeviceMemory {
     ptr: CUdeviceptr,
     stream: Arc<CudaStream>,
     pooled: bool,
+    /// Memory another library owns ([`CudaSlice::from_foreign`]): never freed here; its drop
+    /// makes the owner stream wait for every use instead.
+    foreign: bool,
     access: Access,
 }
 
@@ -254,7 +257,41 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 ptr,
                 stream: Arc::clone(stream),
                 pooled,
+                foreign: false,
                 access: Access::new(Some(stream), eager),
+            }),
+            _marker: PhantomData,
+        }
+    }
+
+    /// Device memory another library owns (an engine's activation buffer: a cudarc slice, a
+    /// tensor's storage), as a slice of this crate: no copy, not freed here. Its uses through this
+    /// crate follow the ordering rule with `stream`, the stream that orders the memory in the
+    /// owner's code, as the owner: the first use on another stream waits for the work `stream`
+    /// holds at that point (the owner's writes before this call included), and dropping the slice
+    /// makes `stream` wait for every use the crate made of it, so the owner's later work on
+    /// `stream` (a read, a reuse, its stream-ordered free) comes after them.
+    ///
+    /// Memory of unknown origin is treated as pool memory: a kernel on another device does not
+    /// read it through peer access (copies between devices still do).
+    ///
+    /// # Safety
+    /// - `ptr` is the address of `len` initialised elements of `T` in device memory of `stream`'s
+    ///   device, and stays valid (not freed, not reused) until the slice is dropped and every
+    ///   use ordered before that on `stream` has run: the owner frees or reuses it only through
+    ///   work on `stream` enqueued after the drop, or after waiting for that.
+    /// - While the slice lives, the owner's own work touches the memory only on `stream`.
+    /// - No other slice of this crate covers the same memory (two would not order each other).
+    pub unsafe fn from_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
+        CudaSlice {
+            ptr,
+            len,
+            mem: Arc::new(DeviceMemory {
+                ptr,
+                stream: Arc::clone(stream),
+                pooled: true,
+                foreign: true,
+                access: Access::new(Some(stream), false),
             }),
             _marker: PhantomData,
         }
@@ -496,6 +533,13 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
     }
 }
 
+impl DeviceMemory {
+    /// Makes the owner's stream wait for every use of memory another library owns.
+    fn release_to_owner(&self) -> Result<()> {
+        self.access.order_exclusive(&self.stream, Use::Write)
+    }
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         if self.ptr == 0 {
@@ -510,12 +554,17 @@ impl Drop for DeviceMemory {
                 ptr: std::mem::take(&mut self.ptr),
                 stream: Arc::clone(&self.stream),
                 pooled: self.pooled,
+                foreign: self.foreign,
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
             blocked.hold(Box::new(held));
             return;
         }
-        let result = if self.pooled {
+        let result = if self.foreign {
+            // Not ours to free: the owner's stream waits for every use, and the owner frees it
+            // in its stream's order.
+            self.release_to_owner()
+        } else if self.pooled {
             // The owner waits for every use, then frees in stream order.
             self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {
                 let _bound = self.stream.context().bind()?;

@@ -1,0 +1,129 @@
+//! An engine's own device memory through the crate, zero copy (`CudaSlice::from_foreign`): memory
+//! the engine allocated and orders on a stream of its own, written there by the engine's own
+//! (raw driver) work, sent through a two-stage pipeline on the crate's stage streams, and written
+//! by the crate and read back by the engine's own work after the slice is dropped. Both ways the
+//! crate orders itself with the engine's stream and the engine's stream with the crate, with no
+//! join in the engine's code; each direction also runs with the ordering broken on purpose
+//! (the slice made without the engine's pending write, and the engine reading before the drop),
+//! which gives wrong values: the test can fail.
+//!
+//! Through the CUDA driver double, which runs queued work only when something synchronises and
+//! then only what that needs, so a missing wait shows up as a wrong value; on a GPU machine the
+//! gate runs it the same way (the double is loaded by the test).
+
+mod common;
+
+#[path = "common/double.rs"]
+mod double;
+#[path = "common/raw_driver.rs"]
+mod raw_driver;
+
+use std::sync::Arc;
+
+use double::with_double;
+use ppnrt::{CudaSlice, CudaStream, Engine, PpConfig, PpNRt, sys};
+use raw_driver::raw;
+
+const N: usize = 4096;
+
+/// Device memory the engine owns: `cuMemAlloc`, freed by the engine.
+struct EngineBuffer(sys::CUdeviceptr);
+
+impl EngineBuffer {
+    fn new(engine: &Engine) -> EngineBuffer {
+        raw!(cuCtxSetCurrent(engine.context().raw()));
+        let mut ptr: sys::CUdeviceptr = 0;
+        raw!(cuMemAlloc_v2(&mut ptr, N * 4));
+        EngineBuffer(ptr)
+    }
+
+    /// The engine's own write on its stream: every element `value`.
+    fn fill(&self, stream: &CudaStream, value: u32) {
+        raw!(cuMemsetD32Async(self.0, value, N, stream.raw()));
+    }
+
+    /// The engine's own read on its stream, waited for.
+    fn read(&self, stream: &CudaStream) -> Vec<u32> {
+        let mut host = vec![0u32; N];
+        raw!(cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), self.0, N * 4, stream.raw()));
+        raw!(cuStreamSynchronize(stream.raw()));
+        host
+    }
+}
+
+impl Drop for EngineBuffer {
+    fn drop(&mut self) {
+        raw!(cuCtxSynchronize());
+        raw!(cuMemFree_v2(self.0));
+    }
+}
+
+#[test]
+fn an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways() {
+    with_double("an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::new(2), &primary).unwrap();
+        let e0 = rt.engine(0, &primary).unwrap().clone();
+        let own = Arc::new(CudaStream::new(primary.context()).unwrap());
+        for broken in [false, true] {
+            // The engine writes its buffer on its stream; the crate sends it from stage 0.
+            let buffer = EngineBuffer::new(&primary);
+            buffer.fill(&own, 0x5eed_0000 + u32::from(broken));
+            let sent = {
+                // SAFETY: `buffer` holds N u32, written on `own` only, and outlives the slice and
+                // its uses (freed after a full synchronisation); no other slice covers it.
+                let foreign = unsafe { CudaSlice::<u32>::from_foreign(buffer.0, N, &own) };
+                if broken {
+                    // The crate told nothing of the engine's pending write: a slice on another
+                    // stream with no mark of it (what adopting without the owner stream does).
+                    let unordered = Arc::new(CudaStream::new(primary.context()).unwrap());
+                    // SAFETY: as above; the ordering with `own` is left out on purpose.
+                    let blind = unsafe { CudaSlice::<u32>::from_foreign(buffer.0, N, &unordered) };
+                    drop(foreign);
+                    let _stage = rt.enter(0).unwrap();
+                    rt.tx(0, &blind, N).unwrap()
+                } else {
+                    let _stage = rt.enter(0).unwrap();
+                    rt.tx(0, &foreign, N).unwrap()
+                }
+            };
+            let received = {
+                let _stage = rt.enter(1).unwrap();
+                let out = rt.rx::<u32>(0, sent, N).unwrap();
+                rt.engine(1, &primary).unwrap().dtoh(&out).unwrap()
+            };
+            let expected = vec![0x5eed_0000 + u32::from(broken); N];
+            if broken {
+                assert_ne!(received, expected, "unordered, the send read the buffer before the engine's write");
+            } else {
+                assert_eq!(received, expected, "the send waited for the engine's write on its stream");
+            }
+            // The crate writes the engine's buffer; the engine reads it on its stream after the drop.
+            let source = e0.htod(&vec![0xc0de_0000 + u32::from(broken); N]).unwrap();
+            let stage_stream = Arc::clone(rt.stage_stream(0).unwrap());
+            // SAFETY: as above.
+            let mut foreign = unsafe { CudaSlice::<u32>::from_foreign(buffer.0, N, &own) };
+            stage_stream.memcpy_dtod(&source, &mut foreign).unwrap();
+            let seen = if broken {
+                // Read before the slice is dropped: nothing orders `own` after the crate's copy.
+                let seen = buffer.read(&own);
+                drop(foreign);
+                seen
+            } else {
+                drop(foreign);
+                buffer.read(&own)
+            };
+            let written = vec![0xc0de_0000 + u32::from(broken); N];
+            if broken {
+                assert_ne!(
+                    seen, written,
+                    "read before the drop, the engine's stream did not wait for the crate's copy"
+                );
+            } else {
+                assert_eq!(seen, written, "the drop made the engine's stream wait for the crate's copy");
+            }
+            drop(source);
+            drop(buffer);
+        }
+    });
+}
