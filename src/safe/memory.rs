@@ -535,7 +535,7 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
 
 impl DeviceMemory {
     /// Makes the owner's stream wait for every use of memory another library owns.
-    fn release_to_owner(&self) -> Result<()> {
+    fn release_to_owner(&mut self) -> Result<()> {
         self.access.order_exclusive(&self.stream, Use::Write)
     }
 }
