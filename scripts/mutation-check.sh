@@ -263,7 +263,7 @@ run link-failure-contained src/pp/remote/link.rs "            if !contained {" "
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" ring
 # A module image is checked whole before the driver reads it (it reads without a length).
 # An engine's own buffer: its stream waits for the crate's uses when the slice goes (tests/foreign.rs).
-run foreign-release-unordered src/safe/memory.rs "            self.release_to_owner()" "            Ok(())" foreign
+run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" foreign
 run image-unchecked src/safe/module.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.

@@ -533,11 +533,10 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
     }
 }
 
-impl DeviceMemory {
-    /// Makes the owner's stream wait for every use of memory another library owns.
-    fn release_to_owner(&mut self) -> Result<()> {
-        self.access.order_exclusive(&self.stream, Use::Write)
-    }
+/// Makes the owner's stream wait for every use of memory another library owns (its ordering
+/// state `access`).
+fn release_to_owner(access: &mut Access, owner: &Arc<CudaStream>) -> Result<()> {
+    access.order_exclusive(owner, Use::Write)
 }
 
 impl Drop for DeviceMemory {
@@ -563,7 +562,7 @@ impl Drop for DeviceMemory {
         let result = if self.foreign {
             // Not ours to free: the owner's stream waits for every use, and the owner frees it
             // in its stream's order.
-            self.release_to_owner()
+            release_to_owner(&mut self.access, &self.stream)
         } else if self.pooled {
             // The owner waits for every use, then frees in stream order.
             self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {
