@@ -34,7 +34,7 @@ for line in sys.stdin:
 ' "$1" "$2"
 }
 
-cargo test --release --no-run --message-format=json | stage "$bundle/tests" test,lib
+cargo test --release --no-run --features cudarc --message-format=json | stage "$bundle/tests" test,lib
 cargo build --release --examples --message-format=json | stage "$bundle/examples" example
 cargo bench --no-run --message-format=json | stage "$bundle/benches" bench
 du -sh "$bundle"

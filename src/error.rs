@@ -243,6 +243,15 @@ pub enum Error {
         /// The device of the object given.
         found: i32,
     },
+    /// A handle of another context where this crate's context of the device (its primary
+    /// context) is required.
+    #[error("{what} (device {device})")]
+    WrongContext {
+        /// The operation and the handle concerned.
+        what: &'static str,
+        /// The device.
+        device: i32,
+    },
     /// A device address without the alignment an operation needs.
     #[error("{what}: address {address:#x} is not {align}-byte aligned")]
     Misaligned {

@@ -82,6 +82,9 @@ pub use pp::{
     PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, StageCapture, StepGraphs,
     Transport, TransportPolicy,
 };
+/// cudarc 0.19's buffers and streams in this crate, zero copy (feature `cudarc`).
+#[cfg(feature = "cudarc")]
+pub use safe::interop;
 pub use safe::{
     BoundContext, BufferUse, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView,
     CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgList,

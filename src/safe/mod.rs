@@ -23,6 +23,8 @@ mod event;
 mod graph;
 mod helpers;
 mod host;
+#[cfg(feature = "cudarc")]
+pub mod interop;
 pub(crate) mod memory;
 mod module;
 pub(crate) mod ordering;
