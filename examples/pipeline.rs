@@ -6,85 +6,127 @@
 //!
 //! ```text
 //! pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
-//!          [--steps K] [--n ELEMENTS] [--layers L] [--graph]
+//!          [--steps K] [--n ELEMENTS] [--layers L] [--graph] [--env] [--help]
 //! ```
 //! `--graph` runs each step as CUDA graphs (`PpNRt::capture_step`, one graph per stage per ring
 //! slot, replayed by `StepGraphs::launch`); a captured layer's step parameter is then the slot, and
 //! the one-stage run uses the same parameters.
 //! Defaults: every visible GPU, two stages each; 2 slots; auto transport; 500 steps; 8192
-//! elements (32 KiB of f32); 32 layers. Where no flag sets the placement, the `PPNRT_*`
-//! variables do (see `PpConfig`). With no GPU it prints why and exits with status 2.
+//! elements (32 KiB of f32); 32 layers. With `--env` the placement comes from the `PPNRT_*`
+//! variables instead (see `PpConfig`). A bad command line is reported before the GPU is asked
+//! anything; with no GPU it prints why; either exits with status 2.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use ppnrt::{CudaSlice, Device, Engine, PpConfig, PpNRt, TransportPolicy};
 
+/// The command line, as given (checked before the GPU is asked anything).
 struct Args {
-    config: PpConfig,
+    stages: Option<usize>,
+    devices: Option<Vec<i32>>,
+    slots: Option<usize>,
+    transport: Option<TransportPolicy>,
+    /// Read the placement from the `PPNRT_*` variables (`--env`).
+    env: bool,
     steps: usize,
     n: usize,
     layers: u32,
     graph: bool,
+    help: bool,
 }
 
-fn parse_args(devices_present: i32) -> Result<Args, String> {
-    let mut stages: Option<usize> = None;
-    let mut devices: Option<Vec<i32>> = None;
-    let mut slots: Option<usize> = None;
-    let mut transport: Option<TransportPolicy> = None;
-    let (mut steps, mut n, mut layers) = (500usize, 8192usize, 32u32);
-    let mut graph = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
-        let number = |text: String| text.parse::<usize>().map_err(|e| format!("{flag} {text}: {e}"));
-        match flag.as_str() {
-            "--stages" => stages = Some(number(value()?)?),
-            "--devices" => {
-                let text = value()?;
+/// A number of the flag `flag` within `range`, or an error naming both (never truncated).
+fn bounded<T>(flag: &str, value: std::ffi::OsString, range: std::ops::RangeInclusive<T>) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    T::Err: std::fmt::Display,
+{
+    let text = value.into_string().map_err(|v| format!("{flag} {v:?}: not UTF-8"))?;
+    let number = text.trim().parse::<T>().map_err(|e| format!("{flag} {text}: {e}"))?;
+    if !range.contains(&number) {
+        return Err(format!("{flag} {text}: must be between {} and {}", range.start(), range.end()));
+    }
+    Ok(number)
+}
+
+fn parse_args() -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let mut args = Args {
+        stages: None,
+        devices: None,
+        slots: None,
+        transport: None,
+        env: false,
+        steps: 500,
+        n: 8192,
+        layers: 32,
+        graph: false,
+        help: false,
+    };
+    let mut parser = lexopt::Parser::from_env();
+    let flag_error = |e: lexopt::Error| e.to_string();
+    while let Some(arg) = parser.next().map_err(flag_error)? {
+        match arg {
+            Long("stages") => {
+                args.stages = Some(bounded("--stages", parser.value().map_err(flag_error)?, 1..=ppnrt::pp::MAX_STAGES)?)
+            }
+            Long("devices") => {
+                let text = parser.value().map_err(flag_error)?.string().map_err(flag_error)?;
                 let list = text
                     .split(',')
-                    .map(|d| d.trim().parse::<i32>().map_err(|e| format!("--devices {text}: {e}")))
+                    .map(|d| bounded("--devices", d.into(), 0..=i32::MAX))
                     .collect::<Result<Vec<_>, _>>()?;
-                devices = Some(list);
+                args.devices = Some(list);
             }
-            "--slots" => slots = Some(number(value()?)?),
-            "--transport" => {
-                transport = Some(match value()?.as_str() {
+            Long("slots") => args.slots = Some(bounded("--slots", parser.value().map_err(flag_error)?, 1..=ppnrt::pp::MAX_SLOTS)?),
+            Long("transport") => {
+                let text = parser.value().map_err(flag_error)?.string().map_err(flag_error)?;
+                args.transport = Some(match text.as_str() {
                     "auto" => TransportPolicy::Auto,
                     "peer" => TransportPolicy::Peer,
                     "staged" => TransportPolicy::Staged,
                     other => return Err(format!("--transport {other}: expected auto, peer or staged")),
                 })
             }
-            "--steps" => steps = number(value()?)?,
-            "--n" => n = number(value()?)?,
-            "--layers" => layers = number(value()?)? as u32,
-            "--graph" => graph = true,
-            "--bench" => {} // tolerated: `cargo bench` passes it to every target
-            other => return Err(format!("unknown flag {other}")),
+            Long("env") => args.env = true,
+            Long("steps") => args.steps = bounded("--steps", parser.value().map_err(flag_error)?, 1..=100_000_000)?,
+            Long("n") => args.n = bounded("--n", parser.value().map_err(flag_error)?, 1..=(1usize << 30))?,
+            Long("layers") => args.layers = bounded("--layers", parser.value().map_err(flag_error)?, 1..=100_000)?,
+            Long("graph") => args.graph = true,
+            Short('h') | Long("help") => args.help = true,
+            Long("bench") => {} // tolerated: `cargo bench` passes it to every target
+            other => return Err(other.unexpected().to_string()),
         }
     }
-    let placement_flags = stages.is_some() || devices.is_some() || slots.is_some() || transport.is_some();
-    let env_set = ["PPNRT_STAGES", "PPNRT_DEVICES", "PPNRT_SLOTS", "PPNRT_TRANSPORT"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    let config = if !placement_flags && env_set {
-        PpConfig::from_env().map_err(|e| ppnrt::error::chain(&e))?
-    } else {
-        let devices = match (devices, stages) {
-            (Some(d), _) => d,
-            // N stages spread contiguously over the visible GPUs.
-            (None, Some(s)) => (0..s).map(|i| (i * devices_present as usize / s.max(1)) as i32).collect(),
-            (None, None) => (0..devices_present).flat_map(|d| [d, d]).collect(),
-        };
-        PpConfig::with_devices(&devices).slots(slots.unwrap_or(2)).transport(transport.unwrap_or_default())
-    };
-    if n == 0 || steps == 0 || layers == 0 {
-        return Err("--n, --steps and --layers must be at least 1".into());
+    if args.env && (args.stages.is_some() || args.devices.is_some() || args.slots.is_some() || args.transport.is_some())
+    {
+        return Err("--env reads the placement from the PPNRT_* variables: give it without placement flags".into());
     }
-    Ok(Args { config, steps, n, layers, graph })
+    if let (Some(stages), Some(devices)) = (args.stages, &args.devices) {
+        if devices.len() != stages {
+            return Err(format!("--stages {stages} with --devices listing {} device(s)", devices.len()));
+        }
+    }
+    Ok(args)
+}
+
+/// The pipeline's configuration: from the flags (stages spread over `devices_present` GPUs by
+/// default), or from the environment with `--env`.
+fn config_of(args: &Args, devices_present: i32) -> Result<PpConfig, String> {
+    if args.env {
+        return PpConfig::from_env().map_err(|e| ppnrt::error::chain(&e));
+    }
+    let devices = match (&args.devices, args.stages) {
+        (Some(d), _) => d.clone(),
+        // N stages spread contiguously over the visible GPUs.
+        (None, Some(s)) => (0..s).map(|i| (i * devices_present as usize / s) as i32).collect(),
+        (None, None) => (0..devices_present).flat_map(|d| [d, d]).collect(),
+    };
+    let config =
+        PpConfig::with_devices(&devices).slots(args.slots.unwrap_or(2)).transport(args.transport.unwrap_or_default());
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -229,7 +271,7 @@ impl TxBack for PpNRt {
 
 const USAGE: &str = "\
 usage: pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
-                [--steps K] [--n ELEMENTS] [--layers L] [--graph]
+                [--steps K] [--n ELEMENTS] [--layers L] [--graph] [--env] [-h|--help]
 
 A decode loop of the toy residual model over N pipeline stages, checked bit for bit against the
 same model on one stage.
@@ -241,10 +283,13 @@ same model on one stage.
   --n ELEMENTS      f32 elements per activation (default 8192 = 32 KiB)
   --layers L        toy layers in the model (default 32)
   --graph           run each step as CUDA graphs (capture_step + launch)
-Where no flag sets the placement, the PPNRT_* variables do. Exit status 2 on any error.";
+  --env             read the placement from the PPNRT_* variables instead (see PpConfig)
+  -h, --help        this text
+Exit status 2 on any error (the command line is checked before the GPU).";
 
 fn run() -> Result<(), String> {
-    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+    let args = parse_args().map_err(|e| format!("pipeline: {e}\n{USAGE}"))?;
+    if args.help {
         println!("{USAGE}");
         return Ok(());
     }
@@ -252,10 +297,10 @@ fn run() -> Result<(), String> {
     if devices == 0 {
         return Err("pipeline: no GPU: the driver sees no device".into());
     }
-    let args = parse_args(devices)?;
+    let config = config_of(&args, devices).map_err(|e| format!("pipeline: {e}"))?;
     let primary = Engine::new(0).map_err(|e| ppnrt::error::chain(&e))?;
-    let rt = PpNRt::new(args.config.clone(), &primary).map_err(|e| ppnrt::error::chain(&e))?;
-    println!("config: {}", args.config);
+    let rt = PpNRt::new(config.clone(), &primary).map_err(|e| ppnrt::error::chain(&e))?;
+    println!("config: {config}");
     println!("plan: {}", rt.plan());
     println!(
         "model: {} layers, {} elements ({} KiB f32), {} steps",

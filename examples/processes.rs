@@ -37,20 +37,44 @@ fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
     per(s)..per(s + 1)
 }
 
-fn run() -> Result<(), String> {
-    let mut steps = 200;
-    let mut graph = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--steps" => steps = args.next().and_then(|v| v.parse().ok()).ok_or("--steps needs a number")?,
-            "--graph" => graph = true,
-            "--bench" => {}
-            other => return Err(format!("unknown flag {other} (usage: processes [--steps N] [--graph])")),
+const USAGE: &str = "\
+usage: processes [--steps N] [--graph] [-h|--help]
+
+One rank of a decode loop whose stages run in several processes, checked bit for bit against
+one engine. Its placement comes from the PPNRT_* variables (PPNRT_RANKS, PPNRT_RANK,
+PPNRT_RENDEZVOUS, PPNRT_DEVICES, PPNRT_JOB_SECRET, ...); scripts/launch-local.sh starts the
+ranks of one host.
+  --steps N         decode steps (default 200)
+  --graph           run each step as CUDA graphs, each rank replaying its own stages
+  -h, --help        this text
+Exit status 0 when identical; 1 on a mismatch or an error; 2 for a bad command line or
+configuration (checked before the GPU) and without a GPU.";
+
+/// The command line: steps, graph mode, help.
+fn parse_args() -> Result<(usize, bool, bool), String> {
+    use lexopt::prelude::*;
+    let (mut steps, mut graph, mut help) = (200usize, false, false);
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("steps") => {
+                let text = parser.value().and_then(|v| v.string()).map_err(|e| e.to_string())?;
+                steps = text.parse().map_err(|e| format!("--steps {text}: {e}"))?;
+                if !(1..=100_000_000).contains(&steps) {
+                    return Err(format!("--steps {text}: must be between 1 and 100000000"));
+                }
+            }
+            Long("graph") => graph = true,
+            Short('h') | Long("help") => help = true,
+            Long("bench") => {} // tolerated: `cargo bench` passes it to every target
+            other => return Err(other.unexpected().to_string()),
         }
     }
+    Ok((steps, graph, help))
+}
+
+fn run(config: PpConfig, steps: usize, graph: bool) -> Result<(), String> {
     let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
-    let config = PpConfig::from_env().map_err(|e| ppnrt::error::chain(&e))?;
     let primary = Engine::new(0).map_err(chain)?;
     let rt = PpNRt::new(config, &primary).map_err(chain)?;
     println!("rank {}: {}", rt.rank(), rt.plan());
@@ -159,14 +183,36 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    let (steps, graph, help) = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("processes: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if help {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let config = match PpConfig::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("processes: {}", ppnrt::error::chain(&ppnrt::Error::Config(e)));
+            return ExitCode::from(2);
+        }
+    };
     match Device::count() {
         Ok(n) if n > 0 => {}
-        other => {
-            eprintln!("processes: no GPU ({other:?})");
+        Ok(_) => {
+            eprintln!("processes: no GPU: the driver sees no device");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
             return ExitCode::from(2);
         }
     }
-    match run() {
+    match run(config, steps, graph) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("processes: {e}");

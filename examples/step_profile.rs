@@ -73,11 +73,51 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     Ok(())
 }
 
+const MODES: [&str; 5] = ["peer", "local", "staged", "copy", "readback"];
+
+/// The command line: the mode (if given), the steps, and whether help was asked for.
+fn parse_args() -> Result<(Option<String>, usize, bool), String> {
+    use lexopt::prelude::*;
+    let (mut mode, mut steps, mut help) = (None, 1000usize, false);
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Value(value) if mode.is_none() => {
+                let text = value.string().map_err(|e| e.to_string())?;
+                if !MODES.contains(&text.as_str()) {
+                    return Err(format!("mode {text}: expected one of {}", MODES.join(", ")));
+                }
+                mode = Some(text);
+            }
+            Value(value) => {
+                let text = value.string().map_err(|e| e.to_string())?;
+                steps = text.parse().map_err(|e| format!("steps {text}: {e}"))?;
+                if !(1..=1_000_000_000).contains(&steps) {
+                    return Err(format!("steps {text}: must be between 1 and 1000000000"));
+                }
+            }
+            Short('h') | Long("help") => help = true,
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    Ok((mode, steps, help))
+}
+
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
+    let usage = "usage: step_profile [peer|local|staged|copy|readback [STEPS]] [-h|--help] (see the example's docs)";
+    let (mode, steps) = match parse_args() {
+        Ok((_, _, true)) => {
+            println!("{usage}");
+            return ExitCode::SUCCESS;
+        }
+        Ok((mode, steps, false)) => (mode, steps),
+        Err(e) => {
+            eprintln!("step_profile: {e}\n{usage}");
+            return ExitCode::from(2);
+        }
+    };
     let two_devices = Device::count().is_ok_and(|count| count > 1);
-    let mode = args.next().unwrap_or_else(|| if two_devices { "peer" } else { "local" }.into());
-    let steps = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let mode = mode.unwrap_or_else(|| if two_devices { "peer" } else { "local" }.into());
     match run(&mode, steps) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -60,23 +60,29 @@ Devices, the peer matrix, and bandwidth and latency matrices between every pair 
 Exit status 2 on any error.";
 
 fn run() -> Result<(), String> {
+    use lexopt::prelude::*;
     let mut bytes = 256usize << 20;
     let mut reps = 10usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--bytes" => bytes = args.next().and_then(|v| v.parse().ok()).ok_or("--bytes needs a number")?,
-            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).ok_or("--reps needs a number")?,
-            "--bench" => {}
-            "--help" | "-h" => {
+    let mut parser = lexopt::Parser::from_env();
+    let number = |flag: &str, parser: &mut lexopt::Parser, range: std::ops::RangeInclusive<usize>| {
+        let text = parser.value().and_then(|v| v.string()).map_err(|e| format!("{e}\n{USAGE}"))?;
+        let value: usize = text.parse().map_err(|e| format!("{flag} {text}: {e}\n{USAGE}"))?;
+        if !range.contains(&value) {
+            return Err(format!("{flag} {text}: must be between {} and {}\n{USAGE}", range.start(), range.end()));
+        }
+        Ok(value)
+    };
+    while let Some(arg) = parser.next().map_err(|e| format!("{e}\n{USAGE}"))? {
+        match arg {
+            Long("bytes") => bytes = number("--bytes", &mut parser, 4..=(16usize << 30))?,
+            Long("reps") => reps = number("--reps", &mut parser, 1..=100_000)?,
+            Long("bench") => {} // tolerated: `cargo bench` passes it to every target
+            Short('h') | Long("help") => {
                 println!("{USAGE}");
                 return Ok(());
             }
-            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+            other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
-    }
-    if bytes < 4 || reps == 0 {
-        return Err("--bytes must be at least 4 and --reps at least 1".into());
     }
     let devices = Device::all().map_err(|e| format!("topology: no GPU: {e}"))?;
     if devices.is_empty() {
