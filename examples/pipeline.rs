@@ -79,7 +79,9 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<Vec<_>, _>>()?;
                 args.devices = Some(list);
             }
-            Long("slots") => args.slots = Some(bounded("--slots", parser.value().map_err(flag_error)?, 1..=ppnrt::pp::MAX_SLOTS)?),
+            Long("slots") => {
+                args.slots = Some(bounded("--slots", parser.value().map_err(flag_error)?, 1..=ppnrt::pp::MAX_SLOTS)?)
+            }
             Long("transport") => {
                 let text = parser.value().map_err(flag_error)?.string().map_err(flag_error)?;
                 args.transport = Some(match text.as_str() {

@@ -10,6 +10,8 @@
 //!   staged    the same through pinned host memory (host-staged), stages on devices 0 and 1 (or 0)
 //!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1 (or 0), device 0's context
 //!             current
+//!   launch    a launch of a kernel with two slice arguments (the helper copy kernel, 32 KiB,
+//!             both slices on device 0), device 0's context current
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step)
 //! ```
 use std::process::ExitCode;
@@ -41,8 +43,16 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     let mut dst = e1.alloc_persistent::<u32>(N)?;
     e1.fill_pattern(&mut dst, 5)?;
     rt.synchronize()?;
-    // The copy runs with its stream's context current, as a stage's thread would have it.
-    let _bound = if mode == "copy" { Some(e0.context().bind()?) } else { None };
+    // A kernel with two slice arguments (the helper copy kernel), for `launch`, on device 0's
+    // stream with both slices there.
+    let module = ppnrt::Module::load_ptx(e0.context(), "helpers", ppnrt::kernels::HELPERS_PTX)?;
+    let copy_kernel = module.function("ppnrt_copy_bytes")?;
+    let mut near = e0.alloc_persistent::<u32>(N)?;
+    e0.fill_pattern(&mut near, 6)?;
+    let config = ppnrt::LaunchConfig::for_elements(N * 4 / 16, 1024);
+    // The copy and the launch run with their stream's context current, as a stage's thread would
+    // have it.
+    let _bound = if mode == "copy" || mode == "launch" { Some(e0.context().bind()?) } else { None };
     for step in 0..steps {
         if step % 32 == 0 {
             rt.synchronize()?;
@@ -54,6 +64,9 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
                 drop(rt.rx::<u32>(0, slot, N)?);
             }
             "copy" => stream.memcpy_dtod(&src, &mut dst)?,
+            // SAFETY: `ppnrt_copy_bytes(dst, src, n16, tail)` copies n16 × 16 bytes (and `tail`
+            // more) from src to dst; both hold N u32 = N / 4 × 16 bytes.
+            "launch" => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
             "readback" => {
                 let _stage = rt.enter(1)?;
                 let mut logits = e1.alloc::<u32>(N)?;
@@ -61,7 +74,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
                 drop(rt.readback(logits)?);
             }
             other => {
-                eprintln!("unknown mode {other:?}: peer, local, staged, copy or readback");
+                eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch or readback");
                 std::process::exit(2);
             }
         }
@@ -73,7 +86,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     Ok(())
 }
 
-const MODES: [&str; 5] = ["peer", "local", "staged", "copy", "readback"];
+const MODES: [&str; 6] = ["peer", "local", "staged", "copy", "launch", "readback"];
 
 /// The command line: the mode (if given), the steps, and whether help was asked for.
 fn parse_args() -> Result<(Option<String>, usize, bool), String> {
@@ -104,7 +117,8 @@ fn parse_args() -> Result<(Option<String>, usize, bool), String> {
 }
 
 fn main() -> ExitCode {
-    let usage = "usage: step_profile [peer|local|staged|copy|readback [STEPS]] [-h|--help] (see the example's docs)";
+    let usage =
+        "usage: step_profile [peer|local|staged|copy|launch|readback [STEPS]] [-h|--help] (see the example's docs)";
     let (mode, steps) = match parse_args() {
         Ok((_, _, true)) => {
             println!("{usage}");

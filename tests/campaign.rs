@@ -31,9 +31,14 @@ const SECRET: &str = "the campaign's job secret, 32 by";
 enum Fault {
     None,
     /// Rank `rank` goes away before step `step`.
-    RankGone { rank: usize, step: u32 },
+    RankGone {
+        rank: usize,
+        step: u32,
+    },
     /// NCCL's next asynchronous-error poll fails (in whichever rank polls first) at step `step`.
-    AsyncError { step: u32 },
+    AsyncError {
+        step: u32,
+    },
     /// Rank 0 announces its steps and never sends them.
     AnnounceOnly,
     /// Strangers at rank 0's rendezvous during the setup.
@@ -203,8 +208,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             let mut outcomes = Vec::new();
             for _ in 0..3 {
                 let left = bound.saturating_sub(started.elapsed());
-                let (rank, outcome, at) =
-                    ended.recv_timeout(left).unwrap_or_else(|_| panic!("run {run} ({fault:?}): a rank hung past {bound:?}"));
+                let (rank, outcome, at) = ended
+                    .recv_timeout(left)
+                    .unwrap_or_else(|_| panic!("run {run} ({fault:?}): a rank hung past {bound:?}"));
                 let outcome = outcome.unwrap_or_else(|wrong| panic!("run {run}: {wrong}"));
                 outcomes.push((rank, outcome, at.duration_since(started)));
             }

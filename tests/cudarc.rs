@@ -1,7 +1,7 @@
 //! An engine's cudarc buffers through the pipeline, zero copy (feature `cudarc`): a cudarc slice
 //! written on the engine's cudarc stream behind a device delay is sent from stage 0 through an
-//! `EngineStream` read guard; the received step is copied into another cudarc slice through a
-//! write guard on stage 1's stream behind a delay; cudarc then reads that slice on a third cudarc
+//! `EngineStream` read guard; the step is received into another cudarc slice (`rx_into`, the
+//! boundary's one copy) through a write guard, behind a delay on stage 1's stream; cudarc then reads that slice on a third cudarc
 //! stream of its own, with no join anywhere in the engine's code, and every value arrives. Then
 //! the same with the write guard's ordering broken on purpose (cudarc reads the buffer while the
 //! guard still holds it, so nothing orders cudarc after the crate's copy): the values are the
@@ -45,11 +45,11 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
         let broken = round % 2 == 1;
         let seen = {
             let _stage = rt.enter(1).unwrap();
-            let received = rt.rx::<u32>(0, slot, N).unwrap();
             let stage = Arc::clone(rt.stage_stream(1).unwrap());
             let mut lent = engine_stream.write(&mut y);
             spin_on(&stage, 200_000);
-            stage.memcpy_dtod(&received, &mut *lent).unwrap();
+            // The step lands in the cudarc slice with the boundary's one copy.
+            rt.rx_into(0, slot, &mut *lent).unwrap();
             if broken {
                 // Read through a raw address while the guard still holds the buffer: cudarc's
                 // event does not cover the crate's copy yet.

@@ -127,3 +127,40 @@ fn an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways() {
         }
     });
 }
+
+/// `rx_into` the engine's own buffer: the step lands there with the boundary's one copy, and the
+/// engine's stream reads it after the slice goes; a buffer of another device or of another length
+/// is refused before anything is enqueued, and the slot is still there to receive.
+#[test]
+fn a_step_is_received_into_the_engines_own_buffer() {
+    with_double("a_step_is_received_into_the_engines_own_buffer", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::new(2), &primary).unwrap();
+        let e0 = rt.engine(0, &primary).unwrap().clone();
+        let own = Arc::new(CudaStream::new(primary.context()).unwrap());
+        let values: Vec<u32> = (0..N as u32).map(|i| i.wrapping_mul(40_503) ^ 0xa5a5).collect();
+        let x = e0.htod(&values).unwrap();
+        let slot = {
+            let _stage = rt.enter(0).unwrap();
+            rt.tx(0, &x, N).unwrap()
+        };
+        let buffer = EngineBuffer::new(&primary);
+        buffer.fill(&own, 0);
+        // Refused, nothing enqueued: a buffer of device 1, and one of another length.
+        let other_device = Engine::new(1).unwrap();
+        let mut elsewhere = other_device.alloc::<u32>(N).unwrap();
+        let refused = rt.rx_into(0, slot, &mut elsewhere).unwrap_err();
+        assert!(matches!(refused, ppnrt::Error::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
+        let mut short = e0.alloc::<u32>(N - 1).unwrap();
+        let refused = rt.rx_into(0, slot, &mut short).unwrap_err();
+        assert!(matches!(refused, ppnrt::Error::Pipeline(ppnrt::PpError::RxLengthMismatch { .. })), "{refused}");
+        {
+            // SAFETY: `buffer` holds N u32 on device 0, touched only on `own` while the slice
+            // lives, and outlives it; no other slice covers it.
+            let mut foreign = unsafe { CudaSlice::<u32>::from_foreign(buffer.0, N, &own) };
+            let _stage = rt.enter(1).unwrap();
+            rt.rx_into(0, slot, &mut foreign).unwrap();
+        }
+        assert_eq!(buffer.read(&own), values, "the step, in the engine's buffer, seen on the engine's stream");
+    });
+}

@@ -22,7 +22,9 @@ use crate::pp::config::PpConfig;
 #[cfg(feature = "testing")]
 use crate::pp::config::ProtocolFault;
 use crate::safe::EnqueueGate;
-use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, StreamOverride};
+use crate::safe::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, StreamOverride,
+};
 
 /// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
 pub struct PpNRt {
@@ -434,20 +436,83 @@ impl PpNRt {
         wait: Option<Duration>,
     ) -> Result<CudaSlice<T>> {
         let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx")?;
-        let bytes = n * std::mem::size_of::<T>();
         let rx = &boundary.rx_stream;
         let _bound = rx.context().bind_for_call()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
-        let dst = out.as_view_mut().into_bytes();
+        Self::receive_into(boundary, &mut ring, slot_index, out.as_view_mut().into_bytes())?;
+        drop(ring);
+        boundary.ring.wake_sleepers();
+        Ok(out)
+    }
+
+    /// Copies the filled slot `slot_index` of `boundary` (locked, checked) into `dst` on the RX
+    /// stream, and marks it received.
+    fn receive_into(
+        boundary: &Boundary,
+        ring: &mut MutexGuard<'_, Slots>,
+        slot_index: usize,
+        dst: CudaViewMut<'_, u8>,
+    ) -> Result<()> {
+        let rx = &boundary.rx_stream;
+        let bytes = dst.len();
         match ring.buffer(slot_index) {
             SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
             SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
             SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
         }
         ring.received(slot_index);
+        Ok(())
+    }
+
+    /// [`rx`](Self::rx) into the caller's buffer `dst` (of the RX stage's device, `dst.len()`
+    /// elements): an engine's own activation buffer (a foreign slice, a cudarc slice lent through
+    /// `ppnrt::interop` with the `cudarc` feature) receives the step with the boundary's one copy, ordered by the
+    /// crate's rule (the copy waits for `dst`'s earlier uses; later uses wait for it).
+    ///
+    /// # Errors
+    /// As [`rx`](Self::rx) (with `n` = `dst.len()`), and [`Error::WrongDevice`] for a `dst` of
+    /// another device than the RX stage's (nothing enqueued, the slot still filled).
+    pub fn rx_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, b: usize, slot_index: usize, dst: &mut D) -> Result<()> {
+        self.rx_into_impl(b, slot_index, dst, None)
+    }
+
+    /// [`rx_into`](Self::rx_into) that waits, as [`rx_wait`](Self::rx_wait) does, at most
+    /// `timeout` for the slot to be filled.
+    ///
+    /// # Errors
+    /// As [`rx_into`](Self::rx_into), and [`PpError::Timeout`].
+    pub fn rx_into_wait<T: DeviceRepr, D: DeviceSliceMut<T>>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        dst: &mut D,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.rx_into_impl(b, slot_index, dst, Some(timeout))
+    }
+
+    fn rx_into_impl<T: DeviceRepr, D: DeviceSliceMut<T>>(
+        &self,
+        b: usize,
+        slot_index: usize,
+        dst: &mut D,
+        wait: Option<Duration>,
+    ) -> Result<()> {
+        let rx_device = self.boundary(b)?.plan.rx_device;
+        if dst.ordinal() != rx_device {
+            return Err(Error::WrongDevice {
+                what: "PpNRt::rx_into: the buffer must be on the RX stage's device",
+                expected: rx_device,
+                found: dst.ordinal(),
+            });
+        }
+        let n = dst.len();
+        let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx_into")?;
+        let _bound = boundary.rx_stream.context().bind_for_call()?;
+        Self::receive_into(boundary, &mut ring, slot_index, dst.as_view_mut().into_bytes())?;
         drop(ring);
         boundary.ring.wake_sleepers();
-        Ok(out)
+        Ok(())
     }
 
     /// Boundary `b` and its ring, locked, with slot `slot_index` checked to be filled with `n`
