@@ -161,6 +161,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
         let mut rng = Rng::new(0xca3a_1914);
         let (mut exact, mut typed_runs, mut typed_ranks) = (0, 0, 0);
         let mut by_fault = std::collections::BTreeMap::<&str, usize>::new();
+        let mut samples = std::collections::BTreeMap::<&str, String>::new();
         for run in 0..runs {
             let fault = match run % 5 {
                 0 => Fault::None,
@@ -215,7 +216,17 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 outcomes.push((rank, outcome, at.duration_since(started)));
             }
             double::nccl_double().clear_faults();
-            let typed: Vec<_> = outcomes.iter().filter(|(_, o, _)| matches!(o, Ended::Typed { .. })).collect();
+            let mut typed = Vec::new();
+            for (rank, outcome, at) in &outcomes {
+                match outcome {
+                    Ended::Exact(steps) => assert_eq!(*steps, STEPS, "run {run}: rank {rank}"),
+                    Ended::Typed { done, error } => {
+                        assert!(*done <= STEPS && !error.is_empty(), "run {run}: rank {rank}: {outcome:?}");
+                        samples.entry(name).or_insert_with(|| format!("rank {rank} after {done} steps, {at:?}: {error}"));
+                        typed.push(rank);
+                    }
+                }
+            }
             if typed.is_empty() {
                 exact += 1;
             } else {
@@ -236,6 +247,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             "campaign: {runs} runs of 3 ranks × {STEPS} steps ({by_fault:?}): {exact} exact on every rank, \
              {typed_runs} ended with typed errors ({typed_ranks} rank endings typed), 0 wrong as Ok, 0 hung"
         );
+        for (fault, sample) in &samples {
+            println!("campaign: {fault}: e.g. {sample}");
+        }
         assert!(typed_runs > 0, "no fault struck");
     });
 }
