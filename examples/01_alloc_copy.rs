@@ -5,7 +5,6 @@
 //! cargo run --release --example 01_alloc_copy
 //! ```
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use ppnrt::{CudaSlice, CudaStream, Engine};
 
@@ -15,7 +14,7 @@ fn run() -> ppnrt::Result<()> {
     let host: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
     let x = engine.htod(&host)?; // allocated and written on the engine's stream
     // Another stream copies it: the copy waits for the write above, by itself.
-    let other = Arc::new(CudaStream::new(engine.context())?);
+    let other = CudaStream::new(engine.context())?;
     let mut y = CudaSlice::<u32>::alloc(&other, n)?;
     other.memcpy_dtod(&x, &mut y)?;
     drop(x); // freed after the copy that reads it

@@ -222,7 +222,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                     Ended::Exact(steps) => assert_eq!(*steps, STEPS, "run {run}: rank {rank}"),
                     Ended::Typed { done, error } => {
                         assert!(*done <= STEPS && !error.is_empty(), "run {run}: rank {rank}: {outcome:?}");
-                        samples.entry(name).or_insert_with(|| format!("rank {rank} after {done} steps, {at:?}: {error}"));
+                        samples
+                            .entry(name)
+                            .or_insert_with(|| format!("rank {rank} after {done} steps, {at:?}: {error}"));
                         typed.push(rank);
                     }
                 }

@@ -64,7 +64,7 @@ fn an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways() {
         let primary = Engine::new(0).unwrap();
         let rt = PpNRt::new(PpConfig::new(2), &primary).unwrap();
         let e0 = rt.engine(0, &primary).unwrap().clone();
-        let own = Arc::new(CudaStream::new(primary.context()).unwrap());
+        let own = CudaStream::new(primary.context()).unwrap();
         for broken in [false, true] {
             // The engine writes its buffer on its stream; the crate sends it from stage 0.
             let buffer = EngineBuffer::new(&primary);
@@ -76,7 +76,7 @@ fn an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways() {
                 if broken {
                     // The crate told nothing of the engine's pending write: a slice on another
                     // stream with no mark of it (what adopting without the owner stream does).
-                    let unordered = Arc::new(CudaStream::new(primary.context()).unwrap());
+                    let unordered = CudaStream::new(primary.context()).unwrap();
                     // SAFETY: as above; the ordering with `own` is left out on purpose.
                     let blind = unsafe { CudaSlice::<u32>::from_foreign(buffer.0, N, &unordered) };
                     drop(foreign);
@@ -137,7 +137,7 @@ fn a_step_is_received_into_the_engines_own_buffer() {
         let primary = Engine::new(0).unwrap();
         let rt = PpNRt::new(PpConfig::new(2), &primary).unwrap();
         let e0 = rt.engine(0, &primary).unwrap().clone();
-        let own = Arc::new(CudaStream::new(primary.context()).unwrap());
+        let own = CudaStream::new(primary.context()).unwrap();
         let values: Vec<u32> = (0..N as u32).map(|i| i.wrapping_mul(40_503) ^ 0xa5a5).collect();
         let x = e0.htod(&values).unwrap();
         let slot = {
@@ -162,5 +162,33 @@ fn a_step_is_received_into_the_engines_own_buffer() {
             rt.rx_into(0, slot, &mut foreign).unwrap();
         }
         assert_eq!(buffer.read(&own), values, "the step, in the engine's buffer, seen on the engine's stream");
+    });
+}
+
+/// An engine's own stream as a stage's stream: the stage's work and the engine's run in one
+/// stream's order; a stream of another device, a list of another length and a stream for no
+/// stage of this process are refused when the runtime is built.
+#[test]
+fn an_engines_stream_serves_as_a_stages_stream() {
+    with_double("an_engines_stream_serves_as_a_stages_stream", |_| {
+        let primary = Engine::new(0).unwrap();
+        let own = CudaStream::new(primary.context()).unwrap();
+        let rt = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None, Some(Arc::clone(&own))]).unwrap();
+        assert!(Arc::ptr_eq(rt.stage_stream(1).unwrap(), &own), "stage 1 runs on the engine's stream");
+        assert!(!Arc::ptr_eq(rt.stage_stream(0).unwrap(), &own));
+        let values: Vec<u32> = (0..N as u32).map(|i| i ^ 0x3c3c).collect();
+        let x = rt.engine(0, &primary).unwrap().htod(&values).unwrap();
+        let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &x, N)).unwrap();
+        let received = {
+            let _stage = rt.enter(1).unwrap();
+            let y = rt.rx::<u32>(0, slot, N).unwrap();
+            primary.dtoh(&y).unwrap()
+        };
+        assert_eq!(received, values);
+        let elsewhere = CudaStream::new(Engine::new(1).unwrap().context()).unwrap();
+        let refused = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None, Some(elsewhere)]).err().unwrap();
+        assert!(matches!(refused, ppnrt::Error::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
+        let refused = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None]).err().unwrap();
+        assert!(matches!(refused, ppnrt::Error::Config(_)), "{refused}");
     });
 }

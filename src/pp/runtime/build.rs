@@ -51,11 +51,38 @@ impl PpNRt {
     /// error; across processes also [`Error::Rendezvous`], [`Error::Nccl`] and
     /// [`PpError::PeerFailed`](crate::PpError::PeerFailed).
     pub fn new(config: PpConfig, primary: &Engine) -> Result<PpNRt> {
+        PpNRt::with_stage_streams(config, primary, &[])
+    }
+
+    /// [`new`](Self::new) with the engine's own streams for some stages: `streams[s]`, when
+    /// given, is stage `s`'s stream (an engine's stream adopted with
+    /// [`CudaStream::adopt`](crate::CudaStream::adopt), or a cudarc stream through
+    /// `ppnrt::interop::EngineStream` with the `cudarc` feature), so the stage's work and the
+    /// engine's own run in one stream's order with no join; the others get streams of their own.
+    /// `streams` is empty or has one entry per stage.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Error::Config`] for a `streams` of another length than the stage
+    /// count; [`PpError::StageNotOwned`](crate::PpError::StageNotOwned) for a stream given for
+    /// another rank's stage; [`Error::WrongDevice`] for a stream of another device than its
+    /// stage's.
+    pub fn with_stage_streams(
+        config: PpConfig,
+        primary: &Engine,
+        streams: &[Option<Arc<CudaStream>>],
+    ) -> Result<PpNRt> {
         config.validate()?;
+        if !streams.is_empty() && streams.len() != config.n_stages() {
+            return Err(Error::Config(crate::error::ConfigError {
+                setting: "PpNRt::with_stage_streams",
+                value: format!("{} stream(s)", streams.len()),
+                reason: format!("give no stream or one entry per stage ({})", config.n_stages()),
+            }));
+        }
         let placement = Placement::of(&config, primary.ordinal());
         let engines = placement.open_engines(primary)?;
         let plan = placement.plan(&config, &engines)?;
-        let stages = placement.stages(&engines)?;
+        let stages = placement.stages(&engines, streams)?;
         let mut links = if plan.spans_processes() {
             let local: Vec<_> = stages
                 .iter()
@@ -149,16 +176,40 @@ impl Placement {
         Ok(plan)
     }
 
-    /// Every stage: its engine and a stream of its own for this rank's, `None` for another
-    /// rank's.
-    fn stages(&self, engines: &BTreeMap<i32, Engine>) -> Result<Vec<Option<Stage>>> {
+    /// Every stage: its engine and its stream (`given[s]`, else one of its own) for this rank's,
+    /// `None` for another rank's.
+    fn stages(&self, engines: &BTreeMap<i32, Engine>, given: &[Option<Arc<CudaStream>>]) -> Result<Vec<Option<Stage>>> {
         (0..self.devices.len())
             .map(|s| {
+                let given = given.get(s).cloned().flatten();
                 if self.ranks[s] != self.rank {
+                    if given.is_some() {
+                        return Err(Error::Pipeline(crate::pp::PpError::StageNotOwned {
+                            stage: s,
+                            owner: self.ranks[s],
+                            rank: self.rank,
+                        }));
+                    }
                     return Ok(None);
                 }
                 let engine = engines[&self.devices[s]].clone();
-                let stream = CudaStream::new(engine.context())?;
+                let stream = match given {
+                    Some(stream) if stream.ordinal() != engine.ordinal() => {
+                        return Err(Error::WrongDevice {
+                            what: "PpNRt::with_stage_streams: a stage's stream must be on the stage's device",
+                            expected: engine.ordinal(),
+                            found: stream.ordinal(),
+                        });
+                    }
+                    Some(stream) if stream.context().raw() != engine.context().raw() => {
+                        return Err(Error::WrongContext {
+                            what: "PpNRt::with_stage_streams: a stage's stream must be of the stage engine's context",
+                            device: engine.ordinal(),
+                        });
+                    }
+                    Some(stream) => stream,
+                    None => CudaStream::new(engine.context())?,
+                };
                 Ok(Some(Stage { engine, stream }))
             })
             .collect()
