@@ -2,8 +2,9 @@
 //! three-rank pipeline ([0, 1, 2], one stage each, each rank a thread with a runtime of its own)
 //! runs a decode loop of the toy model while one fault strikes at a random step: a rank goes
 //! away (its runtime dropped mid-run, as a process that exits), NCCL reports an asynchronous error
-//! in a random rank, rank 0 announces a step and never sends it, or strangers (silent, garbage,
-//! a wrong secret) crowd rank 0's rendezvous during the setup. Every rank reads every step it
+//! in a random rank, rank 0 announces a step and never sends it, a sending rank's record is
+//! forged (altered after its seal), replayed or cut short, or strangers (silent, garbage, a wrong
+//! secret) crowd rank 0's rendezvous during the setup. Every rank reads every step it
 //! receives; the last rank reads each output back and checks it bitwise against one engine.
 //!
 //! Every run must end, on every rank, with exact outputs or with a typed error, within its bound:
@@ -43,6 +44,12 @@ enum Fault {
     AnnounceOnly,
     /// Strangers at rank 0's rendezvous during the setup.
     Strangers,
+    /// Rank `rank` (0 or 1) alters its record of step `step` after sealing it.
+    Forged { rank: usize, step: u64 },
+    /// Rank `rank` writes its record of step `step` twice.
+    Replayed { rank: usize, step: u64 },
+    /// Rank `rank` writes half its record of step `step` and ends the connection.
+    Truncated { rank: usize, step: u64 },
 }
 
 /// How one rank's run ended.
@@ -157,17 +164,21 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
         let peer_timeout = Duration::from_millis(800);
         let wait = Duration::from_secs(3);
         let bound = Duration::from_secs(20);
-        let runs = 24;
+        let runs = 40;
         let mut rng = Rng::new(0xca3a_1914);
         let (mut exact, mut typed_runs, mut typed_ranks) = (0, 0, 0);
         let mut by_fault = std::collections::BTreeMap::<&str, usize>::new();
         let mut samples = std::collections::BTreeMap::<&str, String>::new();
         for run in 0..runs {
-            let fault = match run % 5 {
+            let (sender, step) = (rng.below(2) as usize, rng.below(u64::from(STEPS)));
+            let fault = match run % 8 {
                 0 => Fault::None,
-                1 => Fault::RankGone { rank: rng.below(3) as usize, step: rng.below(u64::from(STEPS)) as u32 },
-                2 => Fault::AsyncError { step: rng.below(u64::from(STEPS)) as u32 },
+                1 => Fault::RankGone { rank: rng.below(3) as usize, step: step as u32 },
+                2 => Fault::AsyncError { step: step as u32 },
                 3 => Fault::AnnounceOnly,
+                4 => Fault::Forged { rank: sender, step },
+                5 => Fault::Replayed { rank: sender, step },
+                6 => Fault::Truncated { rank: sender, step },
                 _ => Fault::Strangers,
             };
             let name = match fault {
@@ -176,6 +187,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 Fault::AsyncError { .. } => "an NCCL asynchronous error",
                 Fault::AnnounceOnly => "a step announced, never sent",
                 Fault::Strangers => "strangers at the rendezvous",
+                Fault::Forged { .. } => "a record forged",
+                Fault::Replayed { .. } => "a record replayed",
+                Fault::Truncated { .. } => "a record cut short",
             };
             *by_fault.entry(name).or_default() += 1;
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -196,8 +210,16 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                         .rendezvous(&addr)
                         .peer_timeout(peer_timeout)
                         .job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()));
-                    if rank == 0 && fault == Fault::AnnounceOnly {
-                        config = config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend);
+                    use ppnrt::pp::ProtocolFault;
+                    let injected = match fault {
+                        Fault::AnnounceOnly if rank == 0 => Some(ProtocolFault::AnnounceWithoutSend),
+                        Fault::Forged { rank: r, step } if r == rank => Some(ProtocolFault::ForgeRecordAt(step)),
+                        Fault::Replayed { rank: r, step } if r == rank => Some(ProtocolFault::ReplayRecordAt(step)),
+                        Fault::Truncated { rank: r, step } if r == rank => Some(ProtocolFault::TruncateRecordAt(step)),
+                        _ => None,
+                    };
+                    if let Some(injected) = injected {
+                        config = config.inject_fault(injected);
                     }
                     let outcome = match PpNRt::new(config, &primary) {
                         Ok(rt) => rank_loop(rank, rt, fault, wait),

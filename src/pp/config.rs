@@ -109,6 +109,14 @@ pub enum ProtocolFault {
     /// A link that fails does not fail this rank's other links: what this rank forwards after a
     /// receive the failure cut short goes on downstream as if it were whole.
     ContainedFailure,
+    /// A `tx` to another rank alters its record of this step after sealing it (a record forged
+    /// or corrupted in flight).
+    ForgeRecordAt(u64),
+    /// A `tx` to another rank writes its record of this step twice (a record replayed).
+    ReplayRecordAt(u64),
+    /// A `tx` to another rank writes half of its record of this step and then ends the
+    /// connection (a record cut short by a dying peer).
+    TruncateRecordAt(u64),
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -344,7 +352,10 @@ impl PpConfig {
             ProtocolFault::ExitBeforeCommJoin
             | ProtocolFault::UnwatchedSetup
             | ProtocolFault::AnnounceWithoutSend
-            | ProtocolFault::ContainedFailure => ProtocolFault::None,
+            | ProtocolFault::ContainedFailure
+            | ProtocolFault::ForgeRecordAt(_)
+            | ProtocolFault::ReplayRecordAt(_)
+            | ProtocolFault::TruncateRecordAt(_) => ProtocolFault::None,
             other => other,
         };
         PpConfig {

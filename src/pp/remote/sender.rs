@@ -14,9 +14,10 @@ pub(in crate::pp) struct Sender {
     /// A second handle of the control connection: the watchdog reads the peer's signs of life
     /// (and sees its end) through it.
     pub(super) watch: TcpStream,
-    /// Steps are announced and never sent ([`ProtocolFault::AnnounceWithoutSend`], tests only).
+    /// The protocol broken on purpose (tests only): steps announced and never sent, records
+    /// forged, replayed or cut short.
     #[cfg(feature = "testing")]
-    pub(super) announce_only: bool,
+    pub(super) fault: crate::pp::config::ProtocolFault,
 }
 
 pub(super) struct SendControl {
@@ -97,13 +98,18 @@ impl Sender {
         let view = x.as_view().slice(..n)?;
         let step = control.step;
         let record = encode_record(&mut control.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+        #[cfg(feature = "testing")]
+        let record = match self.tampered(&mut control, step, record) {
+            Some(record) => record,
+            None => return Err(self.link.stopped().expect("failed by the tampering")),
+        };
         if let Err(e) = control.socket.write_all(&record) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
         control.written = Instant::now();
         #[cfg(feature = "testing")]
-        if self.announce_only {
+        if self.fault == crate::pp::config::ProtocolFault::AnnounceWithoutSend {
             control.step += 1;
             return Ok((step % self.n_slots as u64) as usize);
         }
@@ -119,6 +125,30 @@ impl Sender {
         }
         control.step += 1;
         Ok((step % self.n_slots as u64) as usize)
+    }
+
+    /// The record of `step` as the fault this link was built with makes it: altered after its
+    /// seal, written twice, or cut short (then the connection is ended and the link failed:
+    /// `None`). Tests only.
+    #[cfg(feature = "testing")]
+    fn tampered(&self, control: &mut SendControl, step: u64, mut record: Vec<u8>) -> Option<Vec<u8>> {
+        use crate::pp::config::ProtocolFault;
+        match self.fault {
+            ProtocolFault::ForgeRecordAt(at) if at == step => {
+                record[16] ^= 1; // the element count, after the seal
+                Some(record)
+            }
+            ProtocolFault::ReplayRecordAt(at) if at == step => {
+                let twice = [record.as_slice(), record.as_slice()].concat();
+                Some(twice)
+            }
+            ProtocolFault::TruncateRecordAt(at) if at == step => {
+                let _ = control.socket.write_all(&record[..record.len() / 2]);
+                self.link.fail(format!("step {step}'s record cut short on purpose"));
+                None
+            }
+            _ => Some(record),
+        }
     }
 
     /// Waits, at most `timeout`, until the RX rank's stage has taken enough steps for this one

@@ -213,7 +213,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 control,
                 watch,
                 #[cfg(feature = "testing")]
-                announce_only: config.fault() == crate::pp::config::ProtocolFault::AnnounceWithoutSend,
+                fault: config.fault(),
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
