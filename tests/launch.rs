@@ -98,7 +98,12 @@ fn a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly() {
         }
         let module = Module::load_image(engine.context(), kind, image).unwrap();
         let kernel = module.function("ppnrt_test_params12").unwrap();
-        assert!(matches!(module.function("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+        if kind == "cubin" {
+            // A cubin lists its kernels: refused before the driver is asked. (A fatbin's are the
+            // driver's to know; asking it for a missing one is an API error a sanitizer reports.)
+            assert!(matches!(module.function("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+            assert_eq!(module.entries(), ["ppnrt_test_params12"]);
+        }
         for (round, s) in cases.iter().enumerate() {
             let config = LaunchConfig::for_elements(n, 264);
             // With a tuple.
