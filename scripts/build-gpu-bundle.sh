@@ -2,6 +2,7 @@
 # Builds the release test, example and bench executables on this machine (the GPU machine has
 # no Rust) and stages them in gpu-bundle/ (ignored by git), with the gate script beside them.
 # Then run the gate on a GPU machine from the repository root:  bash scripts/gpu-gate.sh
+# (carrying gpu-bundle/, or gpu-bundle.tgz when the bundle is past the device tool's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -38,3 +39,8 @@ cargo test --release --no-run --features cudarc --message-format=json | stage "$
 cargo build --release --examples --message-format=json | stage "$bundle/examples" example
 cargo bench --no-run --message-format=json | stage "$bundle/benches" bench
 du -sh "$bundle"
+# The device tool carries at most 64 MiB: the bundle also goes compressed, which the gate unpacks
+# when it finds no gpu-bundle/ (carry gpu-bundle.tgz instead of gpu-bundle/ when the latter is
+# too large).
+tar czf gpu-bundle.tgz "$bundle"
+du -sh gpu-bundle.tgz

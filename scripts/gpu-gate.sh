@@ -20,6 +20,11 @@
 set -u
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
+# A bundle carried compressed (scripts/build-gpu-bundle.sh makes both) is unpacked first, over
+# an older unpacked one.
+if [ -f gpu-bundle.tgz ] && { [ ! -d "$bundle" ] || [ gpu-bundle.tgz -nt "$bundle" ]; }; then
+  rm -rf "$bundle" && tar xzf gpu-bundle.tgz && touch "$bundle"
+fi
 phases=${1:-tests,examples,sanitize,bench}
 logs=${GATE_OUT:-${OUT:-gate-logs}}
 mkdir -p "$logs"
