@@ -45,11 +45,20 @@ enum Fault {
     /// Strangers at rank 0's rendezvous during the setup.
     Strangers,
     /// Rank `rank` (0 or 1) alters its record of step `step` after sealing it.
-    Forged { rank: usize, step: u64 },
+    Forged {
+        rank: usize,
+        step: u64,
+    },
     /// Rank `rank` writes its record of step `step` twice.
-    Replayed { rank: usize, step: u64 },
+    Replayed {
+        rank: usize,
+        step: u64,
+    },
     /// Rank `rank` writes half its record of step `step` and ends the connection.
-    Truncated { rank: usize, step: u64 },
+    Truncated {
+        rank: usize,
+        step: u64,
+    },
 }
 
 /// How one rank's run ended.

@@ -1,0 +1,81 @@
+//! One host thread per stage: four stages (spread over the GPUs present), each driven by a thread
+//! of its own with `rx_wait` (parks until the slot is filled) and `tx_wait` (parks while the next
+//! slot is taken), the last stage reading every step back; checked against one engine.
+//!
+//! ```text
+//! cargo run --release --example 05_thread_per_stage
+//! ```
+use std::process::ExitCode;
+use std::time::Duration;
+
+use ppnrt::{Device, Engine, PpConfig, PpNRt};
+
+const STAGES: usize = 4;
+const LAYERS: u32 = 4; // per stage
+const N: usize = 8192;
+const STEPS: usize = 48;
+
+fn input(step: usize) -> Vec<f32> {
+    (0..N).map(|i| ((i ^ step) % 251) as f32 / 251.0).collect()
+}
+
+fn run() -> ppnrt::Result<()> {
+    let primary = Engine::new(0)?;
+    let gpus = Device::count()?.max(1);
+    let devices: Vec<i32> = (0..STAGES as i32).map(|s| s * gpus / STAGES as i32).collect();
+    let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(3), &primary)?;
+    let timeout = Duration::from_secs(10);
+    let outputs = std::thread::scope(|scope| -> ppnrt::Result<Vec<Vec<f32>>> {
+        let threads: Vec<_> = (0..STAGES)
+            .map(|s| {
+                let (rt, primary) = (&rt, &primary);
+                scope.spawn(move || -> ppnrt::Result<Vec<Vec<f32>>> {
+                    let _stage = rt.enter(s)?; // this thread's work runs on stage s's stream
+                    let engine = rt.engine(s, primary)?;
+                    let mut outputs = Vec::new();
+                    for k in 0..STEPS {
+                        let mut x = if s == 0 {
+                            engine.htod(&input(k))?
+                        } else {
+                            // Parks until the sending stage's thread has filled the slot.
+                            rt.rx_wait::<f32>(s - 1, k % rt.n_slots(), N, timeout)?
+                        };
+                        for layer in s as u32 * LAYERS..(s as u32 + 1) * LAYERS {
+                            engine.toy_layer(&mut x, k as u32, layer)?;
+                        }
+                        if s + 1 < STAGES {
+                            rt.tx_wait(s, &x, N, timeout)?;
+                        } else {
+                            outputs.push(rt.readback(x)?.wait()?.to_vec());
+                        }
+                    }
+                    Ok(outputs)
+                })
+            })
+            .collect();
+        let mut outputs = Vec::new();
+        for thread in threads {
+            outputs = thread.join().expect("a stage thread panicked")?;
+        }
+        Ok(outputs)
+    })?;
+    for (k, output) in outputs.iter().enumerate() {
+        let mut x = primary.htod(&input(k))?;
+        for layer in 0..STAGES as u32 * LAYERS {
+            primary.toy_layer(&mut x, k as u32, layer)?;
+        }
+        assert!(&primary.dtoh(&x)? == output, "step {k}: differs from one engine's");
+    }
+    println!("05_thread_per_stage: {STEPS} steps through {STAGES} stages on {gpus} GPU(s), one thread each: identical");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("05_thread_per_stage: {}", ppnrt::error::chain(&e));
+            ExitCode::from(2)
+        }
+    }
+}
