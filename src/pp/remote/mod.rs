@@ -93,6 +93,10 @@ use wire::*;
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
+/// The read timeout of a TX rank's control connection, which bounds the watchdog's peek at it
+/// (the connection's other readers, `tx_wait` and the close, set theirs and give this one back).
+pub(super) const WATCH_PEEK: Duration = Duration::from_millis(1);
+
 /// How long a thread that expects the next step soon (a receiver thread after a record or
 /// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it
 /// sleeps: waking a sleeping thread costs tens of µs on a busy host, more than a step's host

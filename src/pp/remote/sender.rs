@@ -155,6 +155,16 @@ impl Sender {
     /// to find a free slot there; reads the connection for the answers meanwhile (the
     /// watchdog leaves it alone while the lock is held).
     fn wait_for_credit(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
+        let waited = self.wait_for_credit_reading(control, timeout);
+        // The reads above set the connection's read timeout, which the watchdog's peeks share:
+        // theirs again.
+        if let Err(e) = control.socket.set_read_timeout(Some(WATCH_PEEK)) {
+            self.link.fail(format!("the boundary's connection failed: {e}"));
+        }
+        waited
+    }
+
+    fn wait_for_credit_reading(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
         let n_slots = self.n_slots as u64;
         let start = Instant::now();
         // Answers to the last WAITING: the first comes at once, the next at the stage's next take,

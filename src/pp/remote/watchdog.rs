@@ -21,7 +21,7 @@ impl Watchdog {
         for sender in &senders {
             sender
                 .watch
-                .set_read_timeout(Some(Duration::from_millis(1)))
+                .set_read_timeout(Some(WATCH_PEEK))
                 .map_err(|e| io_error(&sender.link, "the connection's timeout", &e))?;
         }
         let stop = Arc::new(AtomicBool::new(false));
