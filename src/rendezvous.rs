@@ -271,7 +271,7 @@ impl Rendezvous {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
-            let Ok((rank, world, fingerprint, bytes)) = parse_hello(&admitted.message) else { continue };
+            let (rank, world, fingerprint, bytes) = parse_hello(&admitted.message);
             let refusal = if world != self.world {
                 Some(RendezvousError::WorldSizeMismatch { rank, expected: self.world, found: world })
             } else if rank == 0 || rank >= self.world {
@@ -448,11 +448,11 @@ fn hello_length(read: &[u8]) -> Result<Option<usize>, String> {
 }
 
 /// The hello in `message` (whole, as [`hello_length`] measured it).
-fn parse_hello(message: &[u8]) -> Result<Hello, String> {
+fn parse_hello(message: &[u8]) -> Hello {
     let word = |at: usize| u32::from_le_bytes(message[at..at + 4].try_into().expect("four bytes")) as usize;
     let fingerprint_len = word(8);
     let fingerprint = String::from_utf8_lossy(&message[12..12 + fingerprint_len]).into_owned();
-    Ok((word(0), word(4), fingerprint, message[16 + fingerprint_len..].to_vec()))
+    (word(0), word(4), fingerprint, message[16 + fingerprint_len..].to_vec())
 }
 
 /// The length of rank 0's reply (status, length, body) whose first bytes are `read`.

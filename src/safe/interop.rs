@@ -18,7 +18,6 @@
 //! `&`, a write guard `&mut`). With cudarc's event tracking off, cudarc leaves the ordering
 //! across its streams to the engine, as it does for its own launches.
 
-use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -78,7 +77,7 @@ impl EngineStream {
         // other slice of this crate covers it while the guard lives (each lend is its own guard,
         // and the borrow keeps a write guard out).
         let slice = unsafe { CudaSlice::from_foreign(ptr, src.len(), &self.ours) };
-        Lent { slice: ManuallyDrop::new(slice), sync: ManuallyDrop::new(sync) }
+        Lent { slice, _sync: sync }
     }
 
     /// Lends the cudarc slice or view `dst` to this crate for writing (an `rx_into` it, a copy
@@ -90,32 +89,23 @@ impl EngineStream {
         // while the guard lives; its earlier reads and writes are ordered before the engine's
         // stream (cudarc's `device_ptr_mut`).
         let slice = unsafe { CudaSlice::from_foreign(ptr, len, &self.ours) };
-        LentMut { lent: Lent { slice: ManuallyDrop::new(slice), sync: ManuallyDrop::new(sync) } }
+        LentMut { lent: Lent { slice, _sync: sync } }
     }
 }
 
 /// A cudarc buffer lent to this crate for reading ([`EngineStream::read`]): derefs to a
 /// [`CudaSlice`].
 pub struct Lent<'a, T: DeviceRepr> {
-    slice: ManuallyDrop<CudaSlice<T>>,
-    sync: ManuallyDrop<SyncOnDrop<'a>>,
+    // Dropped in this order (fields drop as declared): the slice first (the engine's stream
+    // waits for this crate's uses), then cudarc's record (its event then covers them).
+    slice: CudaSlice<T>,
+    _sync: SyncOnDrop<'a>,
 }
 
 impl<T: DeviceRepr> Deref for Lent<'_, T> {
     type Target = CudaSlice<T>;
     fn deref(&self) -> &CudaSlice<T> {
         &self.slice
-    }
-}
-
-impl<T: DeviceRepr> Drop for Lent<'_, T> {
-    fn drop(&mut self) {
-        // SAFETY: each field is dropped once, here, in this order: the slice first (the engine's
-        // stream waits for this crate's uses), then cudarc's record (its event then covers them).
-        unsafe {
-            ManuallyDrop::drop(&mut self.slice);
-            ManuallyDrop::drop(&mut self.sync);
-        }
     }
 }
 

@@ -250,6 +250,19 @@ impl<T: DeviceRepr> CudaSlice<T> {
     }
 
     fn new(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>, pooled: bool, eager: bool) -> CudaSlice<T> {
+        Self::of_memory(ptr, len, stream, pooled, false, eager)
+    }
+
+    /// A slice of the whole of the memory at `ptr`, owned by `stream`, whose allocation (or, for
+    /// `foreign` memory, the owner's pending work) is its last write.
+    fn of_memory(
+        ptr: CUdeviceptr,
+        len: usize,
+        stream: &Arc<CudaStream>,
+        pooled: bool,
+        foreign: bool,
+        eager: bool,
+    ) -> CudaSlice<T> {
         CudaSlice {
             ptr,
             len,
@@ -257,7 +270,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 ptr,
                 stream: Arc::clone(stream),
                 pooled,
-                foreign: false,
+                foreign,
                 access: Access::new(Some(stream), eager),
             }),
             _marker: PhantomData,
@@ -283,18 +296,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// - While the slice lives, the owner's own work touches the memory only on `stream`.
     /// - No other slice of this crate covers the same memory (two would not order each other).
     pub unsafe fn from_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
-        CudaSlice {
-            ptr,
-            len,
-            mem: Arc::new(DeviceMemory {
-                ptr,
-                stream: Arc::clone(stream),
-                pooled: true,
-                foreign: true,
-                access: Access::new(Some(stream), false),
-            }),
-            _marker: PhantomData,
-        }
+        Self::of_memory(ptr, len, stream, true, true, false)
     }
 
     /// Number of elements.

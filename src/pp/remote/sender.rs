@@ -183,23 +183,22 @@ impl Sender {
                     found: crate::pp::SlotState::UntakenByPeer { step: held },
                 }));
             }
-            let control_ = &mut *control;
             if !asked {
-                let record = encode_record(&mut control_.sealer, WAITING, control_.step, 0, 0, "");
-                if let Err(e) = control_.socket.write_all(&record) {
+                let record = encode_record(&mut control.sealer, WAITING, control.step, 0, 0, "");
+                if let Err(e) = control.socket.write_all(&record) {
                     self.link.fail(format!("writing a wait for a free slot failed: {e}"));
                     return Err(self.link.stopped().expect("failed above"));
                 }
-                control_.written = Instant::now();
+                control.written = Instant::now();
                 asked = true;
                 answers = 0;
             }
             let left = (timeout - waited).min(POLL).max(Duration::from_micros(100));
             let mut bytes = [0u8; 256];
-            let read = control_.socket.set_read_timeout(Some(left)).and_then(|()| control_.socket.read(&mut bytes));
+            let read = control.socket.set_read_timeout(Some(left)).and_then(|()| control.socket.read(&mut bytes));
             let kinds = match read {
                 Ok(0) => Err(PEER_CLOSED.to_string()),
-                Ok(read) => control_.back.take(&bytes[..read], &mut control_.credit),
+                Ok(read) => control.back.take(&bytes[..read], &mut control.credit),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
                     Ok(Vec::new())
                 }

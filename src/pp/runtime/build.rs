@@ -250,12 +250,10 @@ fn boundary_end(
     let ring = SlotRing::new(config.n_slots(), config.reserved_bytes(), inbound.is_some(), home)?;
     if let Some(link) = &inbound {
         // A sending rank that waits for a free slot (`tx_wait`) learns when this stage takes one.
-        let link = Arc::downgrade(link);
-        ring.on_taken(Arc::new(move |taken| {
-            if let Some(link) = link.upgrade() {
-                link.answer_credit(taken, false);
-            }
-        }));
+        // (The link holds nothing of the ring: a strong reference makes no cycle, and a take
+        // costs one flag's load while nobody waits.)
+        let link = Arc::clone(link);
+        ring.on_taken(Arc::new(move |taken| link.answer_credit(taken, false)));
     }
     let sm_copies =
         bp.transport != Transport::HostStaged && config.sm_copies_allowed() && helpers_runnable(&rx.engine)?;
