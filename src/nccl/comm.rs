@@ -357,6 +357,45 @@ impl NcclComm {
         self.abort_locked(&mut aborted)
     }
 
+    /// Aborts every communicator of `comms` at once, as [`abort_now`](Self::abort_now) does one:
+    /// each abort is started before any is waited for. An abort's cleanup may wait for the
+    /// whole device, so one after the other, the first could wait for a kernel of the next,
+    /// which only that next abort ends. Each result in the order of `comms` (`Ok` for one
+    /// aborted before); the aborts are waited for at most the longest of their bounds.
+    pub fn abort_together(comms: &[&NcclComm]) -> Vec<Result<()>> {
+        let nccl = match nccl() {
+            Ok(nccl) => nccl,
+            Err(e) => return comms.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let started: Vec<Option<AbortStarted>> = comms
+            .iter()
+            .map(|comm| {
+                let mut aborted = comm.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if *aborted {
+                    return None;
+                }
+                *aborted = true;
+                // The communicator is live (not aborted before, checked under the lock every
+                // call holds) and this is its last use: the flag set above refuses every later
+                // call, and the drop.
+                Some(start_abort(nccl, &comm.ctx, comm.raw))
+            })
+            .collect();
+        let bound = comms.iter().map(|comm| comm.abort_bound()).max().unwrap_or(ABORT_BOUND);
+        let deadline = Instant::now() + bound;
+        comms
+            .iter()
+            .zip(started)
+            .map(|(comm, started)| match started {
+                None => Ok(()),
+                Some(started) => {
+                    let result = started.wait_until(deadline, bound, "NcclComm::abort_together")?;
+                    comm.check_teardown(nccl, "ncclCommAbort", result)
+                }
+            })
+            .collect()
+    }
+
     /// [`abort_now`](Self::abort_now) with the call lock (`aborted`) held.
     pub(super) fn abort_locked(&self, aborted: &mut MutexGuard<'_, bool>) -> Result<()> {
         if **aborted {

@@ -57,6 +57,38 @@ pub(super) fn abort_within(
     bound: Duration,
     what: &'static str,
 ) -> Result<ncclResult_t> {
+    start_abort(nccl, ctx, raw).wait_until(Instant::now() + bound, bound, what)
+}
+
+/// An abort started by [`start_abort`]: its result, when it comes.
+pub(super) enum AbortStarted {
+    /// The abort runs on its own thread, which sends its result.
+    Running(std::sync::mpsc::Receiver<Result<ncclResult_t>>),
+    /// No thread could be started: the abort ran on the caller's.
+    Done(Result<ncclResult_t>),
+}
+
+impl AbortStarted {
+    /// The abort's result, waited for until `deadline` ([`NcclError::AbortStuck`] naming `what`
+    /// and `bound` after it; the abort's thread is left to finish).
+    pub(super) fn wait_until(self, deadline: Instant, bound: Duration, what: &'static str) -> Result<ncclResult_t> {
+        match self {
+            AbortStarted::Done(result) => result,
+            AbortStarted::Running(result) => {
+                match result.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(aborted) => aborted,
+                    Err(_) => Err(Error::Nccl(NcclError::AbortStuck { what, waited: bound })),
+                }
+            }
+        }
+    }
+}
+
+/// Starts `ncclCommAbort(raw)` (in `ctx`) on a thread of its own and returns at once; where no
+/// thread can be started, aborts on the caller's. NCCL sets the communicator's abort flag first,
+/// so its kernels return soon after the start; its cleanup may then wait for the whole device.
+/// `raw` must be live and this its last use.
+pub(super) fn start_abort(nccl: &'static Nccl, ctx: &Arc<Context>, raw: ncclComm_t) -> AbortStarted {
     let abort = move |handle: AbortedHandle, ctx: Arc<Context>| {
         let _bound = ctx.bind()?;
         // Contract: the communicator is live and this is its last use (the caller's).
@@ -67,12 +99,9 @@ pub(super) fn abort_within(
     let started = std::thread::Builder::new().name("ppnrt-nccl-abort".into()).spawn(move || {
         let _ = done.send(abort(handle, thread_ctx));
     });
-    if started.is_err() {
-        return abort(AbortedHandle(raw), Arc::clone(ctx));
-    }
-    match result.recv_timeout(bound) {
-        Ok(aborted) => aborted,
-        Err(_) => Err(Error::Nccl(NcclError::AbortStuck { what, waited: bound })),
+    match started {
+        Ok(_) => AbortStarted::Running(result),
+        Err(_) => AbortStarted::Done(abort(AbortedHandle(raw), Arc::clone(ctx))),
     }
 }
 

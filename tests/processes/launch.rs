@@ -147,6 +147,12 @@ pub(crate) fn stall_dump_after() -> Option<Duration> {
 /// `cuda-gdb` or `gdb` is on the PATH, every thread's stack, into `dir/stall-rank<r>.txt`, and
 /// says where.
 pub(crate) fn dump_stalled(launch: &Launch<'_>, dir: &Path, children: &mut [Child], running: Duration) {
+    let label = format!("{} ranks {:?}", launch.mode, launch.ranks);
+    dump_threads(&label, dir, children, running);
+}
+
+/// [`dump_stalled`] for ranks named by `label`: each still running rank's threads and stacks.
+pub(crate) fn dump_threads(label: &str, dir: &Path, children: &mut [Child], running: Duration) {
     let debugger = ["cuda-gdb", "gdb"].into_iter().find(|tool| {
         Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success())
     });
@@ -155,10 +161,7 @@ pub(crate) fn dump_stalled(launch: &Launch<'_>, dir: &Path, children: &mut [Chil
             continue;
         }
         let pid = child.id();
-        let mut text = format!(
-            "{} ranks {:?}: rank {rank} (pid {pid}) still running after {running:?}\n",
-            launch.mode, launch.ranks
-        );
+        let mut text = format!("{label}: rank {rank} (pid {pid}) still running after {running:?}\n");
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for task in tasks.flatten() {
                 let path = task.path();

@@ -336,7 +336,7 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     if ready(test).is_none() {
         return;
     }
-    let (mut children, _dir) = running_ranks("kill", 9, None, false);
+    let (mut children, dir) = running_ranks("kill", 9, None, false);
     let mut victim = children.pop().unwrap();
     victim.kill().unwrap(); // SIGKILL: no destructor, no goodbye
     let killed_at = unix_ms();
@@ -345,6 +345,7 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     let limit = Instant::now() + Duration::from_secs(30);
     while survivor.try_wait().unwrap().is_none() {
         if Instant::now() > limit {
+            dump_threads("the survivor of a kill", &dir, std::slice::from_mut(&mut survivor), Duration::from_secs(30));
             survivor.kill().unwrap();
             panic!("the survivor hung for 30 s after its peer was killed:\n{:?}", output_of(survivor));
         }

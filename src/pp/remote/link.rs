@@ -167,9 +167,16 @@ pub(in crate::pp) struct Credit {
 /// of the rank fails too, before the failing link's communicator is aborted (before any cut-short
 /// data exists). The ranks downstream then fail their links and refuse the readbacks of what
 /// may be affected, instead of delivering it; the ranks upstream learn it at once.
+///
+/// A rank fails its links one failure at a time (`failing`), and a failure ends every link it
+/// stops together: first each one's captured receives are destroyed, then their communicators
+/// are aborted at once ([`NcclComm::abort_together`]). One after the other, an abort's cleanup
+/// (which may wait for the whole device) would wait for a receive kernel of a link not yet
+/// aborted, and hold the driver while the next link's graphs are destroyed: the rank would hang.
 #[derive(Default)]
 pub(in crate::pp) struct RankLinks {
     links: Mutex<Vec<std::sync::Weak<Link>>>,
+    failing: Mutex<()>,
 }
 
 impl RankLinks {
@@ -177,8 +184,8 @@ impl RankLinks {
         self.links.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Arc::downgrade(link));
     }
 
-    /// Fails every link of the rank but `failed`, naming it.
-    fn fail_others(&self, failed: &Link, reason: &str) {
+    /// Stops every link of the rank but `failed` that had not stopped, naming it; returns them.
+    fn stop_others(&self, failed: &Link, reason: &str) -> Vec<Arc<Link>> {
         let others: Vec<Arc<Link>> = self
             .links
             .lock()
@@ -187,41 +194,63 @@ impl RankLinks {
             .filter_map(std::sync::Weak::upgrade)
             .filter(|link| !std::ptr::eq(Arc::as_ptr(link), failed))
             .collect();
-        for link in others {
-            link.fail(format!(
-                "boundary {} of this rank (with rank {}) failed first: {reason}",
-                failed.boundary, failed.peer
-            ));
-        }
+        others
+            .into_iter()
+            .filter(|link| {
+                link.stop_failed(format!(
+                    "boundary {} of this rank (with rank {}) failed first: {reason}",
+                    failed.boundary, failed.peer
+                ))
+            })
+            .collect()
     }
 }
 
 impl Link {
     /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
     /// link fails too, within milliseconds, whatever this side's reason), fails every other link
-    /// of the rank (see [`RankLinks`]) and aborts the communicator, so no NCCL kernel of it stays
-    /// queued.
+    /// of the rank (see [`RankLinks`]) and aborts the communicators, so no NCCL kernel of them
+    /// stays queued.
     pub(in crate::pp) fn fail(&self, reason: String) {
-        if self.stop(reason.clone(), true) {
-            let _ = self.connection.shutdown(std::net::Shutdown::Both);
-            #[cfg(feature = "testing")]
-            let contained = self.contained;
-            #[cfg(not(feature = "testing"))]
-            let contained = false;
-            if !contained {
-                self.rank_links.fail_others(self, &reason);
-            }
-            // NCCL's abort waits until every graph holding an operation of the communicator is
-            // destroyed: destroy the captured receives first, keeping their slots' memory alive
-            // until the abort has stopped their runs.
-            let graphs = self.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-            let kept: Vec<KeptMemory> =
-                graphs.into_iter().flatten().map(|graph| graph.exec.destroy_keeping_memory()).collect();
-            if let Err(e) = self.comm.abort_now() {
+        if self.is_stopped() {
+            return; // whoever stopped it ends it
+        }
+        let _failing = self.rank_links.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !self.stop_failed(reason.clone()) {
+            return;
+        }
+        #[cfg(feature = "testing")]
+        let contained = self.contained;
+        #[cfg(not(feature = "testing"))]
+        let contained = false;
+        let others = if contained { Vec::new() } else { self.rank_links.stop_others(self, &reason) };
+        let stopped: Vec<&Link> = std::iter::once(self).chain(others.iter().map(|link| &**link)).collect();
+        // NCCL's abort waits until every graph holding an operation of the communicator is
+        // destroyed: destroy the captured receives first, keeping their slots' memory alive
+        // until the aborts have stopped their runs.
+        let kept: Vec<KeptMemory> = stopped
+            .iter()
+            .flat_map(|link| link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take())
+            .flatten()
+            .map(|graph| graph.exec.destroy_keeping_memory())
+            .collect();
+        let comms: Vec<&NcclComm> = stopped.iter().map(|link| &link.comm).collect();
+        for result in NcclComm::abort_together(&comms) {
+            if let Err(e) = result {
                 crate::safe::record_drop_error(e);
             }
-            drop(kept);
         }
+        drop(kept);
+    }
+
+    /// Records `reason` as the link's failure and shuts its control connection down; false if
+    /// it had stopped before.
+    fn stop_failed(&self, reason: String) -> bool {
+        let stopped = self.stop(reason, true);
+        if stopped {
+            let _ = self.connection.shutdown(std::net::Shutdown::Both);
+        }
+        stopped
     }
 
     /// On the RX rank: tells the TX rank that this rank's stage has taken `taken` steps, when it
