@@ -74,7 +74,9 @@ fn parse_args() -> Result<(usize, bool, bool), String> {
 }
 
 fn run(config: PpConfig, steps: usize, graph: bool) -> Result<(), String> {
-    let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
+    fn chain(e: impl std::error::Error + 'static) -> String {
+        ppnrt::error::chain(&e)
+    }
     let primary = Engine::new(0).map_err(chain)?;
     let rt = PpNRt::new(config, &primary).map_err(chain)?;
     println!("rank {}: {}", rt.rank(), rt.plan());

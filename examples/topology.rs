@@ -90,7 +90,9 @@ fn run() -> Result<(), String> {
     }
     let driver = ppnrt::loader::driver().map_err(|e| ppnrt::error::chain(&e))?;
     println!("driver: CUDA {} ({})", driver.version(), driver.library());
-    let err = |e: ppnrt::Error| ppnrt::error::chain(&e);
+    fn err(e: impl std::error::Error + 'static) -> String {
+        ppnrt::error::chain(&e)
+    }
     for d in &devices {
         let (major, minor) = d.compute_capability().map_err(err)?;
         println!(
@@ -150,7 +152,7 @@ fn run() -> Result<(), String> {
         let src = buffers[i].0.slice(..count)?;
         // SAFETY: both ranges are live persistent allocations of at least count words; peer
         // access is on (or the driver stages the copy); no other work touches them meanwhile.
-        unsafe { stream.copy_bytes_async(buffers[j].1.device_ptr(), src.device_ptr(), count * 4) }
+        Ok(unsafe { stream.copy_bytes_async(buffers[j].1.device_ptr(), src.device_ptr(), count * 4) }?)
     };
     let gbs = |seconds: f64| bytes as f64 / seconds / 1e9;
     matrix(&format!("unidirectional bandwidth, {} MiB copies", bytes >> 20), n, "GB/s", |i, j| {

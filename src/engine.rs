@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::safe::{
     Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module,
     ambient_stream,
@@ -56,7 +56,7 @@ impl Engine {
     /// The engine of device `ordinal`.
     ///
     /// # Errors
-    /// [`Error::DeviceOutOfRange`]; the loader's or driver's error.
+    /// [`CudaError::DeviceOutOfRange`]; the loader's or driver's error.
     pub fn new(ordinal: i32) -> Result<Engine> {
         let device = Device::get(ordinal)?;
         let ctx = Context::primary(&device)?;
@@ -102,13 +102,13 @@ impl Engine {
     /// default stream.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] when the ambient stream belongs to another device.
+    /// [`CudaError::WrongDevice`] when the ambient stream belongs to another device.
     #[inline]
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
         match ambient_stream()? {
             None => Ok(Arc::clone(&self.inner.stream)),
             Some(stream) if stream.ordinal() == self.ordinal() => Ok(stream),
-            Some(stream) => Err(Error::WrongDevice {
+            Some(stream) => Err(CudaError::WrongDevice {
                 what: "Engine: the ambient stream belongs to another device than the engine",
                 expected: self.ordinal(),
                 found: stream.ordinal(),
@@ -236,7 +236,7 @@ impl Engine {
     /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn fill_pattern<D: DeviceSliceMut<u32>>(&self, dst: &mut D, seed: u32) -> Result<()> {
         self.test_kernels()?.fill_pattern(&self.stream()?, dst, seed)
@@ -245,7 +245,7 @@ impl Engine {
     /// Sets every element of `dst` to `value`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn fill_u32<D: DeviceSliceMut<u32>>(&self, dst: &mut D, value: u32) -> Result<()> {
         self.test_kernels()?.fill_u32(&self.stream()?, dst, value)
@@ -254,7 +254,7 @@ impl Engine {
     /// The [`kernels::checksum`](crate::kernels::checksum) of `src`, computed on the device; waits for the result.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn checksum<S: DeviceSlice<u32>>(&self, src: &S) -> Result<u64> {
         let mut sum = self.alloc_zeroed::<u64>(1)?;
@@ -266,7 +266,7 @@ impl Engine {
     /// waiting: for checking many transfers with one readback at the end.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless `out` has exactly one element; [`Error::WrongDevice`] for
+    /// [`CudaError::LengthMismatch`] unless `out` has exactly one element; [`CudaError::WrongDevice`] for
     /// memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn checksum_into<S: DeviceSlice<u32>, D: DeviceSliceMut<u64>>(&self, src: &S, out: &mut D) -> Result<()> {
@@ -288,10 +288,10 @@ impl Engine {
     /// not be pool memory (pools are not peer-mapped; use [`CudaSlice::alloc_persistent`]).
     ///
     /// # Errors
-    /// Checked before anything is enqueued: [`Error::LengthMismatch`] unless the lengths agree;
-    /// [`Error::Misaligned`] when either address is not 16-byte aligned;
-    /// [`Error::NotPeerReachable`] for pool memory of another device;
-    /// [`Error::PeerAccessUnsupported`] when the devices cannot reach each other. Else the
+    /// Checked before anything is enqueued: [`CudaError::LengthMismatch`] unless the lengths agree;
+    /// [`CudaError::Misaligned`] when either address is not 16-byte aligned;
+    /// [`CudaError::NotPeerReachable`] for pool memory of another device;
+    /// [`CudaError::PeerAccessUnsupported`] when the devices cannot reach each other. Else the
     /// driver's error.
     pub fn copy_with_sms<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
         &self,
@@ -299,7 +299,11 @@ impl Engine {
         dst: &mut D,
     ) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(Error::LengthMismatch { what: "Engine::copy_with_sms", expected: dst.len(), found: src.len() });
+            return Err(CudaError::LengthMismatch {
+                what: "Engine::copy_with_sms",
+                expected: dst.len(),
+                found: src.len(),
+            });
         }
         let stream = self.stream()?;
         self.helper_kernels()?.copy_bytes(&stream, src.as_view().into_bytes(), dst.as_view_mut().into_bytes())
@@ -308,14 +312,14 @@ impl Engine {
     /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
         self.toy_model()?.layer(&self.stream()?, x, step, layer)
     }
 
     /// Launches a kernel that traps: the context becomes unusable and later calls on it return
-    /// [`Error::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
+    /// [`CudaError::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
     ///
     /// # Errors
     /// The driver's error.

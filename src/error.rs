@@ -1,6 +1,6 @@
-//! The crate's one error type.
+//! The errors of the CUDA layers (loader, driver calls, the safe wrappers).
 //!
-//! [`Error`] keeps loader failures ([`LoadError`]: no library, no `cuInit`, a driver too old)
+//! [`CudaError`] keeps loader failures ([`LoadError`]: no library, no `cuInit`, a driver too old)
 //! apart from driver failures ([`DriverError`]: a call returned a `CUresult` other than success)
 //! and from misuse caught on the host before anything is enqueued (each variant names the bad
 //! value). Errors are `Clone` so that a failed build can be returned again, unchanged, to every
@@ -53,7 +53,7 @@ impl fmt::Display for LoadAttempt {
 }
 
 /// Why the CUDA driver could not be brought up. Every public entry point returns it (inside
-/// [`Error::Load`]) when the driver is unusable; it is decided once per process.
+/// [`CudaError::Load`]) when the driver is unusable; it is decided once per process.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
@@ -174,12 +174,12 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-pub use crate::pp::PpError;
-
-/// Everything that can go wrong in this crate.
+/// What can go wrong below the pipeline: loading the driver, a driver call, or a misuse of the
+/// safe wrappers caught before anything is enqueued. The pipeline's calls return the crate's
+/// [`Error`](crate::Error), which holds this one as `Error::Cuda`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum CudaError {
     /// The driver could not be loaded or initialised.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -330,29 +330,6 @@ pub enum Error {
         /// The accessed device.
         to: i32,
     },
-    /// A pipeline configuration that cannot be built (see [`ConfigError`]).
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The pipeline runtime could not be built; names the configuration and the cause.
-    #[error("building the pipeline runtime failed for {config}")]
-    PipelineBuild {
-        /// The configuration, as given.
-        config: String,
-        /// Why the build failed.
-        source: Box<Error>,
-    },
-    /// Misuse of the pipeline runtime (a stage, boundary or slot out of range, a slot in the
-    /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
-    #[error(transparent)]
-    Pipeline(#[from] PpError),
-    /// NCCL could not be loaded, is too old, or an NCCL call failed: see
-    /// [`NcclError`](crate::nccl::NcclError).
-    #[error(transparent)]
-    Nccl(#[from] crate::nccl::NcclError),
-    /// The processes of a pipeline could not meet: see
-    /// [`RendezvousError`](crate::rendezvous::RendezvousError).
-    #[error(transparent)]
-    Rendezvous(#[from] crate::rendezvous::RendezvousError),
     /// Misuse of stream capture or of a graph: see [`CaptureError`].
     #[error(transparent)]
     Capture(#[from] CaptureError),
@@ -413,8 +390,8 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-/// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// `Result` with [`CudaError`], the error of the CUDA layers.
+pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {

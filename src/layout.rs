@@ -45,7 +45,7 @@ assert_impl_all!(Module: Send, Sync);
 assert_impl_all!(Function: Send, Sync);
 assert_impl_all!(Device: Send, Sync, Copy);
 assert_impl_all!(crate::Engine: Send, Sync, Clone);
-assert_impl_all!(crate::Error: Send, Sync, Clone);
+assert_impl_all!(crate::error::CudaError: Send, Sync, Clone);
 assert_impl_all!(crate::PpNRt: Send, Sync);
 assert_impl_all!(crate::safe::ordering::PooledEvent: Send, Sync);
 assert_impl_all!(crate::PendingReadback<f32>: Send, Sync);

@@ -23,9 +23,9 @@
 //!
 //! # Errors and the driver
 //! Every fallible call returns [`Error`]. With no driver installed, every entry point returns
-//! [`Error::Load`] listing what was tried; nothing panics. A driver older than CUDA 12.0 is
+//! [`CudaError::Load`] listing what was tried; nothing panics. A driver older than CUDA 12.0 is
 //! [`LoadError::DriverTooOld`]. An entry point the loaded driver lacks fails only the calls that
-//! need it ([`Error::MissingEntryPoint`]).
+//! need it ([`CudaError::MissingEntryPoint`]).
 //!
 //! An error leaves no work in flight unordered. A call that fails before it enqueues its work
 //! leaves its buffers as they were. One that fails after (in the event record that orders the
@@ -51,6 +51,9 @@
 pub mod auth;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "cudarc")]
+#[allow(unsafe_code)]
+pub mod interop;
 pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
@@ -74,20 +77,17 @@ pub struct ReadmeDoctests;
 
 pub use auth::{JobAccess, JobSecret};
 pub use engine::Engine;
-pub use error::{CaptureError, ConfigError, DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
+pub use error::{CaptureError, ConfigError, CudaError, DriverError, DriverVersion, LoadAttempt, LoadError};
 /// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.
 pub use half;
 pub use half::{bf16, f16};
 pub use pp::{
-    PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, SlotState, StageCapture, StepGraphs,
-    Transport, TransportPolicy,
+    Error, PendingReadback, PpConfig, PpError, PpNRt, ReceivedSlot, Result, SM_COPY_MAX_BYTES, SlotState, StageCapture,
+    StepGraphs, Transport, TransportPolicy,
 };
-/// cudarc 0.19's buffers and streams in this crate, zero copy (feature `cudarc`).
-#[cfg(feature = "cudarc")]
-pub use safe::interop;
 pub use safe::{
     BoundContext, BufferUse, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, Function, GraphExec, HelperKernels, KernelArgList,
-    KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer, StreamCapture,
-    StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
+    CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, Function, GraphExec, HelperKernels,
+    KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer,
+    StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
 };

@@ -9,7 +9,7 @@
 //! `cuInit(0)` runs and `cuDriverGetVersion` must report at least CUDA 12.0.
 //!
 //! Every entry point is looked up when the library opens and kept as a `Result`: a symbol that an
-//! older driver lacks fails only the calls that need it, with [`Error::MissingEntryPoint`]. Where
+//! older driver lacks fails only the calls that need it, with [`CudaError::MissingEntryPoint`]. Where
 //! the bindings name a newer version of an entry point than an older driver has (the `_v2` of
 //! `cuEventElapsedTime`), the older version is used instead. An empty `PPNRT_LIBCUDA_PATH` counts
 //! as unset.
@@ -18,7 +18,7 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::OnceLock;
 
-use crate::error::{DriverError, DriverVersion, Error, LoadAttempt, LoadError, Result};
+use crate::error::{CudaError, DriverError, DriverVersion, LoadAttempt, LoadError, Result};
 use crate::sys::{CUresult, DriverApi};
 
 /// Environment variable naming the driver library to load instead of the default candidates.
@@ -36,13 +36,13 @@ static DRIVER: OnceLock<std::result::Result<Driver, LoadError>> = OnceLock::new(
 /// The process's driver, loaded and initialised on first use.
 ///
 /// # Errors
-/// [`Error::Load`] when no library could be opened, `cuInit` failed or the driver is too old;
+/// [`CudaError::Load`] when no library could be opened, `cuInit` failed or the driver is too old;
 /// the same error on every call.
 #[inline]
 pub fn driver() -> Result<&'static Driver> {
     match DRIVER.get_or_init(|| Driver::load(&default_candidates())) {
         Ok(driver) => Ok(driver),
-        Err(e) => Err(Error::Load(e.clone())),
+        Err(e) => Err(CudaError::Load(e.clone())),
     }
 }
 
@@ -126,22 +126,22 @@ impl Driver {
         if code == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(self.error(call, code)) }
     }
 
-    /// The typed error for a failed `call`: [`Error::ContextUnusable`] for sticky codes, else
-    /// [`Error::Driver`].
+    /// The typed error for a failed `call`: [`CudaError::ContextUnusable`] for sticky codes, else
+    /// [`CudaError::Driver`].
     #[cold]
-    pub fn error(&self, call: &'static str, code: CUresult) -> Error {
+    pub fn error(&self, call: &'static str, code: CUresult) -> CudaError {
         let source = describe(&self.api, call, code);
         if crate::error::is_sticky_code(code) {
-            Error::ContextUnusable { device: current_device(&self.api), source }
+            CudaError::ContextUnusable { device: current_device(&self.api), source }
         } else {
-            Error::Driver(source)
+            CudaError::Driver(source)
         }
     }
 
     /// The error for an entry point this driver lacks.
     #[cold]
-    pub fn missing(&self, symbol: &'static str) -> Error {
-        Error::MissingEntryPoint { symbol, driver: self.version }
+    pub fn missing(&self, symbol: &'static str) -> CudaError {
+        CudaError::MissingEntryPoint { symbol, driver: self.version }
     }
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{POISON, Rng, devices_or_skip, engine_or_skip};
-use ppnrt::{Device, DeviceSlice, DriverVersion, Error, Module, kernels};
+use ppnrt::{CudaError, Device, DeviceSlice, DriverVersion, Module, kernels};
 
 #[test]
 fn driver_loads_and_reports_a_supported_version() {
@@ -38,8 +38,8 @@ fn devices_are_listed_with_name_capability_and_memory() {
         assert!(memory > 0 && sms > 0);
         assert!(bus.contains(':'), "{bus}");
     }
-    assert_eq!(Device::get(count).unwrap_err(), Error::DeviceOutOfRange { ordinal: count, count });
-    assert_eq!(Device::get(-1).unwrap_err(), Error::DeviceOutOfRange { ordinal: -1, count });
+    assert_eq!(Device::get(count).unwrap_err(), CudaError::DeviceOutOfRange { ordinal: count, count });
+    assert_eq!(Device::get(-1).unwrap_err(), CudaError::DeviceOutOfRange { ordinal: -1, count });
 }
 
 #[test]
@@ -53,13 +53,13 @@ fn embedded_ptx_loads_and_every_kernel_is_found() {
         }
         assert_eq!(
             module.function("ppnrt_no_such_kernel").unwrap_err(),
-            Error::KernelNotFound { module: name.to_string(), kernel: "ppnrt_no_such_kernel".into() }
+            CudaError::KernelNotFound { module: name.to_string(), kernel: "ppnrt_no_such_kernel".into() }
         );
     }
     // The driver's own refusal of bad PTX, passed through typed. Under compute-sanitizer (the
     // gate sets PPNRT_SANITIZER) that deliberate API error would count as a finding: skip it.
     if std::env::var_os("PPNRT_SANITIZER").is_none() {
-        assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(Error::Driver(_))));
+        assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(CudaError::Driver(_))));
     } else {
         common::say("embedded_ptx_loads_and_every_kernel_is_found: bad-PTX probe skipped under the sanitizer");
     }

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{devices_or_skip, say};
-use ppnrt::{CudaEvent, CudaStream, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt};
+use ppnrt::{CudaError, CudaEvent, CudaStream, Engine, PinnedHostBuffer, PpConfig, PpNRt};
 
 const CHILD_VAR: &str = "PPNRT_FAULT_CHILD";
 
@@ -62,10 +62,10 @@ fn child_trap() {
     engine.inject_trap().unwrap();
     let err = engine.synchronize().unwrap_err();
     println!("CHILD synchronize after trap: {err}");
-    assert!(matches!(err, Error::ContextUnusable { .. }), "{err:?}");
+    assert!(matches!(err, CudaError::ContextUnusable { .. }), "{err:?}");
     // Every later call on the context fails the same way; none hangs or returns data.
     let again = engine.htod(&[2u32; 16]).map(|_| ()).and_then(|()| engine.synchronize()).unwrap_err();
-    assert!(matches!(again, Error::ContextUnusable { .. }), "{again:?}");
+    assert!(matches!(again, CudaError::ContextUnusable { .. }), "{again:?}");
     assert!(engine.dtoh(&before).is_err());
     assert!(engine.fill_u32(&mut before, 3).and_then(|()| engine.synchronize()).is_err());
     println!("CHILD-OK");

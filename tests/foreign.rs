@@ -150,7 +150,10 @@ fn a_step_is_received_into_the_engines_own_buffer() {
         let other_device = Engine::new(1).unwrap();
         let mut elsewhere = other_device.alloc::<u32>(N).unwrap();
         let refused = rt.rx_into(0, slot, &mut elsewhere).unwrap_err();
-        assert!(matches!(refused, ppnrt::Error::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
+        assert!(
+            matches!(refused, ppnrt::Error::Cuda(ppnrt::CudaError::WrongDevice { expected: 0, found: 1, .. })),
+            "{refused}"
+        );
         let mut short = e0.alloc::<u32>(N - 1).unwrap();
         let refused = rt.rx_into(0, slot, &mut short).unwrap_err();
         assert!(matches!(refused, ppnrt::Error::Pipeline(ppnrt::PpError::RxLengthMismatch { .. })), "{refused}");
@@ -187,7 +190,10 @@ fn an_engines_stream_serves_as_a_stages_stream() {
         assert_eq!(received, values);
         let elsewhere = CudaStream::new(Engine::new(1).unwrap().context()).unwrap();
         let refused = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None, Some(elsewhere)]).err().unwrap();
-        assert!(matches!(refused, ppnrt::Error::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
+        assert!(
+            matches!(refused, ppnrt::Error::Cuda(ppnrt::CudaError::WrongDevice { expected: 0, found: 1, .. })),
+            "{refused}"
+        );
         let refused = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None]).err().unwrap();
         assert!(matches!(refused, ppnrt::Error::Config(_)), "{refused}");
     });

@@ -280,7 +280,7 @@ fn graph_hazard_run(
             }
             // The checksum kernel accumulates: the graph clears the word first.
             stage.stream().memset_bytes(&mut sum, 0)?;
-            rx_engine.checksum_into(&stage.received()?, &mut sum)
+            Ok(rx_engine.checksum_into(&stage.received()?, &mut sum)?)
         })
         .unwrap();
     let mut rng = Rng::new(seed);

@@ -9,7 +9,7 @@
 mod common;
 
 use common::engine_or_skip;
-use ppnrt::{Error, KernelArgList, LaunchConfig, Module, bf16, by_value, f16};
+use ppnrt::{CudaError, KernelArgList, LaunchConfig, Module, bf16, by_value, f16};
 
 static FATBIN: &[u8] = include_bytes!("data/test_params.fatbin");
 static CUBIN: &[u8] = include_bytes!("data/test_params.cubin");
@@ -101,7 +101,7 @@ fn a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly() {
         if kind == "cubin" {
             // A cubin lists its kernels: refused before the driver is asked. (A fatbin's are the
             // driver's to know; asking it for a missing one is an API error a sanitizer reports.)
-            assert!(matches!(module.function("no_such_kernel"), Err(Error::KernelNotFound { .. })));
+            assert!(matches!(module.function("no_such_kernel"), Err(CudaError::KernelNotFound { .. })));
             assert_eq!(module.entries(), ["ppnrt_test_params12"]);
         }
         for (round, s) in cases.iter().enumerate() {
@@ -148,7 +148,7 @@ fn a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly() {
     }
     for image in [FATBIN, CUBIN] {
         let refused = Module::load_image(engine.context(), "truncated", &image[..image.len() - 8]).unwrap_err();
-        assert!(matches!(refused, Error::InvalidModuleImage { .. }), "{refused}");
+        assert!(matches!(refused, CudaError::InvalidModuleImage { .. }), "{refused}");
     }
     println!(
         "a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly: 2 images x 2 cases x (tuple, list), {n} elements each: exact"

@@ -20,7 +20,7 @@ use ppnrt::nccl::{
     MAX_GROUP_OPS, MINIMUM_VERSION, NONBLOCKING_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, P2p,
     group, nccl,
 };
-use ppnrt::{CudaSlice, Engine, Error};
+use ppnrt::{CudaSlice, Engine};
 
 /// Builds a shared library from `source` (C) and returns its path, or `None` after saying why.
 fn stand_in(name: &str, source: &str) -> Option<PathBuf> {
@@ -117,14 +117,16 @@ fn exchange(test: &str, watched: bool) {
                     let engine = Engine::new(rank).unwrap();
                     let id = NcclUniqueId::from_bytes(&bytes);
                     let comm = if watched {
-                        NcclComm::init_rank_watched(engine.context(), 2, &id, rank, Duration::from_secs(60), || Ok(()))
-                            .unwrap()
+                        NcclComm::init_rank_watched(engine.context(), 2, &id, rank, Duration::from_secs(60), || {
+                            Ok::<(), NcclError>(())
+                        })
+                        .unwrap()
                     } else {
                         NcclComm::init_rank(engine.context(), 2, &id, rank).unwrap()
                     };
                     assert!(matches!(
                         NcclComm::init_rank(engine.context(), 2, &id, 2),
-                        Err(Error::Nccl(NcclError::InvalidRank { rank: 2, n_ranks: 2, .. }))
+                        Err(NcclError::InvalidRank { rank: 2, n_ranks: 2, .. })
                     ));
                     let stream: Arc<_> = engine.stream().unwrap();
                     let mut mine = CudaSlice::<u32>::alloc(&stream, n).unwrap();
@@ -145,18 +147,16 @@ fn exchange(test: &str, watched: bool) {
                     // Refused before anything is issued: a rank outside the communicator, too
                     // many operations.
                     // SAFETY: refused before anything is issued (nothing is sent).
-                    let bad = unsafe { [P2p::send(&comm, &stream, &mine, 1 - rank), P2p::send(&comm, &stream, &mine, 7)] };
-                    assert!(matches!(
-                        group(&bad),
-                        Err(Error::Nccl(NcclError::InvalidRank { rank: 7, n_ranks: 2, .. }))
-                    ));
+                    let bad =
+                        unsafe { [P2p::send(&comm, &stream, &mine, 1 - rank), P2p::send(&comm, &stream, &mine, 7)] };
+                    assert!(matches!(group(&bad), Err(NcclError::InvalidRank { rank: 7, n_ranks: 2, .. })));
                     let many: Vec<P2p<'_>> = (0..=MAX_GROUP_OPS)
                         // SAFETY: refused before anything is issued (too many operations).
                         .map(|_| unsafe { P2p::send(&comm, &stream, &mine, 1 - rank) })
                         .collect();
                     assert!(matches!(
                         group(&many),
-                        Err(Error::Nccl(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS })) if ops == MAX_GROUP_OPS + 1
+                        Err(NcclError::GroupTooLarge { ops, max: MAX_GROUP_OPS }) if ops == MAX_GROUP_OPS + 1
                     ));
                     comm.async_error().unwrap();
                     // A communicator keeps alive no more than a few of the streams its caller
@@ -168,8 +168,10 @@ fn exchange(test: &str, watched: bool) {
                             let mut buf = CudaSlice::<u32>::alloc(&fresh, 16).unwrap();
                             engine.fill_pattern(&mut buf, i).unwrap();
                             // SAFETY: both ranks move 16 u32.
-                            unsafe { if rank == 0 { comm.send(&fresh, &buf, 1) } else { comm.recv(&fresh, &mut buf, 0) } }
-                                .unwrap();
+                            unsafe {
+                                if rank == 0 { comm.send(&fresh, &buf, 1) } else { comm.recv(&fresh, &mut buf, 0) }
+                            }
+                            .unwrap();
                             drop(buf);
                             Arc::downgrade(&fresh)
                         })
@@ -213,12 +215,12 @@ fn a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting() {
         if started.elapsed() < Duration::from_secs(1) {
             Ok(())
         } else {
-            Err(Error::Nccl(NcclError::Aborted { what: "the test stopped waiting" }))
+            Err(NcclError::Aborted { what: "the test stopped waiting" })
         }
     });
     let took = started.elapsed();
     match joined {
-        Err(Error::Nccl(NcclError::Aborted { what: "the test stopped waiting" })) => {}
+        Err(NcclError::Aborted { what: "the test stopped waiting" }) => {}
         other => panic!("{test}: expected the caller's error, got {other:?}"),
     }
     say(&format!("{test}: the join ended {took:?} after it began ({polls} polls)"));
@@ -309,7 +311,9 @@ fn stalled_connection_child() {
             scope.spawn(move || {
                 let engine = Engine::new(rank).unwrap();
                 let id = NcclUniqueId::from_bytes(&bytes);
-                let comm = NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok(())).unwrap();
+                let comm =
+                    NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok::<(), NcclError>(()))
+                        .unwrap();
                 let stream: Arc<_> = engine.stream().unwrap();
                 let mut buf = CudaSlice::<u32>::alloc(&stream, 256).unwrap();
                 let started = Instant::now();
@@ -318,14 +322,14 @@ fn stalled_connection_child() {
                     unsafe { if rank == 0 { comm.send(&stream, &buf, 1) } else { comm.recv(&stream, &mut buf, 0) } };
                 let took = started.elapsed();
                 match first {
-                    Err(Error::Nccl(NcclError::TimedOut { waited, .. })) if waited == bound => {}
+                    Err(NcclError::TimedOut { waited, .. }) if waited == bound => {}
                     other => panic!("rank {rank}: expected TimedOut, got {other:?}"),
                 }
                 let least = if abort_hangs { bound * 2 } else { bound };
                 assert!(took >= least && took < bound * 5, "rank {rank}: the call took {took:?}");
                 // SAFETY: refused (the communicator is aborted), nothing is sent.
                 let next = unsafe { comm.send(&stream, &buf, 1 - rank) };
-                assert!(matches!(next, Err(Error::Nccl(NcclError::Aborted { .. }))), "rank {rank}: {next:?}");
+                assert!(matches!(next, Err(NcclError::Aborted { .. })), "rank {rank}: {next:?}");
                 println!("STALLED rank {rank}: TimedOut after {took:?}, then Aborted");
                 if abort_hangs {
                     let dropped = Instant::now();
@@ -339,7 +343,7 @@ fn stalled_connection_child() {
     if abort_hangs {
         let stuck = ppnrt::take_drop_errors()
             .into_iter()
-            .filter(|e| matches!(e, Error::Nccl(NcclError::AbortStuck { waited, .. }) if *waited == bound))
+            .filter(|e| matches!(e.downcast_ref(), Some(NcclError::AbortStuck { waited, .. }) if *waited == bound))
             .count();
         assert_eq!(stuck, 2, "each rank's abort is reported as AbortStuck");
     }

@@ -2,7 +2,7 @@
 //! tried, and nothing panics. Runs on every machine: it points the loader at a path that does
 //! not exist (this test binary holds only this test, so the process-wide loader sees it first).
 
-use ppnrt::{Device, Engine, Error, LoadError, PpConfig, PpNRt};
+use ppnrt::{CudaError, Device, Engine, LoadError, PpConfig, PpNRt};
 
 #[test]
 fn every_entry_point_reports_the_missing_driver() {
@@ -10,8 +10,8 @@ fn every_entry_point_reports_the_missing_driver() {
     // SAFETY: no other thread of this test binary reads the environment concurrently (one test).
     unsafe { std::env::set_var("PPNRT_LIBCUDA_PATH", path) };
 
-    let check = |what: &str, err: Error| match &err {
-        Error::Load(LoadError::LibraryNotFound { tried }) => {
+    let check = |what: &str, err: CudaError| match &err {
+        CudaError::Load(LoadError::LibraryNotFound { tried }) => {
             assert_eq!(tried.len(), 1, "{what}: {err}");
             assert_eq!(tried[0].candidate, path, "{what}: {err}");
             assert!(err.to_string().contains(path), "{what}: {err}");
@@ -61,7 +61,7 @@ fn the_readme_quick_start_is_the_quickstart_example() {
 
 /// The layers hold: `engine` and `pp` call only the safe layer below them — no raw device
 /// pointers, no `unsafe` (the crate root denies `unsafe_code`; only `sys`, `result`, `safe`,
-/// `nccl` and `loader` opt in) — except NCCL's send and receive in `pp::remote`, which are
+/// `nccl`, `loader` and `interop` (cudarc's raw handles) opt in) — except NCCL's send and receive in `pp::remote`, which are
 /// unsafe because NCCL does not check that a send's count matches its receive's: the links'
 /// sealed records carry the counts, and each such call says so (`// SAFETY:` on the line above).
 #[test]
@@ -114,5 +114,72 @@ fn engine_and_pp_use_no_raw_pointers_and_no_unsafe() {
         .filter(|(attr, _)| attr.trim() == "#[allow(unsafe_code)]")
         .map(|(_, module)| module.trim())
         .collect();
-    assert_eq!(opted_in, ["pub mod loader;", "pub mod nccl;", "pub mod result;", "pub mod safe;", "pub mod sys;"]);
+    assert_eq!(
+        opted_in,
+        ["pub mod interop;", "pub mod loader;", "pub mod nccl;", "pub mod result;", "pub mod safe;", "pub mod sys;"]
+    );
+}
+
+/// The crate's top-level modules form layers: no module depends on itself through others. A
+/// module depends on `x` when any of its files names `crate::x` (code or docs). The check can
+/// fail: it finds a cycle in a graph with one (see the assertion before the walk).
+#[test]
+fn the_top_level_modules_have_no_cycle() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files: Vec<(String, std::path::PathBuf)> = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(&root).unwrap();
+            let top = relative.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_string();
+            // The root names every module; generated bindings name none.
+            if top != "lib" && !relative.ends_with("driver_bindings.rs") && !relative.ends_with("nccl_bindings.rs") {
+                files.push((top, path));
+            }
+        }
+    }
+    let modules: std::collections::BTreeSet<String> = files.iter().map(|(top, _)| top.clone()).collect();
+    let mut depends: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for (top, path) in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (at, _) in text.match_indices("crate::") {
+            let name: String = text[at + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
+                .collect();
+            if modules.contains(&name) && &name != top {
+                depends.entry(top.clone()).or_default().insert(name);
+            }
+        }
+    }
+    let cycle_of = |depends: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>| {
+        // Depth-first search from each module, reporting the first path back to it.
+        for start in depends.keys() {
+            let mut stack = vec![vec![start.clone()]];
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(path) = stack.pop() {
+                let last = path.last().unwrap();
+                for next in depends.get(last).into_iter().flatten() {
+                    if next == start {
+                        return Some([path.clone(), vec![next.clone()]].concat());
+                    }
+                    if seen.insert(next.clone()) {
+                        stack.push([path.clone(), vec![next.clone()]].concat());
+                    }
+                }
+            }
+        }
+        None
+    };
+    let mut broken = depends.clone();
+    broken.entry("error".into()).or_default().insert("pp".into());
+    assert!(cycle_of(&broken).is_some(), "the check finds a cycle when `error` names `pp`");
+    if let Some(cycle) = cycle_of(&depends) {
+        panic!("the top-level modules depend on each other in a circle: {}", cycle.join(" -> "));
+    }
 }

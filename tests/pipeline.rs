@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 
 use common::{POISON, Rng, devices_or_skip, engine_or_skip, say};
 use ppnrt::pp::ProtocolFault;
-use ppnrt::{CudaSlice, Engine, Error, PpConfig, PpNRt, Transport, TransportPolicy, kernels};
+use ppnrt::{CudaError, CudaSlice, Engine, Error, PpConfig, PpNRt, Transport, TransportPolicy, kernels};
 use ppnrt::{PpError, SlotState};
 
 const TOTAL_LAYERS: u32 = 12;
@@ -225,7 +225,7 @@ fn misuse_is_a_typed_error_and_overwrites_nothing() {
     assert_eq!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { boundary: 0 }));
     assert_eq!(
         rt.tx(0, &x, 1001).unwrap_err(),
-        Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: 1001, len: 1000 }
+        Error::Cuda(CudaError::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: 1001, len: 1000 })
     );
     assert_eq!(
         rt.rx::<u32>(5, 0, 10).unwrap_err(),
@@ -301,7 +301,7 @@ fn x_on_another_device_is_refused() {
     let primary = Engine::new(0).unwrap();
     let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
     let x = Engine::new(1).unwrap().htod(&[POISON; 64]).unwrap();
-    assert!(matches!(rt.tx(0, &x, 64), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
+    assert!(matches!(rt.tx(0, &x, 64), Err(Error::Cuda(CudaError::WrongDevice { expected: 0, found: 1, .. }))));
     // Nothing was filled: rx still says never filled.
     assert!(matches!(rt.rx::<u32>(0, 0, 64), Err(Error::Pipeline(PpError::SlotState { .. }))));
 }

@@ -17,7 +17,7 @@ mod ranks;
 use std::time::Duration;
 
 use double::with_double;
-use ppnrt::{CaptureError, CaptureMode, CudaSlice, Engine, Error, PpConfig, PpError, PpNRt, SlotState};
+use ppnrt::{CaptureError, CaptureMode, CudaError, CudaSlice, Engine, Error, PpConfig, PpError, PpNRt, SlotState};
 
 const N: usize = 2048;
 
@@ -50,7 +50,7 @@ fn copy_step_buffers(rt: &PpNRt, primary: &Engine, seed: u32) -> (CudaSlice<u32>
 }
 
 fn is_illegal_in_capture(e: &Error) -> bool {
-    matches!(e, Error::Capture(CaptureError::IllegalCall { .. }))
+    matches!(e, Error::Cuda(CudaError::Capture(CaptureError::IllegalCall { .. })))
 }
 
 /// An eager `tx` (or `tx_wait`) on a stage stream that the caller is capturing would record its
@@ -255,7 +255,7 @@ fn a_receive_waiting_for_another_rank_does_not_hold_up_a_capture() {
             let receiving = scope.spawn(|| {
                 let _stage = ranks.1.enter(1).unwrap();
                 let y = ranks.1.rx_wait::<u32>(0, 0, N, wait)?;
-                e1.dtoh(&y)
+                Ok::<_, Error>(e1.dtoh(&y)?)
             });
             std::thread::sleep(Duration::from_millis(300)); // the receive is waiting
             let start = std::time::Instant::now();
@@ -349,7 +349,7 @@ fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
         let took = start.elapsed();
         assert!(took < 4 * timeout, "the drops took {took:?}");
         assert!(
-            errors.iter().any(|e| matches!(e, Error::Pipeline(PpError::PeerFailed { .. }))),
+            errors.iter().any(|e| matches!(e.downcast_ref(), Some(Error::Pipeline(PpError::PeerFailed { .. })))),
             "the lost step is recorded as a failed boundary: {errors:?}"
         );
     });

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use common::{POISON, Rng, devices_or_skip, engine_or_skip, on_driver_double, say};
 use ppnrt::{
-    CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, StreamOverride, enable_peer_access,
-    kernels, take_drop_errors,
+    CudaError, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, PinnedHostBuffer, StreamOverride,
+    enable_peer_access, kernels, take_drop_errors,
 };
 
 const SIZES: [usize; 6] = [1, 3, 1000, 4097, 65_536, 3_000_001];
@@ -65,12 +65,18 @@ fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
     let stream = engine.default_stream().clone();
     let mut dev = engine.htod(&[POISON; 8]).unwrap();
     let err = stream.memcpy_htod(&[1u32; 7], &mut dev).unwrap_err();
-    assert_eq!(err, Error::LengthMismatch { what: "CudaStream::memcpy_htod", expected: 8, found: 7 });
+    assert_eq!(err, CudaError::LengthMismatch { what: "CudaStream::memcpy_htod", expected: 8, found: 7 });
     let mut short = vec![0u32; 9];
-    assert!(matches!(stream.memcpy_dtoh(&dev, &mut short), Err(Error::LengthMismatch { expected: 9, found: 8, .. })));
+    assert!(matches!(
+        stream.memcpy_dtoh(&dev, &mut short),
+        Err(CudaError::LengthMismatch { expected: 9, found: 8, .. })
+    ));
     let mut other = engine.htod(&[1u32; 4]).unwrap();
-    assert!(matches!(stream.memcpy_dtod(&dev, &mut other), Err(Error::LengthMismatch { .. })));
-    assert_eq!(dev.slice(2..9).unwrap_err(), Error::OutOfBounds { what: "CudaView::slice", start: 2, end: 9, len: 8 });
+    assert!(matches!(stream.memcpy_dtod(&dev, &mut other), Err(CudaError::LengthMismatch { .. })));
+    assert_eq!(
+        dev.slice(2..9).unwrap_err(),
+        CudaError::OutOfBounds { what: "CudaView::slice", start: 2, end: 9, len: 8 }
+    );
     assert!(engine.dtoh(&dev).unwrap().iter().all(|&w| w == POISON));
     assert!(engine.dtoh(&other).unwrap().iter().all(|&w| w == 1));
     // Reinterpreting bytes checks sizes.
@@ -85,7 +91,10 @@ fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
     unsafe impl ppnrt::DeviceRepr for NoBytes {
         const NAME: &'static str = "NoBytes";
     }
-    assert!(matches!(dev.as_view().reinterpret::<NoBytes>(), Err(Error::LengthMismatch { expected: 1, found: 0, .. })));
+    assert!(matches!(
+        dev.as_view().reinterpret::<NoBytes>(),
+        Err(CudaError::LengthMismatch { expected: 1, found: 0, .. })
+    ));
 }
 
 #[test]
@@ -159,8 +168,8 @@ fn events_time_a_known_amount_of_work() {
     let untimed = CudaEvent::new(engine.context(), false).unwrap();
     untimed.record(stream).unwrap();
     untimed.synchronize().unwrap();
-    assert_eq!(untimed.elapsed_ms(&start).unwrap_err(), Error::EventWithoutTiming);
-    assert_eq!(start.elapsed_ms(&untimed).unwrap_err(), Error::EventWithoutTiming);
+    assert_eq!(untimed.elapsed_ms(&start).unwrap_err(), CudaError::EventWithoutTiming);
+    assert_eq!(start.elapsed_ms(&untimed).unwrap_err(), CudaError::EventWithoutTiming);
 }
 
 #[test]
@@ -172,7 +181,7 @@ fn an_event_recorded_on_another_devices_stream_is_refused_before_the_driver() {
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
     let event = CudaEvent::new(e0.context(), false).unwrap();
     let err = event.record(e1.default_stream()).unwrap_err();
-    assert!(matches!(err, Error::WrongDevice { expected: 0, found: 1, .. }), "{err}");
+    assert!(matches!(err, CudaError::WrongDevice { expected: 0, found: 1, .. }), "{err}");
     // Waiting on it from the other device is fine.
     event.record(e0.default_stream()).unwrap();
     e1.default_stream().wait(&event).unwrap();
@@ -292,7 +301,7 @@ fn an_ambient_stream_of_another_device_is_an_error() {
     }
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
     let _guard = StreamOverride::new(e1.default_stream().clone()).unwrap();
-    assert!(matches!(e0.alloc::<f32>(4), Err(Error::WrongDevice { expected: 0, found: 1, .. })));
+    assert!(matches!(e0.alloc::<f32>(4), Err(CudaError::WrongDevice { expected: 0, found: 1, .. })));
     assert!(e1.alloc::<f32>(4).is_ok());
 }
 

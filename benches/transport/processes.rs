@@ -186,7 +186,10 @@ fn raw_nccl(primary: &Engine) -> [(Option<f64>, Option<f64>, Option<f64>); 2] {
     [false, true].map(|nonblocking| {
         let id = &ids[usize::from(nonblocking)];
         let comm = if nonblocking {
-            NcclComm::init_rank_watched(primary.context(), 2, id, rank as i32, WAIT, || Ok(())).unwrap()
+            NcclComm::init_rank_watched(primary.context(), 2, id, rank as i32, WAIT, || {
+                Ok::<(), ppnrt::nccl::NcclError>(())
+            })
+            .unwrap()
         } else {
             NcclComm::init_rank(primary.context(), 2, id, rank as i32).unwrap()
         };

@@ -74,7 +74,7 @@ impl NcclComm {
     /// [`NcclError::InvalidRank`] for a rank outside `0..n_ranks` or `n_ranks < 1`; NCCL's error.
     pub fn init_rank(ctx: &Arc<Context>, n_ranks: i32, id: &NcclUniqueId, rank: i32) -> Result<NcclComm> {
         if n_ranks < 1 || !(0..n_ranks).contains(&rank) {
-            return Err(Error::Nccl(NcclError::InvalidRank { what: "NcclComm::init_rank", rank, n_ranks }));
+            return Err(NcclError::InvalidRank { what: "NcclComm::init_rank", rank, n_ranks });
         }
         let nccl = nccl()?;
         let _bound = ctx.bind()?;
@@ -126,22 +126,22 @@ impl NcclComm {
     ///
     /// # Errors
     /// As [`init_rank`](Self::init_rank); `keep_waiting`'s error.
-    pub fn init_rank_watched(
+    pub fn init_rank_watched<E: From<NcclError>>(
         ctx: &Arc<Context>,
         n_ranks: i32,
         id: &NcclUniqueId,
         rank: i32,
         settle_within: Duration,
-        keep_waiting: impl FnMut() -> Result<()>,
-    ) -> Result<NcclComm> {
+        keep_waiting: impl FnMut() -> std::result::Result<(), E>,
+    ) -> std::result::Result<NcclComm, E> {
         let nccl = nccl()?;
         if nccl.version() < NONBLOCKING_VERSION || nccl.api.ncclCommInitRankConfig.is_err() {
-            return NcclComm::init_rank(ctx, n_ranks, id, rank);
+            return Ok(NcclComm::init_rank(ctx, n_ranks, id, rank)?);
         }
         if n_ranks < 1 || !(0..n_ranks).contains(&rank) {
-            return Err(Error::Nccl(NcclError::InvalidRank { what: "NcclComm::init_rank_watched", rank, n_ranks }));
+            return Err(NcclError::InvalidRank { what: "NcclComm::init_rank_watched", rank, n_ranks }.into());
         }
-        let _bound = ctx.bind()?;
+        let _bound = ctx.bind().map_err(NcclError::from)?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         let mut config = config(false);
         // Contract: writes the handle through a valid pointer; the rank is in 0..n_ranks
@@ -173,7 +173,7 @@ impl NcclComm {
             return nccl.check(call, result);
         };
         let settled = poll_until_settled(nccl, self.raw, for_at_most(call, bound));
-        if matches!(settled, Err(Error::Nccl(NcclError::TimedOut { .. }))) {
+        if matches!(settled, Err(NcclError::TimedOut { .. })) {
             if let Err(e) = self.abort_locked(aborted) {
                 record_drop_error(e);
             }
@@ -195,20 +195,20 @@ impl NcclComm {
     pub(super) fn one_call(&self, what: &'static str) -> Result<std::sync::MutexGuard<'_, bool>> {
         let aborted = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if *aborted {
-            return Err(Error::Nccl(NcclError::Aborted { what }));
+            return Err(NcclError::Aborted { what });
         }
         Ok(aborted)
     }
 
     pub(super) fn check_peer(&self, what: &'static str, peer: i32, stream: &CudaStream, device: i32) -> Result<()> {
         if !(0..self.n_ranks).contains(&peer) {
-            return Err(Error::Nccl(NcclError::InvalidRank { what, rank: peer, n_ranks: self.n_ranks }));
+            return Err(NcclError::InvalidRank { what, rank: peer, n_ranks: self.n_ranks });
         }
         let device_of = |what, found| {
             if found == self.ctx.ordinal() {
                 Ok(())
             } else {
-                Err(Error::WrongDevice { what, expected: self.ctx.ordinal(), found })
+                Err(NcclError::Cuda(CudaError::WrongDevice { what, expected: self.ctx.ordinal(), found }))
             }
         };
         device_of("NcclComm: the stream must be on the communicator's device", stream.ordinal())?;
@@ -228,7 +228,7 @@ impl NcclComm {
     /// sealed records do) when it is not fixed by the program.
     ///
     /// # Errors
-    /// [`NcclError::InvalidRank`]; [`Error::WrongDevice`] for a stream or buffer of another
+    /// [`NcclError::InvalidRank`]; [`CudaError::WrongDevice`] for a stream or buffer of another
     /// device; NCCL's error.
     pub unsafe fn send<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
@@ -269,7 +269,7 @@ impl NcclComm {
         let nccl = nccl()?;
         posting(|| {
             let mut one_call = self.one_call(what)?;
-            let posted = ordered(op.stream(), [op.ordered_use()], || {
+            let posted = ordered_as(op.stream(), [op.ordered_use()], true, || {
                 let result = op.raw_call(nccl)?;
                 // Enqueued once settled: the ordering rule marks the buffer after this returns.
                 self.settle(nccl, &mut one_call, op.call_name(), result)
@@ -287,7 +287,11 @@ impl NcclComm {
     ///
     /// # Errors
     /// `launch`'s error.
-    pub(crate) fn posting_launch(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(crate) fn posting_launch<E>(
+        &self,
+        stream: &Arc<CudaStream>,
+        launch: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         posting(|| {
             launch()?;
             self.in_flight.note(stream);
@@ -322,7 +326,7 @@ impl NcclComm {
             Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
         };
         if *one_call {
-            return Err(Error::Nccl(NcclError::Aborted { what: "NcclComm::async_error_if_idle" }));
+            return Err(NcclError::Aborted { what: "NcclComm::async_error_if_idle" });
         }
         self.async_error_locked(nccl, &one_call)
     }

@@ -19,7 +19,7 @@ pub(super) static NCCL: OnceLock<std::result::Result<Nccl, NcclError>> = OnceLoc
 pub fn nccl() -> Result<&'static Nccl> {
     match NCCL.get_or_init(|| Nccl::load(&default_candidates())) {
         Ok(nccl) => Ok(nccl),
-        Err(e) => Err(Error::Nccl(e.clone())),
+        Err(e) => Err(e.clone()),
     }
 }
 
@@ -159,11 +159,11 @@ impl Nccl {
             Ok(entry) => text(unsafe { entry(std::ptr::null_mut()) }),
             Err(_) => String::new(),
         };
-        Err(Error::Nccl(NcclError::Call { call, code: result.0, name: result_name(result), description, last_error }))
+        Err(NcclError::Call { call, code: result.0, name: result_name(result), description, last_error })
     }
 
-    pub(super) fn missing(&self, symbol: &'static str) -> Error {
-        Error::Nccl(NcclError::MissingEntryPoint { library: self.library.clone(), symbol })
+    pub(super) fn missing(&self, symbol: &'static str) -> NcclError {
+        NcclError::MissingEntryPoint { library: self.library.clone(), symbol }
     }
 }
 

@@ -39,8 +39,11 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::error::{Error, LoadAttempt, Result};
-use crate::safe::memory::{Tracked, ordered, ordered_with};
+use crate::error::{CudaError, LoadAttempt};
+
+/// `Result` with [`NcclError`].
+pub type Result<T, E = NcclError> = std::result::Result<T, E>;
+use crate::safe::memory::{Tracked, ordered_as};
 use crate::safe::ordering::{StreamEvent, Use};
 use crate::safe::{
     Context, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error,
@@ -100,8 +103,13 @@ impl fmt::Display for NcclVersion {
 }
 
 /// Why NCCL cannot be used, or an NCCL call's failure.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NcclError {
+    /// A CUDA call or check around the NCCL call failed (ordering its buffers, binding the
+    /// context, a buffer on another device): see [`CudaError`].
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
     /// No candidate library could be opened; each attempt is listed.
     #[error("NCCL could not be loaded; tried: {}", tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     NotFound {

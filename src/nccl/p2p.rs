@@ -151,12 +151,12 @@ pub const MAX_GROUP_OPS: usize = 256;
 /// the background (each communicator at most its bound).
 ///
 /// # Errors
-/// [`NcclError::InvalidRank`] and [`Error::WrongDevice`] as [`NcclComm::send`], checked for
+/// [`NcclError::InvalidRank`] and [`CudaError::WrongDevice`] as [`NcclComm::send`], checked for
 /// every operation before anything is issued; [`NcclError::Aborted`] for an aborted
 /// communicator; [`NcclError::GroupTooLarge`] beyond [`MAX_GROUP_OPS`]; NCCL's error.
 pub fn group(ops: &[P2p<'_>]) -> Result<()> {
     if ops.len() > MAX_GROUP_OPS {
-        return Err(Error::Nccl(NcclError::GroupTooLarge { ops: ops.len(), max: MAX_GROUP_OPS }));
+        return Err(NcclError::GroupTooLarge { ops: ops.len(), max: MAX_GROUP_OPS });
     }
     for op in ops {
         let what = if matches!(op, P2p::Send { .. }) { "nccl::group (a send)" } else { "nccl::group (a receive)" };
@@ -192,7 +192,7 @@ pub(super) fn ordered_from(
         // Unlocked between the waits and the notes: two operations may share a buffer (one
         // buffer sent to two peers).
         Some(op) => {
-            ordered_with(op.stream(), [op.ordered_use()], false, || ordered_from(nccl, ops, at + 1, comms, locks))
+            ordered_as(op.stream(), [op.ordered_use()], false, || ordered_from(nccl, ops, at + 1, comms, locks))
         }
         None => issue_group(nccl, ops, comms, locks),
     }

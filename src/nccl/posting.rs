@@ -68,7 +68,7 @@ impl PostedOn {
     /// Whether the work posted on the stream has completed (queried, never waited for).
     pub(super) fn complete(&self) -> Result<bool> {
         match &self.event {
-            Some(event) if !self.posted => event.is_complete(),
+            Some(event) if !self.posted => Ok(event.is_complete()?),
             _ => Ok(false),
         }
     }

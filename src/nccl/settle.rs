@@ -6,18 +6,18 @@ use super::*;
 /// Polls the communicator `raw` until what NCCL does for it in the background is done: `Ok`
 /// when it completed, NCCL's error when it failed, `keep_waiting`'s error (checked between
 /// polls, paced by [`poll_pause`]) when the caller stops waiting.
-pub(super) fn poll_until_settled(
+pub(super) fn poll_until_settled<E: From<NcclError>>(
     nccl: &Nccl,
     raw: ncclComm_t,
-    mut keep_waiting: impl FnMut() -> Result<()>,
-) -> Result<()> {
+    mut keep_waiting: impl FnMut() -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     let mut polls = 0u32;
     loop {
         let mut state = ncclResult_t::ncclInProgress;
         // Contract: the communicator is live (joined, not destroyed); writes one result.
         nccl_call!(nccl, ncclCommGetAsyncError(raw, &mut state))?;
         if state != ncclResult_t::ncclInProgress {
-            return nccl.check("ncclCommGetAsyncError (a call completing in the background)", state);
+            return Ok(nccl.check("ncclCommGetAsyncError (a call completing in the background)", state)?);
         }
         keep_waiting()?;
         poll_pause(&mut polls);
@@ -77,7 +77,7 @@ impl AbortStarted {
             AbortStarted::Running(result) => {
                 match result.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                     Ok(aborted) => aborted,
-                    Err(_) => Err(Error::Nccl(NcclError::AbortStuck { what, waited: bound })),
+                    Err(_) => Err(NcclError::AbortStuck { what, waited: bound }),
                 }
             }
         }
@@ -131,7 +131,7 @@ impl Drop for JoinInProgress<'_> {
 pub(super) fn for_at_most(what: &'static str, waited: Duration) -> impl FnMut() -> Result<()> {
     let deadline = Instant::now().checked_add(waited);
     move || match deadline {
-        Some(deadline) if Instant::now() >= deadline => Err(Error::Nccl(NcclError::TimedOut { what, waited })),
+        Some(deadline) if Instant::now() >= deadline => Err(NcclError::TimedOut { what, waited }),
         _ => Ok(()),
     }
 }

@@ -1,10 +1,89 @@
-//! Errors of the pipeline runtime's calls, and the slot states they name.
-//!
-//! Every variant is caught before anything is enqueued: nothing was overwritten, and the runtime
-//! stays usable. Nested in the crate's [`Error`](crate::Error) as `Error::Pipeline`.
+//! The crate's whole error ([`Error`]: what any call of the crate can return, the CUDA layers'
+//! errors included), the pipeline runtime's misuse errors ([`PpError`]), and the slot states
+//! they name.
 
 use std::fmt;
 use std::time::Duration;
+
+use crate::error::{CaptureError, ConfigError, CudaError, DriverError};
+use crate::nccl::NcclError;
+use crate::rendezvous::RendezvousError;
+
+/// Everything that can go wrong in this crate: the pipeline's calls return it, and the CUDA
+/// layers' [`CudaError`] converts into it (`?` works across the layers).
+///
+/// ```
+/// let cause = ppnrt::ConfigError { setting: "PPNRT_STAGES", value: "x".into(), reason: "not a number".into() };
+/// let err = ppnrt::Error::PipelineBuild { config: "PPNRT_STAGES=\"x\"".into(), source: Box::new(cause.into()) };
+/// assert_eq!(
+///     ppnrt::error::chain(&err),
+///     "building the pipeline runtime failed for PPNRT_STAGES=\"x\"\n  caused by: invalid pipeline configuration: PPNRT_STAGES=\"x\": not a number"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver could not be loaded, a driver call failed, or a safe wrapper refused its
+    /// arguments: see [`CudaError`].
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A pipeline configuration that cannot be built (see [`ConfigError`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The pipeline runtime could not be built; names the configuration and the cause.
+    #[error("building the pipeline runtime failed for {config}")]
+    PipelineBuild {
+        /// The configuration, as given.
+        config: String,
+        /// Why the build failed.
+        source: Box<Error>,
+    },
+    /// Misuse of the pipeline runtime (a stage, boundary or slot out of range, a slot in the
+    /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
+    #[error(transparent)]
+    Pipeline(#[from] PpError),
+    /// NCCL could not be loaded, is too old, or an NCCL call failed: see [`NcclError`]. (A
+    /// CUDA error met inside an NCCL call converts to [`Error::Cuda`].)
+    #[error(transparent)]
+    Nccl(NcclError),
+    /// The processes of a pipeline could not meet: see [`RendezvousError`].
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+}
+
+impl From<NcclError> for Error {
+    fn from(error: NcclError) -> Error {
+        match error {
+            NcclError::Cuda(cuda) => Error::Cuda(cuda),
+            other => Error::Nccl(other),
+        }
+    }
+}
+
+impl From<DriverError> for Error {
+    fn from(error: DriverError) -> Error {
+        Error::Cuda(CudaError::Driver(error))
+    }
+}
+
+impl From<CaptureError> for Error {
+    fn from(error: CaptureError) -> Error {
+        Error::Cuda(CudaError::Capture(error))
+    }
+}
+
+impl Error {
+    /// The CUDA layers' error this one is, if it is one.
+    pub fn as_cuda(&self) -> Option<&CudaError> {
+        match self {
+            Error::Cuda(cuda) => Some(cuda),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where a slot of a boundary's ring stands (host-side state; `tx` fills a free slot, `rx`
 /// receives a filled one).

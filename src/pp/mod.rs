@@ -25,9 +25,9 @@
 //! `tx`/`rx` contract; a stage of another process is [`PpError::StageNotOwned`], and a failed
 //! peer [`PpError::PeerFailed`].
 //!
-//! Every fallible call returns the crate's typed [`Error`](crate::Error), which converts into
+//! Every fallible call returns the crate's typed [`Error`], which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
-//! fallible too: a stage index out of range is [`PpError::StageOutOfRange`](crate::Error), never a
+//! fallible too: a stage index out of range is [`PpError::StageOutOfRange`], never a
 //! panic. `tx` and `rx` take any [`DeviceRepr`](crate::DeviceRepr) element type (`f32`, `bf16`,
 //! `f16`, integers, or a type of yours); `rx` checks that it asks for the type and length `tx` sent.
 
@@ -47,7 +47,7 @@ pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
     PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
 };
-pub use error::{PpError, ReceiverState, SlotState};
+pub use error::{Error, PpError, ReceiverState, Result, SlotState};
 pub use plan::{BoundaryPlan, Plan, Transport};
 pub use readback::PendingReadback;
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use super::remote::LinkFailure;
-use crate::error::Result;
+use crate::pp::error::Result;
 use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
 
 /// Pinned buffers kept for reuse; more than this many idle ones are freed.

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use super::error::{PpError, SlotState};
 use super::plan::Transport;
 use super::remote::SPIN;
-use crate::error::{Error, Result};
+use crate::pp::error::{Error, Result};
 use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
 
 /// The smallest slot allocation, in bytes; slots grow in powers of two from here.

@@ -17,10 +17,11 @@ use super::readback::ReadbackShared;
 use super::remote::{Link, Receiver, Sender, Watchdog};
 use super::ring::{SlotBuffer, SlotHome, SlotRing, Slots};
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::CudaError;
 use crate::pp::config::PpConfig;
 #[cfg(feature = "testing")]
 use crate::pp::config::ProtocolFault;
+use crate::pp::error::{Error, Result};
 use crate::safe::EnqueueGate;
 use crate::safe::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, StreamOverride,
@@ -272,7 +273,7 @@ impl PpNRt {
     /// # Errors
     /// [`PpError::StageOutOfRange`].
     pub fn enter(&self, s: usize) -> Result<StreamOverride> {
-        StreamOverride::new(Arc::clone(&self.stage(s)?.stream))
+        Ok(StreamOverride::new(Arc::clone(&self.stage(s)?.stream))?)
     }
 
     /// Boundary TX at boundary `b` (stage `b`'s side): waits for the slot's previous RX
@@ -287,7 +288,7 @@ impl PpNRt {
     ///
     /// # Errors
     /// Caught before anything is enqueued, nothing overwritten: [`PpError::BoundaryOutOfRange`],
-    /// [`PpError::ZeroLength`], [`Error::OutOfBounds`] (`n` larger than `x`), [`Error::WrongDevice`]
+    /// [`PpError::ZeroLength`], [`CudaError::OutOfBounds`](crate::CudaError::OutOfBounds) (`n` larger than `x`), [`CudaError::WrongDevice`](crate::CudaError::WrongDevice)
     /// (`x` not on stage `b`'s device), [`PpError::SlotState`] (the next slot's data was never
     /// received), [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) (the stage's
     /// stream is being captured: the copy would run at the graph's launch while the slot said
@@ -470,7 +471,7 @@ impl PpNRt {
     /// crate's rule (the copy waits for `dst`'s earlier uses; later uses wait for it).
     ///
     /// # Errors
-    /// As [`rx`](Self::rx) (with `n` = `dst.len()`), and [`Error::WrongDevice`] for a `dst` of
+    /// As [`rx`](Self::rx) (with `n` = `dst.len()`), and [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) for a `dst` of
     /// another device than the RX stage's (nothing enqueued, the slot still filled).
     pub fn rx_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, b: usize, slot_index: usize, dst: &mut D) -> Result<()> {
         self.rx_into_impl(b, slot_index, dst, None)
@@ -500,11 +501,12 @@ impl PpNRt {
     ) -> Result<()> {
         let rx_device = self.boundary(b)?.plan.rx_device;
         if dst.ordinal() != rx_device {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "PpNRt::rx_into: the buffer must be on the RX stage's device",
                 expected: rx_device,
                 found: dst.ordinal(),
-            });
+            }
+            .into());
         }
         let n = dst.len();
         let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx_into")?;
@@ -627,7 +629,7 @@ impl Boundary {
         stream: &Arc<CudaStream>,
         src: CudaView<'_, u8>,
         dst: CudaViewMut<'_, u8>,
-    ) -> Result<()> {
+    ) -> crate::error::Result<()> {
         if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
             self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
         } else {
@@ -643,14 +645,15 @@ fn check_tx_args<T: DeviceRepr, S: DeviceSlice<T>>(b: usize, x: &S, n: usize, tx
         return Err(Error::Pipeline(PpError::ZeroLength { boundary: b }));
     }
     if n > x.len() {
-        return Err(Error::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() });
+        return Err(CudaError::OutOfBounds { what: "PpNRt::tx: n exceeds x", start: 0, end: n, len: x.len() }.into());
     }
     if x.ordinal() != tx_device {
-        return Err(Error::WrongDevice {
+        return Err(CudaError::WrongDevice {
             what: "PpNRt::tx: x must be on the TX stage's device",
             expected: tx_device,
             found: x.ordinal(),
-        });
+        }
+        .into());
     }
     Ok(())
 }

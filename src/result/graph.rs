@@ -83,7 +83,7 @@ pub unsafe fn launch(exec: CUgraphExec, stream: CUstream) -> Result<()> {
 pub unsafe fn exec_update(
     exec: CUgraphExec,
     graph: CUgraph,
-) -> std::result::Result<(), (crate::Error, CUgraphExecUpdateResultInfo)> {
+) -> std::result::Result<(), (crate::error::CudaError, CUgraphExecUpdateResultInfo)> {
     let mut info = CUgraphExecUpdateResultInfo::default();
     let result = (|| driver_call!(cuGraphExecUpdate_v2(exec, graph, &mut info)))();
     result.map_err(|e| (e, info))

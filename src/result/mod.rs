@@ -39,7 +39,7 @@ pub(crate) use driver_call;
 fn ready(result: crate::error::Result<()>) -> crate::error::Result<bool> {
     match result {
         Ok(()) => Ok(true),
-        Err(crate::Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(crate::error::CudaError::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 
 thread_local! {
     /// The thread's live overrides, oldest first, each with the id of its guard.
@@ -31,10 +31,10 @@ impl StreamOverride {
     /// Makes `stream` the calling thread's ambient stream until the guard drops.
     ///
     /// # Errors
-    /// [`Error::ThreadExiting`] when called from a thread-local destructor after this crate's
+    /// [`CudaError::ThreadExiting`] when called from a thread-local destructor after this crate's
     /// thread state is gone.
     pub fn new(stream: Arc<CudaStream>) -> Result<StreamOverride> {
-        let gone = |_| Error::ThreadExiting { what: "StreamOverride::new" };
+        let gone = |_| CudaError::ThreadExiting { what: "StreamOverride::new" };
         let id = NEXT_ID.try_with(|next| {
             let id = next.get();
             next.set(id + 1);
@@ -61,10 +61,10 @@ impl Drop for StreamOverride {
 /// The calling thread's ambient stream, if an override is active.
 ///
 /// # Errors
-/// [`Error::ThreadExiting`] when called from a thread-local destructor after this crate's thread
+/// [`CudaError::ThreadExiting`] when called from a thread-local destructor after this crate's thread
 /// state is gone.
 pub fn ambient_stream() -> Result<Option<Arc<CudaStream>>> {
     AMBIENT
         .try_with(|stack| stack.borrow().last().map(|(_, stream)| Arc::clone(stream)))
-        .map_err(|_| Error::ThreadExiting { what: "ambient_stream" })
+        .map_err(|_| CudaError::ThreadExiting { what: "ambient_stream" })
 }

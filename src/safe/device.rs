@@ -3,7 +3,7 @@
 //! A [`Device`] is a plain value (ordinal and handle): no lifetime to manage, `Copy`, usable from
 //! any thread.
 
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::device as raw;
 use crate::sys::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute};
 
@@ -38,12 +38,12 @@ impl Device {
     /// Device `ordinal`.
     ///
     /// # Errors
-    /// [`Error::DeviceOutOfRange`] for an ordinal that is negative or past the last device.
+    /// [`CudaError::DeviceOutOfRange`] for an ordinal that is negative or past the last device.
     #[doc(alias = "cuDeviceGet")]
     pub fn get(ordinal: i32) -> Result<Device> {
         let count = Device::count()?;
         if ordinal < 0 || ordinal >= count {
-            return Err(Error::DeviceOutOfRange { ordinal, count });
+            return Err(CudaError::DeviceOutOfRange { ordinal, count });
         }
         Ok(Device { ordinal, raw: raw::get(ordinal)? })
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::event as raw;
 use crate::sys::CUevent;
 
@@ -42,7 +42,7 @@ impl CudaEvent {
     /// Records the event at the current end of `stream`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] when `stream` belongs to another device (checked before the driver
+    /// [`CudaError::WrongDevice`] when `stream` belongs to another device (checked before the driver
     /// is called); [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing
     /// stream (a plain record there would fork the capture; use
     /// [`StreamCapture::record_external`](crate::StreamCapture::record_external)); else the
@@ -51,7 +51,7 @@ impl CudaEvent {
     #[inline]
     pub fn record(&self, stream: &CudaStream) -> Result<()> {
         if stream.ordinal() != self.ctx.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "CudaEvent::record: the stream must be on the event's device",
                 expected: self.ctx.ordinal(),
                 found: stream.ordinal(),
@@ -93,16 +93,16 @@ impl CudaEvent {
     /// timing and have completed.
     ///
     /// # Errors
-    /// [`Error::EventWithoutTiming`] when either event was created without timing and
-    /// [`Error::WrongDevice`] for events of different devices (both checked before the driver is
+    /// [`CudaError::EventWithoutTiming`] when either event was created without timing and
+    /// [`CudaError::WrongDevice`] for events of different devices (both checked before the driver is
     /// called); the driver's error otherwise (`CUDA_ERROR_NOT_READY` before completion).
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed_ms(&self, start: &CudaEvent) -> Result<f32> {
         if !self.timing || !start.timing {
-            return Err(Error::EventWithoutTiming);
+            return Err(CudaError::EventWithoutTiming);
         }
         if start.ctx.ordinal() != self.ctx.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "CudaEvent::elapsed_ms: both events must be on one device",
                 expected: self.ctx.ordinal(),
                 found: start.ctx.ordinal(),

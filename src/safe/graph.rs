@@ -38,7 +38,7 @@ use super::event::CudaEvent;
 use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr};
 use super::ordering::{Access, PooledEvent, Use};
 use super::stream::CudaStream;
-use crate::error::{CaptureError, Error, Result};
+use crate::error::{CaptureError, CudaError, Result};
 use crate::result::graph as raw;
 use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult, CUstreamCaptureMode};
 
@@ -180,7 +180,7 @@ pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str)
     for capture in &affected {
         capture.invalidate(call);
     }
-    Err(Error::Capture(CaptureError::IllegalCall { call }))
+    Err(CudaError::Capture(CaptureError::IllegalCall { call }))
 }
 
 /// Why a free of memory owned by `stream` (or of host memory, `None`) cannot be made here and
@@ -248,7 +248,7 @@ impl CudaStream {
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(self: &Arc<Self>, mode: CaptureMode) -> Result<StreamCapture> {
         if self.raw().is_null() {
-            return Err(Error::Capture(CaptureError::CannotBegin { reason: "the legacy default stream" }));
+            return Err(CudaError::Capture(CaptureError::CannotBegin { reason: "the legacy default stream" }));
         }
         let _bound = self.context().bind()?;
         let claimed = self.claim_capture(
@@ -260,7 +260,7 @@ impl CudaStream {
             |before| Arc::new(CaptureState { mode, recorded: Mutex::new(Recorded::default()), before }),
         )?;
         let Some(state) = claimed else {
-            return Err(Error::Capture(CaptureError::CannotBegin { reason: "the stream is capturing already" }));
+            return Err(CudaError::Capture(CaptureError::CannotBegin { reason: "the stream is capturing already" }));
         };
         ACTIVE.fetch_add(1, Ordering::AcqRel);
         match mode {
@@ -284,11 +284,11 @@ impl StreamCapture {
     /// of the stream's device; other streams and graphs may wait on it).
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for an event of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for an event of another device; the driver's error.
     #[doc(alias = "cuEventRecordWithFlags")]
     pub fn record_external(&self, event: &CudaEvent) -> Result<()> {
         if event.ordinal() != self.stream.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "StreamCapture::record_external: the event must be on the stream's device",
                 expected: self.stream.ordinal(),
                 found: event.ordinal(),
@@ -305,11 +305,11 @@ impl StreamCapture {
     /// device's work on the launch stream instead, as [`GraphExec::launch`] does for buffers).
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for an event of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for an event of another device; the driver's error.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_external(&self, event: &CudaEvent) -> Result<()> {
         if event.ordinal() != self.stream.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "StreamCapture::wait_external: the event must be on the stream's device",
                 expected: self.stream.ordinal(),
                 found: event.ordinal(),
@@ -344,7 +344,7 @@ impl StreamCapture {
         match recorded.invalidated_by {
             // The driver may have kept going after a refused call that never reached it: the
             // graph is still dropped, as the capture misses that call's work.
-            Some(call) => Err(Error::Capture(CaptureError::Invalidated { call: call.to_string() })),
+            Some(call) => Err(CudaError::Capture(CaptureError::Invalidated { call: call.to_string() })),
             None => Ok(graph),
         }
     }
@@ -366,8 +366,8 @@ impl StreamCapture {
         let mut recorded = std::mem::take(&mut *self.state.lock());
         let graph = match ended {
             Ok(graph) => Ok(graph),
-            Err(Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
-                Err(Error::Capture(CaptureError::Invalidated {
+            Err(CudaError::Driver(e)) if e.code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+                Err(CudaError::Capture(CaptureError::Invalidated {
                     call: recorded.invalidated_by.map_or_else(|| e.to_string(), str::to_string),
                 }))
             }
@@ -390,7 +390,7 @@ fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
     // SAFETY: the stream is live and capturing in this capture, begun on this thread
     // (StreamCapture is not Send) or relaxed.
     let ended = match unsafe { raw::end_capture(stream.raw()) } {
-        Err(Error::Driver(first)) if first.code != CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
+        Err(CudaError::Driver(first)) if first.code != CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
             // SAFETY: the stream is live and not the legacy stream (captures refuse it).
             let still_capturing = !matches!(unsafe { raw::is_capturing(stream.raw()) }, Ok(false));
             if still_capturing {
@@ -399,13 +399,13 @@ fn end_driver_capture(stream: &CudaStream) -> Result<CUgraph> {
                 // of a stream that no longer captures.
                 match unsafe { raw::end_capture(stream.raw()) } {
                     Ok(graph) => {
-                        super::record_drop_error(Error::Driver(first));
+                        super::record_drop_error(CudaError::Driver(first));
                         Ok(graph)
                     }
-                    Err(_) => Err(Error::Driver(first)),
+                    Err(_) => Err(CudaError::Driver(first)),
                 }
             } else {
-                Err(Error::Driver(first))
+                Err(CudaError::Driver(first))
             }
         }
         other => other,
@@ -517,7 +517,7 @@ unsafe impl Sync for GraphExec {}
 impl GraphExec {
     fn check_stream(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
         if stream.ordinal() != self.ctx.ordinal() {
-            return Err(Error::WrongDevice { what, expected: self.ctx.ordinal(), found: stream.ordinal() });
+            return Err(CudaError::WrongDevice { what, expected: self.ctx.ordinal(), found: stream.ordinal() });
         }
         Ok(())
     }
@@ -526,7 +526,7 @@ impl GraphExec {
     /// first launch does it otherwise).
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for a stream of another device; the driver's error.
+    /// [`CudaError::WrongDevice`] for a stream of another device; the driver's error.
     #[doc(alias = "cuGraphUpload")]
     pub fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_stream("GraphExec::upload: the stream must be on the graph's device", stream)?;
@@ -545,7 +545,7 @@ impl GraphExec {
     /// ordered after the ones whose bookkeeping came first, as if they were issued in turn.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for a stream of another device;
+    /// [`CudaError::WrongDevice`] for a stream of another device;
     /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing stream (the
     /// capture is invalidated, as the driver would); the driver's error.
     #[doc(alias = "cuGraphLaunch")]
@@ -573,11 +573,11 @@ impl GraphExec {
     ///
     /// # Errors
     /// [`CaptureError::UpdateRefused`] when the driver cannot update (another topology or node
-    /// kind): this graph is unchanged; [`Error::WrongDevice`] for a graph of another device.
+    /// kind): this graph is unchanged; [`CudaError::WrongDevice`] for a graph of another device.
     #[doc(alias = "cuGraphExecUpdate")]
     pub fn update(&mut self, graph: &CudaGraph) -> Result<()> {
         if graph.ctx.ordinal() != self.ctx.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "GraphExec::update: the graph must be on the executable graph's device",
                 expected: self.ctx.ordinal(),
                 found: graph.ctx.ordinal(),
@@ -585,7 +585,7 @@ impl GraphExec {
         }
         if graph.nodes != self.nodes {
             // Another topology for certain: refused without asking the driver.
-            return Err(Error::Capture(CaptureError::UpdateRefused {
+            return Err(CudaError::Capture(CaptureError::UpdateRefused {
                 reason: format!("the topology changed ({} nodes, the new graph has {})", self.nodes, graph.nodes),
             }));
         }
@@ -606,8 +606,8 @@ impl GraphExec {
                     }
                 }
                 match error {
-                    Error::Driver(e) if e.code == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
-                        Err(Error::Capture(CaptureError::UpdateRefused { reason: update_reason(info.result) }))
+                    CudaError::Driver(e) if e.code == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
+                        Err(CudaError::Capture(CaptureError::UpdateRefused { reason: update_reason(info.result) }))
                     }
                     other => Err(other),
                 }

@@ -18,7 +18,7 @@ use super::memory::{CudaView, CudaViewMut, DeviceSlice, ordered};
 use super::module::{Function, LaunchConfig, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::kernels;
 use crate::result::module as raw_module;
 
@@ -58,7 +58,7 @@ fn check_device(what: &'static str, stream: &CudaStream, owner: &CudaStream) -> 
     if owner.ordinal() == stream.ordinal() {
         Ok(())
     } else {
-        Err(Error::WrongDevice { what, expected: stream.ordinal(), found: owner.ordinal() })
+        Err(CudaError::WrongDevice { what, expected: stream.ordinal(), found: owner.ordinal() })
     }
 }
 
@@ -77,14 +77,14 @@ impl HelperKernels {
     /// `cuMemAlloc` memory (peer access is enabled by the launch).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::Misaligned`] unless both
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::Misaligned`] unless both
     /// addresses are 16-byte aligned; as [`CudaStream::launch`].
     pub fn copy_bytes(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>, dst: CudaViewMut<'_, u8>) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(Error::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
+            return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
         }
         if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
-            return Err(Error::Misaligned { what: "copy_bytes", address, align: 16 });
+            return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
         }
         if src.is_empty() {
             return Ok(());
@@ -149,7 +149,7 @@ impl TestKernels {
     /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`, on `stream`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
     pub fn fill_pattern(&self, stream: &Arc<CudaStream>, dst: &mut impl DeviceSliceMut<u32>, seed: u32) -> Result<()> {
         check_device("fill_pattern", stream, dst.stream())?;
         let config = LaunchConfig::for_elements(dst.len(), self.max_blocks);
@@ -162,7 +162,7 @@ impl TestKernels {
     /// Sets every element of `dst` to `value`, on `stream`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
     pub fn fill_u32(&self, stream: &Arc<CudaStream>, dst: &mut impl DeviceSliceMut<u32>, value: u32) -> Result<()> {
         check_device("fill_u32", stream, dst.stream())?;
         let config = LaunchConfig::for_elements(dst.len(), self.max_blocks);
@@ -175,7 +175,7 @@ impl TestKernels {
     /// Adds the [`kernels::checksum`](crate::kernels::checksum) of `src` into `out[0]`, on `stream`.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless `out` has one element; [`Error::WrongDevice`] for memory
+    /// [`CudaError::LengthMismatch`] unless `out` has one element; [`CudaError::WrongDevice`] for memory
     /// of another device than `stream`'s; the driver's error.
     pub fn checksum_into(
         &self,
@@ -184,7 +184,7 @@ impl TestKernels {
         out: &mut impl DeviceSliceMut<u64>,
     ) -> Result<()> {
         if out.len() != 1 {
-            return Err(Error::LengthMismatch { what: "checksum_into: out", expected: 1, found: out.len() });
+            return Err(CudaError::LengthMismatch { what: "checksum_into: out", expected: 1, found: out.len() });
         }
         check_device("checksum_into", stream, src.stream())?;
         check_device("checksum_into", stream, out.stream())?;
@@ -206,7 +206,7 @@ impl TestKernels {
     }
 
     /// Launches a kernel that traps: the context becomes unusable and later calls on it return
-    /// [`Error::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
+    /// [`CudaError::ContextUnusable`]. For fault-handling tests; run it in a process you can lose.
     ///
     /// # Errors
     /// The driver's error.
@@ -230,7 +230,7 @@ impl ToyModel {
     /// Applies layer `layer` at decode step `step` to `x`, in place, on `stream`.
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
+    /// [`CudaError::WrongDevice`] for memory of another device than `stream`'s; the driver's error.
     pub fn layer(
         &self,
         stream: &Arc<CudaStream>,

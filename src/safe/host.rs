@@ -14,7 +14,7 @@ use super::memory::{
 };
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::{CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
 
@@ -39,7 +39,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// faster and host reads very slow: ask for it only for buffers the host only writes.
     ///
     /// # Errors
-    /// [`Error::SizeOverflow`]; the driver's error.
+    /// [`CudaError::SizeOverflow`]; the driver's error.
     #[doc(alias = "cuMemHostAlloc")]
     pub fn new(ctx: &Arc<Context>, len: usize, write_combined: bool) -> Result<PinnedHostBuffer<T>> {
         let bytes = byte_size::<T>("PinnedHostBuffer::new", len)?;
@@ -132,7 +132,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     ) -> Result<()> {
         let capacity = self.len * std::mem::size_of::<T>();
         if src.len() > capacity {
-            return Err(Error::OutOfBounds { what: what.0, start: 0, end: src.len(), len: capacity });
+            return Err(CudaError::OutOfBounds { what: what.0, start: 0, end: src.len(), len: capacity });
         }
         check_same_device(what.1, stream, src.ordinal())?;
         if src.is_empty() {
@@ -156,7 +156,7 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     ) -> Result<()> {
         let capacity = self.len * std::mem::size_of::<T>();
         if dst.len() > capacity {
-            return Err(Error::OutOfBounds { what: what.0, start: 0, end: dst.len(), len: capacity });
+            return Err(CudaError::OutOfBounds { what: what.0, start: 0, end: dst.len(), len: capacity });
         }
         check_same_device(what.1, stream, dst.ordinal())?;
         if dst.is_empty() {
@@ -175,7 +175,7 @@ impl CudaStream {
     /// Copies pinned `src` into `dst`, asynchronously on this stream.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `dst` is on
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `dst` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod_pinned<T: DeviceRepr, D: DeviceSliceMut<T>>(
@@ -184,7 +184,7 @@ impl CudaStream {
         dst: &mut D,
     ) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(Error::LengthMismatch {
+            return Err(CudaError::LengthMismatch {
                 what: "CudaStream::memcpy_htod_pinned",
                 expected: dst.len(),
                 found: src.len(),
@@ -201,7 +201,7 @@ impl CudaStream {
     /// readable once the copy completes (its accessors wait).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `src` is on
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `src` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh_pinned<T: DeviceRepr, S: DeviceSlice<T>>(
@@ -210,7 +210,7 @@ impl CudaStream {
         dst: &mut PinnedHostBuffer<T>,
     ) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(Error::LengthMismatch {
+            return Err(CudaError::LengthMismatch {
                 what: "CudaStream::memcpy_dtoh_pinned",
                 expected: dst.len(),
                 found: src.len(),
@@ -229,13 +229,13 @@ impl PinnedHostBuffer<u8> {
     /// buffer has completed.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] when `len` elements of `T` do not fit; [`Error::Misaligned`] when
+    /// [`CudaError::OutOfBounds`] when `len` elements of `T` do not fit; [`CudaError::Misaligned`] when
     /// the buffer is not aligned for `T` (pinned allocations are page-aligned); the error of the
     /// work waited for.
     pub fn as_slice_of<T: DeviceRepr>(&self, len: usize) -> Result<&[T]> {
         let bytes = byte_size::<T>("PinnedHostBuffer::as_slice_of", len)?;
         if bytes > self.len {
-            return Err(Error::OutOfBounds {
+            return Err(CudaError::OutOfBounds {
                 what: "PinnedHostBuffer::as_slice_of",
                 start: 0,
                 end: bytes,
@@ -243,7 +243,7 @@ impl PinnedHostBuffer<u8> {
             });
         }
         if len > 0 && (self.ptr as usize) % std::mem::align_of::<T>() != 0 {
-            return Err(Error::Misaligned {
+            return Err(CudaError::Misaligned {
                 what: "PinnedHostBuffer::as_slice_of",
                 address: self.ptr as u64,
                 align: std::mem::align_of::<T>(),
@@ -272,7 +272,7 @@ impl PinnedHostBuffer<u8> {
     /// crate's rule.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] when `src` is longer than the buffer; [`Error::WrongDevice`] when
+    /// [`CudaError::OutOfBounds`] when `src` is longer than the buffer; [`CudaError::WrongDevice`] when
     /// `src` is on another device than `stream`; the driver's error.
     pub fn copy_from_device(&mut self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
         self.enqueue_from_device(
@@ -289,7 +289,7 @@ impl PinnedHostBuffer<u8> {
     /// crate's rule.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] when `dst` is longer than the buffer; [`Error::WrongDevice`] when
+    /// [`CudaError::OutOfBounds`] when `dst` is longer than the buffer; [`CudaError::WrongDevice`] when
     /// `dst` is on another device than `stream`; the driver's error.
     pub fn copy_to_device(&self, stream: &Arc<CudaStream>, dst: CudaViewMut<'_, u8>) -> Result<()> {
         self.enqueue_to_device(

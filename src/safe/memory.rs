@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
 
@@ -153,7 +153,7 @@ pub(crate) fn byte_size<T>(what: &'static str, count: usize) -> Result<usize> {
     // allocation's path).
     match count.checked_mul(std::mem::size_of::<T>()) {
         Some(bytes) => Ok(bytes),
-        None => Err(Error::SizeOverflow { what, count, elem_size: std::mem::size_of::<T>() }),
+        None => Err(CudaError::SizeOverflow { what, count, elem_size: std::mem::size_of::<T>() }),
     }
 }
 
@@ -164,7 +164,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// this is [`alloc_persistent`](Self::alloc_persistent).
     ///
     /// # Errors
-    /// [`Error::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
+    /// [`CudaError::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
         Self::alloc_pooled(stream, len, false)
@@ -205,7 +205,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// reach it), owned by `stream`. The contents are unspecified (any bit pattern, valid for `T`).
     ///
     /// # Errors
-    /// [`Error::SizeOverflow`]; the driver's error.
+    /// [`CudaError::SizeOverflow`]; the driver's error.
     #[doc(alias = "cuMemAlloc")]
     pub fn alloc_persistent(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
         Self::alloc_plain(stream, len, false)
@@ -327,7 +327,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// A view of `range`.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range outside the slice.
+    /// [`CudaError::OutOfBounds`] for a range outside the slice.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'_, T>> {
         self.as_view().slice(range)
     }
@@ -335,7 +335,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// A mutable view of `range`.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range outside the slice.
+    /// [`CudaError::OutOfBounds`] for a range outside the slice.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'_, T>> {
         self.as_view_mut().slice_mut(range)
     }
@@ -343,11 +343,11 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// Hands ownership to `stream`: the slice will be freed there (after every use, as always).
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] for a stream of another device; [`Error::HeldByGraph`] while a
+    /// [`CudaError::WrongDevice`] for a stream of another device; [`CudaError::HeldByGraph`] while a
     /// graph that captured work on the slice lives (it may free the memory last).
     pub fn set_stream(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         if stream.ordinal() != self.mem.stream.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "CudaSlice::set_stream: the new owner must be on the slice's device",
                 expected: self.mem.stream.ordinal(),
                 found: stream.ordinal(),
@@ -355,7 +355,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         }
         // A match, not `ok_or`: the error is built only when it is returned (the readback's path).
         let Some(mem) = Arc::get_mut(&mut self.mem) else {
-            return Err(Error::HeldByGraph { what: "CudaSlice::set_stream" });
+            return Err(CudaError::HeldByGraph { what: "CudaSlice::set_stream" });
         };
         mem.stream = Arc::clone(stream);
         Ok(())
@@ -374,7 +374,7 @@ fn bounds(what: &'static str, range: &impl RangeBounds<usize>, len: usize) -> Re
         Bound::Unbounded => len,
     };
     if start > end || end > len {
-        return Err(Error::OutOfBounds { what, start, end, len });
+        return Err(CudaError::OutOfBounds { what, start, end, len });
     }
     Ok((start, end))
 }
@@ -407,16 +407,16 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     }
 
     /// The view's first `len` elements of `U` (any size, zero-sized types too): `what` names the
-    /// call in the errors, [`Error::OutOfBounds`] when they do not fit and [`Error::Misaligned`]
+    /// call in the errors, [`CudaError::OutOfBounds`] when they do not fit and [`CudaError::Misaligned`]
     /// when the address is not aligned for `U`.
     pub(crate) fn first_as<U: DeviceRepr>(&self, what: &'static str, len: usize) -> Result<CudaView<'a, U>> {
         let bytes = byte_size::<U>(what, len)?;
         if bytes > self.byte_len() {
-            return Err(Error::OutOfBounds { what, start: 0, end: bytes, len: self.byte_len() });
+            return Err(CudaError::OutOfBounds { what, start: 0, end: bytes, len: self.byte_len() });
         }
         let align = std::mem::align_of::<U>();
         if self.ptr % align as CUdeviceptr != 0 {
-            return Err(Error::Misaligned { what, address: self.ptr, align });
+            return Err(CudaError::Misaligned { what, address: self.ptr, align });
         }
         Ok(self.part(0, len))
     }
@@ -424,7 +424,7 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     /// A view of `range` of this view.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range outside the view.
+    /// [`CudaError::OutOfBounds`] for a range outside the view.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'a, T>> {
         let (start, end) = bounds("CudaView::slice", &range, self.len)?;
         Ok(self.part(start * std::mem::size_of::<T>(), end - start))
@@ -433,21 +433,21 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
     /// The same bytes viewed as `U` elements.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] when the byte length is not a multiple of `U`'s size, or `U`
-    /// has no size (no element count would fit); [`Error::Misaligned`] when the address is not
+    /// [`CudaError::LengthMismatch`] when the byte length is not a multiple of `U`'s size, or `U`
+    /// has no size (no element count would fit); [`CudaError::Misaligned`] when the address is not
     /// aligned for `U`.
     pub fn reinterpret<U: DeviceRepr>(&self) -> Result<CudaView<'a, U>> {
         let bytes = self.len * std::mem::size_of::<T>();
         let size = std::mem::size_of::<U>();
         if size == 0 {
-            return Err(Error::LengthMismatch {
+            return Err(CudaError::LengthMismatch {
                 what: "CudaView::reinterpret: the target type's size (a zero-sized type)",
                 expected: 1,
                 found: 0,
             });
         }
         if bytes % size != 0 {
-            return Err(Error::LengthMismatch {
+            return Err(CudaError::LengthMismatch {
                 what: "CudaView::reinterpret: bytes must be a whole number of target elements",
                 expected: bytes.div_ceil(size) * size,
                 found: bytes,
@@ -528,7 +528,7 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
     /// A mutable view of `range` of this view.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range outside the view.
+    /// [`CudaError::OutOfBounds`] for a range outside the view.
     pub fn slice_mut(self, range: impl RangeBounds<usize>) -> Result<CudaViewMut<'a, T>> {
         let (start, end) = bounds("CudaViewMut::slice_mut", &range, self.len)?;
         Ok(self.part(start * std::mem::size_of::<T>(), end - start))
@@ -596,12 +596,12 @@ pub(crate) fn check_same_device(what: &'static str, stream: &CudaStream, memory_
     if stream.ordinal() == memory_device {
         Ok(())
     } else {
-        Err(Error::WrongDevice { what, expected: stream.ordinal(), found: memory_device })
+        Err(CudaError::WrongDevice { what, expected: stream.ordinal(), found: memory_device })
     }
 }
 
 fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
-    if expected == found { Ok(()) } else { Err(Error::LengthMismatch { what, expected, found }) }
+    if expected == found { Ok(()) } else { Err(CudaError::LengthMismatch { what, expected, found }) }
 }
 
 /// A buffer an operation touches, as the ordering rule sees it.
@@ -637,6 +637,22 @@ where
     ordered_with(stream, uses, true, enqueue)
 }
 
+/// [`ordered_with`] for work whose own error is of a layer above (an NCCL call's): the rule's
+/// own errors convert into it.
+#[inline]
+pub(crate) fn ordered_as<'b, R, E, I>(
+    stream: &Arc<CudaStream>,
+    uses: I,
+    locked: bool,
+    enqueue: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E>
+where
+    E: From<CudaError>,
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
+{
+    ordered_with_error(stream, uses, locked, enqueue)
+}
+
 /// [`ordered`], holding the buffers' states locked while `enqueue` runs when `locked`; else (a
 /// launch whose kernel arguments run a caller's code, which may use the same buffers through this
 /// crate) unlocked between the waits and the notes.
@@ -648,6 +664,20 @@ pub(crate) fn ordered_with<'b, R, I>(
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R>
 where
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
+{
+    ordered_with_error(stream, uses, locked, enqueue)
+}
+
+#[inline]
+fn ordered_with_error<'b, R, E, I>(
+    stream: &Arc<CudaStream>,
+    uses: I,
+    locked: bool,
+    enqueue: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E>
+where
+    E: From<CudaError>,
     I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
 {
     // One binding for the whole operation: the waits, the work and the event records below find
@@ -703,7 +733,7 @@ impl CudaStream {
     /// [`memcpy_htod_pinned`](Self::memcpy_htod_pinned).
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `dst` is on
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `dst` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, src: &[T], dst: &mut D) -> Result<()> {
@@ -731,7 +761,7 @@ impl CudaStream {
     /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; [`Error::WrongDevice`] when `src` is on
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `src` is on
     /// another device than this stream; the driver's error.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(self: &Arc<Self>, src: &S, dst: &mut [T]) -> Result<()> {
@@ -758,7 +788,7 @@ impl CudaStream {
     /// which the driver stages.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless the lengths agree; the driver's error.
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; the driver's error.
     #[doc(alias = "cuMemcpyAsync")]
     #[doc(alias = "cuMemcpyPeerAsync")]
     pub fn memcpy_dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
@@ -803,7 +833,7 @@ impl CudaStream {
     /// Sets every 32-bit word of `dst` to `value` on this stream.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless `T` is 4 bytes wide; [`Error::Misaligned`] unless `dst`
+    /// [`CudaError::LengthMismatch`] unless `T` is 4 bytes wide; [`CudaError::Misaligned`] unless `dst`
     /// starts on a 4-byte boundary (a view of a 4-byte type whose alignment is smaller can start
     /// anywhere); the driver's error.
     #[doc(alias = "cuMemsetD32Async")]
@@ -814,7 +844,7 @@ impl CudaStream {
         }
         let view = dst.as_view();
         if view.device_ptr() % 4 != 0 {
-            return Err(Error::Misaligned { what: "CudaStream::memset_u32", address: view.device_ptr(), align: 4 });
+            return Err(CudaError::Misaligned { what: "CudaStream::memset_u32", address: view.device_ptr(), align: 4 });
         }
         ordered(self, [(view.tracked(), Use::Write)], || {
             // SAFETY: dst is valid for len 4-byte words, starts on a 4-byte boundary (checked
@@ -849,7 +879,10 @@ mod tests {
         assert_eq!(bounds("t", &(2..5), 8).unwrap(), (2, 5));
         assert_eq!(bounds("t", &(..), 8).unwrap(), (0, 8));
         assert_eq!(bounds("t", &(3..=3), 8).unwrap(), (3, 4));
-        assert_eq!(bounds("t", &(4..9), 8).unwrap_err(), Error::OutOfBounds { what: "t", start: 4, end: 9, len: 8 });
+        assert_eq!(
+            bounds("t", &(4..9), 8).unwrap_err(),
+            CudaError::OutOfBounds { what: "t", start: 4, end: 9, len: 8 }
+        );
         #[allow(clippy::reversed_empty_ranges)]
         let reversed = 5..2;
         assert!(bounds("t", &reversed, 8).is_err());
@@ -858,6 +891,6 @@ mod tests {
     #[test]
     fn byte_sizes_do_not_overflow_silently() {
         assert_eq!(byte_size::<u32>("t", 10).unwrap(), 40);
-        assert!(matches!(byte_size::<u64>("t", usize::MAX / 2), Err(Error::SizeOverflow { elem_size: 8, .. })));
+        assert!(matches!(byte_size::<u64>("t", usize::MAX / 2), Err(CudaError::SizeOverflow { elem_size: 8, .. })));
     }
 }

@@ -23,8 +23,6 @@ mod event;
 mod graph;
 mod helpers;
 mod host;
-#[cfg(feature = "cudarc")]
-pub mod interop;
 pub(crate) mod memory;
 mod module;
 pub(crate) mod ordering;
@@ -36,7 +34,7 @@ pub use ambient::{StreamOverride, ambient_stream};
 pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
-pub use drop_errors::take_drop_errors;
+pub use drop_errors::{DropError, take_drop_errors};
 pub use event::CudaEvent;
 pub(crate) use graph::KeptMemory;
 pub use graph::{CaptureMode, CudaGraph, GraphExec, StreamCapture};

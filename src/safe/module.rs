@@ -12,7 +12,7 @@ use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, 
 use super::ordering::Use;
 use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::module as raw;
 use crate::sys::{CUdeviceptr, CUfunction, CUmodule};
 
@@ -36,7 +36,7 @@ impl Module {
     /// Loads PTX text (JIT-compiled by the driver for the device). `name` is used in errors.
     ///
     /// # Errors
-    /// [`Error::InteriorNul`] if `ptx` contains a NUL byte before its end; the driver's error
+    /// [`CudaError::InteriorNul`] if `ptx` contains a NUL byte before its end; the driver's error
     /// (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` when the driver is older
     /// than the toolkit that wrote the PTX).
     #[doc(alias = "cuModuleLoadData")]
@@ -46,7 +46,7 @@ impl Module {
             // Already NUL-terminated (the embedded modules are): no copy.
             Ok(image) => image,
             Err(_) => {
-                owned = CString::new(ptx).map_err(|e| Error::InteriorNul {
+                owned = CString::new(ptx).map_err(|e| CudaError::InteriorNul {
                     what: "Module::load_ptx: PTX text",
                     position: e.nul_position(),
                 })?;
@@ -102,12 +102,12 @@ impl Module {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidModuleImage`] for bytes that are no whole image (truncated, or neither PTX,
+    /// [`CudaError::InvalidModuleImage`] for bytes that are no whole image (truncated, or neither PTX,
     /// ELF nor a fatbin); the driver's error (`CUDA_ERROR_NO_BINARY_FOR_GPU` when no image inside
     /// suits the device, `CUDA_ERROR_INVALID_IMAGE`).
     #[doc(alias = "cuModuleLoadData")]
     pub fn load_image(ctx: &Arc<Context>, name: &str, image: &[u8]) -> Result<Arc<Module>> {
-        let invalid = |reason: String| Error::InvalidModuleImage { module: name.to_string(), reason };
+        let invalid = |reason: String| CudaError::InvalidModuleImage { module: name.to_string(), reason };
         let entries = match image_kind(image).map_err(invalid)? {
             ImageKind::Ptx => {
                 let text =
@@ -131,21 +131,23 @@ impl Module {
     /// The kernel `name`.
     ///
     /// # Errors
-    /// [`Error::KernelNotFound`] when the module has no such kernel (checked against the
+    /// [`CudaError::KernelNotFound`] when the module has no such kernel (checked against the
     /// image's entries before the driver is asked, where the image lists them).
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(self: &Arc<Self>, name: &str) -> Result<Function> {
-        let not_found = || Error::KernelNotFound { module: self.name.clone(), kernel: name.to_string() };
+        let not_found = || CudaError::KernelNotFound { module: self.name.clone(), kernel: name.to_string() };
         if self.entries.as_ref().is_some_and(|entries| !entries.iter().any(|entry| entry == name)) {
             return Err(not_found());
         }
-        let c_name = CString::new(name)
-            .map_err(|e| Error::InteriorNul { what: "Module::function: kernel name", position: e.nul_position() })?;
+        let c_name = CString::new(name).map_err(|e| CudaError::InteriorNul {
+            what: "Module::function: kernel name",
+            position: e.nul_position(),
+        })?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         match unsafe { raw::get_function(self.raw, &c_name) } {
             Ok(raw) => Ok(Function { module: Arc::clone(self), raw, name: name.to_string() }),
-            Err(Error::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(not_found()),
+            Err(CudaError::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(not_found()),
             Err(e) => Err(e),
         }
     }
@@ -643,9 +645,9 @@ impl CudaStream {
     /// enabled first.
     ///
     /// # Errors
-    /// Checked before anything is enqueued: [`Error::WrongDevice`] when the function's module is
-    /// on another device; [`Error::NotPeerReachable`] for pool memory of another device;
-    /// [`Error::PeerAccessUnsupported`]. Else the driver's error.
+    /// Checked before anything is enqueued: [`CudaError::WrongDevice`] when the function's module is
+    /// on another device; [`CudaError::NotPeerReachable`] for pool memory of another device;
+    /// [`CudaError::PeerAccessUnsupported`]. Else the driver's error.
     ///
     /// # Safety
     /// - `args` matches the kernel's parameter list exactly: count, order and each type's size
@@ -664,7 +666,7 @@ impl CudaStream {
         args: A,
     ) -> Result<()> {
         if function.ordinal() != self.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "CudaStream::launch: the kernel's module must be on the stream's device",
                 expected: self.ordinal(),
                 found: function.ordinal(),
@@ -675,7 +677,7 @@ impl CudaStream {
         let foreign = args.is_foreign();
         for used in uses.iter().filter(|used| used.owner.ordinal() != self.ordinal()) {
             if used.pooled {
-                return Err(Error::NotPeerReachable {
+                return Err(CudaError::NotPeerReachable {
                     what: "CudaStream::launch",
                     device: self.ordinal(),
                     memory_device: used.owner.ordinal(),

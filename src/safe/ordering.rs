@@ -40,7 +40,7 @@ use smallvec::SmallVec;
 
 use super::context::Context;
 use super::stream::{CudaStream, EnqueueGate};
-use crate::error::Result;
+use crate::error::{CudaError, Result};
 use crate::result::event as raw_event;
 use crate::sys::CUevent;
 
@@ -288,13 +288,13 @@ impl Access {
     /// buffer's state locked once for the whole span. `gate` is `stream`'s enqueue gate, held by
     /// the caller, which saw the stream not capturing under it. A failed note waits for `stream`
     /// (see [`CudaStream::settle`]).
-    pub(crate) fn around<R>(
+    pub(crate) fn around<R, E: From<CudaError>>(
         &self,
         use_: Use,
         stream: &Arc<CudaStream>,
         gate: &EnqueueGate<'_>,
-        enqueue: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
+        enqueue: impl FnOnce() -> Result<R, E>,
+    ) -> Result<R, E> {
         let mut state = self.lock();
         order_locked(&mut state, stream, use_)?;
         let result = enqueue()?;
@@ -304,13 +304,13 @@ impl Access {
 
     /// [`around`](Self::around) for two buffers' uses (a copy's), both locked for the whole span,
     /// in address order; the same buffer twice is locked once, for the stronger use.
-    pub(crate) fn around_two<R>(
+    pub(crate) fn around_two<R, E: From<CudaError>>(
         a: (&Access, Use),
         b: (&Access, Use),
         stream: &Arc<CudaStream>,
         gate: &EnqueueGate<'_>,
-        enqueue: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
+        enqueue: impl FnOnce() -> Result<R, E>,
+    ) -> Result<R, E> {
         if std::ptr::eq(a.0, b.0) {
             let use_ = if a.1 == Use::Write || b.1 == Use::Write { Use::Write } else { Use::Read };
             return a.0.around(use_, stream, gate, enqueue);
@@ -349,8 +349,8 @@ impl Access {
     }
 
     /// Drops the record of the reads since the last write, so that the next write does not wait
-    /// for them. Only for deliberately broken protocols in hazard tests
-    /// ([`ProtocolFault`](crate::pp::ProtocolFault)).
+    /// for them. Only for deliberately broken protocols in hazard tests (the pipeline's protocol
+    /// faults).
     #[cfg(feature = "testing")]
     pub(crate) fn forget_reads(&self) {
         self.lock().reads.clear();

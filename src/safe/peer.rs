@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
 use crate::result::{context as raw_ctx, device as raw_dev};
 use crate::sys::{CUcontext, CUresult};
 
@@ -16,7 +16,7 @@ use crate::sys::{CUcontext, CUresult};
 /// same afterwards as before. Enabling a device with itself does nothing.
 ///
 /// # Errors
-/// [`Error::PeerAccessUnsupported`] when the devices cannot reach each other; the driver's error.
+/// [`CudaError::PeerAccessUnsupported`] when the devices cannot reach each other; the driver's error.
 #[doc(alias = "cuCtxEnablePeerAccess")]
 pub fn enable_peer_access(a: &Context, b: &Context) -> Result<()> {
     if a.ordinal() == b.ordinal() {
@@ -24,7 +24,7 @@ pub fn enable_peer_access(a: &Context, b: &Context) -> Result<()> {
     }
     for (from, to) in [(a, b), (b, a)] {
         if !raw_dev::can_access_peer(from.device().raw(), to.device().raw())? {
-            return Err(Error::PeerAccessUnsupported { from: from.ordinal(), to: to.ordinal() });
+            return Err(CudaError::PeerAccessUnsupported { from: from.ordinal(), to: to.ordinal() });
         }
     }
     enable_one_way(a, b).and_then(|()| enable_one_way(b, a))
@@ -56,7 +56,7 @@ fn enable_one_way(from: &Context, to: &Context) -> Result<()> {
     let peer: CUcontext = to.raw();
     // SAFETY: `peer` is a live, retained primary context.
     match unsafe { raw_ctx::enable_peer_access(peer) } {
-        Err(Error::Driver(e)) if e.code == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        Err(CudaError::Driver(e)) if e.code == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
         other => other,
     }
 }

@@ -12,7 +12,7 @@ use super::context::Context;
 use super::event::CudaEvent;
 use super::graph::{CaptureState, refuse_in_capture};
 use super::ordering::{PooledEvent, StreamEvent};
-use crate::error::{CaptureError, Error, Result};
+use crate::error::{CaptureError, CudaError, Result};
 use crate::result::stream as raw;
 use crate::sys::CUstream;
 
@@ -223,7 +223,7 @@ impl CudaStream {
         make: impl FnOnce(Arc<PooledEvent>) -> Arc<CaptureState>,
     ) -> Result<Option<Arc<CaptureState>>> {
         let Some(_exclusive) = self.gate_exclusive() else {
-            return Err(Error::Capture(CaptureError::CannotBegin {
+            return Err(CudaError::Capture(CaptureError::CannotBegin {
                 reason: "this thread is enqueueing work on the stream (inside a launch's kernel arguments)",
             }));
         };

@@ -4,7 +4,7 @@
 //! by hand. Result codes and other C enums are `#[repr(transparent)]` newtypes with associated
 //! constants, so an unknown code is a value, never undefined behaviour. [`DriverApi`] holds one
 //! `Result` per entry point, looked up when the library is opened; the crate reaches it through
-//! [`crate::loader::driver`], never by linking.
+//! the loader (`loader::driver`), never by linking.
 #![allow(
     non_upper_case_globals,
     non_camel_case_types,
@@ -23,7 +23,7 @@ include!(concat!(env!("OUT_DIR"), "/driver_bindings.rs"));
 
 /// Generated bindings of NCCL (`nccl_wrapper.h`): the version, unique-id, communicator,
 /// point-to-point, group and error calls. [`NcclApi`](nccl::NcclApi) holds one `Result` per entry
-/// point, looked up when the library is opened by [`crate::nccl`].
+/// point, looked up when the nccl module opens the library.
 pub mod nccl {
     include!(concat!(env!("OUT_DIR"), "/nccl_bindings.rs"));
 }

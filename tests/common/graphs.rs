@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::common::{Rng, say};
 use ppnrt::{
-    CaptureError, CaptureMode, CudaSlice, CudaStream, Engine, Error, PinnedHostBuffer, PpConfig, PpError, PpNRt,
-    SlotState, StageCapture, StepGraphs,
+    CaptureError, CaptureMode, CudaError, CudaSlice, CudaStream, Engine, Error, PinnedHostBuffer, PpConfig, PpError,
+    PpNRt, SlotState, StageCapture, StepGraphs,
 };
 
 pub const TOTAL_LAYERS: u32 = 12;
@@ -250,7 +250,7 @@ pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
                     }
                 };
                 match misuse {
-                    Err(Error::Capture(CaptureError::IllegalCall { call: named })) => {
+                    Err(CudaError::Capture(CaptureError::IllegalCall { call: named })) => {
                         assert_eq!(named, call, "{what}: the error names the call")
                     }
                     other => panic!("{what}: expected an IllegalCall error, got {other:?}"),
@@ -265,8 +265,12 @@ pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
             });
             let err = result.expect_err("a capture with an illegal call must fail");
             match (&err, swallow) {
-                (Error::Capture(CaptureError::IllegalCall { call: named }), false) => assert_eq!(*named, call),
-                (Error::Capture(CaptureError::Invalidated { call: named }), true) => assert_eq!(named, call),
+                (Error::Cuda(CudaError::Capture(CaptureError::IllegalCall { call: named })), false) => {
+                    assert_eq!(*named, call)
+                }
+                (Error::Cuda(CudaError::Capture(CaptureError::Invalidated { call: named })), true) => {
+                    assert_eq!(named, call)
+                }
                 _ => panic!("{what} (error swallowed: {swallow}): unexpected {err:?}"),
             }
             for s in 0..rt.n_stages() {
@@ -383,14 +387,14 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
     assert!(capture_stream.is_capturing());
     // cuMemAlloc cannot be captured (and would break a thread-local capture).
     match CudaSlice::<u32>::alloc_persistent(&other, n) {
-        Err(Error::Capture(CaptureError::IllegalCall { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
+        Err(CudaError::Capture(CaptureError::IllegalCall { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
         other => panic!("expected an IllegalCall error, got {other:?}"),
     }
     capture_stream.memcpy_dtod(&src, &mut dst).unwrap();
     // A buffer dropped during the capture is freed when it ends, not inside the graph.
     drop(scratch);
     match capture.end() {
-        Err(Error::Capture(CaptureError::Invalidated { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
+        Err(CudaError::Capture(CaptureError::Invalidated { call })) => assert!(call.contains("cuMemAlloc"), "{call}"),
         other => panic!("expected the capture to be invalidated, got {other:?}"),
     }
     // A stream-ordered buffer of the capturing stream dropped during the capture: its free is held
@@ -441,7 +445,7 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
     capture_stream.memset_u32(&mut dst, 7).unwrap();
     let graph = capture.end().unwrap();
     match exec.update(&graph) {
-        Err(Error::Capture(CaptureError::UpdateRefused { .. })) => {}
+        Err(CudaError::Capture(CaptureError::UpdateRefused { .. })) => {}
         other => panic!("expected UpdateRefused, got {other:?}"),
     }
     other.memset_u32(&mut src2, 0x4444).unwrap();
@@ -451,12 +455,12 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
     // A capture on a stream that is capturing, and on the legacy stream, are refused.
     let capture = capture_stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
     match capture_stream.begin_capture(CaptureMode::ThreadLocal) {
-        Err(Error::Capture(CaptureError::CannotBegin { .. })) => {}
+        Err(CudaError::Capture(CaptureError::CannotBegin { .. })) => {}
         other => panic!("expected CannotBegin, got {other:?}"),
     }
     // A graph's launch cannot be captured (the driver refuses it): refused, nothing enqueued.
     match exec.launch(&capture_stream) {
-        Err(Error::Capture(CaptureError::IllegalCall { call })) => {
+        Err(CudaError::Capture(CaptureError::IllegalCall { call })) => {
             assert!(call.contains("GraphExec::launch"), "{call}")
         }
         other => panic!("expected a launch into a capture to be refused, got {other:?}"),
@@ -820,10 +824,10 @@ pub fn graph_misuse_leaves_everything_sound(primary: &Engine, devices: &[i32]) {
     let recording = stream.begin_capture(CaptureMode::Global).unwrap();
     let refused = std::thread::scope(|scope| scope.spawn(|| other.synchronize()).join().unwrap());
     match refused {
-        Err(Error::Capture(CaptureError::IllegalCall { call })) => assert_eq!(call, "CudaStream::synchronize"),
+        Err(CudaError::Capture(CaptureError::IllegalCall { call })) => assert_eq!(call, "CudaStream::synchronize"),
         other => panic!("expected the global capture to refuse another thread's sync, got {other:?}"),
     }
-    assert!(matches!(recording.end(), Err(Error::Capture(CaptureError::Invalidated { .. }))));
+    assert!(matches!(recording.end(), Err(CudaError::Capture(CaptureError::Invalidated { .. }))));
     std::thread::scope(|scope| scope.spawn(|| other.synchronize()).join().unwrap()).unwrap();
     // A thread-local capture does not restrict other threads.
     let recording = stream.begin_capture(CaptureMode::ThreadLocal).unwrap();

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ppnrt::PpError;
 use ppnrt::result::context::{get_current, set_current};
 use ppnrt::{
-    CaptureMode, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt,
-    StreamOverride, TransportPolicy, ambient_stream,
+    CaptureMode, CudaError, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig,
+    PpNRt, StreamOverride, TransportPolicy, ambient_stream,
 };
 
 /// A pinned host slice handed to `htod` / `htod_into` may be overwritten or freed as soon as the
@@ -39,11 +39,11 @@ pub fn copy_with_sms_refuses_memory_its_sms_cannot_reach(e0: &Engine, e1: &Engin
     let pooled_on_1 = e1.htod(&data).unwrap();
     let mut dst_on_0 = e0.alloc::<u32>(n).unwrap();
     let err = e0.copy_with_sms(&pooled_on_1, &mut dst_on_0).unwrap_err();
-    assert!(matches!(err, Error::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
+    assert!(matches!(err, CudaError::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
     let src_on_0 = e0.htod(&data).unwrap();
     let mut pooled_dst_on_1 = e1.alloc::<u32>(n).unwrap();
     let err = e0.copy_with_sms(&src_on_0, &mut pooled_dst_on_1).unwrap_err();
-    assert!(matches!(err, Error::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
+    assert!(matches!(err, CudaError::NotPeerReachable { device: 0, memory_device: 1, .. }), "{err}");
     e0.synchronize().expect("device 0's context survives a refused copy");
     e1.synchronize().expect("device 1's context survives a refused copy");
 
@@ -56,7 +56,7 @@ pub fn copy_with_sms_refuses_memory_its_sms_cannot_reach(e0: &Engine, e1: &Engin
             assert!(peers, "a copy between devices without peer access must be refused");
             assert_eq!(e0.dtoh(&dst_on_0).unwrap(), data);
         }
-        Err(Error::PeerAccessUnsupported { .. }) => assert!(!peers),
+        Err(CudaError::PeerAccessUnsupported { .. }) => assert!(!peers),
         Err(e) => panic!("unexpected error {e}"),
     }
     e0.synchronize().unwrap();

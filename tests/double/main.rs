@@ -35,9 +35,31 @@ use ranks::{try_two_ranks, two_ranks};
 use raw_driver::raw;
 
 use ppnrt::{
-    CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
+    CudaError, CudaSlice, CudaStream, DeviceSlice, Engine, Error, PinnedHostBuffer, PpConfig, PpNRt, StreamOverride,
     TransportPolicy,
 };
+
+/// The errors raised in `Drop` since the last call ([`ppnrt::take_drop_errors`]), each as the
+/// crate's [`Error`] (they are kept as the error of the layer that dropped).
+fn typed_drop_errors() -> Vec<Error> {
+    ppnrt::take_drop_errors()
+        .into_iter()
+        .map(|e| {
+            let e = match e.downcast::<Error>() {
+                Ok(top) => return *top,
+                Err(e) => e,
+            };
+            let e = match e.downcast::<CudaError>() {
+                Ok(cuda) => return Error::from(*cuda),
+                Err(e) => e,
+            };
+            match e.downcast::<ppnrt::nccl::NcclError>() {
+                Ok(nccl) => Error::from(*nccl),
+                Err(other) => panic!("a drop error of no layer of the crate: {other}"),
+            }
+        })
+        .collect()
+}
 
 const OUT_OF_MEMORY: i32 = 2;
 /// `ncclInternalError`.

@@ -128,7 +128,8 @@ fn kernel_args_that_enqueue_or_capture_on_the_launch_stream_neither_hang_nor_spl
     impl ppnrt::KernelArgs for Meddling<'_> {
         fn with_params<R>(&self, f: impl FnOnce(&mut [*mut std::ffi::c_void]) -> R) -> R {
             self.stream.memset_u32(*self.scratch.borrow_mut(), 5).unwrap();
-            *self.begun.borrow_mut() = Some(self.stream.begin_capture(ppnrt::CaptureMode::Relaxed).map(drop));
+            *self.begun.borrow_mut() =
+                Some(self.stream.begin_capture(ppnrt::CaptureMode::Relaxed).map(drop).map_err(Into::into));
             let mut ns = self.ns;
             f(&mut [(&raw mut ns).cast()])
         }
@@ -150,7 +151,7 @@ fn kernel_args_that_enqueue_or_capture_on_the_launch_stream_neither_hang_nor_spl
         // arguments' code ends no capture.
         unsafe { stream.launch(&f, ppnrt::LaunchConfig::for_elements(1, 1), args) }.unwrap();
         match begun.borrow_mut().take().expect("the arguments' code ran") {
-            Err(ppnrt::Error::Capture(ppnrt::CaptureError::CannotBegin { reason })) => {
+            Err(ppnrt::Error::Cuda(ppnrt::CudaError::Capture(ppnrt::CaptureError::CannotBegin { reason }))) => {
                 assert!(reason.contains("enqueueing"), "{reason}");
             }
             other => panic!("a capture began inside a launch on its stream: {other:?}"),
@@ -395,7 +396,7 @@ fn a_readback_from_another_device_is_refused() {
         let primary = Engine::new(0).unwrap();
         let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
         let wrong = primary.htod(&[1u32; 8]).unwrap();
-        assert!(matches!(rt.readback(wrong), Err(Error::WrongDevice { expected: 1, found: 0, .. })));
+        assert!(matches!(rt.readback(wrong), Err(Error::Cuda(CudaError::WrongDevice { expected: 1, found: 0, .. }))));
     });
 }
 

@@ -182,7 +182,7 @@ fn failed_joins_back_into_the_owner_leave_no_work_in_flight() {
         let e = Engine::new(0).unwrap();
         let worker = CudaStream::new(e.context()).unwrap();
         let owner = CudaStream::new(e.context()).unwrap();
-        type Op = fn(&Engine, &Arc<CudaStream>, &CudaSlice<u32>, &mut CudaSlice<u32>) -> ppnrt::Result<()>;
+        type Op = fn(&Engine, &Arc<CudaStream>, &CudaSlice<u32>, &mut CudaSlice<u32>) -> Result<(), CudaError>;
         let ops: [(&str, Op); 4] = [
             ("memcpy_dtod", |_, s, src, dst| s.memcpy_dtod(src, dst)),
             ("memset_u32", |_, s, _, dst| s.memset_u32(dst, 7)),
@@ -199,7 +199,7 @@ fn failed_joins_back_into_the_owner_leave_no_work_in_flight() {
             owner.synchronize().unwrap();
             double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
             let err = op(&e, &worker, &src, &mut dst).unwrap_err();
-            assert!(matches!(err, Error::Driver(_)), "{what}: {err}");
+            assert!(matches!(err, CudaError::Driver(_)), "{what}: {err}");
             drop(dst); // freed on `owner`, which nothing ordered after the work on `worker`
             owner.synchronize().unwrap();
             worker.synchronize().unwrap();
@@ -328,7 +328,7 @@ fn child_cuda_12_4() {
     assert!(end.elapsed_ms(&start).unwrap() >= 0.0, "elapsed time through cuEventElapsedTime");
     let mut y = e.alloc::<u32>(16).unwrap();
     match e.fill_u32(&mut y, 1).unwrap_err() {
-        Error::Driver(err) => assert!(err.is_unrunnable_code(), "{err}"),
+        CudaError::Driver(err) => assert!(err.is_unrunnable_code(), "{err}"),
         other => panic!("expected the driver's PTX error, got {other}"),
     }
     let rt = PpNRt::new(PpConfig::with_devices(&[0, 0]), &e).unwrap();

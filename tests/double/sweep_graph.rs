@@ -40,7 +40,7 @@ pub(crate) fn graph_sweep_step(
     input: &[f32],
 ) -> GraphSwept {
     let e0 = rt.engine(0, primary).unwrap();
-    if let Err(e) = rt.enter(0).and_then(|_stage| e0.htod_into(input, &mut buffers.acts[0])) {
+    if let Err(e) = rt.enter(0).and_then(|_stage| Ok(e0.htod_into(input, &mut buffers.acts[0])?)) {
         return GraphSwept::NotLaunched(e);
     }
     let slot = match step.launch() {
@@ -266,7 +266,10 @@ pub(crate) fn capture_sweep_run(
         Ok(Some(fresh)) => step = Some(fresh),
         Ok(None) => {}
         Err(e) => {
-            assert!(matches!(e, Error::Driver(_) | Error::Capture(_)), "{case}: not a driver or capture error: {e}");
+            assert!(
+                matches!(e, Error::Cuda(CudaError::Driver(_)) | Error::Cuda(CudaError::Capture(_))),
+                "{case}: not a driver or capture error: {e}"
+            );
             // The runtime stays usable: an eager step delivers (no stream is left capturing).
             eager_step_delivers(&rt, primary, runs, 3, case);
             if step.is_none() {

@@ -14,7 +14,7 @@ pub(crate) fn drop_ranks_within<R: Send + 'static>(ranks: R, limit: std::time::D
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         drop(ranks);
-        let _ = done.send(ppnrt::take_drop_errors());
+        let _ = done.send(typed_drop_errors());
     });
     finished.recv_timeout(limit).unwrap_or_else(|_| panic!("{case}: dropping the ranks took over {limit:?}"))
 }

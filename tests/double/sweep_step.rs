@@ -61,7 +61,7 @@ impl Injected<'_> {
         if self.in_nccl {
             double::nccl_double().clear_faults();
         }
-        (self.reached(), ppnrt::take_drop_errors())
+        (self.reached(), typed_drop_errors())
     }
 
     /// Whether `error` names the failing call.
@@ -147,7 +147,7 @@ pub(crate) fn receive_and_read_back_within(
             Ok(lent) => lent,
             Err(e) => return Swept::NotReceived(slot, e),
         };
-        let copied = e1.alloc::<u32>(n).and_then(|mut out| {
+        let copied = e1.alloc::<u32>(n).map_err(Error::from).and_then(|mut out| {
             e1.dtod(&lent.view()?, &mut out)?;
             Ok(out)
         });

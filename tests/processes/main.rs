@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{Rng, devices_or_skip, say};
 use graphs::layers_of;
 use ppnrt::{
-    CaptureError, CaptureMode, Engine, Error, PpConfig, PpError, PpNRt, StepGraphs, pp::PendingReadback,
+    CaptureError, CaptureMode, CudaError, Engine, Error, PpConfig, PpError, PpNRt, StepGraphs, pp::PendingReadback,
     pp::ReceiverState,
 };
 

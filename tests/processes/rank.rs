@@ -394,7 +394,7 @@ pub(crate) fn contract(rt: &PpNRt, primary: &Engine) {
             assert!(matches!(rt.enter(1).unwrap_err(), Error::Pipeline(PpError::StageNotOwned { .. })));
             assert!(matches!(rt.record_done().unwrap_err(), Error::Pipeline(PpError::StageNotOwned { .. })));
             let x = primary.htod(&values).unwrap();
-            assert!(matches!(rt.tx(0, &x, n + 1).unwrap_err(), Error::OutOfBounds { .. }));
+            assert!(matches!(rt.tx(0, &x, n + 1).unwrap_err(), Error::Cuda(CudaError::OutOfBounds { .. })));
             assert!(matches!(rt.tx(0, &x, 0).unwrap_err(), Error::Pipeline(PpError::ZeroLength { .. })));
             let _scope = rt.enter(0).unwrap();
             // A step to another process cannot be captured: announced once, replayed at will.
@@ -529,9 +529,12 @@ pub(crate) fn grow_in_capture(rt: &PpNRt, primary: &Engine, dir: &Path) {
 pub(crate) fn refused_in_capture(rt: &PpNRt, stage: usize, name: &str, call: impl FnOnce() -> Result<(), Error>) {
     let capture = rt.stage_stream(stage).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
     let captured = call().unwrap_err();
-    assert!(matches!(&captured, Error::Capture(CaptureError::IllegalCall { call }) if *call == name), "{captured}");
+    assert!(
+        matches!(&captured, Error::Cuda(CudaError::Capture(CaptureError::IllegalCall { call })) if *call == name),
+        "{captured}"
+    );
     let ended = capture.end().unwrap_err();
-    assert!(matches!(ended, Error::Capture(CaptureError::Invalidated { .. })), "{ended}");
+    assert!(matches!(ended, CudaError::Capture(CaptureError::Invalidated { .. })), "{ended}");
     println!("CHILD capture refused: {captured}");
 }
 

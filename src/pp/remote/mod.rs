@@ -65,9 +65,9 @@ use std::time::{Duration, Instant};
 
 use super::error::{PpError, ReceiverState};
 use super::plan::{Plan, Transport};
-use crate::error::{Error, Result};
 use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
 use crate::pp::config::PpConfig;
+use crate::pp::error::{Error, Result};
 use crate::rendezvous::{Rendezvous, RendezvousError};
 use crate::safe::{
     CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,

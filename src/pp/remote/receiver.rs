@@ -289,7 +289,7 @@ pub(super) unsafe fn receive_step(
     let Some(capture_stream) = capture_stream else {
         // SAFETY: `dst` is exactly the bytes the TX rank's sealed record announced, which its
         // send moves (the caller's contract, `receive_step`'s).
-        return unsafe { link.comm.recv(recv_stream, dst, 0) };
+        return unsafe { Ok(link.comm.recv(recv_stream, dst, 0)?) };
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
@@ -310,7 +310,7 @@ pub(super) unsafe fn receive_step(
     let exec = if repeated { unsafe { capture_receive(link, capture_stream, dst) }? } else { None };
     let Some(exec) = exec else {
         // SAFETY: as above.
-        return unsafe { link.comm.recv(recv_stream, dst, 0) };
+        return unsafe { Ok(link.comm.recv(recv_stream, dst, 0)?) };
     };
     if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
         let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
@@ -362,5 +362,5 @@ pub(super) unsafe fn capture_receive(
     let captured = unsafe { link.comm.recv(capture_stream, dst, 0) };
     let graph = capture.end();
     captured?;
-    graph?.instantiate().map(Some)
+    Ok(graph?.instantiate().map(Some)?)
 }

@@ -121,7 +121,7 @@ impl Sender {
             // A send that failed because the link failed meanwhile (its communicator aborted by
             // the watchdog or a receiver thread) reports that failure, as every later call does.
             self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            return Err(self.link.stopped().unwrap_or(e));
+            return Err(self.link.stopped().unwrap_or(e.into()));
         }
         control.step += 1;
         Ok((step % self.n_slots as u64) as usize)

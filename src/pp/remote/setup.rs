@@ -309,7 +309,7 @@ pub(super) fn peer_closed(socket: &TcpStream) -> std::io::Result<bool> {
 /// (its communicator aborted, so the stream drains) and its error is returned.
 pub(super) fn wait_for_probe(link: &Link, stream: &Arc<CudaStream>, socket: &TcpStream, watched: bool) -> Result<()> {
     if !watched {
-        return stream.synchronize();
+        return Ok(stream.synchronize()?);
     }
     let done = CudaEvent::new(stream.context(), false)?;
     done.record(stream)?;

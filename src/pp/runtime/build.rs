@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{Boundary, BoundaryEnd, PpNRt, Stage};
 use crate::engine::Engine;
-use crate::error::{ConfigError, Error, Result};
+use crate::error::ConfigError;
+use crate::error::CudaError;
 use crate::pp::config::{
     DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
+use crate::pp::error::{Error, Result};
 use crate::pp::plan::{BoundaryPlan, Plan, Transport};
 use crate::pp::readback::ReadbackShared;
 use crate::pp::remote::{self, Inbound, Links, LocalStage, Receiver, SlotFiller, Watchdog};
@@ -64,7 +66,7 @@ impl PpNRt {
     /// # Errors
     /// As [`new`](Self::new); [`Error::Config`] for a `streams` of another length than the stage
     /// count; [`PpError::StageNotOwned`](crate::PpError::StageNotOwned) for a stream given for
-    /// another rank's stage; [`Error::WrongDevice`] for a stream of another device than its
+    /// another rank's stage; [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) for a stream of another device than its
     /// stage's.
     pub fn with_stage_streams(
         config: PpConfig,
@@ -195,17 +197,19 @@ impl Placement {
                 let engine = engines[&self.devices[s]].clone();
                 let stream = match given {
                     Some(stream) if stream.ordinal() != engine.ordinal() => {
-                        return Err(Error::WrongDevice {
+                        return Err(CudaError::WrongDevice {
                             what: "PpNRt::with_stage_streams: a stage's stream must be on the stage's device",
                             expected: engine.ordinal(),
                             found: stream.ordinal(),
-                        });
+                        }
+                        .into());
                     }
                     Some(stream) if stream.context().raw() != engine.context().raw() => {
-                        return Err(Error::WrongContext {
+                        return Err(CudaError::WrongContext {
                             what: "PpNRt::with_stage_streams: a stage's stream must be of the stage engine's context",
                             device: engine.ordinal(),
-                        });
+                        }
+                        .into());
                     }
                     Some(stream) => stream,
                     None => CudaStream::new(engine.context())?,
@@ -292,8 +296,8 @@ fn start_link_threads(
 fn helpers_runnable(engine: &Engine) -> Result<bool> {
     match engine.helper_kernels() {
         Ok(_) => Ok(true),
-        Err(Error::Driver(e)) if e.is_unrunnable_code() => Ok(false),
-        Err(e) => Err(e),
+        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::Boundary;
-use crate::error::Result;
+use crate::pp::error::Result;
 use crate::pp::remote::{self, Announced, Phase, SlotFiller};
 use crate::pp::ring::SlotBuffer;
 use crate::safe::CudaViewMut;

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use super::PpNRt;
-use crate::error::{Error, Result};
+use crate::error::CudaError;
+use crate::pp::error::Result;
 use crate::pp::readback::PendingReadback;
 use crate::pp::ring::MIN_SLOT_BYTES;
 use crate::safe::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
@@ -78,14 +79,14 @@ impl PpNRt {
     /// ```
     ///
     /// # Errors
-    /// [`Error::WrongDevice`] when `source` is not on the last stage's device; the driver's
+    /// [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) when `source` is not on the last stage's device; the driver's
     /// error (a pinned allocation the first time a size is read back).
     pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
         let host = self.start_readback("PpNRt::readback: the buffer must be on the last stage's device", &source)?;
         match source.set_stream(&self.readback) {
             // A graph holds the memory and frees it last: the slice's drop frees nothing.
-            Ok(()) | Err(Error::HeldByGraph { .. }) => {}
-            Err(e) => return Err(e),
+            Ok(()) | Err(CudaError::HeldByGraph { .. }) => {}
+            Err(e) => return Err(e.into()),
         }
         Ok(PendingReadback::new(host, source.len(), Some(source), Arc::clone(&self.readbacks)))
     }
@@ -115,7 +116,7 @@ impl PpNRt {
     ) -> Result<PinnedHostBuffer<u8>> {
         let device = self.stage(self.stages.len() - 1)?.engine.ordinal();
         if source.ordinal() != device {
-            return Err(Error::WrongDevice { what, expected: device, found: source.ordinal() });
+            return Err(CudaError::WrongDevice { what, expected: device, found: source.ordinal() }.into());
         }
         let bytes = source.len() * std::mem::size_of::<T>();
         let reused = {
@@ -132,7 +133,7 @@ impl PpNRt {
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
         if let Err(e) = copied {
             self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
-            return Err(e);
+            return Err(e.into());
         }
         Ok(host)
     }

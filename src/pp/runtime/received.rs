@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Boundary, PpNRt};
-use crate::error::{Error, Result};
 use crate::pp::error::PpError;
+use crate::pp::error::{Error, Result};
 use crate::pp::plan::Transport;
 use crate::safe::ordering::{Access, Use};
 use crate::safe::{CudaSlice, CudaStream, CudaView, DeviceRepr, record_drop_error};
@@ -95,11 +95,11 @@ impl<T: DeviceRepr> ReceivedSlot<'_, T> {
     /// The received elements.
     ///
     /// # Errors
-    /// [`Error::Misaligned`] cannot happen for the crate's element types (slot buffers are
+    /// [`CudaError::Misaligned`](crate::CudaError::Misaligned) cannot happen for the crate's element types (slot buffers are
     /// 256-byte aligned); kept for types of yours with a larger alignment.
     pub fn view(&self) -> Result<CudaView<'_, T>> {
         match (&self.lent, &self.copy) {
-            (Some(buffer), _) => buffer.as_view().first_as::<T>("ReceivedSlot::view", self.n),
+            (Some(buffer), _) => Ok(buffer.as_view().first_as::<T>("ReceivedSlot::view", self.n)?),
             (None, Some(copy)) => Ok(copy.as_view()),
             (None, None) => unreachable!("a guard holds the slot or a copy"),
         }

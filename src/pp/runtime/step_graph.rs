@@ -31,9 +31,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Boundary, PpNRt, Stage};
-use crate::error::{CaptureError, Error, Result};
+use crate::error::CaptureError;
+use crate::error::CudaError;
 #[cfg(feature = "testing")]
 use crate::pp::config::ProtocolFault;
+use crate::pp::error::{Error, Result};
 use crate::pp::error::{PpError, SlotState};
 use crate::pp::plan::Transport;
 use crate::pp::ring::{SlotBuffer, Slots};
@@ -103,33 +105,35 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
             stage: self.stage,
             problem: "stage 0 receives nothing (received() is for later stages)",
         }))?;
-        slot.slice(..self.n * std::mem::size_of::<T>())?.reinterpret::<T>()
+        Ok(slot.slice(..self.n * std::mem::size_of::<T>())?.reinterpret::<T>()?)
     }
 
     /// Copies the received activations into `dst` (a buffer of this stage's device allocated
     /// before the capture), as `rx` would.
     ///
     /// # Errors
-    /// [`PpError::GraphStage`] for stage 0; [`Error::LengthMismatch`] unless `dst` holds `n`
-    /// elements; [`Error::WrongDevice`] for a `dst` of another device; a capture error.
+    /// [`PpError::GraphStage`] for stage 0; [`CudaError::LengthMismatch`](crate::CudaError::LengthMismatch) unless `dst` holds `n`
+    /// elements; [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) for a `dst` of another device; a capture error.
     pub fn rx_into<D: DeviceSliceMut<T>>(&self, dst: &mut D) -> Result<()> {
         let src = self.received()?.into_bytes();
         let (boundary, _) = self.input.as_ref().expect("received() checked the input");
         if dst.len() != self.n {
-            return Err(Error::LengthMismatch {
+            return Err(CudaError::LengthMismatch {
                 what: "StageCapture::rx_into: dst must hold the step's n elements",
                 expected: self.n,
                 found: dst.len(),
-            });
+            }
+            .into());
         }
         if dst.ordinal() != self.stream.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "StageCapture::rx_into: dst must be on the stage's device",
                 expected: self.stream.ordinal(),
                 found: dst.ordinal(),
-            });
+            }
+            .into());
         }
-        boundary.copy_within_device(self.stream, src, dst.as_view_mut().into_bytes())
+        Ok(boundary.copy_within_device(self.stream, src, dst.as_view_mut().into_bytes())?)
     }
 
     /// Sends `x[..n]` into this stage's boundary slot (the copy `tx` makes), once per stage. For a
@@ -137,8 +141,8 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
     /// [`StepGraphs::launch_stage`] sends after each launch.
     ///
     /// # Errors
-    /// [`PpError::GraphStage`] for the last stage or a second `tx`; [`Error::OutOfBounds`] when
-    /// `x` is shorter than `n`; [`Error::WrongDevice`] for an `x` of another device; a capture
+    /// [`PpError::GraphStage`] for the last stage or a second `tx`; [`CudaError::OutOfBounds`](crate::CudaError::OutOfBounds) when
+    /// `x` is shorter than `n`; [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) for an `x` of another device; a capture
     /// error.
     pub fn tx<S: DeviceSlice<T>>(&mut self, x: &S) -> Result<()> {
         let stage = self.stage;
@@ -153,14 +157,21 @@ impl<T: DeviceRepr> StageCapture<'_, T> {
             return Err(Error::Pipeline(PpError::GraphStage { stage, problem: "tx was captured twice in one step" }));
         }
         if n > x.len() {
-            return Err(Error::OutOfBounds { what: "StageCapture::tx: n exceeds x", start: 0, end: n, len: x.len() });
+            return Err(CudaError::OutOfBounds {
+                what: "StageCapture::tx: n exceeds x",
+                start: 0,
+                end: n,
+                len: x.len(),
+            }
+            .into());
         }
         if x.ordinal() != self.stream.ordinal() {
-            return Err(Error::WrongDevice {
+            return Err(CudaError::WrongDevice {
                 what: "StageCapture::tx: x must be on the stage's device",
                 expected: self.stream.ordinal(),
                 found: x.ordinal(),
-            });
+            }
+            .into());
         }
         let src = x.as_view().slice(..n)?.into_bytes();
         let bytes = n * std::mem::size_of::<T>();
@@ -731,12 +742,12 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                 let exec = exec.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
                 match exec.update(graph) {
                     Ok(()) => {}
-                    Err(Error::Capture(CaptureError::UpdateRefused { .. })) => {
+                    Err(CudaError::Capture(CaptureError::UpdateRefused { .. })) => {
                         let mut fresh = graph.instantiate()?;
                         fresh.upload(&stage.stream)?;
                         *exec = fresh;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -776,7 +787,7 @@ impl Boundary {
         stream: &Arc<CudaStream>,
         src: CudaView<'_, u8>,
         dst: CudaViewMut<'_, u8>,
-    ) -> Result<()> {
+    ) -> crate::error::Result<()> {
         if self.plan.transport == Transport::Local {
             self.copy_within_device(stream, src, dst)
         } else {

@@ -23,10 +23,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::memory::{CudaSlice, DeviceRepr};
-use super::stream::CudaStream;
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Result};
+use crate::safe::{CudaSlice, CudaStream, DeviceRepr};
 
 /// An engine's cudarc stream as a stream of this crate: the same `CUstream` (not destroyed
 /// here), on the context this crate shares with cudarc (the device's primary context).
@@ -39,14 +38,14 @@ impl EngineStream {
     /// Wraps `stream`, a cudarc stream of `engine`'s device.
     ///
     /// # Errors
-    /// [`Error::WrongContext`] when `stream`'s context is not `engine`'s (cudarc's
+    /// [`CudaError::WrongContext`] when `stream`'s context is not `engine`'s (cudarc's
     /// `CudaContext::new` retains the device's primary context, as this crate does; a non-primary
     /// cudarc context cannot be shared).
     pub fn new(engine: &Engine, stream: &Arc<cudarc::driver::CudaStream>) -> Result<EngineStream> {
         let theirs_ctx = stream.context().cu_ctx();
         let ours_ctx = engine.context().raw();
         if !std::ptr::eq(theirs_ctx.cast::<u8>(), ours_ctx.cast::<u8>()) {
-            return Err(Error::WrongContext {
+            return Err(CudaError::WrongContext {
                 what: "EngineStream::new: the cudarc stream's context must be the engine's (the device's primary context)",
                 device: engine.context().ordinal(),
             });
