@@ -9,7 +9,7 @@
 # Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
-# GATE_SANITIZE_TESTS (test executables to sanitize; default all but faults, unit, no_driver),
+# GATE_SANITIZE_TESTS (test executables to sanitize; default those that reach a GPU),
 # GATE_SANITIZE_JOBS (how many of them run at once under each tool; default 1. With 4 the whole
 # racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5),
 # GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
@@ -152,12 +152,12 @@ sanitize_one_per_process() {
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
-  # faults: its child processes trap on purpose; unit, no_driver, double, ring, bounded, rendezvous:
-  # never reach a GPU (they run through the driver double, or need no driver; the
-  # sanitizer refuses a program that makes no CUDA call); nccl: not yet run under the sanitizer
+  # faults: its child processes trap on purpose; unit, no_driver, double, ring, bounded, rendezvous,
+  # campaign, foreign: never reach a GPU (they run through the driver double, or need no driver;
+  # the sanitizer refuses a program that makes no CUDA call); nccl: not yet run under the sanitizer
   # (NCCL's own kernels and proxy threads; pick it with GATE_SANITIZE_TESTS=nccl); processes: its
   # ranks are child processes, and its own test runs one rank under memcheck.
-  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double|ring|bounded|nccl|processes|rendezvous)$' | tr '\n' ' ')
+  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double|ring|bounded|nccl|processes|rendezvous|campaign|foreign)$' | tr '\n' ' ')
   tests=${GATE_SANITIZE_TESTS:-$default_tests}
   for tool in $tools; do
     extra=()

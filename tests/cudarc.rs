@@ -27,6 +27,9 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
     let reader = ctx.new_stream().unwrap();
     let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
     let rt = PpNRt::new(PpConfig::new(2), &engine).unwrap();
+    // Under compute-sanitizer (the gate sets PPNRT_SANITIZER) the streams' work is serialised,
+    // which closes the window the broken rounds need open: they still run, unchecked.
+    let sanitized = std::env::var_os("PPNRT_SANITIZER").is_some();
     let spin_on = |stream: &Arc<ppnrt::CudaStream>, ns: u64| {
         let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
         engine.spin(ns).unwrap();
@@ -65,13 +68,19 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
                 reader.clone_dtoh(&y).unwrap()
             }
         };
-        if broken {
+        if broken && !sanitized {
             assert_ne!(seen, values, "round {round}: cudarc read the buffer before the crate's copy ran");
-        } else {
+        } else if !broken {
             assert_eq!(seen, values, "round {round}");
         }
     }
-    println!(
-        "cudarc_buffers_go_through_the_pipeline_ordered_both_ways: 10 ordered rounds exact, 10 broken rounds caught"
-    );
+    if sanitized {
+        println!(
+            "cudarc_buffers_go_through_the_pipeline_ordered_both_ways: 10 ordered rounds exact; the 10 broken rounds ran unchecked (under compute-sanitizer the race cannot occur)"
+        );
+    } else {
+        println!(
+            "cudarc_buffers_go_through_the_pipeline_ordered_both_ways: 10 ordered rounds exact, 10 broken rounds caught"
+        );
+    }
 }
