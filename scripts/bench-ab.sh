@@ -35,6 +35,23 @@ for name in pairs:
             continue
         for m in re.finditer(r"^\| ([^|]+) \| ([\d.]+) (µs|GB/s) \| ([\d.]+) (?:µs|GB/s) \| ([\d.]+) \|$", text, re.M):
             rows.setdefault(m.group(1).strip(), {}).setdefault(name, []).append((float(m.group(2)), float(m.group(4)), float(m.group(5))))
+        # The `graphs` table: each S's crate rows beside the raw rows they are measured against.
+        graphs = {}
+        for m in re.finditer(r"^\| S = (\d+): ([^|]+?) \| ([\d.]+) µs \| ([\d.]+) µs \| ([\d.]+) µs \| ([\d.]+) µs \|$", text, re.M):
+            graphs[(m.group(1), m.group(2).strip())] = [float(m.group(k)) for k in (3, 4, 5, 6)]
+        for (s, variant), figures in graphs.items():
+            against = {"crate eager": "raw eager", "crate graph mode": "raw per-stage graphs"}.get(variant)
+            if against is None or (s, against) not in graphs:
+                continue
+            for label, c, w in zip(("host issue", "pipelined step"), (figures[0], figures[2]), (graphs[(s, against)][0], graphs[(s, against)][2])):
+                rows.setdefault(f"S = {s} {variant} / {against}: {label}", {}).setdefault(name, []).append((c, w, c / w))
+        # The `engine` table: a path's figure beside its raw twin, "A µs ... raw ... B µs".
+        for m in re.finditer(r"^\| (deferred readback[^|]*?) \| ([\d.]+) µs \(raw .*? ([\d.]+) µs,", text, re.M):
+            c, w = float(m.group(2)), float(m.group(3))
+            rows.setdefault(m.group(1).strip(), {}).setdefault(name, []).append((c, w, c / w))
+        for m in re.finditer(r"^\| (local 64 MiB single step received in place[^|]*?) \| ([\d.]+) µs .*? vs raw ([\d.]+) µs", text, re.M):
+            c, w = float(m.group(2)), float(m.group(3))
+            rows.setdefault(m.group(1).strip(), {}).setdefault(name, []).append((c, w, c / w))
 def median(values):
     values = sorted(values)
     return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2 if values else float("nan")
@@ -58,4 +75,12 @@ for figure, by in rows.items():
         ratios = [a[0] / b[0] for a, b in zip(by.get(first, []), by.get(n, [])) if b[0]]
         cells.append(", ".join(f"{q:.3f}" for q in ratios) + f" ({median(ratios):.3f})")
     print(f"| {figure} | " + " | ".join(cells) + " |")
+# The builds' median crate/raw ratios side by side: the comparison that host-cost swings between
+# VMs do not move (both ratios come from the same minutes).
+print()
+print("| figure | " + " | ".join(f"{n} median crate/raw" for n in pairs) + " | " + " | ".join(f"{first} vs {n}" for n in pairs[1:]) + " |")
+print("| --- |" + " ---: |" * (2 * len(pairs) - 1))
+for figure, by in rows.items():
+    medians = [median([q for _, _, q in by.get(n, [])]) for n in pairs]
+    print(f"| {figure} | " + " | ".join(f"{m:.3f}" for m in medians) + " | " + " | ".join(f"{medians[0] / m - 1:+.1%}" for m in medians[1:]) + " |")
 PY
