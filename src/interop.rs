@@ -14,6 +14,11 @@
 //! - the guard's drop makes the engine's stream wait for every use this crate made, then records
 //!   cudarc's event there, so cudarc's later work on any stream waits for it.
 //!
+//! Feature `cudarc` builds this module with cudarc loading the driver at run time; an engine
+//! whose own cudarc dependency picks another linking mode (candle links the CUDA libraries, and
+//! cudarc allows one mode per build) enables `cudarc-interop` instead, which leaves the mode and
+//! the CUDA version to it.
+//!
 //! The borrow the guard holds keeps cudarc's other writers out meanwhile (a read guard holds
 //! `&`, a write guard `&mut`). With cudarc's event tracking off, cudarc leaves the ordering
 //! across its streams to the engine, as it does for its own launches.

@@ -51,7 +51,7 @@
 pub mod auth;
 pub mod engine;
 pub mod error;
-#[cfg(feature = "cudarc")]
+#[cfg(feature = "cudarc-interop")]
 #[allow(unsafe_code)]
 pub mod interop;
 pub mod kernels;
