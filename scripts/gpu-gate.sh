@@ -4,7 +4,12 @@
 # in a short mode, from gpu-bundle/ (made by scripts/build-gpu-bundle.sh). Prints one summary
 # table; exits non-zero on any failure or sanitizer error.
 #
-#   bash scripts/gpu-gate.sh [phases]      phases: any of tests,examples,sanitize,bench (default all)
+#   bash scripts/gpu-gate.sh [phases]      phases: any of tests,examples,sanitize,bench (default all),
+#                                          and candle (only when named)
+#
+# candle: runs gpu-run/candle-llama (examples/candle-llama, built apart by
+# scripts/build-candle-example.sh) with GATE_CANDLE_ARGS, the CUDA libraries it links taken from
+# this machine's Python (its nvidia wheels).
 #
 # Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
@@ -64,7 +69,7 @@ record_logged() { # name logfile: records the step run_logged ran into the log
   read -r rc secs <"$log.status"
   rm -f "$log.status"
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|outputs:|^TARGET|elements through' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED|outputs:|^TARGET|elements through|identical to the reference|MISMATCH' "$log" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ' ' | cut -c1-110)
   [ "$rc" -eq 124 ] && detail="timed out after ${GATE_STEP_TIMEOUT:-?} s; $detail"
   if [ "$rc" -eq 0 ]; then record "$name" PASS "$secs" "$detail"; else record "$name" FAIL "$secs" "rc=$rc $detail"; fi
 }
@@ -149,6 +154,18 @@ sanitize_one_per_process() {
   [ -n "$names" ] || { echo "no test matches $pattern"; rc=1; }
   return $rc
 }
+
+if [[ $phases == *candle* ]]; then
+  candle=gpu-run/candle-llama
+  if [ -x "$candle" ]; then
+    libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(nvidia.__path__[0], "**", "lib*.so*"), recursive=True)})))')
+    # shellcheck disable=SC2086 # GATE_CANDLE_ARGS is a list of options
+    LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      run_step "candle-llama ${GATE_CANDLE_ARGS:-}" "$logs/candle-llama.log" "$candle" ${GATE_CANDLE_ARGS:-}
+  else
+    record "candle-llama" FAIL 0 "no $candle: build it with scripts/build-candle-example.sh"
+  fi
+fi
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}

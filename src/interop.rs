@@ -30,7 +30,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::engine::Engine;
 use crate::error::{CudaError, Result};
-use crate::safe::{CudaSlice, CudaStream, DeviceRepr};
+use crate::pp::ReceivedSlot;
+use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 
 /// An engine's cudarc stream as a stream of this crate: the same `CUstream` (not destroyed
 /// here), on the context this crate shares with cudarc (the device's primary context).
@@ -94,6 +95,61 @@ impl EngineStream {
         // stream (cudarc's `device_ptr_mut`).
         let slice = unsafe { CudaSlice::from_foreign(ptr, len, &self.ours) };
         LentMut { lent: Lent { slice, _sync: sync } }
+    }
+}
+
+impl EngineStream {
+    /// The slot that `received` lends ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place)) as a
+    /// cudarc view, for the engine's kernels to read in place: no copy. The engine's stream is
+    /// ordered after the slot's data arrived; with cudarc's event tracking on, cudarc's readers
+    /// on other streams are too (the view's write event is recorded there), and when the view
+    /// drops the engine's stream waits for them, so that the slot's next `tx`, ordered after the
+    /// engine's stream when `received` drops, comes after every read. With the tracking off,
+    /// read the view on this stream only (cudarc then leaves ordering across streams to the
+    /// engine). A host-staged boundary's guard holds a copy; the view is then of the copy.
+    ///
+    /// # Errors
+    /// The driver's error ([`crate::Error::Cuda`]).
+    pub fn received_view<'a, T: DeviceRepr>(
+        &'a self,
+        received: &'a mut ReceivedSlot<'_, T>,
+    ) -> crate::pp::Result<ReceivedView<'a, T>> {
+        received.order_on(&self.ours)?;
+        let view = received.view()?;
+        // SAFETY: the address holds `view.len()` elements of `T` for as long as `received` lends
+        // them, which the returned guard's borrow of `received` outlasts; the guard never lets
+        // cudarc free the memory (it leaks the slice, see `ReceivedView`'s drop).
+        let mut slice = unsafe { self.theirs.upgrade_device_ptr::<T>(view.device_ptr(), view.len()) };
+        // cudarc's write event of the slice, recorded on the engine's stream after the wait above:
+        // cudarc's readers on other streams wait for it.
+        drop(cudarc::driver::DevicePtrMut::device_ptr_mut(&mut slice, &self.theirs));
+        Ok(ReceivedView { slice: Some(slice), _received: std::marker::PhantomData })
+    }
+}
+
+/// A received slot as a cudarc view ([`EngineStream::received_view`]). Dropping it makes the
+/// engine's stream wait for cudarc's reads of it (with event tracking on); drop it before the
+/// [`ReceivedSlot`] it borrows.
+pub struct ReceivedView<'a, T> {
+    /// The slot's memory as a cudarc slice that never frees it (leaked on drop).
+    slice: Option<cudarc::driver::CudaSlice<T>>,
+    _received: std::marker::PhantomData<&'a mut ()>,
+}
+
+impl<T> ReceivedView<'_, T> {
+    /// The received elements, for cudarc's launches and copies.
+    pub fn view(&self) -> cudarc::driver::CudaView<'_, T> {
+        self.slice.as_ref().expect("held until drop").as_view()
+    }
+}
+
+impl<T> Drop for ReceivedView<'_, T> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.slice.take() {
+            // Waits, on the engine's stream, for cudarc's reads of the slice (its tracked events),
+            // and gives the memory back to the slot without freeing it.
+            slice.leak();
+        }
     }
 }
 
