@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds examples/candle-llama (release) on a machine without a GPU and copies the executable to
-# gpu-run/candle-llama (ignored by git; carry gpu-run to the GPU machine). The example is its own
+# gpu-run/candle-llama and gpu-run/candle-llama.gz (ignored by git; carry either to the GPU
+# machine, where the gate's candle phase unpacks the second). The example is its own
 # package with its own workspace: the crate's build, tests, CI and package never build it.
 #
 # candle links the CUDA libraries at build time, so this installs, in target/candle-venv:
@@ -40,4 +41,6 @@ cargo build --release --manifest-path examples/candle-llama/Cargo.toml
 mkdir -p gpu-run
 cp examples/candle-llama/target/release/ppnrt-candle-llama gpu-run/candle-llama
 strip --strip-debug gpu-run/candle-llama
-echo "built gpu-run/candle-llama"
+# Compressed too (~1/3): with the test bundle it then fits what one call to the GPU machine carries.
+gzip -kf gpu-run/candle-llama
+echo "built gpu-run/candle-llama (and gpu-run/candle-llama.gz)"

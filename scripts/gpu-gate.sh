@@ -157,6 +157,7 @@ sanitize_one_per_process() {
 
 if [[ $phases == *candle* ]]; then
   candle=gpu-run/candle-llama
+  if [ ! -x "$candle" ] && [ -f "$candle.gz" ]; then gunzip -kf "$candle.gz" && chmod +x "$candle"; fi
   if [ -x "$candle" ]; then
     libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(nvidia.__path__[0], "**", "lib*.so*"), recursive=True)})))')
     # shellcheck disable=SC2086 # GATE_CANDLE_ARGS is a list of options

@@ -108,13 +108,16 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
         engine.spin(ns).unwrap();
     };
     let values = |round: u32| -> Vec<u32> { (0..N as u32).map(|i| i.wrapping_mul(2_246_822_519) ^ round).collect() };
+    let (mut caught, rounds) = (0, 20u32);
+    // Every round's input on the device beforehand: a send then enqueues at once (a copy from
+    // pageable host memory would hold the host until the late reads were done).
+    let inputs: Vec<_> = (0..=rounds).map(|round| engine.htod(&values(round)).unwrap()).collect();
+    engine.synchronize().unwrap();
     let send = |round: u32, delay: u64| {
         let _stage = rt.enter(0).unwrap();
-        let x = engine.htod(&values(round)).unwrap();
         spin_on(rt.stage_stream(0).unwrap(), delay);
-        rt.tx(0, &x, N).unwrap()
+        rt.tx(0, &inputs[round as usize], N).unwrap()
     };
-    let (mut caught, rounds) = (0, 20u32);
     let mut slot = send(0, 300_000);
     for round in 0..rounds {
         let broken = round % 2 == 1;

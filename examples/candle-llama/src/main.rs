@@ -142,10 +142,11 @@ fn text<E: std::error::Error + 'static>(e: E) -> BoxError {
     ppnrt::error::chain(&e).into()
 }
 
-/// Each step's logits and the time a step took.
+/// Each step's logits, the time a step took, and the host time its boundary calls took.
 struct Decoded {
     logits: Vec<Vec<f32>>,
     step_ms: Vec<f64>,
+    boundary_ms: Vec<f64>,
 }
 
 fn run(args: &Args) -> Result<bool, BoxError> {
@@ -198,7 +199,7 @@ fn decode_reference(args: &Args, prompt: &[u32]) -> Result<Decoded, BoxError> {
     let vb = weights::var_builder(args.seed, &device);
     let model = Llama::load(vb, &config)?;
     let mut cache = Cache::new(true, DType::BF16, &config, &device)?;
-    decode_loop(args, prompt, &device, |tokens, position| Ok(model.forward(tokens, position, &mut cache)?))
+    decode_loop(args, prompt, &device, |tokens, position, _| Ok(model.forward(tokens, position, &mut cache)?))
 }
 
 /// The prompt's prefill and greedy decoding, `forward` running one step: each step's logits
@@ -207,16 +208,18 @@ fn decode_loop(
     args: &Args,
     prompt: &[u32],
     device: &Device,
-    mut forward: impl FnMut(&Tensor, usize) -> Result<Tensor, BoxError>,
+    mut forward: impl FnMut(&Tensor, usize, &mut f64) -> Result<Tensor, BoxError>,
 ) -> Result<Decoded, BoxError> {
-    let mut decoded = Decoded { logits: Vec::new(), step_ms: Vec::new() };
+    let mut decoded = Decoded { logits: Vec::new(), step_ms: Vec::new(), boundary_ms: Vec::new() };
     let mut input = prompt.to_vec();
     let mut position = 0;
     for _ in 0..=args.tokens {
         let start = Instant::now();
         let tokens = Tensor::new(input.as_slice(), device)?.unsqueeze(0)?;
-        let logits: Vec<f32> = forward(&tokens, position)?.squeeze(0)?.to_vec1()?;
+        let mut boundary_ms = 0.0;
+        let logits: Vec<f32> = forward(&tokens, position, &mut boundary_ms)?.squeeze(0)?.to_vec1()?;
         decoded.step_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        decoded.boundary_ms.push(boundary_ms);
         position += input.len();
         let next = logits
             .iter()
@@ -250,17 +253,21 @@ fn decode_staged(args: &Args, prompt: &[u32], stages: usize) -> Result<Decoded, 
     let config = PpConfig::with_devices(&devices.iter().map(|&d| d as i32).collect::<Vec<_>>());
     let rt = PpNRt::with_stage_streams(config, &primary, &streams).map_err(text)?;
     let first_device = parts[0].device().clone();
-    decode_loop(args, prompt, &first_device, |tokens, position| {
+    decode_loop(args, prompt, &first_device, |tokens, position, boundary_ms| {
         let seq = tokens.dims()[1];
         let mut x = parts[0].embed(tokens)?;
         let mut slot = 0;
         for s in 0..stages {
             if s > 0 {
+                let start = Instant::now();
                 x = receive(&rt, &engine_streams[s], s - 1, slot, &parts[s], (1, seq, shape.hidden))?;
+                *boundary_ms += start.elapsed().as_secs_f64() * 1e3;
             }
             x = parts[s].forward(&x, position)?;
             if s + 1 < stages {
+                let start = Instant::now();
                 slot = send(&rt, &engine_streams[s], s, &x)?;
+                *boundary_ms += start.elapsed().as_secs_f64() * 1e3;
             }
         }
         Ok(x)
@@ -316,23 +323,30 @@ fn compare(label: &str, reference: &Decoded, run: &Decoded) -> bool {
     true
 }
 
-/// Per-token latency (the decode steps, not the prefill) and tokens per second; beside the
-/// one-stage run, the share of a step the boundaries and stage changes add.
+/// Per-token latency (the decode steps, not the prefill) and tokens per second; the host time
+/// of the boundary calls (`tx`, `rx_into` and their lends) per step and its share of a step;
+/// beside the one-stage run, what the split adds to a step in all.
 fn report(label: &str, run: &Decoded, one_stage: Option<&Decoded>) {
-    let median = |d: &Decoded| {
-        let mut steps = d.step_ms[1..].to_vec();
-        steps.sort_by(f64::total_cmp);
-        steps[steps.len() / 2]
+    let median = |values: &[f64]| {
+        let mut values = values[1..].to_vec();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
     };
-    let ms = median(run);
+    let ms = median(&run.step_ms);
     let mut line = format!(
         "{label}: prefill {:.2} ms, decode {ms:.3} ms per token (median), {:.1} tokens/s",
         run.step_ms[0],
         1e3 / ms
     );
     if let Some(base) = one_stage {
-        let base_ms = median(base);
-        line += &format!("; beside one stage {:+.3} ms ({:+.2}% of a step)", ms - base_ms, (ms - base_ms) / ms * 100.0);
+        let (boundaries, base_ms) = (median(&run.boundary_ms), median(&base.step_ms));
+        line += &format!(
+            "; boundaries {:.1} µs per step ({:.2}% of a step); beside one stage {:+.3} ms ({:+.2}%)",
+            boundaries * 1e3,
+            boundaries / ms * 100.0,
+            ms - base_ms,
+            (ms - base_ms) / ms * 100.0
+        );
     }
     println!("{line}");
 }
