@@ -229,6 +229,13 @@ fn comparison(gpus: &Gpus, report: &mut String) -> Vec<Row> {
             row("hop p99", percentile(&mut hc, 0.99) * us, percentile(&mut hr, 0.99) * us, "µs");
         }
     }
+    let (crate_step, raw_step) = graph_mode::eager_decode_row(gpus);
+    rows.push(Row {
+        figure: "eager decode step, 8 stages × 20 kernels, 32KiB: host issue".to_string(),
+        crate_value: crate_step,
+        raw_value: raw_step,
+        unit: "µs",
+    });
     let _ = writeln!(report, "| figure | crate | raw driver | crate / raw |\n| --- | ---: | ---: | ---: |");
     for row in &rows {
         let line = format!(

@@ -538,3 +538,54 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
         say(&format!("TARGET {target}: {measured} {}", if met { "met" } else { "NOT MET" }));
     }
 }
+
+/// The comparison table's eager decode step: S = 8 stages (alternating over two peer GPUs, else
+/// on one) × 20 kernels, 32 KiB, the crate's eager step (`rx`, layers, `tx`) beside the raw
+/// driver's, host issue per step (µs, each a run of 200 steps issued back to back, median of six
+/// rounds in which the two alternate, after a warm-up of 50 steps each). Both outputs are checked
+/// bitwise against each other after the same steps from the same input.
+pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
+    const STAGES: usize = 8;
+    const ROUNDS: usize = 6;
+    const RUN: usize = 200;
+    let primary = &gpus.engines[0];
+    let two = gpus.engines.len() >= 2 && gpus.peers;
+    let devices: Vec<i32> = (0..STAGES).map(|s| if two { (s % 2) as i32 } else { 0 }).collect();
+    let input: Vec<f32> = (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let (rt, mut acts) = crate_pipeline(gpus, &devices);
+    let raw = Raw::new(gpus, &devices);
+    reset_acts(&rt, primary, &mut acts, &input);
+    raw.reset(&input);
+    // The same steps from the same input: the two must agree bit for bit.
+    for k in 0..4 {
+        crate_eager_step(&rt, primary, &mut acts, k % SLOTS);
+        raw.eager_step(k % SLOTS);
+    }
+    assert!(
+        crate_output(&rt, primary, &acts) == raw.output(),
+        "eager decode row: the crate's step differs from the raw one"
+    );
+    let (mut crate_issue, mut raw_issue) = (Vec::new(), Vec::new());
+    let mut k = 0;
+    let mut run = |step: &mut dyn FnMut(usize), sync: &dyn Fn(), steps: usize| -> f64 {
+        let start = Instant::now();
+        for _ in 0..steps {
+            step(k % SLOTS);
+            k += 1;
+        }
+        let issue = start.elapsed().as_secs_f64() / steps as f64 * 1e6;
+        sync();
+        issue
+    };
+    run(&mut |slot| crate_eager_step(&rt, primary, &mut acts, slot), &|| rt.synchronize().unwrap(), 50);
+    run(&mut |slot| raw.eager_step(slot), &|| raw.sync(), 50);
+    for _ in 0..ROUNDS {
+        crate_issue.push(run(
+            &mut |slot| crate_eager_step(&rt, primary, &mut acts, slot),
+            &|| rt.synchronize().unwrap(),
+            RUN,
+        ));
+        raw_issue.push(run(&mut |slot| raw.eager_step(slot), &|| raw.sync(), RUN));
+    }
+    (median(&mut crate_issue), median(&mut raw_issue))
+}
