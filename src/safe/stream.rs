@@ -175,6 +175,7 @@ impl CudaStream {
     /// # Errors
     /// While this stream is captured, the error of [`refuse_in_capture`](Self::refuse_in_capture)
     /// for `call`.
+    #[inline]
     pub(crate) fn enqueue_gate_uncaptured(&self, call: &'static str) -> Result<EnqueueGate<'_>> {
         let gate = self.enqueue_gate();
         if self.is_capturing() {
