@@ -96,9 +96,7 @@ impl EngineStream {
         let slice = unsafe { CudaSlice::from_foreign(ptr, len, &self.ours) };
         LentMut { lent: Lent { slice, _sync: sync } }
     }
-}
 
-impl EngineStream {
     /// The slot that `received` lends ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place)) as a
     /// cudarc view, for the engine's kernels to read in place: no copy. The engine's stream is
     /// ordered after the slot's data arrived; with cudarc's event tracking on, cudarc's readers
@@ -127,9 +125,9 @@ impl EngineStream {
     }
 }
 
-/// A received slot as a cudarc view ([`EngineStream::received_view`]). Dropping it makes the
-/// engine's stream wait for cudarc's reads of it (with event tracking on); drop it before the
-/// [`ReceivedSlot`] it borrows.
+/// A received slot as a cudarc view ([`EngineStream::received_view`]), borrowing the
+/// [`ReceivedSlot`] it was made from (so the slot is not given back while the view lives).
+/// Dropping it makes the engine's stream wait for cudarc's reads of it (with event tracking on).
 pub struct ReceivedView<'a, T> {
     /// The slot's memory as a cudarc slice that never frees it (leaked on drop).
     slice: Option<cudarc::driver::CudaSlice<T>>,

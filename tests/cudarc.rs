@@ -13,9 +13,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine_or_skip;
+use common::{engine_or_skip, spin_on, under_sanitizer};
 use ppnrt::interop::EngineStream;
-use ppnrt::{PpConfig, PpNRt, StreamOverride};
+use ppnrt::{PpConfig, PpNRt};
 
 const N: usize = 1 << 20;
 
@@ -29,15 +29,11 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
     let rt = PpNRt::new(PpConfig::new(2), &engine).unwrap();
     // Under compute-sanitizer (the gate sets PPNRT_SANITIZER) the streams' work is serialised,
     // which closes the window the broken rounds need open: they still run, unchecked.
-    let sanitized = std::env::var_os("PPNRT_SANITIZER").is_some();
-    let spin_on = |stream: &Arc<ppnrt::CudaStream>, ns: u64| {
-        let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
-        engine.spin(ns).unwrap();
-    };
+    let sanitized = under_sanitizer();
     for round in 0..20u32 {
         let values: Vec<u32> = (0..N as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ round).collect();
         // The engine's write, behind 200 µs of device work on its stream.
-        spin_on(engine_stream.stream(), 200_000);
+        spin_on(&engine, engine_stream.stream(), 200_000);
         let x = theirs.clone_htod(&values).unwrap();
         let mut y = theirs.alloc_zeros::<u32>(N).unwrap();
         let slot = {
@@ -50,7 +46,7 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
             let _stage = rt.enter(1).unwrap();
             let stage = Arc::clone(rt.stage_stream(1).unwrap());
             let mut lent = engine_stream.write(&mut y);
-            spin_on(&stage, 200_000);
+            spin_on(&engine, &stage, 200_000);
             // The step lands in the cudarc slice with the boundary's one copy.
             rt.rx_into(0, slot, &mut *lent).unwrap();
             if broken {
@@ -102,11 +98,7 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
     let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
     let reader_stream = EngineStream::new(&engine, &reader).unwrap();
     let rt = PpNRt::new(PpConfig::new(2).slots(1), &engine).unwrap();
-    let sanitized = std::env::var_os("PPNRT_SANITIZER").is_some();
-    let spin_on = |stream: &Arc<ppnrt::CudaStream>, ns: u64| {
-        let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
-        engine.spin(ns).unwrap();
-    };
+    let sanitized = under_sanitizer();
     let values = |round: u32| -> Vec<u32> { (0..N as u32).map(|i| i.wrapping_mul(2_246_822_519) ^ round).collect() };
     let (mut caught, rounds) = (0, 20u32);
     // Every round's input on the device beforehand: a send then enqueues at once (a copy from
@@ -115,7 +107,7 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
     engine.synchronize().unwrap();
     let send = |round: u32, delay: u64| {
         let _stage = rt.enter(0).unwrap();
-        spin_on(rt.stage_stream(0).unwrap(), delay);
+        spin_on(&engine, rt.stage_stream(0).unwrap(), delay);
         rt.tx(0, &inputs[round as usize], N).unwrap()
     };
     let mut slot = send(0, 300_000);
@@ -128,7 +120,7 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
             let view = engine_stream.received_view(&mut received).unwrap();
             // Rounds 2, 6, ...: the read comes late, the next send at once (write after read).
             if broken || round % 4 == 2 {
-                spin_on(reader_stream.stream(), 200_000);
+                spin_on(&engine, reader_stream.stream(), 200_000);
             }
             if broken {
                 // SAFETY: the slot holds N u32 while `received` lives; the raw slice is leaked,

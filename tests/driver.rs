@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{POISON, Rng, devices_or_skip, engine_or_skip};
+use common::{POISON, Rng, devices_or_skip, engine_or_skip, under_sanitizer};
 use ppnrt::{CudaError, Device, DeviceSlice, DriverVersion, Module, kernels};
 
 #[test]
@@ -58,7 +58,7 @@ fn embedded_ptx_loads_and_every_kernel_is_found() {
     }
     // The driver's own refusal of bad PTX, passed through typed. Under compute-sanitizer (the
     // gate sets PPNRT_SANITIZER) that deliberate API error would count as a finding: skip it.
-    if std::env::var_os("PPNRT_SANITIZER").is_none() {
+    if !under_sanitizer() {
         assert!(matches!(Module::load_ptx(engine.context(), "garbage", "not ptx at all"), Err(CudaError::Driver(_))));
     } else {
         common::say("embedded_ptx_loads_and_every_kernel_is_found: bad-PTX probe skipped under the sanitizer");

@@ -14,7 +14,7 @@ mod common;
 use std::collections::VecDeque;
 use std::sync::mpsc;
 
-use common::{Rng, devices_or_skip, on_driver_double, say};
+use common::{Rng, devices_or_skip, on_driver_double, say, under_sanitizer};
 use ppnrt::PpError;
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{Engine, Error, PpConfig, PpNRt, TransportPolicy, kernels};
@@ -154,7 +154,7 @@ fn receiving_in_place_has_no_ordering_hazards() {
 #[allow(clippy::type_complexity)]
 fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfig, (u64, u64))>)> {
     let devices = devices_or_skip(test, 1)?;
-    if std::env::var_os("PPNRT_SANITIZER").is_some() {
+    if under_sanitizer() {
         // The sanitizer serialises the streams' work, which closes the race windows this test
         // needs open; it runs (and must catch the bug) outside the sanitizer.
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));

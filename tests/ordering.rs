@@ -10,7 +10,7 @@ mod common;
 #[path = "common/ordering.rs"]
 mod ordering;
 
-use common::{devices_or_skip, say};
+use common::{devices_or_skip, say, under_sanitizer};
 use ordering::Handoff;
 use ppnrt::Engine;
 
@@ -68,7 +68,7 @@ fn the_ordering_checks_catch_a_consumer_the_rule_cannot_see() {
     if devices_or_skip(test, 1).is_none() {
         return;
     }
-    if std::env::var_os("PPNRT_SANITIZER").is_some() {
+    if under_sanitizer() {
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
         return;
     }

@@ -8,7 +8,7 @@ mod raw_driver;
 
 use std::sync::Arc;
 
-use common::{POISON, Rng, devices_or_skip, engine_or_skip, on_driver_double, say};
+use common::{POISON, Rng, devices_or_skip, engine_or_skip, on_driver_double, say, spin_on, under_sanitizer};
 use ppnrt::{
     CudaError, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, PinnedHostBuffer, StreamOverride,
     enable_peer_access, kernels, take_drop_errors,
@@ -161,7 +161,7 @@ fn events_time_a_known_amount_of_work() {
         let elapsed = end.elapsed_ms(&start).unwrap();
         assert!(elapsed >= ms as f32 * 0.95, "spin {ms} ms timed {elapsed} ms");
         // Instrumentation (compute-sanitizer) stretches kernels: the upper bound holds only without it.
-        if std::env::var_os("PPNRT_SANITIZER").is_none() {
+        if !under_sanitizer() {
             assert!(elapsed < ms as f32 * 1.5 + 1.0, "spin {ms} ms timed {elapsed} ms");
         }
     }
@@ -460,16 +460,12 @@ fn an_engines_raw_buffers_and_stream_go_through_the_pipeline_ordered_on_the_gpu(
         ptr
     };
     let (source, target) = (alloc(), alloc());
-    let spin_on = |stream: &Arc<CudaStream>, ns: u64| {
-        let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
-        engine.spin(ns).unwrap();
-    };
-    let sanitized = std::env::var_os("PPNRT_SANITIZER").is_some();
+    let sanitized = under_sanitizer();
     let (mut caught, rounds) = ((0, 0), 20u32);
     for round in 1..=rounds {
         let broken = round % 2 == 0;
         // The engine's write of `source`, behind a device delay on its own stream.
-        spin_on(&own, 200_000);
+        spin_on(&engine, &own, 200_000);
         {
             let _bound = engine.context().bind().unwrap();
             raw!(cuMemsetD32Async(source, round, N, own.raw()));
@@ -483,7 +479,7 @@ fn an_engines_raw_buffers_and_stream_go_through_the_pipeline_ordered_on_the_gpu(
         };
         let seen = {
             let _stage = rt.enter(1).unwrap();
-            spin_on(rt.stage_stream(1).unwrap(), 200_000);
+            spin_on(&engine, rt.stage_stream(1).unwrap(), 200_000);
             // SAFETY: as above, for `target`, which the engine reads on `own` only.
             let mut received = unsafe { CudaSlice::<u32>::from_foreign(target, N, &own) };
             rt.rx_into(0, slot, &mut received).unwrap();

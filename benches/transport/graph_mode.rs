@@ -81,6 +81,16 @@ fn time_steps(mut step: impl FnMut(usize), sync: &dyn Fn()) -> Figures {
     }
 }
 
+/// The step's input activations (the same for every variant, so outputs compare bitwise).
+fn step_input() -> Vec<f32> {
+    (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect()
+}
+
+/// The device of each of `stages` stages: alternating over GPUs 0 and 1 when `two`, else all on 0.
+fn stage_devices(two: bool, stages: usize) -> Vec<i32> {
+    (0..stages).map(|s| if two { (s % 2) as i32 } else { 0 }).collect()
+}
+
 /// Launches the toy layer on `x` (raw).
 fn raw_layer(layer: &Function, max_blocks: u32, x: u64, step: u32, index: u32, stream: ppnrt::sys::CUstream) {
     let config = LaunchConfig::for_elements(N, max_blocks);
@@ -358,7 +368,7 @@ fn crate_output(rt: &PpNRt, primary: &Engine, acts: &[CudaSlice<f32>]) -> Vec<f3
 pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
     let primary = &gpus.engines[0];
     let two = gpus.engines.len() >= 2 && gpus.peers;
-    let input: Vec<f32> = (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let input = step_input();
     let _ = writeln!(
         report,
         "\n| S × 20 kernels, 32 KiB, {} | host issue / step (run of {}) | host issue / step (median call) | pipelined step | isolated step |\n| --- | ---: | ---: | ---: | ---: |",
@@ -370,7 +380,7 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
     // is the growth from S = 2 to S = 8 over the six boundaries added.
     let mut at_two: Option<(f64, f64)> = None;
     for s_count in [2usize, 4, 8] {
-        let devices: Vec<i32> = (0..s_count).map(|s| if two { (s % 2) as i32 } else { 0 }).collect();
+        let devices = stage_devices(two, s_count);
         let mut outputs: Vec<(&str, Vec<f32>)> = Vec::new();
         // The crate, eager.
         let (rt, mut acts) = crate_pipeline(gpus, &devices);
@@ -550,8 +560,8 @@ pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
     const RUN: usize = 200;
     let primary = &gpus.engines[0];
     let two = gpus.engines.len() >= 2 && gpus.peers;
-    let devices: Vec<i32> = (0..STAGES).map(|s| if two { (s % 2) as i32 } else { 0 }).collect();
-    let input: Vec<f32> = (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let devices = stage_devices(two, STAGES);
+    let input = step_input();
     let (rt, mut acts) = crate_pipeline(gpus, &devices);
     let raw = Raw::new(gpus, &devices);
     reset_acts(&rt, primary, &mut acts, &input);

@@ -2,7 +2,9 @@
 //! deterministic random generator (no dependency needed).
 #![allow(dead_code, unreachable_pub)]
 
-use ppnrt::{Device, Engine};
+use std::sync::Arc;
+
+use ppnrt::{CudaStream, Device, Engine, StreamOverride};
 
 /// The number of devices a GPU test may use, or `None` (after printing why) when the test must
 /// skip. With `PPNRT_REQUIRE_GPUS=N` set (the GPU gate sets it), a machine with fewer than
@@ -43,6 +45,20 @@ pub fn engine_or_skip(test: &str, ordinal: i32) -> Option<Engine> {
 /// test needs from a GPU do not happen.
 pub fn on_driver_double(engine: &Engine) -> bool {
     engine.device().name().is_ok_and(|name| name.contains("driver double"))
+}
+
+/// Whether the test runs under compute-sanitizer (the GPU gate sets `PPNRT_SANITIZER`): the tool
+/// serialises streams and reports deliberate API errors, so races a test provokes cannot happen
+/// and deliberate misuse would count as findings.
+pub fn under_sanitizer() -> bool {
+    std::env::var_os("PPNRT_SANITIZER").is_some()
+}
+
+/// Occupies `stream` for `ns` nanoseconds of device time (`engine`'s spin kernel): a delay that
+/// makes a missing wait show up as a wrong value.
+pub fn spin_on(engine: &Engine, stream: &Arc<CudaStream>, ns: u64) {
+    let _on = StreamOverride::new(Arc::clone(stream)).unwrap();
+    engine.spin(ns).unwrap();
 }
 
 /// SplitMix64: deterministic, seedable, good enough for test data and delays.
