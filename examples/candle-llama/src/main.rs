@@ -236,22 +236,22 @@ fn decode_loop(
 fn decode_staged(args: &Args, prompt: &[u32], stages: usize) -> Result<Decoded, BoxError> {
     let shape = &args.shape;
     let devices = stage_devices(stages, args.gpus);
+    // One ppnrt engine per GPU (each on the device's primary context, which candle shares).
+    let engines = (0..args.gpus as i32).map(Engine::new).collect::<Result<Vec<_>, _>>().map_err(text)?;
     // One candle device (its own stream) per stage; the stage's layers on it.
     let mut parts = Vec::with_capacity(stages);
     let mut streams = Vec::with_capacity(stages);
     let mut engine_streams = Vec::with_capacity(stages);
     for (s, &ordinal) in devices.iter().enumerate() {
         let cuda = CudaDevice::new_with_stream(ordinal)?;
-        let engine = Engine::new(ordinal as i32).map_err(text)?;
-        let engine_stream = EngineStream::new(&engine, &cuda.cuda_stream()).map_err(text)?;
+        let engine_stream = EngineStream::new(&engines[ordinal], &cuda.cuda_stream()).map_err(text)?;
         streams.push(Some(Arc::clone(engine_stream.stream())));
         engine_streams.push(engine_stream);
         let layers = (s * shape.layers / stages)..((s + 1) * shape.layers / stages);
         parts.push(StagePart::load(args.seed, shape, layers, s == 0, s + 1 == stages, cuda)?);
     }
-    let primary = Engine::new(devices[0] as i32).map_err(text)?;
     let config = PpConfig::with_devices(&devices.iter().map(|&d| d as i32).collect::<Vec<_>>());
-    let rt = PpNRt::with_stage_streams(config, &primary, &streams).map_err(text)?;
+    let rt = PpNRt::with_stage_streams(config, &engines[devices[0]], &streams).map_err(text)?;
     let first_device = parts[0].device().clone();
     decode_loop(args, prompt, &first_device, |tokens, position, boundary_ms| {
         let seq = tokens.dims()[1];
