@@ -331,16 +331,17 @@ fn crate_pipeline(gpus: &Gpus, devices: &[i32]) -> (PpNRt, Vec<CudaSlice<f32>>) 
     (rt, acts)
 }
 
-/// One eager step of the crate on slot `k`: `rx` and a copy into the stage's activations, the
-/// layers, `tx`.
+/// One eager step of the crate on slot `k`, the work of the raw step's: the slot received into the
+/// stage's activations (`rx_into`, one copy, as the raw step and the crate's graph step do), the
+/// layers, `tx`; each stage's calls with its context bound once, as the raw step binds it.
 fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k: usize) {
     let s_count = rt.n_stages();
     for s in 0..s_count {
         let engine = rt.engine(s, primary).unwrap();
         let _scope = rt.enter(s).unwrap();
+        let _bound = rt.stage_stream(s).unwrap().context().bind().unwrap();
         if s > 0 {
-            let received = rt.rx::<f32>(s - 1, k, N).unwrap();
-            engine.dtod(&received, &mut acts[s]).unwrap();
+            rt.rx_into(s - 1, k, &mut acts[s]).unwrap();
         }
         for layer in 0..LAYERS {
             engine.toy_layer(&mut acts[s], k as u32, layer).unwrap();

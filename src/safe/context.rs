@@ -109,8 +109,13 @@ impl Context {
     /// lives, nested binds of this context on this thread make no driver call. Only for scopes
     /// that run no code but the crate's own (no user closure, no other library), so that nothing
     /// can change the current context behind the scope's back.
+    #[inline]
     pub(crate) fn bind_for_call(&self) -> Result<BoundContext<'_>> {
-        let mut guard = self.bind()?;
+        if CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw) {
+            // Inside a call scope of this context already: nothing to bind, no scope to open.
+            return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
+        }
+        let mut guard = self.make_current()?;
         guard.scope = CALL_SCOPE.try_with(|scope| scope.replace(self.raw)).ok();
         Ok(guard)
     }
@@ -202,19 +207,20 @@ thread_local! {
 impl Drop for BoundContext<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.scope.is_some() || self.restore.is_some() {
-            self.unbind();
+        if let Some(outer) = self.scope {
+            // Closes the guard's call scope.
+            let _ = CALL_SCOPE.try_with(|scope| scope.set(outer));
+        }
+        if self.restore.is_some() {
+            self.restore_previous();
         }
     }
 }
 
 impl BoundContext<'_> {
-    /// Closes the guard's call scope and makes the previous context current again.
+    /// Makes the previous context current again.
     #[inline(never)]
-    fn unbind(&mut self) {
-        if let Some(outer) = self.scope {
-            let _ = CALL_SCOPE.try_with(|scope| scope.set(outer));
-        }
+    fn restore_previous(&mut self) {
         if let Some(previous) = self.restore {
             // SAFETY: `previous` was current on this thread when the guard was made (or null,
             // which unbinds); nothing this crate does in between releases another context.
