@@ -270,3 +270,10 @@ run image-unchecked src/safe/module.rs "        if u64::from(header).checked_add
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring
 # A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
 run unable-rank-silent src/pp/remote/setup.rs "        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" "        (m.bytes.first() == Some(&UNABLE) && false).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" processes
+# The plain path (an operation on the one stream a buffer's state records takes no lock): a tag
+# put up while reads are recorded, or while the mark has an event, lets a write skip its waits; a
+# lock that does not wait out a claim records events before the claimed work.
+run plain-ignores-reads src/safe/ordering.rs "    if eager || !state.reads.is_empty() {" "    if eager {"
+run plain-ignores-event src/safe/ordering.rs "        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id," "        Some(Mark { stream: Some(_), stream_id, .. }) => *stream_id,"
+run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain();
+        Locked" "        Locked" lib

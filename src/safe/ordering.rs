@@ -23,6 +23,13 @@
 //! stream is ever queried. The rule is host-side bookkeeping plus event records and waits, which
 //! are also what a stream capture turns into graph dependencies.
 //!
+//! The plain path: a buffer whose state records only the last write of one stream, with no event
+//! and no read since (its usual state: made on a stream, used there), carries that stream's id in
+//! an atomic tag. Work on that stream has nothing to wait for and nothing to note, so it takes no
+//! lock: it claims the tag for the span of its enqueue instead, and whoever locks the state takes
+//! the tag down first, waiting out a claim (so that its waits and records come after the claimed
+//! work), and puts up the state's new tag as it unlocks ([`Access::plain`]).
+//!
 //! Threading: the bookkeeping is behind a mutex per buffer, held only for the span of one
 //! operation. An operation holds the locks of its buffers (in address
 //! order) from its waits to its notes ([`Access::around`], [`Access::around_two`],
@@ -34,12 +41,13 @@
 //! launched at once from two threads: each launch keeps its whole footprint locked from the waits
 //! to the notes, so the second is ordered after the first.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
 use super::context::Context;
-use super::stream::{CudaStream, EnqueueGate};
+use super::stream::{CudaStream, EnqueueGate, back_off};
 use crate::error::{CudaError, Result};
 use crate::result::event as raw_event;
 use crate::sys::CUevent;
@@ -242,25 +250,147 @@ struct State {
     spare: Option<Mark>,
 }
 
+/// The bit of [`Access::plain`] that an operation on the plain path holds for the span of its
+/// enqueue.
+const PLAIN_CLAIMED: u64 = 1 << 63;
+
 /// The ordering state of one buffer. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Access {
     state: Mutex<State>,
+    /// The stream whose work alone the state records, with nothing recorded or waited for (see
+    /// [`plain_on`]), by its [`id`](CudaStream::id); 0 when there is none. An operation on that
+    /// stream then has nothing to wait for and nothing to note: it takes no lock, but claims the
+    /// tag ([`PLAIN_CLAIMED`]) for the span of its enqueue ([`Access::claim_plain`]). Whoever
+    /// locks the state takes the tag down first, waiting out a claim, so that its waits and
+    /// records come after the claimed enqueue, and puts up the state's new tag as it unlocks
+    /// ([`Locked`]).
+    plain: AtomicU64,
     eager: bool,
+}
+
+/// The stream id that [`Access::plain`] holds for `state`: the last write's stream when the state
+/// records that write alone, with no event (nothing recorded, nothing waited for) and no read
+/// since, for a buffer that is not eager; else 0. Work on that stream is then ordered by the
+/// stream alone, and noting it changes nothing ([`order_locked`] and [`note_locked`] do nothing).
+#[inline]
+fn plain_on(state: &State, eager: bool) -> u64 {
+    if eager || !state.reads.is_empty() {
+        return 0;
+    }
+    match &state.write {
+        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id,
+        _ => 0,
+    }
+}
+
+/// A buffer's state, locked, with its plain tag taken down (see [`Access::plain`]): put up again
+/// for the state as it is when the guard drops, before the lock is released.
+struct Locked<'a> {
+    access: &'a Access,
+    state: MutexGuard<'a, State>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let tag = plain_on(&self.state, self.access.eager);
+        if tag != 0 {
+            // Release: what the lock holder enqueued comes before a claim's enqueue.
+            self.access.plain.store(tag, Ordering::Release);
+        }
+    }
+}
+
+/// An operation's hold on a buffer's plain path (see [`Access::claim_plain`]), given up when it
+/// drops.
+struct PlainClaim<'a> {
+    tag: &'a AtomicU64,
+    stream_id: u64,
+}
+
+impl Drop for PlainClaim<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: the claim's enqueue comes before whatever the next lock holder enqueues.
+        self.tag.store(self.stream_id, Ordering::Release);
+    }
 }
 
 impl Access {
     /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
-        let write = owner.map(Mark::new);
-        Access { state: Mutex::new(State { write, reads: SmallVec::new(), spare: None }), eager }
+        let state = State { write: owner.map(Mark::new), reads: SmallVec::new(), spare: None };
+        let plain = AtomicU64::new(plain_on(&state, eager));
+        Access { state: Mutex::new(state), plain, eager }
     }
 
+    /// The state, locked, its plain tag taken down (see [`Access::plain`]).
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> Locked<'_> {
         // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.take_down_plain();
+        Locked { access: self, state }
+    }
+
+    /// Takes the plain tag down (to 0), once no operation holds a claim on it: from then on no
+    /// operation takes the plain path until the lock holder puts a tag up again.
+    #[inline]
+    fn take_down_plain(&self) {
+        let mut tag = self.plain.load(Ordering::Acquire);
+        let mut round = 0;
+        while tag != 0 {
+            if tag & PLAIN_CLAIMED != 0 {
+                // An enqueue on the plain path is in progress: it gives the claim up when done.
+                back_off(&mut round);
+                tag = self.plain.load(Ordering::Acquire);
+                continue;
+            }
+            // Acquire: the claim's enqueue, given up before this, comes before what follows.
+            match self.plain.compare_exchange_weak(tag, 0, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => tag = now,
+            }
+        }
+    }
+
+    /// Whether the plain tag names the stream `stream_id` now (a look, no claim).
+    #[inline]
+    fn looks_plain_for(&self, stream_id: u64) -> bool {
+        self.plain.load(Ordering::Relaxed) == stream_id
+    }
+
+    /// The plain path for work on the stream `stream_id`: a claim when the state records that
+    /// stream's work alone
+    /// with nothing to wait for or record (see [`Access::plain`]), so that the work needs no wait
+    /// and noting it changes nothing; `None` otherwise. While the claim lives, whoever locks the
+    /// state waits for it before touching the state or the stream's events.
+    #[inline]
+    fn claim_plain(&self, stream_id: u64) -> Option<PlainClaim<'_>> {
+        // A look first: a buffer off the plain path (an eager one) costs no atomic write here.
+        if !self.looks_plain_for(stream_id) {
+            return None;
+        }
+        self.plain
+            .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| PlainClaim { tag: &self.plain, stream_id })
     }
 
     /// Makes `stream` wait for the uses that `use_` conflicts with: the last write, and for a
@@ -274,7 +404,9 @@ impl Access {
     /// no lock to take.
     pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
         let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-        order_locked(state, stream, use_)
+        let ordered = order_locked(state, stream, use_);
+        *self.plain.get_mut() = plain_on(state, self.eager);
+        ordered
     }
 
     /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager
@@ -295,6 +427,10 @@ impl Access {
         gate: &EnqueueGate<'_>,
         enqueue: impl FnOnce() -> Result<R, E>,
     ) -> Result<R, E> {
+        if let Some(_claim) = self.claim_plain(stream.id()) {
+            // Nothing to wait for, nothing to note (see `Access::plain`).
+            return enqueue();
+        }
         let mut state = self.lock();
         order_locked(&mut state, stream, use_)?;
         let result = enqueue()?;
@@ -315,6 +451,31 @@ impl Access {
             let use_ = if a.1 == Use::Write || b.1 == Use::Write { Use::Write } else { Use::Read };
             return a.0.around(use_, stream, gate, enqueue);
         }
+        let stream_id = stream.id();
+        match (a.0.looks_plain_for(stream_id), b.0.looks_plain_for(stream_id)) {
+            (true, true) => {
+                if let Some(_claim_a) = a.0.claim_plain(stream_id) {
+                    if let Some(_claim_b) = b.0.claim_plain(stream_id) {
+                        // Nothing to wait for, nothing to note for either (see `Access::plain`).
+                        return enqueue();
+                    }
+                }
+            }
+            (plain_a, plain_b) if plain_a != plain_b => {
+                let ((plain, _), (other, other_use)) = if plain_a { (a, b) } else { (b, a) };
+                // The other buffer locked first, the claim then: a claim is never held while
+                // waiting for a lock (whoever holds the plain buffer's lock may be waiting for
+                // the other's, and would wait for the claim).
+                let mut state = other.lock();
+                if let Some(_claim) = plain.claim_plain(stream_id) {
+                    order_locked(&mut state, stream, other_use)?;
+                    let result = enqueue()?;
+                    stream.settle(note_locked(&mut state, stream, other_use, other.eager, Some(gate)))?;
+                    return Ok(result);
+                }
+            }
+            _ => {}
+        }
         let (first, second) = if address(a.0) < address(b.0) { (a, b) } else { (b, a) };
         let mut first_state = first.0.lock();
         let mut second_state = second.0.lock();
@@ -334,7 +495,7 @@ impl Access {
         let mut uses: Vec<(&'a Access, Use)> = uses.into_iter().collect();
         // Address order: two threads locking overlapping sets take the common locks in one order.
         uses.sort_by_key(|(access, _)| address(access));
-        let mut held: Vec<(&'a Access, Use, MutexGuard<'a, State>)> = Vec::with_capacity(uses.len());
+        let mut held: Vec<(&'a Access, Use, Locked<'a>)> = Vec::with_capacity(uses.len());
         for (access, use_) in uses {
             match held.last_mut() {
                 Some((last, last_use, _)) if std::ptr::eq(*last, access) => {
@@ -417,7 +578,7 @@ impl Access {
 /// after the other, each waiting for the other's marks as they are once its work is enqueued,
 /// never both for what came before.
 pub(crate) struct HeldAccesses<'a> {
-    held: Vec<(&'a Access, Use, MutexGuard<'a, State>)>,
+    held: Vec<(&'a Access, Use, Locked<'a>)>,
 }
 
 impl HeldAccesses<'_> {
@@ -576,5 +737,58 @@ fn note_marks(
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use super::{Access, PLAIN_CLAIMED};
+
+    /// A state with no use recorded, its plain tag put up by hand for the stream `7`.
+    fn tagged() -> Access {
+        let access = Access::new(None, false);
+        access.plain.store(7, Ordering::SeqCst);
+        access
+    }
+
+    #[test]
+    fn the_plain_path_is_for_its_own_stream_only_and_one_claim_at_a_time() {
+        let access = tagged();
+        assert!(access.claim_plain(8).is_none(), "another stream's work takes the locked path");
+        let claim = access.claim_plain(7).expect("the tag's stream claims the plain path");
+        assert_eq!(access.plain.load(Ordering::SeqCst), 7 | PLAIN_CLAIMED);
+        assert!(access.claim_plain(7).is_none(), "a claimed tag is not claimed twice");
+        drop(claim);
+        assert_eq!(access.plain.load(Ordering::SeqCst), 7, "the claim gives the tag back as it was");
+        assert!(access.claim_plain(7).is_some());
+    }
+
+    #[test]
+    fn a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks() {
+        let access = tagged();
+        let claim = access.claim_plain(7).unwrap();
+        let hold = Duration::from_millis(100);
+        let (locked_at, released_at) = std::thread::scope(|scope| {
+            let locker = scope.spawn(|| {
+                let locked = access.lock();
+                let at = Instant::now();
+                // Locked, the tag is down: no claim while the state is being changed.
+                assert_eq!(access.plain.load(Ordering::SeqCst), 0);
+                assert!(access.claim_plain(7).is_none());
+                drop(locked);
+                at
+            });
+            std::thread::sleep(hold);
+            let released_at = Instant::now();
+            drop(claim);
+            (locker.join().unwrap(), released_at)
+        });
+        assert!(locked_at >= released_at, "the lock was taken while an enqueue held the plain path");
+        // The state records no use: no tag is put up again, and the stream takes the locked path.
+        assert_eq!(access.plain.load(Ordering::SeqCst), 0);
+        assert!(access.claim_plain(7).is_none());
     }
 }

@@ -71,7 +71,7 @@ impl Drop for EnqueueGate<'_> {
 }
 
 /// Waits a little, longer on each call: a gate is held only for the span of one call.
-fn back_off(round: &mut u32) {
+pub(crate) fn back_off(round: &mut u32) {
     *round += 1;
     if *round < 64 {
         std::hint::spin_loop();
