@@ -88,6 +88,9 @@ declare -A catchers=(
   [foreign-release-unordered]="an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways"
   [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
   [unable-rank-silent]="a_rank_without_nccl_fails_the_others_setup_at_once"
+  [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join"
+  [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join"
+  [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
 )
 run() {
   name=$1; test=${5:-double}; shift

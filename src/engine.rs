@@ -18,10 +18,17 @@ use crate::safe::{TestKernels, ToyModel};
 
 /// The value in `cell`, made by `load` on first use. A failed load is returned and not kept: the
 /// next call tries again. `lock` serialises loads.
+#[inline]
 fn load_once<'a, T>(cell: &'a OnceLock<T>, lock: &Mutex<()>, load: impl FnOnce() -> Result<T>) -> Result<&'a T> {
-    if let Some(value) = cell.get() {
-        return Ok(value);
+    match cell.get() {
+        Some(value) => Ok(value),
+        None => load_first(cell, lock, load),
     }
+}
+
+/// [`load_once`] before the value is there: loads it under the lock, once.
+#[cold]
+fn load_first<'a, T>(cell: &'a OnceLock<T>, lock: &Mutex<()>, load: impl FnOnce() -> Result<T>) -> Result<&'a T> {
     let _loading = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(value) = cell.get() {
         return Ok(value);
@@ -213,6 +220,7 @@ impl Engine {
     ///
     /// # Errors
     /// The module load's error.
+    #[inline]
     pub fn helper_kernels(&self) -> Result<&HelperKernels> {
         load_once(&self.inner.helpers, &self.inner.loading, || HelperKernels::load(&self.inner.ctx, self.max_blocks()))
     }

@@ -1,9 +1,11 @@
 //! The ordering rule on the GPUs present, written as a user would (no join in user code): a
 //! buffer produced on one stream and consumed on another, and a buffer dropped on its owner while
 //! a delayed reader on another stream still needs it, each on every GPU alone and, with two GPUs,
-//! produced on one GPU and read on the other (both ways). 10,000 randomized rounds each
-//! (`PPNRT_HAZARD_STEPS` overrides), and the deliberately broken variant (the consumer gets a raw
-//! address the rule cannot see) is shown to fail.
+//! produced on one GPU and read on the other (both ways); a buffer rewritten on its own stream
+//! after a read on another stream, and a pinned buffer rewritten after a host read (the rule's
+//! plain path). 10,000 randomized rounds each (`PPNRT_HAZARD_STEPS` overrides), and the
+//! deliberately broken variant (the consumer gets a raw address the rule cannot see) is shown to
+//! fail.
 
 mod common;
 
@@ -59,6 +61,23 @@ fn a_buffer_dropped_on_its_owner_is_not_reused_under_a_late_reader() {
         let bad = ordering::dropped_on_its_owner_while_read_elsewhere(&e, rounds() / 10, 11, Handoff::Ordered);
         say(&format!("{test}: device {ordinal}: {bad} wrong checksums in {} rounds", rounds() / 10));
         assert_eq!(bad, 0);
+    }
+}
+
+#[test]
+fn work_on_a_buffers_own_stream_waits_for_reads_elsewhere_and_host_reads_see_it() {
+    let test = "work_on_a_buffers_own_stream_waits_for_reads_elsewhere_and_host_reads_see_it";
+    let Some(devices) = devices_or_skip(test, 1) else { return };
+    for ordinal in 0..devices.min(2) {
+        let e = Engine::new(ordinal).unwrap();
+        let rewritten = ordering::rewritten_on_its_own_stream_after_a_read_elsewhere(&e, rounds(), 17);
+        let stale = ordering::pinned_rewritten_on_its_own_stream_after_a_host_read(&e, rounds() / 10, 19);
+        say(&format!(
+            "{test}: device {ordinal}: {rewritten} wrong checksums in {} rounds, {stale} stale host reads in {}",
+            rounds(),
+            rounds() / 10
+        ));
+        assert_eq!((rewritten, stale), (0, 0));
     }
 }
 

@@ -83,7 +83,9 @@ impl HelperKernels {
         if src.len() != dst.len() {
             return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
         }
-        if let Some(address) = [src.device_ptr(), dst.device_ptr()].into_iter().find(|p| p % 16 != 0) {
+        let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
+        if (src_ptr | dst_ptr) % 16 != 0 {
+            let address = if src_ptr % 16 != 0 { src_ptr } else { dst_ptr };
             return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
         }
         if src.is_empty() {
@@ -105,7 +107,7 @@ impl HelperKernels {
         // by the crate's rule as `CudaStream::launch` orders them.
         let (function, raw_stream) = (self.copy_bytes.raw(), stream.raw());
         ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], || {
-            let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst.device_ptr(), src.device_ptr(), n16, tail);
+            let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst_ptr, src_ptr, n16, tail);
             let mut params: [*mut c_void; 4] =
                 [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
             // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,

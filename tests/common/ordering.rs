@@ -195,3 +195,66 @@ fn drain(
     expected.clear();
     bad
 }
+
+/// Work that stays on a buffer's own stream takes the rule's plain path (no lock, nothing
+/// recorded); here it must still wait for a read on another stream, and must not reuse an event
+/// recorded before it. The producer on stream A rewrites one buffer each round; the consumer on
+/// stream B (after a random delay) checksums it before the next rewrite, with no join in user
+/// code: each rewrite on A is a write after B's read. Stream A is synchronised first, so a
+/// rewrite that did not wait runs before the read (on the double as on a GPU). Returns the
+/// rounds whose checksum was wrong.
+pub fn rewritten_on_its_own_stream_after_a_read_elsewhere(e: &Engine, rounds: usize, seed: u64) -> usize {
+    let a = CudaStream::new(e.context()).unwrap();
+    let b = CudaStream::new(e.context()).unwrap();
+    let n = 4096;
+    let mut rng = Rng::new(seed);
+    let mut x = CudaSlice::<u32>::alloc(&a, n).unwrap();
+    let mut sums = Vec::with_capacity(rounds);
+    let mut expected = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let seed = round as u32 ^ 0x0bad_cafe;
+        {
+            let _on_a = StreamOverride::new(Arc::clone(&a)).unwrap();
+            e.fill_pattern(&mut x, seed).unwrap();
+        }
+        let mut sum = CudaSlice::<u64>::alloc(&b, 1).unwrap();
+        b.memset_bytes(&mut sum, 0).unwrap();
+        {
+            let _on_b = StreamOverride::new(Arc::clone(&b)).unwrap();
+            e.spin(rng.below(40_000)).unwrap();
+        }
+        checksum_on(e, &b, &x, &mut sum, None);
+        expected.push(checksum(&(0..n as u64).map(|i| pattern(seed, i)).collect::<Vec<_>>()));
+        sums.push(sum);
+    }
+    a.synchronize().unwrap();
+    let got: Vec<u64> = sums.iter().map(|s| b.synchronize().and_then(|()| e.dtoh(s)).unwrap()[0]).collect();
+    got.iter().zip(&expected).filter(|(g, x)| g != x).count()
+}
+
+/// A pinned buffer read on the host (its last write's event then shared with the host wait),
+/// written again on the same stream (after a delay) and read on the host again must show the new
+/// data: the second write takes the rule's locked path, which makes the next host wait wait for
+/// it, not for the event of the write before. Returns the rounds whose host read was stale.
+pub fn pinned_rewritten_on_its_own_stream_after_a_host_read(e: &Engine, rounds: usize, seed: u64) -> usize {
+    let a = CudaStream::new(e.context()).unwrap();
+    let n = 4096;
+    let mut rng = Rng::new(seed);
+    let mut x = CudaSlice::<u32>::alloc(&a, n).unwrap();
+    let mut host = ppnrt::PinnedHostBuffer::<u32>::new(e.context(), n, false).unwrap();
+    let mut stale = 0;
+    for round in 0..rounds {
+        let seed = round as u32 ^ 0x5eed_f00d;
+        {
+            let _on_a = StreamOverride::new(Arc::clone(&a)).unwrap();
+            e.spin(rng.below(40_000)).unwrap();
+            e.fill_pattern(&mut x, seed).unwrap();
+        }
+        a.memcpy_dtoh_pinned(&x, &mut host).unwrap();
+        let read = host.as_slice().unwrap();
+        if (0..n).any(|i| read[i] != pattern(seed, i as u64)) {
+            stale += 1;
+        }
+    }
+    stale
+}

@@ -13,6 +13,8 @@ fn buffers_are_ordered_across_streams_without_a_join() {
         let e = Engine::new(0).unwrap();
         assert_eq!(ordering::produced_on_one_stream_consumed_on_another(&e, 200, 7, ordering::Handoff::Ordered), 0);
         assert_eq!(ordering::dropped_on_its_owner_while_read_elsewhere(&e, 200, 11, ordering::Handoff::Ordered), 0);
+        assert_eq!(ordering::rewritten_on_its_own_stream_after_a_read_elsewhere(&e, 200, 17), 0);
+        assert_eq!(ordering::pinned_rewritten_on_its_own_stream_after_a_host_read(&e, 200, 19), 0);
         let e1 = Engine::new(1).unwrap();
         for (from, to) in [(&e, &e1), (&e1, &e)] {
             let across =
