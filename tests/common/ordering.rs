@@ -197,12 +197,13 @@ fn drain(
 }
 
 /// Work that stays on a buffer's own stream takes the rule's plain path (no lock, nothing
-/// recorded); here it must still wait for a read on another stream, and must not reuse an event
-/// recorded before it. The producer on stream A rewrites one buffer each round; the consumer on
-/// stream B (after a random delay) checksums it before the next rewrite, with no join in user
-/// code: each rewrite on A is a write after B's read. Stream A is synchronised first, so a
-/// rewrite that did not wait runs before the read (on the double as on a GPU). Returns the
-/// rounds whose checksum was wrong.
+/// recorded); here it must still wait for a read on another stream. The producer on stream A
+/// rewrites one buffer each round; the consumer on stream B (after a random delay) checksums it,
+/// then A checksums it too, before the next rewrite, with no join in user code: each rewrite on A
+/// is a write after B's read, with a read on A in between (which leaves the buffer's last write
+/// with no event, but B's read still recorded). Stream A is synchronised first, so a rewrite that
+/// did not wait runs before B's read (on the double as on a GPU). Returns the rounds whose
+/// checksum (either stream's) was wrong.
 pub fn rewritten_on_its_own_stream_after_a_read_elsewhere(e: &Engine, rounds: usize, seed: u64) -> usize {
     let a = CudaStream::new(e.context()).unwrap();
     let b = CudaStream::new(e.context()).unwrap();
@@ -224,12 +225,21 @@ pub fn rewritten_on_its_own_stream_after_a_read_elsewhere(e: &Engine, rounds: us
             e.spin(rng.below(40_000)).unwrap();
         }
         checksum_on(e, &b, &x, &mut sum, None);
+        let mut own_sum = CudaSlice::<u64>::alloc(&a, 1).unwrap();
+        a.memset_bytes(&mut own_sum, 0).unwrap();
+        checksum_on(e, &a, &x, &mut own_sum, None);
         expected.push(checksum(&(0..n as u64).map(|i| pattern(seed, i)).collect::<Vec<_>>()));
-        sums.push(sum);
+        sums.push((sum, own_sum));
     }
     a.synchronize().unwrap();
-    let got: Vec<u64> = sums.iter().map(|s| b.synchronize().and_then(|()| e.dtoh(s)).unwrap()[0]).collect();
-    got.iter().zip(&expected).filter(|(g, x)| g != x).count()
+    let got: Vec<(u64, u64)> = sums
+        .iter()
+        .map(|(sum, own_sum)| {
+            b.synchronize().unwrap();
+            (e.dtoh(sum).unwrap()[0], e.dtoh(own_sum).unwrap()[0])
+        })
+        .collect();
+    got.iter().zip(&expected).filter(|((b_sum, a_sum), x)| b_sum != *x || a_sum != *x).count()
 }
 
 /// A pinned buffer read on the host (its last write's event then shared with the host wait),
