@@ -52,7 +52,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     let config = ppnrt::LaunchConfig::for_elements(N * 4 / 16, 1024);
     // The copy and the launch run with their stream's context current, as a stage's thread would
     // have it.
-    let _bound = if mode == "copy" || mode == "launch" { Some(e0.context().bind()?) } else { None };
+    let _bound = if matches!(mode, "copy" | "launch" | "local") { Some(e0.context().bind()?) } else { None };
     for step in 0..steps {
         if step % 32 == 0 {
             rt.synchronize()?;

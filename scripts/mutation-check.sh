@@ -43,6 +43,7 @@ declare -A catchers=(
   [graph-invalidate]="capture_misuse_is_a_typed_error_through_the_double graph_misuse_leaves_everything_sound_through_the_double graphs_keep_their_memory_alive_and_ordered_through_the_double"
   [graph-stale-slot]="mismatched_graph_steps_are_refused_through_the_double"
   [lazy-record-gate]="work_racing_a_capture_lands_inside_it_or_outside_it"
+  [nested-gate-kept]="work_racing_a_capture_lands_inside_it_or_outside_it"
   [liveness]="a_stopped_rank_is_a_typed_error_in_the_survivor"
   [setup-peer-closed]="a_rank_that_dies_during_setup_is_a_typed_error_in_the_other"
   [post-unlocked]="a_receive_held_up_while_posted_holds_up_no_other_slot"
@@ -142,6 +143,9 @@ run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
 run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
+# A thread's hold of a stream's enqueue gate inside its own counted hold costs no count; once the
+# counted hold drops, the thread's holds count again (a capture waits for them).
+run nested-gate-kept src/safe/stream.rs "            let _ = GATE_HELD.try_with(|held| held.set(std::ptr::null()));" ""
 # Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
 # fails the link.
 run liveness src/pp/remote/sender.rs "    let _ = config;

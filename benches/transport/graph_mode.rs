@@ -339,7 +339,7 @@ fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k
     for s in 0..s_count {
         let engine = rt.engine(s, primary).unwrap();
         let _scope = rt.enter(s).unwrap();
-        let _bound = rt.stage_stream(s).unwrap().context().bind().unwrap();
+        let _bound = engine.context().bind().unwrap();
         if s > 0 {
             rt.rx_into(s - 1, k, &mut acts[s]).unwrap();
         }

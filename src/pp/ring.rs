@@ -45,10 +45,13 @@ pub(super) struct SlotRing {
     /// Threads asleep on `changed`: a state change signals it only when some are.
     sleepers: AtomicUsize,
     /// Counts the ring's state changes (bumped by [`wake_sleepers`](SlotRing::wake_sleepers)
-    /// after each): a thread waiting for a slot of a boundary from another rank spins on it
-    /// briefly before it sleeps on `changed`, so the thread that makes the change pays no
-    /// wake-up system call.
+    /// after each, in a ring filled from another rank): a thread waiting for a slot of such a
+    /// ring spins on it briefly before it sleeps on `changed`, so the thread that makes the
+    /// change pays no wake-up system call. No thread spins on any other ring.
     changes: AtomicU64,
+    /// Whether the ring is filled from another rank (as [`Slots::inbound`], read without the
+    /// lock).
+    inbound: bool,
 }
 
 /// The slots of a ring and where the ring stands (under the ring's lock).
@@ -212,6 +215,7 @@ impl SlotRing {
             changed: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             changes: AtomicU64::new(0),
+            inbound,
         })
     }
 
@@ -314,6 +318,7 @@ impl SlotRing {
         until: Instant,
         give_up: impl Fn() -> bool,
     ) -> MutexGuard<'a, Slots> {
+        debug_assert!(self.inbound, "only a ring filled from another rank counts its changes");
         let seen = self.changes.load(Ordering::Acquire);
         drop(ring);
         while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until && !give_up() {
@@ -322,10 +327,14 @@ impl SlotRing {
         self.lock()
     }
 
-    /// Counts a change of the ring and signals the threads asleep on it, if any. Call after a
-    /// transition, with the lock held or just released.
+    /// Counts a change of the ring (one filled from another rank, whose waiters spin on the
+    /// count) and signals the threads asleep on it, if any. Call after a transition, with the
+    /// lock held or just released.
+    #[inline]
     pub(super) fn wake_sleepers(&self) {
-        self.changes.fetch_add(1, Ordering::Release);
+        if self.inbound {
+            self.changes.fetch_add(1, Ordering::Release);
+        }
         if self.sleepers.load(Ordering::SeqCst) != 0 {
             self.changed.notify_all();
         }

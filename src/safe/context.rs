@@ -86,11 +86,18 @@ impl Context {
     #[doc(alias = "cuCtxGetCurrent")]
     #[inline]
     pub fn bind(&self) -> Result<BoundContext<'_>> {
-        if CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw) {
+        if self.in_call_scope() {
             // Inside one of this crate's calls that bound this context (see `bind_for_call`).
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }
         self.make_current()
+    }
+
+    /// Whether the calling thread is inside one of this crate's calls that bound this context
+    /// ([`bind_for_call`](Self::bind_for_call)): the context is current and stays so.
+    #[inline]
+    fn in_call_scope(&self) -> bool {
+        CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw)
     }
 
     /// [`bind`](Self::bind) outside a call scope of this context: asks the driver.
@@ -111,7 +118,7 @@ impl Context {
     /// can change the current context behind the scope's back.
     #[inline]
     pub(crate) fn bind_for_call(&self) -> Result<BoundContext<'_>> {
-        if CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw) {
+        if self.in_call_scope() {
             // Inside a call scope of this context already: nothing to bind, no scope to open.
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }

@@ -85,6 +85,7 @@ impl PooledEvent {
     }
 
     /// Records the event at the current end of `stream` (a stream of the event's context).
+    #[inline]
     pub(crate) fn record(&self, stream: &CudaStream) -> Result<()> {
         debug_assert!(Arc::ptr_eq(stream.context(), &self.ctx), "pooled events are recorded in their own context");
         let _bound = self.ctx.bind()?;
@@ -305,6 +306,26 @@ impl std::ops::DerefMut for Locked<'_> {
     }
 }
 
+impl Locked<'_> {
+    /// Orders `stream` for the buffer's `use_`, runs `enqueue`, and notes the use, all under this
+    /// lock: the one span of [`Access::around`] and [`Access::around_two`]'s. A failed note waits
+    /// for `stream` (see [`CudaStream::settle`]).
+    #[inline]
+    fn around<R, E: From<CudaError>>(
+        &mut self,
+        use_: Use,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        enqueue: impl FnOnce() -> Result<R, E>,
+    ) -> Result<R, E> {
+        order_locked(self, stream, use_)?;
+        let result = enqueue()?;
+        let eager = self.access.eager;
+        stream.settle(note_locked(self, stream, use_, eager, Some(gate)))?;
+        Ok(result)
+    }
+}
+
 impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
@@ -431,11 +452,7 @@ impl Access {
             // Nothing to wait for, nothing to note (see `Access::plain`).
             return enqueue();
         }
-        let mut state = self.lock();
-        order_locked(&mut state, stream, use_)?;
-        let result = enqueue()?;
-        stream.settle(note_locked(&mut state, stream, use_, self.eager, Some(gate)))?;
-        Ok(result)
+        self.lock().around(use_, stream, gate, enqueue)
     }
 
     /// [`around`](Self::around) for two buffers' uses (a copy's), both locked for the whole span,
@@ -468,10 +485,7 @@ impl Access {
                 // the other's, and would wait for the claim).
                 let mut state = other.lock();
                 if let Some(_claim) = plain.claim_plain(stream_id) {
-                    order_locked(&mut state, stream, other_use)?;
-                    let result = enqueue()?;
-                    stream.settle(note_locked(&mut state, stream, other_use, other.eager, Some(gate)))?;
-                    return Ok(result);
+                    return state.around(other_use, stream, gate, enqueue);
                 }
             }
             _ => {}

@@ -5,6 +5,7 @@
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,13 +48,24 @@ thread_local! {
     /// when none): that thread holds the stream's enqueue gate, so a capture of it cannot begin
     /// or end there by waiting for the gate.
     static LAUNCHING_ON: Cell<*const CudaStream> = const { Cell::new(std::ptr::null()) };
+
+    /// The stream whose enqueue gate this thread's outermost shared hold counts (null when it
+    /// holds none that way): a hold of that stream's gate taken inside it needs no count of its
+    /// own (see [`CudaStream::enqueue_gate`]).
+    static GATE_HELD: Cell<*const CudaStream> = const { Cell::new(std::ptr::null()) };
 }
 
-/// A stream's enqueue gate, held shared (`held` 1, see [`CudaStream::enqueue_gate`]) or
-/// exclusively (`held` [`GATE_EXCLUSIVE`], to begin or end a capture).
+/// A stream's enqueue gate, held shared (`held` 1, see [`CudaStream::enqueue_gate`]),
+/// exclusively (`held` [`GATE_EXCLUSIVE`], to begin or end a capture), or inside this thread's
+/// counted shared hold of it (`held` 0: the outer hold keeps the gate; this one gives back
+/// nothing).
 pub(crate) struct EnqueueGate<'a> {
     stream: &'a CudaStream,
     held: usize,
+    /// Whether this hold is the one [`GATE_HELD`] names, cleared when it drops.
+    marked: bool,
+    /// A gate is held and given back by one thread ([`GATE_HELD`] is the thread's).
+    _not_send: PhantomData<*const ()>,
 }
 
 impl EnqueueGate<'_> {
@@ -65,8 +77,15 @@ impl EnqueueGate<'_> {
 }
 
 impl Drop for EnqueueGate<'_> {
+    #[inline]
     fn drop(&mut self) {
-        self.stream.gate.fetch_sub(self.held, Ordering::Release);
+        if self.marked {
+            // Before the count: from here on this thread's holds of the stream count again.
+            let _ = GATE_HELD.try_with(|held| held.set(std::ptr::null()));
+        }
+        if self.held != 0 {
+            self.stream.gate.fetch_sub(self.held, Ordering::Release);
+        }
     }
 }
 
@@ -155,12 +174,27 @@ impl CudaStream {
     ///
     /// A gate is held across the crate's own code, and across a caller's code only inside a
     /// launch's kernel arguments ([`run_launch_arguments`](Self::run_launch_arguments)).
+    ///
+    /// A thread's first shared hold (of any stream, while it holds none counted this way) is
+    /// named in a thread-local; a hold of the same stream taken inside it (a nested copy, an
+    /// allocation inside a receive) costs no atomic operation: the outer hold, which drops after
+    /// it (holds are scoped, the inner in a callee), keeps the gate. Holds of other streams count
+    /// as usual.
     #[inline]
     pub(crate) fn enqueue_gate(&self) -> EnqueueGate<'_> {
+        let me: *const CudaStream = self;
+        let outer = GATE_HELD.try_with(Cell::get).ok();
+        if outer == Some(me) {
+            return EnqueueGate { stream: self, held: 0, marked: false, _not_send: PhantomData };
+        }
         let mut round = 0;
         loop {
             if self.gate.fetch_add(1, Ordering::Acquire) & GATE_EXCLUSIVE == 0 {
-                return EnqueueGate { stream: self, held: 1 };
+                // Named only by the thread's outermost hold: the one that clears the name is
+                // the one that set it, and it drops last.
+                let marked =
+                    outer.is_some_and(|outer| outer.is_null()) && GATE_HELD.try_with(|held| held.set(me)).is_ok();
+                return EnqueueGate { stream: self, held: 1, marked, _not_send: PhantomData };
             }
             self.gate.fetch_sub(1, Ordering::Relaxed);
             while self.gate.load(Ordering::Relaxed) & GATE_EXCLUSIVE != 0 {
@@ -212,7 +246,7 @@ impl CudaStream {
         while self.gate.compare_exchange_weak(0, GATE_EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed).is_err() {
             back_off(&mut round);
         }
-        Some(EnqueueGate { stream: self, held: GATE_EXCLUSIVE })
+        Some(EnqueueGate { stream: self, held: GATE_EXCLUSIVE, marked: false, _not_send: PhantomData })
     }
 
     /// Begins a capture of this stream: under the stream's capture lock, records an event from the
@@ -412,6 +446,7 @@ impl CudaStream {
 
     /// Makes later work on this stream wait for the last record of a pooled event (of any
     /// context).
+    #[inline]
     pub(crate) fn wait_pooled(&self, event: &PooledEvent) -> Result<()> {
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live while their wrappers (borrowed here) live.
