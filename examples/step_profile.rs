@@ -53,29 +53,42 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     // The copy and the launch run with their stream's context current, as a stage's thread would
     // have it.
     let _bound = if matches!(mode, "copy" | "launch" | "local") { Some(e0.context().bind()?) } else { None };
+    // The mode's operation, chosen once: the loop counts the operation, not the choice.
+    enum Op {
+        Boundary,
+        Copy,
+        Launch,
+        Readback,
+    }
+    let op = match mode {
+        "peer" | "local" | "staged" => Op::Boundary,
+        "copy" => Op::Copy,
+        "launch" => Op::Launch,
+        "readback" => Op::Readback,
+        other => {
+            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch or readback");
+            std::process::exit(2);
+        }
+    };
     for step in 0..steps {
         if step % 32 == 0 {
             rt.synchronize()?;
             stream.synchronize()?;
         }
-        match mode {
-            "peer" | "local" | "staged" => {
+        match op {
+            Op::Boundary => {
                 let slot = rt.tx(0, &x, N)?;
                 drop(rt.rx::<u32>(0, slot, N)?);
             }
-            "copy" => stream.memcpy_dtod(&src, &mut dst)?,
+            Op::Copy => stream.memcpy_dtod(&src, &mut dst)?,
             // SAFETY: `ppnrt_copy_bytes(dst, src, n16, tail)` copies n16 × 16 bytes (and `tail`
             // more) from src to dst; both hold N u32 = N / 4 × 16 bytes.
-            "launch" => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
-            "readback" => {
+            Op::Launch => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
+            Op::Readback => {
                 let _stage = rt.enter(1)?;
                 let mut logits = e1.alloc::<u32>(N)?;
                 rt.stage_stream(1)?.memcpy_dtod(&dst, &mut logits)?;
                 drop(rt.readback(logits)?);
-            }
-            other => {
-                eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch or readback");
-                std::process::exit(2);
             }
         }
     }

@@ -59,7 +59,7 @@ pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> 
 /// - Every device pointer passed stays valid until the kernel completes, and accesses no more
 ///   than the memory it owns.
 #[doc(alias = "cuLaunchKernel")]
-#[inline]
+#[inline(always)]
 pub unsafe fn launch_kernel(
     function: CUfunction,
     grid: (u32, u32, u32),

@@ -669,7 +669,7 @@ where
     ordered_with_error(stream, uses, locked, enqueue)
 }
 
-#[inline]
+#[inline(always)]
 fn ordered_with_error<'b, R, E, I>(
     stream: &Arc<CudaStream>,
     uses: I,

@@ -487,6 +487,7 @@ macro_rules! kernel_args {
             const FOREIGN: bool = $($name::FOREIGN ||)* false;
 
             #[allow(non_snake_case)]
+            #[inline(always)]
             fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
                 $(let mut $name = self.$idx.raw_param();)*
                 let mut params = [$((&raw mut $name).cast::<c_void>()),*];

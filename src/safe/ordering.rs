@@ -310,7 +310,7 @@ impl Locked<'_> {
     /// Orders `stream` for the buffer's `use_`, runs `enqueue`, and notes the use, all under this
     /// lock: the one span of [`Access::around`] and [`Access::around_two`]'s. A failed note waits
     /// for `stream` (see [`CudaStream::settle`]).
-    #[inline]
+    #[inline(always)]
     fn around<R, E: From<CudaError>>(
         &mut self,
         use_: Use,
@@ -441,6 +441,7 @@ impl Access {
     /// buffer's state locked once for the whole span. `gate` is `stream`'s enqueue gate, held by
     /// the caller, which saw the stream not capturing under it. A failed note waits for `stream`
     /// (see [`CudaStream::settle`]).
+    #[inline(always)]
     pub(crate) fn around<R, E: From<CudaError>>(
         &self,
         use_: Use,
@@ -457,6 +458,7 @@ impl Access {
 
     /// [`around`](Self::around) for two buffers' uses (a copy's), both locked for the whole span,
     /// in address order; the same buffer twice is locked once, for the stronger use.
+    #[inline(always)]
     pub(crate) fn around_two<R, E: From<CudaError>>(
         a: (&Access, Use),
         b: (&Access, Use),

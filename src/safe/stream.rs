@@ -155,10 +155,17 @@ impl CudaStream {
     }
 
     /// The active capture of this stream, if any.
+    #[inline]
     pub(crate) fn capture(&self) -> Option<Arc<CaptureState>> {
         if !self.is_capturing() {
             return None;
         }
+        self.active_capture()
+    }
+
+    /// [`capture`](Self::capture) once the stream was seen capturing.
+    #[cold]
+    fn active_capture(&self) -> Option<Arc<CaptureState>> {
         self.lock_capture().clone()
     }
 
