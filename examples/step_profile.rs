@@ -6,13 +6,15 @@
 //! ```text
 //! step_profile [MODE [STEPS]]   (default: peer with two devices, else local; 1000 steps)
 //!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
-//!   local     the same with both stages on device 0
+//!   local     the same with both stages on device 0, whose context is current (the one
+//!             context of both stages, as a stage's thread has it)
 //!   staged    the same through pinned host memory (host-staged), stages on devices 0 and 1 (or 0)
 //!   copy      safe memcpy_dtod of 32 KiB from device 0 to device 1 (or 0), device 0's context
 //!             current
 //!   launch    a launch of a kernel with two slice arguments (the helper copy kernel, 32 KiB,
 //!             both slices on device 0), device 0's context current
-//!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step)
+//!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step),
+//!             the last stage's context current
 //! ```
 use std::process::ExitCode;
 
@@ -50,9 +52,15 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     let mut near = e0.alloc_persistent::<u32>(N)?;
     e0.fill_pattern(&mut near, 6)?;
     let config = ppnrt::LaunchConfig::for_elements(N * 4 / 16, 1024);
-    // The copy and the launch run with their stream's context current, as a stage's thread would
-    // have it.
-    let _bound = if matches!(mode, "copy" | "launch" | "local") { Some(e0.context().bind()?) } else { None };
+    // The copy, the launch, the local boundary and the readback run with their stream's context
+    // current, as a stage's thread would have it (the boundaries across devices bind each side's
+    // context in turn).
+    let _bound = match mode {
+        "copy" | "launch" | "local" => Some(e0.context().bind()?),
+        // The last stage's thread, which made the logits.
+        "readback" => Some(e1.context().bind()?),
+        _ => None,
+    };
     // The mode's operation, chosen once: the loop counts the operation, not the choice.
     enum Op {
         Boundary,
