@@ -15,15 +15,66 @@
 //!             both slices on device 0), device 0's context current
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step),
 //!             the last stage's context current
+//!   decode    one eager decode step of the bench's (8 stages on device 0 × 20 toy layers, 32 KiB
+//!             of f32 received into each stage's activations with `rx_into`, sent on with `tx`),
+//!             each stage's context bound for its calls, as the bench's step binds it
 //! ```
 use std::process::ExitCode;
 
-use ppnrt::{Device, DeviceSlice, Engine, PpConfig, PpNRt, TransportPolicy};
+use ppnrt::{CudaSlice, Device, DeviceSlice, Engine, PpConfig, PpNRt, TransportPolicy};
 
 /// Elements of `u32` per operation: 32 KiB, the bench's decode-step activation.
 const N: usize = 8192;
 
+/// Stages, layers per stage and ring slots of the `decode` mode (the bench's eager decode step).
+const DECODE_STAGES: usize = 8;
+const DECODE_LAYERS: u32 = 20;
+const DECODE_SLOTS: usize = 2;
+
+/// `decode`: the bench's eager decode step, `steps` times.
+fn decode(steps: usize) -> ppnrt::Result<()> {
+    let primary = Engine::new(0)?;
+    let rt = PpNRt::new(PpConfig::with_devices(&[0; DECODE_STAGES]).slots(DECODE_SLOTS), &primary)?;
+    let input: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.01 + 0.5).collect();
+    let mut acts = (0..DECODE_STAGES)
+        .map(|s| {
+            let _stage = rt.enter(s)?;
+            let engine = rt.engine(s, &primary)?;
+            let mut x = engine.alloc_persistent::<f32>(N)?;
+            engine.htod_into(&input, &mut x)?;
+            Ok(x)
+        })
+        .collect::<ppnrt::Result<Vec<CudaSlice<f32>>>>()?;
+    rt.synchronize()?;
+    for step in 0..steps {
+        if step % 32 == 0 {
+            rt.synchronize()?;
+        }
+        let k = step % DECODE_SLOTS;
+        for (s, x) in acts.iter_mut().enumerate() {
+            let engine = rt.engine(s, &primary)?;
+            let _stage = rt.enter(s)?;
+            let _bound = engine.context().bind()?;
+            if s > 0 {
+                rt.rx_into(s - 1, k, x)?;
+            }
+            for layer in 0..DECODE_LAYERS {
+                engine.toy_layer(x, k as u32, layer)?;
+            }
+            if s + 1 < DECODE_STAGES {
+                rt.tx(s, x, N)?;
+            }
+        }
+    }
+    rt.synchronize()?;
+    println!("decode: {steps} steps of {DECODE_STAGES} stages × {DECODE_LAYERS} layers");
+    Ok(())
+}
+
 fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
+    if mode == "decode" {
+        return decode(steps);
+    }
     let primary = Engine::new(0)?;
     // `peer` needs two devices (a one-device machine gets the configuration's typed error);
     // `copy` and `readback` use device 1 when there is one.
@@ -107,7 +158,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     Ok(())
 }
 
-const MODES: [&str; 6] = ["peer", "local", "staged", "copy", "launch", "readback"];
+const MODES: [&str; 7] = ["peer", "local", "staged", "copy", "launch", "readback", "decode"];
 
 /// The command line: the mode (if given), the steps, and whether help was asked for.
 fn parse_args() -> Result<(Option<String>, usize, bool), String> {
@@ -138,8 +189,7 @@ fn parse_args() -> Result<(Option<String>, usize, bool), String> {
 }
 
 fn main() -> ExitCode {
-    let usage =
-        "usage: step_profile [peer|local|staged|copy|launch|readback [STEPS]] [-h|--help] (see the example's docs)";
+    let usage = "usage: step_profile [peer|local|staged|copy|launch|readback|decode [STEPS]] [-h|--help] (see the example's docs)";
     let (mode, steps) = match parse_args() {
         Ok((_, _, true)) => {
             println!("{usage}");

@@ -7,7 +7,7 @@
 # time (the GPU machine's bench is).
 #
 #   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, staged, copy, launch,
-#                                               readback
+#                                               readback, decode
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
 # (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the

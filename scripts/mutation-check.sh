@@ -29,6 +29,7 @@ export CARGO_TARGET_DIR=$repo/target/mutation
 # (2026-12-02): name filters, as `cargo test` takes them.
 declare -A catchers=(
   [pinned-htod]="pinned_sources_are_read_before_htod_returns"
+  [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join"
   [copy-with-sms]="copy_with_sms_refuses_memory_its_sms_cannot_reach failed_joins_back_into_the_owner_leave_no_work_in_flight"
   [guards]="stream_overrides_drop_in_any_order"
   [context]="a_boundary_step_makes_the_protocols_driver_calls_and_no_more a_failed_record_in_a_warm_ring_leaves_it_ordered a_failed_rx_can_be_retried a_failed_tx_leaves_no_copy_in_flight"
@@ -124,7 +125,10 @@ PY
   fi
 }
 run pinned-htod src/safe/memory.rs "        if read_later {" "        if false && read_later {"
-run copy-with-sms src/safe/module.rs "            if used.pooled {" "            if false && used.pooled {"
+run copy-with-sms src/safe/module.rs "            if used.memory.is_pooled() {" "            if false && used.memory.is_pooled() {"
+# A launch of the crate's own parameters (made before the ordering, the states held around the
+# launch alone) orders its buffers as any launch does.
+run launch-own-args-unordered src/safe/module.rs "                ordered_with(self, tracked, true, || {" "                ordered_with(self, tracked.take(0), true, || {"
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"

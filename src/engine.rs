@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::error::{CudaError, Result};
 use crate::safe::{
     Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module,
-    ambient_stream,
+    with_ambient_stream,
 };
 #[cfg(feature = "testing")]
 use crate::safe::{TestKernels, ToyModel};
@@ -112,15 +112,23 @@ impl Engine {
     /// [`CudaError::WrongDevice`] when the ambient stream belongs to another device.
     #[inline]
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        match ambient_stream()? {
-            None => Ok(Arc::clone(&self.inner.stream)),
-            Some(stream) if stream.ordinal() == self.ordinal() => Ok(stream),
+        self.on_stream(|stream| Ok(Arc::clone(stream)))
+    }
+
+    /// Runs `f` on the stream this thread's operations run on (see [`stream`](Self::stream)),
+    /// borrowed: an operation pays no reference count for it. `f` runs the crate's own code
+    /// only (see [`with_ambient_stream`]).
+    #[inline]
+    fn on_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>) -> Result<R>) -> Result<R> {
+        with_ambient_stream(|ambient| match ambient? {
+            None => f(&self.inner.stream),
+            Some(stream) if stream.ordinal() == self.ordinal() => f(stream),
             Some(stream) => Err(CudaError::WrongDevice {
                 what: "Engine: the ambient stream belongs to another device than the engine",
                 expected: self.ordinal(),
                 found: stream.ordinal(),
             }),
-        }
+        })
     }
 
     /// A block-count cap for grid-stride kernels (8 blocks per multiprocessor).
@@ -133,7 +141,7 @@ impl Engine {
     /// # Errors
     /// As [`CudaSlice::alloc`] and [`stream`](Self::stream).
     pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
-        CudaSlice::alloc(&self.stream()?, len)
+        self.on_stream(|stream| CudaSlice::alloc(stream, len))
     }
 
     /// `len` elements from the memory pool, zeroed on the current stream.
@@ -141,10 +149,11 @@ impl Engine {
     /// # Errors
     /// As [`alloc`](Self::alloc).
     pub fn alloc_zeroed<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
-        let stream = self.stream()?;
-        let mut slice = CudaSlice::alloc(&stream, len)?;
-        stream.memset_bytes(&mut slice, 0)?;
-        Ok(slice)
+        self.on_stream(|stream| {
+            let mut slice = CudaSlice::alloc(stream, len)?;
+            stream.memset_bytes(&mut slice, 0)?;
+            Ok(slice)
+        })
     }
 
     /// `len` elements with `cuMemAlloc` (reachable by peers), owned by the current stream.
@@ -152,7 +161,7 @@ impl Engine {
     /// # Errors
     /// As [`CudaSlice::alloc_persistent`].
     pub fn alloc_persistent<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
-        CudaSlice::alloc_persistent(&self.stream()?, len)
+        self.on_stream(|stream| CudaSlice::alloc_persistent(stream, len))
     }
 
     /// A new device array holding `src`, copied on the current stream.
@@ -160,10 +169,11 @@ impl Engine {
     /// # Errors
     /// As [`alloc`](Self::alloc) and [`CudaStream::memcpy_htod`].
     pub fn htod<T: DeviceRepr>(&self, src: &[T]) -> Result<CudaSlice<T>> {
-        let stream = self.stream()?;
-        let mut dst = CudaSlice::alloc(&stream, src.len())?;
-        stream.memcpy_htod(src, &mut dst)?;
-        Ok(dst)
+        self.on_stream(|stream| {
+            let mut dst = CudaSlice::alloc(stream, src.len())?;
+            stream.memcpy_htod(src, &mut dst)?;
+            Ok(dst)
+        })
     }
 
     /// Copies `src` into `dst` on the current stream, or, for memory of another device, on the
@@ -172,8 +182,12 @@ impl Engine {
     /// # Errors
     /// As [`CudaStream::memcpy_htod`].
     pub fn htod_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
-        let stream = self.stream_for(dst.stream())?;
-        stream.memcpy_htod(src, dst)
+        if dst.ordinal() == self.ordinal() {
+            self.on_stream(|stream| stream.memcpy_htod(src, dst))
+        } else {
+            // Another device's memory: its owner's stream (cloned, as `dst` is borrowed for the copy).
+            Arc::clone(dst.stream()).memcpy_htod(src, dst)
+        }
     }
 
     /// The contents of `src`, copied on the current stream, or, for memory of another device, on
@@ -183,13 +197,12 @@ impl Engine {
     /// As [`CudaStream::memcpy_dtoh`].
     pub fn dtoh<T: DeviceRepr + Default, S: DeviceSlice<T>>(&self, src: &S) -> Result<Vec<T>> {
         let mut out = vec![T::default(); src.len()];
-        self.stream_for(src.stream())?.memcpy_dtoh(src, &mut out)?;
+        if src.ordinal() == self.ordinal() {
+            self.on_stream(|stream| stream.memcpy_dtoh(src, &mut out))?;
+        } else {
+            src.stream().memcpy_dtoh(src, &mut out)?;
+        }
         Ok(out)
-    }
-
-    /// The current stream for memory of this device, else `owner` (of the memory's device).
-    fn stream_for(&self, owner: &Arc<CudaStream>) -> Result<Arc<CudaStream>> {
-        if owner.ordinal() == self.ordinal() { self.stream() } else { Ok(Arc::clone(owner)) }
     }
 
     /// Copies `src` into `dst` (either may be on another device) on the current stream.
@@ -197,7 +210,7 @@ impl Engine {
     /// # Errors
     /// As [`CudaStream::memcpy_dtod`].
     pub fn dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(&self, src: &S, dst: &mut D) -> Result<()> {
-        self.stream()?.memcpy_dtod(src, dst)
+        self.on_stream(|stream| stream.memcpy_dtod(src, dst))
     }
 
     /// Blocks until the current stream's work is done.
@@ -205,7 +218,7 @@ impl Engine {
     /// # Errors
     /// The driver's error, including errors of earlier asynchronous work.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream()?.synchronize()
+        self.on_stream(|stream| stream.synchronize())
     }
 
     /// Loads PTX into this engine's context.
@@ -247,7 +260,7 @@ impl Engine {
     /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn fill_pattern<D: DeviceSliceMut<u32>>(&self, dst: &mut D, seed: u32) -> Result<()> {
-        self.test_kernels()?.fill_pattern(&self.stream()?, dst, seed)
+        self.on_stream(|stream| self.test_kernels()?.fill_pattern(stream, dst, seed))
     }
 
     /// Sets every element of `dst` to `value`.
@@ -256,7 +269,7 @@ impl Engine {
     /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn fill_u32<D: DeviceSliceMut<u32>>(&self, dst: &mut D, value: u32) -> Result<()> {
-        self.test_kernels()?.fill_u32(&self.stream()?, dst, value)
+        self.on_stream(|stream| self.test_kernels()?.fill_u32(stream, dst, value))
     }
 
     /// The [`kernels::checksum`](crate::kernels::checksum) of `src`, computed on the device; waits for the result.
@@ -278,7 +291,7 @@ impl Engine {
     /// memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn checksum_into<S: DeviceSlice<u32>, D: DeviceSliceMut<u64>>(&self, src: &S, out: &mut D) -> Result<()> {
-        self.test_kernels()?.checksum_into(&self.stream()?, src, out)
+        self.on_stream(|stream| self.test_kernels()?.checksum_into(stream, src, out))
     }
 
     /// Enqueues a kernel that keeps the current stream busy for `ns` nanoseconds.
@@ -287,7 +300,7 @@ impl Engine {
     /// The driver's error.
     #[cfg(feature = "testing")]
     pub fn spin(&self, ns: u64) -> Result<()> {
-        self.test_kernels()?.spin(&self.stream()?, ns)
+        self.on_stream(|stream| self.test_kernels()?.spin(stream, ns))
     }
 
     /// Copies `src` into `dst` with the SMs of this engine's device (a kernel, not the copy
@@ -313,8 +326,9 @@ impl Engine {
                 found: src.len(),
             });
         }
-        let stream = self.stream()?;
-        self.helper_kernels()?.copy_bytes(&stream, src.as_view().into_bytes(), dst.as_view_mut().into_bytes())
+        self.on_stream(|stream| {
+            self.helper_kernels()?.copy_bytes(stream, src.as_view().into_bytes(), dst.as_view_mut().into_bytes())
+        })
     }
 
     /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.
@@ -323,7 +337,7 @@ impl Engine {
     /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
     #[cfg(feature = "testing")]
     pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
-        self.toy_model()?.layer(&self.stream()?, x, step, layer)
+        self.on_stream(|stream| self.toy_model()?.layer(stream, x, step, layer))
     }
 
     /// Launches a kernel that traps: the context becomes unusable and later calls on it return
@@ -333,6 +347,6 @@ impl Engine {
     /// The driver's error.
     #[cfg(feature = "testing")]
     pub fn inject_trap(&self) -> Result<()> {
-        self.test_kernels()?.trap(&self.stream()?)
+        self.on_stream(|stream| self.test_kernels()?.trap(stream))
     }
 }

@@ -86,8 +86,8 @@ pub use pp::{
     StepGraphs, Transport, TransportPolicy,
 };
 pub use safe::{
-    BoundContext, BufferUse, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, Function, GraphExec, HelperKernels,
-    KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer,
-    StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
+    BoundContext, BufferUse, BufferUses, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,
+    CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, Function, GraphExec,
+    HelperKernels, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo,
+    PinnedHostBuffer, StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
 };

@@ -64,7 +64,26 @@ impl Drop for StreamOverride {
 /// [`CudaError::ThreadExiting`] when called from a thread-local destructor after this crate's thread
 /// state is gone.
 pub fn ambient_stream() -> Result<Option<Arc<CudaStream>>> {
-    AMBIENT
-        .try_with(|stack| stack.borrow().last().map(|(_, stream)| Arc::clone(stream)))
-        .map_err(|_| CudaError::ThreadExiting { what: "ambient_stream" })
+    with_ambient_stream(|stream| Ok(stream?.cloned()))
+}
+
+/// Runs `f` with the calling thread's ambient stream (if an override is active) borrowed, not
+/// shared: no reference count moves. The override stack stays borrowed while `f` runs, so `f`
+/// must not begin or end an override on this thread (it would panic); the crate's own
+/// operations never do. `f` is given [`CudaError::ThreadExiting`] instead when called from a
+/// thread-local destructor after this crate's thread state is gone.
+#[inline]
+pub(crate) fn with_ambient_stream<R>(f: impl FnOnce(Result<Option<&Arc<CudaStream>>>) -> R) -> R {
+    // `f` runs once: inside the thread-local's access, or after it when the state is gone.
+    let mut f = Some(f);
+    let run = |stack: &RefCell<Vec<(u64, Arc<CudaStream>)>>| {
+        let f = f.take().expect("runs once");
+        f(Ok(stack.borrow().last().map(|(_, stream)| stream)))
+    };
+    match AMBIENT.try_with(run) {
+        Ok(result) => result,
+        Err(_) => (f.take().expect("not run: the thread's state is gone"))(Err(CudaError::ThreadExiting {
+            what: "ambient_stream",
+        })),
+    }
 }

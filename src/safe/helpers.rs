@@ -15,7 +15,7 @@ use super::context::Context;
 #[cfg(feature = "testing")]
 use super::memory::DeviceSliceMut;
 use super::memory::{CudaView, CudaViewMut, DeviceSlice, ordered};
-use super::module::{Function, LaunchConfig, Module};
+use super::module::{Function, KernelArgs, LaunchConfig, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
@@ -62,6 +62,22 @@ fn check_device(what: &'static str, stream: &CudaStream, owner: &CudaStream) -> 
     }
 }
 
+/// [`CudaStream::launch`], kept out of its caller's hot path (a rare case's general launch).
+///
+/// # Safety
+/// As [`CudaStream::launch`].
+#[cold]
+#[inline(never)]
+unsafe fn launch_out_of_line<A: KernelArgs>(
+    stream: &Arc<CudaStream>,
+    function: &Function,
+    config: LaunchConfig,
+    args: A,
+) -> Result<()> {
+    // SAFETY: the caller meets `launch`'s contract.
+    unsafe { stream.launch(function, config, args) }
+}
+
 impl HelperKernels {
     /// Loads the helper module into `ctx`. `max_blocks` caps the grid of grid-stride kernels.
     ///
@@ -101,7 +117,7 @@ impl HelperKernels {
             // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t
             // tail) copies n16 * 16 + tail = bytes bytes, within both ranges (equal lengths,
             // checked), both 16-byte aligned (checked).
-            return unsafe { stream.launch(&self.copy_bytes, config, (dst, src, n16, tail)) };
+            return unsafe { launch_out_of_line(stream, &self.copy_bytes, config, (dst, src, n16, tail)) };
         }
         // Everything on the stream's device: the launch's own path, with the two buffers ordered
         // by the crate's rule as `CudaStream::launch` orders them.

@@ -122,6 +122,16 @@ impl DeviceMemory {
     pub(crate) fn access(&self) -> &Access {
         &self.access
     }
+
+    /// The stream that owns the allocation.
+    pub(crate) fn owner(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether the allocation is stream-ordered pool memory.
+    pub(crate) fn is_pooled(&self) -> bool {
+        self.pooled
+    }
 }
 
 /// A borrowed range of a device array.
@@ -804,28 +814,37 @@ impl CudaStream {
         // The stream's copy engine reaches pool memory of its own device only: pool memory of
         // another device goes through cuMemcpyPeerAsync, which the driver stages.
         let foreign_pool = |view: &CudaView<'_, T>| view.is_pooled() && view.ordinal() != self.ordinal();
-        let peer_call = foreign_pool(&from) || foreign_pool(&to);
-        if peer_call && self.is_capturing() {
+        if foreign_pool(&from) || foreign_pool(&to) {
+            return self.memcpy_peer_dtod(from.into_bytes(), to.into_bytes());
+        }
+        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
+            // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
+            // on this stream.
+            unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+        })
+    }
+
+    /// [`memcpy_dtod`](Self::memcpy_dtod) of `from` into `to` (equal, non-zero lengths), one of
+    /// them pool memory of another device than this stream's: through `cuMemcpyPeerAsync`, which
+    /// the driver stages (refused in a capture).
+    #[cold]
+    #[inline(never)]
+    fn memcpy_peer_dtod(self: &Arc<Self>, from: CudaView<'_, u8>, to: CudaView<'_, u8>) -> Result<()> {
+        if self.is_capturing() {
             self.refuse_in_capture("CudaStream::memcpy_dtod of another device's pool memory (cuMemcpyPeerAsync)")?;
         }
         ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
-            if peer_call {
-                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
-                // on this stream; the contexts are the ranges' live primary contexts.
-                unsafe {
-                    raw::memcpy_peer_async(
-                        to.device_ptr(),
-                        to.owner().context().raw(),
-                        from.device_ptr(),
-                        from.owner().context().raw(),
-                        from.byte_len(),
-                        self.raw(),
-                    )
-                }
-            } else {
-                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
-                // on this stream.
-                unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+            // SAFETY: both ranges are valid for byte_len bytes (lengths checked by the caller)
+            // and ordered on this stream; the contexts are the ranges' live primary contexts.
+            unsafe {
+                raw::memcpy_peer_async(
+                    to.device_ptr(),
+                    to.owner().context().raw(),
+                    from.device_ptr(),
+                    from.owner().context().raw(),
+                    from.byte_len(),
+                    self.raw(),
+                )
             }
         })
     }

@@ -30,6 +30,7 @@ mod peer;
 mod reaper;
 mod stream;
 
+pub(crate) use ambient::with_ambient_stream;
 pub use ambient::{StreamOverride, ambient_stream};
 pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
@@ -44,8 +45,8 @@ pub use helpers::{TestKernels, ToyModel};
 pub use host::PinnedHostBuffer;
 pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
 pub use module::{
-    BufferUse, ByValue, Function, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module,
-    by_value,
+    BufferUse, BufferUses, ByValue, Function, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS,
+    Module, by_value,
 };
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;

@@ -7,6 +7,8 @@
 use std::ffi::{CStr, CString, c_void};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::context::Context;
 use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, DeviceSlice, Tracked, ordered_with};
 use super::ordering::Use;
@@ -359,20 +361,17 @@ pub trait KernelParam {
 pub struct BufferUse<'a> {
     memory: &'a Arc<DeviceMemory>,
     use_: Use,
-    owner: &'a Arc<CudaStream>,
-    pooled: bool,
     address: CUdeviceptr,
 }
 
 impl<'a> BufferUse<'a> {
     fn of<T: DeviceRepr>(view: CudaView<'a, T>, use_: Use) -> BufferUse<'a> {
-        BufferUse {
-            memory: view.memory(),
-            use_,
-            owner: view.owner(),
-            pooled: view.is_pooled(),
-            address: view.device_ptr(),
-        }
+        BufferUse { memory: view.memory(), use_, address: view.device_ptr() }
+    }
+
+    /// The stream that owns the memory.
+    fn owner(&self) -> &'a Arc<CudaStream> {
+        self.memory.owner()
     }
 }
 
@@ -478,6 +477,29 @@ pub trait KernelArgs {
     /// Hands `each` the device memory each parameter gives the kernel (see
     /// [`KernelParam::buffer_use`]).
     fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>));
+
+    /// Adds the device memory each parameter gives the kernel to `uses`, as
+    /// [`buffer_uses`](Self::buffer_uses) hands it (the crate's tuples add theirs without a call
+    /// per parameter).
+    #[doc(hidden)]
+    #[inline]
+    fn collect_buffer_uses<'a>(&'a self, uses: &mut BufferUses<'a>) {
+        self.buffer_uses(&mut |used| uses.0.push(used));
+    }
+}
+
+/// The device memory a launch's parameters give its kernel, in parameter order (filled by
+/// [`KernelArgs::collect_buffer_uses`]).
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct BufferUses<'a>(SmallVec<[BufferUse<'a>; 8]>);
+
+impl<'a> BufferUses<'a> {
+    /// Adds `used`.
+    #[inline]
+    pub fn push(&mut self, used: BufferUse<'a>) {
+        self.0.push(used);
+    }
 }
 
 macro_rules! kernel_args {
@@ -495,6 +517,10 @@ macro_rules! kernel_args {
             }
             fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>)) {
                 $(if let Some(used) = self.$idx.buffer_use() { each(used) })*
+            }
+            #[inline(always)]
+            fn collect_buffer_uses<'a>(&'a self, uses: &mut BufferUses<'a>) {
+                $(if let Some(used) = self.$idx.buffer_use() { uses.push(used) })*
             }
         }
     };
@@ -638,6 +664,26 @@ impl KernelArgs for KernelArgList<'_> {
 }
 
 impl CudaStream {
+    /// Checks that this stream's device may reach the memory of other devices in `uses` (not pool
+    /// memory; peer access enabled first): [`CudaError::NotPeerReachable`], else the error of
+    /// enabling peer access.
+    #[cold]
+    #[inline(never)]
+    fn reach_other_devices(&self, uses: &[BufferUse<'_>]) -> Result<()> {
+        for used in uses.iter().filter(|used| used.owner().ordinal() != self.ordinal()) {
+            if used.memory.is_pooled() {
+                return Err(CudaError::NotPeerReachable {
+                    what: "CudaStream::launch",
+                    device: self.ordinal(),
+                    memory_device: used.owner().ordinal(),
+                    address: used.address,
+                });
+            }
+            ensure_peer_access(self.context(), used.owner().context())?;
+        }
+        Ok(())
+    }
+
     /// Launches `function` on this stream. Device memory passed as slices and views is ordered
     /// by the crate's rule before the kernel runs and after it (see the `safe` module docs): the
     /// kernel waits for the last write of what it reads and for every use of what it writes, and
@@ -673,21 +719,33 @@ impl CudaStream {
                 found: function.ordinal(),
             });
         }
-        let mut uses: smallvec::SmallVec<[BufferUse<'_>; 8]> = smallvec::SmallVec::new();
-        args.buffer_uses(&mut |used| uses.push(used));
-        let foreign = args.is_foreign();
-        for used in uses.iter().filter(|used| used.owner.ordinal() != self.ordinal()) {
-            if used.pooled {
-                return Err(CudaError::NotPeerReachable {
-                    what: "CudaStream::launch",
-                    device: self.ordinal(),
-                    memory_device: used.owner.ordinal(),
-                    address: used.address,
-                });
-            }
-            ensure_peer_access(self.context(), used.owner.context())?;
+        let mut uses = BufferUses::default();
+        args.collect_buffer_uses(&mut uses);
+        let uses = &uses.0;
+        if uses.iter().any(|used| used.owner().ordinal() != self.ordinal()) {
+            self.reach_other_devices(uses)?;
         }
         let tracked = uses.iter().map(|used| (Tracked::Device(used.memory), used.use_));
+        if !A::FOREIGN {
+            // The crate's own parameters: their values are made first (no caller code runs), and
+            // the buffers' states stay locked from the waits to the notes around the launch alone.
+            return args.with_params(|params| {
+                ordered_with(self, tracked, true, || {
+                    // SAFETY: as below (the parameters' own code is the crate's).
+                    unsafe {
+                        raw::launch_kernel(
+                            function.raw,
+                            config.grid,
+                            config.block,
+                            config.shared_mem_bytes,
+                            self.raw(),
+                            params,
+                        )
+                    }
+                })
+            });
+        }
+        let foreign = args.is_foreign();
         // A caller's kernel-argument code may use the same buffers through this crate: their
         // states are not held locked while it runs.
         ordered_with(self, tracked, !foreign, || {
