@@ -116,7 +116,7 @@ impl Context {
     /// lives, nested binds of this context on this thread make no driver call. Only for scopes
     /// that run no code but the crate's own (no user closure, no other library), so that nothing
     /// can change the current context behind the scope's back.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bind_for_call(&self) -> Result<BoundContext<'_>> {
         if self.in_call_scope() {
             // Inside a call scope of this context already: nothing to bind, no scope to open.

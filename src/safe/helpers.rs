@@ -122,10 +122,11 @@ impl HelperKernels {
         // Everything on the stream's device: the launch's own path, with the two buffers ordered
         // by the crate's rule as `CudaStream::launch` orders them.
         let (function, raw_stream) = (self.copy_bytes.raw(), stream.raw());
-        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], || {
-            let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst_ptr, src_ptr, n16, tail);
-            let mut params: [*mut c_void; 4] =
-                [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
+        let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst_ptr, src_ptr, n16, tail);
+        let mut params: [*mut c_void; 4] =
+            [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
+        let params = &mut params;
+        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], move || {
             // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
             // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
             // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
@@ -138,7 +139,7 @@ impl HelperKernels {
                     config.block,
                     config.shared_mem_bytes,
                     raw_stream,
-                    &mut params,
+                    params,
                 )
             }
         })

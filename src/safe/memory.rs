@@ -817,10 +817,11 @@ impl CudaStream {
         if foreign_pool(&from) || foreign_pool(&to) {
             return self.memcpy_peer_dtod(from.into_bytes(), to.into_bytes());
         }
-        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
+        let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw());
+        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], move || {
             // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
             // on this stream.
-            unsafe { raw::memcpy_async(to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw()) }
+            unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
         })
     }
 

@@ -85,7 +85,7 @@ impl PooledEvent {
     }
 
     /// Records the event at the current end of `stream` (a stream of the event's context).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record(&self, stream: &CudaStream) -> Result<()> {
         debug_assert!(Arc::ptr_eq(stream.context(), &self.ctx), "pooled events are recorded in their own context");
         let _bound = self.ctx.bind()?;
@@ -425,9 +425,14 @@ impl Access {
     /// no lock to take.
     pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
         let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let ordered = order_locked(state, stream, use_);
+        // The tag follows the state, ordered or not (the result is not held across: on success
+        // nothing is moved).
+        if let Err(e) = order_locked(state, stream, use_) {
+            *self.plain.get_mut() = plain_on(state, self.eager);
+            return Err(e);
+        }
         *self.plain.get_mut() = plain_on(state, self.eager);
-        ordered
+        Ok(())
     }
 
     /// Notes that an operation using the buffer was just enqueued on `stream`. For an eager

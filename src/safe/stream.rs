@@ -496,13 +496,22 @@ impl CudaStream {
     /// a join back into an owner) use it so that no work outlives their `Err` unordered: after
     /// the wait the work has completed, or the context is lost and it never runs (that error is
     /// kept for [`take_drop_errors`](crate::take_drop_errors)).
+    #[inline(always)]
     pub(crate) fn settle<T>(&self, result: Result<T>) -> Result<T> {
         if result.is_err() {
-            if let Err(e) = self.synchronize() {
-                super::record_drop_error(e);
-            }
+            self.settle_after_failure();
         }
         result
+    }
+
+    /// The wait of [`settle`](Self::settle) after a failure (its error kept for
+    /// [`take_drop_errors`](crate::take_drop_errors)).
+    #[cold]
+    #[inline(never)]
+    fn settle_after_failure(&self) {
+        if let Err(e) = self.synchronize() {
+            super::record_drop_error(e);
+        }
     }
 }
 
