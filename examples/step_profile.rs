@@ -13,6 +13,8 @@
 //!             current
 //!   launch    a launch of a kernel with two slice arguments (the helper copy kernel, 32 KiB,
 //!             both slices on device 0), device 0's context current
+//!   list      the same launch with its four parameters in a `KernelArgList` built for it (as
+//!             an engine passes a kernel of many parameters)
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step),
 //!             the last stage's context current
 //!   decode    one eager decode step of the bench's (8 stages on device 0 × 20 toy layers, 32 KiB
@@ -107,7 +109,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     // current, as a stage's thread would have it (the boundaries across devices bind each side's
     // context in turn).
     let _bound = match mode {
-        "copy" | "launch" | "local" => Some(e0.context().bind()?),
+        "copy" | "launch" | "list" | "local" => Some(e0.context().bind()?),
         // The last stage's thread, which made the logits.
         "readback" => Some(e1.context().bind()?),
         _ => None,
@@ -117,15 +119,17 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
         Boundary,
         Copy,
         Launch,
+        List,
         Readback,
     }
     let op = match mode {
         "peer" | "local" | "staged" => Op::Boundary,
         "copy" => Op::Copy,
         "launch" => Op::Launch,
+        "list" => Op::List,
         "readback" => Op::Readback,
         other => {
-            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch or readback");
+            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch, list, readback or decode");
             std::process::exit(2);
         }
     };
@@ -143,6 +147,11 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
             // SAFETY: `ppnrt_copy_bytes(dst, src, n16, tail)` copies n16 × 16 bytes (and `tail`
             // more) from src to dst; both hold N u32 = N / 4 × 16 bytes.
             Op::Launch => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
+            Op::List => {
+                let args = ppnrt::KernelArgList::new().arg(&mut near).arg(&src).arg((N / 4) as u64).arg(0u64);
+                // SAFETY: as for `launch`: the same kernel and parameters.
+                unsafe { stream.launch(&copy_kernel, config, args)? }
+            }
             Op::Readback => {
                 let _stage = rt.enter(1)?;
                 let mut logits = e1.alloc::<u32>(N)?;
@@ -158,7 +167,7 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     Ok(())
 }
 
-const MODES: [&str; 7] = ["peer", "local", "staged", "copy", "launch", "readback", "decode"];
+const MODES: [&str; 8] = ["peer", "local", "staged", "copy", "launch", "list", "readback", "decode"];
 
 /// The command line: the mode (if given), the steps, and whether help was asked for.
 fn parse_args() -> Result<(Option<String>, usize, bool), String> {
@@ -189,7 +198,7 @@ fn parse_args() -> Result<(Option<String>, usize, bool), String> {
 }
 
 fn main() -> ExitCode {
-    let usage = "usage: step_profile [peer|local|staged|copy|launch|readback|decode [STEPS]] [-h|--help] (see the example's docs)";
+    let usage = "usage: step_profile [peer|local|staged|copy|launch|list|readback|decode [STEPS]] [-h|--help] (see the example's docs)";
     let (mode, steps) = match parse_args() {
         Ok((_, _, true)) => {
             println!("{usage}");

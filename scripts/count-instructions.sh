@@ -6,7 +6,7 @@
 # per step. Deterministic, so it compares two versions of the hot path exactly; it is not a
 # time (the GPU machine's bench is).
 #
-#   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, staged, copy, launch,
+#   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, staged, copy, launch, list,
 #                                               readback, decode
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts

@@ -30,6 +30,8 @@ export CARGO_TARGET_DIR=$repo/target/mutation
 declare -A catchers=(
   [pinned-htod]="pinned_sources_are_read_before_htod_returns"
   [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join"
+  [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
+  [arg-list-overlapping]="every_parameter_reaches_the_launch_as_its_c_value"
   [copy-with-sms]="copy_with_sms_refuses_memory_its_sms_cannot_reach failed_joins_back_into_the_owner_leave_no_work_in_flight"
   [guards]="stream_overrides_drop_in_any_order"
   [context]="a_boundary_step_makes_the_protocols_driver_calls_and_no_more a_failed_record_in_a_warm_ring_leaves_it_ordered a_failed_rx_can_be_retried a_failed_tx_leaves_no_copy_in_flight"
@@ -276,6 +278,9 @@ run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "       
 # An engine's own buffer: its stream waits for the crate's uses when the slice goes (tests/foreign.rs).
 run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" foreign
 run image-unchecked src/safe/module.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
+# A kernel argument list's values are laid out each at its alignment, none over another.
+run arg-list-unaligned src/safe/module.rs "            let at = end.next_multiple_of(layout.align());" "            let at = end;" lib
+run arg-list-overlapping src/safe/module.rs "            end = at + layout.size();" "            end = at;" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring

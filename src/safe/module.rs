@@ -4,7 +4,9 @@
 //! goes); both are `Send + Sync`. A launch orders the slices and views it is given by the crate's
 //! rule (see `ordering`).
 
+use std::alloc::Layout;
 use std::ffi::{CStr, CString, c_void};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -552,7 +554,16 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, 
 
 /// One parameter of a [`KernelArgList`], its type erased.
 trait ListedParam {
-    /// The parameter's value, boxed where the launch can point at it.
+    /// The size and alignment of the parameter's C value.
+    fn raw_layout(&self) -> Layout;
+    /// Writes the parameter's C value at `at`.
+    ///
+    /// # Safety
+    /// `at` is valid for writes of [`raw_layout`](Self::raw_layout)`().size()` bytes and aligned
+    /// to its alignment.
+    unsafe fn write_raw(&self, at: *mut u8);
+    /// The parameter's value, boxed where the launch can point at it (for a value aligned beyond
+    /// a [`ParamWord`]).
     fn raw_boxed(&self) -> Box<dyn RawValue>;
     fn buffer_use(&self) -> Option<BufferUse<'_>>;
 }
@@ -561,6 +572,13 @@ impl<P: KernelParam> ListedParam for P
 where
     P::Raw: 'static,
 {
+    fn raw_layout(&self) -> Layout {
+        Layout::new::<P::Raw>()
+    }
+    unsafe fn write_raw(&self, at: *mut u8) {
+        // SAFETY: the caller gives room for a `P::Raw`, aligned for it.
+        unsafe { at.cast::<P::Raw>().write(self.raw_param()) }
+    }
     fn raw_boxed(&self) -> Box<dyn RawValue> {
         Box::new(self.raw_param())
     }
@@ -568,6 +586,15 @@ where
         KernelParam::buffer_use(self)
     }
 }
+
+/// The storage of a [`KernelArgList`]'s values during a launch: each value at its own alignment
+/// (at most this word's) in a run of words, inline for lists of up to 512 bytes of values.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct ParamWord([u8; 64]);
+
+/// Parameters of a list whose pointers a launch passes inline (no allocation): most lists.
+const INLINE_PARAMS: usize = 24;
 
 /// A parameter's C value, at an address the launch passes.
 trait RawValue {
@@ -635,6 +662,15 @@ impl<'a> KernelArgList<'a> {
     pub fn is_empty(&self) -> bool {
         self.params.is_empty()
     }
+
+    /// [`KernelArgs::with_params`] with each value boxed: for a list with a value aligned beyond
+    /// a [`ParamWord`].
+    #[cold]
+    fn with_boxed_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+        let mut values: Vec<Box<dyn RawValue>> = self.params.iter().map(|param| param.raw_boxed()).collect();
+        let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|value| value.address()).collect();
+        f(&mut pointers)
+    }
 }
 
 impl std::fmt::Debug for KernelArgList<'_> {
@@ -649,8 +685,31 @@ impl KernelArgs for KernelArgList<'_> {
     }
 
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
-        let mut values: Vec<Box<dyn RawValue>> = self.params.iter().map(|param| param.raw_boxed()).collect();
-        let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|value| value.address()).collect();
+        // Where each value goes: at its alignment, one after the other.
+        let mut offsets: SmallVec<[usize; INLINE_PARAMS]> = SmallVec::with_capacity(self.params.len());
+        let mut end = 0usize;
+        for param in &self.params {
+            let layout = param.raw_layout();
+            if layout.align() > align_of::<ParamWord>() {
+                return self.with_boxed_params(f);
+            }
+            let at = end.next_multiple_of(layout.align());
+            offsets.push(at);
+            end = at + layout.size();
+        }
+        let mut storage: SmallVec<[MaybeUninit<ParamWord>; 8]> =
+            SmallVec::from_elem(MaybeUninit::uninit(), end.div_ceil(size_of::<ParamWord>()));
+        let base = storage.as_mut_ptr().cast::<u8>();
+        let mut pointers: SmallVec<[*mut c_void; INLINE_PARAMS]> = SmallVec::with_capacity(self.params.len());
+        for (param, at) in self.params.iter().zip(offsets) {
+            // SAFETY: `at` + the value's size is within the storage's `end` bytes (its words hold
+            // at least that many), `at` is a multiple of the value's alignment and the storage is
+            // aligned to a `ParamWord`, at least the value's alignment (checked above).
+            let value = unsafe { base.add(at) };
+            // SAFETY: as above: room for the value, aligned for it.
+            unsafe { param.write_raw(value) };
+            pointers.push(value.cast());
+        }
         f(&mut pointers)
     }
 
@@ -872,6 +931,39 @@ mod tests {
             assert_eq!(params.len(), 40);
             // SAFETY: each points at a live u32.
             assert!((0..40).all(|i| unsafe { *params[i].cast::<u32>() } == i as u32));
+        });
+        // Values of every alignment side by side, more bytes of them than the inline storage
+        // holds: each at its own aligned place, none overwriting another.
+        let block = |seed: u64| std::array::from_fn::<u64, 32, _>(|i| seed * 1000 + i as u64);
+        let wide = (0..3u64)
+            .fold(KernelArgList::new(), |list, seed| list.arg(true).arg(by_value(block(seed))).arg(h).arg(-7i8));
+        wide.with_params(|params| {
+            assert_eq!(params.len(), 12);
+            for (k, chunk) in params.chunks(4).enumerate() {
+                assert_eq!(chunk[1] as usize % std::mem::align_of::<[u64; 32]>(), 0, "aligned for its type");
+                // SAFETY: each points at a live value of the type read.
+                unsafe {
+                    assert_eq!(*chunk[0].cast::<u8>(), 1);
+                    assert_eq!(*chunk[1].cast::<[u64; 32]>(), block(k as u64));
+                    assert_eq!(*chunk[2].cast::<u16>(), h.to_bits());
+                    assert_eq!(*chunk[3].cast::<i8>(), -7);
+                }
+            }
+        });
+        // A value aligned beyond the list's storage words still reaches the launch aligned.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[repr(C, align(128))]
+        struct Wide([u32; 4]);
+        let over = KernelArgList::new().arg(5u8).arg(by_value(Wide([1, 2, 3, 4]))).arg(6u16);
+        over.with_params(|params| {
+            assert_eq!(params[1] as usize % 128, 0);
+            // SAFETY: each points at a live value of the type read.
+            unsafe {
+                assert_eq!(
+                    (*params[0].cast::<u8>(), *params[1].cast::<Wide>(), *params[2].cast::<u16>()),
+                    (5, Wide([1, 2, 3, 4]), 6)
+                );
+            }
         });
     }
 
