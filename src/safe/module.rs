@@ -888,10 +888,16 @@ mod tests {
         let shape = Shape { rows: 3, cols: 5, scale: 0.25 };
         let bias = half::bf16::from_f32(1.5);
         let h = half::f16::from_f32(-2.0);
+        // The alignment of each parameter's C type, checked before any is read.
+        let aligns = [8, 8, 8, 4, 2, 1, 4, 1, 8, 2, 8, 4];
         let check = |params: &mut [*mut std::ffi::c_void]|
-        // SAFETY: each pointer points at a value of the type read, alive for the closure's call.
+        // SAFETY: each pointer points at a value of the type read, alive for the closure's call
+        // (and aligned for it: checked first).
         unsafe {
             assert_eq!(params.len(), 12);
+            for (at, (param, align)) in params.iter().zip(aligns).enumerate() {
+                assert_eq!(*param as usize % align, 0, "parameter {at} is not {align}-byte aligned");
+            }
             assert_eq!(*params[0].cast::<u64>(), 0x1000);
             assert_eq!(*params[2].cast::<u64>(), 77);
             assert_eq!(*params[3].cast::<Shape>(), shape);
@@ -939,8 +945,11 @@ mod tests {
             .fold(KernelArgList::new(), |list, seed| list.arg(true).arg(by_value(block(seed))).arg(h).arg(-7i8));
         wide.with_params(|params| {
             assert_eq!(params.len(), 12);
-            for (k, chunk) in params.chunks(4).enumerate() {
+            for chunk in params.chunks(4) {
                 assert_eq!(chunk[1] as usize % std::mem::align_of::<[u64; 32]>(), 0, "aligned for its type");
+                assert_eq!(chunk[2] as usize % 2, 0, "aligned for its type");
+            }
+            for (k, chunk) in params.chunks(4).enumerate() {
                 // SAFETY: each points at a live value of the type read.
                 unsafe {
                     assert_eq!(*chunk[0].cast::<u8>(), 1);
