@@ -367,24 +367,47 @@ impl NcclComm {
     /// which only that next abort ends. Each result in the order of `comms` (`Ok` for one
     /// aborted before); the aborts are waited for at most the longest of their bounds.
     pub fn abort_together(comms: &[&NcclComm]) -> Vec<Result<()>> {
+        Self::abort_first_then(comms, &[], Duration::ZERO)
+    }
+
+    /// [`abort_together`](Self::abort_together) in two waves: the aborts of `first` start, and
+    /// are given up to `head_start` to end, before those of `then` start; then every abort is
+    /// waited for, at most the longest of their bounds. For a rank whose failed link's receive
+    /// must not be cut short (letting its stream run on) before the rank's other communicators
+    /// are aborted: an abort sets its communicator's abort flag first, so a send queued behind
+    /// that receive can no longer complete. The head start is bounded because an abort's cleanup
+    /// may wait for the whole device, which may wait for the receive that only `then`'s abort
+    /// ends. Each result in the order of `first`, then `then`.
+    pub fn abort_first_then(first: &[&NcclComm], then: &[&NcclComm], head_start: Duration) -> Vec<Result<()>> {
         let nccl = match nccl() {
             Ok(nccl) => nccl,
-            Err(e) => return comms.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return first.iter().chain(then).map(|_| Err(e.clone())).collect(),
         };
-        let started: Vec<Option<AbortStarted>> = comms
-            .iter()
-            .map(|comm| {
-                let mut aborted = comm.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if *aborted {
-                    return None;
-                }
-                *aborted = true;
-                // The communicator is live (not aborted before, checked under the lock every
-                // call holds) and this is its last use: the flag set above refuses every later
-                // call, and the drop.
-                Some(start_abort(nccl, &comm.ctx, comm.raw))
-            })
-            .collect();
+        let start = |comms: &[&NcclComm]| -> Vec<Option<AbortStarted>> {
+            comms
+                .iter()
+                .map(|comm| {
+                    let mut aborted = comm.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if *aborted {
+                        return None;
+                    }
+                    *aborted = true;
+                    // The communicator is live (not aborted before, checked under the lock every
+                    // call holds) and this is its last use: the flag set above refuses every later
+                    // call, and the drop.
+                    Some(start_abort(nccl, &comm.ctx, comm.raw))
+                })
+                .collect()
+        };
+        let mut started = start(first);
+        if !then.is_empty() && !head_start.is_zero() {
+            let head_start_ends = Instant::now() + head_start;
+            for abort in started.iter_mut().flatten() {
+                abort.settle_by(head_start_ends);
+            }
+        }
+        started.extend(start(then));
+        let comms: Vec<&NcclComm> = first.iter().chain(then).copied().collect();
         let bound = comms.iter().map(|comm| comm.abort_bound()).max().unwrap_or(ABORT_BOUND);
         let deadline = Instant::now() + bound;
         comms

@@ -69,6 +69,17 @@ pub(super) enum AbortStarted {
 }
 
 impl AbortStarted {
+    /// Waits for the abort until `by` at most; an abort that ended meanwhile keeps its result
+    /// (for [`wait_until`](Self::wait_until)), one still running goes on (and one whose thread
+    /// ended without a result is found so there).
+    pub(super) fn settle_by(&mut self, by: Instant) {
+        if let AbortStarted::Running(result) = self {
+            if let Ok(aborted) = result.recv_timeout(by.saturating_duration_since(Instant::now())) {
+                *self = AbortStarted::Done(aborted);
+            }
+        }
+    }
+
     /// The abort's result, waited for until `deadline` ([`NcclError::AbortStuck`] naming `what`
     /// and `bound` after it; the abort's thread is left to finish).
     pub(super) fn wait_until(self, deadline: Instant, bound: Duration, what: &'static str) -> Result<ncclResult_t> {

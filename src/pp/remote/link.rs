@@ -170,9 +170,19 @@ pub(in crate::pp) struct Credit {
 ///
 /// A rank fails its links one failure at a time (`failing`), and a failure ends every link it
 /// stops together: first each one's captured receives are destroyed, then their communicators
-/// are aborted at once ([`NcclComm::abort_together`]). One after the other, an abort's cleanup
-/// (which may wait for the whole device) would wait for a receive kernel of a link not yet
-/// aborted, and hold the driver while the next link's graphs are destroyed: the rank would hang.
+/// are aborted, the other links' first, given [`OTHERS_ABORT_HEAD_START`] to end before the
+/// failed link's begins ([`NcclComm::abort_first_then`]): the failed link's abort cuts its
+/// receive short, and the rank's stream then runs on into the sends queued behind it, which must
+/// find their communicators aborted already (else the next rank could receive a cut-short step as
+/// whole before it learns of the failure). Only a head start, not one abort after the other: an
+/// abort's cleanup (which may wait for the whole device) would wait for a receive kernel of a
+/// link not yet aborted, and hold the driver while the next link's graphs are destroyed: the rank
+/// would hang.
+/// How long the aborts of a rank's other links are given to end before a failed link's abort
+/// begins (see [`RankLinks`]): each sets its communicator's abort flag at once; an abort still
+/// running after this waits on the device, and the failed link's abort must begin.
+const OTHERS_ABORT_HEAD_START: Duration = Duration::from_millis(100);
+
 #[derive(Default)]
 pub(in crate::pp) struct RankLinks {
     links: Mutex<Vec<std::sync::Weak<Link>>>,
@@ -234,8 +244,10 @@ impl Link {
             .flatten()
             .map(|graph| graph.exec.destroy_keeping_memory())
             .collect();
-        let comms: Vec<&NcclComm> = stopped.iter().map(|link| &link.comm).collect();
-        for result in NcclComm::abort_together(&comms) {
+        // The other links' communicators first: their aborts set their flags before this link's
+        // receive is cut short and its stream runs on into sends of theirs (see `RankLinks`).
+        let others: Vec<&NcclComm> = others.iter().map(|link| &link.comm).collect();
+        for result in NcclComm::abort_first_then(&others, &[&self.comm], OTHERS_ABORT_HEAD_START) {
             if let Err(e) = result {
                 crate::safe::record_drop_error(e);
             }
