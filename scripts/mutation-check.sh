@@ -32,6 +32,7 @@ declare -A catchers=(
   [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join"
   [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
   [arg-list-overlapping]="every_parameter_reaches_the_launch_as_its_c_value"
+  [abort-failed-link-first]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [copy-with-sms]="copy_with_sms_refuses_memory_its_sms_cannot_reach failed_joins_back_into_the_owner_leave_no_work_in_flight"
   [guards]="stream_overrides_drop_in_any_order"
   [context]="a_boundary_step_makes_the_protocols_driver_calls_and_no_more a_failed_record_in_a_warm_ring_leaves_it_ordered a_failed_rx_can_be_retried a_failed_tx_leaves_no_copy_in_flight"
@@ -271,7 +272,10 @@ run seals-unchecked src/pp/remote/wire.rs "                if !opener.open(&pend
 run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {" "        if false {" rendezvous
 # A rank whose link fails fails its other links first: nothing cut short goes on downstream as
 # whole (tests/ring.rs).
-run link-failure-contained src/pp/remote/link.rs "            if !contained {" "            if false {" ring
+# A failing link aborts the rank's other links first (a head start): else the send queued behind
+# its cut-short receive can reach the next rank whole before that rank learns of the failure.
+run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&others, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &others, Duration::ZERO)" ring
+run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" ring
 # tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/ring.rs).
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" ring
 # A module image is checked whole before the driver reads it (it reads without a length).

@@ -363,7 +363,12 @@ fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
 /// with `PeerFailed` (every rank ends with a typed error, none with wrong data as `Ok`). With the
 /// failure kept to the one link ([`ProtocolFault::ContainedFailure`], the rule broken on purpose),
 /// rank 2's readback returns the cut-short slot's stale bytes as `Ok`: the test shows what it
-/// guards against.
+/// guards against. Run a third time as a loaded machine may run it: rank 1's abort of its link to
+/// rank 2 takes effect 60 ms late (the NCCL double's `PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS`) and
+/// rank 2 takes 400 ms to fail its links ([`ProtocolFault::SlowToFail`]): the send that rank 1's
+/// stream runs once its receive is cut short must still find its communicator aborted (rank 1
+/// aborts its other links first and waits for them, bounded), else rank 2 receives the cut-short
+/// step whole and reads it back as `Ok` before it knows of the failure.
 #[test]
 fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
     with_double("a_step_cut_short_upstream_is_never_read_back_as_ok_downstream", |_| {
@@ -375,10 +380,15 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
         }
         let timeout = Duration::from_millis(800);
         let mut outcomes = Vec::new();
-        for contained in [false, true] {
+        for (contained, late) in [(false, false), (true, false), (false, true)] {
+            if late {
+                // SAFETY: as above.
+                unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "60") };
+            }
             let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| match rank {
                 0 => config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
                 1 if contained => config.inject_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
+                2 if late => config.inject_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
                 _ => config,
             });
             let primary = Engine::new(0).unwrap();
@@ -428,6 +438,7 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
         unsafe {
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
+            std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS");
         }
         match &outcomes[0] {
             Err(e) if is_peer_failed(e) => {}
@@ -436,6 +447,15 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
         match &outcomes[1] {
             Ok(values) => assert_ne!(values, &pattern(11, N), "the step was never sent, yet its values arrived"),
             other => panic!("with the failure contained, rank 2 was expected to read back stale bytes: {other:?}"),
+        }
+        match &outcomes[2] {
+            Err(e) if is_peer_failed(e) => {}
+            Ok(values) => panic!(
+                "aborts late: rank 2 read a step cut short upstream back as Ok ({} values, the first {:?})",
+                values.len(),
+                &values[..values.len().min(4)]
+            ),
+            other => panic!("aborts late: rank 2's readback of a step cut short upstream: {other:?}"),
         }
     });
 }

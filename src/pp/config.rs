@@ -117,6 +117,10 @@ pub enum ProtocolFault {
     /// A `tx` to another rank writes half of its record of this step and then ends the
     /// connection (a record cut short by a dying peer).
     TruncateRecordAt(u64),
+    /// This rank's links take this many milliseconds to fail once a failure is seen (a busy
+    /// machine's threads that read a shut connection or a silent peer late): meanwhile its calls
+    /// and readbacks find the links up.
+    SlowToFail(u64),
 }
 
 /// A pipeline configuration: stage count, stage→device map, slots per boundary, transport
@@ -355,7 +359,8 @@ impl PpConfig {
             | ProtocolFault::ContainedFailure
             | ProtocolFault::ForgeRecordAt(_)
             | ProtocolFault::ReplayRecordAt(_)
-            | ProtocolFault::TruncateRecordAt(_) => ProtocolFault::None,
+            | ProtocolFault::TruncateRecordAt(_)
+            | ProtocolFault::SlowToFail(_) => ProtocolFault::None,
             other => other,
         };
         PpConfig {

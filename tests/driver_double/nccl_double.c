@@ -29,7 +29,8 @@
  *   short), later calls fail. With PPNRT_NCCL_DOUBLE_ORPHAN_RECV=1 a receive whose peer ended the
  *   connection (closed or aborted its communicator) waits on until its own communicator is
  *   aborted, as an NCCL receive kernel waits on a peer that died. PPNRT_NCCL_DOUBLE_ABORT_HANGS=1 makes it never return instead, as
- *   NCCL's abort waits for a thread of its own that is stuck (inside the driver, say). A peer that vanished (the connection ended without an abort) is an
+ *   NCCL's abort waits for a thread of its own that is stuck (inside the driver, say);
+ *   PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS=<ms> makes the abort of a sending side take effect late. A peer that vanished (the connection ended without an abort) is an
  *   asynchronous error (ncclRemoteError).
  * - The version is 2.28.9, so graph launches may mix with calls on one communicator.
  * - A send or receive checks its buffer when it runs, through the driver double
@@ -770,6 +771,11 @@ ncclResult_t ncclCommAbort(Comm* comm) {
     if (hangs && strcmp(hangs, "1") == 0) {
         for (;;) pause();
     }
+    /* PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS=<ms>: the abort of a communicator's sending side (its
+     * rank 0, as ppnrt joins them) takes effect that much later, as an abort whose thread a busy
+     * machine runs late; sends of it run meanwhile. */
+    const char* delay = getenv("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS");
+    if (delay && comm->rank == 0) usleep((useconds_t)atoi(delay) * 1000);
     end(comm, 1);
     return SUCCESS;
 }

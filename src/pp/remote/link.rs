@@ -82,6 +82,10 @@ pub(in crate::pp) struct Link {
     /// ([`ProtocolFault::ContainedFailure`](crate::pp::ProtocolFault), tests only).
     #[cfg(feature = "testing")]
     pub(super) contained: bool,
+    /// How long a failure of this link waits before it is recorded
+    /// ([`ProtocolFault::SlowToFail`](crate::pp::ProtocolFault), tests only).
+    #[cfg(feature = "testing")]
+    pub(super) fail_delay: Duration,
 }
 
 /// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
@@ -224,6 +228,10 @@ impl Link {
     pub(in crate::pp) fn fail(&self, reason: String) {
         if self.is_stopped() {
             return; // whoever stopped it ends it
+        }
+        #[cfg(feature = "testing")]
+        if !self.fail_delay.is_zero() {
+            std::thread::sleep(self.fail_delay);
         }
         let _failing = self.rank_links.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !self.stop_failed(reason.clone()) {

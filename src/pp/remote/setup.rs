@@ -187,6 +187,11 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             credit: back_writer.clone().map(|back| Credit { wanted: AtomicBool::new(false), back }),
             #[cfg(feature = "testing")]
             contained: config.fault() == crate::pp::config::ProtocolFault::ContainedFailure,
+            #[cfg(feature = "testing")]
+            fail_delay: match config.fault() {
+                crate::pp::config::ProtocolFault::SlowToFail(ms) => Duration::from_millis(ms),
+                _ => Duration::ZERO,
+            },
         });
         rank_links.add(&link);
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
