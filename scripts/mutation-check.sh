@@ -131,7 +131,7 @@ run pinned-htod src/safe/memory.rs "        if read_later {" "        if false &
 run copy-with-sms src/safe/module.rs "            if used.memory.is_pooled() {" "            if false && used.memory.is_pooled() {"
 # A launch of the crate's own parameters (made before the ordering, the states held around the
 # launch alone) orders its buffers as any launch does.
-run launch-own-args-unordered src/safe/module.rs "                ordered_with(self, tracked, true, || {" "                ordered_with(self, tracked.take(0), true, || {"
+run launch-own-args-unordered src/safe/module.rs "ordered_with(self, tracked, true, || unsafe" "ordered_with(self, tracked.take(0), true, || unsafe"
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
@@ -274,7 +274,7 @@ run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, J
 # whole (tests/ring.rs).
 # A failing link aborts the rank's other links first (a head start): else the send queued behind
 # its cut-short receive can reach the next rank whole before that rank learns of the failure.
-run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&others, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &others, Duration::ZERO)" ring
+run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &other_comms, Duration::ZERO)" ring
 run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" ring
 # tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/ring.rs).
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" ring

@@ -20,7 +20,6 @@ use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
 use crate::kernels;
-use crate::result::module as raw_module;
 
 /// The helper kernels of one context: the SM copy.
 #[derive(Debug)]
@@ -121,27 +120,16 @@ impl HelperKernels {
         }
         // Everything on the stream's device: the launch's own path, with the two buffers ordered
         // by the crate's rule as `CudaStream::launch` orders them.
-        let (function, raw_stream) = (self.copy_bytes.raw(), stream.raw());
         let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst_ptr, src_ptr, n16, tail);
         let mut params: [*mut c_void; 4] =
             [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
-        let params = &mut params;
-        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], move || {
+        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], || {
             // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
             // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
             // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
-            // are of one device and context (checked above), the memory is ordered on the stream
-            // (by `ordered`), and the function is held alive by self.
-            unsafe {
-                raw_module::launch_kernel(
-                    function,
-                    config.grid,
-                    config.block,
-                    config.shared_mem_bytes,
-                    raw_stream,
-                    params,
-                )
-            }
+            // are of one device (checked above), the memory is ordered on the stream (by
+            // `ordered`, around this call).
+            unsafe { stream.launch_ordered(&self.copy_bytes, &config, &mut params) }
         })
     }
 }

@@ -743,6 +743,26 @@ impl CudaStream {
         Ok(())
     }
 
+    /// `cuLaunchKernel` of `function` with `config` and `params` on this stream: the launch itself,
+    /// once its parameters are made and its buffers ordered ([`launch`](Self::launch)).
+    ///
+    /// # Safety
+    /// `params` match the kernel's parameter list; the kernel touches only memory they give it,
+    /// which is reachable from this stream's device and ordered on this stream; `function` is of
+    /// this stream's device.
+    #[inline(always)]
+    pub(super) unsafe fn launch_ordered(
+        &self,
+        function: &Function,
+        config: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: the caller meets the contract above; function and stream are live (borrowed).
+        unsafe {
+            raw::launch_kernel(function.raw, config.grid, config.block, config.shared_mem_bytes, self.raw(), params)
+        }
+    }
+
     /// Launches `function` on this stream. Device memory passed as slices and views is ordered
     /// by the crate's rule before the kernel runs and after it (see the `safe` module docs): the
     /// kernel waits for the last write of what it reads and for every use of what it writes, and
@@ -789,19 +809,8 @@ impl CudaStream {
             // The crate's own parameters: their values are made first (no caller code runs), and
             // the buffers' states stay locked from the waits to the notes around the launch alone.
             return args.with_params(|params| {
-                ordered_with(self, tracked, true, || {
-                    // SAFETY: as below (the parameters' own code is the crate's).
-                    unsafe {
-                        raw::launch_kernel(
-                            function.raw,
-                            config.grid,
-                            config.block,
-                            config.shared_mem_bytes,
-                            self.raw(),
-                            params,
-                        )
-                    }
-                })
+                // SAFETY: as below; the parameters' code is the crate's own.
+                ordered_with(self, tracked, true, || unsafe { self.launch_ordered(function, &config, params) })
             });
         }
         let foreign = args.is_foreign();
@@ -813,19 +822,10 @@ impl CudaStream {
                 // context: the launch binds the stream's again.
                 let _bound = if foreign { Some(self.context().bind()?) } else { None };
                 // SAFETY: the caller guarantees that params match the kernel and that it touches
-                // only the memory they give it; function and stream are live and of one context
-                // (checked above); that memory is reachable from this device (checked above) and
-                // ordered on this stream.
-                unsafe {
-                    raw::launch_kernel(
-                        function.raw,
-                        config.grid,
-                        config.block,
-                        config.shared_mem_bytes,
-                        self.raw(),
-                        params,
-                    )
-                }
+                // only the memory they give it; function and stream are of one device (checked
+                // above), the memory reachable from it (checked above) and ordered on this stream
+                // (by `ordered_with`, around this call).
+                unsafe { self.launch_ordered(function, &config, params) }
             };
             if foreign {
                 // A caller's implementation runs code that is not the crate's own.

@@ -254,8 +254,8 @@ impl Link {
             .collect();
         // The other links' communicators first: their aborts set their flags before this link's
         // receive is cut short and its stream runs on into sends of theirs (see `RankLinks`).
-        let others: Vec<&NcclComm> = others.iter().map(|link| &link.comm).collect();
-        for result in NcclComm::abort_first_then(&others, &[&self.comm], OTHERS_ABORT_HEAD_START) {
+        let other_comms: Vec<&NcclComm> = others.iter().map(|link| &link.comm).collect();
+        for result in NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START) {
             if let Err(e) = result {
                 crate::safe::record_drop_error(e);
             }
