@@ -182,11 +182,9 @@ impl Engine {
     /// # Errors
     /// As [`CudaStream::memcpy_htod`].
     pub fn htod_into<T: DeviceRepr, D: DeviceSliceMut<T>>(&self, src: &[T], dst: &mut D) -> Result<()> {
-        if dst.ordinal() == self.ordinal() {
-            self.on_stream(|stream| stream.memcpy_htod(src, dst))
-        } else {
-            // Another device's memory: its owner's stream (cloned, as `dst` is borrowed for the copy).
-            Arc::clone(dst.stream()).memcpy_htod(src, dst)
+        match self.owner_elsewhere(dst) {
+            Some(owner) => owner.memcpy_htod(src, dst),
+            None => self.on_stream(|stream| stream.memcpy_htod(src, dst)),
         }
     }
 
@@ -197,12 +195,17 @@ impl Engine {
     /// As [`CudaStream::memcpy_dtoh`].
     pub fn dtoh<T: DeviceRepr + Default, S: DeviceSlice<T>>(&self, src: &S) -> Result<Vec<T>> {
         let mut out = vec![T::default(); src.len()];
-        if src.ordinal() == self.ordinal() {
-            self.on_stream(|stream| stream.memcpy_dtoh(src, &mut out))?;
-        } else {
-            src.stream().memcpy_dtoh(src, &mut out)?;
+        match self.owner_elsewhere(src) {
+            Some(owner) => owner.memcpy_dtoh(src, &mut out)?,
+            None => self.on_stream(|stream| stream.memcpy_dtoh(src, &mut out))?,
         }
         Ok(out)
+    }
+
+    /// The stream that owns `memory` when it is memory of another device than this engine's (a
+    /// host-device copy runs on the memory's own device), else `None`: the current stream's.
+    fn owner_elsewhere<T: DeviceRepr, S: DeviceSlice<T>>(&self, memory: &S) -> Option<Arc<CudaStream>> {
+        (memory.ordinal() != self.ordinal()).then(|| Arc::clone(memory.stream()))
     }
 
     /// Copies `src` into `dst` (either may be on another device) on the current stream.
