@@ -108,13 +108,8 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
     // The copy, the launch, the local boundary and the readback run with their stream's context
     // current, as a stage's thread would have it (the boundaries across devices bind each side's
     // context in turn).
-    let _bound = match mode {
-        "copy" | "launch" | "list" | "local" => Some(e0.context().bind()?),
-        // The last stage's thread, which made the logits.
-        "readback" => Some(e1.context().bind()?),
-        _ => None,
-    };
-    // The mode's operation, chosen once: the loop counts the operation, not the choice.
+    // The mode's operation, chosen once (the loop counts the operation, not the choice), and the
+    // engine whose context its thread has current.
     enum Op {
         Boundary,
         Copy,
@@ -122,17 +117,20 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
         List,
         Readback,
     }
-    let op = match mode {
-        "peer" | "local" | "staged" => Op::Boundary,
-        "copy" => Op::Copy,
-        "launch" => Op::Launch,
-        "list" => Op::List,
-        "readback" => Op::Readback,
+    let (op, current) = match mode {
+        "peer" | "staged" => (Op::Boundary, None),
+        "local" => (Op::Boundary, Some(&e0)),
+        "copy" => (Op::Copy, Some(&e0)),
+        "launch" => (Op::Launch, Some(&e0)),
+        "list" => (Op::List, Some(&e0)),
+        // The last stage's thread, which made the logits.
+        "readback" => (Op::Readback, Some(&e1)),
         other => {
             eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch, list, readback or decode");
             std::process::exit(2);
         }
     };
+    let _bound = current.map(|engine| engine.context().bind()).transpose()?;
     for step in 0..steps {
         if step % 32 == 0 {
             rt.synchronize()?;
