@@ -14,7 +14,9 @@
 //! Threading: a `PendingReadback` is `Send + Sync`; the ring is shared behind a mutex.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::remote::LinkFailure;
 use crate::pp::error::Result;
@@ -112,7 +114,7 @@ impl<T: DeviceRepr> Drop for PendingReadback<T> {
     fn drop(&mut self) {
         // Back to the ring without waiting: the next copy into it is ordered after this one.
         if let Some(host) = self.host.take() {
-            let mut ring = self.shared.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut ring = self.shared.ring.lock();
             if ring.len() < MAX_IDLE_READBACK_BUFFERS {
                 ring.push(host);
             }

@@ -24,9 +24,11 @@
 //! signals only when a thread is asleep (a signal is a system call that a step's `tx` and `rx`
 //! would otherwise pay each time).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::error::{PpError, SlotState};
 use super::plan::Transport;
@@ -225,9 +227,10 @@ impl SlotRing {
     }
 
     /// Locks the ring. A panic while the lock was held cannot leave a slot half-updated (each
-    /// transition changes the state last), so a poisoned ring is still consistent.
+    /// transition changes the state last), so the ring is consistent whenever the lock is free
+    /// (the lock does not poison).
     pub(super) fn lock(&self) -> MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.slots.lock()
     }
 
     /// Parks until slot `which(ring)` is ready for `call` (`tx`: free, or lent for the writer's
@@ -297,14 +300,11 @@ impl SlotRing {
 
     /// Sleeps on the ring's condition variable for at most `timeout` (counted as a sleeper, so
     /// state changes signal it); returns the lock held again.
-    pub(super) fn sleep<'a>(&'a self, ring: MutexGuard<'a, Slots>, timeout: Duration) -> MutexGuard<'a, Slots> {
+    pub(super) fn sleep<'a>(&'a self, mut ring: MutexGuard<'a, Slots>, timeout: Duration) -> MutexGuard<'a, Slots> {
         // Counted under the lock: a thread that changes a slot's state afterwards (it needs the
         // lock) sees the count and signals.
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let ring = match self.changed.wait_timeout(ring, timeout) {
-            Ok((ring, _)) => ring,
-            Err(poisoned) => poisoned.into_inner().0,
-        };
+        self.changed.wait_for(&mut ring, timeout);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         ring
     }

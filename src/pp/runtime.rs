@@ -8,8 +8,10 @@
 //! ring's condition variable.
 
 use std::fmt;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::MutexGuard;
 
 use super::error::{PpError, ReceiverState};
 use super::plan::{BoundaryPlan, Plan};

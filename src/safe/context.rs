@@ -12,7 +12,9 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::device::Device;
 use crate::error::Result;
@@ -129,12 +131,12 @@ impl Context {
 
     /// The contexts recorded by the crate's peer-access cache (`ensure_peer_access`), locked.
     pub(crate) fn peers(&self) -> MutexGuard<'_, Vec<Weak<Context>>> {
-        self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.peers.lock()
     }
 
     /// The pool of idle events of this context.
     pub(crate) fn pooled_events(&self) -> MutexGuard<'_, Vec<CUevent>> {
-        self.events.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.events.lock()
     }
 
     /// The device.

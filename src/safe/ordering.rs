@@ -41,8 +41,10 @@
 //! launched at once from two threads: each launch keeps its whole footprint locked from the waits
 //! to the notes, so the second is ordered after the first.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
@@ -364,8 +366,9 @@ impl Access {
     /// The state, locked, its plain tag taken down (see [`Access::plain`]).
     #[inline]
     fn lock(&self) -> Locked<'_> {
-        // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
-        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The state is updated in single assignments; a panic elsewhere cannot leave it torn (the
+        // lock does not poison).
+        let state = self.state.lock();
         self.take_down_plain();
         Locked { access: self, state }
     }
@@ -424,7 +427,7 @@ impl Access {
     /// [`order`](Self::order) through exclusive access (the buffer's last owner, freeing it):
     /// no lock to take.
     pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
-        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self.state.get_mut();
         // The tag follows the state, ordered or not (the result is not held across: on success
         // nothing is moved).
         if let Err(e) = order_locked(state, stream, use_) {

@@ -3,7 +3,9 @@
 //! (slot rings, senders to other ranks) and the links to other ranks; and its teardown.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::{Boundary, BoundaryEnd, PpNRt, Stage};
 use crate::engine::Engine;

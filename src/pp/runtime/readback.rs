@@ -120,7 +120,7 @@ impl PpNRt {
         }
         let bytes = source.len() * std::mem::size_of::<T>();
         let reused = {
-            let mut ring = self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut ring = self.readbacks.ring.lock();
             ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
         };
         let mut host = match reused {
@@ -132,7 +132,7 @@ impl PpNRt {
         };
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
         if let Err(e) = copied {
-            self.readbacks.ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(host);
+            self.readbacks.ring.lock().push(host);
             return Err(e.into());
         }
         Ok(host)

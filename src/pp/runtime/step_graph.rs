@@ -27,8 +27,10 @@
 //! order) like `tx`/`rx` do.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
 
 use super::{Boundary, PpNRt, Stage};
 use crate::error::CaptureError;
