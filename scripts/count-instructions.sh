@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Counts the instructions the crate's own code executes per hot-path operation, without a GPU:
 # runs examples/step_profile.rs under callgrind against the CUDA driver double at two step
-# counts and prints the difference per step, for the example binary's own code (the crate and
-# the standard library inlined into it; not the double, not libc), with the heap allocations
-# per step. Deterministic, so it compares two versions of the hot path exactly; it is not a
-# time (the GPU machine's bench is).
+# counts and prints the difference per step, for the example binary's own code (every
+# instruction of it: the crate and the standard library, whatever source file a line was inlined
+# from; not the double, not libc), with the heap allocations per step, and by function (a
+# function's own instructions and those inlined into it). Deterministic, so it compares two
+# versions of the hot path exactly; it is not a time (the GPU machine's bench is).
 #
 #   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, staged, copy, launch, list,
 #                                               readback, decode
@@ -27,69 +28,66 @@ bin=target/release/examples/step_profile
 modes=("$@")
 [ ${#modes[@]} -gt 0 ] || modes=(peer)
 for mode in "${modes[@]}"; do
-  toggle=()
-  [ "${ATOMICS:-0}" = 1 ] && toggle=(--dump-instr=yes --compress-pos=no --compress-strings=no)
+  # Per instruction (addresses, absolute positions, full names): every instruction of the binary's
+  # own code is counted, library and crate code inlined from other files included.
+  toggle=(--dump-instr=yes --compress-pos=no --compress-strings=no)
   [ "$mode" = readback ] && toggle+=(--collect-atstart=no "--toggle-collect=*<impl ppnrt::pp::runtime::PpNRt>::readback")
   for n in "$lo" "$hi"; do
     PPNRT_LIBCUDA_PATH="$PWD/$out/libcuda_double.so" PPNRT_DOUBLE_DEVICES=2 \
       valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" \
       > "$out/$mode.$n.log" 2>&1 || { tail -5 "$out/$mode.$n.log"; exit 1; }
   done
-  python3 - "$out/$mode" "$lo" "$hi" "$mode" <<'PY'
+  python3 - "$bin" "$out/$mode" "$lo" "$hi" "$mode" <<'PY'
 import os, re, subprocess, sys
-base, lo, hi, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-
-def costs(path):
-    text = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", path],
-                          capture_output=True, text=True, check=True).stdout
-    own, allocs = {}, 0
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S.*)", line)
-        if not m or m.group(2).startswith("=>") or "PROGRAM TOTALS" in m.group(2):
-            continue
-        key = m.group(2).strip()
-        # The example binary's own code: its functions, and library code inlined into them.
-        if "examples/step_profile" in key or key.startswith("/rustc/"):
-            own[key] = own.get(key, 0) + int(m.group(1).replace(",", ""))
-    tree = subprocess.run(["callgrind_annotate", "--tree=caller", path], capture_output=True, text=True).stdout
-    for line in tree.splitlines():
-        m = re.search(r"< .*__rdl_alloc \(([\d,]+)x\)", line)
-        if m:
-            allocs += int(m.group(1).replace(",", ""))
-    return own, allocs
-
-(a, alloc_a), (b, alloc_b) = costs(f"{base}.{lo}"), costs(f"{base}.{hi}")
-steps = hi - lo
-per = {k: (b.get(k, 0) - a.get(k, 0)) / steps for k in set(a) | set(b)}
-print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
-      f"{(alloc_b - alloc_a) / steps:.2f} heap allocations per step")
-for value, key in sorted(((v, k) for k, v in per.items()), reverse=True)[:int(os.environ.get("TOP", "12"))]:
-    if value >= 5:
-        name = re.sub(r" \[.*\]$", "", key.split(":", 1)[-1])
-        print(f"  {value:7.1f}  {name[:110]}")
-PY
-  [ "${ATOMICS:-0}" = 1 ] || continue
-  python3 - "$bin" "$out/$mode" "$lo" "$hi" <<'PY'
-import os, re, subprocess, sys
-binary, base, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+binary, base, lo, hi, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 name = os.path.basename(binary)
+top = int(os.environ.get("TOP", "12"))
 
 def per_instruction(path):
-    """Instructions executed at each address of the binary (the cost lines of its functions, not
-    the inclusive costs that follow a `calls=` line)."""
-    counts, ob, after_call = {}, None, False
+    """Instructions executed at each address of the binary, with the function each lies in (the
+    cost lines of its functions, not the inclusive costs that follow a `calls=` line): the
+    binary's own code, whatever source file a line was inlined from."""
+    counts, where, ob, fn, after_call = {}, {}, None, None, False
     for line in open(path):
         if line.startswith("ob="):
             ob = line[3:].strip()
+        elif line.startswith("fn="):
+            fn = line[3:].strip()
         elif line.startswith("calls="):
             after_call = True
         elif line.startswith("0x"):
             if not after_call and ob and os.path.basename(ob) == name:
                 addr, _line, cost = line.split()[:3]
-                counts[int(addr, 16)] = counts.get(int(addr, 16), 0) + int(cost)
+                addr = int(addr, 16)
+                counts[addr] = counts.get(addr, 0) + int(cost)
+                where[addr] = fn
             after_call = False
-    return counts
+    return counts, where
 
+def allocations(path):
+    tree = subprocess.run(["callgrind_annotate", "--tree=caller", path], capture_output=True, text=True).stdout
+    found = 0
+    for line in tree.splitlines():
+        m = re.search(r"< .*__rdl_alloc \(([\d,]+)x\)", line)
+        if m:
+            found += int(m.group(1).replace(",", ""))
+    return found
+
+(a, _), (b, where) = per_instruction(f"{base}.{lo}"), per_instruction(f"{base}.{hi}")
+steps = hi - lo
+per = {addr: (b.get(addr, 0) - a.get(addr, 0)) / steps for addr in set(a) | set(b)}
+by_function = {}
+for addr, n in per.items():
+    function = where.get(addr, "?")
+    by_function[function] = by_function.get(function, 0) + n
+alloc = (allocations(f"{base}.{hi}") - allocations(f"{base}.{lo}")) / steps
+print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
+      f"{alloc:.2f} heap allocations per step")
+for function, n in sorted(by_function.items(), key=lambda kv: -kv[1])[:top]:
+    if n >= 5:
+        print(f"  {n:7.1f}  {function[:110]}")
+if os.environ.get("ATOMICS", "0") != "1":
+    sys.exit(0)
 listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", binary], capture_output=True, text=True,
                          check=True).stdout
 atomic, function = {}, None
@@ -100,14 +98,13 @@ for line in listing.splitlines():
         continue
     if re.match(r"^\s+[0-9a-f]+:\s+(lock |xchg\s+\S+,\()", line):
         atomic[int(line.split(":")[0], 16)] = function
-a, b = per_instruction(f"{base}.{lo}"), per_instruction(f"{base}.{hi}")
 by = {}
 for addr, function in atomic.items():
-    n = (b.get(addr, 0) - a.get(addr, 0)) / (hi - lo)
+    n = per.get(addr, 0)
     if n > 0:
         by[function] = by.get(function, 0) + n
 print(f"  {sum(by.values()):.1f} atomic read-modify-writes per step in the binary's own code:")
-for function, n in sorted(by.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", "12"))]:
+for function, n in sorted(by.items(), key=lambda kv: -kv[1])[:top]:
     if n >= 0.05:
         print(f"  {n:7.1f}  {function[:110]}")
 PY

@@ -297,3 +297,10 @@ run plain-ignores-reads src/safe/ordering.rs "    if eager || !state.reads.is_em
 run plain-ignores-event src/safe/ordering.rs "        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id," "        Some(Mark { stream: Some(_), stream_id, .. }) => *stream_id,"
 run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain();
         Locked" "        Locked" lib
+# An eager buffer keeps its read marks across writes (a slot's RX mark, recorded again at each
+# read): a read that takes its mark up again without forgetting which stream waited for it lets
+# the next write there skip the wait for that read. A free that takes a state for plain on its
+# stream without its tag saying so frees memory still in use elsewhere.
+run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
+    mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
+run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"

@@ -245,12 +245,9 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
 struct State {
     write: Option<Mark>,
     /// The reads since `write`, one mark per stream: inline for the usual one (a buffer made on
-    /// one stream and read on another), so a fresh buffer's first read allocates nothing.
+    /// one stream and read on another), so a fresh buffer's first read allocates nothing. An
+    /// eager buffer keeps its read marks across writes (see [`note_marks`]).
     reads: SmallVec<[Mark; 1]>,
-    /// An eager buffer's read mark that a write retired, with its event, held for the next read
-    /// instead of being dropped and made again (a slot's `ev_rx` and the RX stream, once per
-    /// step). It stands for no use: nothing waits for it until a read takes it up again.
-    spare: Option<Mark>,
 }
 
 /// The bit of [`Access::plain`] that an operation on the plain path holds for the span of its
@@ -358,7 +355,7 @@ impl Access {
     /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
     /// with no pending use (`None`).
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
-        let state = State { write: owner.map(Mark::new), reads: SmallVec::new(), spare: None };
+        let state = State { write: owner.map(Mark::new), reads: SmallVec::new() };
         let plain = AtomicU64::new(plain_on(&state, eager));
         Access { state: Mutex::new(state), plain, eager }
     }
@@ -426,7 +423,19 @@ impl Access {
 
     /// [`order`](Self::order) through exclusive access (the buffer's last owner, freeing it):
     /// no lock to take.
+    #[inline]
     pub(crate) fn order_exclusive(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+        // Plain on `stream` (see `Access::plain`; no claim can be held here): nothing to wait
+        // for, and the state and its tag stay as they are.
+        if *self.plain.get_mut() == stream.id() {
+            return Ok(());
+        }
+        self.order_exclusive_locked(stream, use_)
+    }
+
+    /// [`order_exclusive`](Self::order_exclusive) off the plain path.
+    #[inline(never)]
+    fn order_exclusive_locked(&mut self, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
         let state = self.state.get_mut();
         // The tag follows the state, ordered or not (the result is not held across: on success
         // nothing is moved).
@@ -711,19 +720,22 @@ fn note_marks(
     eager: bool,
     gate: Option<&EnqueueGate<'_>>,
 ) -> Result<()> {
-    let State { write, reads, spare } = state;
+    let State { write, reads } = state;
     // The mark this use updates: for a write, the new last write (the old one and every read
     // were waited for by `order`); for a read, the stream's own mark (the write's, when the
     // write was on this stream too: a later writer waits for it, so it must come after this
     // read as well).
     let mark = match use_ {
         Use::Write => {
-            if eager && spare.is_none() {
-                // The read marks would be dropped, and the next read make one again, its event
-                // from the pool: one is kept instead.
-                *spare = reads.pop();
+            if !eager {
+                reads.clear();
             }
-            reads.clear();
+            // An eager buffer keeps its read marks, each with its event, for the next read of its
+            // stream to record again where it is (a slot's `ev_rx` and the RX stream, once per
+            // step), instead of dropping them and making them again. Kept, a mark stands for a
+            // read this write was ordered after: its `waited_by` names this stream, so later
+            // writes here skip it; a write on another stream waits for it again, which orders
+            // nothing wrongly (the read came before this write).
             if !write.as_ref().is_some_and(|mark| mark.is_on(stream)) {
                 *write = Some(Mark::new(stream));
             }
@@ -737,12 +749,7 @@ fn note_marks(
                     if reads.len() >= ATTACHED_READS {
                         detach_reads(reads)?;
                     }
-                    reads.push(match spare.take() {
-                        Some(retired) if retired.is_on(stream) => retired,
-                        // Another stream's: only its event is taken up.
-                        Some(mut retired) => Mark { event: retired.event.take(), ..Mark::new(stream) },
-                        None => Mark::new(stream),
-                    });
+                    reads.push(Mark::new(stream));
                     reads.last_mut().expect("pushed above")
                 }
             },
