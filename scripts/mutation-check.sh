@@ -96,6 +96,8 @@ declare -A catchers=(
   [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join"
   [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join"
   [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
+  [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing"
+  [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use"
 )
 run() {
   name=$1; test=${5:-double}; shift
