@@ -697,8 +697,11 @@ impl KernelArgs for KernelArgList<'_> {
             offsets.push(at);
             end = at + layout.size();
         }
-        let mut storage: SmallVec<[MaybeUninit<ParamWord>; 8]> =
-            SmallVec::from_elem(MaybeUninit::uninit(), end.div_ceil(size_of::<ParamWord>()));
+        let words = end.div_ceil(size_of::<ParamWord>());
+        let mut storage: SmallVec<[MaybeUninit<ParamWord>; 8]> = SmallVec::with_capacity(words);
+        // SAFETY: the capacity holds `words` elements (just reserved), and a `MaybeUninit` needs
+        // no initialisation (nothing is written per word: the values are written below).
+        unsafe { storage.set_len(words) };
         let base = storage.as_mut_ptr().cast::<u8>();
         let mut pointers: SmallVec<[*mut c_void; INLINE_PARAMS]> = SmallVec::with_capacity(self.params.len());
         for (param, at) in self.params.iter().zip(offsets) {
