@@ -221,13 +221,22 @@ impl Mark {
 
     /// The mark's event, recorded now at the end of its stream if it has none yet (or, while the
     /// stream is being captured, the event recorded when the capture began).
+    #[inline]
     fn event(&mut self) -> Result<&PooledEvent> {
         if self.event.is_none() {
-            self.waited_by = None;
-            let stream = self.stream.as_ref().expect("a detached mark keeps its event");
-            self.event = Some(stream.event_after_enqueued(None)?);
+            self.record_event_now()?;
         }
         Ok(self.event.as_deref().expect("set above"))
+    }
+
+    /// [`event`](Self::event) for a mark with none yet: records one now at the end of its
+    /// stream.
+    #[inline(never)]
+    fn record_event_now(&mut self) -> Result<()> {
+        self.waited_by = None;
+        let stream = self.stream.as_ref().expect("a detached mark keeps its event");
+        self.event = Some(stream.event_after_enqueued(None)?);
+        Ok(())
     }
 }
 
