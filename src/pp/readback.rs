@@ -28,7 +28,8 @@ pub(super) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
 /// What the runtime's readbacks share: its ring of idle pinned buffers, and the failure records of
 /// this rank's links to other ranks, whose failure a readback's values must not outlive.
 pub(super) struct ReadbackShared {
-    pub(super) ring: Mutex<Vec<PinnedHostBuffer<u8>>>,
+    /// Boxed: a buffer moves in and out of the ring, and with a readback, as one pointer.
+    pub(super) ring: Mutex<Vec<Box<PinnedHostBuffer<u8>>>>,
     pub(super) links: Vec<Arc<LinkFailure>>,
 }
 
@@ -43,7 +44,7 @@ impl std::fmt::Debug for ReadbackShared {
 /// runtime's ring without waiting.
 #[derive(Debug)]
 pub struct PendingReadback<T: DeviceRepr> {
-    host: Option<PinnedHostBuffer<u8>>,
+    host: Option<Box<PinnedHostBuffer<u8>>>,
     len: usize,
     /// The device buffer given by [`readback`](crate::PpNRt::readback), alive until the copy is
     /// done; its free is ordered on the readback stream. `None` for
@@ -55,7 +56,7 @@ pub struct PendingReadback<T: DeviceRepr> {
 
 impl<T: DeviceRepr> PendingReadback<T> {
     pub(super) fn new(
-        host: PinnedHostBuffer<u8>,
+        host: Box<PinnedHostBuffer<u8>>,
         len: usize,
         source: Option<CudaSlice<T>>,
         shared: Arc<ReadbackShared>,

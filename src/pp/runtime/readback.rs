@@ -113,7 +113,7 @@ impl PpNRt {
         &self,
         what: &'static str,
         source: &S,
-    ) -> Result<PinnedHostBuffer<u8>> {
+    ) -> Result<Box<PinnedHostBuffer<u8>>> {
         let device = self.stage(self.stages.len() - 1)?.engine.ordinal();
         if source.ordinal() != device {
             return Err(CudaError::WrongDevice { what, expected: device, found: source.ordinal() }.into());
@@ -127,7 +127,7 @@ impl PpNRt {
             Some(host) => host,
             None => {
                 let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
-                PinnedHostBuffer::new_eager(self.readback.context(), capacity)?
+                Box::new(PinnedHostBuffer::new_eager(self.readback.context(), capacity)?)
             }
         };
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
