@@ -28,7 +28,9 @@ pub(super) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
 /// What the runtime's readbacks share: its ring of idle pinned buffers, and the failure records of
 /// this rank's links to other ranks, whose failure a readback's values must not outlive.
 pub(super) struct ReadbackShared {
-    /// Boxed: a buffer moves in and out of the ring, and with a readback, as one pointer.
+    /// Boxed: a buffer moves in and out of the ring, and with a readback, as one pointer (not
+    /// some 180 bytes with its ordering state).
+    #[allow(clippy::vec_box)]
     pub(super) ring: Mutex<Vec<Box<PinnedHostBuffer<u8>>>>,
     pub(super) links: Vec<Arc<LinkFailure>>,
 }
