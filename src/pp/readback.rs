@@ -35,6 +35,17 @@ pub(super) struct ReadbackShared {
     pub(super) links: Vec<Arc<LinkFailure>>,
 }
 
+impl ReadbackShared {
+    /// Puts an idle pinned buffer back in the ring, unless the ring holds
+    /// [`MAX_IDLE_READBACK_BUFFERS`] already (then it is freed).
+    pub(super) fn give_back(&self, host: Box<PinnedHostBuffer<u8>>) {
+        let mut ring = self.ring.lock();
+        if ring.len() < MAX_IDLE_READBACK_BUFFERS {
+            ring.push(host);
+        }
+    }
+}
+
 impl std::fmt::Debug for ReadbackShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadbackShared").field("links", &self.links.len()).finish_non_exhaustive()
@@ -117,10 +128,7 @@ impl<T: DeviceRepr> Drop for PendingReadback<T> {
     fn drop(&mut self) {
         // Back to the ring without waiting: the next copy into it is ordered after this one.
         if let Some(host) = self.host.take() {
-            let mut ring = self.shared.ring.lock();
-            if ring.len() < MAX_IDLE_READBACK_BUFFERS {
-                ring.push(host);
-            }
+            self.shared.give_back(host);
         }
     }
 }

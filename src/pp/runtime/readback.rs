@@ -106,9 +106,9 @@ impl PpNRt {
     }
 
     /// Checks `source` (`what` names the call and the rule, for the error of a buffer of another
-    /// device), takes a pinned buffer from the ring (or allocates
-    /// one) and enqueues the copy on the readback stream. On error the pinned buffer is back in
-    /// the ring.
+    /// device), takes a pinned buffer from the ring (or allocates one) and enqueues the copy on
+    /// the readback stream. On error the pinned buffer is given back to the ring (freed when the
+    /// ring is full).
     fn start_readback<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
         what: &'static str,
@@ -132,7 +132,7 @@ impl PpNRt {
         };
         let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
         if let Err(e) = copied {
-            self.readbacks.ring.lock().push(host);
+            self.readbacks.give_back(host);
             return Err(e.into());
         }
         Ok(host)

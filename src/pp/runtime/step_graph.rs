@@ -27,10 +27,10 @@
 //! order) like `tx`/`rx` do.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{Boundary, PpNRt, Stage};
 use crate::error::CaptureError;
@@ -503,7 +503,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if self.stale {
             return Err(Error::Pipeline(PpError::GraphStale { boundary: 0, slot: k }));
         }
-        let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut next = self.next.lock();
         // Between steps every stage is at the same slot (eager steps may have moved the rings:
         // the stages follow them); a stage that ran ahead with `launch_stage`, or one left behind
         // by a failed launch, is refused first (its rings are out of step too), naming the stage.
@@ -572,7 +572,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         // received instead (below).
         let k = {
             let followed = rt.rings().find(|(_, boundary)| boundary.inbound.is_none()).map(|(_, b)| b.ring.lock());
-            let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut next = self.next.lock();
             let between_steps = rt.local_stages().all(|(t, _)| next[t] == next[s]);
             if between_steps && (followed.is_some() || !rt.spans_processes()) {
                 let rings_at = followed.as_deref().map_or(0, Slots::next);
@@ -642,7 +642,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             self.check_output(ring, s, k, "StepGraphs::launch_stage")?;
         }
         self.launch_on(stage, s, k, input.as_deref_mut(), output.as_deref_mut())?;
-        self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[s] = (k + 1) % n_slots;
+        self.next.lock()[s] = (k + 1) % n_slots;
         drop((input, output));
         for b in [s.wrapping_sub(1), s] {
             if let Some(boundary) = rt.ring(b) {
@@ -682,7 +682,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     ) -> Result<()> {
         #[cfg(feature = "testing")]
         self.break_protocol(input.as_deref(), output.as_deref(), k);
-        self.exec(k, s).lock().unwrap_or_else(|poisoned| poisoned.into_inner()).launch(&stage.stream)?;
+        self.exec(k, s).lock().launch(&stage.stream)?;
         self.advance(input, output, k);
         Ok(())
     }
@@ -741,7 +741,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                 let (Some(graph), Some(exec)) = (&per_slot[s], execs[s].as_mut()) else {
                     unreachable!("graphs are captured for every stage of this rank")
                 };
-                let exec = exec.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let exec = exec.get_mut();
                 match exec.update(graph) {
                     Ok(()) => {}
                     Err(CudaError::Capture(CaptureError::UpdateRefused { .. })) => {
