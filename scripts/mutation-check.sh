@@ -98,6 +98,8 @@ declare -A catchers=(
   [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
   [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing"
   [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use"
+  [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding"
+  [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -306,3 +308,5 @@ run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain(
 run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
 run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
+run call-scope-not-suspended src/safe/context.rs "        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));" ""
+run call-scope-not-resumed src/safe/context.rs "                        if !previous.is_null() && scope.get() == suspended(previous) {" "                        if false {"

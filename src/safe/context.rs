@@ -102,7 +102,9 @@ impl Context {
         CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw)
     }
 
-    /// [`bind`](Self::bind) outside a call scope of this context: asks the driver.
+    /// [`bind`](Self::bind) outside a call scope of this context: asks the driver. A switch to
+    /// this context suspends the thread's call scope (of another context, which is no longer
+    /// current) until the guard makes that context current again.
     #[inline(never)]
     fn make_current(&self) -> Result<BoundContext<'_>> {
         let previous = raw::get_current()?;
@@ -111,7 +113,35 @@ impl Context {
         }
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
+        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));
         Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })
+    }
+
+    /// Runs `f` with this context current on the calling thread, and every call of this crate
+    /// that `f` makes on this thread for this context trusts it to be current: none asks the
+    /// driver which context is (`cuCtxGetCurrent`) or binds it again. For a loop that issues
+    /// work for one device from its own thread (a stage's decode loop), where each call would
+    /// otherwise query the driver once. When `f` returns (or unwinds), whatever was current
+    /// before is current again.
+    ///
+    /// A binding of another context inside `f` through this crate ([`bind`](Self::bind), calls
+    /// on another device's streams) is seen: until it is undone, calls for this context query the
+    /// driver again.
+    ///
+    /// # Errors
+    /// The driver's error from binding this context; `f` does not run then.
+    ///
+    /// # Safety
+    /// Until `f` returns, no code on this thread changes the current context other than through
+    /// this crate (no `cuCtxSetCurrent`, `cuCtxPushCurrent`/`cuCtxPopCurrent` or
+    /// `cudaSetDevice` to another device from another library), or it makes this context current
+    /// again before its next call of this crate. The crate's calls inside `f` create events,
+    /// modules and memory in the context they believe current: if it is another device's, work
+    /// fails or memory lands on the wrong device.
+    #[doc(alias = "cuCtxSetCurrent")]
+    pub unsafe fn bound_unchecked<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+        let _scope = self.bind_for_call()?;
+        Ok(f())
     }
 
     /// Like [`bind`](Self::bind), for the whole of one of this crate's calls: while the guard
@@ -195,7 +225,8 @@ pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
     let result = f();
     if !scope.is_null() {
         let _ = CALL_SCOPE.try_with(|cell| cell.set(scope));
-        if !raw::get_current().is_ok_and(|current| current == scope) {
+        // A suspended scope's context is not the current one: nothing to put back.
+        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {
             // SAFETY: the scope's context is retained by the guard that opened the scope, which
             // outlives this call.
             let restored = unsafe { raw::set_current(scope) };
@@ -208,9 +239,24 @@ pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
 }
 
 thread_local! {
-    /// The context that the innermost live call scope of this crate made current on this thread
-    /// (null outside any), so that nested binds inside the call make no driver call.
+    /// The context that the innermost live call scope on this thread made current (null outside
+    /// any), so that nested binds inside it make no driver call; marked suspended (see
+    /// [`suspended`]) while a binding inside the scope has made another context current.
     static CALL_SCOPE: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The mark of a suspended call scope: the low bit of its context's address (a context is a
+/// driver object, aligned, so no context's address has it), which no context's address equals.
+const SUSPENDED: usize = 1;
+
+/// `scope` marked suspended (null stays null: no scope to suspend).
+fn suspended(scope: CUcontext) -> CUcontext {
+    if scope.is_null() { scope } else { scope.map_addr(|addr| addr | SUSPENDED) }
+}
+
+/// Whether `scope` is marked suspended.
+fn is_suspended(scope: CUcontext) -> bool {
+    scope.addr() & SUSPENDED != 0
 }
 
 impl Drop for BoundContext<'_> {
@@ -233,8 +279,16 @@ impl BoundContext<'_> {
         if let Some(previous) = self.restore {
             // SAFETY: `previous` was current on this thread when the guard was made (or null,
             // which unbinds); nothing this crate does in between releases another context.
-            if let Err(e) = unsafe { raw::set_current(previous) } {
-                super::record_drop_error(e);
+            match unsafe { raw::set_current(previous) } {
+                // The scope's context is current again: the scope holds again.
+                Ok(()) => {
+                    let _ = CALL_SCOPE.try_with(|scope| {
+                        if !previous.is_null() && scope.get() == suspended(previous) {
+                            scope.set(previous);
+                        }
+                    });
+                }
+                Err(e) => super::record_drop_error(e),
             }
         }
     }

@@ -626,6 +626,79 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
     });
 }
 
+/// Inside [`Context::bound_unchecked`](ppnrt::Context::bound_unchecked) the calls for its
+/// context make no context call at all: a local boundary step none, a peer one only the RX
+/// stage's bindings there and back (`rx` and the output's free). A binding of another context
+/// inside the scope suspends it: a call for the scope's context then binds it again (the double
+/// refuses stream work of a context that is not current), and once that binding is undone the
+/// scope holds again. The scope puts back what was current before, also when its closure
+/// unwinds.
+#[test]
+fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
+    with_double("an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding", |double| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, label) in [([0, 1], "peer"), ([0, 0], "local")] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices), &primary).unwrap();
+            let e = rt.engine(0, &primary).unwrap().clone();
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                e.htod(&[1u32; 8192]).unwrap()
+            };
+            let step = || {
+                let slot = rt.tx(0, &x, 8192).unwrap();
+                drop(rt.rx::<u32>(0, slot, 8192).unwrap());
+            };
+            for _ in 0..4 {
+                step(); // warm-up: slot buffers and pooled events
+            }
+            // SAFETY: nothing in the closure changes the current context but the crate's calls.
+            let per_step = unsafe {
+                e.context().bound_unchecked(|| double.calls_per_run(&["cuCtxGetCurrent", "cuCtxSetCurrent"], 100, step))
+            }
+            .unwrap();
+            common::say(&format!("context calls per tx+rx step in an unchecked binding ({label}): {:?}", per_step.0));
+            let peer = devices[0] != devices[1];
+            assert_eq!(per_step.of("cuCtxGetCurrent"), if peer { 2.0 } else { 0.0 }, "{label}");
+            assert_eq!(per_step.of("cuCtxSetCurrent"), if peer { 4.0 } else { 0.0 }, "{label}");
+            rt.synchronize().unwrap();
+        }
+
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let mut a = e0.htod(&[2u32; 64]).unwrap();
+        e0.fill_u32(&mut a, 4).unwrap(); // warm-up: the helper kernels' module
+        // SAFETY: null unbinds.
+        unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+        let current = || ppnrt::result::context::get_current().unwrap();
+        // SAFETY: nothing in the closure changes the current context but the crate's calls.
+        unsafe {
+            e0.context().bound_unchecked(|| {
+                assert_eq!(current(), e0.context().raw());
+                let other = e1.context().bind().unwrap();
+                assert_eq!(current(), e1.context().raw());
+                // The scope is suspended: this call binds e0's context (else the double refuses
+                // the launch on e0's stream) and puts e1's back.
+                e0.fill_u32(&mut a, 5).unwrap();
+                assert_eq!(current(), e1.context().raw(), "the call put back the binding it found");
+                drop(other);
+                assert_eq!(current(), e0.context().raw());
+                // The scope holds again: no query.
+                let queries = double.calls("cuCtxGetCurrent");
+                e0.fill_u32(&mut a, 6).unwrap();
+                assert_eq!(double.calls("cuCtxGetCurrent"), queries, "a call inside the scope queried the driver");
+            })
+        }
+        .unwrap();
+        assert!(current().is_null(), "the scope put back what was current before");
+        assert_eq!(e0.dtoh(&a).unwrap(), vec![6u32; 64]);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            unsafe { e1.context().bound_unchecked(|| panic!("inside the scope")) }
+        }));
+        assert!(unwound.is_err());
+        assert!(current().is_null(), "an unwinding scope put back what was current before");
+    });
+}
+
 /// Launches that reach a peer's memory enable peer access once per pair of live contexts, not per
 /// launch.
 #[test]
