@@ -4,7 +4,8 @@
 //! too; timing belongs to `cargo bench`, this only checks that every step succeeds.
 //!
 //! ```text
-//! step_profile [MODE [STEPS]]   (default: peer with two devices, else local; 1000 steps)
+//! step_profile [MODE [STEPS]] [--unchecked]   (default: peer with two devices, else local;
+//!                                               1000 steps)
 //!   peer      tx + rx + drop of the received buffer, stages on devices 0 and 1 (32 KiB)
 //!   local     the same with both stages on device 0, whose context is current (the one
 //!             context of both stages, as a stage's thread has it)
@@ -20,6 +21,11 @@
 //!   decode    one eager decode step of the bench's (8 stages on device 0 × 20 toy layers, 32 KiB
 //!             of f32 received into each stage's activations with `rx_into`, sent on with `tx`),
 //!             each stage's context bound for its calls, as the bench's step binds it
+//!
+//!   --unchecked   the loop runs inside `Context::bound_unchecked` of the context that the
+//!                 mode has current (device 0's for decode), as a stage's own loop may: the
+//!                 calls for that context make no context query (no effect on peer and staged,
+//!                 which have none current)
 //! ```
 use std::process::ExitCode;
 
@@ -34,7 +40,7 @@ const DECODE_LAYERS: u32 = 20;
 const DECODE_SLOTS: usize = 2;
 
 /// `decode`: the bench's eager decode step, `steps` times.
-fn decode(steps: usize) -> ppnrt::Result<()> {
+fn decode(steps: usize, unchecked: bool) -> ppnrt::Result<()> {
     let primary = Engine::new(0)?;
     let rt = PpNRt::new(PpConfig::with_devices(&[0; DECODE_STAGES]).slots(DECODE_SLOTS), &primary)?;
     let input: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.01 + 0.5).collect();
@@ -48,34 +54,43 @@ fn decode(steps: usize) -> ppnrt::Result<()> {
         })
         .collect::<ppnrt::Result<Vec<CudaSlice<f32>>>>()?;
     rt.synchronize()?;
-    for step in 0..steps {
-        if step % 32 == 0 {
-            rt.synchronize()?;
+    let mut steps_loop = || -> ppnrt::Result<()> {
+        for step in 0..steps {
+            if step % 32 == 0 {
+                rt.synchronize()?;
+            }
+            let k = step % DECODE_SLOTS;
+            for (s, x) in acts.iter_mut().enumerate() {
+                let engine = rt.engine(s, &primary)?;
+                let _stage = rt.enter(s)?;
+                let _bound = engine.context().bind()?;
+                if s > 0 {
+                    rt.rx_into(s - 1, k, x)?;
+                }
+                for layer in 0..DECODE_LAYERS {
+                    engine.toy_layer(x, k as u32, layer)?;
+                }
+                if s + 1 < DECODE_STAGES {
+                    rt.tx(s, x, N)?;
+                }
+            }
         }
-        let k = step % DECODE_SLOTS;
-        for (s, x) in acts.iter_mut().enumerate() {
-            let engine = rt.engine(s, &primary)?;
-            let _stage = rt.enter(s)?;
-            let _bound = engine.context().bind()?;
-            if s > 0 {
-                rt.rx_into(s - 1, k, x)?;
-            }
-            for layer in 0..DECODE_LAYERS {
-                engine.toy_layer(x, k as u32, layer)?;
-            }
-            if s + 1 < DECODE_STAGES {
-                rt.tx(s, x, N)?;
-            }
-        }
+        Ok(())
+    };
+    if unchecked {
+        // SAFETY: nothing in the loop changes the current context but the crate's own calls.
+        unsafe { primary.context().bound_unchecked(steps_loop)?? };
+    } else {
+        steps_loop()?;
     }
     rt.synchronize()?;
     println!("decode: {steps} steps of {DECODE_STAGES} stages × {DECODE_LAYERS} layers");
     Ok(())
 }
 
-fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
+fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
     if mode == "decode" {
-        return decode(steps);
+        return decode(steps, unchecked);
     }
     let primary = Engine::new(0)?;
     // `peer` needs two devices (a one-device machine gets the configuration's typed error);
@@ -130,35 +145,45 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
             std::process::exit(2);
         }
     };
-    let _bound = current.map(|engine| engine.context().bind()).transpose()?;
-    for step in 0..steps {
-        if step % 32 == 0 {
-            rt.synchronize()?;
-            stream.synchronize()?;
+    let mut steps_loop = || -> ppnrt::Result<()> {
+        for step in 0..steps {
+            if step % 32 == 0 {
+                rt.synchronize()?;
+                stream.synchronize()?;
+            }
+            match op {
+                Op::Boundary => {
+                    let slot = rt.tx(0, &x, N)?;
+                    drop(rt.rx::<u32>(0, slot, N)?);
+                }
+                Op::Copy => stream.memcpy_dtod(&src, &mut dst)?,
+                // SAFETY: `ppnrt_copy_bytes(dst, src, n16, tail)` copies n16 × 16 bytes (and `tail`
+                // more) from src to dst; both hold N u32 = N / 4 × 16 bytes.
+                Op::Launch => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
+                Op::List => {
+                    let args = ppnrt::KernelArgList::new().arg(&mut near).arg(&src).arg((N / 4) as u64).arg(0u64);
+                    // SAFETY: as for `launch`: the same kernel and parameters.
+                    unsafe { stream.launch(&copy_kernel, config, args)? }
+                }
+                Op::Readback => {
+                    let _stage = rt.enter(1)?;
+                    let mut logits = e1.alloc::<u32>(N)?;
+                    rt.stage_stream(1)?.memcpy_dtod(&dst, &mut logits)?;
+                    drop(rt.readback(logits)?);
+                }
+            }
         }
-        match op {
-            Op::Boundary => {
-                let slot = rt.tx(0, &x, N)?;
-                drop(rt.rx::<u32>(0, slot, N)?);
-            }
-            Op::Copy => stream.memcpy_dtod(&src, &mut dst)?,
-            // SAFETY: `ppnrt_copy_bytes(dst, src, n16, tail)` copies n16 × 16 bytes (and `tail`
-            // more) from src to dst; both hold N u32 = N / 4 × 16 bytes.
-            Op::Launch => unsafe { stream.launch(&copy_kernel, config, (&mut near, &src, (N / 4) as u64, 0u64))? },
-            Op::List => {
-                let args = ppnrt::KernelArgList::new().arg(&mut near).arg(&src).arg((N / 4) as u64).arg(0u64);
-                // SAFETY: as for `launch`: the same kernel and parameters.
-                unsafe { stream.launch(&copy_kernel, config, args)? }
-            }
-            Op::Readback => {
-                let _stage = rt.enter(1)?;
-                let mut logits = e1.alloc::<u32>(N)?;
-                rt.stage_stream(1)?.memcpy_dtod(&dst, &mut logits)?;
-                drop(rt.readback(logits)?);
-            }
+        Ok(())
+    };
+    match current {
+        // SAFETY: nothing in the loop changes the current context but the crate's own calls.
+        Some(engine) if unchecked => unsafe { engine.context().bound_unchecked(steps_loop)?? },
+        Some(engine) => {
+            let _bound = engine.context().bind()?;
+            steps_loop()?;
         }
+        None => steps_loop()?,
     }
-    drop(_bound);
     rt.synchronize()?;
     stream.synchronize()?;
     println!("{mode}: {steps} steps, {} bytes each", x.byte_len());
@@ -167,10 +192,18 @@ fn run(mode: &str, steps: usize) -> ppnrt::Result<()> {
 
 const MODES: [&str; 8] = ["peer", "local", "staged", "copy", "launch", "list", "readback", "decode"];
 
-/// The command line: the mode (if given), the steps, and whether help was asked for.
-fn parse_args() -> Result<(Option<String>, usize, bool), String> {
+/// The command line.
+struct Args {
+    mode: Option<String>,
+    steps: usize,
+    unchecked: bool,
+    help: bool,
+}
+
+/// The command line: the mode (if given), the steps, `--unchecked`, and whether help was asked for.
+fn parse_args() -> Result<Args, String> {
     use lexopt::prelude::*;
-    let (mut mode, mut steps, mut help) = (None, 1000usize, false);
+    let (mut mode, mut steps, mut unchecked, mut help) = (None, 1000usize, false, false);
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -188,21 +221,22 @@ fn parse_args() -> Result<(Option<String>, usize, bool), String> {
                     return Err(format!("steps {text}: must be between 1 and 1000000000"));
                 }
             }
+            Long("unchecked") => unchecked = true,
             Short('h') | Long("help") => help = true,
             other => return Err(other.unexpected().to_string()),
         }
     }
-    Ok((mode, steps, help))
+    Ok(Args { mode, steps, unchecked, help })
 }
 
 fn main() -> ExitCode {
-    let usage = "usage: step_profile [peer|local|staged|copy|launch|list|readback|decode [STEPS]] [-h|--help] (see the example's docs)";
-    let (mode, steps) = match parse_args() {
-        Ok((_, _, true)) => {
+    let usage = "usage: step_profile [peer|local|staged|copy|launch|list|readback|decode [STEPS]] [--unchecked] [-h|--help] (see the example's docs)";
+    let Args { mode, steps, unchecked, .. } = match parse_args() {
+        Ok(Args { help: true, .. }) => {
             println!("{usage}");
             return ExitCode::SUCCESS;
         }
-        Ok((mode, steps, false)) => (mode, steps),
+        Ok(args) => args,
         Err(e) => {
             eprintln!("step_profile: {e}\n{usage}");
             return ExitCode::from(2);
@@ -210,7 +244,7 @@ fn main() -> ExitCode {
     };
     let two_devices = Device::count().is_ok_and(|count| count > 1);
     let mode = mode.unwrap_or_else(|| if two_devices { "peer" } else { "local" }.into());
-    match run(&mode, steps) {
+    match run(&mode, steps, unchecked) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("step_profile {mode}: {e}");

@@ -14,7 +14,9 @@
 # (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the
 # `PpNRt::readback` call is counted (its method symbol, wherever the impl block lives). ATOMICS=1 also counts the atomic read-modify-writes executed
 # in the binary's own code per step (`lock`-prefixed instructions and `xchg` with memory, found by
-# objdump, counted by callgrind per instruction), by function.
+# objdump, counted by callgrind per instruction), by function. UNCHECKED=1 runs the loop inside
+# `Context::bound_unchecked` (step_profile --unchecked): the calls for the current context make no
+# context query.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind > /dev/null || { echo "count-instructions: needs valgrind (apt-get install valgrind)"; exit 2; }
@@ -25,6 +27,8 @@ mkdir -p "$out"
 cc -O2 -shared -fPIC -o "$out/libcuda_double.so" tests/driver_double/cuda_double.c -lpthread -lm
 cargo build --release --example step_profile 2> "$out/build.log" || { cat "$out/build.log"; exit 1; }
 bin=target/release/examples/step_profile
+flags=()
+[ "${UNCHECKED:-0}" = 1 ] && flags=(--unchecked)
 modes=("$@")
 [ ${#modes[@]} -gt 0 ] || modes=(peer)
 for mode in "${modes[@]}"; do
@@ -34,7 +38,7 @@ for mode in "${modes[@]}"; do
   [ "$mode" = readback ] && toggle+=(--collect-atstart=no "--toggle-collect=*<impl ppnrt::pp::runtime::PpNRt>::readback")
   for n in "$lo" "$hi"; do
     PPNRT_LIBCUDA_PATH="$PWD/$out/libcuda_double.so" PPNRT_DOUBLE_DEVICES=2 \
-      valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" \
+      valgrind --tool=callgrind "${toggle[@]}" --callgrind-out-file="$out/$mode.$n" "$bin" "$mode" "$n" "${flags[@]}" \
       > "$out/$mode.$n.log" 2>&1 || { tail -5 "$out/$mode.$n.log"; exit 1; }
   done
   python3 - "$bin" "$out/$mode" "$lo" "$hi" "$mode" <<'PY'
@@ -81,7 +85,7 @@ for addr, n in per.items():
     function = where.get(addr, "?")
     by_function[function] = by_function.get(function, 0) + n
 alloc = (allocations(f"{base}.{hi}") - allocations(f"{base}.{lo}")) / steps
-print(f"{mode}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
+print(f"{mode}{' (unchecked binding)' if os.environ.get('UNCHECKED', '0') == '1' else ''}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
       f"{alloc:.2f} heap allocations per step")
 for function, n in sorted(by_function.items(), key=lambda kv: -kv[1])[:top]:
     if n >= 5:

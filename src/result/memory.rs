@@ -108,7 +108,7 @@ pub unsafe fn free_host(ptr: *mut c_void) -> Result<()> {
 /// # Safety
 /// - Both ranges are valid for `bytes` until the copy completes; `stream` is live.
 #[doc(alias = "cuMemcpyAsync")]
-#[inline]
+#[inline(always)]
 pub unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> Result<()> {
     driver_call!(cuMemcpyAsync(dst, src, bytes, stream))
 }

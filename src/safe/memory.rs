@@ -818,11 +818,16 @@ impl CudaStream {
             return self.memcpy_peer_dtod(from.into_bytes(), to.into_bytes());
         }
         let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw());
-        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], move || {
-            // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
-            // on this stream.
-            unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
-        })
+        ordered(
+            self,
+            [(from.tracked(), Use::Read), (to.tracked(), Use::Write)],
+            #[inline(always)]
+            move || {
+                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
+                // on this stream.
+                unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
+            },
+        )
     }
 
     /// [`memcpy_dtod`](Self::memcpy_dtod) of `from` into `to` (equal, non-zero lengths), one of

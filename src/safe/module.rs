@@ -811,10 +811,19 @@ impl CudaStream {
         if !A::FOREIGN {
             // The crate's own parameters: their values are made first (no caller code runs), and
             // the buffers' states stay locked from the waits to the notes around the launch alone.
-            return args.with_params(|params| {
-                // SAFETY: as below; the parameters' code is the crate's own.
-                ordered_with(self, tracked, true, || unsafe { self.launch_ordered(function, &config, params) })
-            });
+            return args.with_params(
+                #[inline(always)]
+                |params| {
+                    // SAFETY: as below; the parameters' code is the crate's own.
+                    ordered_with(
+                        self,
+                        tracked,
+                        true,
+                        #[inline(always)]
+                        || unsafe { self.launch_ordered(function, &config, params) },
+                    )
+                },
+            );
         }
         let foreign = args.is_foreign();
         // A caller's kernel-argument code may use the same buffers through this crate: their
