@@ -136,7 +136,7 @@ pub unsafe fn memcpy_peer_async(
 /// - `src` is readable for `bytes` until the copy completes (pageable memory is copied before
 ///   the call returns; pinned memory is read later); `dst` is valid; `stream` is live.
 #[doc(alias = "cuMemcpyHtoDAsync")]
-#[inline]
+#[inline(always)]
 pub unsafe fn memcpy_htod_async(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream) -> Result<()> {
     driver_call!(cuMemcpyHtoDAsync_v2(dst, src, bytes, stream))
 }
@@ -147,7 +147,7 @@ pub unsafe fn memcpy_htod_async(dst: CUdeviceptr, src: *const c_void, bytes: usi
 /// - `dst` is writable for `bytes` until the copy completes and nothing reads it before; `src`
 ///   is valid; `stream` is live.
 #[doc(alias = "cuMemcpyDtoHAsync")]
-#[inline]
+#[inline(always)]
 pub unsafe fn memcpy_dtoh_async(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream) -> Result<()> {
     driver_call!(cuMemcpyDtoHAsync_v2(dst, src, bytes, stream))
 }

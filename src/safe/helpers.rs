@@ -123,14 +123,19 @@ impl HelperKernels {
         let (mut dst_ptr, mut src_ptr, mut n16, mut tail) = (dst_ptr, src_ptr, n16, tail);
         let mut params: [*mut c_void; 4] =
             [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
-        ordered(stream, [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)], || {
-            // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
-            // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
-            // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
-            // are of one device (checked above), the memory is ordered on the stream (by
-            // `ordered`, around this call).
-            unsafe { stream.launch_ordered(&self.copy_bytes, &config, &mut params) }
-        })
+        ordered(
+            stream,
+            [(src.tracked(), Use::Read), (dst.tracked(), Use::Write)],
+            #[inline(always)]
+            || {
+                // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
+                // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
+                // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
+                // are of one device (checked above), the memory is ordered on the stream (by
+                // `ordered`, around this call).
+                unsafe { stream.launch_ordered(&self.copy_bytes, &config, &mut params) }
+            },
+        )
     }
 }
 

@@ -138,12 +138,17 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         if src.is_empty() {
             return Ok(());
         }
-        ordered(stream, [(src.tracked(), Use::Read), (Tracked::Host(&self.access), Use::Write)], || {
-            // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
-            // untouched by the host until the copy completes (host access and Drop wait for its
-            // uses); src is valid; both are ordered on `stream`.
-            unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
-        })
+        ordered(
+            stream,
+            [(src.tracked(), Use::Read), (Tracked::Host(&self.access), Use::Write)],
+            #[inline(always)]
+            || {
+                // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
+                // untouched by the host until the copy completes (host access and Drop wait for its
+                // uses); src is valid; both are ordered on `stream`.
+                unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
+            },
+        )
     }
 
     /// Enqueues a copy of the buffer's first `dst.len()` bytes into `dst` on `stream`, ordered by
@@ -162,12 +167,17 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
         if dst.is_empty() {
             return Ok(());
         }
-        ordered(stream, [(Tracked::Host(&self.access), Use::Read), (dst.tracked(), Use::Write)], || {
-            // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
-            // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
-            // valid; both are ordered on `stream`.
-            unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
-        })
+        ordered(
+            stream,
+            [(Tracked::Host(&self.access), Use::Read), (dst.tracked(), Use::Write)],
+            #[inline(always)]
+            || {
+                // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
+                // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
+                // valid; both are ordered on `stream`.
+                unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
+            },
+        )
     }
 }
 
