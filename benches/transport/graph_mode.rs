@@ -352,6 +352,32 @@ fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k
     }
 }
 
+/// [`crate_eager_step`] with each stage's calls inside [`Context::bound_unchecked`] of its
+/// context (as a stage's own loop may run): they make no context query.
+///
+/// [`Context::bound_unchecked`]: ppnrt::Context::bound_unchecked
+fn crate_eager_step_unchecked(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k: usize) {
+    let s_count = rt.n_stages();
+    for s in 0..s_count {
+        let engine = rt.engine(s, primary).unwrap();
+        let _scope = rt.enter(s).unwrap();
+        let act = &mut acts[s];
+        // SAFETY: the closure runs the crate's calls only; nothing else changes the context.
+        let stage = || {
+            if s > 0 {
+                rt.rx_into(s - 1, k, act).unwrap();
+            }
+            for layer in 0..LAYERS {
+                engine.toy_layer(act, k as u32, layer).unwrap();
+            }
+            if s + 1 < s_count {
+                assert_eq!(rt.tx(s, act, N).unwrap(), k);
+            }
+        };
+        unsafe { engine.context().bound_unchecked(stage) }.unwrap();
+    }
+}
+
 fn reset_acts(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], input: &[f32]) {
     for (s, x) in acts.iter_mut().enumerate() {
         let _scope = rt.enter(s).unwrap();
@@ -553,9 +579,11 @@ pub(super) fn graph_mode(gpus: &Gpus, report: &mut String) {
 /// The comparison table's eager decode step: S = 8 stages (alternating over two peer GPUs, else
 /// on one) × 20 kernels, 32 KiB, the crate's eager step (`rx`, layers, `tx`) beside the raw
 /// driver's, host issue per step (µs, each a run of 200 steps issued back to back, median of six
-/// rounds in which the two alternate, after a warm-up of 50 steps each). Both outputs are checked
-/// bitwise against each other after the same steps from the same input.
-pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
+/// rounds in which the three alternate, after a warm-up of 50 steps each): the crate's step as
+/// it binds each stage's context, the same inside `Context::bound_unchecked` per stage, and the
+/// raw step. The outputs are checked bitwise against each other after the same steps from the
+/// same input.
+pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64, f64) {
     const STAGES: usize = 8;
     const ROUNDS: usize = 6;
     const RUN: usize = 200;
@@ -576,7 +604,17 @@ pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
         crate_output(&rt, primary, &acts) == raw.output(),
         "eager decode row: the crate's step differs from the raw one"
     );
-    let (mut crate_issue, mut raw_issue) = (Vec::new(), Vec::new());
+    reset_acts(&rt, primary, &mut acts, &input);
+    raw.reset(&input);
+    for k in 0..4 {
+        crate_eager_step_unchecked(&rt, primary, &mut acts, k % SLOTS);
+        raw.eager_step(k % SLOTS);
+    }
+    assert!(
+        crate_output(&rt, primary, &acts) == raw.output(),
+        "eager decode row: the crate's step in unchecked bindings differs from the raw one"
+    );
+    let (mut crate_issue, mut unchecked_issue, mut raw_issue) = (Vec::new(), Vec::new(), Vec::new());
     let mut k = 0;
     let mut run = |step: &mut dyn FnMut(usize), sync: &dyn Fn(), steps: usize| -> f64 {
         let start = Instant::now();
@@ -589,6 +627,7 @@ pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
         issue
     };
     run(&mut |slot| crate_eager_step(&rt, primary, &mut acts, slot), &|| rt.synchronize().unwrap(), 50);
+    run(&mut |slot| crate_eager_step_unchecked(&rt, primary, &mut acts, slot), &|| rt.synchronize().unwrap(), 50);
     run(&mut |slot| raw.eager_step(slot), &|| raw.sync(), 50);
     for _ in 0..ROUNDS {
         crate_issue.push(run(
@@ -596,7 +635,12 @@ pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64) {
             &|| rt.synchronize().unwrap(),
             RUN,
         ));
+        unchecked_issue.push(run(
+            &mut |slot| crate_eager_step_unchecked(&rt, primary, &mut acts, slot),
+            &|| rt.synchronize().unwrap(),
+            RUN,
+        ));
         raw_issue.push(run(&mut |slot| raw.eager_step(slot), &|| raw.sync(), RUN));
     }
-    (median(&mut crate_issue), median(&mut raw_issue))
+    (median(&mut crate_issue), median(&mut unchecked_issue), median(&mut raw_issue))
 }

@@ -194,7 +194,8 @@ pub(crate) fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: 
     let mut dst = filled(eb, bytes, 6);
     let (s, d) = (src.device_ptr(), dst.device_ptr());
     let iters = (256 * MIB / bytes).clamp(1, 200) as u64;
-    let (mut crate_times, mut raw_times, mut unbound_times) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut crate_times, mut raw_times, mut unbound_times, mut unchecked_times) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..reps + 2 {
         // The safe copy as the thread found it (no context current: the copy makes the stream's
         // context current and restores the previous one, two `cuCtxSetCurrent` more).
@@ -205,10 +206,19 @@ pub(crate) fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: 
         let c = device_time(&stream, &events, iters, || stream.memcpy_dtod(&src, &mut dst).unwrap());
         let r = device_time(&stream, &events, iters, || raw!(cuMemcpyAsync(d, s, bytes, stream.raw())));
         drop(bound);
+        // The safe copy inside `Context::bound_unchecked` (no context query per copy).
+        // SAFETY: the closure runs the crate's calls only; nothing else changes the context.
+        let q = unsafe {
+            ea.context().bound_unchecked(|| {
+                device_time(&stream, &events, iters, || stream.memcpy_dtod(&src, &mut dst).unwrap())
+            })
+        }
+        .unwrap();
         if rep >= 2 {
             crate_times.push(c.as_secs_f64());
             raw_times.push(r.as_secs_f64());
             unbound_times.push(u.as_secs_f64());
+            unchecked_times.push(q.as_secs_f64());
         }
     }
     eb.synchronize().unwrap();
@@ -217,6 +227,7 @@ pub(crate) fn back_to_back(gpus: &Gpus, a: usize, b: usize, bytes: usize, reps: 
         safe: per_copy(&mut crate_times),
         raw: per_copy(&mut raw_times),
         unbound: per_copy(&mut unbound_times),
+        unchecked: per_copy(&mut unchecked_times),
     }
 }
 
@@ -230,18 +241,20 @@ pub(crate) fn copies(gpus: &Gpus, report: &mut String) {
     }
     let _ = writeln!(
         report,
-        "\n| copy back to back | safe (µs per copy) | raw (µs per copy) | raw / safe | safe, no context current (µs) |\n| --- | ---: | ---: | ---: | ---: |"
+        "\n| copy back to back | safe (µs per copy) | raw (µs per copy) | raw / safe | safe, no context current (µs) | safe in bound_unchecked (µs) | raw / that |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for (a, b) in pairs {
         for bytes in COPY_SIZES.into_iter().filter(|&bytes| bytes <= 16 * MIB) {
-            let BackToBack { safe, raw, unbound } = back_to_back(gpus, a, b, bytes, 9);
+            let BackToBack { safe, raw, unbound, unchecked } = back_to_back(gpus, a, b, bytes, 9);
             let line = format!(
-                "| {a} -> {b} {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                "| {a} -> {b} {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
                 label(bytes),
                 safe * 1e6,
                 raw * 1e6,
                 raw / safe,
-                unbound * 1e6
+                unbound * 1e6,
+                unchecked * 1e6,
+                raw / unchecked
             );
             println!("COPY {line}");
             let _ = writeln!(report, "{line}");
@@ -257,6 +270,8 @@ pub(crate) struct BackToBack {
     pub(crate) raw: f64,
     /// The safe copy with no context current.
     pub(crate) unbound: f64,
+    /// The safe copy inside `Context::bound_unchecked` of the stream's context.
+    pub(crate) unchecked: f64,
 }
 
 /// The engine-facing paths against their references, each with its target:
