@@ -8,7 +8,13 @@
 //! context it needs through [`Context::bind`], whose guard puts back what was current when the
 //! call returns. So cuBLAS, PyTorch or any runtime-API code on the same thread keeps its current
 //! device across calls into this crate. Binding costs one `cuCtxGetCurrent` when the context is
-//! already current, plus two `cuCtxSetCurrent` when it is not.
+//! already current, plus two `cuCtxSetCurrent` when it is not; inside
+//! [`Context::bound_unchecked`] (a call scope the caller opens, vouching that nothing but this
+//! crate changes the current context meanwhile) the calls for its context cost neither.
+//!
+//! A thread's call scope (`CALL_SCOPE`) names the context that the innermost scope made current;
+//! a binding of another context inside it marks it suspended until that binding is undone, so a
+//! scope never vouches for a context that is not current.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -146,8 +152,9 @@ impl Context {
 
     /// Like [`bind`](Self::bind), for the whole of one of this crate's calls: while the guard
     /// lives, nested binds of this context on this thread make no driver call. Only for scopes
-    /// that run no code but the crate's own (no user closure, no other library), so that nothing
-    /// can change the current context behind the scope's back.
+    /// that run no code but the crate's own (no user closure, no other library), or a caller's
+    /// under [`bound_unchecked`](Self::bound_unchecked)'s contract, so that nothing can change
+    /// the current context behind the scope's back.
     #[inline(always)]
     pub(crate) fn bind_for_call(&self) -> Result<BoundContext<'_>> {
         if self.in_call_scope() {
