@@ -332,6 +332,7 @@ pub struct LaunchConfig {
 impl LaunchConfig {
     /// A one-dimensional configuration for a grid-stride kernel over `n` elements: 256 threads a
     /// block, at most `max_blocks` blocks (at least one).
+    #[inline]
     pub fn for_elements(n: usize, max_blocks: u32) -> LaunchConfig {
         let blocks = n.div_ceil(256).clamp(1, max_blocks.max(1) as usize) as u32;
         LaunchConfig { grid: (blocks, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 }
