@@ -98,8 +98,8 @@ declare -A catchers=(
   [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
   [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing"
   [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use"
-  [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding"
-  [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding"
+  [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
+  [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
 )
 run() {
   name=$1; test=${5:-double}; shift

@@ -699,6 +699,144 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
     });
 }
 
+/// Nested bindings, unchecked scopes and calls on either device's stream, in any order: every
+/// call succeeds (the double refuses stream work of a context that is not current), leaves the
+/// current context as it found it, and makes no context query when it is for the innermost
+/// unchecked scope's context and no binding opened inside that scope is live.
+pub(crate) mod bindings {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step of a thread's life with contexts.
+    #[derive(Clone, Debug)]
+    pub(crate) enum Step {
+        /// An engine call on device `0`'s or `1`'s stream (a launch and a copy).
+        Call(usize),
+        /// `Context::bind` of a device's context around the inner steps.
+        Bind(usize, Vec<Step>),
+        /// `Context::bound_unchecked` of a device's context around the inner steps.
+        Unchecked(usize, Vec<Step>),
+        /// `cuCtxSetCurrent` of a device's context (or none) by another library: only outside
+        /// every unchecked scope (inside one it breaks the scope's contract).
+        Foreign(Option<usize>),
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        let leaf =
+            prop_oneof![(0usize..2).prop_map(Step::Call), proptest::option::of(0usize..2).prop_map(Step::Foreign)];
+        let step = leaf.prop_recursive(4, 48, 5, |inner| {
+            prop_oneof![
+                (0usize..2).prop_map(Step::Call),
+                ((0usize..2), proptest::collection::vec(inner.clone(), 0..5)).prop_map(|(d, v)| Step::Bind(d, v)),
+                ((0usize..2), proptest::collection::vec(inner, 0..5)).prop_map(|(d, v)| Step::Unchecked(d, v)),
+            ]
+        });
+        proptest::collection::vec(step, 1..8)
+    }
+
+    /// Where a thread stands: the engines, their buffers, and what the model expects.
+    struct Thread<'a> {
+        double: &'a crate::double::Double,
+        engines: &'a [Engine; 2],
+        buffers: Vec<CudaSlice<u32>>,
+        calls: u32,
+    }
+
+    impl Thread<'_> {
+        fn raw(&self, device: Option<usize>) -> ppnrt::sys::CUcontext {
+            device.map_or(std::ptr::null_mut(), |d| self.engines[d].context().raw())
+        }
+
+        /// Runs `steps` with `current` current; `scope` is the innermost unchecked scope's device
+        /// with no binding opened inside it live.
+        fn run(&mut self, steps: &[Step], current: &mut Option<usize>, scope: Option<usize>, in_scope: bool) {
+            for step in steps {
+                match step {
+                    Step::Call(d) => {
+                        self.calls += 1;
+                        let value = self.calls;
+                        let queries = self.double.calls("cuCtxGetCurrent");
+                        self.engines[*d].fill_u32(&mut self.buffers[*d], value).unwrap();
+                        let mut copy = self.engines[*d].alloc::<u32>(64).unwrap();
+                        self.engines[*d].default_stream().memcpy_dtod(&self.buffers[*d], &mut copy).unwrap();
+                        if scope == Some(*d) {
+                            assert_eq!(
+                                self.double.calls("cuCtxGetCurrent"),
+                                queries,
+                                "a call in its unchecked scope queried"
+                            );
+                        }
+                        assert_eq!(self.engines[*d].dtoh(&copy).unwrap(), vec![value; 64]);
+                        assert_eq!(
+                            ppnrt::result::context::get_current().unwrap(),
+                            self.raw(*current),
+                            "the call changed the context"
+                        );
+                    }
+                    Step::Bind(d, inner) => {
+                        let guard = self.engines[*d].context().bind().unwrap();
+                        let mut now = Some(*d);
+                        // A binding that switches suspends the scope: its calls are not
+                        // counted as the scope's until the binding is gone.
+                        let switched = *current != Some(*d);
+                        let inner_scope = if switched { None } else { scope };
+                        self.run(inner, &mut now, inner_scope, in_scope);
+                        drop(guard);
+                        // A binding that switched puts back what was current before it; one that
+                        // found its context current changes nothing, also not what another
+                        // library made current inside it.
+                        if !switched {
+                            *current = now;
+                        }
+                        assert_eq!(
+                            ppnrt::result::context::get_current().unwrap(),
+                            self.raw(*current),
+                            "a binding's drop"
+                        );
+                    }
+                    Step::Unchecked(d, inner) => {
+                        let mut now = Some(*d);
+                        // SAFETY: the steps inside change the context only through the crate
+                        // (`Foreign` steps run only outside every unchecked scope).
+                        unsafe {
+                            self.engines[*d].context().bound_unchecked(|| self.run(inner, &mut now, Some(*d), true))
+                        }
+                        .unwrap();
+                        assert_eq!(ppnrt::result::context::get_current().unwrap(), self.raw(*current), "a scope's end");
+                    }
+                    Step::Foreign(d) => {
+                        if !in_scope {
+                            // SAFETY: a live primary context of the double, or null.
+                            unsafe { ppnrt::result::context::set_current(self.raw(*d)) }.unwrap();
+                            *current = *d;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context(steps in steps()) {
+            with_double("any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context", |double| {
+                let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
+                let buffers = engines.iter().map(|e| e.alloc_zeroed::<u32>(64).unwrap()).collect();
+                // SAFETY: null unbinds.
+                unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+                let mut thread = Thread { double, engines: &engines, buffers, calls: 0 };
+                let mut current = None;
+                thread.run(&steps, &mut current, None, false);
+                assert_eq!(ppnrt::result::context::get_current().unwrap(), thread.raw(current));
+                // SAFETY: null unbinds.
+                unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+            });
+        }
+    }
+}
+
 /// Launches that reach a peer's memory enable peer access once per pair of live contexts, not per
 /// launch.
 #[test]
