@@ -308,5 +308,5 @@ run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain(
 run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
 run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
-run call-scope-not-suspended src/safe/context.rs "        let _ = CALL_SCOPE.try_with(|scope| scope.set(scope.get().suspended()));" ""
-run call-scope-not-resumed src/safe/context.rs "                        if !previous.is_null() && scope.get() == CallScope::holding(previous).suspended() {" "                        if false {"
+run call-scope-not-suspended src/safe/context.rs "        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));" ""
+run call-scope-not-resumed src/safe/context.rs "                        if !previous.is_null() && scope.get() == suspended(previous) {" "                        if false {"

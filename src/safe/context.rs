@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::device::Device;
-use crate::error::Result;
+use crate::error::{CudaError, Result};
 use crate::result::event as raw_event;
 use crate::result::{context as raw, memory};
 use crate::sys::{CUcontext, CUevent, CUmemPool_attribute};
@@ -53,10 +53,22 @@ impl Context {
     /// re-mapped) at every synchronisation.
     ///
     /// # Errors
-    /// The driver's error.
+    /// The driver's error; [`CudaError::Misaligned`] for a context handle whose lowest bit is set
+    /// (the crate uses that bit; a driver's handles are pointers to its objects, which have none).
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn primary(device: &Device) -> Result<Arc<Context>> {
         let raw_ctx = raw::primary_retain(device.raw())?;
+        if raw_ctx.addr() & SUSPENDED != 0 {
+            // The thread's call scope marks a suspended scope in the handle's lowest bit: a
+            // handle with that bit set would read as a suspended scope of another.
+            // SAFETY: gives back the reference just taken; nothing uses the handle.
+            let _ = unsafe { raw::primary_release(device.raw()) };
+            return Err(CudaError::Misaligned {
+                what: "Context::primary: the driver's context handle (its lowest bit marks a suspended call scope)",
+                address: raw_ctx.addr() as u64,
+                align: 2,
+            });
+        }
         // From here on the reference is given back by Context's drop, on every path.
         let mut ctx = Context {
             device: *device,
@@ -105,7 +117,7 @@ impl Context {
     /// ([`bind_for_call`](Self::bind_for_call)): the context is current and stays so.
     #[inline]
     fn in_call_scope(&self) -> bool {
-        CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == CallScope::holding(self.raw))
+        CALL_SCOPE.try_with(Cell::get).is_ok_and(|scope| scope == self.raw)
     }
 
     /// [`bind`](Self::bind) outside a call scope of this context: asks the driver. A switch to
@@ -119,7 +131,7 @@ impl Context {
         }
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
-        let _ = CALL_SCOPE.try_with(|scope| scope.set(scope.get().suspended()));
+        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));
         Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })
     }
 
@@ -162,7 +174,7 @@ impl Context {
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }
         let mut guard = self.make_current()?;
-        guard.scope = CALL_SCOPE.try_with(|scope| scope.replace(CallScope::holding(self.raw))).ok();
+        guard.scope = CALL_SCOPE.try_with(|scope| scope.replace(self.raw)).ok();
         Ok(guard)
     }
 
@@ -220,7 +232,7 @@ impl Context {
 pub struct BoundContext<'a> {
     restore: Option<CUcontext>,
     /// For a call scope: the scope it replaced.
-    scope: Option<CallScope>,
+    scope: Option<CUcontext>,
     _ctx: PhantomData<(&'a Context, *const ())>,
 }
 
@@ -228,14 +240,12 @@ pub struct BoundContext<'a> {
 /// nested binds meanwhile go to the driver, and when `f` returns, the scope's context is made
 /// current again if `f` changed the current context.
 pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
-    let outer = CALL_SCOPE.try_with(|scope| scope.replace(CallScope::NONE)).unwrap_or(CallScope::NONE);
+    let scope = CALL_SCOPE.try_with(|scope| scope.replace(std::ptr::null_mut())).unwrap_or(std::ptr::null_mut());
     let result = f();
-    if outer != CallScope::NONE {
-        let _ = CALL_SCOPE.try_with(|cell| cell.set(outer));
-    }
-    // A suspended scope's context is not the current one: nothing to put back.
-    if let Some(scope) = outer.held() {
-        if !raw::get_current().is_ok_and(|current| current == scope) {
+    if !scope.is_null() {
+        let _ = CALL_SCOPE.try_with(|cell| cell.set(scope));
+        // A suspended scope's context is not the current one: nothing to put back.
+        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {
             // SAFETY: the scope's context is retained by the guard that opened the scope, which
             // outlives this call.
             let restored = unsafe { raw::set_current(scope) };
@@ -248,39 +258,25 @@ pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
 }
 
 thread_local! {
-    /// The innermost live call scope on this thread (see [`CallScope`]), so that nested binds
-    /// of its context inside it make no driver call.
-    static CALL_SCOPE: Cell<CallScope> = const { Cell::new(CallScope::NONE) };
+    /// The context that the innermost live call scope on this thread made current (null outside
+    /// any), so that nested binds inside it make no driver call; marked suspended (see
+    /// [`suspended`]) while a binding inside the scope has made another context current.
+    static CALL_SCOPE: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
 }
 
-/// A thread's innermost call scope: the context it made current (null outside any scope), and
-/// whether a binding inside it has made another context current since (suspended: the scope
-/// vouches for nothing until that binding is undone).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct CallScope {
-    context: CUcontext,
-    suspended: bool,
+/// The mark of a suspended call scope: the lowest bit of its context's handle. No [`Context`]
+/// holds a handle with that bit set ([`Context::primary`] refuses one), so a marked scope equals
+/// no context's handle and no context is taken for a suspended scope of another.
+const SUSPENDED: usize = 1;
+
+/// `scope` marked suspended (null stays null: no scope to suspend).
+fn suspended(scope: CUcontext) -> CUcontext {
+    if scope.is_null() { scope } else { scope.map_addr(|addr| addr | SUSPENDED) }
 }
 
-impl CallScope {
-    /// Outside any scope.
-    const NONE: CallScope = CallScope { context: std::ptr::null_mut(), suspended: false };
-
-    /// A scope of `context` that holds (not suspended).
-    #[inline]
-    const fn holding(context: CUcontext) -> CallScope {
-        CallScope { context, suspended: false }
-    }
-
-    /// This scope suspended (outside any scope, nothing to suspend).
-    fn suspended(self) -> CallScope {
-        CallScope { suspended: !self.context.is_null(), ..self }
-    }
-
-    /// The context of a scope that holds; `None` outside any scope and while suspended.
-    fn held(self) -> Option<CUcontext> {
-        (!self.context.is_null() && !self.suspended).then_some(self.context)
-    }
+/// Whether `scope` is marked suspended.
+fn is_suspended(scope: CUcontext) -> bool {
+    scope.addr() & SUSPENDED != 0
 }
 
 impl Drop for BoundContext<'_> {
@@ -307,8 +303,8 @@ impl BoundContext<'_> {
                 // The scope's context is current again: the scope holds again.
                 Ok(()) => {
                     let _ = CALL_SCOPE.try_with(|scope| {
-                        if !previous.is_null() && scope.get() == CallScope::holding(previous).suspended() {
-                            scope.set(CallScope::holding(previous));
+                        if !previous.is_null() && scope.get() == suspended(previous) {
+                            scope.set(previous);
                         }
                     });
                 }
