@@ -99,6 +99,7 @@ declare -A catchers=(
   [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing"
   [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use"
   [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
+  [odd-context-handle-accepted]="a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back"
   [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
 )
 run() {
@@ -310,3 +311,4 @@ run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached 
 run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
 run call-scope-not-suspended src/safe/context.rs "        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));" ""
 run call-scope-not-resumed src/safe/context.rs "                        if !previous.is_null() && scope.get() == suspended(previous) {" "                        if false {"
+run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"

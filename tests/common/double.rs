@@ -76,6 +76,13 @@ impl Double {
         self.calls_table().clear_faults()
     }
 
+    /// Makes the next `cuDevicePrimaryCtxRetain` hand out a context handle with its lowest bit set.
+    pub fn odd_context_next(&self) {
+        let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_double_odd_context_next\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
     /// Accesses to freed or unallocated memory so far.
     pub fn violations(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_violations\0");

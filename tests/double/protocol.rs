@@ -699,6 +699,28 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
     });
 }
 
+/// A context handle with its lowest bit set (the bit a suspended call scope is marked with) is
+/// refused by `Context::primary` with a typed error naming it, and the reference taken is given
+/// back; the next retain of that device's context works.
+#[test]
+fn a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back() {
+    with_double("a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back", |double| {
+        let device = ppnrt::Device::get(1).unwrap();
+        let held = ppnrt::Context::primary(&device).unwrap(); // the context stays alive meanwhile
+        let releases = double.calls("cuDevicePrimaryCtxRelease_v2");
+        double.odd_context_next();
+        match ppnrt::Context::primary(&device) {
+            Err(CudaError::Misaligned { address, align: 2, .. }) => {
+                assert_eq!(address, held.raw().addr() as u64 + 1, "the error names the handle");
+            }
+            other => panic!("an odd context handle: expected a Misaligned error, got {other:?}"),
+        }
+        assert_eq!(double.calls("cuDevicePrimaryCtxRelease_v2"), releases + 1, "the reference was given back");
+        let again = ppnrt::Context::primary(&device).unwrap();
+        assert_eq!(again.raw(), held.raw());
+    });
+}
+
 /// Nested bindings, unchecked scopes and calls on either device's stream, in any order: every
 /// call succeeds (the double refuses stream work of a context that is not current), leaves the
 /// current context as it found it, and makes no context query when it is for the innermost
