@@ -76,6 +76,21 @@ impl Double {
         self.calls_table().clear_faults()
     }
 
+    /// The calling thread's `cuCtxGetCurrent` calls so far ([`calls`](Self::calls) counts every
+    /// thread's, those of threads an earlier test left behind included).
+    pub fn thread_context_queries(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_thread_get_current\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// The calling thread's `cuCtxSetCurrent` calls so far.
+    pub fn thread_context_switches(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_thread_set_current\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
     /// Makes the next `cuDevicePrimaryCtxRetain` hand out a context handle with its lowest bit set.
     pub fn odd_context_next(&self) {
         let f: unsafe extern "C" fn() = self.symbol(b"ppnrt_double_odd_context_next\0");

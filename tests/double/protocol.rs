@@ -651,15 +651,26 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
             for _ in 0..4 {
                 step(); // warm-up: slot buffers and pooled events
             }
+            // Counted on this thread (threads an earlier test left behind may make calls too), and
+            // inside the scope (its own binding is not a step's).
             // SAFETY: nothing in the closure changes the current context but the crate's calls.
-            let per_step = unsafe {
-                e.context().bound_unchecked(|| double.calls_per_run(&["cuCtxGetCurrent", "cuCtxSetCurrent"], 100, step))
+            let (queries, switches) = unsafe {
+                e.context().bound_unchecked(|| {
+                    let before = (double.thread_context_queries(), double.thread_context_switches());
+                    for _ in 0..100 {
+                        step();
+                    }
+                    (double.thread_context_queries() - before.0, double.thread_context_switches() - before.1)
+                })
             }
             .unwrap();
-            common::say(&format!("context calls per tx+rx step in an unchecked binding ({label}): {:?}", per_step.0));
+            let (queries, switches) = (queries as f64 / 100.0, switches as f64 / 100.0);
+            common::say(&format!(
+                "context calls per tx+rx step in an unchecked binding ({label}): {queries} cuCtxGetCurrent, {switches} cuCtxSetCurrent"
+            ));
             let peer = devices[0] != devices[1];
-            assert_eq!(per_step.of("cuCtxGetCurrent"), if peer { 2.0 } else { 0.0 }, "{label}");
-            assert_eq!(per_step.of("cuCtxSetCurrent"), if peer { 4.0 } else { 0.0 }, "{label}");
+            assert_eq!(queries, if peer { 2.0 } else { 0.0 }, "{label}");
+            assert_eq!(switches, if peer { 4.0 } else { 0.0 }, "{label}");
             rt.synchronize().unwrap();
         }
 
@@ -682,9 +693,9 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
                 drop(other);
                 assert_eq!(current(), e0.context().raw());
                 // The scope holds again: no query.
-                let queries = double.calls("cuCtxGetCurrent");
+                let queries = double.thread_context_queries();
                 e0.fill_u32(&mut a, 6).unwrap();
-                assert_eq!(double.calls("cuCtxGetCurrent"), queries, "a call inside the scope queried the driver");
+                assert_eq!(double.thread_context_queries(), queries, "a call inside the scope queried the driver");
             })
         }
         .unwrap();
@@ -777,13 +788,13 @@ pub(crate) mod bindings {
                     Step::Call(d) => {
                         self.calls += 1;
                         let value = self.calls;
-                        let queries = self.double.calls("cuCtxGetCurrent");
+                        let queries = self.double.thread_context_queries();
                         self.engines[*d].fill_u32(&mut self.buffers[*d], value).unwrap();
                         let mut copy = self.engines[*d].alloc::<u32>(64).unwrap();
                         self.engines[*d].default_stream().memcpy_dtod(&self.buffers[*d], &mut copy).unwrap();
                         if scope == Some(*d) {
                             assert_eq!(
-                                self.double.calls("cuCtxGetCurrent"),
+                                self.double.thread_context_queries(),
                                 queries,
                                 "a call in its unchecked scope queried"
                             );
