@@ -54,7 +54,7 @@ fn decode(steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         })
         .collect::<ppnrt::Result<Vec<CudaSlice<f32>>>>()?;
     rt.synchronize()?;
-    let mut steps_loop = || -> ppnrt::Result<()> {
+    let steps_loop = || -> ppnrt::Result<()> {
         for step in 0..steps {
             if step % 32 == 0 {
                 rt.synchronize()?;
@@ -77,15 +77,30 @@ fn decode(steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         }
         Ok(())
     };
-    if unchecked {
-        // SAFETY: nothing in the loop changes the current context but the crate's own calls.
-        unsafe { primary.context().bound_unchecked(steps_loop)?? };
-    } else {
-        steps_loop()?;
-    }
+    // Each stage's context is bound for its calls inside the loop; `--unchecked` puts the whole
+    // loop in device 0's scope (every stage is there).
+    in_binding(unchecked.then(|| primary.context().as_ref()), unchecked, steps_loop)?;
     rt.synchronize()?;
     println!("decode: {steps} steps of {DECODE_STAGES} stages × {DECODE_LAYERS} layers");
     Ok(())
+}
+
+/// Runs the counted loop with `current` bound around it (none: the loop binds what it needs), or,
+/// with `unchecked`, inside `current`'s `Context::bound_unchecked`.
+fn in_binding(
+    current: Option<&ppnrt::Context>,
+    unchecked: bool,
+    steps_loop: impl FnOnce() -> ppnrt::Result<()>,
+) -> ppnrt::Result<()> {
+    match current {
+        // SAFETY: nothing in the loop changes the current context but the crate's own calls.
+        Some(context) if unchecked => unsafe { context.bound_unchecked(steps_loop)? },
+        Some(context) => {
+            let _bound = context.bind()?;
+            steps_loop()
+        }
+        None => steps_loop(),
+    }
 }
 
 fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
@@ -145,7 +160,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
             std::process::exit(2);
         }
     };
-    let mut steps_loop = || -> ppnrt::Result<()> {
+    let steps_loop = || -> ppnrt::Result<()> {
         for step in 0..steps {
             if step % 32 == 0 {
                 rt.synchronize()?;
@@ -175,15 +190,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         }
         Ok(())
     };
-    match current {
-        // SAFETY: nothing in the loop changes the current context but the crate's own calls.
-        Some(engine) if unchecked => unsafe { engine.context().bound_unchecked(steps_loop)?? },
-        Some(engine) => {
-            let _bound = engine.context().bind()?;
-            steps_loop()?;
-        }
-        None => steps_loop()?,
-    }
+    in_binding(current.map(|engine| engine.context().as_ref()), unchecked, steps_loop)?;
     rt.synchronize()?;
     stream.synchronize()?;
     println!("{mode}: {steps} steps, {} bytes each", x.byte_len());

@@ -335,20 +335,11 @@ fn crate_pipeline(gpus: &Gpus, devices: &[i32]) -> (PpNRt, Vec<CudaSlice<f32>>) 
 /// stage's activations (`rx_into`, one copy, as the raw step and the crate's graph step do), the
 /// layers, `tx`; each stage's calls with its context bound once, as the raw step binds it.
 fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k: usize) {
-    let s_count = rt.n_stages();
-    for s in 0..s_count {
+    for (s, act) in acts.iter_mut().enumerate() {
         let engine = rt.engine(s, primary).unwrap();
         let _scope = rt.enter(s).unwrap();
         let _bound = engine.context().bind().unwrap();
-        if s > 0 {
-            rt.rx_into(s - 1, k, &mut acts[s]).unwrap();
-        }
-        for layer in 0..LAYERS {
-            engine.toy_layer(&mut acts[s], k as u32, layer).unwrap();
-        }
-        if s + 1 < s_count {
-            assert_eq!(rt.tx(s, &acts[s], N).unwrap(), k);
-        }
+        crate_stage_work(rt, engine, act, s, k);
     }
 }
 
@@ -357,24 +348,25 @@ fn crate_eager_step(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k
 ///
 /// [`Context::bound_unchecked`]: ppnrt::Context::bound_unchecked
 fn crate_eager_step_unchecked(rt: &PpNRt, primary: &Engine, acts: &mut [CudaSlice<f32>], k: usize) {
-    let s_count = rt.n_stages();
-    for s in 0..s_count {
+    for (s, act) in acts.iter_mut().enumerate() {
         let engine = rt.engine(s, primary).unwrap();
         let _scope = rt.enter(s).unwrap();
-        let act = &mut acts[s];
         // SAFETY: the closure runs the crate's calls only; nothing else changes the context.
-        let stage = || {
-            if s > 0 {
-                rt.rx_into(s - 1, k, act).unwrap();
-            }
-            for layer in 0..LAYERS {
-                engine.toy_layer(act, k as u32, layer).unwrap();
-            }
-            if s + 1 < s_count {
-                assert_eq!(rt.tx(s, act, N).unwrap(), k);
-            }
-        };
-        unsafe { engine.context().bound_unchecked(stage) }.unwrap();
+        unsafe { engine.context().bound_unchecked(|| crate_stage_work(rt, engine, act, s, k)) }.unwrap();
+    }
+}
+
+/// Stage `s`'s share of an eager step on slot `k`: `rx_into` its activations (but the first
+/// stage), the layers, `tx` (but the last).
+fn crate_stage_work(rt: &PpNRt, engine: &Engine, act: &mut CudaSlice<f32>, s: usize, k: usize) {
+    if s > 0 {
+        rt.rx_into(s - 1, k, act).unwrap();
+    }
+    for layer in 0..LAYERS {
+        engine.toy_layer(act, k as u32, layer).unwrap();
+    }
+    if s + 1 < rt.n_stages() {
+        assert_eq!(rt.tx(s, act, N).unwrap(), k);
     }
 }
 
@@ -593,27 +585,20 @@ pub(super) fn eager_decode_row(gpus: &Gpus) -> (f64, f64, f64) {
     let input = step_input();
     let (rt, mut acts) = crate_pipeline(gpus, &devices);
     let raw = Raw::new(gpus, &devices);
-    reset_acts(&rt, primary, &mut acts, &input);
-    raw.reset(&input);
-    // The same steps from the same input: the two must agree bit for bit.
-    for k in 0..4 {
-        crate_eager_step(&rt, primary, &mut acts, k % SLOTS);
-        raw.eager_step(k % SLOTS);
+    // The same steps from the same input: each crate step must agree with the raw one bit for bit.
+    type Step = fn(&PpNRt, &Engine, &mut [CudaSlice<f32>], usize);
+    for (step, what) in [
+        (crate_eager_step as Step, "the crate's step"),
+        (crate_eager_step_unchecked, "the crate's step in unchecked bindings"),
+    ] {
+        reset_acts(&rt, primary, &mut acts, &input);
+        raw.reset(&input);
+        for k in 0..4 {
+            step(&rt, primary, &mut acts, k % SLOTS);
+            raw.eager_step(k % SLOTS);
+        }
+        assert!(crate_output(&rt, primary, &acts) == raw.output(), "eager decode row: {what} differs from the raw one");
     }
-    assert!(
-        crate_output(&rt, primary, &acts) == raw.output(),
-        "eager decode row: the crate's step differs from the raw one"
-    );
-    reset_acts(&rt, primary, &mut acts, &input);
-    raw.reset(&input);
-    for k in 0..4 {
-        crate_eager_step_unchecked(&rt, primary, &mut acts, k % SLOTS);
-        raw.eager_step(k % SLOTS);
-    }
-    assert!(
-        crate_output(&rt, primary, &acts) == raw.output(),
-        "eager decode row: the crate's step in unchecked bindings differs from the raw one"
-    );
     let (mut crate_issue, mut unchecked_issue, mut raw_issue) = (Vec::new(), Vec::new(), Vec::new());
     let mut k = 0;
     let mut run = |step: &mut dyn FnMut(usize), sync: &dyn Fn(), steps: usize| -> f64 {

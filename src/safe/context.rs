@@ -62,7 +62,9 @@ impl Context {
             // The thread's call scope marks a suspended scope in the handle's lowest bit: a
             // handle with that bit set would read as a suspended scope of another.
             // SAFETY: gives back the reference just taken; nothing uses the handle.
-            let _ = unsafe { raw::primary_release(device.raw()) };
+            if let Err(e) = unsafe { raw::primary_release(device.raw()) } {
+                super::record_drop_error(e);
+            }
             return Err(CudaError::Misaligned {
                 what: "Context::primary: the driver's context handle (its lowest bit marks a suspended call scope)",
                 address: raw_ctx.addr() as u64,

@@ -565,6 +565,28 @@ fn zero_sized_elements_cross_a_boundary() {
     });
 }
 
+/// A pipeline of `config`'s two stages, stage 0's engine and a 32 KiB input on it, after four
+/// boundary steps (slot buffers made, pooled events there): the steady state the driver-call
+/// counts below measure.
+fn warm_boundary(config: PpConfig, primary: &Engine) -> (PpNRt, Engine, CudaSlice<u32>) {
+    let rt = PpNRt::new(config, primary).unwrap();
+    let e = rt.engine(0, primary).unwrap().clone();
+    let x = {
+        let _stage = rt.enter(0).unwrap();
+        e.htod(&[1u32; 8192]).unwrap()
+    };
+    for _ in 0..4 {
+        boundary_step(&rt, &x);
+    }
+    (rt, e, x)
+}
+
+/// One boundary step: `tx` of `x` at boundary 0, its `rx`, the received buffer dropped.
+fn boundary_step(rt: &PpNRt, x: &CudaSlice<u32>) {
+    let slot = rt.tx(0, x, 8192).unwrap();
+    drop(rt.rx::<u32>(0, slot, 8192).unwrap());
+}
+
 /// What a boundary step costs in driver calls, in steady state: the protocol's calls (per `tx`:
 /// a wait for the slot's last reader, the copy, its event record; per `rx`: a wait for the copy
 /// in, an allocation, the copy out, its event record; the free) and nothing else — no event
@@ -579,19 +601,8 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
         for (devices, label, sm) in
             [([0, 1], "peer", false), ([0, 0], "local", false), ([0, 0], "local, SM copies", true)]
         {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).sm_copies(sm), &primary).unwrap();
-            let e = rt.engine(0, &primary).unwrap().clone();
-            let x = {
-                let _stage = rt.enter(0).unwrap();
-                e.htod(&[1u32; 8192]).unwrap()
-            };
-            let step = || {
-                let slot = rt.tx(0, &x, 8192).unwrap();
-                drop(rt.rx::<u32>(0, slot, 8192).unwrap());
-            };
-            for _ in 0..4 {
-                step(); // warm-up: slot buffers and pooled events
-            }
+            let (rt, e, x) = warm_boundary(PpConfig::with_devices(&devices).sm_copies(sm), &primary);
+            let step = || boundary_step(&rt, &x);
             // SAFETY: the TX stage's primary context, retained by the runtime's engines.
             unsafe { ppnrt::result::context::set_current(e.context().raw()) }.unwrap();
             let entries = [
@@ -638,19 +649,8 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
     with_double("an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding", |double| {
         let primary = Engine::new(0).unwrap();
         for (devices, label) in [([0, 1], "peer"), ([0, 0], "local")] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices), &primary).unwrap();
-            let e = rt.engine(0, &primary).unwrap().clone();
-            let x = {
-                let _stage = rt.enter(0).unwrap();
-                e.htod(&[1u32; 8192]).unwrap()
-            };
-            let step = || {
-                let slot = rt.tx(0, &x, 8192).unwrap();
-                drop(rt.rx::<u32>(0, slot, 8192).unwrap());
-            };
-            for _ in 0..4 {
-                step(); // warm-up: slot buffers and pooled events
-            }
+            let (rt, e, x) = warm_boundary(PpConfig::with_devices(&devices), &primary);
+            let step = || boundary_step(&rt, &x);
             // Counted on this thread (threads an earlier test left behind may make calls too), and
             // inside the scope (its own binding is not a step's).
             // SAFETY: nothing in the closure changes the current context but the crate's calls.
