@@ -101,6 +101,7 @@ declare -A catchers=(
   [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [odd-context-handle-accepted]="a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back"
   [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
+  [call-scope-resumed-only-on-restore]="a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -309,6 +310,7 @@ run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain(
 run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
 run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
-run call-scope-not-suspended src/safe/context.rs "        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));" ""
-run call-scope-not-resumed src/safe/context.rs "                        if !previous.is_null() && scope.get() == suspended(previous) {" "                        if false {"
+run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
+run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
+run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"

@@ -13,8 +13,9 @@
 //! crate changes the current context meanwhile) the calls for its context cost neither.
 //!
 //! A thread's call scope (`CALL_SCOPE`) names the context that the innermost scope made current;
-//! a binding of another context inside it marks it suspended until that binding is undone, so a
-//! scope never vouches for a context that is not current.
+//! each time the crate makes a context current inside it, the scope is marked suspended if that
+//! is another context and resumed if it is the scope's own, so a scope never vouches for a
+//! context that is not current.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -123,8 +124,8 @@ impl Context {
     }
 
     /// [`bind`](Self::bind) outside a call scope of this context: asks the driver. A switch to
-    /// this context suspends the thread's call scope (of another context, which is no longer
-    /// current) until the guard makes that context current again.
+    /// this context suspends the thread's call scope of another context (no longer current) and
+    /// resumes a suspended scope of this one ([`note_current`]).
     #[inline(never)]
     fn make_current(&self) -> Result<BoundContext<'_>> {
         let previous = raw::get_current()?;
@@ -133,7 +134,7 @@ impl Context {
         }
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
-        let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));
+        note_current(self.raw);
         Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })
     }
 
@@ -252,6 +253,7 @@ pub(crate) fn outside_call_scope<R>(f: impl FnOnce() -> R) -> R {
             // outlives this call.
             let restored = unsafe { raw::set_current(scope) };
             if let Err(e) = restored {
+                suspend_call_scope();
                 super::record_drop_error(e);
             }
         }
@@ -281,6 +283,25 @@ fn is_suspended(scope: CUcontext) -> bool {
     scope.addr() & SUSPENDED != 0
 }
 
+/// The one rule of the mark: after the crate has made `now` current on this thread, the thread's
+/// call scope holds (unmarked) exactly when `now` is its context, and is suspended otherwise. So
+/// a scope is resumed only by making its own context current, and suspended again by any later
+/// switch away, whatever the order of the bindings in between.
+#[inline]
+fn note_current(now: CUcontext) {
+    let _ = CALL_SCOPE.try_with(|scope| {
+        let held = scope.get().map_addr(|addr| addr & !SUSPENDED);
+        if !held.is_null() {
+            scope.set(if held == now { held } else { suspended(held) });
+        }
+    });
+}
+
+/// Marks the thread's call scope suspended (after a failed switch: what is current is unknown).
+fn suspend_call_scope() {
+    let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));
+}
+
 impl Drop for BoundContext<'_> {
     #[inline]
     fn drop(&mut self) {
@@ -302,15 +323,12 @@ impl BoundContext<'_> {
             // SAFETY: `previous` was current on this thread when the guard was made (or null,
             // which unbinds); nothing this crate does in between releases another context.
             match unsafe { raw::set_current(previous) } {
-                // The scope's context is current again: the scope holds again.
-                Ok(()) => {
-                    let _ = CALL_SCOPE.try_with(|scope| {
-                        if !previous.is_null() && scope.get() == suspended(previous) {
-                            scope.set(previous);
-                        }
-                    });
+                Ok(()) => note_current(previous),
+                Err(e) => {
+                    // What is current now is not known: the scope holds no longer.
+                    suspend_call_scope();
+                    super::record_drop_error(e);
                 }
-                Err(e) => super::record_drop_error(e),
             }
         }
     }

@@ -710,6 +710,40 @@ fn an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding() {
     });
 }
 
+/// A scope suspended by one binding stays suspended while a later binding switches away from its
+/// context again: inside `bound_unchecked(e0)`, bind e1, bind e0, make a call on e1 (it binds e1
+/// and puts e0 back), undo the e0 binding (e1 is current again), then a call on e0 must bind e0.
+#[test]
+fn a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone() {
+    with_double("a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone", |_double| {
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let (mut a, mut b) = (e0.htod(&[1u32; 64]).unwrap(), e1.htod(&[1u32; 64]).unwrap());
+        // SAFETY: null unbinds.
+        unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
+        let current = || ppnrt::result::context::get_current().unwrap();
+        // SAFETY: nothing in the closure changes the current context but the crate's calls.
+        unsafe {
+            e0.context().bound_unchecked(|| {
+                let to_e1 = e1.context().bind().unwrap();
+                let back_to_e0 = e0.context().bind().unwrap();
+                e1.fill_u32(&mut b, 2).unwrap();
+                assert_eq!(current(), e0.context().raw(), "the call on e1 put e0 back");
+                drop(back_to_e0);
+                assert_eq!(current(), e1.context().raw());
+                // e1 is current: this call must bind e0 (the double refuses a launch on e0's
+                // stream in e1's context) and put e1 back.
+                e0.fill_u32(&mut a, 3).unwrap();
+                assert_eq!(current(), e1.context().raw(), "the call on e0 put e1 back");
+                drop(to_e1);
+                assert_eq!(current(), e0.context().raw());
+            })
+        }
+        .unwrap();
+        assert!(current().is_null());
+        assert_eq!((e0.dtoh(&a).unwrap(), e1.dtoh(&b).unwrap()), (vec![3u32; 64], vec![2u32; 64]));
+    });
+}
+
 /// A context handle with its lowest bit set (the bit a suspended call scope is marked with) is
 /// refused by `Context::primary` with a typed error naming it, and the reference taken is given
 /// back; the next retain of that device's context works.
@@ -780,8 +814,8 @@ pub(crate) mod bindings {
             device.map_or(std::ptr::null_mut(), |d| self.engines[d].context().raw())
         }
 
-        /// Runs `steps` with `current` current; `scope` is the innermost unchecked scope's device
-        /// with no binding opened inside it live.
+        /// Runs `steps` with `current` current; `scope` is the innermost unchecked scope's device.
+        /// The scope holds (its calls make no context query) exactly while its device is current.
         fn run(&mut self, steps: &[Step], current: &mut Option<usize>, scope: Option<usize>, in_scope: bool) {
             for step in steps {
                 match step {
@@ -792,12 +826,11 @@ pub(crate) mod bindings {
                         self.engines[*d].fill_u32(&mut self.buffers[*d], value).unwrap();
                         let mut copy = self.engines[*d].alloc::<u32>(64).unwrap();
                         self.engines[*d].default_stream().memcpy_dtod(&self.buffers[*d], &mut copy).unwrap();
-                        if scope == Some(*d) {
-                            assert_eq!(
-                                self.double.thread_context_queries(),
-                                queries,
-                                "a call in its unchecked scope queried"
-                            );
+                        let queried = self.double.thread_context_queries() - queries;
+                        if scope == Some(*d) && *current == Some(*d) {
+                            assert_eq!(queried, 0, "a call in its unchecked scope, its device current, queried");
+                        } else {
+                            assert!(queried > 0, "a call outside a holding scope of its device made no query");
                         }
                         assert_eq!(self.engines[*d].dtoh(&copy).unwrap(), vec![value; 64]);
                         assert_eq!(
@@ -809,11 +842,8 @@ pub(crate) mod bindings {
                     Step::Bind(d, inner) => {
                         let guard = self.engines[*d].context().bind().unwrap();
                         let mut now = Some(*d);
-                        // A binding that switches suspends the scope: its calls are not
-                        // counted as the scope's until the binding is gone.
                         let switched = *current != Some(*d);
-                        let inner_scope = if switched { None } else { scope };
-                        self.run(inner, &mut now, inner_scope, in_scope);
+                        self.run(inner, &mut now, scope, in_scope);
                         drop(guard);
                         // A binding that switched puts back what was current before it; one that
                         // found its context current changes nothing, also not what another
@@ -850,7 +880,7 @@ pub(crate) mod bindings {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
         #[test]
         fn any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context(steps in steps()) {
