@@ -102,6 +102,7 @@ declare -A catchers=(
   [odd-context-handle-accepted]="a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back"
   [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [call-scope-resumed-only-on-restore]="a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone"
+  [argument-code-scope-not-restored]="any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -313,4 +314,5 @@ run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() 
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
+run argument-code-scope-not-restored src/safe/context.rs "        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {" "        if false {"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"

@@ -786,11 +786,34 @@ pub(crate) mod bindings {
         /// `cuCtxSetCurrent` of a device's context (or none) by another library: only outside
         /// every unchecked scope (inside one it breaks the scope's contract).
         Foreign(Option<usize>),
+        /// A launch on device `0`'s or `1`'s stream whose kernel parameter's code (the caller's,
+        /// run by the crate mid-launch) makes another device's context (or none) current: the
+        /// launch binds its own again and puts back what it found, inside a scope or not.
+        SwitchingLaunch(usize, Option<usize>),
+    }
+
+    /// A kernel parameter whose code makes `to` current (null unbinds).
+    struct Switching {
+        ns: u64,
+        to: ppnrt::sys::CUcontext,
+    }
+
+    impl ppnrt::KernelParam for Switching {
+        type Raw = u64;
+        fn raw_param(&self) -> u64 {
+            // SAFETY: a live primary context of the double (its engine outlives the launch), or
+            // null.
+            unsafe { ppnrt::result::context::set_current(self.to) }.unwrap();
+            self.ns
+        }
     }
 
     fn steps() -> impl Strategy<Value = Vec<Step>> {
-        let leaf =
-            prop_oneof![(0usize..2).prop_map(Step::Call), proptest::option::of(0usize..2).prop_map(Step::Foreign)];
+        let leaf = prop_oneof![
+            (0usize..2).prop_map(Step::Call),
+            proptest::option::of(0usize..2).prop_map(Step::Foreign),
+            ((0usize..2), proptest::option::of(0usize..2)).prop_map(|(d, to)| Step::SwitchingLaunch(d, to)),
+        ];
         let step = leaf.prop_recursive(4, 48, 5, |inner| {
             prop_oneof![
                 (0usize..2).prop_map(Step::Call),
@@ -805,6 +828,8 @@ pub(crate) mod bindings {
     struct Thread<'a> {
         double: &'a crate::double::Double,
         engines: &'a [Engine; 2],
+        /// `ppnrt_spin_ns` of each device.
+        spin: [ppnrt::Function; 2],
         buffers: Vec<CudaSlice<u32>>,
         calls: u32,
     }
@@ -867,6 +892,19 @@ pub(crate) mod bindings {
                         .unwrap();
                         assert_eq!(ppnrt::result::context::get_current().unwrap(), self.raw(*current), "a scope's end");
                     }
+                    Step::SwitchingLaunch(d, to) => {
+                        let switching = Switching { ns: 10, to: self.raw(*to) };
+                        let stream = self.engines[*d].default_stream();
+                        // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory; one u64 parameter is
+                        // passed; the parameter's code ends no capture.
+                        unsafe { stream.launch(&self.spin[*d], ppnrt::LaunchConfig::for_elements(1, 1), (switching,)) }
+                            .unwrap();
+                        assert_eq!(
+                            ppnrt::result::context::get_current().unwrap(),
+                            self.raw(*current),
+                            "a launch whose parameter switched contexts left another current"
+                        );
+                    }
                     Step::Foreign(d) => {
                         if !in_scope {
                             // SAFETY: a live primary context of the double, or null.
@@ -887,9 +925,12 @@ pub(crate) mod bindings {
             with_double("any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context", |double| {
                 let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
                 let buffers = engines.iter().map(|e| e.alloc_zeroed::<u32>(64).unwrap()).collect();
+                let spin = engines.each_ref().map(|e| {
+                    e.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_spin_ns").unwrap()
+                });
                 // SAFETY: null unbinds.
                 unsafe { ppnrt::result::context::set_current(std::ptr::null_mut()) }.unwrap();
-                let mut thread = Thread { double, engines: &engines, buffers, calls: 0 };
+                let mut thread = Thread { double, engines: &engines, spin, buffers, calls: 0 };
                 let mut current = None;
                 thread.run(&steps, &mut current, None, false);
                 assert_eq!(ppnrt::result::context::get_current().unwrap(), thread.raw(current));
