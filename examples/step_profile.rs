@@ -18,6 +18,8 @@
 //!             an engine passes a kernel of many parameters)
 //!   readback  a 32 KiB deferred readback from the last stage (its logits made first each step),
 //!             the last stage's context current
+//!   loop      the loop alone, with its synchronisation every 32 steps and no operation: what
+//!             the other modes' counts hold beside their operation
 //!   decode    one eager decode step of the bench's (8 stages on device 0 × 20 toy layers, 32 KiB
 //!             of f32 received into each stage's activations with `rx_into`, sent on with `tx`),
 //!             each stage's context bound for its calls, as the bench's step binds it
@@ -146,6 +148,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         Launch,
         List,
         Readback,
+        Nothing,
     }
     let (op, current) = match mode {
         "peer" | "staged" => (Op::Boundary, None),
@@ -155,8 +158,9 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         "list" => (Op::List, Some(&e0)),
         // The last stage's thread, which made the logits.
         "readback" => (Op::Readback, Some(&e1)),
+        "loop" => (Op::Nothing, Some(&e0)),
         other => {
-            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch, list, readback or decode");
+            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch, list, readback, decode or loop");
             std::process::exit(2);
         }
     };
@@ -186,6 +190,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
                     rt.stage_stream(1)?.memcpy_dtod(&dst, &mut logits)?;
                     drop(rt.readback(logits)?);
                 }
+                Op::Nothing => std::hint::black_box(()),
             }
         }
         Ok(())
@@ -197,7 +202,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
     Ok(())
 }
 
-const MODES: [&str; 8] = ["peer", "local", "staged", "copy", "launch", "list", "readback", "decode"];
+const MODES: [&str; 9] = ["peer", "local", "staged", "copy", "launch", "list", "readback", "decode", "loop"];
 
 /// The command line.
 struct Args {

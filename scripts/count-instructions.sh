@@ -8,7 +8,7 @@
 # versions of the hot path exactly; it is not a time (the GPU machine's bench is).
 #
 #   scripts/count-instructions.sh [MODE...]     MODE: peer (default), local, staged, copy, launch, list,
-#                                               readback, decode
+#                                               readback, decode, loop
 #
 # Needs valgrind (apt-get install valgrind) and a C compiler. LO and HI set the two step counts
 # (default 1000 and 3000); TOP how many functions to list (default 12). For `readback` only the
@@ -16,7 +16,9 @@
 # in the binary's own code per step (`lock`-prefixed instructions and `xchg` with memory, found by
 # objdump, counted by callgrind per instruction), by function. UNCHECKED=1 runs the loop inside
 # `Context::bound_unchecked` (step_profile --unchecked): the calls for the current context make no
-# context query.
+# context query. For peer, local, staged, copy, launch and list it also counts `loop` (the example's
+# loop alone: its counter, its dispatch and a synchronisation every 32 steps, no operation) and
+# prints the count less that: the operation alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind > /dev/null || { echo "count-instructions: needs valgrind (apt-get install valgrind)"; exit 2; }
@@ -24,6 +26,7 @@ command -v callgrind_annotate > /dev/null || { echo "count-instructions: needs c
 lo=${LO:-1000} hi=${HI:-3000}
 out=target/count
 mkdir -p "$out"
+rm -f "$out/loop.total"
 cc -O2 -shared -fPIC -o "$out/libcuda_double.so" tests/driver_double/cuda_double.c -lpthread -lm
 cargo build --release --example step_profile 2> "$out/build.log" || { cat "$out/build.log"; exit 1; }
 bin=target/release/examples/step_profile
@@ -31,6 +34,11 @@ flags=()
 [ "${UNCHECKED:-0}" = 1 ] && flags=(--unchecked)
 modes=("$@")
 [ ${#modes[@]} -gt 0 ] || modes=(peer)
+# The loop alone first, when a mode that it runs beside is asked for (`readback` counts its call
+# alone, `decode` a step of 160 launches).
+for mode in "${modes[@]}"; do
+  case "$mode" in peer|local|staged|copy|launch|list) modes=(loop "${modes[@]}"); break ;; esac
+done
 for mode in "${modes[@]}"; do
   # Per instruction (addresses, absolute positions, full names): every instruction of the binary's
   # own code is counted, library and crate code inlined from other files included.
@@ -85,8 +93,17 @@ for addr, n in per.items():
     function = where.get(addr, "?")
     by_function[function] = by_function.get(function, 0) + n
 alloc = (allocations(f"{base}.{hi}") - allocations(f"{base}.{lo}")) / steps
-print(f"{mode}{' (unchecked binding)' if os.environ.get('UNCHECKED', '0') == '1' else ''}: {sum(per.values()):.0f} instructions of the crate's own code per step, "
+total = sum(per.values())
+print(f"{mode}{' (unchecked binding)' if os.environ.get('UNCHECKED', '0') == '1' else ''}: {total:.0f} instructions of the crate's own code per step, "
       f"{alloc:.2f} heap allocations per step")
+# The loop alone (mode `loop`, counted first): what every other mode's count holds beside its
+# operation.
+loop_total = os.path.join(os.path.dirname(base), "loop.total")
+if mode == "loop":
+    open(loop_total, "w").write(f"{total}\n")
+elif mode in ("peer", "local", "staged", "copy", "launch", "list") and os.path.exists(loop_total):
+    alone = float(open(loop_total).read())
+    print(f"  the operation alone: {total - alone:.0f} (less the example's loop, {alone:.0f} a step)")
 for function, n in sorted(by_function.items(), key=lambda kv: -kv[1])[:top]:
     if n >= 5:
         print(f"  {n:7.1f}  {function[:110]}")
