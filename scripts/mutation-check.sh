@@ -29,7 +29,7 @@ export CARGO_TARGET_DIR=$repo/target/mutation
 # (2026-12-02): name filters, as `cargo test` takes them.
 declare -A catchers=(
   [pinned-htod]="pinned_sources_are_read_before_htod_returns"
-  [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join"
+  [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
   [arg-list-overlapping]="every_parameter_reaches_the_launch_as_its_c_value"
   [abort-failed-link-first]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
@@ -93,16 +93,21 @@ declare -A catchers=(
   [foreign-release-unordered]="an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways"
   [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
   [unable-rank-silent]="a_rank_without_nccl_fails_the_others_setup_at_once"
-  [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join"
-  [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join"
+  [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
+  [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
-  [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing"
-  [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use"
+  [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing any_program_of_the_safe_layer_reads_what_it_wrote"
+  [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use any_program_of_the_safe_layer_reads_what_it_wrote"
   [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [odd-context-handle-accepted]="a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back"
   [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [call-scope-resumed-only-on-restore]="a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone"
   [argument-code-scope-not-restored]="any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
+  [write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [reads-unwaited-by-writes]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [mark-wait-skipped]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [pinned-host-read-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [pinned-host-write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -138,7 +143,11 @@ run pinned-htod src/safe/memory.rs "        if read_later {" "        if false &
 run copy-with-sms src/safe/module.rs "            if used.memory.is_pooled() {" "            if false && used.memory.is_pooled() {"
 # A launch of the crate's own parameters (made before the ordering, the states held around the
 # launch alone) orders its buffers as any launch does.
-run launch-own-args-unordered src/safe/module.rs "ordered_with(self, tracked, true, || unsafe" "ordered_with(self, tracked.take(0), true, || unsafe"
+run launch-own-args-unordered src/safe/module.rs "                        self,
+                        tracked,
+                        true," "                        self,
+                        tracked.take(0),
+                        true,"
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
@@ -311,6 +320,17 @@ run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain(
 run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
 run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
+# The rule's waits and the host's (any program of the safe layer, `double` :: rule): an operation
+# that does not wait for the last write on another stream, a write that does not wait for the
+# reads since, a mark taken as waited for when it was not, a pinned buffer's host read or write
+# that does not wait for the device.
+run write-unwaited src/safe/ordering.rs "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream)) {" "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream) && false) {"
+run reads-unwaited-by-writes src/safe/ordering.rs "    if use_ == Use::Write {
+        for mark in state.reads.iter_mut()" "    if false {
+        for mark in state.reads.iter_mut()"
+run mark-wait-skipped src/safe/ordering.rs "        if self.waited_by == Some(stream.id()) {" "        if true {"
+run pinned-host-read-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice", Use::Read)?;' ''
+run pinned-host-write-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_mut_slice", Use::Write)?;' ''
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"

@@ -67,6 +67,7 @@ const NCCL_INTERNAL_ERROR: i32 = 3;
 
 mod graphs_mode;
 mod protocol;
+mod rule;
 mod scenarios;
 mod sweep_graph;
 mod sweep_lifetime;

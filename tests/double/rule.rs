@@ -1,0 +1,222 @@
+//! The ordering rule against any program: random sequences of the safe layer's operations (kernel
+//! writes, copies within and across devices, the SM copy kernel, pageable and pinned host copies,
+//! host reads and writes of a pinned buffer, frees and fresh allocations) on five streams of two
+//! devices, with no join anywhere. Through the double, queued work runs as late as anything lets
+//! it, so every operation the rule failed to order shows up as a value that differs from what the
+//! program, run one operation after the other, holds, or as an access to freed memory.
+
+use super::*;
+use proptest::prelude::*;
+
+/// Elements of every buffer (all alike: a buffer holds one value).
+const LEN: usize = 64;
+/// Streams: device 0's default stream and two of its own, device 1's default stream and one.
+const STREAM_DEVICES: [usize; 5] = [0, 0, 0, 1, 1];
+/// Device buffers: on device 0 pool memory and `cuMemAlloc` memory, the same on device 1.
+const BUFFERS: [(usize, bool); 4] = [(0, false), (0, true), (1, false), (1, true)];
+
+/// One operation of a program. Stream and buffer fields are indices, reduced modulo what they
+/// index; a stream that must be of a buffer's device is taken among that device's streams.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    /// A kernel sets every element of buffer `b` to `value`, on a stream of its device.
+    Fill { s: usize, b: usize, value: u32 },
+    /// `memcpy_dtod` from buffer `src` into buffer `dst` on any stream.
+    Copy { s: usize, src: usize, dst: usize },
+    /// The SM copy kernel (`Engine::copy_with_sms`) from `src` into `dst` on a stream of `dst`'s
+    /// device (refused, with nothing changed, for pool memory of the other device).
+    SmCopy { s: usize, src: usize, dst: usize },
+    /// `memcpy_htod` of `value`s into buffer `b` on a stream of its device.
+    Write { s: usize, b: usize, value: u32 },
+    /// `memcpy_dtoh` of buffer `b` on a stream of its device: the values must be the program's.
+    Read { s: usize, b: usize },
+    /// `memcpy_dtoh_pinned` of buffer `b` into the pinned buffer, on a stream of its device.
+    ToPinned { s: usize, b: usize },
+    /// `memcpy_htod_pinned` of the pinned buffer into buffer `b`, on a stream of its device.
+    FromPinned { s: usize, b: usize },
+    /// The host reads the pinned buffer (`as_slice`): the values must be the program's.
+    HostRead,
+    /// The host writes `value`s into the pinned buffer (`as_mut_slice`).
+    HostWrite { value: u32 },
+    /// Buffer `b` is dropped and made anew (same device and kind), owned by a stream of its
+    /// device, then written with `value` there.
+    Renew { s: usize, b: usize, value: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let s = 0usize..5;
+    let b = 0usize..4;
+    prop_oneof![
+        (s.clone(), b.clone(), 1u32..1000).prop_map(|(s, b, value)| Op::Fill { s, b, value }),
+        (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::Copy { s, src, dst }),
+        (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::SmCopy { s, src, dst }),
+        (s.clone(), b.clone(), 1u32..1000).prop_map(|(s, b, value)| Op::Write { s, b, value }),
+        (s.clone(), b.clone()).prop_map(|(s, b)| Op::Read { s, b }),
+        (s.clone(), b.clone()).prop_map(|(s, b)| Op::ToPinned { s, b }),
+        (s.clone(), b.clone()).prop_map(|(s, b)| Op::FromPinned { s, b }),
+        Just(Op::HostRead),
+        (1u32..1000).prop_map(|value| Op::HostWrite { value }),
+        (s, b, 1u32..1000).prop_map(|(s, b, value)| Op::Renew { s, b, value }),
+    ]
+}
+
+/// The program's state beside the crate's: the buffers and what each holds.
+struct Program<'a> {
+    engines: &'a [Engine; 2],
+    streams: Vec<Arc<CudaStream>>,
+    buffers: Vec<CudaSlice<u32>>,
+    pinned: PinnedHostBuffer<u32>,
+    /// What each buffer holds, one operation after the other.
+    values: Vec<u32>,
+    pinned_value: u32,
+}
+
+impl Program<'_> {
+    /// Stream `s` among those of `device`.
+    fn stream_of(&self, device: usize, s: usize) -> Arc<CudaStream> {
+        let on: Vec<&Arc<CudaStream>> =
+            self.streams.iter().zip(STREAM_DEVICES).filter(|(_, d)| *d == device).map(|(s, _)| s).collect();
+        Arc::clone(on[s % on.len()])
+    }
+
+    /// Two distinct buffers `src` and `dst` (as indices), their states split for one borrow each.
+    fn pair(&mut self, src: usize, dst: usize) -> (&CudaSlice<u32>, &mut CudaSlice<u32>) {
+        assert_ne!(src, dst);
+        if src < dst {
+            let (low, high) = self.buffers.split_at_mut(dst);
+            (&low[src], &mut high[0])
+        } else {
+            let (low, high) = self.buffers.split_at_mut(src);
+            (&high[0], &mut low[dst])
+        }
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Fill { s, b, value } => {
+                let device = BUFFERS[b].0;
+                let stream = self.stream_of(device, s);
+                self.engines[device].test_kernels().unwrap().fill_u32(&stream, &mut self.buffers[b], value).unwrap();
+                self.values[b] = value;
+            }
+            Op::Copy { s, src, dst } => {
+                if src == dst {
+                    return;
+                }
+                let stream = Arc::clone(&self.streams[s]);
+                let (from, to) = self.pair(src, dst);
+                stream.memcpy_dtod(from, to).unwrap();
+                self.values[dst] = self.values[src];
+            }
+            Op::SmCopy { s, src, dst } => {
+                if src == dst {
+                    return;
+                }
+                let device = BUFFERS[dst].0;
+                let stream = self.stream_of(device, s);
+                let engine = &self.engines[device];
+                let (from, to) = self.pair(src, dst);
+                let _on = StreamOverride::new(stream).unwrap();
+                match engine.copy_with_sms(from, to) {
+                    Ok(()) => self.values[dst] = self.values[src],
+                    // Pool memory of the other device: refused before anything is enqueued.
+                    Err(CudaError::NotPeerReachable { .. }) => {
+                        assert!(BUFFERS[src].0 != device && !BUFFERS[src].1, "a reachable source was refused");
+                    }
+                    Err(e) => panic!("SmCopy {src} -> {dst}: {e}"),
+                }
+            }
+            Op::Write { s, b, value } => {
+                let stream = self.stream_of(BUFFERS[b].0, s);
+                stream.memcpy_htod(&[value; LEN], &mut self.buffers[b]).unwrap();
+                self.values[b] = value;
+            }
+            Op::Read { s, b } => {
+                let stream = self.stream_of(BUFFERS[b].0, s);
+                let mut host = vec![0u32; LEN];
+                stream.memcpy_dtoh(&self.buffers[b], &mut host).unwrap();
+                assert_eq!(host, vec![self.values[b]; LEN], "buffer {b} read on stream {s}");
+            }
+            Op::ToPinned { s, b } => {
+                let stream = self.stream_of(BUFFERS[b].0, s);
+                stream.memcpy_dtoh_pinned(&self.buffers[b], &mut self.pinned).unwrap();
+                self.pinned_value = self.values[b];
+            }
+            Op::FromPinned { s, b } => {
+                let stream = self.stream_of(BUFFERS[b].0, s);
+                stream.memcpy_htod_pinned(&self.pinned, &mut self.buffers[b]).unwrap();
+                self.values[b] = self.pinned_value;
+            }
+            Op::HostRead => {
+                assert_eq!(self.pinned.as_slice().unwrap(), &[self.pinned_value; LEN][..], "the pinned buffer");
+            }
+            Op::HostWrite { value } => {
+                self.pinned.as_mut_slice().unwrap().fill(value);
+                self.pinned_value = value;
+            }
+            Op::Renew { s, b, value } => {
+                let (device, persistent) = BUFFERS[b];
+                let stream = self.stream_of(device, s);
+                let mut fresh = if persistent {
+                    CudaSlice::<u32>::alloc_persistent(&stream, LEN).unwrap()
+                } else {
+                    CudaSlice::<u32>::alloc(&stream, LEN).unwrap()
+                };
+                stream.memcpy_htod(&[value; LEN], &mut fresh).unwrap();
+                // The old buffer's free waits for every use of it, on any stream.
+                self.buffers[b] = fresh;
+                self.values[b] = value;
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_program_of_the_safe_layer_reads_what_it_wrote(ops in proptest::collection::vec(op(), 1..48)) {
+        with_double("any_program_of_the_safe_layer_reads_what_it_wrote", |_| {
+            let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
+            let streams: Vec<Arc<CudaStream>> = STREAM_DEVICES
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| {
+                    if i == 0 || i == 3 {
+                        Arc::clone(engines[d].default_stream())
+                    } else {
+                        CudaStream::new(engines[d].context()).unwrap()
+                    }
+                })
+                .collect();
+            let mut values = Vec::new();
+            let buffers = BUFFERS
+                .iter()
+                .enumerate()
+                .map(|(b, &(d, persistent))| {
+                    let value = 1000 + b as u32;
+                    values.push(value);
+                    let stream = &streams[if d == 0 { 0 } else { 3 }];
+                    let mut buffer = if persistent {
+                        CudaSlice::<u32>::alloc_persistent(stream, LEN).unwrap()
+                    } else {
+                        CudaSlice::<u32>::alloc(stream, LEN).unwrap()
+                    };
+                    stream.memcpy_htod(&[value; LEN], &mut buffer).unwrap();
+                    buffer
+                })
+                .collect();
+            let mut pinned = PinnedHostBuffer::<u32>::new(engines[0].context(), LEN, false).unwrap();
+            pinned.as_mut_slice().unwrap().fill(7);
+            let mut program = Program { engines: &engines, streams, buffers, pinned, values, pinned_value: 7 };
+            for op in &ops {
+                program.run(op);
+            }
+            // Every buffer, read last, holds what the program wrote last.
+            for b in 0..BUFFERS.len() {
+                program.run(&Op::Read { s: b, b });
+            }
+            program.run(&Op::HostRead);
+        });
+    }
+}
