@@ -61,6 +61,11 @@ fn typed_drop_errors() -> Vec<Error> {
         .collect()
 }
 
+/// Cases of each property test: 256 in a debug build (`cargo test`, where they run beside this
+/// binary's fault sweeps, whose runs across ranks are timed, on a machine of two cores), 1,024 in a
+/// release build.
+const PROPTEST_CASES: u32 = if cfg!(debug_assertions) { 256 } else { 1024 };
+
 const OUT_OF_MEMORY: i32 = 2;
 /// `ncclInternalError`.
 const NCCL_INTERNAL_ERROR: i32 = 3;

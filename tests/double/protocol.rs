@@ -918,7 +918,7 @@ pub(crate) mod bindings {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::PROPTEST_CASES, ..ProptestConfig::default() })]
 
         #[test]
         fn any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context(steps in steps()) {

@@ -172,7 +172,7 @@ impl Program<'_> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::PROPTEST_CASES, ..ProptestConfig::default() })]
 
     #[test]
     fn any_program_of_the_safe_layer_reads_what_it_wrote(ops in proptest::collection::vec(op(), 1..48)) {
