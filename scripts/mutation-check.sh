@@ -40,8 +40,8 @@ declare -A catchers=(
   [readback-free-on-readback-stream]="a_readback_waits_for_its_step_once_copy_and_free_together readbacks_arrive_and_never_hold_up_the_stage_stream"
   [older-entry-names]="a_cuda_12_4_driver_gets_every_feature_it_has"
   [pool-fallback]="devices_without_memory_pools_fall_back_to_plain_allocations"
-  [graph-launch-order]="a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only a_readback_fed_by_a_failed_boundary_is_refused capture_misuse_is_a_typed_error_through_the_double every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing"
-  [graph-keep-alive]="a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only a_readback_fed_by_a_failed_boundary_is_refused capture_misuse_is_a_typed_error_through_the_double every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing"
+  [graph-launch-order]="a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only a_readback_fed_by_a_failed_boundary_is_refused capture_misuse_is_a_typed_error_through_the_double every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing any_program_of_the_safe_layer_reads_what_it_wrote"
+  [graph-keep-alive]="a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only a_readback_fed_by_a_failed_boundary_is_refused capture_misuse_is_a_typed_error_through_the_double every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothing any_program_of_the_safe_layer_reads_what_it_wrote"
   [graph-deferred-free]="graphs_keep_their_memory_alive_and_ordered_through_the_double slot_events_are_reused_within_their_context_only"
   [graph-deferred-pinned-free]="graphs_keep_their_memory_alive_and_ordered_through_the_double slot_events_are_reused_within_their_context_only"
   [graph-invalidate]="capture_misuse_is_a_typed_error_through_the_double graph_misuse_leaves_everything_sound_through_the_double graphs_keep_their_memory_alive_and_ordered_through_the_double"
@@ -108,6 +108,8 @@ declare -A catchers=(
   [mark-wait-skipped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [pinned-host-read-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [pinned-host-write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [graph-exec-launch-unordered]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [graph-exec-launch-unnoted]="any_program_of_the_safe_layer_reads_what_it_wrote"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -331,6 +333,11 @@ run reads-unwaited-by-writes src/safe/ordering.rs "    if use_ == Use::Write {
 run mark-wait-skipped src/safe/ordering.rs "        if self.waited_by == Some(stream.id()) {" "        if true {"
 run pinned-host-read-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice", Use::Read)?;' ''
 run pinned-host-write-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_mut_slice", Use::Write)?;' ''
+# A graph's launch that does not wait for its footprint's earlier uses, or does not note itself
+# on them (later uses do not wait for it).
+run graph-exec-launch-unordered src/safe/graph.rs "        held.order(stream)?;
+        launch()?;" "        launch()?;"
+run graph-exec-launch-unnoted src/safe/graph.rs "        stream.settle(held.note(stream, &gate))" "        let _ = (held, gate); Ok(())"
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"

@@ -1,9 +1,10 @@
 //! The ordering rule against any program: random sequences of the safe layer's operations (kernel
 //! writes, copies within and across devices, the SM copy kernel, pageable and pinned host copies,
-//! host reads and writes of a pinned buffer, frees and fresh allocations) on five streams of two
-//! devices, with no join anywhere. Through the double, queued work runs as late as anything lets
-//! it, so every operation the rule failed to order shows up as a value that differs from what the
-//! program, run one operation after the other, holds, or as an access to freed memory.
+//! host reads and writes of a pinned buffer, frees and fresh allocations, graphs captured from
+//! these and launched on any stream of their device) on five streams of two devices, with no join
+//! anywhere. Through the double, queued work runs as late as anything lets it, so every operation
+//! the rule failed to order shows up as a value that differs from what the program, run one
+//! operation after the other, holds, or as an access to freed memory.
 
 use super::*;
 use proptest::prelude::*;
@@ -39,14 +40,57 @@ pub(crate) enum Op {
     /// The host writes `value`s into the pinned buffer (`as_mut_slice`).
     HostWrite { value: u32 },
     /// Buffer `b` is dropped and made anew (same device and kind), owned by a stream of its
-    /// device, then written with `value` there.
+    /// device, then written with `value` there. A graph that holds the old buffer keeps it.
     Renew { s: usize, b: usize, value: u32 },
+    /// A capture of a stream of device `device` records `ops` (kernel writes, copies and SM
+    /// copies on that stream) into a graph, which is instantiated and kept (the oldest of
+    /// [`GRAPHS`] dropped); nothing runs yet.
+    Capture { device: usize, s: usize, ops: Vec<Captured> },
+    /// Graph `g` (of those kept, if any) launched on a stream of its device.
+    Launch { g: usize, s: usize },
+}
+
+/// An operation a capture records.
+#[derive(Clone, Debug)]
+pub(crate) enum Captured {
+    /// A kernel sets buffer `b` (taken among the capture's device's buffers) to `value`.
+    Fill { b: usize, value: u32 },
+    /// `memcpy_dtod` from `src` into `dst`, neither pool memory of the other device.
+    Copy { src: usize, dst: usize },
+    /// The SM copy kernel from `src` into `dst` (taken among the capture's device's buffers).
+    SmCopy { src: usize, dst: usize },
+}
+
+/// Graphs kept at a time.
+const GRAPHS: usize = 3;
+
+/// A captured operation as the model runs it at a launch: on allocations, not buffer slots (a
+/// graph holds what it captured, also after the slot got a fresh buffer).
+#[derive(Clone, Copy, Debug)]
+enum Recorded {
+    Fill { id: usize, value: u32 },
+    Copy { src: usize, dst: usize },
+}
+
+fn captured() -> impl Strategy<Value = Captured> {
+    let b = 0usize..4;
+    prop_oneof![
+        (b.clone(), 1u32..1000).prop_map(|(b, value)| Captured::Fill { b, value }),
+        (b.clone(), b.clone()).prop_map(|(src, dst)| Captured::Copy { src, dst }),
+        (b.clone(), b).prop_map(|(src, dst)| Captured::SmCopy { src, dst }),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let s = 0usize..5;
     let b = 0usize..4;
     prop_oneof![
+        (0usize..2, s.clone(), proptest::collection::vec(captured(), 1..5)).prop_map(|(device, s, ops)| Op::Capture {
+            device,
+            s,
+            ops
+        }),
+        (0usize..GRAPHS, s.clone()).prop_map(|(g, s)| Op::Launch { g, s }),
         (s.clone(), b.clone(), 1u32..1000).prop_map(|(s, b, value)| Op::Fill { s, b, value }),
         (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::Copy { s, src, dst }),
         (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::SmCopy { s, src, dst }),
@@ -65,10 +109,15 @@ struct Program<'a> {
     engines: &'a [Engine; 2],
     streams: Vec<Arc<CudaStream>>,
     buffers: Vec<CudaSlice<u32>>,
+    /// The allocation each buffer slot holds now (an index of `values`).
+    ids: Vec<usize>,
     pinned: PinnedHostBuffer<u32>,
-    /// What each buffer holds, one operation after the other.
+    /// What each allocation holds, one operation after the other (allocations a graph still
+    /// holds included).
     values: Vec<u32>,
     pinned_value: u32,
+    /// The graphs kept, newest last: each with its device and what it does at a launch.
+    graphs: Vec<(ppnrt::GraphExec, usize, Vec<Recorded>)>,
 }
 
 impl Program<'_> {
@@ -77,6 +126,23 @@ impl Program<'_> {
         let on: Vec<&Arc<CudaStream>> =
             self.streams.iter().zip(STREAM_DEVICES).filter(|(_, d)| *d == device).map(|(s, _)| s).collect();
         Arc::clone(on[s % on.len()])
+    }
+
+    /// What buffer slot `b` holds.
+    fn value(&self, b: usize) -> u32 {
+        self.values[self.ids[b]]
+    }
+
+    /// Buffer slot `b` now holds `value`.
+    fn set(&mut self, b: usize, value: u32) {
+        let id = self.ids[b];
+        self.values[id] = value;
+    }
+
+    /// Buffer slot `b` among those of `device`.
+    fn buffer_of(device: usize, b: usize) -> usize {
+        let on: Vec<usize> = (0..BUFFERS.len()).filter(|&i| BUFFERS[i].0 == device).collect();
+        on[b % on.len()]
     }
 
     /// Two distinct buffers `src` and `dst` (as indices), their states split for one borrow each.
@@ -91,13 +157,57 @@ impl Program<'_> {
         }
     }
 
+    /// Captures `ops` on stream `s` of `device` into a graph and keeps it instantiated.
+    fn capture(&mut self, device: usize, s: usize, ops: &[Captured]) {
+        let stream = self.stream_of(device, s);
+        let engine = &self.engines[device];
+        let capture = stream.begin_capture(ppnrt::CaptureMode::Relaxed).unwrap();
+        let mut recorded = Vec::new();
+        for op in ops {
+            match *op {
+                Captured::Fill { b, value } => {
+                    let b = Self::buffer_of(device, b);
+                    engine.test_kernels().unwrap().fill_u32(&stream, &mut self.buffers[b], value).unwrap();
+                    recorded.push(Recorded::Fill { id: self.ids[b], value });
+                }
+                Captured::Copy { src, dst } => {
+                    // Pool memory of the other device is copied by `cuMemcpyPeerAsync`, which a
+                    // capture refuses.
+                    let foreign_pool = |b: usize| BUFFERS[b].0 != device && !BUFFERS[b].1;
+                    if src == dst || foreign_pool(src) || foreign_pool(dst) {
+                        continue;
+                    }
+                    let (from, to) = self.pair(src, dst);
+                    stream.memcpy_dtod(from, to).unwrap();
+                    recorded.push(Recorded::Copy { src: self.ids[src], dst: self.ids[dst] });
+                }
+                Captured::SmCopy { src, dst } => {
+                    let (src, dst) = (Self::buffer_of(device, src), Self::buffer_of(device, dst));
+                    if src == dst {
+                        continue;
+                    }
+                    let (from, to) = self.pair(src, dst);
+                    let _on = StreamOverride::new(Arc::clone(&stream)).unwrap();
+                    engine.copy_with_sms(from, to).unwrap();
+                    recorded.push(Recorded::Copy { src: self.ids[src], dst: self.ids[dst] });
+                }
+            }
+        }
+        let exec = capture.end().unwrap().instantiate().unwrap();
+        if self.graphs.len() == GRAPHS {
+            // Its launches stay ordered; the memory it alone held is freed after them.
+            self.graphs.remove(0);
+        }
+        self.graphs.push((exec, device, recorded));
+    }
+
     fn run(&mut self, op: &Op) {
         match *op {
             Op::Fill { s, b, value } => {
                 let device = BUFFERS[b].0;
                 let stream = self.stream_of(device, s);
                 self.engines[device].test_kernels().unwrap().fill_u32(&stream, &mut self.buffers[b], value).unwrap();
-                self.values[b] = value;
+                self.set(b, value);
             }
             Op::Copy { s, src, dst } => {
                 if src == dst {
@@ -106,7 +216,7 @@ impl Program<'_> {
                 let stream = Arc::clone(&self.streams[s]);
                 let (from, to) = self.pair(src, dst);
                 stream.memcpy_dtod(from, to).unwrap();
-                self.values[dst] = self.values[src];
+                self.set(dst, self.value(src));
             }
             Op::SmCopy { s, src, dst } => {
                 if src == dst {
@@ -118,7 +228,7 @@ impl Program<'_> {
                 let (from, to) = self.pair(src, dst);
                 let _on = StreamOverride::new(stream).unwrap();
                 match engine.copy_with_sms(from, to) {
-                    Ok(()) => self.values[dst] = self.values[src],
+                    Ok(()) => self.set(dst, self.value(src)),
                     // Pool memory of the other device: refused before anything is enqueued.
                     Err(CudaError::NotPeerReachable { .. }) => {
                         assert!(BUFFERS[src].0 != device && !BUFFERS[src].1, "a reachable source was refused");
@@ -129,23 +239,23 @@ impl Program<'_> {
             Op::Write { s, b, value } => {
                 let stream = self.stream_of(BUFFERS[b].0, s);
                 stream.memcpy_htod(&[value; LEN], &mut self.buffers[b]).unwrap();
-                self.values[b] = value;
+                self.set(b, value);
             }
             Op::Read { s, b } => {
                 let stream = self.stream_of(BUFFERS[b].0, s);
                 let mut host = vec![0u32; LEN];
                 stream.memcpy_dtoh(&self.buffers[b], &mut host).unwrap();
-                assert_eq!(host, vec![self.values[b]; LEN], "buffer {b} read on stream {s}");
+                assert_eq!(host, vec![self.value(b); LEN], "buffer {b} read on stream {s}");
             }
             Op::ToPinned { s, b } => {
                 let stream = self.stream_of(BUFFERS[b].0, s);
                 stream.memcpy_dtoh_pinned(&self.buffers[b], &mut self.pinned).unwrap();
-                self.pinned_value = self.values[b];
+                self.pinned_value = self.value(b);
             }
             Op::FromPinned { s, b } => {
                 let stream = self.stream_of(BUFFERS[b].0, s);
                 stream.memcpy_htod_pinned(&self.pinned, &mut self.buffers[b]).unwrap();
-                self.values[b] = self.pinned_value;
+                self.set(b, self.pinned_value);
             }
             Op::HostRead => {
                 assert_eq!(self.pinned.as_slice().unwrap(), &[self.pinned_value; LEN][..], "the pinned buffer");
@@ -163,9 +273,26 @@ impl Program<'_> {
                     CudaSlice::<u32>::alloc(&stream, LEN).unwrap()
                 };
                 stream.memcpy_htod(&[value; LEN], &mut fresh).unwrap();
-                // The old buffer's free waits for every use of it, on any stream.
+                // The old buffer's free waits for every use of it, on any stream (and for the
+                // graphs that hold it).
                 self.buffers[b] = fresh;
-                self.values[b] = value;
+                self.ids[b] = self.values.len();
+                self.values.push(value);
+            }
+            Op::Capture { device, s, ref ops } => self.capture(device, s, ops),
+            Op::Launch { g, s } => {
+                if self.graphs.is_empty() {
+                    return;
+                }
+                let g = g % self.graphs.len();
+                let stream = self.stream_of(self.graphs[g].1, s);
+                self.graphs[g].0.launch(&stream).unwrap();
+                for recorded in self.graphs[g].2.clone() {
+                    match recorded {
+                        Recorded::Fill { id, value } => self.values[id] = value,
+                        Recorded::Copy { src, dst } => self.values[dst] = self.values[src],
+                    }
+                }
             }
         }
     }
@@ -189,6 +316,12 @@ proptest! {
                     }
                 })
                 .collect();
+            for engine in &engines {
+                // The helper modules loaded before any capture.
+                engine.test_kernels().unwrap();
+                let (a, mut b) = (engine.alloc_zeroed::<u32>(LEN).unwrap(), engine.alloc_zeroed::<u32>(LEN).unwrap());
+                engine.copy_with_sms(&a, &mut b).unwrap();
+            }
             let mut values = Vec::new();
             let buffers = BUFFERS
                 .iter()
@@ -208,7 +341,9 @@ proptest! {
                 .collect();
             let mut pinned = PinnedHostBuffer::<u32>::new(engines[0].context(), LEN, false).unwrap();
             pinned.as_mut_slice().unwrap().fill(7);
-            let mut program = Program { engines: &engines, streams, buffers, pinned, values, pinned_value: 7 };
+            let ids = (0..BUFFERS.len()).collect();
+            let mut program =
+                Program { engines: &engines, streams, buffers, ids, pinned, values, pinned_value: 7, graphs: Vec::new() };
             for op in &ops {
                 program.run(op);
             }
