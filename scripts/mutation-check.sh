@@ -75,7 +75,7 @@ declare -A catchers=(
   [capture-end-bound]="every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing"
   [tx-in-capture]="an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing"
   [rx-in-capture]="an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing"
-  [lent-blocks-ring]="a_forgotten_in_place_guard_does_not_stop_the_boundary a_guard_held_across_the_next_write_reads_its_own_step"
+  [lent-blocks-ring]="a_forgotten_in_place_guard_does_not_stop_the_boundary a_guard_held_across_the_next_write_reads_its_own_step any_program_of_a_boundary_delivers_each_step_as_sent"
   [spares-dropped]="a_guard_held_across_the_next_write_reads_its_own_step"
   [readback-held-by-graph]="a_graph_steps_output_is_read_back_every_step"
   [forgotten-capture-holds-frees]="a_forgotten_thread_local_capture_holds_back_no_other_streams_frees"
@@ -96,20 +96,22 @@ declare -A catchers=(
   [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [plain-lock-ignores-claim]="a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks"
-  [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing any_program_of_the_safe_layer_reads_what_it_wrote"
+  [retained-read-mark-waited]="buffers_are_ordered_across_streams_without_a_join a_boundary_step_makes_the_protocols_driver_calls_and_no_more every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing any_program_of_the_safe_layer_reads_what_it_wrote any_program_of_a_boundary_delivers_each_step_as_sent"
   [free-plain-unordered]="order_on_two_streams_orders_both_consumers every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use any_program_of_the_safe_layer_reads_what_it_wrote"
   [call-scope-not-suspended]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [odd-context-handle-accepted]="a_context_handle_with_its_lowest_bit_set_is_refused_and_given_back"
   [call-scope-not-resumed]="an_unchecked_binding_makes_no_context_query_and_yields_to_another_binding any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
   [call-scope-resumed-only-on-restore]="a_scope_stays_suspended_after_a_nested_binding_of_its_context_is_undone"
   [argument-code-scope-not-restored]="any_nesting_of_bindings_and_unchecked_scopes_keeps_every_call_in_its_context"
-  [write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
-  [reads-unwaited-by-writes]="any_program_of_the_safe_layer_reads_what_it_wrote"
-  [mark-wait-skipped]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote any_program_of_a_boundary_delivers_each_step_as_sent"
+  [reads-unwaited-by-writes]="any_program_of_the_safe_layer_reads_what_it_wrote any_program_of_a_boundary_delivers_each_step_as_sent"
+  [mark-wait-skipped]="any_program_of_the_safe_layer_reads_what_it_wrote any_program_of_a_boundary_delivers_each_step_as_sent"
   [pinned-host-read-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [pinned-host-write-unwaited]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [graph-exec-launch-unordered]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [graph-exec-launch-unnoted]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [slot-rehomed-onto-its-lent-buffer]="any_program_of_a_boundary_delivers_each_step_as_sent"
+  [received-slot-stays-filled]="any_program_of_a_boundary_delivers_each_step_as_sent"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -338,6 +340,12 @@ run pinned-host-write-unwaited src/safe/host.rs '        self.access.wait_on_hos
 run graph-exec-launch-unordered src/safe/graph.rs "        held.order(stream)?;
         launch()?;" "        launch()?;"
 run graph-exec-launch-unnoted src/safe/graph.rs "        stream.settle(held.note(stream, &gate))" "        let _ = (held, gate); Ok(())"
+# The ring (any program of a boundary, `double` :: rule): a write that meets a lent slot writes
+# into the buffer the guard still reads; a received slot still counts as filled (received twice).
+run slot-rehomed-onto-its-lent-buffer src/pp/ring.rs "        self.slots[k].buffer = spare.map_or(SlotBuffer::Empty, SlotBuffer::Device);
+" ""
+run received-slot-stays-filled src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
+        self.took(k);" "        self.took(k);"
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"

@@ -355,3 +355,190 @@ proptest! {
         });
     }
 }
+
+/// One operation of a boundary's program (a pipeline of two stages).
+#[derive(Clone, Debug)]
+pub(crate) enum BoundaryOp {
+    /// The TX stage's input is set to `value` by a kernel on its stage stream (`side`: on another
+    /// stream of its device), then sent with `tx`.
+    Tx { value: u32, side: bool },
+    /// Slot `k` received (`rx`, `rx_into` a buffer of the RX stage's, or `rx_in_place`), or the
+    /// oldest filled slot when `oldest`; what was received is kept.
+    Rx { k: usize, oldest: bool, how: Receive },
+    /// Kept reception `i` read, by a copy on the RX stage's stream (`side`: on another stream of
+    /// its device).
+    Check { i: usize, side: bool },
+    /// Kept reception `i` dropped (a guard gives its slot back).
+    Release { i: usize },
+    /// `discard_unreceived`.
+    Discard,
+    /// The host waits for one stream (the TX stage's, the RX stage's, or either side stream): the
+    /// double runs its queue then, so work that should have waited for another stream's runs
+    /// before it.
+    Sync { stream: usize },
+}
+
+/// How a boundary op receives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Receive {
+    Fresh,
+    Into,
+    InPlace,
+}
+
+fn boundary_op() -> impl Strategy<Value = BoundaryOp> {
+    let how = prop_oneof![Just(Receive::Fresh), Just(Receive::Into), Just(Receive::InPlace)];
+    prop_oneof![
+        3 => (1u32..1000, any::<bool>()).prop_map(|(value, side)| BoundaryOp::Tx { value, side }),
+        3 => (0usize..3, any::<bool>(), how).prop_map(|(k, oldest, how)| BoundaryOp::Rx { k, oldest, how }),
+        2 => (0usize..8, any::<bool>()).prop_map(|(i, side)| BoundaryOp::Check { i, side }),
+        1 => (0usize..8).prop_map(|i| BoundaryOp::Release { i }),
+        1 => Just(BoundaryOp::Discard),
+        2 => (0usize..4).prop_map(|stream| BoundaryOp::Sync { stream }),
+    ]
+}
+
+/// A slot as the model sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ModelSlot {
+    /// Writable: never filled, received, discarded, or lent (a write gives it another buffer).
+    Writable,
+    /// Filled with a step of this value, not received yet.
+    Filled(u32),
+}
+
+/// What a reception keeps: a buffer, or a guard of the slot, with the value it must hold.
+enum Kept<'a> {
+    Buffer(CudaSlice<u32>, u32),
+    Guard(ppnrt::ReceivedSlot<'a, u32>, u32),
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::PROPTEST_CASES / 4, ..ProptestConfig::default() })]
+
+    /// Any program of `tx`, `rx`, `rx_into`, `rx_in_place` (guards held across later writes),
+    /// reads of what was received on any stream, drops and discards, over a local, a peer and a
+    /// host-staged boundary of 1–3 slots: every call the ring refuses is refused with the slot's
+    /// state and changes nothing, and everything received holds the step that was sent.
+    #[test]
+    fn any_program_of_a_boundary_delivers_each_step_as_sent(
+        transport in 0usize..3,
+        slots in 1usize..4,
+        ops in proptest::collection::vec(boundary_op(), 1..40),
+    ) {
+        with_double("any_program_of_a_boundary_delivers_each_step_as_sent", |_| {
+            let primary = Engine::new(0).unwrap();
+            let config = match transport {
+                0 => PpConfig::with_devices(&[0, 0]),
+                1 => PpConfig::with_devices(&[0, 1]),
+                _ => PpConfig::with_devices(&[0, 1]).transport(TransportPolicy::Staged),
+            };
+            let rt = PpNRt::new(config.slots(slots), &primary).unwrap();
+            let (e0, e1) = (rt.engine(0, &primary).unwrap(), rt.engine(1, &primary).unwrap());
+            let (tx_stream, rx_stream) = (rt.stage_stream(0).unwrap(), rt.stage_stream(1).unwrap());
+            let (tx_side, rx_side) = (CudaStream::new(e0.context()).unwrap(), CudaStream::new(e1.context()).unwrap());
+            let mut x = CudaSlice::<u32>::alloc(tx_stream, LEN).unwrap();
+            let mut into = CudaSlice::<u32>::alloc_persistent(rx_stream, LEN).unwrap();
+            let mut model = vec![ModelSlot::Writable; slots];
+            let mut next = 0;
+            let mut kept: Vec<Kept<'_>> = Vec::new();
+            let refused = |result: ppnrt::Error, what: &str| match result {
+                Error::Pipeline(ppnrt::PpError::SlotState { .. }) => {}
+                other => panic!("{what}: refused with {other:?}, not the slot's state"),
+            };
+            for op in &ops {
+                match *op {
+                    BoundaryOp::Tx { value, side } => {
+                        let stream = if side { &tx_side } else { tx_stream };
+                        e0.test_kernels().unwrap().fill_u32(stream, &mut x, value).unwrap();
+                        match (rt.tx(0, &x, LEN), model[next]) {
+                            (Ok(slot), ModelSlot::Writable) => {
+                                assert_eq!(slot, next, "tx filled another slot than the next");
+                                model[next] = ModelSlot::Filled(value);
+                                next = (next + 1) % slots;
+                            }
+                            (Err(e), ModelSlot::Filled(_)) => refused(e, "tx on a filled slot"),
+                            (result, slot) => panic!("tx with the next slot {slot:?}: {result:?}"),
+                        }
+                    }
+                    BoundaryOp::Rx { k, oldest, how } => {
+                        let k = if oldest {
+                            (0..slots).map(|i| (next + i) % slots).find(|&i| model[i] != ModelSlot::Writable).unwrap_or(k % slots)
+                        } else {
+                            k % slots
+                        };
+                        let received = match how {
+                            Receive::Fresh => rt.rx::<u32>(0, k, LEN).map(|b| Some(Kept::Buffer(b, 0))),
+                            Receive::Into => rt.rx_into(0, k, &mut into).map(|()| None),
+                            Receive::InPlace => rt.rx_in_place::<u32>(0, k, LEN).map(|g| Some(Kept::Guard(g, 0))),
+                        };
+                        match (received, model[k]) {
+                            (Ok(got), ModelSlot::Filled(value)) => {
+                                model[k] = ModelSlot::Writable;
+                                match got {
+                                    Some(Kept::Buffer(b, _)) => kept.push(Kept::Buffer(b, value)),
+                                    Some(Kept::Guard(g, _)) => kept.push(Kept::Guard(g, value)),
+                                    None => {
+                                        // Read at once: `into` is received into again later.
+                                        let mut host = vec![0u32; LEN];
+                                        rx_stream.memcpy_dtoh(&into, &mut host).unwrap();
+                                        assert_eq!(host, vec![value; LEN], "rx_into slot {k}");
+                                    }
+                                }
+                            }
+                            (Err(e), ModelSlot::Writable) => refused(e, "a receive of a slot not filled"),
+                            (result, slot) => panic!("{how:?} of slot {k} ({slot:?}): {:?}", result.map(|_| ())),
+                        }
+                    }
+                    BoundaryOp::Check { i, side } => {
+                        if kept.is_empty() {
+                            continue;
+                        }
+                        let stream = if side { &rx_side } else { rx_stream };
+                        let (view, value) = match &kept[i % kept.len()] {
+                            Kept::Buffer(b, value) => (b.as_view(), *value),
+                            Kept::Guard(g, value) => (g.view().unwrap(), *value),
+                        };
+                        let mut copy = CudaSlice::<u32>::alloc(stream, LEN).unwrap();
+                        stream.memcpy_dtod(&view, &mut copy).unwrap();
+                        let mut host = vec![0u32; LEN];
+                        stream.memcpy_dtoh(&copy, &mut host).unwrap();
+                        assert_eq!(host, vec![value; LEN], "a kept reception read on the {} stream", if side { "side" } else { "stage" });
+                    }
+                    BoundaryOp::Release { i } => {
+                        if !kept.is_empty() {
+                            let at = i % kept.len();
+                            drop(kept.remove(at));
+                        }
+                    }
+                    BoundaryOp::Sync { stream } => {
+                        [tx_stream, rx_stream, &tx_side, &rx_side][stream].synchronize().unwrap();
+                    }
+                    BoundaryOp::Discard => {
+                        let filled = model.iter().filter(|slot| **slot != ModelSlot::Writable).count();
+                        assert_eq!(rt.discard_unreceived(0).unwrap(), filled, "slots discarded");
+                        model.fill(ModelSlot::Writable);
+                    }
+                }
+            }
+            // Everything kept holds its step; every slot still filled is received whole.
+            for item in &kept {
+                let (view, value) = match item {
+                    Kept::Buffer(b, value) => (b.as_view(), *value),
+                    Kept::Guard(g, value) => (g.view().unwrap(), *value),
+                };
+                let mut copy = CudaSlice::<u32>::alloc(rx_stream, LEN).unwrap();
+                rx_stream.memcpy_dtod(&view, &mut copy).unwrap();
+                assert_eq!(e1.dtoh(&copy).unwrap(), vec![value; LEN], "a kept reception at the end");
+            }
+            drop(kept);
+            for (k, slot) in model.iter().enumerate() {
+                if let ModelSlot::Filled(value) = *slot {
+                    let got = rt.rx::<u32>(0, k, LEN).unwrap();
+                    assert_eq!(e1.dtoh(&got).unwrap(), vec![value; LEN], "slot {k} at the end");
+                }
+            }
+            rt.synchronize().unwrap();
+        });
+    }
+}
