@@ -112,6 +112,7 @@ declare -A catchers=(
   [graph-exec-launch-unnoted]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [slot-rehomed-onto-its-lent-buffer]="any_program_of_a_boundary_delivers_each_step_as_sent"
   [received-slot-stays-filled]="any_program_of_a_boundary_delivers_each_step_as_sent"
+  [readback-values-unwaited]="any_program_of_a_boundary_delivers_each_step_as_sent"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -346,6 +347,8 @@ run slot-rehomed-onto-its-lent-buffer src/pp/ring.rs "        self.slots[k].buff
 " ""
 run received-slot-stays-filled src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
         self.took(k);" "        self.took(k);"
+# A readback's values given before its copy completed.
+run readback-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"

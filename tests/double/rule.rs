@@ -372,6 +372,11 @@ pub(crate) enum BoundaryOp {
     Release { i: usize },
     /// `discard_unreceived`.
     Discard,
+    /// Kept reception `i` read back (`readback` of a received buffer, which it takes, when
+    /// `take`; else `readback_of`), the values collected later.
+    ReadBack { i: usize, take: bool },
+    /// Readback `i` collected (`PendingReadback::wait`), or dropped unread when `drop`.
+    Collect { i: usize, drop: bool },
     /// The host waits for one stream (the TX stage's, the RX stage's, or either side stream): the
     /// double runs its queue then, so work that should have waited for another stream's runs
     /// before it.
@@ -395,6 +400,8 @@ fn boundary_op() -> impl Strategy<Value = BoundaryOp> {
         1 => (0usize..8).prop_map(|i| BoundaryOp::Release { i }),
         1 => Just(BoundaryOp::Discard),
         2 => (0usize..4).prop_map(|stream| BoundaryOp::Sync { stream }),
+        1 => (0usize..8, any::<bool>()).prop_map(|(i, take)| BoundaryOp::ReadBack { i, take }),
+        1 => (0usize..4, prop::bool::weighted(0.2)).prop_map(|(i, drop)| BoundaryOp::Collect { i, drop }),
     ]
 }
 
@@ -417,7 +424,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: crate::PROPTEST_CASES / 4, ..ProptestConfig::default() })]
 
     /// Any program of `tx`, `rx`, `rx_into`, `rx_in_place` (guards held across later writes),
-    /// reads of what was received on any stream, drops and discards, over a local, a peer and a
+    /// reads of what was received on any stream, readbacks, drops and discards, over a local, a peer and a
     /// host-staged boundary of 1–3 slots: every call the ring refuses is refused with the slot's
     /// state and changes nothing, and everything received holds the step that was sent.
     #[test]
@@ -442,6 +449,7 @@ proptest! {
             let mut model = vec![ModelSlot::Writable; slots];
             let mut next = 0;
             let mut kept: Vec<Kept<'_>> = Vec::new();
+            let mut readbacks: Vec<(ppnrt::pp::PendingReadback<u32>, u32)> = Vec::new();
             let refused = |result: ppnrt::Error, what: &str| match result {
                 Error::Pipeline(ppnrt::PpError::SlotState { .. }) => {}
                 other => panic!("{what}: refused with {other:?}, not the slot's state"),
@@ -511,6 +519,30 @@ proptest! {
                             drop(kept.remove(at));
                         }
                     }
+                    BoundaryOp::ReadBack { i, take } => {
+                        if kept.is_empty() {
+                            continue;
+                        }
+                        let at = i % kept.len();
+                        let pending = match (&kept[at], take) {
+                            (Kept::Buffer(..), true) => match kept.remove(at) {
+                                Kept::Buffer(b, value) => (rt.readback(b).unwrap(), value),
+                                Kept::Guard(..) => unreachable!(),
+                            },
+                            (Kept::Buffer(b, value), false) => (rt.readback_of(b).unwrap(), *value),
+                            (Kept::Guard(g, value), _) => (rt.readback_of(&g.view().unwrap()).unwrap(), *value),
+                        };
+                        readbacks.push(pending);
+                    }
+                    BoundaryOp::Collect { i, drop } => {
+                        if readbacks.is_empty() {
+                            continue;
+                        }
+                        let (pending, value) = readbacks.remove(i % readbacks.len());
+                        if !drop {
+                            assert_eq!(pending.wait().unwrap(), &[value; LEN][..], "a readback");
+                        }
+                    }
                     BoundaryOp::Sync { stream } => {
                         [tx_stream, rx_stream, &tx_side, &rx_side][stream].synchronize().unwrap();
                     }
@@ -521,7 +553,10 @@ proptest! {
                     }
                 }
             }
-            // Everything kept holds its step; every slot still filled is received whole.
+            // Every readback, kept reception and slot still filled holds its step.
+            for (pending, value) in readbacks {
+                assert_eq!(pending.wait().unwrap(), &[value; LEN][..], "a readback at the end");
+            }
             for item in &kept {
                 let (view, value) = match item {
                     Kept::Buffer(b, value) => (b.as_view(), *value),
