@@ -304,8 +304,8 @@ run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "       
 run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" foreign
 run image-unchecked src/safe/module.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
 # A kernel argument list's values are laid out each at its alignment, none over another.
-run arg-list-unaligned src/safe/module.rs "            let at = end.next_multiple_of(layout.align());" "            let at = end;" lib
-run arg-list-overlapping src/safe/module.rs "            end = at + layout.size();" "            end = at;" lib
+run arg-list-unaligned src/safe/module.rs "        let at = (self.end + layout.align() - 1) & !(layout.align() - 1);" "        let at = self.end;" lib
+run arg-list-overlapping src/safe/module.rs "        self.end = at + layout.size();" "        self.end = at;" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring

@@ -355,6 +355,27 @@ pub trait KernelParam {
     fn buffer_use(&self) -> Option<BufferUse<'_>> {
         None
     }
+
+    /// Adds the parameter to `list` ([`KernelArgList::arg`]). The crate's own parameters (their
+    /// code is the crate's) make their C value now, into the list; every other parameter is kept
+    /// and makes its value at the launch.
+    #[doc(hidden)]
+    fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+    where
+        Self: Sized + 'l,
+        Self::Raw: 'static,
+    {
+        list.push_deferred(self);
+    }
+
+    /// [`push_into`](Self::push_into) of a reference to the parameter.
+    #[doc(hidden)]
+    fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>)
+    where
+        Self::Raw: 'static,
+    {
+        list.push_deferred(self);
+    }
 }
 
 /// Device memory a kernel parameter hands the kernel: which buffer, and whether it is read or
@@ -372,6 +393,10 @@ impl<'a> BufferUse<'a> {
         BufferUse { memory: view.memory(), use_, address: view.device_ptr() }
     }
 
+    fn at(memory: &'a Arc<DeviceMemory>, address: CUdeviceptr, use_: Use) -> BufferUse<'a> {
+        BufferUse { memory, use_, address }
+    }
+
     /// The stream that owns the memory.
     fn owner(&self) -> &'a Arc<CudaStream> {
         self.memory.owner()
@@ -386,6 +411,13 @@ macro_rules! scalar_params {
             fn raw_param(&self) -> $t {
                 *self
             }
+            #[inline]
+            fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+            where
+                Self: 'l,
+            {
+                list.push_made(self, None);
+            }
         }
     )*};
 }
@@ -397,6 +429,13 @@ impl KernelParam for bool {
     type Raw = u8;
     fn raw_param(&self) -> u8 {
         u8::from(*self)
+    }
+    #[inline]
+    fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+    where
+        Self: 'l,
+    {
+        list.push_made(u8::from(self), None);
     }
 }
 
@@ -420,6 +459,13 @@ impl<T: Copy + 'static> KernelParam for ByValue<T> {
     fn raw_param(&self) -> T {
         self.0
     }
+    #[inline]
+    fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+    where
+        Self: 'l,
+    {
+        list.push_made(self.0, None);
+    }
 }
 
 impl<P: KernelParam + ?Sized> KernelParam for &P {
@@ -430,6 +476,14 @@ impl<P: KernelParam + ?Sized> KernelParam for &P {
     }
     fn buffer_use(&self) -> Option<BufferUse<'_>> {
         (**self).buffer_use()
+    }
+    #[inline]
+    fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+    where
+        Self: 'l,
+        P::Raw: 'static,
+    {
+        P::push_ref_into(self, list);
     }
 }
 
@@ -444,16 +498,68 @@ macro_rules! slice_params {
             fn buffer_use(&self) -> Option<BufferUse<'_>> {
                 Some(BufferUse::of(self.as_view(), $use_))
             }
+            #[inline]
+            fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>) {
+                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
+            }
         }
     )*};
 }
-slice_params!(
-    CudaSlice<T> => Use::Read,
-    &mut CudaSlice<T> => Use::Write,
-    CudaView<'_, T> => Use::Read,
-    CudaViewMut<'_, T> => Use::Write,
-    &mut CudaViewMut<'_, T> => Use::Write,
-);
+slice_params!(CudaSlice<T> => Use::Read);
+
+/// A slice or view passed as a parameter the kernel writes (`&mut`): its address and its memory,
+/// for as long as the borrow lasts.
+macro_rules! written_params {
+    ($($ty:ty),* $(,)?) => {$(
+        impl<T: DeviceRepr> KernelParam for $ty {
+            const FOREIGN: bool = false;
+            type Raw = CUdeviceptr;
+            fn raw_param(&self) -> CUdeviceptr {
+                self.device_ptr()
+            }
+            fn buffer_use(&self) -> Option<BufferUse<'_>> {
+                Some(BufferUse::of(self.as_view(), Use::Write))
+            }
+            #[inline]
+            fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+            where
+                Self: 'l,
+            {
+                let written: &'l _ = self;
+                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Write)));
+            }
+        }
+    )*};
+}
+written_params!(&mut CudaSlice<T>, &mut CudaViewMut<'_, T>);
+
+/// A view passed by value: its memory for the view's lifetime.
+macro_rules! view_params {
+    ($($ty:ident => $use_:expr),* $(,)?) => {$(
+        impl<'v, T: DeviceRepr> KernelParam for $ty<'v, T> {
+            const FOREIGN: bool = false;
+            type Raw = CUdeviceptr;
+            fn raw_param(&self) -> CUdeviceptr {
+                self.device_ptr()
+            }
+            fn buffer_use(&self) -> Option<BufferUse<'_>> {
+                Some(BufferUse::of(self.as_view(), $use_))
+            }
+            #[inline]
+            fn push_into<'l>(self, list: &mut KernelArgList<'l>)
+            where
+                Self: 'l,
+            {
+                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
+            }
+            #[inline]
+            fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>) {
+                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
+            }
+        }
+    )*};
+}
+view_params!(CudaView => Use::Read, CudaViewMut => Use::Write);
 
 /// The most parameters a tuple passes (a [`KernelArgList`] passes any number).
 pub const MAX_KERNEL_PARAMS: usize = 16;
@@ -555,13 +661,11 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, 
 
 /// One parameter of a [`KernelArgList`], its type erased.
 trait ListedParam {
-    /// The size and alignment of the parameter's C value.
-    fn raw_layout(&self) -> Layout;
     /// Writes the parameter's C value at `at`.
     ///
     /// # Safety
-    /// `at` is valid for writes of [`raw_layout`](Self::raw_layout)`().size()` bytes and aligned
-    /// to its alignment.
+    /// `at` is valid for writes of the parameter's C value (`KernelParam::Raw`) and aligned for
+    /// it.
     unsafe fn write_raw(&self, at: *mut u8);
     /// The parameter's value, boxed where the launch can point at it (for a value aligned beyond
     /// a [`ParamWord`]).
@@ -573,9 +677,6 @@ impl<P: KernelParam> ListedParam for P
 where
     P::Raw: 'static,
 {
-    fn raw_layout(&self) -> Layout {
-        Layout::new::<P::Raw>()
-    }
     unsafe fn write_raw(&self, at: *mut u8) {
         // SAFETY: the caller gives room for a `P::Raw`, aligned for it.
         unsafe { at.cast::<P::Raw>().write(self.raw_param()) }
@@ -588,8 +689,9 @@ where
     }
 }
 
-/// The storage of a [`KernelArgList`]'s values during a launch: each value at its own alignment
-/// (at most this word's) in a run of words, inline for lists of up to 512 bytes of values.
+/// The storage of a [`KernelArgList`]'s values: each value at its own alignment (at most this
+/// word's) in a run of words, inline in the list for up to 128 bytes of values (and in a launch's
+/// copy of them for up to 256).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct ParamWord([u8; 64]);
@@ -610,6 +712,11 @@ impl<T: Copy + 'static> RawValue for T {
 
 /// Kernel parameters of any number, in the order they are added: for kernels with more
 /// parameters than a tuple passes, or built in a loop.
+///
+/// The crate's own parameters (numbers, `bool`, `bf16` and `f16`, [`by_value`], slices and views)
+/// make their C value as they are added, laid out in the list: a list of up to 12 of them and 128
+/// bytes of values is built and launched without a heap allocation. A parameter of the caller's
+/// own [`KernelParam`] implementation is kept and makes its value at the launch, as in a tuple.
 ///
 /// ```no_run
 /// # fn main() -> ppnrt::Result<()> {
@@ -634,8 +741,29 @@ impl<T: Copy + 'static> RawValue for T {
 /// ```
 #[derive(Default)]
 pub struct KernelArgList<'a> {
-    params: Vec<Box<dyn ListedParam + 'a>>,
+    /// Each parameter, in order: its value made when it was added, or its parameter kept to make
+    /// the value at the launch.
+    entries: SmallVec<[ListEntry<'a>; LISTED_INLINE]>,
+    /// The values made when their parameters were added, each at its own alignment (at most a
+    /// word's), at the offsets their entries name; and room at the offsets of the values made at
+    /// the launch.
+    values: SmallVec<[MaybeUninit<ParamWord>; 2]>,
+    /// The bytes of `values` in use.
+    end: usize,
     foreign: bool,
+}
+
+/// Parameters a list holds without an allocation.
+const LISTED_INLINE: usize = 12;
+
+/// One parameter of a [`KernelArgList`].
+enum ListEntry<'a> {
+    /// A value made when the parameter was added (the crate's own parameters), at `offset` in
+    /// the list's values, and the device memory the parameter gives the kernel.
+    Made { offset: usize, used: Option<BufferUse<'a>> },
+    /// A parameter whose value is made at the launch (a caller's implementation, whose code runs
+    /// then; a slice the list owns), at `offset` (`None`: aligned beyond a word, boxed then).
+    Deferred { param: Box<dyn ListedParam + 'a>, offset: Option<usize> },
 }
 
 impl<'a> KernelArgList<'a> {
@@ -645,38 +773,76 @@ impl<'a> KernelArgList<'a> {
     }
 
     /// Adds `param` as the next parameter.
+    #[inline]
     pub fn arg<P: KernelParam + 'a>(mut self, param: P) -> KernelArgList<'a>
     where
         P::Raw: 'static,
     {
         self.foreign |= P::FOREIGN;
-        self.params.push(Box::new(param));
+        param.push_into(&mut self);
         self
     }
 
     /// How many parameters the list holds.
     pub fn len(&self) -> usize {
-        self.params.len()
+        self.entries.len()
     }
 
     /// Whether the list holds none.
     pub fn is_empty(&self) -> bool {
-        self.params.is_empty()
+        self.entries.is_empty()
     }
 
-    /// [`KernelArgs::with_params`] with each value boxed: for a list with a value aligned beyond
-    /// a [`ParamWord`].
-    #[cold]
-    fn with_boxed_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
-        let mut values: Vec<Box<dyn RawValue>> = self.params.iter().map(|param| param.raw_boxed()).collect();
-        let mut pointers: Vec<*mut c_void> = values.iter_mut().map(|value| value.address()).collect();
-        f(&mut pointers)
+    /// Room for a value of `layout` (at most a word's alignment) after the values so far: its
+    /// offset.
+    #[inline(always)]
+    fn reserve(&mut self, layout: Layout) -> usize {
+        // A layout's alignment is a power of two.
+        let at = (self.end + layout.align() - 1) & !(layout.align() - 1);
+        self.end = at + layout.size();
+        let words = self.end.div_ceil(size_of::<ParamWord>());
+        if words > self.values.len() {
+            self.values.reserve(words - self.values.len());
+            // SAFETY: the capacity holds `words` elements (just reserved), and a `MaybeUninit`
+            // needs no initialisation.
+            unsafe { self.values.set_len(words) };
+        }
+        at
+    }
+
+    /// Adds a parameter whose C value is `raw`, made now, and which gives the kernel `used`.
+    #[inline(always)]
+    pub(crate) fn push_made<R: Copy + 'static>(&mut self, raw: R, used: Option<BufferUse<'a>>) {
+        let layout = Layout::new::<R>();
+        if layout.align() > align_of::<ParamWord>() {
+            // Aligned beyond the list's words (a `#[repr(align)]` struct by value, which gives no
+            // memory): boxed at the launch.
+            debug_assert!(used.is_none());
+            self.entries.push(ListEntry::Deferred { param: Box::new(ByValue(raw)), offset: None });
+            return;
+        }
+        let offset = self.reserve(layout);
+        // SAFETY: `offset` + the value's size is within the values' words (just reserved), and
+        // `offset` is a multiple of the value's alignment in storage aligned to a word, at least
+        // the value's alignment (checked above).
+        unsafe { self.values.as_mut_ptr().cast::<u8>().add(offset).cast::<R>().write(raw) };
+        self.entries.push(ListEntry::Made { offset, used });
+    }
+
+    /// Adds `param`, kept to make its value at the launch.
+    fn push_deferred<P: KernelParam + 'a>(&mut self, param: P)
+    where
+        P::Raw: 'static,
+    {
+        let layout = Layout::new::<P::Raw>();
+        let offset = (layout.align() <= align_of::<ParamWord>()).then(|| self.reserve(layout));
+        self.entries.push(ListEntry::Deferred { param: Box::new(param), offset });
     }
 }
 
 impl std::fmt::Debug for KernelArgList<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KernelArgList({} parameters)", self.params.len())
+        write!(f, "KernelArgList({} parameters)", self.entries.len())
     }
 }
 
@@ -686,42 +852,56 @@ impl KernelArgs for KernelArgList<'_> {
     }
 
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
-        // Where each value goes: at its alignment, one after the other.
-        let mut offsets: SmallVec<[usize; INLINE_PARAMS]> = SmallVec::with_capacity(self.params.len());
-        let mut end = 0usize;
-        for param in &self.params {
-            let layout = param.raw_layout();
-            if layout.align() > align_of::<ParamWord>() {
-                return self.with_boxed_params(f);
-            }
-            let at = end.next_multiple_of(layout.align());
-            offsets.push(at);
-            end = at + layout.size();
-        }
-        let words = end.div_ceil(size_of::<ParamWord>());
-        let mut storage: SmallVec<[MaybeUninit<ParamWord>; 8]> = SmallVec::with_capacity(words);
-        // SAFETY: the capacity holds `words` elements (just reserved), and a `MaybeUninit` needs
-        // no initialisation (nothing is written per word: the values are written below).
-        unsafe { storage.set_len(words) };
+        // The launch's copy of the values: those made when added, and room for the others.
+        let mut storage: SmallVec<[MaybeUninit<ParamWord>; 4]> = SmallVec::from_slice(&self.values);
         let base = storage.as_mut_ptr().cast::<u8>();
-        let mut pointers: SmallVec<[*mut c_void; INLINE_PARAMS]> = SmallVec::with_capacity(self.params.len());
-        for (param, at) in self.params.iter().zip(offsets) {
-            // SAFETY: `at` + the value's size is within the storage's `end` bytes (its words hold
-            // at least that many), `at` is a multiple of the value's alignment and the storage is
-            // aligned to a `ParamWord`, at least the value's alignment (checked above).
-            let value = unsafe { base.add(at) };
-            // SAFETY: as above: room for the value, aligned for it.
-            unsafe { param.write_raw(value) };
-            pointers.push(value.cast());
+        // Values aligned beyond a word, boxed (their addresses stay put as the vector grows).
+        let mut boxed: Vec<Box<dyn RawValue>> = Vec::new();
+        let mut pointers: SmallVec<[*mut c_void; INLINE_PARAMS]> = SmallVec::with_capacity(self.entries.len());
+        for entry in &self.entries {
+            let at = match entry {
+                // SAFETY: the offset is within the storage's bytes (reserved when the entry was
+                // added; the storage copies every word).
+                ListEntry::Made { offset, .. } => unsafe { base.add(*offset) },
+                ListEntry::Deferred { param, offset: Some(offset) } => {
+                    // SAFETY: as above: room reserved for the value at its alignment, in storage
+                    // aligned to a word (at least the value's alignment).
+                    let at = unsafe { base.add(*offset) };
+                    // SAFETY: as above.
+                    unsafe { param.write_raw(at) };
+                    at
+                }
+                ListEntry::Deferred { param, offset: None } => {
+                    boxed.push(param.raw_boxed());
+                    boxed.last_mut().expect("pushed above").address().cast()
+                }
+            };
+            pointers.push(at.cast());
         }
         f(&mut pointers)
     }
 
     fn buffer_uses<'a>(&'a self, each: &mut dyn FnMut(BufferUse<'a>)) {
-        for param in &self.params {
-            if let Some(used) = param.buffer_use() {
-                each(used);
+        self.entries.iter().filter_map(ListEntry::buffer_use).for_each(each);
+    }
+
+    #[inline]
+    fn collect_buffer_uses<'a>(&'a self, uses: &mut BufferUses<'a>) {
+        for entry in &self.entries {
+            if let Some(used) = entry.buffer_use() {
+                uses.push(used);
             }
+        }
+    }
+}
+
+impl<'a> ListEntry<'a> {
+    /// The device memory the parameter gives the kernel.
+    #[inline]
+    fn buffer_use(&self) -> Option<BufferUse<'_>> {
+        match self {
+            ListEntry::Made { used, .. } => *used,
+            ListEntry::Deferred { param, .. } => param.buffer_use(),
         }
     }
 }

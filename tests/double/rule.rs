@@ -7,6 +7,7 @@
 //! operation after the other, holds, or as an access to freed memory.
 
 use super::*;
+use ppnrt::KernelArgList;
 use proptest::prelude::*;
 
 /// Elements of every buffer (all alike: a buffer holds one value).
@@ -27,6 +28,12 @@ pub(crate) enum Op {
     /// The SM copy kernel (`Engine::copy_with_sms`) from `src` into `dst` on a stream of `dst`'s
     /// device (refused, with nothing changed, for pool memory of the other device).
     SmCopy { s: usize, src: usize, dst: usize },
+    /// The helper copy kernel launched with a `KernelArgList` from `src` into `dst`, on a stream
+    /// of `dst`'s device, its slices passed as `form` says: 0 `&mut` slice and `&` slice, 1 views
+    /// by value and the length as a caller's parameter (made at the launch), 2 `&mut` and `&`
+    /// views, 3 the source through a caller's parameter that hands the kernel its memory (made at
+    /// the launch); refused, with nothing changed, for pool memory of the other device.
+    ListCopy { s: usize, src: usize, dst: usize, form: usize },
     /// `memcpy_htod` of `value`s into buffer `b` on a stream of its device.
     Write { s: usize, b: usize, value: u32 },
     /// `memcpy_dtoh` of buffer `b` on a stream of its device: the values must be the program's.
@@ -59,6 +66,29 @@ pub(crate) enum Captured {
     Copy { src: usize, dst: usize },
     /// The SM copy kernel from `src` into `dst` (taken among the capture's device's buffers).
     SmCopy { src: usize, dst: usize },
+}
+
+/// A caller's kernel parameter (its code runs at the launch): a length.
+struct Length(u64);
+
+impl ppnrt::KernelParam for Length {
+    type Raw = u64;
+    fn raw_param(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A caller's kernel parameter that passes a slice, handing the kernel its memory (read).
+struct Forwarded<'s>(&'s CudaSlice<u32>);
+
+impl ppnrt::KernelParam for Forwarded<'_> {
+    type Raw = u64;
+    fn raw_param(&self) -> u64 {
+        self.0.device_ptr()
+    }
+    fn buffer_use(&self) -> Option<ppnrt::BufferUse<'_>> {
+        ppnrt::KernelParam::buffer_use(self.0)
+    }
 }
 
 /// Graphs kept at a time.
@@ -94,6 +124,7 @@ fn op() -> impl Strategy<Value = Op> {
         (s.clone(), b.clone(), 1u32..1000).prop_map(|(s, b, value)| Op::Fill { s, b, value }),
         (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::Copy { s, src, dst }),
         (s.clone(), b.clone(), b.clone()).prop_map(|(s, src, dst)| Op::SmCopy { s, src, dst }),
+        (s.clone(), b.clone(), b.clone(), 0usize..4).prop_map(|(s, src, dst, form)| Op::ListCopy { s, src, dst, form }),
         (s.clone(), b.clone(), 1u32..1000).prop_map(|(s, b, value)| Op::Write { s, b, value }),
         (s.clone(), b.clone()).prop_map(|(s, b)| Op::Read { s, b }),
         (s.clone(), b.clone()).prop_map(|(s, b)| Op::ToPinned { s, b }),
@@ -107,6 +138,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// The program's state beside the crate's: the buffers and what each holds.
 struct Program<'a> {
     engines: &'a [Engine; 2],
+    /// `ppnrt_copy_bytes(dst, src, n16, tail)` of each device.
+    copy_kernels: &'a [ppnrt::Function; 2],
     streams: Vec<Arc<CudaStream>>,
     buffers: Vec<CudaSlice<u32>>,
     /// The allocation each buffer slot holds now (an index of `values`).
@@ -236,6 +269,50 @@ impl Program<'_> {
                     Err(e) => panic!("SmCopy {src} -> {dst}: {e}"),
                 }
             }
+            Op::ListCopy { s, src, dst, form } => {
+                if src == dst {
+                    return;
+                }
+                let device = BUFFERS[dst].0;
+                let stream = self.stream_of(device, s);
+                let kernels = self.copy_kernels;
+                let kernel = &kernels[device];
+                let (from, to) = self.pair(src, dst);
+                let n16 = (LEN * 4 / 16) as u64;
+                let config = ppnrt::LaunchConfig::for_elements(LEN * 4 / 16 + 1, 4);
+                // SAFETY: ppnrt_copy_bytes(uint4* dst, const uint4* src, uint64_t n16, uint64_t
+                // tail) copies n16 × 16 bytes, the whole of both buffers (LEN u32 each); the list
+                // passes exactly those four parameters.
+                let launched = unsafe {
+                    match form {
+                        0 => stream.launch(kernel, config, KernelArgList::new().arg(to).arg(from).arg(n16).arg(0u64)),
+                        1 => stream.launch(
+                            kernel,
+                            config,
+                            KernelArgList::new().arg(to.as_view_mut()).arg(from.as_view()).arg(Length(n16)).arg(0u64),
+                        ),
+                        3 => stream.launch(
+                            kernel,
+                            config,
+                            KernelArgList::new().arg(to).arg(Forwarded(from)).arg(Length(n16)).arg(0u64),
+                        ),
+                        _ => {
+                            let (mut to, from) = (to.as_view_mut(), from.as_view());
+                            // The views by reference: the list's path for a `&` parameter.
+                            #[allow(clippy::needless_borrows_for_generic_args)]
+                            let list = KernelArgList::new().arg(&mut to).arg(&from).arg(n16).arg(ppnrt::by_value(0u64));
+                            stream.launch(kernel, config, list)
+                        }
+                    }
+                };
+                match launched {
+                    Ok(()) => self.set(dst, self.value(src)),
+                    Err(CudaError::NotPeerReachable { .. }) => {
+                        assert!(BUFFERS[src].0 != device && !BUFFERS[src].1, "a reachable source was refused");
+                    }
+                    Err(e) => panic!("ListCopy {src} -> {dst} (form {form}): {e}"),
+                }
+            }
             Op::Write { s, b, value } => {
                 let stream = self.stream_of(BUFFERS[b].0, s);
                 stream.memcpy_htod(&[value; LEN], &mut self.buffers[b]).unwrap();
@@ -342,8 +419,14 @@ proptest! {
             let mut pinned = PinnedHostBuffer::<u32>::new(engines[0].context(), LEN, false).unwrap();
             pinned.as_mut_slice().unwrap().fill(7);
             let ids = (0..BUFFERS.len()).collect();
+            let copy_kernels = engines.each_ref().map(|e| {
+                ppnrt::Module::load_ptx(e.context(), "helpers", ppnrt::kernels::HELPERS_PTX)
+                    .unwrap()
+                    .function("ppnrt_copy_bytes")
+                    .unwrap()
+            });
             let mut program =
-                Program { engines: &engines, streams, buffers, ids, pinned, values, pinned_value: 7, graphs: Vec::new() };
+                Program { engines: &engines, copy_kernels: &copy_kernels, streams, buffers, ids, pinned, values, pinned_value: 7, graphs: Vec::new() };
             for op in &ops {
                 program.run(op);
             }
