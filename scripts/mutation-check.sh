@@ -113,6 +113,9 @@ declare -A catchers=(
   [slot-rehomed-onto-its-lent-buffer]="any_program_of_a_boundary_delivers_each_step_as_sent"
   [received-slot-stays-filled]="any_program_of_a_boundary_delivers_each_step_as_sent"
   [readback-values-unwaited]="any_program_of_a_boundary_delivers_each_step_as_sent"
+  [list-made-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [list-deferred-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  [list-write-as-read]="any_program_of_the_safe_layer_reads_what_it_wrote"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -347,6 +350,11 @@ run slot-rehomed-onto-its-lent-buffer src/pp/ring.rs "        self.slots[k].buff
 " ""
 run received-slot-stays-filled src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
         self.took(k);" "        self.took(k);"
+# A KernelArgList that does not hand the launch the memory of its parameters (made when added,
+# or kept to the launch), or hands a written slice as read.
+run list-made-uses-dropped src/safe/module.rs "            ListEntry::Made { used, .. } => *used," "            ListEntry::Made { .. } => None,"
+run list-deferred-uses-dropped src/safe/module.rs "            ListEntry::Deferred { param, .. } => param.buffer_use()," "            ListEntry::Deferred { .. } => None,"
+run list-write-as-read src/safe/module.rs "                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Write)));" "                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Read)));"
 # A readback's values given before its copy completed.
 run readback-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
