@@ -989,9 +989,10 @@ impl CudaStream {
             self.reach_other_devices(uses)?;
         }
         let tracked = uses.iter().map(|used| (Tracked::Device(used.memory), used.use_));
-        if !A::FOREIGN {
-            // The crate's own parameters: their values are made first (no caller code runs), and
-            // the buffers' states stay locked from the waits to the notes around the launch alone.
+        if !A::FOREIGN || !args.is_foreign() {
+            // The crate's own parameters (a tuple of them, or a list that holds only them): their
+            // values are made first (no caller code runs), and the buffers' states stay locked
+            // from the waits to the notes around the launch alone.
             return args.with_params(
                 #[inline(always)]
                 |params| {
