@@ -354,7 +354,7 @@ run received-slot-stays-filled src/pp/ring.rs "        self.slots[k].state = Slo
 # or kept to the launch), or hands a written slice as read.
 run list-made-uses-dropped src/safe/module.rs "            ListEntry::Made { used, .. } => *used," "            ListEntry::Made { .. } => None,"
 run list-deferred-uses-dropped src/safe/module.rs "            ListEntry::Deferred { param, .. } => param.buffer_use()," "            ListEntry::Deferred { .. } => None,"
-run list-write-as-read src/safe/module.rs "                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Write)));" "                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Read)));"
+run list-write-as-read src/safe/module.rs "                list.push_memory(written.memory(), written.device_ptr(), Use::Write);" "                list.push_memory(written.memory(), written.device_ptr(), Use::Read);"
 # A readback's values given before its copy completed.
 run readback-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"

@@ -158,9 +158,9 @@ impl Context {
     /// `cudaSetDevice` to another device from another library), or it makes this context current
     /// again before its next call of this crate. (Kernel-argument code of the caller's that a
     /// launch runs, [`KernelArgs`](crate::KernelArgs) or [`KernelParam`](crate::KernelParam), may
-    /// change it: the launch binds its stream's context again and puts this one back.) The crate's calls inside `f` create events,
-    /// modules and memory in the context they believe current: if it is another device's, work
-    /// fails or memory lands on the wrong device.
+    /// change it: the launch binds its stream's context again and puts this one back.) The
+    /// crate's calls inside `f` create events, modules and memory in the context they believe
+    /// current: if it is another device's, work fails or memory lands on the wrong device.
     #[doc(alias = "cuCtxSetCurrent")]
     pub unsafe fn bound_unchecked<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
         let _scope = self.bind_for_call()?;

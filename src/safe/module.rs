@@ -416,7 +416,7 @@ macro_rules! scalar_params {
             where
                 Self: 'l,
             {
-                list.push_made(self, None);
+                list.push_value(self);
             }
         }
     )*};
@@ -435,7 +435,7 @@ impl KernelParam for bool {
     where
         Self: 'l,
     {
-        list.push_made(u8::from(self), None);
+        list.push_value(u8::from(self));
     }
 }
 
@@ -464,7 +464,7 @@ impl<T: Copy + 'static> KernelParam for ByValue<T> {
     where
         Self: 'l,
     {
-        list.push_made(self.0, None);
+        list.push_value(self.0);
     }
 }
 
@@ -487,74 +487,65 @@ impl<P: KernelParam + ?Sized> KernelParam for &P {
     }
 }
 
-macro_rules! slice_params {
-    ($($ty:ty => $use_:expr),* $(,)?) => {$(
-        impl<T: DeviceRepr> KernelParam for $ty {
-            const FOREIGN: bool = false;
-            type Raw = CUdeviceptr;
-            fn raw_param(&self) -> CUdeviceptr {
-                self.device_ptr()
-            }
-            fn buffer_use(&self) -> Option<BufferUse<'_>> {
-                Some(BufferUse::of(self.as_view(), $use_))
-            }
-            #[inline]
-            fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>) {
-                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
-            }
+/// What every slice and view parameter is: its device address, handing the kernel its memory for
+/// `$use_` (the items of its `KernelParam` impl but the list's).
+macro_rules! slice_param_items {
+    ($use_:expr) => {
+        const FOREIGN: bool = false;
+        type Raw = CUdeviceptr;
+        fn raw_param(&self) -> CUdeviceptr {
+            self.device_ptr()
         }
-    )*};
+        fn buffer_use(&self) -> Option<BufferUse<'_>> {
+            Some(BufferUse::of(self.as_view(), $use_))
+        }
+    };
 }
-slice_params!(CudaSlice<T> => Use::Read);
+
+/// An owned slice, read: a list keeps it to the launch; a reference to one (`&CudaSlice`) makes
+/// its value when added.
+impl<T: DeviceRepr> KernelParam for CudaSlice<T> {
+    slice_param_items!(Use::Read);
+    #[inline]
+    fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>) {
+        list.push_memory(self.memory(), self.device_ptr(), Use::Read);
+    }
+}
 
 /// A slice or view passed as a parameter the kernel writes (`&mut`): its address and its memory,
 /// for as long as the borrow lasts.
 macro_rules! written_params {
     ($($ty:ty),* $(,)?) => {$(
         impl<T: DeviceRepr> KernelParam for $ty {
-            const FOREIGN: bool = false;
-            type Raw = CUdeviceptr;
-            fn raw_param(&self) -> CUdeviceptr {
-                self.device_ptr()
-            }
-            fn buffer_use(&self) -> Option<BufferUse<'_>> {
-                Some(BufferUse::of(self.as_view(), Use::Write))
-            }
+            slice_param_items!(Use::Write);
             #[inline]
             fn push_into<'l>(self, list: &mut KernelArgList<'l>)
             where
                 Self: 'l,
             {
                 let written: &'l _ = self;
-                list.push_made(written.device_ptr(), Some(BufferUse::at(written.memory(), written.device_ptr(), Use::Write)));
+                list.push_memory(written.memory(), written.device_ptr(), Use::Write);
             }
         }
     )*};
 }
 written_params!(&mut CudaSlice<T>, &mut CudaViewMut<'_, T>);
 
-/// A view passed by value: its memory for the view's lifetime.
+/// A view passed by value or by reference: its memory for the view's lifetime.
 macro_rules! view_params {
     ($($ty:ident => $use_:expr),* $(,)?) => {$(
         impl<'v, T: DeviceRepr> KernelParam for $ty<'v, T> {
-            const FOREIGN: bool = false;
-            type Raw = CUdeviceptr;
-            fn raw_param(&self) -> CUdeviceptr {
-                self.device_ptr()
-            }
-            fn buffer_use(&self) -> Option<BufferUse<'_>> {
-                Some(BufferUse::of(self.as_view(), $use_))
-            }
+            slice_param_items!($use_);
             #[inline]
             fn push_into<'l>(self, list: &mut KernelArgList<'l>)
             where
                 Self: 'l,
             {
-                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
+                list.push_memory(self.memory(), self.device_ptr(), $use_);
             }
             #[inline]
             fn push_ref_into<'l>(&'l self, list: &mut KernelArgList<'l>) {
-                list.push_made(self.device_ptr(), Some(BufferUse::at(self.memory(), self.device_ptr(), $use_)));
+                list.push_memory(self.memory(), self.device_ptr(), $use_);
             }
         }
     )*};
@@ -810,23 +801,36 @@ impl<'a> KernelArgList<'a> {
         at
     }
 
-    /// Adds a parameter whose C value is `raw`, made now, and which gives the kernel `used`.
+    /// Adds a parameter whose C value is `raw`, made now, which gives the kernel no memory.
     #[inline(always)]
-    pub(crate) fn push_made<R: Copy + 'static>(&mut self, raw: R, used: Option<BufferUse<'a>>) {
-        let layout = Layout::new::<R>();
-        if layout.align() > align_of::<ParamWord>() {
-            // Aligned beyond the list's words (a `#[repr(align)]` struct by value, which gives no
-            // memory): boxed at the launch.
-            debug_assert!(used.is_none());
+    pub(crate) fn push_value<R: Copy + 'static>(&mut self, raw: R) {
+        if align_of::<R>() > align_of::<ParamWord>() {
+            // Aligned beyond the list's words (a `#[repr(align)]` struct by value): boxed at the
+            // launch.
             self.entries.push(ListEntry::Deferred { param: Box::new(ByValue(raw)), offset: None });
             return;
         }
-        let offset = self.reserve(layout);
+        let offset = self.write_value(raw);
+        self.entries.push(ListEntry::Made { offset, used: None });
+    }
+
+    /// Adds a parameter that hands the kernel `memory` at `address`, for `use_`: the address is
+    /// its C value, made now.
+    #[inline(always)]
+    pub(crate) fn push_memory(&mut self, memory: &'a Arc<DeviceMemory>, address: CUdeviceptr, use_: Use) {
+        let offset = self.write_value(address);
+        self.entries.push(ListEntry::Made { offset, used: Some(BufferUse::at(memory, address, use_)) });
+    }
+
+    /// Writes `raw` (aligned at most to a word) after the values so far: its offset.
+    #[inline(always)]
+    fn write_value<R: Copy + 'static>(&mut self, raw: R) -> usize {
+        let offset = self.reserve(Layout::new::<R>());
         // SAFETY: `offset` + the value's size is within the values' words (just reserved), and
         // `offset` is a multiple of the value's alignment in storage aligned to a word, at least
-        // the value's alignment (checked above).
+        // the value's alignment (every caller's value is aligned at most to a word).
         unsafe { self.values.as_mut_ptr().cast::<u8>().add(offset).cast::<R>().write(raw) };
-        self.entries.push(ListEntry::Made { offset, used });
+        offset
     }
 
     /// Adds `param`, kept to make its value at the launch.

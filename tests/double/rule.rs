@@ -503,6 +503,28 @@ enum Kept<'a> {
     Guard(ppnrt::ReceivedSlot<'a, u32>, u32),
 }
 
+impl Kept<'_> {
+    /// The step's value it must hold.
+    fn value(&self) -> u32 {
+        match self {
+            Kept::Buffer(_, value) | Kept::Guard(_, value) => *value,
+        }
+    }
+
+    /// What it holds, read by a copy on `stream` (ordered by the crate's rule), then to the host.
+    fn read_on(&self, stream: &Arc<CudaStream>) -> Vec<u32> {
+        let view = match self {
+            Kept::Buffer(b, _) => b.as_view(),
+            Kept::Guard(g, _) => g.view().unwrap(),
+        };
+        let mut copy = CudaSlice::<u32>::alloc(stream, LEN).unwrap();
+        stream.memcpy_dtod(&view, &mut copy).unwrap();
+        let mut host = vec![0u32; LEN];
+        stream.memcpy_dtoh(&copy, &mut host).unwrap();
+        host
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: crate::PROPTEST_CASES / 4, ..ProptestConfig::default() })]
 
@@ -586,15 +608,8 @@ proptest! {
                             continue;
                         }
                         let stream = if side { &rx_side } else { rx_stream };
-                        let (view, value) = match &kept[i % kept.len()] {
-                            Kept::Buffer(b, value) => (b.as_view(), *value),
-                            Kept::Guard(g, value) => (g.view().unwrap(), *value),
-                        };
-                        let mut copy = CudaSlice::<u32>::alloc(stream, LEN).unwrap();
-                        stream.memcpy_dtod(&view, &mut copy).unwrap();
-                        let mut host = vec![0u32; LEN];
-                        stream.memcpy_dtoh(&copy, &mut host).unwrap();
-                        assert_eq!(host, vec![value; LEN], "a kept reception read on the {} stream", if side { "side" } else { "stage" });
+                        let item = &kept[i % kept.len()];
+                        assert_eq!(item.read_on(stream), vec![item.value(); LEN], "a kept reception read on the {} stream", if side { "side" } else { "stage" });
                     }
                     BoundaryOp::Release { i } => {
                         if !kept.is_empty() {
@@ -641,13 +656,7 @@ proptest! {
                 assert_eq!(pending.wait().unwrap(), &[value; LEN][..], "a readback at the end");
             }
             for item in &kept {
-                let (view, value) = match item {
-                    Kept::Buffer(b, value) => (b.as_view(), *value),
-                    Kept::Guard(g, value) => (g.view().unwrap(), *value),
-                };
-                let mut copy = CudaSlice::<u32>::alloc(rx_stream, LEN).unwrap();
-                rx_stream.memcpy_dtod(&view, &mut copy).unwrap();
-                assert_eq!(e1.dtoh(&copy).unwrap(), vec![value; LEN], "a kept reception at the end");
+                assert_eq!(item.read_on(rx_stream), vec![item.value(); LEN], "a kept reception at the end");
             }
             drop(kept);
             for (k, slot) in model.iter().enumerate() {
