@@ -1,5 +1,5 @@
 //! Launch your own kernel: load a fatbin as an engine ships it (`tests/data/test_params.fatbin`,
-//! from `kernels/test_params.cu`) and launch its twelve-parameter kernel, with a `#[repr(C)]`
+//! from `tests/data/test_params.cu`) and launch its twelve-parameter kernel, with a `#[repr(C)]`
 //! struct, `bf16`, `f16` and `bool` among the parameters; the output is checked on the host.
 //!
 //! ```text
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use ppnrt::{Engine, KernelArgList, LaunchConfig, Module, bf16, by_value, f16};
 
-/// As `kernels/test_params.cu` declares it.
+/// As `tests/data/test_params.cu` declares it.
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct Shape {

@@ -46,12 +46,14 @@
 //!   such a pipeline recognise each other (see [`auth::JobAccess`] and `SECURITY.md`).
 //! - `PPNRT_LIBNCCL_PATH`: load this NCCL library (see [`nccl`]).
 #![deny(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod engine;
 pub mod error;
 #[cfg(feature = "cudarc-interop")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc-interop")))]
 #[allow(unsafe_code)]
 pub mod interop;
 pub mod kernels;

@@ -1,7 +1,7 @@
 //! Kernels as engines ship them, on the GPU: a twelve-parameter kernel (a `#[repr(C)]` struct by
 //! value, `bf16`, `f16`, `bool`, 8- to 64-bit integers and floats, two slices) loaded from a fatbin
 //! and from a cubin (`tests/data`, built by `scripts/build-test-kernels.sh` from
-//! `kernels/test_params.cu`), launched with a tuple and with a `KernelArgList`; every output is
+//! `tests/data/test_params.cu`), launched with a tuple and with a `KernelArgList`; every output is
 //! checked bitwise against the host's arithmetic (the values are chosen so that every sum is
 //! exact). A truncated image is refused before the driver reads it. Skips, saying why, without a
 //! GPU (the parameter marshalling and the image checks have unit tests that run everywhere).

@@ -69,7 +69,7 @@ impl Module {
     /// is used in errors.
     ///
     /// Loading an engine's own kernel and launching it (the kernel of
-    /// `kernels/test_params.cu`: two slices, a length, a `#[repr(C)]` struct, `bf16`, `bool`, and
+    /// `tests/data/test_params.cu`: two slices, a length, a `#[repr(C)]` struct, `bf16`, `bool`, and
     /// six more scalars):
     ///
     /// ```no_run
