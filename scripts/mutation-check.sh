@@ -116,6 +116,9 @@ declare -A catchers=(
   [list-made-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-deferred-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-write-as-read]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  # Graph steps and eager steps left half-way.
+  [graph-read-overtakes-eager]="a_graph_step_never_overtakes_an_unreceived_eager_step_through_the_double mismatched_graph_steps_are_refused_through_the_double any_interleaving_of_eager_and_graph_steps_matches_one_stage"
+  [capture-rings-out-of-step]="a_capture_refuses_rings_out_of_step_through_the_double"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -362,3 +365,8 @@ run call-scope-not-resumed src/safe/context.rs "            scope.set(if held ==
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
 run argument-code-scope-not-restored src/safe/context.rs "        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {" "        if false {"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"
+# A graph launch (whole step or stage by stage) whose read would overtake an eager `tx` not
+# received yet, in another slot of its ring, is refused; a capture of rings that stand at
+# different slots is refused.
+run graph-read-overtakes-eager src/pp/runtime/step_graph.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
+run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_rings_in_step()?;" ""

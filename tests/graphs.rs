@@ -2,13 +2,17 @@
 //! identical to eager steps and to the one-stage model for 1–8 stages on one and two GPUs,
 //! contiguous and alternating, 1–4 slots, eager and graph steps interleaved; capture misuse;
 //! mismatched steps refused; `launch_stage`'s refusals and racing launches; graphs keep their
-//! memory alive and ordered). `tests/double.rs` runs
+//! memory alive and ordered; no graph step overtakes an eager step left half-way, and a capture
+//! refuses rings out of step). `tests/double.rs` runs
 //! the same scenarios without a GPU.
 
 mod common;
 
 #[path = "common/graphs.rs"]
 mod graphs;
+
+#[path = "common/graph_order.rs"]
+mod graph_order;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -120,4 +124,24 @@ fn graph_misuse_leaves_everything_sound() {
     let Some(devices) = devices_or_skip("graph_misuse_leaves_everything_sound", 1) else { return };
     let primary = Engine::new(0).unwrap();
     graphs::graph_misuse_leaves_everything_sound(&primary, if devices >= 2 { &[0, 1, 0] } else { &[0, 0, 0] });
+}
+
+#[test]
+fn a_graph_step_never_overtakes_an_unreceived_eager_step() {
+    on_one_gpu_then_two(
+        "a_graph_step_never_overtakes_an_unreceived_eager_step",
+        &[0, 0],
+        &[0, 1],
+        graph_order::a_graph_step_never_overtakes_an_unreceived_eager_step,
+    );
+}
+
+#[test]
+fn a_capture_refuses_rings_out_of_step() {
+    on_one_gpu_then_two(
+        "a_capture_refuses_rings_out_of_step",
+        &[0, 0, 0],
+        &[0, 1, 0],
+        graph_order::a_capture_refuses_rings_out_of_step,
+    );
 }

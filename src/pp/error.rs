@@ -362,7 +362,12 @@ pub enum PpError {
     },
     /// A graph step was launched while the boundary rings are not in step (an eager step crossed
     /// some boundaries but not all): the boundary's next slot is not the one the step would use.
-    #[error("boundary {boundary}: a graph step would use slot {expected}, but the ring's next slot is {found}")]
+    /// To get back in step, finish the eager step (its `tx` and `rx` on the boundaries it did not
+    /// cross).
+    #[error(
+        "boundary {boundary}: a graph step would use slot {expected}, but the ring's next slot is {found} (an eager \
+         step that crossed only some boundaries is finished by its `tx` and `rx` on the others)"
+    )]
     GraphOutOfStep {
         /// The boundary.
         boundary: usize,
@@ -370,6 +375,23 @@ pub enum PpError {
         expected: usize,
         /// The boundary's next slot.
         found: usize,
+    },
+    /// [`PpNRt::capture_step`](crate::PpNRt::capture_step) found this rank's boundary rings at
+    /// different slots: an eager step crossed some boundaries but not all (a `tx` and `rx` more
+    /// on one boundary than on another). One step's graphs use one slot of every ring, so the
+    /// graphs would never be in step; nothing was captured and the rings are as they were. To
+    /// get back in step, finish the eager step: a `tx` and its `rx` on each ring behind (a ring
+    /// moves one slot per `tx`) until every ring stands at one slot, then capture again.
+    #[error(
+        "the boundary rings stand at different slots ({}): finish the eager step that crossed only some \
+         boundaries (a `tx` and its `rx` on each ring behind, until every ring is at one slot), then capture again",
+        ring_slots(rings)
+    )]
+    CaptureOutOfStep {
+        /// Each ring of this rank and the slot it stands at: `(boundary, slot)` (a ring's next
+        /// write, or for a ring filled from another rank the slot of the step after the last one
+        /// received).
+        rings: Vec<(usize, usize)>,
     },
     /// A stage's graph was launched out of turn: the stage's own step count
     /// ([`StepGraphs::launch_stage`](crate::StepGraphs::launch_stage)) is not the step the whole-step
@@ -406,6 +428,12 @@ pub enum PpError {
         /// The slot.
         slot: usize,
     },
+}
+
+/// `boundary 0 at slot 1, boundary 1 at slot 0`, for [`PpError::CaptureOutOfStep`].
+fn ring_slots(rings: &[(usize, usize)]) -> String {
+    let at: Vec<String> = rings.iter().map(|(b, slot)| format!("boundary {b} at slot {slot}")).collect();
+    at.join(", ")
 }
 
 #[cfg(test)]

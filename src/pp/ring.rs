@@ -388,6 +388,29 @@ impl Slots {
         if found.is_free() { Ok(()) } else { Err(not_free(b, k, call, found)) }
     }
 
+    /// Checks that a read of slot `k` of boundary `b` by `call` (a graph's launch, which reads
+    /// the ring's slots in turn) overtakes no step: no other slot holds a step written before the
+    /// one the read takes — slot `k`'s step when it is filled, else the next write, into `k` —
+    /// and not received yet. [`PpError::SlotState`] names the first such slot (the oldest).
+    pub(super) fn check_read_in_turn(&self, b: usize, k: usize, call: &'static str) -> Result<()> {
+        let n = self.slots.len();
+        let filled = |j: usize| matches!(self.slots[j].state, SlotState::Filled { .. });
+        // Slots are written in turn from `next`: those written before slot `k`'s step run from
+        // the oldest write (`next`) up to `k`; before a write into `k`, every other slot.
+        let oldest = if filled(k) { self.next } else { (k + 1) % n };
+        let earlier = (k + n - oldest) % n;
+        match (0..earlier).map(|i| (oldest + i) % n).find(|&j| filled(j)) {
+            None => Ok(()),
+            Some(j) => Err(Error::Pipeline(PpError::SlotState {
+                boundary: b,
+                slot: j,
+                call,
+                needed: "free (received before the step the graph reads)",
+                found: self.slots[j].state,
+            })),
+        }
+    }
+
     /// Checks that slot `k` of boundary `b` may be written by `call` (free, or lent):
     /// [`PpError::SlotState`] when it is not.
     pub(super) fn check_writable(&self, b: usize, k: usize, call: &'static str) -> Result<()> {

@@ -110,6 +110,19 @@ pub fn recapture(
 /// One eager step with the same work as the captured one (step parameter `step`); returns the
 /// output on the last stage.
 pub fn eager_step(rt: &PpNRt, primary: &Engine, input: &[f32], step: u32) -> CudaSlice<f32> {
+    eager_step_with(rt, primary, input, step, || {})
+}
+
+/// [`eager_step`], with `half_way` called once boundary 0 is crossed (its `tx` made, not
+/// received yet); not called with one stage.
+pub fn eager_step_with(
+    rt: &PpNRt,
+    primary: &Engine,
+    input: &[f32],
+    step: u32,
+    half_way: impl FnOnce(),
+) -> CudaSlice<f32> {
+    let mut half_way = Some(half_way);
     let n_stages = rt.n_stages();
     let n = input.len();
     let mut slot = None;
@@ -126,6 +139,9 @@ pub fn eager_step(rt: &PpNRt, primary: &Engine, input: &[f32], step: u32) -> Cud
         }
         if s + 1 < n_stages {
             slot = Some(rt.tx(s, &x, n).unwrap());
+            if let Some(half_way) = half_way.take() {
+                half_way();
+            }
         } else {
             out = Some(x);
         }
@@ -305,7 +321,8 @@ pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
 }
 
 /// Graph steps are refused, with nothing enqueued, when the rings do not match them: a slot
-/// still filled by an eager `tx`, a ring out of step, a slot reallocated since the capture.
+/// still filled by an eager `tx` (in any slot of a ring the step uses: the step would overtake
+/// it), a ring out of step, a slot reallocated since the capture.
 pub fn mismatched_graph_steps_are_refused(primary: &Engine, devices: &[i32]) {
     let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
     let n = 512;
@@ -327,15 +344,15 @@ pub fn mismatched_graph_steps_are_refused(primary: &Engine, devices: &[i32]) {
         let y = rt.rx::<f32>(0, slot, n).unwrap();
         let _slot = rt.tx(1, &y, n).unwrap();
     }
-    // Every ring at slot 1 now, but boundary 1's slot 0 still filled: launch works on slot 1.
-    assert_eq!(step.launch().unwrap(), 1);
-    // Slot 0 of boundary 1 still holds the eager tx: the next graph step is refused.
+    // Every ring at slot 1 now, but slot 0 of boundary 1 still holds the eager tx, which a graph
+    // step on slot 1 would overtake: refused.
     match step.launch() {
         Err(Error::Pipeline(PpError::SlotState { boundary: 1, slot: 0, found: SlotState::Filled { .. }, .. })) => {}
         other => panic!("expected a SlotState error, got {other:?}"),
     }
     rt.discard_unreceived(1).unwrap();
-    // The graph step filled slot 1 of every boundary and the last stage received: launch again.
+    // Nothing unreceived: the graph steps run on slot 1, then slot 0.
+    assert_eq!(step.launch().unwrap(), 1);
     assert_eq!(step.launch().unwrap(), 0);
     // An eager tx of a larger length reallocates slot 1: the graphs are stale.
     let big = {
@@ -724,6 +741,10 @@ pub enum StepKind {
     Graph,
     /// `StepGraphs::launch_stage` for each stage in turn.
     StageByStage,
+    /// An eager step, with a whole-step `StepGraphs::launch` tried when it is half-way (boundary
+    /// 0 crossed, not received): refused, since it would overtake the eager step (a slot still
+    /// filled) or the rings stand apart (out of step), and changing nothing.
+    Interrupted,
 }
 
 /// Runs `kinds` as consecutive steps through `config` and checks every step's output against the
@@ -747,6 +768,16 @@ pub fn random_schedule_matches(primary: &Engine, config: PpConfig, kinds: &[Step
         params.push(slot as u32);
         match kind {
             StepKind::Eager => outputs.push(eager_step(&rt, primary, &inputs[r], slot as u32)),
+            StepKind::Interrupted => {
+                let half_way = || match step.launch() {
+                    Err(Error::Pipeline(PpError::SlotState {
+                        boundary: 0, found: SlotState::Filled { .. }, ..
+                    })) => {}
+                    Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: 1, .. })) if n_stages > 2 => {}
+                    other => panic!("{config}: step {r}: a graph launch with an eager step half-way gave {other:?}"),
+                };
+                outputs.push(eager_step_with(&rt, primary, &inputs[r], slot as u32, half_way));
+            }
             StepKind::Graph | StepKind::StageByStage => {
                 {
                     let _scope = rt.enter(0).unwrap();

@@ -3,6 +3,31 @@
 
 use super::*;
 
+#[path = "../common/graph_order.rs"]
+mod graph_order;
+
+/// Two stages: a graph step (whole, or stage by stage) after an eager step left half-way, its
+/// `tx` not received, is refused instead of overtaking it; on one device and on two.
+#[test]
+fn a_graph_step_never_overtakes_an_unreceived_eager_step_through_the_double() {
+    with_double("a_graph_step_never_overtakes_an_unreceived_eager_step_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graph_order::a_graph_step_never_overtakes_an_unreceived_eager_step(&primary, &[0, 0]);
+        graph_order::a_graph_step_never_overtakes_an_unreceived_eager_step(&primary, &[0, 1]);
+    });
+}
+
+/// A capture of rings that stand at different slots is refused, naming each, until the eager
+/// step that crossed only some boundaries is finished.
+#[test]
+fn a_capture_refuses_rings_out_of_step_through_the_double() {
+    with_double("a_capture_refuses_rings_out_of_step_through_the_double", |_| {
+        let primary = Engine::new(0).unwrap();
+        graph_order::a_capture_refuses_rings_out_of_step(&primary, &[0, 0, 0]);
+        graph_order::a_capture_refuses_rings_out_of_step(&primary, &[0, 1, 0]);
+    });
+}
+
 #[test]
 fn graph_mode_matches_eager_and_one_stage_through_the_double() {
     with_double("graph_mode_matches_eager_and_one_stage_through_the_double", |_| {
@@ -88,7 +113,12 @@ pub(crate) mod schedules {
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = StepKind> {
-        prop_oneof![Just(StepKind::Eager), Just(StepKind::Graph), Just(StepKind::StageByStage)]
+        prop_oneof![
+            Just(StepKind::Eager),
+            Just(StepKind::Graph),
+            Just(StepKind::StageByStage),
+            Just(StepKind::Interrupted)
+        ]
     }
 
     proptest! {
@@ -96,7 +126,8 @@ pub(crate) mod schedules {
 
         /// Any interleaving of eager steps, whole-step graph launches and stage-by-stage graph
         /// launches, on any stage map over two devices with 1–3 slots, gives bitwise the
-        /// one-stage model's outputs.
+        /// one-stage model's outputs; a whole-step launch tried while an eager step is half-way
+        /// is refused (it would overtake that step) and changes nothing.
         #[test]
         fn any_interleaving_of_eager_and_graph_steps_matches_one_stage(
             map in proptest::collection::vec(0i32..2, 1..6),

@@ -8,7 +8,9 @@
 //! after each launch. These waits are made on the launch streams, between graph launches, so no
 //! graph holds a node that waits on another device's event. One instance per slot of the ring
 //! keeps each slot's copies in their own graph, and the ring's host-side state advances at every
-//! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely.
+//! launch exactly as `tx`/`rx` advance it, so eager and graph steps interleave freely. A graph
+//! reads each ring's slots in turn: a launch whose read would overtake an eager `tx` not received
+//! yet is refused, as is a capture of rings that stand at different slots.
 //!
 //! In a pipeline that spans processes each rank captures and replays its own stages. A boundary
 //! from another rank is read in place from its ring, which the boundary's receiver thread fills:
@@ -255,12 +257,17 @@ impl PpNRt {
     ///
     /// Capture between steps: every slot must be free (received or discarded), except the slots
     /// of a boundary from another rank, which may already hold later steps (kept, and read
-    /// first). In a pipeline that spans processes each rank captures its own stages; a stage
-    /// sending to another rank sends after each launch of its graph (see
-    /// [`StepGraphs::launch_stage`]). Buffers the body
-    /// uses must be allocated before (an allocation during the capture is refused), and live as
-    /// long as the graphs need them: the graphs hold them alive. Slots are grown to `n` elements
-    /// first and stay allocated.
+    /// first); and every ring of this rank must stand at one slot, the one the next step uses
+    /// (a ring's next write; for a ring filled from another rank, the slot of the step after the
+    /// last one received). The graphs do not follow rings that stand apart: after an eager step
+    /// that crossed only some boundaries, the capture is refused
+    /// ([`PpError::CaptureOutOfStep`] names each ring's slot) until that step is finished (its
+    /// `tx` and `rx` on the boundaries it did not cross). In a pipeline that spans processes each
+    /// rank captures its own stages; a stage sending to another rank sends after each launch of
+    /// its graph (see [`StepGraphs::launch_stage`]). Buffers the body uses must be allocated
+    /// before (an allocation during the capture is refused), and live as long as the graphs need
+    /// them: the graphs hold them alive. Slots are grown to `n` elements first and stay
+    /// allocated.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -293,7 +300,8 @@ impl PpNRt {
     ///
     /// # Errors
     /// [`PpError::ZeroLength`]; [`PpError::GraphTransport`] for a host-staged boundary;
-    /// [`PpError::SlotState`] when a slot is not free; [`PpError::Timeout`] when a slot of a
+    /// [`PpError::SlotState`] when a slot is not free; [`PpError::CaptureOutOfStep`] when the
+    /// rings stand at different slots; [`PpError::Timeout`] when a slot of a
     /// boundary from another rank stays in its receive for the peer timeout;
     /// [`PpError::GraphStage`] when a stage broke the step's rules; [`CaptureError`] when the body
     /// made a call that cannot be captured (the runtime stays usable); the body's own error; the
@@ -320,7 +328,7 @@ impl PpNRt {
             execs.push(row);
         }
         // Every stage of this rank is at the same step: the capture needed the rings of this rank
-        // free, and they only move together (a step crosses every boundary once). That step's
+        // free and at one slot (a step crosses every boundary once). That step's
         // slot is a ring's `next` when both its stages run here; for a ring filled from another
         // rank (which may have filled later steps already) it is the step after the last one
         // received, and for a boundary to another rank the first step not yet sent.
@@ -373,6 +381,8 @@ impl PpNRt {
             staging.push(row);
         }
         let mut taken = self.take_slots(bytes)?;
+        // The rings cannot move while their slots are taken.
+        self.check_rings_in_step()?;
         let slots: Vec<Vec<Option<Arc<DeviceMemory>>>> = (0..n_slots)
             .map(|k| {
                 let ring_slot = |ring: &TakenRing| Arc::clone(ring[k].0.memory());
@@ -425,6 +435,27 @@ impl PpNRt {
         Ok((graphs, slots, staging))
     }
 
+    /// Checks that this rank's rings stand at one slot, the slot the next step's graphs use
+    /// (stage `s`'s graph for slot `k` reads slot `k` of ring `s - 1` and writes slot `k` of ring
+    /// `s`): a ring's next write, or for a ring filled from another rank the slot of the step
+    /// after the last one received. [`PpError::CaptureOutOfStep`] names each ring's slot.
+    fn check_rings_in_step(&self) -> Result<()> {
+        let n_slots = self.n_slots();
+        let at: Vec<(usize, usize)> = self
+            .rings()
+            .map(|(b, boundary)| {
+                let ring = boundary.ring.lock();
+                let slot =
+                    if boundary.inbound.is_some() { slot_of(ring.received_steps(), n_slots) } else { ring.next() };
+                (b, slot)
+            })
+            .collect();
+        if at.iter().any(|&(_, slot)| slot != at[0].1) {
+            return Err(Error::Pipeline(PpError::CaptureOutOfStep { rings: at }));
+        }
+        Ok(())
+    }
+
     /// Takes every slot buffer out of this rank's rings (grown to `bytes` first), leaving the
     /// slots [`SlotState::Capturing`]; they come back, with their states, when the returned
     /// value drops. A ring's slots must be free, except that a ring filled from another rank may
@@ -474,8 +505,10 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::GraphStale`], [`PpError::GraphStageOutOfStep`]
     /// (a stage ran ahead with [`launch_stage`](Self::launch_stage), or a failed launch left it
-    /// behind), [`PpError::GraphOutOfStep`], [`PpError::SlotState`] (a slot still holds an
-    /// unreceived eager `tx`). Else the driver's
+    /// behind), [`PpError::GraphOutOfStep`] (an eager step crossed some boundaries but not all:
+    /// finish it, with its `tx` and `rx` on the others), [`PpError::SlotState`] (a slot of a ring
+    /// the step uses still holds an unreceived eager `tx`, which the graph step would overtake:
+    /// receive it, or discard it, first). Else the driver's
     /// error; stages launched before it keep their effect on the rings. Across processes, as
     /// [`launch_stage`](Self::launch_stage).
     ///
@@ -510,10 +543,11 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        // Every stage's output slot is checked before any graph is launched; each input slot is
-        // filled by the launch of the stage before it.
-        for (b, ring) in rings.iter().enumerate() {
-            self.check_output(ring, b, k, "StepGraphs::launch")?;
+        // Every stage is checked before any graph is launched; each input slot is filled by the
+        // launch of the stage before it.
+        for (s, _) in rt.local_stages() {
+            let input = s.checked_sub(1).map(|b| &*rings[b]);
+            self.check_stage(s, k, input, rings.get(s).map(|ring| &**ring), "StepGraphs::launch")?;
         }
         let n_slots = rings.first().map_or(1, |ring| ring.n_slots());
         next.iter_mut().for_each(|at| *at = k);
@@ -552,7 +586,9 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// Caught before anything is enqueued: [`PpError::StageOutOfRange`], [`PpError::GraphStale`],
     /// [`PpError::Timeout`] (nothing to receive yet, or the slot to send into still taken),
     /// [`PpError::GraphOutOfStep`] (an eager step moved the ring, or another thread launched this
-    /// stage's slot first), [`PpError::SlotState`] (an eager call took the slot meanwhile),
+    /// stage's slot first), [`PpError::SlotState`] (an eager call took the slot meanwhile, or
+    /// another slot of the input ring still holds an earlier step, an eager `tx` not received
+    /// yet, which the graph would overtake),
     /// [`PpError::RxLengthMismatch`] and [`PpError::RxTypeMismatch`] (an eager `tx` of another
     /// length or type filled the slot), [`PpError::GraphStepOrder`] (an eager `rx` from another
     /// rank took a step out of turn). Else the driver's error; a send to another rank that fails
@@ -638,9 +674,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
                 }
             }
         }
-        if let Some(ring) = output.as_deref() {
-            self.check_output(ring, s, k, "StepGraphs::launch_stage")?;
-        }
+        self.check_stage(s, k, input.as_deref(), output.as_deref(), "StepGraphs::launch_stage")?;
         self.launch_on(stage, s, k, input.as_deref_mut(), output.as_deref_mut())?;
         self.next.lock()[s] = (k + 1) % n_slots;
         drop((input, output));
@@ -656,6 +690,29 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
             sender.tx(&sent, self.n, None)?;
         }
         Ok(k)
+    }
+
+    /// The checks of stage `s`'s launch on slot `k` that both launches make, under the locks of
+    /// its rings (`call` names the launch), before it is launched (the whole-step launch checks
+    /// every stage before it launches any): its output slot may take the step
+    /// ([`check_output`](Self::check_output)), and its read of the input ring overtakes no step
+    /// (an eager `tx` not received yet, in another slot, comes first). Slot `k` of the input
+    /// ring is filled, or, in a whole-step launch, the next write (the stage before fills it).
+    fn check_stage(
+        &self,
+        s: usize,
+        k: usize,
+        input: Option<&Slots>,
+        output: Option<&Slots>,
+        call: &'static str,
+    ) -> Result<()> {
+        if let Some(ring) = output {
+            self.check_output(ring, s, k, call)?;
+        }
+        if let Some(ring) = input {
+            ring.check_read_in_turn(s - 1, k, call)?;
+        }
+        Ok(())
     }
 
     /// Checks, under its ring's lock, that boundary `b`'s slot `k` may take its TX stage's output
