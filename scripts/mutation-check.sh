@@ -128,6 +128,7 @@ declare -A catchers=(
   [interop-buffer-context-unchecked]="a_buffer_of_another_device_is_refused"
   [kernel-param-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [arg-list-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
+  [lent-memory-captured]="a_lent_buffer_cannot_be_captured_into_a_graph"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -379,7 +380,8 @@ run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() &
 # crate's uses), as a forgotten guard did; a received view whose end does not wait for cudarc's
 # reads; an adopted stream that does not keep cudarc's alive; a cudarc call that leaves cudarc's
 # context current; a buffer of another device lent. And a caller's kernel parameter, or a list of
-# one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs).
+# one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs). A
+# lent buffer taken into a capture (its graph would outlive the lend).
 run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" cudarc_double cudarc
 run interop-read-release-skipped src/interop.rs "        Ok(f(slice.as_view()))" "        let result = f(slice.as_view());
         std::mem::forget(slice);
@@ -395,3 +397,4 @@ run kernel-param-claims-own src/safe/module.rs "    const OWN: Option<Own<Self>>
     /// The C representation" "    const OWN: Option<Own<Self>> = Some(Own::vouch());
     /// The C representation" foreign
 run arg-list-claims-own src/safe/module.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
+run lent-memory-captured src/safe/memory.rs "                Tracked::Device(memory) if memory.lent => {" "                Tracked::Device(memory) if memory.lent && false => {" cudarc_double cudarc

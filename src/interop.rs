@@ -41,7 +41,8 @@
 //! - **The lent memory cannot outlive the lend.** The closure gets a view whose lifetime ends
 //!   with the call: it cannot be kept, moved out or swapped for an owned slice, and the borrow of
 //!   the cudarc buffer keeps cudarc's other users out meanwhile (a read lends `&`, a write
-//!   `&mut`).
+//!   `&mut`). No stream capture may take the view's memory (a graph would launch on it after
+//!   the lend): such a capture is refused ([`CaptureError::IllegalCall`](crate::CaptureError)).
 //! - **Only cudarc's own buffers.** [`CudarcBuffer`] and [`CudarcBufferMut`] are sealed and
 //!   implemented for cudarc's `CudaSlice`, `CudaView` and `CudaViewMut` alone (a write for the
 //!   slice and the mutable view): the address and length come from cudarc's own code, never from
@@ -274,9 +275,10 @@ impl EngineStream {
         // returns, so cudarc neither frees nor writes it meanwhile, and its earlier writes are
         // ordered before the engine's stream (cudarc's `device_ptr`). The slice is dropped before
         // this returns (and every use the crate made is ordered before the engine's stream
-        // then); `f` gets only a view borrowing it. No other slice of this crate covers the
+        // then); `f` gets only a view borrowing it, and no capture can take the memory into a
+        // graph that would outlive the lend (`lent_foreign`). No other slice of this crate covers the
         // memory meanwhile (each lend is its own, and the borrow keeps a write lend out).
-        let slice = unsafe { CudaSlice::from_foreign(ptr, len, &self.ours) };
+        let slice = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
         Ok(f(slice.as_view()))
     }
 
@@ -302,7 +304,7 @@ impl EngineStream {
         // SAFETY: as in `read`, with `dst` borrowed mutably until this returns: nothing else of
         // cudarc touches it meanwhile; its earlier reads and writes are ordered before the
         // engine's stream (cudarc's `device_ptr_mut`).
-        let mut slice = unsafe { CudaSlice::from_foreign(ptr, len, &self.ours) };
+        let mut slice = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
         Ok(f(slice.as_view_mut()))
     }
 

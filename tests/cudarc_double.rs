@@ -9,6 +9,7 @@
 //!
 //! - The lend's end (the engine's stream waits for the crate's uses, cudarc's event is recorded)
 //!   runs when the closure returns and when it unwinds, for reads, writes and received views.
+//! - No stream capture takes a lent buffer's memory into a graph that would outlive the lend.
 //! - cudarc's stream lives as long as a runtime uses it as a stage's stream.
 //! - Every call into cudarc leaves the thread's current context as it found it, and a
 //!   `bound_unchecked` scope of another device stays right across it.
@@ -256,5 +257,34 @@ fn a_buffer_of_another_device_is_refused() {
         assert!(matches!(refused, ppnrt::CudaError::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
         let refused = engine_stream.write(&mut there, |_| unreachable!("not lent")).unwrap_err();
         assert!(matches!(refused, ppnrt::CudaError::WrongDevice { expected: 0, found: 1, .. }), "{refused}");
+    });
+}
+
+/// No stream capture may take a lent buffer's memory (the graph would launch on it after the
+/// lend, when cudarc may have freed it): the copy is refused and the capture ends in error; the
+/// same copy outside a capture goes through.
+#[test]
+fn a_lent_buffer_cannot_be_captured_into_a_graph() {
+    with_double("a_lent_buffer_cannot_be_captured_into_a_graph", |_| {
+        let engine = Engine::new(0).unwrap();
+        let theirs = cudarc::driver::CudaContext::new(0).unwrap().new_stream().unwrap();
+        let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
+        let x = theirs.clone_htod(&values(3)).unwrap();
+        let stream = engine.stream().unwrap();
+        let mut y = engine.alloc::<u32>(N).unwrap();
+        let (copied, ended) = engine_stream
+            .read(&x, |view| {
+                let capture = stream.begin_capture(ppnrt::CaptureMode::ThreadLocal).unwrap();
+                let copied = stream.memcpy_dtod(&view, &mut y);
+                (copied, capture.end())
+            })
+            .unwrap();
+        assert!(
+            matches!(copied, Err(ppnrt::CudaError::Capture(ppnrt::CaptureError::IllegalCall { .. }))),
+            "{copied:?}"
+        );
+        assert!(ended.is_err(), "a capture that was refused a lent buffer ended with a graph");
+        engine_stream.read(&x, |view| stream.memcpy_dtod(&view, &mut y)).unwrap().unwrap();
+        assert_eq!(engine.dtoh(&y).unwrap(), values(3));
     });
 }
