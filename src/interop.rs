@@ -70,7 +70,7 @@
 //!
 //! A lent buffer cannot be kept by anything of this crate past the closure (a view borrows it).
 //!
-//! ```compile_fail
+//! ```compile_fail,E0521
 //! # fn steal(engine_stream: &ppnrt::interop::EngineStream, y: &mut cudarc::driver::CudaSlice<u32>) {
 //! let mut kept = None;
 //! engine_stream.write(y, |view| kept = Some(view)).unwrap();
@@ -81,7 +81,7 @@
 //! Nor can an owned slice be swapped out of the lend (the closure gets a view, not `&mut` to an
 //! owned slice over cudarc's memory): the form that was open to it does not compile.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0061
 //! # fn steal(engine_stream: &ppnrt::interop::EngineStream, y: &mut cudarc::driver::CudaSlice<u32>, other: ppnrt::CudaSlice<u32>) {
 //! let mut lent = engine_stream.write(y);
 //! let stolen: ppnrt::CudaSlice<u32> = std::mem::replace(&mut *lent, other);
@@ -91,7 +91,7 @@
 //!
 //! A caller's own buffer type cannot be lent, whatever it claims through cudarc's safe traits:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! struct Claims(std::sync::Arc<cudarc::driver::CudaStream>);
 //! impl cudarc::driver::DeviceSlice<u32> for Claims {
 //!     fn len(&self) -> usize { 65_536 }
@@ -109,7 +109,7 @@
 //!
 //! and it cannot join the sealed traits:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! struct Claims;
 //! impl ppnrt::interop::CudarcBuffer<u32> for Claims {}
 //! ```

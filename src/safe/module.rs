@@ -371,7 +371,7 @@ impl LaunchConfig {
 /// crate's own is the crate's knowledge alone (sealed), so no implementation can opt out. The
 /// hidden flag that once said so cannot be set:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0438
 /// struct Mine(u32);
 /// impl ppnrt::KernelParam for Mine {
 ///     const FOREIGN: bool = false;
