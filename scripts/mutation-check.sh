@@ -10,6 +10,8 @@
 #
 #   bash scripts/mutation-check.sh [NAME...]     (only the mutations named; default every one)
 #
+# A mutation line: run NAME FILE ANCHOR REPLACEMENT [TESTBINARY [FEATURES]].
+#
 # Each mutation rebuilds its test binary and runs the tests listed for it below (those that
 # caught it, at most four): the first forty took 484 s on two cores on 2026-12-02; all 52 were
 # caught on 2026-12-03 in four runs; 60 with those of the job secret, the link propagation,
@@ -119,9 +121,20 @@ declare -A catchers=(
   # Graph steps and eager steps left half-way.
   [graph-read-overtakes-eager]="a_graph_step_never_overtakes_an_unreceived_eager_step_through_the_double mismatched_graph_steps_are_refused_through_the_double any_interleaving_of_eager_and_graph_steps_matches_one_stage"
   [capture-rings-out-of-step]="a_capture_refuses_rings_out_of_step_through_the_double"
+  # The cudarc interop and the sealed launch fast path.
+  [interop-record-skipped]="a_lends_end_orders_cudarc_after_the_crate_on_return_and_on_unwind"
+  [interop-read-release-skipped]="a_lends_end_orders_cudarc_after_the_crate_on_return_and_on_unwind"
+  [interop-write-release-skipped]="a_lends_end_orders_cudarc_after_the_crate_on_return_and_on_unwind"
+  [received-view-reads-unwaited]="a_received_views_end_orders_the_slots_next_tx_after_cudarcs_reads"
+  [adopted-stream-not-kept-alive]="a_runtime_keeps_cudarcs_stream_alive_as_a_stages_stream"
+  [cudarc-call-context-not-restored]="cudarc_calls_leave_the_callers_context_and_call_scope_as_they_were a_runtime_keeps_cudarcs_stream_alive_as_a_stages_stream"
+  [interop-buffer-context-unchecked]="a_buffer_of_another_device_is_refused"
+  [kernel-param-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
+  [arg-list-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
+  [lent-memory-captured]="a_lent_buffer_cannot_be_captured_into_a_graph"
 )
 run() {
-  name=$1; test=${5:-double}; shift
+  name=$1; test=${5:-double}; features=${6:-}; shift
   if [ "$only" != "  " ] && [[ "$only" != *" $name "* ]]; then return; fi
   git checkout -q -- .
   if ! python3 - "$1" "$2" "$3" <<'PY'
@@ -138,7 +151,7 @@ PY
   filters=()
   [ "${MUTATION_FILTERS:-1}" = 1 ] && read -r -a filters <<< "${catchers[$name]:-}"
   if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
-  log=$(cargo test "${target[@]}" -- "${filters[@]}" 2>&1)
+  log=$(cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
@@ -370,3 +383,26 @@ run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() &
 # different slots is refused.
 run graph-read-overtakes-eager src/pp/runtime/step_graph.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
 run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_rings_in_step()?;" ""
+# The cudarc interop (tests/cudarc_double.rs, cudarc on the driver double): a lend's end that
+# records no cudarc event, or forgets the crate's slice (the engine's stream does not wait for the
+# crate's uses), as a forgotten guard did; a received view whose end does not wait for cudarc's
+# reads; an adopted stream that does not keep cudarc's alive; a cudarc call that leaves cudarc's
+# context current; a buffer of another device lent. And a caller's kernel parameter, or a list of
+# one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs). A
+# lent buffer taken into a capture (its graph would outlive the lend).
+run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" cudarc_double cudarc
+run interop-read-release-skipped src/interop.rs "        Ok(f(slice.as_view()))" "        let result = f(slice.as_view());
+        std::mem::forget(slice);
+        Ok(result)" cudarc_double cudarc
+run interop-write-release-skipped src/interop.rs "        Ok(f(slice.as_view_mut()))" "        let result = f(slice.as_view_mut());
+        std::mem::forget(slice);
+        Ok(result)" cudarc_double cudarc
+run received-view-reads-unwaited src/interop.rs "            slice.leak();" "            std::mem::forget(slice);" cudarc_double cudarc
+run adopted-stream-not-kept-alive src/safe/stream.rs "        wrapper.keep_alive = Some(owner);" "        drop(owner);" cudarc_double cudarc
+run cudarc-call-context-not-restored src/safe/context.rs "            unsafe { raw::set_current(self.previous) }" "            Ok(())" cudarc_double cudarc
+run interop-buffer-context-unchecked src/interop.rs "        if std::ptr::eq(buffer.cu_ctx().cast::<u8>(), self.context().raw().cast::<u8>()) {" "        if true {" cudarc_double cudarc
+run kernel-param-claims-own src/safe/module.rs "    const OWN: Option<Own<Self>> = None;
+    /// The C representation" "    const OWN: Option<Own<Self>> = Some(Own::vouch());
+    /// The C representation" foreign
+run arg-list-claims-own src/safe/module.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
+run lent-memory-captured src/safe/memory.rs "                Tracked::Device(memory) if memory.lent => {" "                Tracked::Device(memory) if memory.lent && false => {" cudarc_double cudarc

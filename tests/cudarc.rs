@@ -1,12 +1,14 @@
 //! An engine's cudarc buffers through the pipeline, zero copy (feature `cudarc`): a cudarc slice
 //! written on the engine's cudarc stream behind a device delay is sent from stage 0 through an
-//! `EngineStream` read guard; the step is received into another cudarc slice (`rx_into`, the
-//! boundary's one copy) through a write guard, behind a delay on stage 1's stream; cudarc then reads that slice on a third cudarc
-//! stream of its own, with no join anywhere in the engine's code, and every value arrives. Then
-//! the same with the write guard's ordering broken on purpose (cudarc reads the buffer while the
-//! guard still holds it, so nothing orders cudarc after the crate's copy): the values are the
-//! earlier ones, so the test can fail. Needs a GPU (cudarc loads the real driver); skips, saying
-//! why, without one.
+//! `EngineStream` read lend; the step is received into another cudarc slice (`rx_into`, the
+//! boundary's one copy) through a write lend, behind a delay on stage 1's stream; cudarc then
+//! reads that slice on a third cudarc stream of its own, with no join anywhere in the engine's
+//! code, and every value arrives. Then the same with the write lend's ordering broken on purpose
+//! (cudarc reads the buffer inside the lend, so nothing orders cudarc after the crate's copy): the
+//! values are the earlier ones, so the test can fail. Also on the GPU: a runtime keeps cudarc's
+//! stream alive as a stage's stream, and every lend leaves the thread's current context as it
+//! was. Needs a GPU (cudarc loads the real driver); skips, saying why, without one (the same
+//! protocol runs through the driver double in `tests/cudarc_double.rs`).
 #![cfg(feature = "cudarc")]
 
 mod common;
@@ -36,33 +38,35 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
         spin_on(&engine, engine_stream.stream(), 200_000);
         let x = theirs.clone_htod(&values).unwrap();
         let mut y = theirs.alloc_zeros::<u32>(N).unwrap();
-        let slot = {
-            let lent = engine_stream.read(&x);
-            let _stage = rt.enter(0).unwrap();
-            rt.tx(0, &*lent, N).unwrap()
-        };
+        let slot = engine_stream
+            .read(&x, |lent| {
+                let _stage = rt.enter(0).unwrap();
+                rt.tx(0, &lent, N).unwrap()
+            })
+            .unwrap();
         let broken = round % 2 == 1;
         let seen = {
             let _stage = rt.enter(1).unwrap();
             let stage = Arc::clone(rt.stage_stream(1).unwrap());
-            let mut lent = engine_stream.write(&mut y);
-            spin_on(&engine, &stage, 200_000);
-            // The step lands in the cudarc slice with the boundary's one copy.
-            rt.rx_into(0, slot, &mut *lent).unwrap();
-            if broken {
-                // Read through a raw address while the guard still holds the buffer: cudarc's
-                // event does not cover the crate's copy yet.
-                // SAFETY: the address holds N u32 until `y` goes (after this block); the view is
-                // leaked (never freed by cudarc) once the copy out is done.
-                let view = unsafe { reader.upgrade_device_ptr::<u32>(ppnrt::DeviceSlice::device_ptr(&*lent), N) };
-                let seen = reader.clone_dtoh(&view).unwrap();
-                view.leak();
-                drop(lent);
-                seen
-            } else {
-                drop(lent);
-                reader.clone_dtoh(&y).unwrap()
-            }
+            let early = engine_stream
+                .write(&mut y, |mut lent| {
+                    spin_on(&engine, &stage, 200_000);
+                    // The step lands in the cudarc slice with the boundary's one copy.
+                    rt.rx_into(0, slot, &mut lent).unwrap();
+                    broken.then(|| {
+                        // Read through a raw address inside the lend: cudarc's event does not
+                        // cover the crate's copy yet.
+                        // SAFETY: the address holds N u32 until `y` goes (after this block); the
+                        // view is leaked (never freed by cudarc) once the copy out is done.
+                        let view =
+                            unsafe { reader.upgrade_device_ptr::<u32>(ppnrt::DeviceSlice::device_ptr(&lent), N) };
+                        let seen = reader.clone_dtoh(&view).unwrap();
+                        view.leak();
+                        seen
+                    })
+                })
+                .unwrap();
+            early.unwrap_or_else(|| reader.clone_dtoh(&y).unwrap())
         };
         if broken && !sanitized {
             assert_ne!(seen, values, "round {round}: cudarc read the buffer before the crate's copy ran");
@@ -116,22 +120,24 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
         let mut out = reader.alloc_zeros::<u32>(N).unwrap();
         let mut received = rt.rx_in_place::<u32>(0, slot, N).unwrap();
         let address = ppnrt::DeviceSlice::device_ptr(&received.view().unwrap());
-        {
-            let view = engine_stream.received_view(&mut received).unwrap();
-            // Rounds 2, 6, ...: the read comes late, the next send at once (write after read).
-            if broken || round % 4 == 2 {
-                spin_on(&engine, reader_stream.stream(), 200_000);
-            }
-            if broken {
-                // SAFETY: the slot holds N u32 while `received` lives; the raw slice is leaked,
-                // never freed by cudarc. Nothing orders it: that is the broken protocol.
-                let raw = unsafe { reader.upgrade_device_ptr::<u32>(address, N) };
-                reader.memcpy_dtod(&raw, &mut out).unwrap();
-                raw.leak();
-            } else {
-                reader.memcpy_dtod(&view.view(), &mut out).unwrap();
-            }
-        }
+        engine_stream
+            .received_view(&mut received, |view| {
+                // Rounds 2, 6, ...: the read comes late, the next send at once (write after read).
+                if broken || round % 4 == 2 {
+                    spin_on(&engine, reader_stream.stream(), 200_000);
+                }
+                if broken {
+                    // SAFETY: the slot holds N u32 while `received` lives; the raw slice is
+                    // leaked, never freed by cudarc. Nothing orders it: that is the broken
+                    // protocol.
+                    let raw = unsafe { reader.upgrade_device_ptr::<u32>(address, N) };
+                    reader.memcpy_dtod(&raw, &mut out).unwrap();
+                    raw.leak();
+                } else {
+                    reader.memcpy_dtod(&view, &mut out).unwrap();
+                }
+            })
+            .unwrap();
         drop(received);
         // The next round into the same slot: ordered after the reads (write after read). Rounds
         // 0, 4, ...: its data comes late, the read at once (read after write).
@@ -152,4 +158,37 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
         assert!(caught > 0, "no broken round read a value the next send had overwritten: the test cannot fail");
         println!("{name}: 10 ordered rounds exact, {caught} of 10 broken rounds caught");
     }
+}
+
+/// cudarc's stream as a stage's stream on the GPU: after the engine drops every handle of its
+/// own, the runtime still runs stage 1 on it (cudarc has not destroyed it), and a lend on device
+/// 0 leaves the thread's current context (none, or device 1's where there is one) as it was.
+#[test]
+fn cudarcs_stream_lives_with_the_runtime_and_lends_leave_the_context_as_it_was() {
+    let name = "cudarcs_stream_lives_with_the_runtime_and_lends_leave_the_context_as_it_was";
+    let Some(engine) = engine_or_skip(name, 0) else { return };
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let theirs = ctx.new_stream().unwrap();
+    let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
+    let x = theirs.clone_htod(&vec![7u32; N]).unwrap();
+    let elsewhere = ppnrt::Engine::new(1).ok();
+    let before = elsewhere.as_ref().map_or(std::ptr::null_mut(), |e| e.context().raw());
+    // SAFETY: a live primary context (its engine outlives every use), or null.
+    unsafe { ppnrt::result::context::set_current(before) }.unwrap();
+    assert_eq!(engine_stream.read(&x, |view| ppnrt::DeviceSlice::len(&view)).unwrap(), N);
+    assert_eq!(ppnrt::result::context::get_current().unwrap(), before, "a lend left cudarc's context current");
+    let rt = PpNRt::with_stage_streams(PpConfig::new(2), &engine, &[None, Some(Arc::clone(engine_stream.stream()))])
+        .unwrap();
+    drop(engine_stream);
+    drop(theirs);
+    let sent: Vec<u32> = (0..N as u32).collect();
+    let input = engine.htod(&sent).unwrap();
+    let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &input, N)).unwrap();
+    let received = {
+        let _stage = rt.enter(1).unwrap();
+        engine.dtoh(&rt.rx::<u32>(0, slot, N).unwrap()).unwrap()
+    };
+    assert_eq!(received, sent, "stage 1 on cudarc's stream, after the engine let go of it");
+    drop(rt);
+    assert!(ppnrt::take_drop_errors().is_empty(), "cudarc's stream was destroyed once, after the runtime");
 }

@@ -5,7 +5,8 @@
 //! crate orders itself with the engine's stream and the engine's stream with the crate, with no
 //! join in the engine's code; each direction also runs with the ordering broken on purpose
 //! (the slice made without the engine's pending write, and the engine reading before the drop),
-//! which gives wrong values: the test can fail.
+//! which gives wrong values: the test can fail. And a kernel parameter of the caller's whose code
+//! switches contexts cannot make a launch skip the rebinding of its context.
 //!
 //! Through the CUDA driver double, which runs queued work only when something synchronises and
 //! then only what that needs, so a missing wait shows up as a wrong value; on a GPU machine the
@@ -196,5 +197,49 @@ fn an_engines_stream_serves_as_a_stages_stream() {
         );
         let refused = PpNRt::with_stage_streams(PpConfig::new(2), &primary, &[None]).err().unwrap();
         assert!(matches!(refused, ppnrt::Error::Config(_)), "{refused}");
+    });
+}
+
+/// A kernel parameter of the caller's own whose code makes another device's context current:
+/// launched inside `bound_unchecked` of the stream's context, in a tuple and in a list, the
+/// launch still runs in the stream's context (the double refuses stream work of a context that
+/// is not current) and puts the scope's context back. Whether a parameter's code is the crate's
+/// own is sealed: no implementation of the caller's can claim it and skip the rebinding (the
+/// `compile_fail` example on `KernelParam` shows the claim refused).
+#[test]
+fn a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding() {
+    struct Switching {
+        to: sys::CUcontext,
+    }
+
+    impl ppnrt::KernelParam for Switching {
+        type Raw = u64;
+        fn raw_param(&self) -> u64 {
+            // SAFETY: a live primary context of the double (its engine outlives the launch).
+            unsafe { ppnrt::result::context::set_current(self.to) }.unwrap();
+            10
+        }
+    }
+
+    with_double("a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding", |_| {
+        let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
+        let spin = e0.load_ptx("testing", ppnrt::kernels::TESTING_PTX).unwrap().function("ppnrt_spin_ns").unwrap();
+        let stream = e0.default_stream();
+        let config = ppnrt::LaunchConfig::for_elements(1, 1);
+        let other = e1.context().raw();
+        let launches = || {
+            // SAFETY: ppnrt_spin_ns(uint64_t) touches no memory; one u64 parameter is passed; the
+            // parameter's code ends no capture.
+            unsafe { stream.launch(&spin, config, (Switching { to: other },)) }.unwrap();
+            assert_eq!(ppnrt::result::context::get_current().unwrap(), e0.context().raw());
+            let list = ppnrt::KernelArgList::new().arg(Switching { to: other });
+            // SAFETY: as above.
+            unsafe { stream.launch(&spin, config, list) }.unwrap();
+            assert_eq!(ppnrt::result::context::get_current().unwrap(), e0.context().raw());
+        };
+        // SAFETY: in the scope only this crate and the parameter's code (which the launch's
+        // contract lets change the current context) touch the current context.
+        unsafe { e0.context().bound_unchecked(launches) }.unwrap();
+        stream.synchronize().unwrap();
     });
 }

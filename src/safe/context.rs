@@ -183,6 +183,40 @@ impl Context {
         Ok(guard)
     }
 
+    /// Runs `f`, a call into another library that may make this context current itself (cudarc
+    /// binds its context, the device's primary context, before its driver calls, and restores
+    /// nothing), under the crate's one context rule: this context is made current first, noted as
+    /// [`bind`](Self::bind) notes it (so `f` finds it current and switches nothing), and when `f`
+    /// returns or unwinds, whatever was current before is current again (asked of the driver,
+    /// whatever `f` did) and the thread's call scope is marked for it. `f` always runs; a failed
+    /// query or switch is recorded ([`take_drop_errors`](crate::take_drop_errors)) and leaves the
+    /// thread's call scope suspended (what is current is not known).
+    pub(crate) fn call_foreign<R>(&self, f: impl FnOnce() -> R) -> R {
+        let restore = match raw::get_current() {
+            Ok(previous) => {
+                if previous != self.raw {
+                    // SAFETY: self.raw is retained for as long as self lives.
+                    match unsafe { raw::set_current(self.raw) } {
+                        Ok(()) => note_current(self.raw),
+                        Err(e) => {
+                            suspend_call_scope();
+                            super::record_drop_error(e);
+                        }
+                    }
+                }
+                Some(ForeignCallRestore { previous })
+            }
+            Err(e) => {
+                suspend_call_scope();
+                super::record_drop_error(e);
+                None
+            }
+        };
+        let result = f();
+        drop(restore);
+        result
+    }
+
     /// The contexts recorded by the crate's peer-access cache (`ensure_peer_access`), locked.
     pub(crate) fn peers(&self) -> MutexGuard<'_, Vec<Weak<Context>>> {
         self.peers.lock()
@@ -302,6 +336,32 @@ fn note_current(now: CUcontext) {
 /// Marks the thread's call scope suspended (after a failed switch: what is current is unknown).
 fn suspend_call_scope() {
     let _ = CALL_SCOPE.try_with(|scope| scope.set(suspended(scope.get())));
+}
+
+/// Puts back, after another library's call ([`Context::call_foreign`]), the context that was
+/// current before it, also when the call unwinds.
+struct ForeignCallRestore {
+    previous: CUcontext,
+}
+
+impl Drop for ForeignCallRestore {
+    fn drop(&mut self) {
+        let restored = raw::get_current().and_then(|current| {
+            if current == self.previous {
+                return Ok(());
+            }
+            // SAFETY: `previous` was current on this thread before the call (or null, which
+            // unbinds); the caller's context stays retained by whoever made it current.
+            unsafe { raw::set_current(self.previous) }
+        });
+        match restored {
+            Ok(()) => note_current(self.previous),
+            Err(e) => {
+                suspend_call_scope();
+                super::record_drop_error(e);
+            }
+        }
+    }
 }
 
 impl Drop for BoundContext<'_> {

@@ -114,6 +114,9 @@ pub(crate) struct DeviceMemory {
     /// Memory another library owns ([`CudaSlice::from_foreign`]): never freed here; its drop
     /// makes the owner stream wait for every use instead.
     foreign: bool,
+    /// Memory lent for a scope only (the cudarc interop's lends): no capture may take it, since a
+    /// graph would keep it past the lend.
+    lent: bool,
     access: Access,
 }
 
@@ -281,6 +284,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 stream: Arc::clone(stream),
                 pooled,
                 foreign,
+                lent: false,
                 access: Access::new(Some(stream), eager),
             }),
             _marker: PhantomData,
@@ -305,8 +309,25 @@ impl<T: DeviceRepr> CudaSlice<T> {
     ///   work on `stream` enqueued after the drop, or after waiting for that.
     /// - While the slice lives, the owner's own work touches the memory only on `stream`.
     /// - No other slice of this crate covers the same memory (two would not order each other).
+    ///
+    /// A graph that captured work on the slice keeps its memory in use after the slice drops (its
+    /// launches use it): the owner's stream waits for every use only when the last such graph
+    /// goes too.
     pub unsafe fn from_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
         Self::of_memory(ptr, len, stream, true, true, false)
+    }
+
+    /// [`from_foreign`](Self::from_foreign) of memory lent for a scope only: no stream capture
+    /// may take the slice's memory (the capture is refused, `CaptureError::IllegalCall`), so
+    /// nothing of this crate uses it after the slice drops.
+    ///
+    /// # Safety
+    /// As [`from_foreign`](Self::from_foreign).
+    #[cfg(feature = "cudarc-interop")]
+    pub(crate) unsafe fn lent_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
+        let mut slice = Self::of_memory(ptr, len, stream, true, true, false);
+        Arc::get_mut(&mut slice.mem).expect("a new slice's memory is its own").lent = true;
+        slice
     }
 
     /// Number of elements.
@@ -566,6 +587,7 @@ impl Drop for DeviceMemory {
                 stream: Arc::clone(&self.stream),
                 pooled: self.pooled,
                 foreign: self.foreign,
+                lent: self.lent,
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
             blocked.hold(Box::new(held));
@@ -699,6 +721,9 @@ where
         let mut devices = Vec::new();
         for (tracked, use_) in uses {
             match tracked {
+                Tracked::Device(memory) if memory.lent => {
+                    stream.refuse_in_capture("work on memory lent for a scope (a graph would outlive the lend)")?
+                }
                 Tracked::Device(memory) => devices.push((memory, use_)),
                 Tracked::Host(_) => stream.refuse_in_capture("a copy to or from pinned host memory")?,
             }

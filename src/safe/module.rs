@@ -19,6 +19,31 @@ use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
 use crate::result::module as raw;
 use crate::sys::{CUdeviceptr, CUfunction, CUmodule};
+use own::Own;
+
+/// The launch's knowledge of whose code kernel arguments run, sealed.
+mod own {
+    use std::marker::PhantomData;
+
+    /// The crate's word that the code of a [`KernelParam`](super::KernelParam) or
+    /// [`KernelArgs`](super::KernelArgs) implementation is its own (a launch of such arguments
+    /// takes its fast path: no rebinding of the context around the arguments' code). Only this
+    /// crate can make one, and only of its own types: an implementation of a caller's cannot
+    /// name the type, make a value of it, or take another type's (each is of its own `T`).
+    pub struct Own<T: ?Sized>(PhantomData<fn() -> *const T>);
+
+    impl<T: ?Sized> Own<T> {
+        /// Vouches for `T`'s code: the crate's own implementations only.
+        pub(crate) const fn vouch() -> Own<T> {
+            Own(PhantomData)
+        }
+
+        /// `Some` exactly when `own` is.
+        pub(crate) const fn like<U: ?Sized>(own: &Option<Own<U>>) -> Option<Own<T>> {
+            if own.is_some() { Some(Own::vouch()) } else { None }
+        }
+    }
+}
 
 /// A module loaded into one context.
 #[derive(Debug)]
@@ -340,12 +365,26 @@ impl LaunchConfig {
 }
 
 /// A value that can be passed as one kernel parameter.
+///
+/// An implementation of yours runs its code during the launch, and the launch binds the
+/// stream's context again around it, whatever it claims: whether a parameter's code is the
+/// crate's own is the crate's knowledge alone (sealed), so no implementation can opt out. The
+/// hidden flag that once said so cannot be set:
+///
+/// ```compile_fail,E0438
+/// struct Mine(u32);
+/// impl ppnrt::KernelParam for Mine {
+///     const FOREIGN: bool = false;
+///     type Raw = u32;
+///     fn raw_param(&self) -> u32 { self.0 }
+/// }
+/// ```
 pub trait KernelParam {
-    /// Whether [`raw_param`](Self::raw_param) may run code that is not this crate's (true for
-    /// every implementation but the crate's own): a launch with such a parameter treats its
-    /// arguments as [`KernelArgs::FOREIGN`].
+    /// `Some` for the crate's own implementations only (see `own::Own`): `raw_param` then runs
+    /// none but the crate's code. Every other implementation is foreign: a launch with such a
+    /// parameter rebinds the stream's context around the arguments' code.
     #[doc(hidden)]
-    const FOREIGN: bool = true;
+    const OWN: Option<Own<Self>> = None;
     /// The C representation passed to the kernel.
     type Raw: Copy;
     /// The value to pass.
@@ -406,7 +445,7 @@ impl<'a> BufferUse<'a> {
 macro_rules! scalar_params {
     ($($t:ty),*) => {$(
         impl KernelParam for $t {
-            const FOREIGN: bool = false;
+            const OWN: Option<Own<Self>> = Some(Own::vouch());
             type Raw = $t;
             fn raw_param(&self) -> $t {
                 *self
@@ -425,7 +464,7 @@ scalar_params!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, usize, isize, hal
 
 /// A C++ `bool` parameter: one byte, 0 or 1.
 impl KernelParam for bool {
-    const FOREIGN: bool = false;
+    const OWN: Option<Own<Self>> = Some(Own::vouch());
     type Raw = u8;
     fn raw_param(&self) -> u8 {
         u8::from(*self)
@@ -454,7 +493,7 @@ pub fn by_value<T: Copy + 'static>(value: T) -> ByValue<T> {
 }
 
 impl<T: Copy + 'static> KernelParam for ByValue<T> {
-    const FOREIGN: bool = false;
+    const OWN: Option<Own<Self>> = Some(Own::vouch());
     type Raw = T;
     fn raw_param(&self) -> T {
         self.0
@@ -469,7 +508,7 @@ impl<T: Copy + 'static> KernelParam for ByValue<T> {
 }
 
 impl<P: KernelParam + ?Sized> KernelParam for &P {
-    const FOREIGN: bool = P::FOREIGN;
+    const OWN: Option<Own<Self>> = Own::like(&P::OWN);
     type Raw = P::Raw;
     fn raw_param(&self) -> P::Raw {
         (**self).raw_param()
@@ -491,7 +530,7 @@ impl<P: KernelParam + ?Sized> KernelParam for &P {
 /// `$use_` (the items of its `KernelParam` impl but the list's).
 macro_rules! slice_param_items {
     ($use_:expr) => {
-        const FOREIGN: bool = false;
+        const OWN: Option<Own<Self>> = Some(Own::vouch());
         type Raw = CUdeviceptr;
         fn raw_param(&self) -> CUdeviceptr {
             self.device_ptr()
@@ -558,18 +597,18 @@ pub const MAX_KERNEL_PARAMS: usize = 16;
 /// Kernel parameters, passed in order: a tuple of up to [`MAX_KERNEL_PARAMS`] parameters, or a
 /// [`KernelArgList`] of any number.
 pub trait KernelArgs {
-    /// Whether [`with_params`](Self::with_params) may run code that is not this crate's (true
-    /// for every implementation but the crate's tuples and lists of the crate's own parameters):
-    /// the launch then binds the stream's context again right before `cuLaunchKernel`, and checks
-    /// afterwards that the thread's current context was left as it was.
+    /// `Some` for the crate's own implementations only (its tuples of its own parameters; see
+    /// `own::Own`): [`with_params`](Self::with_params) then runs none but the crate's code. For
+    /// every other implementation the launch binds the stream's context again right before
+    /// `cuLaunchKernel`, and checks afterwards that the thread's current context was left as it
+    /// was.
     #[doc(hidden)]
-    const FOREIGN: bool = true;
+    const OWN: Option<Own<Self>> = None;
 
-    /// Whether these arguments' code is foreign (see [`FOREIGN`](Self::FOREIGN)); a list knows
-    /// it only from its parameters.
+    /// [`OWN`](Self::OWN) of these arguments (a list knows it only from its parameters).
     #[doc(hidden)]
-    fn is_foreign(&self) -> bool {
-        Self::FOREIGN
+    fn own(&self) -> Option<Own<Self>> {
+        Self::OWN
     }
 
     /// Calls `f` with one pointer per parameter, each valid for the duration of the call.
@@ -605,8 +644,8 @@ impl<'a> BufferUses<'a> {
 macro_rules! kernel_args {
     ($($name:ident : $idx:tt),*) => {
         impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
-            // A tuple runs its parameters' `raw_param`: foreign when any of them is.
-            const FOREIGN: bool = $($name::FOREIGN ||)* false;
+            // A tuple runs its parameters' `raw_param`: the crate's own when all of them are.
+            const OWN: Option<Own<Self>> = if $($name::OWN.is_some() &&)* true { Some(Own::vouch()) } else { None };
 
             #[allow(non_snake_case)]
             #[inline(always)]
@@ -626,7 +665,7 @@ macro_rules! kernel_args {
     };
 }
 impl KernelArgs for () {
-    const FOREIGN: bool = false;
+    const OWN: Option<Own<Self>> = Some(Own::vouch());
 
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
         f(&mut [])
@@ -769,7 +808,7 @@ impl<'a> KernelArgList<'a> {
     where
         P::Raw: 'static,
     {
-        self.foreign |= P::FOREIGN;
+        self.foreign |= P::OWN.is_none();
         param.push_into(&mut self);
         self
     }
@@ -851,8 +890,8 @@ impl std::fmt::Debug for KernelArgList<'_> {
 }
 
 impl KernelArgs for KernelArgList<'_> {
-    fn is_foreign(&self) -> bool {
-        self.foreign
+    fn own(&self) -> Option<Own<Self>> {
+        if self.foreign { None } else { Some(Own::vouch()) }
     }
 
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
@@ -993,7 +1032,7 @@ impl CudaStream {
             self.reach_other_devices(uses)?;
         }
         let tracked = uses.iter().map(|used| (Tracked::Device(used.memory), used.use_));
-        if !A::FOREIGN || !args.is_foreign() {
+        if A::OWN.is_some() || args.own().is_some() {
             // The crate's own parameters (a tuple of them, or a list that holds only them): their
             // values are made first (no caller code runs), and the buffers' states stay locked
             // from the waits to the notes around the launch alone.
@@ -1011,7 +1050,7 @@ impl CudaStream {
                 },
             );
         }
-        let foreign = args.is_foreign();
+        let foreign = args.own().is_none();
         // A caller's kernel-argument code may use the same buffers through this crate: their
         // states are not held locked while it runs.
         ordered_with(self, tracked, !foreign, || {
@@ -1110,7 +1149,7 @@ mod tests {
         };
         let tuple =
             (0x1000u64, 0x2000u64, 77u64, by_value(shape), bias, true, -4i32, 200u8, 0.125f64, h, -(1i64 << 40), 9u32);
-        assert!(!tuple.is_foreign());
+        assert!(tuple.own().is_some());
         tuple.with_params(check);
         let list = KernelArgList::new()
             .arg(0x1000u64)
@@ -1125,7 +1164,7 @@ mod tests {
             .arg(h)
             .arg(-(1i64 << 40))
             .arg(9u32);
-        assert!(!list.is_foreign());
+        assert!(list.own().is_some());
         list.with_params(check);
         let mut uses = 0;
         list.buffer_uses(&mut |_| uses += 1);

@@ -4,6 +4,7 @@
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
@@ -35,6 +36,9 @@ pub struct CudaStream {
     gate: AtomicUsize,
     /// This wrapper's identity, never given to another: see [`id`](Self::id).
     id: u64,
+    /// What keeps an adopted stream alive ([`adopt_owned`](Self::adopt_owned)): the other
+    /// library's handle of it, released only after the wrapper's last use.
+    keep_alive: Option<Box<dyn Any + Send + Sync>>,
 }
 
 /// The next [`CudaStream::id`].
@@ -127,6 +131,27 @@ impl CudaStream {
         Arc::new(CudaStream::wrap(ctx, stream, false))
     }
 
+    /// Wraps a stream that another library owns, keeping it alive by ownership: `owner` (that
+    /// library's handle of the stream, e.g. cudarc's `Arc<cudarc::driver::CudaStream>`) is held
+    /// by the wrapper and dropped after its last use, so the stream lives as long as anything
+    /// of this crate holds the wrapper (a runtime's stage stream, a slice it owns). The stream is
+    /// not destroyed by the wrapper; dropping `owner` may destroy it, and runs with the wrapper's
+    /// context current, the thread's current context put back afterwards (the crate's context
+    /// rule holds across the other library's drop).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `ctx` (or null for the legacy default stream of `ctx`) for as
+    /// long as `owner` lives.
+    pub unsafe fn adopt_owned(
+        ctx: &Arc<Context>,
+        stream: CUstream,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Arc<CudaStream> {
+        let mut wrapper = CudaStream::wrap(ctx, stream, false);
+        wrapper.keep_alive = Some(owner);
+        Arc::new(wrapper)
+    }
+
     fn wrap(ctx: &Arc<Context>, raw: CUstream, owned: bool) -> CudaStream {
         CudaStream {
             ctx: Arc::clone(ctx),
@@ -136,6 +161,7 @@ impl CudaStream {
             capture: Mutex::new(None),
             gate: AtomicUsize::new(0),
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            keep_alive: None,
         }
     }
 
@@ -517,6 +543,11 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if let Some(owner) = self.keep_alive.take() {
+            // The other library's drop of its handle may bind its context (cudarc's does, to
+            // destroy the stream): under the crate's context rule.
+            self.ctx.call_foreign(|| drop(owner));
+        }
         if !self.owned {
             return;
         }

@@ -18,7 +18,9 @@ const NCCL_SOURCE: &str = "tests/driver_double/nccl_double.c";
 /// library's path, or why it could not be built.
 pub fn build(defines: &[&str]) -> Result<PathBuf, String> {
     let variant = if defines.is_empty() { "default".to_string() } else { defines.join("-").to_lowercase() };
-    compile(SOURCE, &format!("libcuda_double-{variant}"), defines, &["-lm", "-lpthread"])
+    // Named `libcuda.so` inside (its SONAME): once loaded, a library that opens the driver by
+    // that name (cudarc, feature `cudarc`) is given the double too, not the system's driver.
+    compile(SOURCE, &format!("libcuda_double-{variant}"), defines, &["-lm", "-lpthread", "-Wl,-soname,libcuda.so"])
 }
 
 /// Builds the NCCL double, which works with the driver double (it finds it through

@@ -282,9 +282,9 @@ fn send(rt: &PpNRt, engine_stream: &EngineStream, b: usize, x: &Tensor) -> Resul
     let n = layout.shape().elem_count();
     let start = layout.start_offset();
     let view = cuda.as_cuda_slice::<bf16>()?.slice(start..start + n);
-    let lent = engine_stream.read(&view);
     let _stage = rt.enter(b).map_err(text)?;
-    Ok(rt.tx(b, &*lent, n).map_err(text)?)
+    let slot = engine_stream.read(&view, |lent| rt.tx(b, &lent, n)).map_err(text)?;
+    Ok(slot.map_err(text)?)
 }
 
 /// Receives boundary `b`'s step (sent into `slot`) into a fresh cudarc buffer of the next stage, as a tensor.
@@ -302,8 +302,7 @@ fn receive(
     let mut buffer = unsafe { cuda.cuda_stream().alloc::<bf16>(n)? };
     {
         let _stage = rt.enter(b + 1).map_err(text)?;
-        let mut lent = engine_stream.write(&mut buffer);
-        rt.rx_into(b, slot, &mut *lent).map_err(text)?;
+        engine_stream.write(&mut buffer, |mut lent| rt.rx_into(b, slot, &mut lent)).map_err(text)?.map_err(text)?;
     }
     let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(buffer, cuda.clone()));
     Ok(Tensor::from_storage(storage, dims, BackpropOp::none(), false))
