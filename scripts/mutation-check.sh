@@ -116,6 +116,12 @@ declare -A catchers=(
   [list-made-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-deferred-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-write-as-read]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  # The examples' command lines (tests/examples.rs).
+  [example-help-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-bad-argument-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-runtime-error-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-error-debug]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-no-gpu-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -135,7 +141,8 @@ PY
   filters=()
   [ "${MUTATION_FILTERS:-1}" = 1 ] && read -r -a filters <<< "${catchers[$name]:-}"
   if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
-  log=$(cargo test "${target[@]}" -- "${filters[@]}" 2>&1)
+  # `examples` runs the example executables: they are built from the mutated tree first.
+  log=$(if [ "$test" = examples ]; then cargo build --examples 2>&1 || exit 0; fi; cargo test "${target[@]}" -- "${filters[@]}" 2>&1)
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
@@ -362,3 +369,13 @@ run call-scope-not-resumed src/safe/context.rs "            scope.set(if held ==
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
 run argument-code-scope-not-restored src/safe/context.rs "        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {" "        if false {"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"
+# The examples' command lines (tests/examples.rs, which runs the example executables): --help
+# ignored, an unknown argument ignored, a runtime error or a missing GPU reported as a bad
+# argument (status 2), an error printed with Debug instead of its chain.
+run example-help-ignored examples/quickstart.rs '        if arg == "-h" || arg == "--help" {' '        if false {' examples
+run example-bad-argument-ignored examples/pipeline.rs '            other => return Err(other.unexpected().to_string()),' '            other => drop(other),' examples
+run example-runtime-error-as-usage examples/03_readback.rs '            ExitCode::FAILURE' '            ExitCode::from(2)' examples
+run example-error-debug examples/05_thread_per_stage.rs 'eprintln!("05_thread_per_stage: {}", ppnrt::error::chain(&*e));' 'eprintln!("05_thread_per_stage: {e:?}");' examples
+run example-no-gpu-as-usage examples/processes.rs '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
+            return ExitCode::FAILURE;' '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
+            return ExitCode::from(2);' examples
