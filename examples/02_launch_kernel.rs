@@ -1,10 +1,13 @@
-//! Launch your own kernel: load a fatbin as an engine ships it (`tests/data/test_params.fatbin`,
-//! from `tests/data/test_params.cu`) and launch its twelve-parameter kernel, with a `#[repr(C)]`
-//! struct, `bf16`, `f16` and `bool` among the parameters; the output is checked on the host.
+//! Lesson 2: launch your own kernel: load a fatbin as an engine ships it
+//! (`tests/data/test_params.fatbin`, from `tests/data/test_params.cu`) and launch its
+//! twelve-parameter kernel, with a `#[repr(C)]` struct, `bf16`, `f16` and `bool` among the
+//! parameters; the output is checked on the host.
 //!
 //! ```text
 //! cargo run --release --example 02_launch_kernel
 //! ```
+//! No arguments but `--help`; exit status 0 when the output is exact, 1 on an error, 2 for a bad
+//! argument.
 use std::process::ExitCode;
 
 use ppnrt::{Engine, KernelArgList, LaunchConfig, Module, bf16, by_value, f16};
@@ -20,7 +23,7 @@ struct Shape {
 
 static FATBIN: &[u8] = include_bytes!("../tests/data/test_params.fatbin");
 
-fn run() -> ppnrt::Result<()> {
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let engine = Engine::new(0)?;
     let module = Module::load_image(engine.context(), "test_params", FATBIN)?;
     let kernel = module.function("ppnrt_test_params12")?;
@@ -49,17 +52,32 @@ fn run() -> ppnrt::Result<()> {
     let output = engine.dtoh(&y)?;
     let offset = 1.5 - 4.0 + 200.0 + 0.125 - 2.0 + 7.0 + 9.0 + 15.0;
     let expected: Vec<f32> = input.iter().map(|v| -(v * 0.25 + offset)).collect();
-    assert!(output == expected, "the kernel's output differs from the host's arithmetic");
+    if let Some(i) = output.iter().zip(&expected).position(|(a, b)| a != b) {
+        return Err(format!(
+            "element {i}: the kernel wrote {}, the host's arithmetic gives {}",
+            output[i], expected[i]
+        )
+        .into());
+    }
     println!("02_launch_kernel: a 12-parameter kernel from a fatbin, {n} elements: exact");
     Ok(())
 }
 
 fn main() -> ExitCode {
+    let usage = "usage: 02_launch_kernel [-h|--help]";
+    if let Some(arg) = std::env::args_os().nth(1) {
+        if arg == "-h" || arg == "--help" {
+            println!("{usage}\n\nLesson 2: a twelve-parameter kernel from a fatbin, checked on the host.");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("02_launch_kernel: unexpected argument '{}'\n{usage}", arg.to_string_lossy());
+        return ExitCode::from(2);
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("02_launch_kernel: {}", ppnrt::error::chain(&e));
-            ExitCode::from(2)
+            eprintln!("02_launch_kernel: {}", ppnrt::error::chain(&*e));
+            ExitCode::FAILURE
         }
     }
 }

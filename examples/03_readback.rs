@@ -1,10 +1,12 @@
-//! A decode loop that reads every step's output back without stalling the stages: a two-stage
-//! pipeline of the toy model, each step's output handed to `readback` and collected two steps
-//! later, checked against one engine running the whole model.
+//! Lesson 3: a decode loop that reads every step's output back without stalling the stages: a
+//! two-stage pipeline of the toy model (`Engine::toy_layer`), each step's output handed to
+//! `readback` and collected two steps later, checked against one engine running the whole model.
 //!
 //! ```text
 //! cargo run --release --example 03_readback
 //! ```
+//! No arguments but `--help`; exit status 0 when every step matches, 1 on an error or a
+//! mismatch, 2 for a bad argument.
 use std::collections::VecDeque;
 use std::process::ExitCode;
 
@@ -12,7 +14,19 @@ use ppnrt::{Device, Engine, PpConfig, PpNRt};
 
 const LAYERS: u32 = 8;
 
-fn run() -> ppnrt::Result<()> {
+type Error = Box<dyn std::error::Error>;
+
+/// An error naming the first element where `output` differs from `expected`, bit for bit.
+fn compare(step: u32, output: &[f32], expected: &[f32]) -> Result<(), Error> {
+    match output.iter().zip(expected).position(|(a, b)| a.to_bits() != b.to_bits()) {
+        Some(i) => {
+            Err(format!("step {step}, element {i}: the pipeline gave {}, one engine {}", output[i], expected[i]).into())
+        }
+        None => Ok(()),
+    }
+}
+
+fn run() -> Result<(), Error> {
     let primary = Engine::new(0)?;
     let second = if Device::count()? > 1 { 1 } else { 0 };
     let rt = PpNRt::new(PpConfig::with_devices(&[0, second]), &primary)?;
@@ -20,12 +34,12 @@ fn run() -> ppnrt::Result<()> {
     let input = |step: u32| -> Vec<f32> { (0..n).map(|i| ((i as u32 ^ step) % 97) as f32 / 97.0).collect() };
     let mut pending = VecDeque::new();
     let mut checked = 0;
-    let mut check = |step: u32, values: &[f32]| -> ppnrt::Result<()> {
+    let mut check = |step: u32, values: &[f32]| -> Result<(), Error> {
         let mut x = primary.htod(&input(step))?;
         for layer in 0..2 * LAYERS {
             primary.toy_layer(&mut x, step, layer)?;
         }
-        assert!(primary.dtoh(&x)? == values, "step {step}: the pipeline's output differs from one engine's");
+        compare(step, values, &primary.dtoh(&x)?)?;
         checked += 1;
         Ok(())
     };
@@ -47,8 +61,8 @@ fn run() -> ppnrt::Result<()> {
             y
         };
         pending.push_back((step, rt.readback(out)?)); // no stage waits for the copy
-        if pending.len() > 2 {
-            let (step, readback) = pending.pop_front().expect("three pending");
+        while pending.len() > 2 {
+            let Some((step, readback)) = pending.pop_front() else { break };
             check(step, readback.wait()?)?;
         }
     }
@@ -60,11 +74,20 @@ fn run() -> ppnrt::Result<()> {
 }
 
 fn main() -> ExitCode {
+    let usage = "usage: 03_readback [-h|--help]";
+    if let Some(arg) = std::env::args_os().nth(1) {
+        if arg == "-h" || arg == "--help" {
+            println!("{usage}\n\nLesson 3: every step's output read back two steps late, checked against one engine.");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("03_readback: unexpected argument '{}'\n{usage}", arg.to_string_lossy());
+        return ExitCode::from(2);
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("03_readback: {}", ppnrt::error::chain(&e));
-            ExitCode::from(2)
+            eprintln!("03_readback: {}", ppnrt::error::chain(&*e));
+            ExitCode::FAILURE
         }
     }
 }

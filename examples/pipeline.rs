@@ -1,4 +1,5 @@
-//! A decode loop of the toy residual model over N pipeline stages.
+//! A tool (not a lesson: the numbered examples are those): a decode loop of the toy residual
+//! model (`Engine::toy_layer`) over N pipeline stages, timed and checked.
 //!
 //! Each step feeds the previous step's output back in (as batch-1 decode does) and passes it
 //! through every stage; the last stage records a completion event that ends the step. The same
@@ -13,8 +14,10 @@
 //! the one-stage run uses the same parameters.
 //! Defaults: every visible GPU, two stages each; 2 slots; auto transport; 500 steps; 8192
 //! elements (32 KiB of f32); 32 layers. With `--env` the placement comes from the `PPNRT_*`
-//! variables instead (see `PpConfig`). A bad command line is reported before the GPU is asked
-//! anything; with no GPU it prints why; either exits with status 2.
+//! variables instead (see `PpConfig`).
+//!
+//! Exit status: 0 when the outputs match; 1 on an error (no GPU included) or a mismatch; 2 for a
+//! bad command line or placement, reported before the GPU is asked anything.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -127,7 +130,7 @@ fn config_of(args: &Args, devices_present: i32) -> Result<PpConfig, String> {
     };
     let config =
         PpConfig::with_devices(&devices).slots(args.slots.unwrap_or(2)).transport(args.transport.unwrap_or_default());
-    config.validate().map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| ppnrt::error::chain(&e))?;
     Ok(config)
 }
 
@@ -271,10 +274,11 @@ impl TxBack for PpNRt {
     }
 }
 
-const USAGE: &str = "\
+const SYNOPSIS: &str = "\
 usage: pipeline [--stages N] [--devices 0,0,1,1] [--slots S] [--transport auto|peer|staged]
-                [--steps K] [--n ELEMENTS] [--layers L] [--graph] [--env] [-h|--help]
+                [--steps K] [--n ELEMENTS] [--layers L] [--graph] [--env] [-h|--help]";
 
+const HELP: &str = "\
 A decode loop of the toy residual model over N pipeline stages, checked bit for bit against the
 same model on one stage.
   --stages N        stage count (default: two per visible GPU)
@@ -287,21 +291,30 @@ same model on one stage.
   --graph           run each step as CUDA graphs (capture_step + launch)
   --env             read the placement from the PPNRT_* variables instead (see PpConfig)
   -h, --help        this text
-Exit status 2 on any error (the command line is checked before the GPU).";
+Exit status 0 when the outputs match; 1 on an error (no GPU included) or a mismatch; 2 for a
+bad command line or placement (checked before the GPU).";
 
-fn run() -> Result<(), String> {
-    let args = parse_args().map_err(|e| format!("pipeline: {e}\n{USAGE}"))?;
-    if args.help {
-        println!("{USAGE}");
-        return Ok(());
+/// Why a run failed: a bad command line or placement (exit status 2), or an error at run time
+/// or a mismatch (1).
+enum Failure {
+    Usage(String),
+    Runtime(String),
+}
+
+impl<E: std::error::Error + 'static> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::Runtime(ppnrt::error::chain(&e))
     }
-    let devices = Device::count().map_err(|e| format!("pipeline: no GPU: {e}"))?;
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    let devices = Device::count().map_err(|e| Failure::Runtime(format!("no GPU: {}", ppnrt::error::chain(&e))))?;
     if devices == 0 {
-        return Err("pipeline: no GPU: the driver sees no device".into());
+        return Err(Failure::Runtime("no GPU: the driver sees no device".into()));
     }
-    let config = config_of(&args, devices).map_err(|e| format!("pipeline: {e}"))?;
-    let primary = Engine::new(0).map_err(|e| ppnrt::error::chain(&e))?;
-    let rt = PpNRt::new(config.clone(), &primary).map_err(|e| ppnrt::error::chain(&e))?;
+    let config = config_of(args, devices).map_err(Failure::Usage)?;
+    let primary = Engine::new(0)?;
+    let rt = PpNRt::new(config.clone(), &primary)?;
     println!("config: {config}");
     println!("plan: {}", rt.plan());
     println!(
@@ -316,18 +329,17 @@ fn run() -> Result<(), String> {
 
     // Warm-up (module loads, pool growth), then the measured runs.
     let warm = args.steps.clamp(1, 20);
-    let chain = |e: ppnrt::Error| ppnrt::error::chain(&e);
-    single_stage(&primary, &x0, warm, args.layers, &|k| k as u32).map_err(chain)?;
+    single_stage(&primary, &x0, warm, args.layers, &|k| k as u32)?;
     let (mut one, reference, mut many, output) = if args.graph {
         println!("mode: CUDA graphs, one per stage per slot (a layer's step parameter is the slot)");
-        pipelined_graph(&rt, &primary, &x0, warm, args.layers).map_err(chain)?;
-        let (many, output, slots) = pipelined_graph(&rt, &primary, &x0, args.steps, args.layers).map_err(chain)?;
-        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| slots[k]).map_err(chain)?;
+        pipelined_graph(&rt, &primary, &x0, warm, args.layers)?;
+        let (many, output, slots) = pipelined_graph(&rt, &primary, &x0, args.steps, args.layers)?;
+        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| slots[k])?;
         (one, reference, many, output)
     } else {
-        pipelined(&rt, &primary, &x0, warm, args.layers).map_err(chain)?;
-        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| k as u32).map_err(chain)?;
-        let (many, output) = pipelined(&rt, &primary, &x0, args.steps, args.layers).map_err(chain)?;
+        pipelined(&rt, &primary, &x0, warm, args.layers)?;
+        let (one, reference) = single_stage(&primary, &x0, args.steps, args.layers, &|k| k as u32)?;
+        let (many, output) = pipelined(&rt, &primary, &x0, args.steps, args.layers)?;
         (one, reference, many, output)
     };
     one.sort_by(|a, b| a.total_cmp(b));
@@ -344,22 +356,41 @@ fn run() -> Result<(), String> {
             (many_med - one_med) / hops as f64
         );
     }
-    let same =
-        output.len() == reference.len() && output.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
-    if !same {
-        let first = output.iter().zip(&reference).position(|(a, b)| a.to_bits() != b.to_bits());
-        return Err(format!("outputs differ from the one-stage run (first difference at element {first:?})"));
+    if output.len() != reference.len() {
+        let (got, want) = (output.len(), reference.len());
+        return Err(Failure::Runtime(format!("the output has {got} elements, the one-stage run's {want}")));
+    }
+    if let Some(i) = output.iter().zip(&reference).position(|(a, b)| a.to_bits() != b.to_bits()) {
+        return Err(Failure::Runtime(format!(
+            "outputs differ from the one-stage run after {} steps: element {i} is {}, the one-stage run's {}",
+            args.steps, output[i], reference[i]
+        )));
     }
     println!("outputs: bitwise identical to the one-stage run after {} steps", args.steps);
     Ok(())
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
+    let args = match parse_args() {
+        Ok(args) => args,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("pipeline: {e}\n{SYNOPSIS}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.help {
+        println!("{SYNOPSIS}\n\n{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(e)) => {
+            eprintln!("pipeline: {e}\n{SYNOPSIS}");
             ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("pipeline: {e}");
+            ExitCode::FAILURE
         }
     }
 }

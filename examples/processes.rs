@@ -1,4 +1,5 @@
-//! A decode loop whose stages run in several processes: run one copy per rank, each with the
+//! A tool (not a lesson: the numbered examples are those, `06_two_processes` for this topic): a
+//! decode loop whose stages run in several processes: run one copy per rank, each with the
 //! same `PPNRT_*` configuration plus its own `PPNRT_RANK` (`scripts/launch-local.sh` starts the
 //! ranks of one host; on several hosts, start one per host with `PPNRT_RENDEZVOUS` naming rank
 //! 0's address).
@@ -11,8 +12,8 @@
 //! its share of a toy model's layers, and boundaries between ranks go through NCCL (`tx` and
 //! `rx_wait` as within one process). The rank of the last stage reads each step's output back
 //! with `readback` (overlapping the next steps) and checks it bitwise against one engine
-//! running the whole model. Exit status 0 when identical, 1 on a mismatch or error, 2 without a
-//! GPU.
+//! running the whole model. Exit status 0 when identical; 1 on a mismatch or an error (no GPU
+//! included); 2 for a bad command line or configuration.
 //!
 //! `--graph` runs each step as CUDA graphs: every rank captures its own stages once
 //! (`capture_step`, one graph per stage per ring slot; a layer's step parameter is then the
@@ -37,9 +38,9 @@ fn layers_of(s: usize, n_stages: usize) -> std::ops::Range<u32> {
     per(s)..per(s + 1)
 }
 
-const USAGE: &str = "\
-usage: processes [--steps N] [--graph] [-h|--help]
+const SYNOPSIS: &str = "usage: processes [--steps N] [--graph] [-h|--help]";
 
+const HELP: &str = "\
 One rank of a decode loop whose stages run in several processes, checked bit for bit against
 one engine. Its placement comes from the PPNRT_* variables (PPNRT_RANKS, PPNRT_RANK,
 PPNRT_RENDEZVOUS, PPNRT_DEVICES, PPNRT_JOB_SECRET, ...); scripts/launch-local.sh starts the
@@ -47,8 +48,8 @@ ranks of one host.
   --steps N         decode steps (default 200)
   --graph           run each step as CUDA graphs, each rank replaying its own stages
   -h, --help        this text
-Exit status 0 when identical; 1 on a mismatch or an error; 2 for a bad command line or
-configuration (checked before the GPU) and without a GPU.";
+Exit status 0 when identical; 1 on a mismatch or an error (no GPU included); 2 for a bad
+command line or configuration (checked before the GPU).";
 
 /// The command line: steps, graph mode, help.
 fn parse_args() -> Result<(usize, bool, bool), String> {
@@ -94,8 +95,11 @@ fn run(config: PpConfig, steps: usize, graph: bool) -> Result<(), String> {
             primary.toy_layer(&mut x, parameter(step), layer).map_err(chain)?;
         }
         let expected = primary.dtoh(&x).map_err(chain)?;
-        if expected.iter().zip(values).any(|(a, b)| a.to_bits() != b.to_bits()) {
-            return Err(format!("step {step}: output differs from one engine's"));
+        if let Some(i) = values.iter().zip(&expected).position(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(format!(
+                "step {step}: output differs from one engine's at element {i}: {}, one engine {}",
+                values[i], expected[i]
+            ));
         }
         checked += 1;
         Ok(())
@@ -188,12 +192,12 @@ fn main() -> ExitCode {
     let (steps, graph, help) = match parse_args() {
         Ok(parsed) => parsed,
         Err(e) => {
-            eprintln!("processes: {e}\n{USAGE}");
+            eprintln!("processes: {e}\n{SYNOPSIS}");
             return ExitCode::from(2);
         }
     };
     if help {
-        println!("{USAGE}");
+        println!("{SYNOPSIS}\n\n{HELP}");
         return ExitCode::SUCCESS;
     }
     let config = match PpConfig::from_env() {
@@ -207,11 +211,11 @@ fn main() -> ExitCode {
         Ok(n) if n > 0 => {}
         Ok(_) => {
             eprintln!("processes: no GPU: the driver sees no device");
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
         Err(e) => {
             eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
     }
     match run(config, steps, graph) {

@@ -1,4 +1,5 @@
-//! Runs one hot-path operation a given number of times, so that what the crate's own code costs
+//! A tool (not a lesson: the numbered examples are those): runs one hot-path operation a given
+//! number of times, so that what the crate's own code costs
 //! per operation can be counted: `scripts/count-instructions.sh` runs it under callgrind against
 //! the driver double (no GPU needed) at two step counts and takes the difference. It runs on GPUs
 //! too; timing belongs to `cargo bench`, this only checks that every step succeeds.
@@ -29,6 +30,8 @@
 //!                 calls for that context make no context query (no effect on peer and staged,
 //!                 which have none current)
 //! ```
+//! Exit status: 0 when every step succeeded; 1 on an error (no GPU included); 2 for a bad command
+//! line.
 use std::process::ExitCode;
 
 use ppnrt::{CudaSlice, Device, DeviceSlice, Engine, PpConfig, PpNRt, TransportPolicy};
@@ -40,6 +43,11 @@ const N: usize = 8192;
 const DECODE_STAGES: usize = 8;
 const DECODE_LAYERS: u32 = 20;
 const DECODE_SLOTS: usize = 2;
+
+/// `N` words of [`ppnrt::kernels::pattern`] under `seed`, made on the host.
+fn words(seed: u32) -> Vec<u32> {
+    (0..N as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect()
+}
 
 /// `decode`: the bench's eager decode step, `steps` times.
 fn decode(steps: usize, unchecked: bool) -> ppnrt::Result<()> {
@@ -105,9 +113,9 @@ fn in_binding(
     }
 }
 
-fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
+fn run(mode: &str, steps: usize, unchecked: bool) -> Result<(), Box<dyn std::error::Error>> {
     if mode == "decode" {
-        return decode(steps, unchecked);
+        return Ok(decode(steps, unchecked)?);
     }
     let primary = Engine::new(0)?;
     // `peer` needs two devices (a one-device machine gets the configuration's typed error);
@@ -120,22 +128,20 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
     let (e0, e1) = (rt.engine(0, &primary)?.clone(), rt.engine(1, &primary)?.clone());
     let x = {
         let _stage = rt.enter(0)?;
-        let mut x = e0.alloc::<u32>(N)?;
-        e0.fill_pattern(&mut x, 3)?;
-        x
+        e0.htod(&words(3))?
     };
     let stream = e0.default_stream().clone();
     let mut src = e0.alloc_persistent::<u32>(N)?;
-    e0.fill_pattern(&mut src, 4)?;
+    e0.htod_into(&words(4), &mut src)?;
     let mut dst = e1.alloc_persistent::<u32>(N)?;
-    e1.fill_pattern(&mut dst, 5)?;
+    e1.htod_into(&words(5), &mut dst)?;
     rt.synchronize()?;
     // A kernel with two slice arguments (the helper copy kernel), for `launch`, on device 0's
     // stream with both slices there.
     let module = ppnrt::Module::load_ptx(e0.context(), "helpers", ppnrt::kernels::HELPERS_PTX)?;
     let copy_kernel = module.function("ppnrt_copy_bytes")?;
     let mut near = e0.alloc_persistent::<u32>(N)?;
-    e0.fill_pattern(&mut near, 6)?;
+    e0.htod_into(&words(6), &mut near)?;
     let config = ppnrt::LaunchConfig::for_elements(N * 4 / 16, 1024);
     // The copy, the launch, the local boundary and the readback run with their stream's context
     // current, as a stage's thread would have it (the boundaries across devices bind each side's
@@ -159,10 +165,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> ppnrt::Result<()> {
         // The last stage's thread, which made the logits.
         "readback" => (Op::Readback, Some(&e1)),
         "loop" => (Op::Nothing, Some(&e0)),
-        other => {
-            eprintln!("unknown mode {other:?}: peer, local, staged, copy, launch, list, readback, decode or loop");
-            std::process::exit(2);
-        }
+        other => return Err(format!("mode {other}: expected one of {}", MODES.join(", ")).into()),
     };
     let steps_loop = || -> ppnrt::Result<()> {
         for step in 0..steps {
@@ -241,16 +244,33 @@ fn parse_args() -> Result<Args, String> {
     Ok(Args { mode, steps, unchecked, help })
 }
 
+const SYNOPSIS: &str = "usage: step_profile [MODE [STEPS]] [--unchecked] [-h|--help]";
+
+const HELP: &str = "\
+Runs one hot-path operation STEPS times (default 1000), for counting the crate's own instructions
+per operation (scripts/count-instructions.sh); MODE (default: peer with two devices, else local):
+  peer      tx + rx + drop, stages on devices 0 and 1 (32 KiB)
+  local     the same with both stages on device 0
+  staged    the same through pinned host memory
+  copy      memcpy_dtod of 32 KiB from device 0 to device 1 (or 0)
+  launch    a launch of a kernel with two slice arguments
+  list      the same launch through a KernelArgList
+  readback  a 32 KiB deferred readback from the last stage
+  decode    one eager decode step of 8 stages x 20 toy layers
+  loop      the loop alone, no operation
+  --unchecked   the loop runs inside Context::bound_unchecked of the mode's current context
+  -h, --help    this text
+Exit status 0 when every step succeeded; 1 on an error (no GPU included); 2 for a bad command line.";
+
 fn main() -> ExitCode {
-    let usage = "usage: step_profile [peer|local|staged|copy|launch|list|readback|decode [STEPS]] [--unchecked] [-h|--help] (see the example's docs)";
     let Args { mode, steps, unchecked, .. } = match parse_args() {
         Ok(Args { help: true, .. }) => {
-            println!("{usage}");
+            println!("{SYNOPSIS}\n\n{HELP}");
             return ExitCode::SUCCESS;
         }
         Ok(args) => args,
         Err(e) => {
-            eprintln!("step_profile: {e}\n{usage}");
+            eprintln!("step_profile: {e}\n{SYNOPSIS}");
             return ExitCode::from(2);
         }
     };
@@ -259,7 +279,7 @@ fn main() -> ExitCode {
     match run(&mode, steps, unchecked) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("step_profile {mode}: {e}");
+            eprintln!("step_profile {mode}: {}", ppnrt::error::chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -1,5 +1,6 @@
-//! Devices, the peer matrix, and bandwidth and latency matrices between every pair of GPUs
-//! (unidirectional and bidirectional), in the manner of NVIDIA's p2pBandwidthLatencyTest.
+//! A tool (not a lesson: the numbered examples are those): devices, the peer matrix, and
+//! bandwidth and latency matrices between every pair of GPUs (unidirectional and bidirectional),
+//! in the manner of NVIDIA's p2pBandwidthLatencyTest.
 //!
 //! ```text
 //! topology [--bytes BYTES] [--reps R]
@@ -7,7 +8,10 @@
 //! Bandwidth: median of R (default 10) timed copies of BYTES (default 256 MiB) with CUDA events;
 //! the diagonal is a copy within one device (bytes copied, not bytes read plus written).
 //! Latency: device time per copy over 1,000 back-to-back 4-byte copies. Peer access is enabled
-//! between every pair that supports it. With no GPU it prints why and exits with status 2.
+//! between every pair that supports it.
+//!
+//! Exit status: 0 on success; 1 on an error (with no GPU it prints why); 2 for a bad command
+//! line.
 
 use std::process::ExitCode;
 
@@ -51,42 +55,50 @@ fn matrix(
     Ok(())
 }
 
-const USAGE: &str = "\
-usage: topology [--bytes BYTES] [--reps R]
+const SYNOPSIS: &str = "usage: topology [--bytes BYTES] [--reps R] [-h|--help]";
 
+const HELP: &str = "\
 Devices, the peer matrix, and bandwidth and latency matrices between every pair of GPUs.
   --bytes BYTES   bytes per timed copy (default 268435456 = 256 MiB)
   --reps R        timed copies per figure, the median is reported (default 10)
-Exit status 2 on any error.";
+  -h, --help      this text
+Exit status 0 on success; 1 on an error (no GPU included); 2 for a bad command line.";
 
-fn run() -> Result<(), String> {
+/// The command line.
+struct Args {
+    bytes: usize,
+    reps: usize,
+    help: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
     use lexopt::prelude::*;
-    let mut bytes = 256usize << 20;
-    let mut reps = 10usize;
+    let mut args = Args { bytes: 256 << 20, reps: 10, help: false };
     let mut parser = lexopt::Parser::from_env();
     let number = |flag: &str, parser: &mut lexopt::Parser, range: std::ops::RangeInclusive<usize>| {
-        let text = parser.value().and_then(|v| v.string()).map_err(|e| format!("{e}\n{USAGE}"))?;
-        let value: usize = text.parse().map_err(|e| format!("{flag} {text}: {e}\n{USAGE}"))?;
+        let text = parser.value().and_then(|v| v.string()).map_err(|e| e.to_string())?;
+        let value: usize = text.parse().map_err(|e| format!("{flag} {text}: {e}"))?;
         if !range.contains(&value) {
-            return Err(format!("{flag} {text}: must be between {} and {}\n{USAGE}", range.start(), range.end()));
+            return Err(format!("{flag} {text}: must be between {} and {}", range.start(), range.end()));
         }
         Ok(value)
     };
-    while let Some(arg) = parser.next().map_err(|e| format!("{e}\n{USAGE}"))? {
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
-            Long("bytes") => bytes = number("--bytes", &mut parser, 4..=(16usize << 30))?,
-            Long("reps") => reps = number("--reps", &mut parser, 1..=100_000)?,
+            Long("bytes") => args.bytes = number("--bytes", &mut parser, 4..=(16usize << 30))?,
+            Long("reps") => args.reps = number("--reps", &mut parser, 1..=100_000)?,
             Long("bench") => {} // tolerated: `cargo bench` passes it to every target
-            Short('h') | Long("help") => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => return Err(format!("{}\n{USAGE}", other.unexpected())),
+            Short('h') | Long("help") => args.help = true,
+            other => return Err(other.unexpected().to_string()),
         }
     }
-    let devices = Device::all().map_err(|e| format!("topology: no GPU: {e}"))?;
+    Ok(args)
+}
+
+fn run(Args { bytes, reps, .. }: Args) -> Result<(), String> {
+    let devices = Device::all().map_err(|e| format!("no GPU: {}", ppnrt::error::chain(&e)))?;
     if devices.is_empty() {
-        return Err("topology: no GPU: the driver sees no device".into());
+        return Err("no GPU: the driver sees no device".into());
     }
     let driver = ppnrt::loader::driver().map_err(|e| ppnrt::error::chain(&e))?;
     println!("driver: CUDA {} ({})", driver.version(), driver.library());
@@ -135,11 +147,13 @@ fn run() -> Result<(), String> {
         }
     }
     let words = bytes / 4;
+    // The copies' source data, made once on the host.
+    let host: Vec<u32> = (0..words as u64).map(|i| ppnrt::kernels::pattern(1, i)).collect();
     let buffers: Vec<(CudaSlice<u32>, CudaSlice<u32>)> = engines
         .iter()
         .map(|e| {
             let mut a = e.alloc_persistent::<u32>(words)?;
-            e.fill_pattern(&mut a, 1)?;
+            e.htod_into(&host, &mut a)?;
             let b = e.alloc_persistent::<u32>(words)?;
             e.synchronize()?;
             Ok((a, b))
@@ -202,11 +216,22 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("topology: {e}\n{SYNOPSIS}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.help {
+        println!("{SYNOPSIS}\n\n{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(2)
+            eprintln!("topology: {e}");
+            ExitCode::FAILURE
         }
     }
 }

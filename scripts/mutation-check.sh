@@ -132,6 +132,12 @@ declare -A catchers=(
   [kernel-param-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [arg-list-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [lent-memory-captured]="a_lent_buffer_cannot_be_captured_into_a_graph"
+  # The examples' command lines (tests/examples.rs).
+  [example-help-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-bad-argument-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-runtime-error-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-error-debug]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  [example-no-gpu-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -151,7 +157,8 @@ PY
   filters=()
   [ "${MUTATION_FILTERS:-1}" = 1 ] && read -r -a filters <<< "${catchers[$name]:-}"
   if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
-  log=$(cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
+  # `examples` runs the example executables: they are built from the mutated tree first.
+  log=$(if [ "$test" = examples ]; then cargo build --examples 2>&1 || exit 0; fi; cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
@@ -406,3 +413,13 @@ run kernel-param-claims-own src/safe/module.rs "    const OWN: Option<Own<Self>>
     /// The C representation" foreign
 run arg-list-claims-own src/safe/module.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
 run lent-memory-captured src/safe/memory.rs "                Tracked::Device(memory) if memory.lent => {" "                Tracked::Device(memory) if memory.lent && false => {" cudarc_double cudarc
+# The examples' command lines (tests/examples.rs, which runs the example executables): --help
+# ignored, an unknown argument ignored, a runtime error or a missing GPU reported as a bad
+# argument (status 2), an error printed with Debug instead of its chain.
+run example-help-ignored examples/quickstart.rs '        if arg == "-h" || arg == "--help" {' '        if false {' examples
+run example-bad-argument-ignored examples/pipeline.rs '            other => return Err(other.unexpected().to_string()),' '            other => drop(other),' examples
+run example-runtime-error-as-usage examples/03_readback.rs '            ExitCode::FAILURE' '            ExitCode::from(2)' examples
+run example-error-debug examples/05_thread_per_stage.rs 'eprintln!("05_thread_per_stage: {}", ppnrt::error::chain(&*e));' 'eprintln!("05_thread_per_stage: {e:?}");' examples
+run example-no-gpu-as-usage examples/processes.rs '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
+            return ExitCode::FAILURE;' '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
+            return ExitCode::from(2);' examples

@@ -1,7 +1,7 @@
 //! `Engine`: one device's execution context.
 //!
 //! An engine owns the device's primary context (retained), a default stream, and the embedded
-//! helper kernels (loaded on first use). Its allocations, copies and launches run on the calling
+//! kernels (the helper copy and the toy model's layer, each loaded on first use). Its allocations, copies and launches run on the calling
 //! thread's ambient stream when a [`StreamOverride`](crate::StreamOverride) is active, else on the
 //! default stream; an ambient stream of another device is an error, never a silent fallback.
 //! `Engine` is cheap to clone and may be used from many threads at once.
@@ -9,12 +9,12 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{CudaError, Result};
+#[cfg(feature = "testing")]
+use crate::safe::TestKernels;
 use crate::safe::{
-    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module,
+    Context, CudaSlice, CudaStream, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, HelperKernels, Module, ToyModel,
     with_ambient_stream,
 };
-#[cfg(feature = "testing")]
-use crate::safe::{TestKernels, ToyModel};
 
 /// The value in `cell`, made by `load` on first use. A failed load is returned and not kept: the
 /// next call tries again. `lock` serialises loads.
@@ -53,7 +53,7 @@ struct EngineInner {
     helpers: OnceLock<HelperKernels>,
     #[cfg(feature = "testing")]
     test_kernels: OnceLock<TestKernels>,
-    #[cfg(feature = "testing")]
+    /// The toy model's layer ([`Engine::toy_layer`]), loaded on first use as `helpers` is.
     toy_model: OnceLock<ToyModel>,
     /// Serialises the loads above, so that concurrent first uses load each module once.
     loading: Mutex<()>,
@@ -78,7 +78,6 @@ impl Engine {
                 helpers: OnceLock::new(),
                 #[cfg(feature = "testing")]
                 test_kernels: OnceLock::new(),
-                #[cfg(feature = "testing")]
                 toy_model: OnceLock::new(),
                 loading: Mutex::new(()),
             }),
@@ -252,7 +251,7 @@ impl Engine {
         })
     }
 
-    #[cfg(feature = "testing")]
+    /// This device's toy model layer, loaded on first use (a failed load is retried next time).
     fn toy_model(&self) -> Result<&ToyModel> {
         load_once(&self.inner.toy_model, &self.inner.loading, || ToyModel::load(&self.inner.ctx, self.max_blocks()))
     }
@@ -334,11 +333,35 @@ impl Engine {
         })
     }
 
-    /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place.
+    /// Applies layer `layer` of the toy residual model at decode step `step` to `x`, in place, on
+    /// the current stream.
+    ///
+    /// A stand-in layer for examples and benchmarks, in place of a real model's: elementwise,
+    /// `x[i] = fma(x[i], a, b)` with `a` in [0.5, 1) and `b` in [-0.5, 0.5) drawn from a hash
+    /// ([`kernels::mix32`](crate::kernels::mix32)) of `(step, layer, i)`. The fused multiply-add
+    /// is exactly rounded, so every GPU gives the same bits for the same inputs, and a pipeline's
+    /// output can be compared bit for bit with one engine running the same layers; since the
+    /// output depends on the step and the layer, a transfer that delivers a wrong or stale step
+    /// (or elements in the wrong place) shows. Its module (`kernels/toy_model.cu`,
+    /// [`kernels::TOY_MODEL_PTX`](crate::kernels::TOY_MODEL_PTX)) is loaded into the engine's
+    /// context on the first call only.
+    ///
+    /// ```no_run
+    /// # fn main() -> ppnrt::Result<()> {
+    /// let engine = ppnrt::Engine::new(0)?;
+    /// let mut x = engine.htod(&[0.25f32; 4096])?;
+    /// for layer in 0..8 {
+    ///     engine.toy_layer(&mut x, 0, layer)?; // step 0, layers 0..8
+    /// }
+    /// let output = engine.dtoh(&x)?;
+    /// # let _ = output;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
-    /// [`CudaError::WrongDevice`] for memory of another device; the driver's error.
-    #[cfg(feature = "testing")]
+    /// [`CudaError::WrongDevice`] for memory of another device; the module load's error on the
+    /// first call; the driver's error.
     pub fn toy_layer<D: DeviceSliceMut<f32>>(&self, x: &mut D, step: u32, layer: u32) -> Result<()> {
         self.on_stream(|stream| self.toy_model()?.layer(stream, x, step, layer))
     }

@@ -2,8 +2,8 @@
 //! needs (lengths, alignment, device) and launches it through [`CudaStream::launch`] (the SM copy
 //! within one device through the same ordering, without the general parameter handling), so its
 //! buffers are ordered by the crate's rule. [`Engine`](crate::Engine) holds one set per device.
-//! [`HelperKernels`] (the SM copy) is always there; [`TestKernels`] and [`ToyModel`] come with the
-//! `testing` feature.
+//! [`HelperKernels`] (the SM copy) and [`ToyModel`] (the toy model's layer) are always there;
+//! [`TestKernels`] comes with the `testing` feature.
 //!
 //! Lifetime: a set holds its modules alive; it belongs to one context. Threading: `Send + Sync`;
 //! launches from several threads are independent.
@@ -12,9 +12,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::context::Context;
-#[cfg(feature = "testing")]
-use super::memory::DeviceSliceMut;
-use super::memory::{CudaView, CudaViewMut, DeviceSlice, ordered};
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut, ordered};
 use super::module::{Function, KernelArgs, LaunchConfig, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
@@ -40,9 +38,8 @@ pub struct TestKernels {
     max_blocks: u32,
 }
 
-/// The toy residual model's layer kernel of one context (tests and examples split this model
-/// over stages; `testing` feature).
-#[cfg(feature = "testing")]
+/// The toy residual model's layer kernel of one context: a stand-in layer that examples,
+/// benchmarks and tests split over stages (see [`Engine::toy_layer`](crate::Engine::toy_layer)).
 #[derive(Debug)]
 pub struct ToyModel {
     layer: Function,
@@ -52,7 +49,6 @@ pub struct ToyModel {
 #[cfg(feature = "testing")]
 const ONE_THREAD: LaunchConfig = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
 
-#[cfg(feature = "testing")]
 fn check_device(what: &'static str, stream: &CudaStream, owner: &CudaStream) -> Result<()> {
     if owner.ordinal() == stream.ordinal() {
         Ok(())
@@ -228,7 +224,6 @@ impl TestKernels {
     }
 }
 
-#[cfg(feature = "testing")]
 impl ToyModel {
     /// Loads the toy model's module into `ctx`.
     ///

@@ -39,9 +39,9 @@ pub use drop_errors::{DropError, take_drop_errors};
 pub use event::CudaEvent;
 pub(crate) use graph::KeptMemory;
 pub use graph::{CaptureMode, CudaGraph, GraphExec, StreamCapture};
-pub use helpers::HelperKernels;
 #[cfg(feature = "testing")]
-pub use helpers::{TestKernels, ToyModel};
+pub use helpers::TestKernels;
+pub use helpers::{HelperKernels, ToyModel};
 pub use host::PinnedHostBuffer;
 pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
 pub use module::{
