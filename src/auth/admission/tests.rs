@@ -197,3 +197,27 @@ fn a_stalled_reader_holds_no_other_write_past_the_deadline() {
     assert_eq!(reader.join().unwrap().unwrap(), 64 << 20);
     drop(stalled);
 }
+
+/// Before a connection proves the key, the host reads no more than the knock: a stranger that
+/// sends a knock's worth of garbage and more is closed with the rest unread (the close resets
+/// the connection), where reading everything first would have ended it with a clean close.
+#[test]
+fn a_stranger_is_read_no_further_than_its_knock() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let key = access("the job's secret, 32 bytes long.").key();
+    let mut admission = Admission::new(&listener, key, MAGIC, Duration::from_millis(300), 8, 4).unwrap();
+    let mut stranger = TcpStream::connect(addr).unwrap();
+    stranger.write_all(&[0x5a; NONCE + PROOF + 1000]).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    poll_until(&mut admission, |a| a.unproven + a.dropped == 1);
+    assert_eq!(admission.unproven, 1, "the knock was read and refused");
+    stranger.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut all = Vec::new();
+    let ended = std::io::Read::read_to_end(&mut stranger, &mut all);
+    assert!(
+        matches!(&ended, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+        "{ended:?} after {} byte(s): the host read past the knock",
+        all.len()
+    );
+}

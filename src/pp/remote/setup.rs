@@ -440,3 +440,6 @@ pub(super) fn accept_inbound(
     }
     Ok(sockets)
 }
+
+#[cfg(test)]
+mod tests;
