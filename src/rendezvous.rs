@@ -8,10 +8,16 @@
 //! with a typed [`RendezvousError`] on rank 0 and on the rank concerned (the others learn that the
 //! rendezvous failed), never a hang: every wait is bounded by the caller's timeout, and a rank
 //! that nobody answers gets [`RendezvousError::Timeout`]. Ranks may start in any order: a
-//! connecting rank retries until rank 0 listens or the time is up. Rank 0 serves the handshakes
-//! of every connection at once, each within a budget of its own (two seconds): a connection that
-//! is silent, trickles bytes, speaks another protocol or does not prove the job's key is closed
-//! without a word and costs the real ranks nothing.
+//! connecting rank retries, with backoff, until rank 0 listens or the time is up, also when rank 0
+//! closed its connection unanswered (as it may in a flood). Rank 0 serves the handshakes of every
+//! connection at once, each within a budget of its own (two seconds), reading no more than the
+//! protocol allows (at most a knock before a connection proves the job's key): a connection that
+//! is silent, trickles bytes, floods, speaks another protocol or does not prove the key is closed
+//! without a word and costs the real ranks nothing; a flood past the connections rank 0 serves at
+//! once evicts the oldest unproven ones, never a rank's, and rank 0 running out of file
+//! descriptors waits a moment instead of failing. The member table goes to every rank at once
+//! within rank 0's timeout: a rank that stops reading it is a [`RendezvousError::Timeout`]
+//! naming it, on time.
 //!
 //! Every connection is admitted as [`crate::auth`] describes: rank 0 and the connecting rank each
 //! prove the job's key (the [`JobAccess`] given) before either says anything else, and every

@@ -392,10 +392,10 @@ const CLOSES_AFTER_KNOCK: u32 = 3;
 /// before it answers (a flood evicted it) or the connection fails.
 ///
 /// # Errors
-/// [`KnockError::Unreached`] when no attempt got a connection by `deadline`; the last attempt's
-/// error when the deadline passed during the handshakes; at once, a host that does not prove
-/// the key or speaks another protocol, and one that closed the connection after this guest's
-/// knock [`CLOSES_AFTER_KNOCK`] times in a row (it holds another key).
+/// When `deadline` passes: the last attempt's error if it timed out, else
+/// [`KnockError::Unreached`] naming it. At once: a host that does not prove the key or speaks
+/// another protocol, and one that closed the connection right after this guest's knock
+/// [`CLOSES_AFTER_KNOCK`] times in a row (it holds another key).
 pub(crate) fn connect_and_knock(
     addr: SocketAddr,
     key: &JobKey,
@@ -481,7 +481,8 @@ pub(crate) fn write_each_by(streams: &[(&TcpStream, &[&[u8]])], deadline: Instan
                     (*piece, *offset) = (*piece + 1, 0);
                     continue;
                 }
-                match { *stream }.write(&bytes[*offset..]) {
+                let mut writer: &TcpStream = stream;
+                match writer.write(&bytes[*offset..]) {
                     Ok(0) => outcomes[i] = Some(Err(ErrorKind::WriteZero.into())),
                     Ok(n) => {
                         *offset += n;
