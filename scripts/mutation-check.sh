@@ -138,6 +138,13 @@ declare -A catchers=(
   [example-runtime-error-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
   [example-error-debug]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
   [example-no-gpu-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
+  # The listeners at the edge (strangers on a rank's port).
+  [knock-read-unbounded]="a_stranger_is_read_no_further_than_its_knock"
+  [table-write-deadline-ignored]="a_member_that_stops_reading_holds_rank_0_no_longer_than_its_timeout"
+  [eviction-youngest-first]="a_newcomer_evicts_the_oldest_unproven_connection_never_a_member a_source_over_its_share_evicts_its_own_oldest_first"
+  [per-source-share-ignored]="a_source_over_its_share_evicts_its_own_oldest_first"
+  [accept-emfile-fatal]="running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous"
+  [guest-retry-removed]="a_rank_whose_connection_is_closed_unanswered_tries_again a_flood_of_silent_strangers_does_not_crowd_out_the_ranks"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -423,3 +430,15 @@ run example-error-debug examples/05_thread_per_stage.rs 'eprintln!("05_thread_pe
 run example-no-gpu-as-usage examples/processes.rs '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
             return ExitCode::FAILURE;' '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
             return ExitCode::from(2);' examples
+# The listeners at the edge: before a connection proves the key the host reads at most the knock;
+# the member table's writes end at the exchange's deadline; a newcomer evicts the oldest unproven
+# connection (of its own source first); running out of descriptors while accepting is transient;
+# a guest whose connection is closed unanswered tries again.
+run knock-read-unbounded src/auth/admission.rs "            let room = allowed - connection.read.len();" "            let room = usize::MAX - connection.read.len();" lib
+run table-write-deadline-ignored src/auth/admission.rs "        if Instant::now() >= deadline {
+            for (i, outcome)" "        if false {
+            for (i, outcome)" lib
+run eviction-youngest-first src/auth/admission.rs "            .min_by_key(|(_, p)| p.arrival)" "            .max_by_key(|(_, p)| p.arrival)" lib
+run per-source-share-ignored src/auth/admission.rs "        if of_source >= self.per_source {" "        if false {" lib
+run accept-emfile-fatal src/auth/admission.rs "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Descriptors," "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Listener," rendezvous
+run guest-retry-removed src/auth/admission.rs "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_))) => return Err(e)," "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_) | KnockError::Closed { .. })) => return Err(e)," rendezvous

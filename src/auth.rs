@@ -8,7 +8,9 @@
 //! 3. host → guest: `HMAC(key, "welcome" ‖ magic ‖ h ‖ g)`, only when step 2 proved the key: a
 //!    connection that does not is closed without a word, and the host goes on;
 //! 4. guest → host: its message and `HMAC(key, "message" ‖ magic ‖ h ‖ g ‖ message)`;
-//! 5. host → guest: its answer and `HMAC(key, "answer" ‖ magic ‖ h ‖ g ‖ answer)`.
+//! 5. host → guest: its answer and `HMAC(key, "answer" ‖ magic ‖ h ‖ g ‖ SHA-256(answer))` (the
+//!    answer's digest: one answer, such as a rendezvous's member table, goes to many guests, and
+//!    is hashed once for all of them).
 //!
 //! Neither end sends anything but nonces and proofs before it knows that the other holds the
 //! key, and fresh nonces on both sides make a recorded exchange worthless later. The records
@@ -24,16 +26,19 @@
 //! `hmac`; nonces come from the operating system's generator (`getrandom`).
 
 use std::fmt;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{ErrorKind, Read};
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::ConfigError;
+
+mod admission;
+pub(crate) use admission::{Admission, Admitted, connect_and_knock, write_by, write_each_by};
 
 /// Variable holding the job secret (at least [`JobSecret::MIN_BYTES`] bytes of text; for example
 /// `export PPNRT_JOB_SECRET=$(openssl rand -hex 32)` once per job, on every rank).
@@ -340,18 +345,30 @@ impl Handshake {
         (derive(b"guest to host"), derive(b"host to guest"))
     }
 
-    /// The guest's step 4: sends `message` with its proof.
-    pub(crate) fn send_message(&self, stream: &mut TcpStream, key: &JobKey, message: &[u8]) -> std::io::Result<()> {
+    /// The guest's step 4: sends `message` with its proof, by `deadline`.
+    pub(crate) fn send_message(
+        &self,
+        stream: &mut TcpStream,
+        key: &JobKey,
+        message: &[u8],
+        deadline: Instant,
+    ) -> std::io::Result<()> {
         let mut bytes = message.to_vec();
         bytes.extend_from_slice(&self.prove(key, b"message", message));
-        stream.write_all(&bytes)
+        write_by(stream, &bytes, deadline)
     }
 
-    /// The host's step 5: sends `answer` with its proof.
-    pub(crate) fn answer(&self, stream: &mut TcpStream, key: &JobKey, answer: &[u8]) -> std::io::Result<()> {
+    /// The host's step 5: `answer` with its proof, as written to the guest (see
+    /// [`write_by`] and [`write_each_by`]).
+    pub(crate) fn answer(&self, key: &JobKey, answer: &[u8]) -> Vec<u8> {
         let mut bytes = answer.to_vec();
-        bytes.extend_from_slice(&self.prove(key, b"answer", answer));
-        stream.write_all(&bytes)
+        bytes.extend_from_slice(&self.answer_proof(key, &answer_digest(answer)));
+        bytes
+    }
+
+    /// The proof that follows an answer whose digest ([`answer_digest`]) is `digest`.
+    pub(crate) fn answer_proof(&self, key: &JobKey, digest: &[u8; 32]) -> [u8; PROOF] {
+        self.prove(key, b"answer", digest)
     }
 
     /// The guest reads the host's answer: `length_of` tells from the bytes read so far how long
@@ -377,12 +394,17 @@ impl Handshake {
         if read.len() > length + PROOF {
             return Err(KnockError::Malformed(format!("{} byte(s) past the answer", read.len() - length - PROOF)));
         }
-        if !self.verify(key, b"answer", &read[..length], &read[length..]) {
+        if !self.verify(key, b"answer", &answer_digest(&read[..length]), &read[length..]) {
             return Err(KnockError::Unproven("the answer's proof is wrong".into()));
         }
         read.truncate(length);
         Ok(read)
     }
+}
+
+/// The digest an answer's proof covers (SHA-256).
+pub(crate) fn answer_digest(answer: &[u8]) -> [u8; 32] {
+    <Sha256 as sha2::Digest>::digest(answer).into()
 }
 
 /// Why a guest's handshake failed.
@@ -398,6 +420,9 @@ pub(crate) enum KnockError {
     Unproven(String),
     /// The host's answer is malformed.
     Malformed(String),
+    /// The deadline passed before any attempt got through the handshake (the last attempt's
+    /// failure).
+    Unreached(String),
 }
 
 impl fmt::Display for KnockError {
@@ -414,6 +439,7 @@ impl fmt::Display for KnockError {
                 write!(f, "the listener does not prove the job secret ({what}): not a rank of this job")
             }
             KnockError::Malformed(what) => write!(f, "a malformed answer: {what}"),
+            KnockError::Unreached(last) => write!(f, "no handshake by the deadline (the last attempt: {last})"),
         }
     }
 }
@@ -421,7 +447,8 @@ impl fmt::Display for KnockError {
 impl KnockError {
     /// Whether the deadline passed.
     pub(crate) fn timed_out(&self) -> bool {
-        matches!(self, KnockError::Io(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock))
+        matches!(self, KnockError::Unreached(_))
+            || matches!(self, KnockError::Io(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock))
     }
 }
 
@@ -478,7 +505,7 @@ pub(crate) fn knock(
     };
     let mut knock = handshake.guest.to_vec();
     knock.extend_from_slice(&handshake.prove(key, b"knock", &[]));
-    stream.write_all(&knock).map_err(KnockError::Io)?;
+    write_by(stream, &knock, deadline).map_err(KnockError::Io)?;
     let welcome = read_exactly(stream, PROOF, deadline).map_err(|e| match e {
         KnockError::Closed { .. } => KnockError::Closed { after_knock: true },
         other => other,
@@ -489,270 +516,18 @@ pub(crate) fn knock(
     Ok(handshake)
 }
 
-/// Tells from the first bytes of a message how long it is: `Ok(None)` while that is not known
-/// yet, an error for bytes that are no such message.
-pub(crate) type LengthOf = dyn Fn(&[u8]) -> Result<Option<usize>, String>;
-
-/// A connection the host admitted: the guest proved the key and sent its message.
-pub(crate) struct Admitted {
-    /// The connection, blocking again.
-    pub(crate) stream: TcpStream,
-    pub(crate) peer: SocketAddr,
-    pub(crate) message: Vec<u8>,
-    pub(crate) handshake: Handshake,
-}
-
-/// A connection whose handshake is under way on the host.
-struct Pending {
-    stream: TcpStream,
-    peer: SocketAddr,
-    handshake: Handshake,
-    knocked: bool,
-    read: Vec<u8>,
-    deadline: Instant,
-}
-
-/// The host's side of the handshake for every connection a listener accepts: all are served at
-/// once without blocking, each within its own budget, and a connection that is silent, trickles,
-/// speaks another protocol or does not prove the key is closed without a word, costing the
-/// others nothing.
-pub(crate) struct Admission<'a> {
-    listener: &'a TcpListener,
-    key: JobKey,
-    magic: [u8; 8],
-    budget: Duration,
-    max_pending: usize,
-    pending: Vec<Pending>,
-    /// Connections closed because they did not prove the key, and the last one's address.
-    unproven: usize,
-    /// Connections closed for silence, another protocol or a malformed message.
-    dropped: usize,
-    last_refused: Option<SocketAddr>,
-}
-
-impl<'a> Admission<'a> {
-    /// Serves `listener` (made non-blocking) for the protocol `magic`, giving each connection
-    /// `budget` for its handshake and message, and serving at most `max_pending` at once (more are
-    /// closed as they come).
-    pub(crate) fn new(
-        listener: &'a TcpListener,
-        key: JobKey,
-        magic: &[u8; 8],
-        budget: Duration,
-        max_pending: usize,
-    ) -> std::io::Result<Admission<'a>> {
-        listener.set_nonblocking(true)?;
-        Ok(Admission {
-            listener,
-            key,
-            magic: *magic,
-            budget,
-            max_pending,
-            pending: Vec::new(),
-            unproven: 0,
-            dropped: 0,
-            last_refused: None,
-        })
-    }
-
-    /// Accepts what waits, advances every pending handshake, and returns the first admitted
-    /// connection, if any. `length_of` tells from the bytes of a guest's message read so far how
-    /// long the message is (`Ok(None)`: not yet known; an error: malformed, the connection is
-    /// closed). Returns `Ok(None)` when nothing is admitted now (the caller pauses briefly).
-    ///
-    /// # Errors
-    /// The listener failed.
-    pub(crate) fn poll(&mut self, length_of: &LengthOf) -> std::io::Result<Option<Admitted>> {
-        self.accept()?;
-        let now = Instant::now();
-        let mut at = 0;
-        while at < self.pending.len() {
-            match self.advance(at, length_of) {
-                Step::Admitted(message) => {
-                    let connection = self.pending.swap_remove(at);
-                    if connection.stream.set_nonblocking(false).is_ok() {
-                        return Ok(Some(Admitted {
-                            stream: connection.stream,
-                            peer: connection.peer,
-                            message,
-                            handshake: connection.handshake,
-                        }));
-                    }
-                    self.dropped += 1;
-                }
-                Step::Waiting if now < self.pending[at].deadline => at += 1,
-                Step::Waiting | Step::Dropped => {
-                    self.last_refused = Some(self.pending.swap_remove(at).peer);
-                    self.dropped += 1;
-                }
-                Step::Unproven => {
-                    self.last_refused = Some(self.pending.swap_remove(at).peer);
-                    self.unproven += 1;
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// What the closed connections were, for an error that ends the wait (empty when none).
-    pub(crate) fn refusals(&self) -> String {
-        if self.unproven + self.dropped == 0 {
-            return String::new();
-        }
-        let last = self.last_refused.map_or(String::new(), |peer| format!(", the last from {peer}"));
-        format!(
-            "; {} connection(s) did not prove the job secret and {} were silent or spoke another protocol{last} \
-             (is the same job secret set on every rank?)",
-            self.unproven, self.dropped
-        )
-    }
-
-    fn accept(&mut self) -> std::io::Result<()> {
-        loop {
-            match self.listener.accept() {
-                Ok((mut stream, peer)) => {
-                    if self.pending.len() >= self.max_pending || stream.set_nonblocking(true).is_err() {
-                        self.dropped += 1;
-                        continue;
-                    }
-                    let Ok(host) = nonce() else { continue };
-                    let mut challenge = self.magic.to_vec();
-                    challenge.extend_from_slice(&host);
-                    // Forty bytes into a fresh connection's empty buffer: written whole, or the
-                    // connection is gone.
-                    if !matches!(stream.write(&challenge), Ok(n) if n == challenge.len()) {
-                        self.dropped += 1;
-                        continue;
-                    }
-                    self.pending.push(Pending {
-                        stream,
-                        peer,
-                        handshake: Handshake { magic: self.magic, host, guest: [0; NONCE] },
-                        knocked: false,
-                        read: Vec::new(),
-                        deadline: Instant::now() + self.budget,
-                    });
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                // A connection that failed between its arrival and the accept: not the listener's.
-                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn advance(&mut self, at: usize, length_of: &LengthOf) -> Step {
-        let connection = &mut self.pending[at];
-        let mut chunk = [0u8; 4096];
-        loop {
-            match connection.stream.read(&mut chunk) {
-                Ok(0) => return Step::Dropped,
-                Ok(n) => connection.read.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return Step::Dropped,
-            }
-        }
-        if !connection.knocked {
-            if connection.read.len() < NONCE + PROOF {
-                return Step::Waiting;
-            }
-            connection.handshake.guest = connection.read[..NONCE].try_into().expect("sliced to a nonce");
-            if !connection.handshake.verify(&self.key, b"knock", &[], &connection.read[NONCE..NONCE + PROOF]) {
-                return Step::Unproven;
-            }
-            connection.read.drain(..NONCE + PROOF);
-            connection.knocked = true;
-            let welcome = connection.handshake.prove(&self.key, b"welcome", &[]);
-            // Thirty-two bytes into a buffer the guest has not filled (it waits for them).
-            if !matches!(connection.stream.write(&welcome), Ok(PROOF)) {
-                return Step::Dropped;
-            }
-        }
-        let length = match length_of(&connection.read) {
-            Ok(Some(length)) => length,
-            Ok(None) => return Step::Waiting,
-            Err(_) => return Step::Dropped,
-        };
-        if connection.read.len() < length + PROOF {
-            return Step::Waiting;
-        }
-        if connection.read.len() > length + PROOF {
-            return Step::Dropped;
-        }
-        let (message, proof) = connection.read.split_at(length);
-        if !connection.handshake.verify(&self.key, b"message", message, proof) {
-            return Step::Unproven;
-        }
-        Step::Admitted(message.to_vec())
-    }
-}
-
-enum Step {
-    Admitted(Vec<u8>),
-    Waiting,
-    Dropped,
-    Unproven,
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
     use super::*;
 
     const MAGIC: &[u8; 8] = b"PPNRTT01";
 
     fn access(secret: &str) -> JobAccess {
         JobAccess::Secret(JobSecret::new(secret).unwrap())
-    }
-
-    /// A host admitting on a fresh listener until `deadline`; returns the admitted message, and
-    /// the admission's refusals.
-    fn host_once(
-        listener: TcpListener,
-        key: JobKey,
-        answer: &'static [u8],
-    ) -> std::thread::JoinHandle<(Option<Vec<u8>>, String)> {
-        std::thread::spawn(move || {
-            let mut admission = Admission::new(&listener, key.clone(), MAGIC, Duration::from_millis(300), 8).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline {
-                let fixed = |read: &[u8]| Ok((read.len() >= 4).then_some(4));
-                if let Some(mut admitted) = admission.poll(&fixed).unwrap() {
-                    admitted.handshake.answer(&mut admitted.stream, &key, answer).unwrap();
-                    return (Some(admitted.message), admission.refusals());
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            (None, admission.refusals())
-        })
-    }
-
-    #[test]
-    fn a_guest_with_the_secret_is_admitted_past_strangers_and_both_sides_get_the_same_keys() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let key = access("the job's secret, 32 bytes long.").key();
-        let host = host_once(listener, key.clone(), b"ok");
-        // A stranger that stays silent, one that speaks another protocol, and one with another key.
-        let _silent = TcpStream::connect(addr).unwrap();
-        let mut other = TcpStream::connect(addr).unwrap();
-        other.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-        let mut wrong = TcpStream::connect(addr).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let err = knock(&mut wrong, &access("another job's secret, also long").key(), MAGIC, deadline).err().unwrap();
-        assert!(matches!(err, KnockError::Closed { after_knock: true }), "{err}");
-        // The member.
-        let mut guest = TcpStream::connect(addr).unwrap();
-        let handshake = knock(&mut guest, &key, MAGIC, deadline).unwrap();
-        handshake.send_message(&mut guest, &key, b"rank").unwrap();
-        let answer = handshake
-            .read_answer(&mut guest, &key, deadline, |read: &[u8]| Ok((read.len() >= 2).then_some(2)))
-            .unwrap();
-        assert_eq!(answer, b"ok");
-        let (message, refusals) = host.join().unwrap();
-        assert_eq!(message.as_deref(), Some(&b"rank"[..]));
-        assert!(refusals.contains("1 connection(s) did not prove the job secret"), "{refusals}");
     }
 
     #[test]

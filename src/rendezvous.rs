@@ -8,10 +8,16 @@
 //! with a typed [`RendezvousError`] on rank 0 and on the rank concerned (the others learn that the
 //! rendezvous failed), never a hang: every wait is bounded by the caller's timeout, and a rank
 //! that nobody answers gets [`RendezvousError::Timeout`]. Ranks may start in any order: a
-//! connecting rank retries until rank 0 listens or the time is up. Rank 0 serves the handshakes
-//! of every connection at once, each within a budget of its own (two seconds): a connection that
-//! is silent, trickles bytes, speaks another protocol or does not prove the job's key is closed
-//! without a word and costs the real ranks nothing.
+//! connecting rank retries, with backoff, until rank 0 listens or the time is up, also when rank 0
+//! closed its connection unanswered (as it may in a flood). Rank 0 serves the handshakes of every
+//! connection at once, each within a budget of its own (two seconds), reading no more than the
+//! protocol allows (at most a knock before a connection proves the job's key): a connection that
+//! is silent, trickles bytes, floods, speaks another protocol or does not prove the key is closed
+//! without a word and costs the real ranks nothing; a flood past the connections rank 0 serves at
+//! once evicts the oldest unproven ones, never a rank's, and rank 0 running out of file
+//! descriptors waits a moment instead of failing. The member table goes to every rank at once
+//! within rank 0's timeout: a rank that stops reading it is a [`RendezvousError::Timeout`]
+//! naming it, on time.
 //!
 //! Every connection is admitted as [`crate::auth`] describes: rank 0 and the connecting rank each
 //! prove the job's key (the [`JobAccess`] given) before either says anything else, and every
@@ -33,10 +39,13 @@
 //! and either the member table or a reason; each with its proof.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::ErrorKind;
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::auth::{Admission, Admitted, JobAccess, JobKey, KnockError, knock};
+use crate::auth::{
+    Admission, Admitted, JobAccess, JobKey, KnockError, answer_digest, connect_and_knock, write_each_by,
+};
 
 /// Variable holding rank 0's rendezvous address, `host:port`.
 pub const RENDEZVOUS_VAR: &str = "PPNRT_RENDEZVOUS";
@@ -47,7 +56,7 @@ pub const PAYLOAD_BYTES: usize = 128;
 /// The most bytes one rank may contribute to [`Rendezvous::exchange`].
 pub const MAX_CONTRIBUTION: usize = 64 << 10;
 
-const MAGIC: &[u8; 8] = b"PPNRTRV3";
+const MAGIC: &[u8; 8] = b"PPNRTRV4";
 const MAX_FINGERPRINT: usize = 4096;
 /// The most ranks a rendezvous gathers (at least a pipeline's most stages, each of which may
 /// have a rank of its own).
@@ -58,8 +67,11 @@ const MAX_REPLY: usize = 64 << 20;
 /// How long one connection to rank 0 has to deliver its whole hello (a rank sends it at once):
 /// a connection that is silent, or trickles bytes, is dropped then, and the rendezvous goes on.
 const HELLO_BUDGET: Duration = Duration::from_secs(2);
-/// Connections whose hellos rank 0 reads at once; more are closed as they come.
+/// Connections whose hellos rank 0 reads at once; a newcomer past them evicts the oldest that
+/// has not proved the job's key (see [`crate::auth`]).
 const MAX_PENDING_HELLOS: usize = 4 * MAX_WORLD;
+/// The longest hello: rank, world size, fingerprint and contribution, each length-prefixed.
+const MAX_HELLO: usize = 16 + MAX_FINGERPRINT + MAX_CONTRIBUTION;
 const OK: u8 = 0;
 const REFUSED: u8 = 1;
 
@@ -243,9 +255,11 @@ impl Rendezvous {
         let listener = TcpListener::bind(self.resolve()?)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let key = self.access.key();
-        let mut admission = Admission::new(&listener, key.clone(), MAGIC, HELLO_BUDGET, MAX_PENDING_HELLOS)
+        let mut admission = Admission::new(&listener, key.clone(), MAGIC, HELLO_BUDGET, MAX_PENDING_HELLOS, MAX_HELLO)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let start = Instant::now();
+        // The whole exchange, the member table's delivery included, ends by then.
+        let deadline = start + self.timeout;
         let mut joined: Vec<Option<(Admitted, Member)>> = (0..self.world).map(|_| None).collect();
         let missing = |joined: &[Option<(Admitted, Member)>]| -> Vec<usize> {
             (1..joined.len()).filter(|r| joined[*r].is_none()).collect()
@@ -262,12 +276,12 @@ impl Rendezvous {
                 return Err(error);
             }
             // Every connection's handshake and hello is served at once, each within its own
-            // budget: a silent, trickling or unproven connection costs the others nothing and is
-            // closed without a word.
+            // budget and reading no more than the protocol allows: a silent, trickling, flooding
+            // or unproven connection costs the others nothing and is closed without a word.
             let admitted = admission
                 .poll(&hello_length)
                 .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
-            let Some(mut admitted) = admitted else {
+            let Some(admitted) = admitted else {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
@@ -284,7 +298,7 @@ impl Rendezvous {
                 None
             };
             if let Some(error) = refusal {
-                let _ = reply(&mut admitted, &key, REFUSED, told(&error).as_bytes());
+                let _ = send_replies([&admitted], &key, &reply(REFUSED, told(&error).as_bytes()), deadline);
                 refuse_all(&mut joined, &key, &error);
                 return Err(error);
             }
@@ -300,9 +314,27 @@ impl Rendezvous {
         let mut members = vec![Member { addr: own, bytes: contribution.to_vec() }];
         members.extend(joined.iter().skip(1).flatten().map(|(_, member)| member.clone()));
         let table = encode_members(&members);
-        for (admitted, _) in joined.iter_mut().flatten() {
-            // A rank that vanished now learns nothing; it fails on its own side.
-            let _ = reply(admitted, &key, OK, &table);
+        // To every rank at once, by the deadline: a rank that stops reading holds no other rank
+        // and not rank 0 past its timeout (a rank that vanished learns nothing; it fails on its
+        // own side).
+        let outcomes =
+            send_replies(joined.iter().flatten().map(|(admitted, _)| admitted), &key, &reply(OK, &table), deadline);
+        let unread: Vec<usize> = outcomes
+            .iter()
+            .zip(1..)
+            .filter_map(|(outcome, rank)| {
+                outcome.as_ref().err().filter(|e| e.kind() == ErrorKind::TimedOut).map(|_| rank)
+            })
+            .collect();
+        if !unread.is_empty() {
+            return Err(RendezvousError::Timeout {
+                addr: self.addr.clone(),
+                waited: start.elapsed(),
+                waiting_for: format!(
+                    "rank(s) {unread:?} did not take the member table of {} bytes (they stopped reading)",
+                    table.len()
+                ),
+            });
         }
         Ok(members)
     }
@@ -311,20 +343,6 @@ impl Rendezvous {
         let addr = self.resolve()?;
         let start = Instant::now();
         let deadline = start + self.timeout;
-        let mut stream = loop {
-            let remaining = self.timeout.saturating_sub(start.elapsed());
-            if remaining.is_zero() {
-                return Err(RendezvousError::Timeout {
-                    addr: self.addr.clone(),
-                    waited: start.elapsed(),
-                    waiting_for: "rank 0 never listened".into(),
-                });
-            }
-            match TcpStream::connect_timeout(&addr, remaining.min(Duration::from_millis(500))) {
-                Ok(stream) => break stream,
-                Err(_) => std::thread::sleep(Duration::from_millis(20).min(remaining)),
-            }
-        };
         let key = self.access.key();
         let failed = |e: KnockError, waiting_for: &str| match e {
             e if e.timed_out() => RendezvousError::Timeout {
@@ -340,8 +358,10 @@ impl Rendezvous {
             }
             e => RendezvousError::Protocol { addr: self.addr.clone(), what: e.to_string() },
         };
-        // Nothing about this rank goes out before rank 0 proved the job's key.
-        let handshake = knock(&mut stream, &key, MAGIC, deadline).map_err(|e| failed(e, "rank 0's handshake"))?;
+        // Nothing about this rank goes out before rank 0 proved the job's key. Retries while rank
+        // 0 does not listen yet, or closed the connection unanswered (a flood evicted it).
+        let (mut stream, handshake) = connect_and_knock(addr, &key, MAGIC, deadline)
+            .map_err(|e| failed(e, "rank 0 (never listening, or no handshake with it)"))?;
         let fingerprint = self.fingerprint.as_bytes();
         let mut hello = Vec::with_capacity(16 + fingerprint.len() + contribution.len());
         hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
@@ -351,8 +371,8 @@ impl Rendezvous {
         hello.extend_from_slice(&(contribution.len() as u32).to_le_bytes());
         hello.extend_from_slice(contribution);
         handshake
-            .send_message(&mut stream, &key, &hello)
-            .map_err(|e| RendezvousError::Protocol { addr: self.addr.clone(), what: e.to_string() })?;
+            .send_message(&mut stream, &key, &hello, deadline)
+            .map_err(|e| failed(KnockError::Io(e), "rank 0 to read this rank's hello"))?;
         let reply = handshake
             .read_answer(&mut stream, &key, deadline, reply_length)
             .map_err(|e| failed(e, "rank 0's answer (other ranks missing?)"))?;
@@ -493,20 +513,42 @@ fn decode_members(mut body: &[u8], world: usize) -> Option<Vec<Member>> {
     body.is_empty().then_some(members)
 }
 
-fn reply(admitted: &mut Admitted, key: &JobKey, status: u8, body: &[u8]) -> std::io::Result<()> {
+/// Rank 0's reply (status, length, body), the same for every rank it goes to.
+fn reply(status: u8, body: &[u8]) -> Vec<u8> {
     let mut message = Vec::with_capacity(5 + body.len());
     message.push(status);
     message.extend_from_slice(&(body.len() as u32).to_le_bytes());
     message.extend_from_slice(body);
-    admitted.handshake.answer(&mut admitted.stream, key, &message)
+    message
 }
 
-/// Tells every rank already connected that the rendezvous failed, and why.
+/// Sends `message`, each with its own proof, to every rank in `to` at once, by `deadline` (see
+/// [`write_each_by`]); the outcomes in order.
+fn send_replies<'a>(
+    to: impl IntoIterator<Item = &'a Admitted>,
+    key: &JobKey,
+    message: &[u8],
+    deadline: Instant,
+) -> Vec<std::io::Result<()>> {
+    let digest = answer_digest(message);
+    let proofs: Vec<_> =
+        to.into_iter().map(|admitted| (&admitted.stream, admitted.handshake.answer_proof(key, &digest))).collect();
+    let pieces: Vec<[&[u8]; 2]> = proofs.iter().map(|(_, proof)| [message, &proof[..]]).collect();
+    let streams: Vec<_> = proofs.iter().zip(&pieces).map(|((stream, _), pieces)| (*stream, &pieces[..])).collect();
+    write_each_by(&streams, deadline)
+}
+
+/// Tells every rank already connected that the rendezvous failed, and why: a short message each,
+/// written in one attempt that does not wait (a rank that does not read it learns it from its
+/// own timeout).
 fn refuse_all(joined: &mut [Option<(Admitted, Member)>], key: &JobKey, error: &RendezvousError) {
     let reason = format!("the rendezvous failed: {}", told(error));
-    for (admitted, _) in joined.iter_mut().flatten() {
-        let _ = reply(admitted, key, REFUSED, reason.as_bytes());
-    }
+    let _ = send_replies(
+        joined.iter().flatten().map(|(admitted, _)| admitted),
+        key,
+        &reply(REFUSED, reason.as_bytes()),
+        Instant::now(),
+    );
 }
 
 /// What rank 0 tells the connections it refuses about `error`: never its own configuration (a
@@ -525,3 +567,6 @@ impl fmt::Display for Rendezvous {
         write!(f, "rank {} of {} at {}", self.rank, self.world, self.addr)
     }
 }
+
+#[cfg(test)]
+mod tests;

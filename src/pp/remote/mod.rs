@@ -105,7 +105,7 @@ pub(super) const WATCH_PEEK: Duration = Duration::from_millis(1);
 pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 /// The greeting of a control connection; the digit is the wire protocol's version.
-const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD3";
+const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD4";
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
 /// The RX rank's one-byte answer to a close: every step was received.

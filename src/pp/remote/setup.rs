@@ -2,7 +2,7 @@
 //! join and the first message that proves each link, every wait bounded.
 
 use super::*;
-use crate::auth::{Admission, JobKey, Opener, Sealer, knock};
+use crate::auth::{Admission, JobKey, Opener, Sealer, connect_and_knock, write_by};
 
 /// The local side of every cross-rank boundary, keyed by boundary.
 pub(in crate::pp) struct Links {
@@ -335,33 +335,26 @@ pub(super) fn setup_error(boundary: usize, peer: usize, what: &str, e: &std::io:
     Error::Pipeline(PpError::PeerFailed { boundary, peer, reason: format!("{what}: {e}") })
 }
 
-pub(super) fn connect_with_retry(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
-    let start = Instant::now();
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(socket) => return Ok(socket),
-            Err(e) if start.elapsed() >= timeout => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 /// A control connection with the keys of its records: `(connection, TX to RX, RX to TX)`.
 pub(super) type Connection = (TcpStream, JobKey, JobKey);
 
 /// How long one connection to a receiving rank's listener has for its handshake: a connection
 /// that is silent, trickles or does not prove the job's key is closed then, and the others go on.
 const HANDSHAKE_BUDGET: Duration = Duration::from_secs(2);
-/// Connections a receiving rank's listener serves at once; more are closed as they come.
-const MAX_PENDING_CONNECTIONS: usize = 64;
+/// Connections a receiving rank's listener serves at once; a newcomer past them evicts the
+/// oldest that has not proved the job's key (see [`crate::auth`]).
+const MAX_PENDING_CONNECTIONS: usize = 256;
+/// The sending rank's message: the boundary it connects.
+const BOUNDARY_NAMED: usize = 4;
 /// The receiving rank's answer: the boundary is taken...
 const ACCEPTED: u8 = 1;
 /// ... or not (not one of its boundaries, or connected already).
 const NOT_ACCEPTED: u8 = 0;
 
 /// The TX rank's control connection of boundary `b` to the RX rank at `addr`: connects (retrying
-/// while the listener is not up, within `timeout`), proves the job's key, checks the listener's
-/// proof, names the boundary and waits for the answer.
+/// with backoff while the listener is not up or closes the connection unanswered, as it may in a
+/// flood, within `timeout`), proves the job's key, checks the listener's proof, names the
+/// boundary and waits for the answer.
 pub(super) fn connect_outbound(
     b: &crate::pp::plan::BoundaryPlan,
     addr: SocketAddr,
@@ -376,11 +369,10 @@ pub(super) fn connect_outbound(
             reason: format!("{what} at {addr}: {e}"),
         })
     };
-    let mut socket = connect_with_retry(addr, timeout).map_err(|e| failed("connecting the boundary", &e))?;
-    let handshake =
-        knock(&mut socket, key, HELLO_MAGIC, deadline).map_err(|e| failed("the receiving rank's handshake", &e))?;
+    let (mut socket, handshake) = connect_and_knock(addr, key, HELLO_MAGIC, deadline)
+        .map_err(|e| failed("connecting the boundary (the receiving rank's handshake)", &e))?;
     let boundary = (b.boundary as u32).to_le_bytes();
-    handshake.send_message(&mut socket, key, &boundary).map_err(|e| failed("naming the boundary", &e))?;
+    handshake.send_message(&mut socket, key, &boundary, deadline).map_err(|e| failed("naming the boundary", &e))?;
     let answer = handshake
         .read_answer(&mut socket, key, deadline, |read: &[u8]| Ok((!read.is_empty()).then_some(1)))
         .map_err(|e| failed("the receiving rank's answer", &e))?;
@@ -409,11 +401,18 @@ pub(super) fn accept_inbound(
         let addr = listener.local_addr().map_or_else(|_| "the boundary listener".into(), |a| a.to_string());
         RendezvousError::Address { addr, reason: e.to_string() }
     };
-    let mut admission =
-        Admission::new(listener, key.clone(), HELLO_MAGIC, HANDSHAKE_BUDGET.min(timeout), MAX_PENDING_CONNECTIONS)
-            .map_err(unusable)?;
+    let mut admission = Admission::new(
+        listener,
+        key.clone(),
+        HELLO_MAGIC,
+        HANDSHAKE_BUDGET.min(timeout),
+        MAX_PENDING_CONNECTIONS,
+        BOUNDARY_NAMED,
+    )
+    .map_err(unusable)?;
     let start = Instant::now();
-    let boundary_named = |read: &[u8]| Ok((read.len() >= 4).then_some(4));
+    let deadline = start + timeout;
+    let boundary_named = |read: &[u8]| Ok((read.len() >= BOUNDARY_NAMED).then_some(BOUNDARY_NAMED));
     while sockets.len() < wanted.len() {
         if start.elapsed() >= timeout {
             let (b, peer) = wanted.iter().find(|(b, _)| !sockets.contains_key(b)).copied().unwrap_or((0, 0));
@@ -430,7 +429,7 @@ pub(super) fn accept_inbound(
         let b = u32::from_le_bytes(admitted.message[..4].try_into().expect("four bytes")) as usize;
         let fresh = wanted.iter().any(|&(w, _)| w == b) && !sockets.contains_key(&b);
         let answer = if fresh { ACCEPTED } else { NOT_ACCEPTED };
-        if admitted.handshake.answer(&mut admitted.stream, key, &[answer]).is_err() || !fresh {
+        if write_by(&mut admitted.stream, &admitted.handshake.answer(key, &[answer]), deadline).is_err() || !fresh {
             continue;
         }
         let peer = wanted.iter().find(|&&(w, _)| w == b).map_or(0, |&(_, p)| p);
@@ -441,3 +440,6 @@ pub(super) fn accept_inbound(
     }
     Ok(sockets)
 }
+
+#[cfg(test)]
+mod tests;

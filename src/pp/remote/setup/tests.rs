@@ -1,0 +1,91 @@
+//! The boundary listener against strangers: a flood does not crowd out the sending rank, and a
+//! sending rank whose connection is closed unanswered tries again.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::*;
+use crate::auth::{JobAccess, JobSecret};
+
+fn plan(boundary: usize) -> crate::pp::plan::BoundaryPlan {
+    crate::pp::plan::BoundaryPlan {
+        boundary,
+        tx_device: 0,
+        rx_device: 0,
+        tx_rank: 0,
+        rx_rank: 1,
+        transport: Transport::Nccl,
+    }
+}
+
+fn job() -> JobKey {
+    JobAccess::Secret(JobSecret::new("a job secret for the tests").unwrap()).key()
+}
+
+/// A flood of silent strangers far past the connections the receiving rank's listener serves at
+/// once (256) does not crowd out the sending rank: both boundaries connect within a second
+/// (connections past the bound used to be closed as they came, failing the setup at once).
+#[test]
+fn a_flood_of_silent_strangers_does_not_crowd_out_the_sending_rank() {
+    let cross = vec![plan(0), plan(1)];
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(5);
+    let (stop, opened) = (AtomicBool::new(false), AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        let receiver = scope.spawn(|| accept_inbound(&listener, &cross, 1, timeout, &job()));
+        let floods: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut held = VecDeque::new();
+                    let deadline = Instant::now() + Duration::from_secs(6);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                            held.push_back(stream);
+                            if held.len() > 600 {
+                                held.pop_front();
+                            }
+                            opened.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while opened.load(Ordering::Relaxed) < 400 {
+            assert!(Instant::now() < deadline, "the flood opened only {}", opened.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let start = Instant::now();
+        let connected: Vec<_> = (0..2).map(|b| connect_outbound(&plan(b), addr, timeout, &job())).collect();
+        let took = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        for flood in floods {
+            flood.join().unwrap();
+        }
+        for connection in connected {
+            connection.map(|_| ()).unwrap();
+        }
+        assert_eq!(receiver.join().unwrap().unwrap().len(), 2);
+        assert!(took < Duration::from_millis(1500), "the sending rank took {took:?} in the flood");
+    });
+}
+
+/// A sending rank whose connection is closed before the listener answers (as a flood's eviction
+/// does) tries again with backoff, and is admitted (it used to fail at once).
+#[test]
+fn a_sending_rank_whose_connection_is_closed_unanswered_tries_again() {
+    let cross = vec![plan(0)];
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(5);
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(|| connect_outbound(&plan(0), addr, timeout, &job()));
+        // The first connection is closed without a word; then the listener admits as it does.
+        let (first, _) = listener.accept().unwrap();
+        drop(first);
+        let inbound = accept_inbound(&listener, &cross, 1, timeout, &job()).unwrap();
+        assert!(inbound.contains_key(&0));
+        sender.join().unwrap().map(|_| ()).unwrap();
+    });
+}
