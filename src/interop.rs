@@ -43,6 +43,10 @@
 //!   the cudarc buffer keeps cudarc's other users out meanwhile (a read lends `&`, a write
 //!   `&mut`). No stream capture may take the view's memory (a graph would launch on it after
 //!   the lend): such a capture is refused ([`CaptureError::IllegalCall`](crate::CaptureError)).
+//!   The lend's end is enqueued on the engine's stream whatever capture is active elsewhere, and
+//!   never captured: no capture of the engine's stream begins during a lend
+//!   ([`CaptureError::CannotBegin`](crate::CaptureError)), and a lend on a capturing stream is
+//!   refused.
 //! - **Only cudarc's own buffers.** [`CudarcBuffer`] and [`CudarcBufferMut`] are sealed and
 //!   implemented for cudarc's `CudaSlice`, `CudaView` and `CudaViewMut` alone (a write for the
 //!   slice and the mutable view): the address and length come from cudarc's own code, never from
@@ -259,13 +263,17 @@ impl EngineStream {
     ///
     /// # Errors
     /// [`CudaError::WrongDevice`] / [`CudaError::WrongContext`] for a buffer of another device or
-    /// context than the stream's (`f` does not run).
+    /// context than the stream's, [`CaptureError::IllegalCall`](crate::CaptureError) while the
+    /// stream is capturing (`f` does not run).
     pub fn read<T, S, R>(&self, src: &S, f: impl FnOnce(CudaView<'_, T>) -> R) -> Result<R>
     where
         T: DeviceRepr,
         S: CudarcBuffer<T>,
     {
         self.check_buffer("EngineStream::read: the buffer must be of the stream's context", src.cudarc_context())?;
+        // Dropped last (after cudarc's record): no capture of the engine's stream begins
+        // meanwhile, so the lend's end is enqueued on it, not captured.
+        let _scope = self.ours.lend_scope("EngineStream::read on a capturing stream")?;
         let (ptr, len, record) = self.context().call_foreign(|| src.lend(&self.theirs));
         // Declared before the slice, so dropped after it (also on unwind): cudarc's record then
         // covers the engine stream's wait for the crate's uses.
@@ -291,13 +299,15 @@ impl EngineStream {
     ///
     /// # Errors
     /// [`CudaError::WrongDevice`] / [`CudaError::WrongContext`] for a buffer of another device or
-    /// context than the stream's (`f` does not run).
+    /// context than the stream's, [`CaptureError::IllegalCall`](crate::CaptureError) while the
+    /// stream is capturing (`f` does not run).
     pub fn write<T, D, R>(&self, dst: &mut D, f: impl FnOnce(CudaViewMut<'_, T>) -> R) -> Result<R>
     where
         T: DeviceRepr,
         D: CudarcBufferMut<T>,
     {
         self.check_buffer("EngineStream::write: the buffer must be of the stream's context", dst.cudarc_context())?;
+        let _scope = self.ours.lend_scope("EngineStream::write on a capturing stream")?;
         let theirs: &cudarc::driver::CudaStream = &self.theirs;
         let (ptr, len, record) = self.context().call_foreign(move || dst.lend_mut(theirs));
         let _record = AfterLend { record: ManuallyDrop::new(record), ctx: self.context() };
@@ -319,7 +329,8 @@ impl EngineStream {
     /// host-staged boundary's guard holds a copy; the view is then of the copy.
     ///
     /// # Errors
-    /// [`CudaError::WrongDevice`] when the slot is on another device than the stream (`f` does
+    /// [`CudaError::WrongDevice`] when the slot is on another device than the stream,
+    /// [`CaptureError::IllegalCall`](crate::CaptureError) while the stream is capturing (`f` does
     /// not run); the driver's error ([`crate::Error::Cuda`]).
     pub fn received_view<T, R>(
         &self,
@@ -341,6 +352,7 @@ impl EngineStream {
             }
             .into());
         }
+        let _scope = self.ours.lend_scope("EngineStream::received_view on a capturing stream")?;
         received.order_on(&self.ours)?;
         let slice = self.context().call_foreign(|| {
             // SAFETY: the address holds `len` elements of `T` for as long as `received` lends
