@@ -132,6 +132,12 @@ declare -A catchers=(
   [kernel-param-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [arg-list-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [lent-memory-captured]="a_lent_buffer_cannot_be_captured_into_a_graph"
+  # The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs).
+  [lent-release-deferred]="a_capture_active_at_the_lends_end_does_not_unorder_it"
+  [capture-begins-during-lend]="the_engine_stream_cannot_be_captured_around_a_lend"
+  [lend-on-capturing-stream]="the_engine_stream_cannot_be_captured_around_a_lend"
+  [lend-end-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
+  [lend-start-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -391,10 +397,10 @@ run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_r
 # one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs). A
 # lent buffer taken into a capture (its graph would outlive the lend).
 run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" cudarc_double cudarc
-run interop-read-release-skipped src/interop.rs "        Ok(f(slice.as_view()))" "        let result = f(slice.as_view());
+run interop-read-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view()))" "        let result = f(slice.slice.as_view());
         std::mem::forget(slice);
         Ok(result)" cudarc_double cudarc
-run interop-write-release-skipped src/interop.rs "        Ok(f(slice.as_view_mut()))" "        let result = f(slice.as_view_mut());
+run interop-write-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view_mut()))" "        let result = f(slice.slice.as_view_mut());
         std::mem::forget(slice);
         Ok(result)" cudarc_double cudarc
 run received-view-reads-unwaited src/interop.rs "            slice.leak();" "            std::mem::forget(slice);" cudarc_double cudarc
@@ -406,3 +412,18 @@ run kernel-param-claims-own src/safe/module.rs "    const OWN: Option<Own<Self>>
     /// The C representation" foreign
 run arg-list-claims-own src/safe/module.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
 run lent-memory-captured src/safe/memory.rs "                Tracked::Device(memory) if memory.lent => {" "                Tracked::Device(memory) if memory.lent && false => {" cudarc_double cudarc
+# The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs): lent memory whose
+# release is deferred by a capture of another stream; a capture of the engine's stream begun
+# during a lend; a lend begun on a capturing engine stream; a capture begun through cudarc itself
+# ignored at the lend's end or start.
+run lent-release-deferred src/safe/memory.rs "        if self.lent {
+            // A scoped lend ends here" "        if self.lent && false {
+            // A scoped lend ends here" cudarc_attacks cudarc
+run capture-begins-during-lend src/safe/stream.rs "        if self.lends.load(Ordering::SeqCst) != 0 {" "        if false {" cudarc_attacks cudarc
+run lend-on-capturing-stream src/safe/stream.rs "        if held.is_none() {
+            // Under the capture lock" "        if true {
+            // Under the capture lock" cudarc_attacks cudarc
+run lend-end-ignores-foreign-capture src/interop.rs "        if !self.lender.captured_elsewhere() {" "        if true {" cudarc_attacks cudarc
+run lend-start-ignores-foreign-capture src/interop.rs "        if self.captured_elsewhere() {
+            return Err" "        if false {
+            return Err" cudarc_attacks cudarc

@@ -7,8 +7,6 @@ mod common;
 #[path = "common/double.rs"]
 mod double;
 
-use std::sync::Arc;
-
 use double::with_double;
 use ppnrt::interop::EngineStream;
 use ppnrt::{CaptureMode, DeviceSlice, Engine, PpConfig, PpNRt};
@@ -83,5 +81,44 @@ fn the_engine_stream_cannot_be_captured_around_a_lend() {
         assert!(matches!(lent, Err(ppnrt::CudaError::Capture(ppnrt::CaptureError::IllegalCall { .. }))), "{lent:?}");
         assert!(capture.end().is_err(), "the refused lend invalidates the capture");
         assert_eq!(engine_stream.read(&x, |view| view.len()).unwrap(), N);
+    });
+}
+
+/// A capture of the engine's stream begun through cudarc itself, which this crate cannot see
+/// or stop: begun inside a lend, the lend's end still orders cudarc's next writer after the
+/// crate's send (waited for on the host, since nothing enqueued on the stream would run); begun
+/// before a lend, the lend is refused.
+#[test]
+fn a_capture_begun_through_cudarc_does_not_unorder_a_lend() {
+    with_double("a_capture_begun_through_cudarc_does_not_unorder_a_lend", |_| {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let engine = Engine::new(0).unwrap();
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let (theirs, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
+        let rt = PpNRt::new(PpConfig::new(2), &engine).unwrap();
+        let sent = values(9);
+        let mut x = theirs.clone_htod(&sent).unwrap();
+        let slot = engine_stream
+            .read(&x, |view| {
+                let slot = rt.enter(0).and_then(|_stage| rt.tx(0, &view, N)).unwrap();
+                theirs.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+                slot
+            })
+            .unwrap();
+        drop(theirs.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+        other.memcpy_htod(&values(0xdead), &mut x).unwrap();
+        other.synchronize().unwrap();
+        let received = {
+            let _stage = rt.enter(1).unwrap();
+            let y = rt.rx::<u32>(0, slot, N).unwrap();
+            engine.dtoh(&y).unwrap()
+        };
+        assert!(received == sent, "cudarc overwrote the buffer before the crate's send read it");
+
+        theirs.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        let lent = engine_stream.read(&x, |_| unreachable!("lent on a stream cudarc captures"));
+        drop(theirs.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+        assert!(matches!(lent, Err(ppnrt::CudaError::Capture(ppnrt::CaptureError::IllegalCall { .. }))), "{lent:?}");
     });
 }

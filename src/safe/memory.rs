@@ -330,6 +330,13 @@ impl<T: DeviceRepr> CudaSlice<T> {
         slice
     }
 
+    /// Waits on the host for every use of the slice's memory so far (a lend's end on a stream
+    /// that another library captures, where no wait can be enqueued).
+    #[cfg(feature = "cudarc-interop")]
+    pub(crate) fn wait_for_uses_on_host(&self, call: &'static str) -> Result<()> {
+        self.mem.access.wait_on_host(call, Use::Write)
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len
