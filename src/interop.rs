@@ -427,7 +427,7 @@ impl<T: DeviceRepr> Drop for LentSlice<'_, T> {
         if !self.lender.captured_elsewhere() {
             return;
         }
-        if let Err(e) = self.slice.wait_for_uses_on_host("EngineStream: a lend's end on a stream captured elsewhere") {
+        if let Err(e) = self.slice.wait_for_uses_on_host() {
             eprintln!(
                 "ppnrt: aborting: a lend's end cannot be ordered: its stream was captured outside this crate during the lend, and waiting on the host failed: {e}"
             );

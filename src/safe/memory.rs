@@ -333,8 +333,8 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// Waits on the host for every use of the slice's memory so far (a lend's end on a stream
     /// that another library captures, where no wait can be enqueued).
     #[cfg(feature = "cudarc-interop")]
-    pub(crate) fn wait_for_uses_on_host(&self, call: &'static str) -> Result<()> {
-        self.mem.access.wait_on_host(call, Use::Write)
+    pub(crate) fn wait_for_uses_on_host(&self) -> Result<()> {
+        self.mem.access.wait_on_host_off(&self.mem.stream)
     }
 
     /// Number of elements.
