@@ -145,6 +145,12 @@ declare -A catchers=(
   [per-source-share-ignored]="a_source_over_its_share_evicts_its_own_oldest_first"
   [accept-emfile-fatal]="running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous"
   [guest-retry-removed]="a_rank_whose_connection_is_closed_unanswered_tries_again a_flood_of_silent_strangers_does_not_crowd_out_the_ranks"
+  # The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs).
+  [lent-release-deferred]="a_capture_active_at_the_lends_end_does_not_unorder_it"
+  [capture-begins-during-lend]="the_engine_stream_cannot_be_captured_around_a_lend"
+  [lend-on-capturing-stream]="the_engine_stream_cannot_be_captured_around_a_lend"
+  [lend-end-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
+  [lend-start-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -405,10 +411,10 @@ run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_r
 # one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs). A
 # lent buffer taken into a capture (its graph would outlive the lend).
 run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" cudarc_double cudarc
-run interop-read-release-skipped src/interop.rs "        Ok(f(slice.as_view()))" "        let result = f(slice.as_view());
+run interop-read-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view()))" "        let result = f(slice.slice.as_view());
         std::mem::forget(slice);
         Ok(result)" cudarc_double cudarc
-run interop-write-release-skipped src/interop.rs "        Ok(f(slice.as_view_mut()))" "        let result = f(slice.as_view_mut());
+run interop-write-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view_mut()))" "        let result = f(slice.slice.as_view_mut());
         std::mem::forget(slice);
         Ok(result)" cudarc_double cudarc
 run received-view-reads-unwaited src/interop.rs "            slice.leak();" "            std::mem::forget(slice);" cudarc_double cudarc
@@ -442,3 +448,18 @@ run eviction-youngest-first src/auth/admission.rs "            .min_by_key(|(_, 
 run per-source-share-ignored src/auth/admission.rs "        if of_source >= self.per_source {" "        if false {" lib
 run accept-emfile-fatal src/auth/admission.rs "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Descriptors," "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Listener," rendezvous
 run guest-retry-removed src/auth/admission.rs "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_))) => return Err(e)," "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_) | KnockError::Closed { .. })) => return Err(e)," rendezvous
+# The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs): lent memory whose
+# release is deferred by a capture of another stream; a capture of the engine's stream begun
+# during a lend; a lend begun on a capturing engine stream; a capture begun through cudarc itself
+# ignored at the lend's end or start.
+run lent-release-deferred src/safe/memory.rs "        if self.lent {
+            // A scoped lend ends here" "        if self.lent && false {
+            // A scoped lend ends here" cudarc_attacks cudarc
+run capture-begins-during-lend src/safe/stream.rs "        if self.lends.load(Ordering::SeqCst) != 0 {" "        if false {" cudarc_attacks cudarc
+run lend-on-capturing-stream src/safe/stream.rs "        if held.is_none() {
+            // Under the capture lock" "        if true {
+            // Under the capture lock" cudarc_attacks cudarc
+run lend-end-ignores-foreign-capture src/interop.rs "        if !self.lender.captured_elsewhere() {" "        if true {" cudarc_attacks cudarc
+run lend-start-ignores-foreign-capture src/interop.rs "        if self.captured_elsewhere() {
+            return Err" "        if false {
+            return Err" cudarc_attacks cudarc

@@ -43,6 +43,10 @@
 //!   the cudarc buffer keeps cudarc's other users out meanwhile (a read lends `&`, a write
 //!   `&mut`). No stream capture may take the view's memory (a graph would launch on it after
 //!   the lend): such a capture is refused ([`CaptureError::IllegalCall`](crate::CaptureError)).
+//!   The lend's end is enqueued on the engine's stream whatever capture is active elsewhere, and
+//!   never captured: no capture of the engine's stream begins during a lend
+//!   ([`CaptureError::CannotBegin`](crate::CaptureError)), and a lend on a capturing stream is
+//!   refused.
 //! - **Only cudarc's own buffers.** [`CudarcBuffer`] and [`CudarcBufferMut`] are sealed and
 //!   implemented for cudarc's `CudaSlice`, `CudaView` and `CudaViewMut` alone (a write for the
 //!   slice and the mutable view): the address and length come from cudarc's own code, never from
@@ -114,6 +118,7 @@
 //! impl ppnrt::interop::CudarcBuffer<u32> for Claims {}
 //! ```
 
+use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
@@ -238,6 +243,28 @@ impl EngineStream {
         self.ours.context()
     }
 
+    /// Whether the driver sees the stream captured (a capture this crate did not begin: cudarc's
+    /// own `begin_capture`, or another wrapper's of the same stream); an error counts as captured.
+    fn captured_elsewhere(&self) -> bool {
+        let raw = self.ours.raw();
+        if raw.is_null() {
+            return false; // the legacy default stream is never captured
+        }
+        let Ok(_bound) = self.context().bind() else { return true };
+        // SAFETY: the stream is live (this wrapper holds cudarc's `Arc` of it) and not the legacy
+        // default stream (checked above).
+        !matches!(unsafe { crate::result::graph::is_capturing(raw) }, Ok(false))
+    }
+
+    /// Refuses a lend on a stream captured outside this crate (cudarc's ordering on entry would
+    /// be captured, not enqueued).
+    fn refuse_captured_elsewhere(&self, call: &'static str) -> Result<()> {
+        if self.captured_elsewhere() {
+            return Err(CudaError::Capture(crate::CaptureError::IllegalCall { call }));
+        }
+        Ok(())
+    }
+
     /// Refuses a cudarc buffer of another context than the stream's.
     fn check_buffer(&self, what: &'static str, buffer: &cudarc::driver::CudaContext) -> Result<()> {
         if std::ptr::eq(buffer.cu_ctx().cast::<u8>(), self.context().raw().cast::<u8>()) {
@@ -259,17 +286,22 @@ impl EngineStream {
     ///
     /// # Errors
     /// [`CudaError::WrongDevice`] / [`CudaError::WrongContext`] for a buffer of another device or
-    /// context than the stream's (`f` does not run).
+    /// context than the stream's, [`CaptureError::IllegalCall`](crate::CaptureError) while the
+    /// stream is capturing (`f` does not run).
     pub fn read<T, S, R>(&self, src: &S, f: impl FnOnce(CudaView<'_, T>) -> R) -> Result<R>
     where
         T: DeviceRepr,
         S: CudarcBuffer<T>,
     {
         self.check_buffer("EngineStream::read: the buffer must be of the stream's context", src.cudarc_context())?;
+        // Dropped last (after cudarc's record): no capture of the engine's stream begins
+        // meanwhile, so the lend's end is enqueued on it, not captured.
+        let _scope = self.ours.lend_scope("EngineStream::read on a capturing stream")?;
+        self.refuse_captured_elsewhere("EngineStream::read on a stream captured outside this crate")?;
         let (ptr, len, record) = self.context().call_foreign(|| src.lend(&self.theirs));
         // Declared before the slice, so dropped after it (also on unwind): cudarc's record then
         // covers the engine stream's wait for the crate's uses.
-        let _record = AfterLend { record: ManuallyDrop::new(record), ctx: self.context() };
+        let _record = AfterLend { record: ManuallyDrop::new(record), ctx: self.context(), on_host: Cell::new(false) };
         // SAFETY: `ptr` addresses `len` elements of `T` of the stream's device (cudarc's own
         // slice or view, of the stream's context: checked above); `src` is borrowed until this
         // returns, so cudarc neither frees nor writes it meanwhile, and its earlier writes are
@@ -277,9 +309,14 @@ impl EngineStream {
         // this returns (and every use the crate made is ordered before the engine's stream
         // then); `f` gets only a view borrowing it, and no capture can take the memory into a
         // graph that would outlive the lend (`lent_foreign`). No other slice of this crate covers the
-        // memory meanwhile (each lend is its own, and the borrow keeps a write lend out).
-        let slice = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
-        Ok(f(slice.as_view()))
+        // memory meanwhile (each lend is its own, and the borrow keeps a write lend out). The end
+        // is enqueued, not captured (rule 4, ordered in this frame): no capture of the engine's
+        // stream begins during the lend (`_scope`), the slice's release is never deferred by a
+        // capture elsewhere (`lent`), and a capture begun outside this crate is waited out on the
+        // host (`LentSlice`).
+        let lent = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
+        let slice = LentSlice { slice: lent, lender: self, end: &_record };
+        Ok(f(slice.slice.as_view()))
     }
 
     /// Lends the cudarc buffer `dst` to this crate for writing while `f` runs: `f` gets it as a
@@ -291,21 +328,25 @@ impl EngineStream {
     ///
     /// # Errors
     /// [`CudaError::WrongDevice`] / [`CudaError::WrongContext`] for a buffer of another device or
-    /// context than the stream's (`f` does not run).
+    /// context than the stream's, [`CaptureError::IllegalCall`](crate::CaptureError) while the
+    /// stream is capturing (`f` does not run).
     pub fn write<T, D, R>(&self, dst: &mut D, f: impl FnOnce(CudaViewMut<'_, T>) -> R) -> Result<R>
     where
         T: DeviceRepr,
         D: CudarcBufferMut<T>,
     {
         self.check_buffer("EngineStream::write: the buffer must be of the stream's context", dst.cudarc_context())?;
+        let _scope = self.ours.lend_scope("EngineStream::write on a capturing stream")?;
+        self.refuse_captured_elsewhere("EngineStream::write on a stream captured outside this crate")?;
         let theirs: &cudarc::driver::CudaStream = &self.theirs;
         let (ptr, len, record) = self.context().call_foreign(move || dst.lend_mut(theirs));
-        let _record = AfterLend { record: ManuallyDrop::new(record), ctx: self.context() };
+        let _record = AfterLend { record: ManuallyDrop::new(record), ctx: self.context(), on_host: Cell::new(false) };
         // SAFETY: as in `read`, with `dst` borrowed mutably until this returns: nothing else of
         // cudarc touches it meanwhile; its earlier reads and writes are ordered before the
         // engine's stream (cudarc's `device_ptr_mut`).
-        let mut slice = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
-        Ok(f(slice.as_view_mut()))
+        let lent = unsafe { CudaSlice::lent_foreign(ptr, len, &self.ours) };
+        let mut slice = LentSlice { slice: lent, lender: self, end: &_record };
+        Ok(f(slice.slice.as_view_mut()))
     }
 
     /// Lends the slot that `received` holds ([`PpNRt::rx_in_place`](crate::PpNRt::rx_in_place))
@@ -319,7 +360,8 @@ impl EngineStream {
     /// host-staged boundary's guard holds a copy; the view is then of the copy.
     ///
     /// # Errors
-    /// [`CudaError::WrongDevice`] when the slot is on another device than the stream (`f` does
+    /// [`CudaError::WrongDevice`] when the slot is on another device than the stream,
+    /// [`CaptureError::IllegalCall`](crate::CaptureError) while the stream is capturing (`f` does
     /// not run); the driver's error ([`crate::Error::Cuda`]).
     pub fn received_view<T, R>(
         &self,
@@ -341,6 +383,8 @@ impl EngineStream {
             }
             .into());
         }
+        let _scope = self.ours.lend_scope("EngineStream::received_view on a capturing stream")?;
+        self.refuse_captured_elsewhere("EngineStream::received_view on a stream captured outside this crate")?;
         received.order_on(&self.ours)?;
         let slice = self.context().call_foreign(|| {
             // SAFETY: the address holds `len` elements of `T` for as long as `received` lends
@@ -366,6 +410,34 @@ impl Drop for EngineStream {
     }
 }
 
+/// A lent slice, in the lending function's frame: when it drops (on return or unwind) its
+/// memory is released to the engine's stream (the stream waits for every use). Should something
+/// outside this crate have begun capturing that stream meanwhile (cudarc's own `begin_capture`),
+/// that wait would be captured, not enqueued: the uses are then waited for on the host, and
+/// where even that fails (a capture mode that forbids it), the process aborts, since cudarc's
+/// later work on the buffer would otherwise race the crate's.
+struct LentSlice<'a, T: DeviceRepr> {
+    slice: CudaSlice<T>,
+    lender: &'a EngineStream,
+    end: &'a AfterLend<'a>,
+}
+
+impl<T: DeviceRepr> Drop for LentSlice<'_, T> {
+    fn drop(&mut self) {
+        if !self.lender.captured_elsewhere() {
+            return;
+        }
+        if let Err(e) = self.slice.wait_for_uses_on_host() {
+            eprintln!(
+                "ppnrt: aborting: a lend's end cannot be ordered: its stream was captured outside this crate during the lend, and waiting on the host failed: {e}"
+            );
+            std::process::abort();
+        }
+        // Every use is complete: cudarc's record, which would land in the capture, is not made.
+        self.end.on_host.set(true);
+    }
+}
+
 /// The end of a lend, in the lending function's frame (so it runs on return and on unwind, and
 /// no caller can forget it): cudarc's record of its buffer's use, dropped after the crate's
 /// slice (which made the engine's stream wait for the crate's uses), under the crate's context
@@ -373,12 +445,19 @@ impl Drop for EngineStream {
 struct AfterLend<'a> {
     record: ManuallyDrop<SyncOnDrop<'a>>,
     ctx: &'a Context,
+    /// The crate's uses were waited for on the host (`LentSlice`): cudarc's record is not made.
+    on_host: Cell<bool>,
 }
 
 impl Drop for AfterLend<'_> {
     fn drop(&mut self) {
         // SAFETY: taken once, here; the field is not used again.
         let record = unsafe { ManuallyDrop::take(&mut self.record) };
+        if self.on_host.get() {
+            // Only references to cudarc's event and stream: nothing is leaked.
+            std::mem::forget(record);
+            return;
+        }
         self.ctx.call_foreign(|| drop(record));
     }
 }

@@ -243,8 +243,9 @@ impl CudaStream {
     /// operations under an ambient-stream override of this stream land in the capture too.
     ///
     /// # Errors
-    /// [`CaptureError::CannotBegin`] when the stream is capturing already or is the legacy default
-    /// stream; the driver's error.
+    /// [`CaptureError::CannotBegin`] when the stream is capturing already, is the legacy default
+    /// stream, or has another library's buffer lent on it for a scope (the cudarc interop's
+    /// `EngineStream` lends); the driver's error.
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(self: &Arc<Self>, mode: CaptureMode) -> Result<StreamCapture> {
         if self.raw().is_null() {

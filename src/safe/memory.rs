@@ -330,6 +330,13 @@ impl<T: DeviceRepr> CudaSlice<T> {
         slice
     }
 
+    /// Waits on the host for every use of the slice's memory so far (a lend's end on a stream
+    /// that another library captures, where no wait can be enqueued).
+    #[cfg(feature = "cudarc-interop")]
+    pub(crate) fn wait_for_uses_on_host(&self) -> Result<()> {
+        self.mem.access.wait_on_host_off(&self.mem.stream)
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len
@@ -579,6 +586,17 @@ impl Drop for DeviceMemory {
         }
         // The owner's capture state holds still from the look below to the free.
         let _gate = self.stream.enqueue_gate();
+        if self.lent {
+            // A scoped lend ends here, and the lender's own end (the other library's record of
+            // its buffer's use) follows at once on the owner's stream: the owner waits for every
+            // use now, whatever capture is active elsewhere. The owner's stream is not capturing
+            // (no capture of it begins during a lend, `CudaStream::lend_scope`), and the waits
+            // are on events recorded outside any capture (no capture may use the memory).
+            if let Err(e) = release_to_owner(&mut self.access, &self.stream) {
+                super::record_drop_error(e);
+            }
+            return;
+        }
         if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {
             // A free now would be captured (or break a capture): hand the allocation to the
             // capture, which frees it when it ends, or to a thread the capture leaves free.

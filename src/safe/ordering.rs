@@ -614,6 +614,28 @@ impl Access {
     }
 }
 
+impl Access {
+    /// Waits on the host for every use of the buffer, recording no event on `owner`, a stream
+    /// captured outside this crate (where an event recorded now would be captured: a lend's end,
+    /// `interop`): a mark on `owner` with no event yet stands for no use of the crate's (the
+    /// owner's, made with the buffer; the crate's uses on it record their events as they are
+    /// noted, the buffer being eager).
+    #[cfg(feature = "cudarc-interop")]
+    pub(crate) fn wait_on_host_off(&self, owner: &CudaStream) -> Result<()> {
+        let waited: SmallVec<[Arc<PooledEvent>; 2]> = {
+            let mut state = self.lock();
+            let State { write, reads, .. } = &mut *state;
+            write
+                .iter_mut()
+                .chain(reads.iter_mut())
+                .filter(|mark| mark.event.is_some() || !mark.is_on(owner))
+                .map(Mark::shared_event)
+                .collect::<Result<_>>()?
+        };
+        waited.iter().try_for_each(|event| event.synchronize())
+    }
+}
+
 /// Several buffers' ordering states, locked together (in address order) for one operation: made
 /// by [`Access::lock_all`]. For work whose buffers no borrow keeps from other threads (a graph's
 /// footprint, held by `Arc`): two threads launching such work on the same buffers then order one

@@ -39,6 +39,9 @@ pub struct CudaStream {
     /// What keeps an adopted stream alive ([`adopt_owned`](Self::adopt_owned)): the other
     /// library's handle of it, released only after the wrapper's last use.
     keep_alive: Option<Box<dyn Any + Send + Sync>>,
+    /// Scoped lends of another library's memory whose end orders on this stream, in progress
+    /// ([`lend_scope`](Self::lend_scope)): no capture of the stream may begin meanwhile.
+    lends: AtomicUsize,
 }
 
 /// The next [`CudaStream::id`].
@@ -162,6 +165,7 @@ impl CudaStream {
             gate: AtomicUsize::new(0),
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             keep_alive: None,
+            lends: AtomicUsize::new(0),
         }
     }
 
@@ -299,6 +303,12 @@ impl CudaStream {
         if held.is_some() {
             return Ok(None);
         }
+        if self.lends.load(Ordering::SeqCst) != 0 {
+            // The lend's end orders on this stream: captured, it would order nothing.
+            return Err(CudaError::Capture(CaptureError::CannotBegin {
+                reason: "a buffer is lent on the stream for a scope (EngineStream::read, write or received_view)",
+            }));
+        }
         let before = Arc::new(PooledEvent::take(&self.ctx)?);
         before.record(self)?;
         // Counted before the driver begins: a record that lands in the capture is followed by a
@@ -312,6 +322,25 @@ impl CudaStream {
         let capture = make(before);
         *held = Some(Arc::clone(&capture));
         Ok(Some(capture))
+    }
+
+    /// Marks a scoped lend of another library's memory, whose end orders on this stream, as in
+    /// progress until the returned scope drops (in the lending function's frame): no capture of
+    /// the stream begins meanwhile (a captured end would order nothing).
+    ///
+    /// # Errors
+    /// [`CaptureError::IllegalCall`] naming `call` while the stream is capturing.
+    #[cfg(feature = "cudarc-interop")]
+    pub(crate) fn lend_scope(&self, call: &'static str) -> Result<LendScope<'_>> {
+        let held = self.lock_capture();
+        if held.is_none() {
+            // Under the capture lock: a capture's begin, which looks at the count under it, sees it.
+            self.lends.fetch_add(1, Ordering::SeqCst);
+            return Ok(LendScope { stream: self });
+        }
+        drop(held);
+        self.refuse_in_capture(call)?;
+        Err(CudaError::Capture(CaptureError::IllegalCall { call }))
     }
 
     /// Ends this stream's capture: `end` ends the driver's capture under the stream's capture
@@ -538,6 +567,19 @@ impl CudaStream {
         if let Err(e) = self.synchronize() {
             super::record_drop_error(e);
         }
+    }
+}
+
+/// A scoped lend in progress on a stream ([`CudaStream::lend_scope`]).
+#[cfg(feature = "cudarc-interop")]
+pub(crate) struct LendScope<'a> {
+    stream: &'a CudaStream,
+}
+
+#[cfg(feature = "cudarc-interop")]
+impl Drop for LendScope<'_> {
+    fn drop(&mut self) {
+        self.stream.lends.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
