@@ -69,6 +69,7 @@ pub mod safe;
 pub mod sys;
 
 mod layout;
+mod secret_file;
 
 /// The README's code blocks, compiled as doctests.
 #[cfg(doctest)]
