@@ -116,6 +116,16 @@ declare -A catchers=(
   [list-made-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-deferred-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-write-as-read]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  # Signs of life while a call waits; the job secret's variable and file; NCCL's search.
+  [keepalive-skipped-while-waiting]="a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive"
+  [waiting-reads-unheard]="a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive"
+  [empty-secret-unset]="an_empty_secret_variable_is_an_error_not_no_secret"
+  [secret-file-mode-unchecked]="a_file_others_can_read_is_refused_with_how_to_protect_it"
+  [secret-file-kind-unchecked]="a_fifo_is_refused_at_once a_device_is_refused_before_it_is_read"
+  [secret-file-size-unchecked]="an_empty_or_oversized_file_is_refused"
+  [secret-file-empty-accepted]="an_empty_or_oversized_file_is_refused"
+  [nccl-search-runs-python]="the_nccl_search_runs_no_program_and_finds_the_wheels"
+  [nccl-too-old-fails-the-load]="an_unusable_candidate_is_skipped_for_a_later_one"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -362,3 +372,24 @@ run call-scope-not-resumed src/safe/context.rs "            scope.set(if held ==
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
 run argument-code-scope-not-restored src/safe/context.rs "        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {" "        if false {"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"
+# A tx_wait across ranks that waits past the peer timeout: the watchdog's signs of life stop while
+# a call holds the control lock, or the waiting call's reads do not count as the peer heard.
+run keepalive-skipped-while-waiting src/pp/remote/sender.rs "        let writer = match self.writer.try_lock() {" "        let _held = match self.control.try_lock() {
+            Ok(held) => held,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(()),
+        };
+        let writer = match self.writer.try_lock() {" ring
+run waiting-reads-unheard src/pp/remote/sender.rs "                Ok(read) => {
+                    self.heard.mark();" "                Ok(read) => {" ring
+# The job secret: an empty variable taken as unset; a secret's file that others can read, that is
+# not a regular file (a FIFO blocks the read, a device never ends), too large, or empty.
+run empty-secret-unset src/auth.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
+run secret-file-mode-unchecked src/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
+run secret-file-kind-unchecked src/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
+run secret-file-size-unchecked src/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
+run secret-file-empty-accepted src/secret_file.rs "    if bytes.is_empty() {" "    if false {" lib
+# NCCL's wheel is found without running a program; a too-old candidate is skipped for a later one.
+run nccl-search-runs-python src/nccl/library.rs "    let mut candidates = WheelSearch::from_env().libraries();" "    let _ = std::process::Command::new(\"python3\").arg(\"-c\").arg(\"\").output();
+    let mut candidates = WheelSearch::from_env().libraries();" environment
+run nccl-too-old-fails-the-load src/nccl/library.rs "                Err(skipped) => skipped," "                Err(skipped) => return Err(skipped)," nccl

@@ -174,7 +174,7 @@ mod tests {
     fn an_empty_or_oversized_file_is_refused() {
         let dir = dir("sizes");
         let err = refused(&file(&dir, b"", 0o600));
-        assert!(err.reason.contains("is empty"), "{err}");
+        assert!(err.reason.contains("file is empty"), "{err}");
         let err = refused(&file(&dir, b"\n", 0o600));
         assert!(err.reason.contains("empty"), "{err}");
         let err = refused(&file(&dir, &[b's'; 5000], 0o600));
