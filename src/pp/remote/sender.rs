@@ -37,6 +37,8 @@ pub(super) struct SendControl {
     /// The steps the RX rank's stage has taken, as far as its answers told ([`CREDIT`]).
     pub(super) credit: u64,
     pub(super) step: u64,
+    /// Whether the close began (no `tx` after it).
+    pub(super) closed: bool,
 }
 
 /// The writing end of a TX rank's control connection (see [`Sender::writer`]).
@@ -46,7 +48,8 @@ pub(super) struct ControlWriter {
     pub(super) sealer: Sealer,
     /// When this rank last wrote to the connection (a record or a sign of life).
     pub(super) written: Instant,
-    /// Whether the close record went out (nothing follows it, no sign of life either).
+    /// Whether the close record went out (nothing follows it, no sign of life either; the
+    /// watchdog reads this without `control`).
     pub(super) closed: bool,
 }
 
@@ -145,7 +148,7 @@ impl Sender {
         // No capture of the TX stream begins between this check and the send.
         let _gate = self.tx_stream.enqueue_gate_uncaptured("PpNRt::tx to another rank")?;
         let mut control = self.lock();
-        if self.closed() {
+        if control.closed {
             return Err(self.link.stopped_or("the boundary was closed"));
         }
         if let Some(timeout) = wait {
@@ -297,11 +300,6 @@ impl Sender {
         self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether the close record went out.
-    fn closed(&self) -> bool {
-        self.writer().closed
-    }
-
     /// How many steps this end has sent.
     pub(in crate::pp) fn steps_sent(&self) -> u64 {
         self.lock().step
@@ -312,9 +310,10 @@ impl Sender {
     /// (aborted), so no send of it stays queued.
     pub(in crate::pp) fn close(&self, timeout: Duration) {
         let mut control = self.lock();
-        if self.closed() || self.link.is_stopped() {
+        if control.closed || self.link.is_stopped() {
             return;
         }
+        control.closed = true;
         let step = control.step;
         let deadline = Instant::now() + timeout;
         let control = &mut *control;

@@ -212,6 +212,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 back: BackReader { opener: Opener::new(back), pending: Vec::new() },
                 credit: 0,
                 step: 0,
+                closed: false,
             });
             let sender = Sender {
                 link,
