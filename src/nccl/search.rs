@@ -1,25 +1,27 @@
-//! Where NCCL's PyPI wheel may be installed (`site-packages/nvidia/nccl/lib/libnccl.so.2`, the
-//! layout of `nvidia-nccl-cu*`, which PyTorch and JAX install), found by looking at directories
-//! only: a library starts no process of its own, so Python is never run to ask where its
-//! packages are. The places Python itself looks are listed instead, in this order:
-//!
-//! 1. the active virtual environment (`VIRTUAL_ENV`) and conda environment (`CONDA_PREFIX`):
-//!    `lib/python3*/site-packages`;
-//! 2. every directory of `PYTHONPATH`;
-//! 3. the installation of each Python on `PATH` (a directory of `PATH` holding `python3` or
-//!    `python`, and its parent's `lib/python3*/{site,dist}-packages`: a venv's, conda's,
-//!    pyenv's or the system's `bin`);
-//! 4. the user's site (`~/.local/lib/python3*/site-packages`);
-//! 5. the system's: `/usr/local/lib/python3*/{dist,site}-packages` and
-//!    `/usr/lib/python3*/{dist,site}-packages` (`python3*` includes Debian's `python3`).
-//!
-//! Within one directory the `python3*` versions are tried newest first. A library found twice
-//! (the same file through two paths) is listed once.
+//! Where NCCL's PyPI wheel may be installed, found by looking at directories only (see
+//! [`WheelSearch`]): a library starts no process of its own, so Python is never run to ask where
+//! its packages are.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// Where the wheel is looked for: the environment variables the search reads (`None` = unset).
+/// Where NCCL's PyPI wheel is looked for (`site-packages/nvidia/nccl/lib/libnccl.so.2`, the
+/// layout of `nvidia-nccl-cu*`, which PyTorch and JAX install): the environment variables the
+/// search reads (`None` = unset). Nothing is run; the places Python itself looks are listed, in
+/// this order:
+///
+/// 1. the active virtual environment (`VIRTUAL_ENV`) and conda environment (`CONDA_PREFIX`):
+///    `lib/python3*/site-packages`;
+/// 2. every directory of `PYTHONPATH`;
+/// 3. the installation of each Python on `PATH` (a directory of `PATH` holding `python3` or
+///    `python`: its parent's `lib/python3*/{site,dist}-packages`, as for a venv's, conda's,
+///    pyenv's or the system's `bin`);
+/// 4. the user's site (`~/.local/lib/python3*/site-packages`);
+/// 5. the system's: `/usr/local/lib/python3*/{dist,site}-packages` and
+///    `/usr/lib/python3*/{dist,site}-packages` (`python3*` includes Debian's `python3`).
+///
+/// Within one directory the `python3*` versions are tried newest first. A library found twice
+/// (the same file through two paths) is listed once.
 #[derive(Debug, Clone, Default)]
 pub struct WheelSearch {
     /// `VIRTUAL_ENV`.
@@ -53,7 +55,7 @@ impl WheelSearch {
         }
     }
 
-    /// The site directories to look in, in the [module](self)'s order (some may not exist).
+    /// The site directories to look in, in the order above (some may not exist).
     pub fn sites(&self) -> Vec<PathBuf> {
         let mut sites = Vec::new();
         for prefix in [&self.virtual_env, &self.conda_prefix].into_iter().flatten() {
