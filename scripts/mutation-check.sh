@@ -385,10 +385,10 @@ run waiting-reads-unheard src/pp/remote/sender.rs "                Ok(read) => {
 # The job secret: an empty variable taken as unset; a secret's file that others can read, that is
 # not a regular file (a FIFO blocks the read, a device never ends), too large, or empty.
 run empty-secret-unset src/auth.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
-run secret-file-mode-unchecked src/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
-run secret-file-kind-unchecked src/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
-run secret-file-size-unchecked src/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
-run secret-file-empty-accepted src/secret_file.rs "    if bytes.is_empty() {" "    if false {" lib
+run secret-file-mode-unchecked src/auth/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
+run secret-file-kind-unchecked src/auth/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
+run secret-file-size-unchecked src/auth/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
+run secret-file-empty-accepted src/auth/secret_file.rs "    if bytes.is_empty() {" "    if false {" lib
 # NCCL's wheel is found without running a program; a too-old candidate is skipped for a later one.
 run nccl-search-runs-python src/nccl/library.rs "    let mut candidates = WheelSearch::from_env().libraries();" "    let _ = std::process::Command::new(\"python3\").arg(\"-c\").arg(\"\").output();
     let mut candidates = WheelSearch::from_env().libraries();" environment

@@ -59,6 +59,8 @@ pub struct JobSecret {
     bytes: Arc<[u8]>,
 }
 
+mod secret_file;
+
 impl JobSecret {
     /// The fewest bytes a secret may have.
     pub const MIN_BYTES: usize = 16;
@@ -87,7 +89,7 @@ impl JobSecret {
     pub fn from_file(path: impl AsRef<Path>) -> Result<JobSecret, ConfigError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
-        let mut bytes = crate::secret_file::read(path)?;
+        let mut bytes = secret_file::read(path)?;
         if bytes.ends_with(b"\n") {
             bytes.pop();
             if bytes.ends_with(b"\r") {

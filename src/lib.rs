@@ -69,7 +69,6 @@ pub mod safe;
 pub mod sys;
 
 mod layout;
-mod secret_file;
 
 /// The README's code blocks, compiled as doctests.
 #[cfg(doctest)]

@@ -1,4 +1,4 @@
-//! Reading a job secret's file ([`JobSecret::from_file`](crate::auth::JobSecret::from_file),
+//! Reading a job secret's file ([`JobSecret::from_file`],
 //! `PPNRT_JOB_SECRET_FILE`) as a key file is read: only a regular file (never a FIFO, which would
 //! block the read for ever, nor a device such as `/dev/zero`, which never ends), of at most
 //! [`JobSecret::MAX_BYTES`] bytes (read with that bound, whatever the file grows to meanwhile),
@@ -13,7 +13,7 @@ use std::fs::{File, Metadata};
 use std::io::Read;
 use std::path::Path;
 
-use crate::auth::{JOB_SECRET_FILE_VAR, JobSecret};
+use super::{JOB_SECRET_FILE_VAR, JobSecret};
 use crate::error::ConfigError;
 
 /// The bytes of the job secret's file at `path`, checked as the [module](self) says (the
