@@ -151,6 +151,16 @@ declare -A catchers=(
   [lend-on-capturing-stream]="the_engine_stream_cannot_be_captured_around_a_lend"
   [lend-end-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
   [lend-start-ignores-foreign-capture]="a_capture_begun_through_cudarc_does_not_unorder_a_lend"
+  # Signs of life while a call waits; the job secret's variable and file; NCCL's search.
+  [keepalive-skipped-while-waiting]="a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive"
+  [waiting-reads-unheard]="a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive"
+  [empty-secret-unset]="an_empty_secret_variable_is_an_error_not_no_secret"
+  [secret-file-mode-unchecked]="a_file_others_can_read_is_refused_with_how_to_protect_it"
+  [secret-file-kind-unchecked]="a_fifo_is_refused_at_once a_device_is_refused_before_it_is_read"
+  [secret-file-size-unchecked]="an_empty_or_oversized_file_is_refused"
+  [secret-file-empty-accepted]="an_empty_or_oversized_file_is_refused"
+  [nccl-search-runs-python]="the_nccl_search_runs_no_program_and_finds_the_wheels"
+  [nccl-too-old-fails-the-load]="an_unusable_candidate_is_skipped_for_a_later_one"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -463,3 +473,24 @@ run lend-end-ignores-foreign-capture src/interop.rs "        if !self.lender.cap
 run lend-start-ignores-foreign-capture src/interop.rs "        if self.captured_elsewhere() {
             return Err" "        if false {
             return Err" cudarc_attacks cudarc
+# A tx_wait across ranks that waits past the peer timeout: the watchdog's signs of life stop while
+# a call holds the control lock, or the waiting call's reads do not count as the peer heard.
+run keepalive-skipped-while-waiting src/pp/remote/sender.rs "        let writer = match self.writer.try_lock() {" "        let _held = match self.control.try_lock() {
+            Ok(held) => held,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(()),
+        };
+        let writer = match self.writer.try_lock() {" ring
+run waiting-reads-unheard src/pp/remote/sender.rs "                Ok(read) => {
+                    self.heard.mark();" "                Ok(read) => {" ring
+# The job secret: an empty variable taken as unset; a secret's file that others can read, that is
+# not a regular file (a FIFO blocks the read, a device never ends), too large, or empty.
+run empty-secret-unset src/auth.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
+run secret-file-mode-unchecked src/auth/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
+run secret-file-kind-unchecked src/auth/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
+run secret-file-size-unchecked src/auth/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
+run secret-file-empty-accepted src/auth/secret_file.rs "    if bytes.is_empty() {" "    if false {" lib
+# NCCL's wheel is found without running a program; a too-old candidate is skipped for a later one.
+run nccl-search-runs-python src/nccl/library.rs "    let mut candidates = WheelSearch::from_env().libraries();" "    let _ = std::process::Command::new(\"python3\").arg(\"-c\").arg(\"\").output();
+    let mut candidates = WheelSearch::from_env().libraries();" environment
+run nccl-too-old-fails-the-load src/nccl/library.rs "                Err(skipped) => skipped," "                Err(skipped) => return Err(skipped)," nccl

@@ -44,7 +44,8 @@ pub(crate) use admission::{Admission, Admitted, connect_and_knock, write_by, wri
 /// `export PPNRT_JOB_SECRET=$(openssl rand -hex 32)` once per job, on every rank).
 pub const JOB_SECRET_VAR: &str = "PPNRT_JOB_SECRET";
 /// Variable naming a file that holds the job secret (instead of [`JOB_SECRET_VAR`]; one trailing
-/// line break is ignored).
+/// line break is ignored): a regular file of at most [`JobSecret::MAX_BYTES`] bytes that only its
+/// owner may read (`chmod 600`), see [`JobSecret::from_file`].
 pub const JOB_SECRET_FILE_VAR: &str = "PPNRT_JOB_SECRET_FILE";
 /// Variable that, set to `1`, lets the ranks of a job without a secret meet across hosts (no
 /// authentication at all: anyone who reaches the ports can join or inject; see `SECURITY.md`).
@@ -63,6 +64,8 @@ pub struct JobSecret {
     bytes: Arc<[u8]>,
 }
 
+mod secret_file;
+
 impl JobSecret {
     /// The fewest bytes a secret may have.
     pub const MIN_BYTES: usize = 16;
@@ -72,25 +75,26 @@ impl JobSecret {
     /// A secret from its bytes (text or not).
     ///
     /// # Errors
-    /// A [`ConfigError`] on [`JOB_SECRET_VAR`] when it is shorter than [`MIN_BYTES`](Self::MIN_BYTES)
-    /// or longer than [`MAX_BYTES`](Self::MAX_BYTES); the error states the length, never the value.
+    /// A [`ConfigError`] on [`JOB_SECRET_VAR`] when it is empty, shorter than
+    /// [`MIN_BYTES`](Self::MIN_BYTES) or longer than [`MAX_BYTES`](Self::MAX_BYTES); the error
+    /// states the length, never the value.
     pub fn new(bytes: impl AsRef<[u8]>) -> Result<JobSecret, ConfigError> {
         JobSecret::checked(bytes.as_ref(), JOB_SECRET_VAR, "(hidden)")
     }
 
-    /// The secret held in the file at `path` (one trailing line break is not part of it).
+    /// The secret held in the file at `path` (one trailing line break is not part of it). The
+    /// file is read as a key file is: it must be a regular file (not a FIFO or a device) of at
+    /// most [`MAX_BYTES`](Self::MAX_BYTES) bytes, not empty, and on Unix accessible by its owner
+    /// only (`chmod 600`, as OpenSSH requires of a private key).
     ///
     /// # Errors
-    /// A [`ConfigError`] on [`JOB_SECRET_FILE_VAR`] naming the path: unreadable, or a secret of the
-    /// wrong length.
+    /// A [`ConfigError`] on [`JOB_SECRET_FILE_VAR`] naming the path: unreadable, not a regular
+    /// file, too large, empty, readable or writable by others (the error says `chmod 600 PATH`),
+    /// or a secret of the wrong length.
     pub fn from_file(path: impl AsRef<Path>) -> Result<JobSecret, ConfigError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
-        let mut bytes = std::fs::read(path).map_err(|e| ConfigError {
-            setting: JOB_SECRET_FILE_VAR,
-            value: shown.clone(),
-            reason: format!("the job secret's file cannot be read: {e}"),
-        })?;
+        let mut bytes = secret_file::read(path)?;
         if bytes.ends_with(b"\n") {
             bytes.pop();
             if bytes.ends_with(b"\r") {
@@ -126,6 +130,9 @@ impl JobSecret {
     }
 
     fn checked(bytes: &[u8], setting: &'static str, shown: &str) -> Result<JobSecret, ConfigError> {
+        if bytes.is_empty() {
+            return Err(ConfigError { setting, value: shown.to_string(), reason: EMPTY_SECRET.into() });
+        }
         if !(JobSecret::MIN_BYTES..=JobSecret::MAX_BYTES).contains(&bytes.len()) {
             return Err(ConfigError {
                 setting,
@@ -141,6 +148,10 @@ impl JobSecret {
         Ok(JobSecret { bytes: Arc::from(bytes) })
     }
 }
+
+/// Why an empty secret is refused: set but empty is a mistake, never "no secret".
+const EMPTY_SECRET: &str = "the job secret is empty: set a secret (for example `openssl rand -hex 32`), \
+                            or unset the variable for no secret";
 
 /// Equal when the bytes are (a comparison of configurations within one process).
 impl PartialEq for JobSecret {
@@ -175,21 +186,23 @@ pub enum JobAccess {
 
 impl JobAccess {
     /// The access the environment asks for: [`JOB_SECRET_VAR`] or [`JOB_SECRET_FILE_VAR`] (not
-    /// both), else [`ALLOW_UNAUTHENTICATED_VAR`]`=1`, else [`SameHost`](Self::SameHost).
+    /// both), else [`ALLOW_UNAUTHENTICATED_VAR`]`=1`, else [`SameHost`](Self::SameHost). A secret
+    /// variable that is set is used even when empty (an error): an empty secret never means "no
+    /// secret".
     ///
     /// # Errors
-    /// A [`ConfigError`] naming the variable: both secrets set, a bad secret or file, or an
-    /// opt-out that is not `0` or `1`.
+    /// A [`ConfigError`] naming the variable: both secrets set, an empty, bad or unreadable secret
+    /// or file, or an opt-out that is not `0` or `1`.
     pub fn from_env() -> Result<JobAccess, ConfigError> {
-        let var = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
         JobAccess::parse(
-            var(JOB_SECRET_VAR).as_deref(),
-            var(JOB_SECRET_FILE_VAR).as_deref(),
-            var(ALLOW_UNAUTHENTICATED_VAR).as_deref(),
+            std::env::var_os(JOB_SECRET_VAR).as_deref(),
+            std::env::var_os(JOB_SECRET_FILE_VAR).as_deref(),
+            std::env::var_os(ALLOW_UNAUTHENTICATED_VAR).as_deref(),
         )
     }
 
-    /// [`from_env`](Self::from_env) from the three values (`None` = unset).
+    /// [`from_env`](Self::from_env) from the three values (`None` = unset; `Some("")`, set but
+    /// empty, is an error for either secret).
     ///
     /// # Errors
     /// As [`from_env`](Self::from_env).
@@ -209,6 +222,17 @@ impl JobAccess {
                 });
             }
         };
+        let empty = |setting: &'static str, what: &str| ConfigError {
+            setting,
+            value: String::new(),
+            reason: format!("{setting} is set but empty: {what}, or unset it for no secret"),
+        };
+        if secret.is_some_and(|secret| secret.is_empty()) {
+            return Err(empty(JOB_SECRET_VAR, "set the secret (for example `openssl rand -hex 32`)"));
+        }
+        if secret_file.is_some_and(|file| file.is_empty()) {
+            return Err(empty(JOB_SECRET_FILE_VAR, "name the secret's file"));
+        }
         match (secret, secret_file) {
             (Some(_), Some(file)) => Err(ConfigError {
                 setting: JOB_SECRET_FILE_VAR,
@@ -606,6 +630,9 @@ mod tests {
         assert_eq!(format!("{secret:?}"), "JobSecret(<24 bytes>)");
         let dir = std::env::temp_dir().join(format!("ppnrt-secret-{}", std::process::id()));
         std::fs::write(&dir, "a secret of enough bytes\n").unwrap();
+        #[cfg(unix)]
+        std::fs::set_permissions(&dir, <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600))
+            .unwrap();
         assert_eq!(JobSecret::from_file(&dir).unwrap().len(), 24);
         std::fs::remove_file(&dir).unwrap();
         let err = JobSecret::from_file(&dir).unwrap_err();

@@ -73,6 +73,33 @@ fn a_library_without_nccl_is_a_typed_error() {
     }
 }
 
+/// A candidate too old (or not NCCL at all) is skipped for a later usable one, instead of failing
+/// the load; when none is usable, the error names every candidate and why it was skipped.
+#[test]
+fn an_unusable_candidate_is_skipped_for_a_later_one() {
+    let Some(old) = stand_in("old_nccl_skipped", "int ncclGetVersion(int* v) { *v = 2608; return 0; }\n") else {
+        return;
+    };
+    let Some(not_nccl) = stand_in("not_nccl_skipped", "int unrelated(void) { return 0; }\n") else { return };
+    let Some(new) = stand_in("new_nccl", "int ncclGetVersion(int* v) { *v = 22809; return 0; }\n") else { return };
+    let [old, not_nccl, new] = [old, not_nccl, new].map(|path| path.to_string_lossy().into_owned());
+    let loaded = Nccl::load(&[old.clone(), not_nccl.clone(), new.clone()]).unwrap();
+    assert_eq!(loaded.library(), new);
+    assert_eq!(loaded.version(), NcclVersion { major: 2, minor: 28, patch: 9 });
+    let absent = "/nonexistent/libnccl.so.2".to_string();
+    match Nccl::load(&[old.clone(), not_nccl.clone(), absent.clone()]) {
+        Err(e @ NcclError::NotFound { .. }) => {
+            let NcclError::NotFound { tried } = &e else { unreachable!() };
+            let named: Vec<&str> = tried.iter().map(|attempt| attempt.candidate.as_str()).collect();
+            assert_eq!(named, [old.as_str(), not_nccl.as_str(), absent.as_str()]);
+            assert!(tried[0].reason.contains("2.6.8") && tried[0].reason.contains("2.7.0"), "{e}");
+            assert!(tried[1].reason.contains("ncclGetVersion"), "{e}");
+            assert!(tried[2].reason.contains("nonexistent"), "{e}");
+        }
+        other => panic!("expected NotFound naming each candidate, got {other:?}"),
+    }
+}
+
 /// NCCL with `gpus` devices (or the doubles), or `None` after saying why the test skips
 /// (`PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure).
 fn nccl_ready(test: &str, gpus: i32) -> Option<&'static Nccl> {

@@ -524,3 +524,49 @@ fn tx_wait_to_another_rank_honours_its_timeout_and_loses_nothing() {
         assert_eq!(receive(1), pattern(103, N), "step 3");
     });
 }
+
+/// A `tx_wait` to another rank that waits longer than the peer timeout keeps the link alive:
+/// while it waits for a free slot, signs of life go on flowing both ways, so the receiving rank
+/// never takes the wait for a hung peer, and the wait ends when the slot is freed, within the
+/// caller's bound. The wait used to hold the link's control lock, the watchdog then skipped the
+/// link, and the receiving rank failed a healthy link after about one peer timeout ("no sign of
+/// life from the peer").
+#[test]
+fn a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive() {
+    with_double("a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive", |_| {
+        let ranks = ranks::two_ranks(Duration::from_secs(1));
+        let primary = Engine::new(0).unwrap();
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let inputs: Vec<CudaSlice<u32>> = (0..4).map(|t| input(&ranks.0, &primary, 200 + t)).collect();
+        let send = |t: usize, timeout: Duration| {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx_wait(0, &inputs[t], N, timeout))
+        };
+        let receive = |slot: usize| -> ppnrt::Result<Vec<u32>> {
+            let _stage = ranks.1.enter(1)?;
+            let received = ranks.1.rx_wait::<u32>(0, slot, N, Duration::from_secs(5))?;
+            Ok(e1.dtoh(&received)?)
+        };
+        assert_eq!(send(0, Duration::from_secs(4)).unwrap(), 0);
+        assert_eq!(send(1, Duration::from_secs(4)).unwrap(), 1);
+        // Both slots of rank 1 hold untaken steps: the third waits, 2.5 peer timeouts, until
+        // rank 1 takes step 0.
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| {
+                let start = std::time::Instant::now();
+                (send(2, Duration::from_secs(4)), start.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(2500));
+            assert_eq!(receive(0).unwrap(), pattern(200, N), "step 0");
+            let (sent, took) = waiting.join().unwrap();
+            assert_eq!(sent.unwrap(), 0, "the waiting tx_wait");
+            assert!(
+                took >= Duration::from_millis(2400) && took < Duration::from_millis(3500),
+                "the tx_wait took {took:?}"
+            );
+        });
+        assert_eq!(receive(1).unwrap(), pattern(201, N), "step 1");
+        assert_eq!(send(3, Duration::from_secs(4)).unwrap(), 1);
+        assert_eq!(receive(0).unwrap(), pattern(202, N), "step 2, sent after the long wait");
+        assert_eq!(receive(1).unwrap(), pattern(203, N), "step 3");
+    });
+}

@@ -23,102 +23,87 @@ pub fn nccl() -> Result<&'static Nccl> {
     }
 }
 
-/// The candidates [`nccl`] tries, in order (see the [module docs](crate::nccl)).
+/// The candidates [`nccl`] tries, in order (see the [module docs](crate::nccl)): the path in
+/// [`LIBNCCL_PATH_VAR`] alone if it is set; else the wheel's libraries that [`WheelSearch`] finds
+/// (by listing directories, never by running a program), then `libnccl.so.2`.
 pub fn default_candidates() -> Vec<String> {
     if let Some(path) = std::env::var_os(LIBNCCL_PATH_VAR).filter(|path| !path.is_empty()) {
         return vec![path.to_string_lossy().into_owned()];
     }
-    let mut sites: Vec<PathBuf> = Vec::new();
-    let mut python_dirs = |base: PathBuf, leaf: &str| {
-        if let Ok(entries) = std::fs::read_dir(&base) {
-            let mut found: Vec<PathBuf> = entries
-                .flatten()
-                .map(|entry| entry.path())
-                .filter(|path| path.file_name().is_some_and(|name| name.to_string_lossy().starts_with("python3")))
-                .map(|path| path.join(leaf))
-                .collect();
-            found.sort();
-            sites.extend(found);
-        }
-    };
-    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-        python_dirs(PathBuf::from(venv).join("lib"), "site-packages");
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        python_dirs(PathBuf::from(home).join(".local/lib"), "site-packages");
-    }
-    python_dirs(PathBuf::from("/usr/local/lib"), "dist-packages");
-    python_dirs(PathBuf::from("/usr/local/lib"), "site-packages");
-    sites.push(PathBuf::from("/usr/lib/python3/dist-packages"));
-    if let Ok(out) = std::process::Command::new("python3")
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-        .stderr(std::process::Stdio::null())
-        .output()
-    {
-        if out.status.success() {
-            sites.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-        }
-    }
-    let mut candidates: Vec<String> = Vec::new();
-    for site in sites {
-        let library = site.join("nvidia/nccl/lib/libnccl.so.2");
-        let library = library.to_string_lossy().into_owned();
-        if std::path::Path::new(&library).is_file() && !candidates.contains(&library) {
-            candidates.push(library);
-        }
-    }
+    let mut candidates = WheelSearch::from_env().libraries();
     candidates.push("libnccl.so.2".to_string());
     candidates
 }
 
 impl Nccl {
-    /// Opens the first candidate that loads and checks its version. Does not touch the process's
-    /// NCCL; [`nccl`] calls this once.
+    /// Opens the candidates in order and keeps the first usable one: it loads, has
+    /// `ncclGetVersion`, and is at least [`MINIMUM_VERSION`]. A candidate that is not (too old,
+    /// say, where a later one would do) is closed again and the next one tried. Does not touch
+    /// the process's NCCL; [`nccl`] calls this once.
     ///
     /// # Errors
-    /// [`NcclError::NotFound`], [`NcclError::MissingEntryPoint`] (`ncclGetVersion`),
-    /// [`NcclError::TooOld`].
+    /// With one candidate, why it is not usable: [`NcclError::NotFound`] (it does not load),
+    /// [`NcclError::MissingEntryPoint`] (`ncclGetVersion`) or [`NcclError::TooOld`]. With several
+    /// and none usable, [`NcclError::NotFound`] naming every candidate and why it was skipped.
     pub fn load(candidates: &[String]) -> std::result::Result<Nccl, NcclError> {
         let mut tried = Vec::new();
+        let mut unusable = None;
         for candidate in candidates {
-            // SAFETY: opening NCCL runs its initialisers, which have no preconditions on the
-            // caller; the handle moves into the entry-point table and stays open.
-            let library = match unsafe { libloading::Library::new(candidate) } {
-                Ok(library) => library,
-                Err(e) => {
-                    tried.push(LoadAttempt { candidate: candidate.clone(), reason: e.to_string() });
-                    continue;
-                }
+            let skipped = match Nccl::open(candidate) {
+                Ok(nccl) => return Ok(nccl),
+                Err(skipped) => skipped,
             };
-            // SAFETY: `from_library` resolves symbols by name and stores function pointers whose
-            // types bindgen derived from nccl.h; a missing symbol is kept as an error.
-            let api = unsafe { NcclApi::from_library(library) }
-                .map_err(|_| NcclError::MissingEntryPoint { library: candidate.clone(), symbol: "(library handle)" })?;
-            let get_version = api
-                .ncclGetVersion
-                .as_ref()
-                .map_err(|_| NcclError::MissingEntryPoint { library: candidate.clone(), symbol: "ncclGetVersion" })?;
-            let mut code: c_int = 0;
-            // SAFETY: ncclGetVersion writes one int through a valid pointer.
-            let result = unsafe { get_version(&mut code) };
-            if result != ncclResult_t::ncclSuccess {
-                tried.push(LoadAttempt {
-                    candidate: candidate.clone(),
-                    reason: format!("ncclGetVersion failed ({})", result.0),
-                });
-                continue;
-            }
-            let version = NcclVersion::from_code(code);
-            if version < MINIMUM_VERSION {
-                return Err(NcclError::TooOld {
-                    library: candidate.clone(),
-                    found: version,
-                    required: MINIMUM_VERSION,
-                });
-            }
-            return Ok(Nccl { api, version, library: candidate.clone() });
+            tried.push(LoadAttempt {
+                candidate: candidate.clone(),
+                reason: match &skipped {
+                    NcclError::NotFound { tried } => tried.iter().map(|attempt| attempt.reason.clone()).collect(),
+                    other => other.to_string(),
+                },
+            });
+            unusable = Some(skipped);
         }
-        Err(NcclError::NotFound { tried })
+        match unusable {
+            Some(error) if candidates.len() == 1 => Err(error),
+            _ => Err(NcclError::NotFound { tried }),
+        }
+    }
+
+    /// Opens one candidate and checks it (see [`load`](Self::load)); why it is not usable
+    /// otherwise (a library that does not load is [`NcclError::NotFound`] with its one attempt).
+    fn open(candidate: &str) -> std::result::Result<Nccl, NcclError> {
+        // SAFETY: opening NCCL runs its initialisers, which have no preconditions on the caller;
+        // the handle moves into the entry-point table and stays open while the table lives.
+        let library = unsafe { libloading::Library::new(candidate) }.map_err(|e| NcclError::NotFound {
+            tried: vec![LoadAttempt { candidate: candidate.to_string(), reason: e.to_string() }],
+        })?;
+        // SAFETY: `from_library` resolves symbols by name and stores function pointers whose
+        // types bindgen derived from nccl.h; a missing symbol is kept as an error.
+        let api = unsafe { NcclApi::from_library(library) }
+            .map_err(|_| NcclError::MissingEntryPoint { library: candidate.to_string(), symbol: "(library handle)" })?;
+        let get_version = api
+            .ncclGetVersion
+            .as_ref()
+            .map_err(|_| NcclError::MissingEntryPoint { library: candidate.to_string(), symbol: "ncclGetVersion" })?;
+        let mut code: c_int = 0;
+        // SAFETY: ncclGetVersion writes one int through a valid pointer.
+        let result = unsafe { get_version(&mut code) };
+        if result != ncclResult_t::ncclSuccess {
+            return Err(NcclError::NotFound {
+                tried: vec![LoadAttempt {
+                    candidate: candidate.to_string(),
+                    reason: format!("ncclGetVersion failed ({})", result.0),
+                }],
+            });
+        }
+        let version = NcclVersion::from_code(code);
+        if version < MINIMUM_VERSION {
+            return Err(NcclError::TooOld {
+                library: candidate.to_string(),
+                found: version,
+                required: MINIMUM_VERSION,
+            });
+        }
+        Ok(Nccl { api, version, library: candidate.to_string() })
     }
 
     /// The raw entry points.

@@ -4,11 +4,13 @@
 //!
 //! The library is opened once per process, on first use, and never closed. Candidates, in order:
 //! the path in `PPNRT_LIBNCCL_PATH` if it is set (then nothing else is tried); `libnccl.so.2` in the
-//! PyPI wheel layout (`site-packages/nvidia/nccl/lib`) of the virtual environment (`VIRTUAL_ENV`),
-//! of the user's and the system's Python directories, and of the directory `python3` reports;
-//! then `libnccl.so.2` from the system's library path. NCCL must be at least
-//! [`MINIMUM_VERSION`] (2.7.0: point-to-point send/recv and groups); an older library, a missing
-//! library or a missing entry point is a typed [`NcclError`]. Every entry point is a per-symbol
+//! PyPI wheel layout (`site-packages/nvidia/nccl/lib`) of the places Python looks for packages
+//! (the virtual and conda environments, `PYTHONPATH`, the Pythons on `PATH`, the user's and the
+//! system's directories; found by listing directories, never by running Python, see
+//! [`WheelSearch`]); then `libnccl.so.2` from the system's library path. NCCL must be at least
+//! [`MINIMUM_VERSION`] (2.7.0: point-to-point send/recv and groups): a candidate that is older,
+//! does not load or lacks an entry point is skipped for the next one, and when none is usable
+//! the typed [`NcclError`] names every candidate and why. Every entry point is a per-symbol
 //! `Result`, so an entry point an older NCCL lacks fails only the calls that need it.
 //!
 //! A communicator joined with [`NcclComm::init_rank_watched`] (NCCL ≥ [`NONBLOCKING_VERSION`]) is
@@ -33,7 +35,6 @@
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
@@ -223,6 +224,7 @@ mod comm;
 mod library;
 mod p2p;
 mod posting;
+mod search;
 mod settle;
 
 pub use comm::*;
@@ -230,6 +232,7 @@ pub use library::*;
 pub use p2p::*;
 pub(crate) use posting::PostingAlone;
 use posting::*;
+pub use search::WheelSearch;
 pub use settle::*;
 
 #[cfg(test)]

@@ -34,7 +34,10 @@
 //! drop. Liveness: a watchdog thread per runtime sends a sign of life on every
 //! link of this rank a few times per timeout (an `ALIVE` record to the RX rank, an `ALIVE` byte
 //! back to the TX rank), reads the TX side's, and polls NCCL; the receiver threads read the RX
-//! side's with the records. Clean shutdown: the TX rank sends a close record and waits (bounded)
+//! side's with the records. The signs of life go on while a call waits on the link (a `tx_wait`
+//! waiting for a free slot holds the link's control lock, not its writer), and whichever thread
+//! reads the peer's answers records that it heard them, so a wait as long as the caller asks
+//! never looks like a hung rank to either side. Clean shutdown: the TX rank sends a close record and waits (bounded)
 //! until the RX rank's receives of every step are complete.
 //!
 //! Trust: every control connection is admitted as [`crate::auth`] describes (the TX rank and the

@@ -10,7 +10,16 @@ pub(in crate::pp) struct Sender {
     pub(in crate::pp) tx_stream: Arc<CudaStream>,
     pub(in crate::pp) tx_device: i32,
     pub(super) n_slots: usize,
+    /// The sending calls' state and the reading end of the connection: held by a `tx` for its
+    /// whole call (a `tx_wait`'s wait for a free slot included) and by the close.
     pub(super) control: Mutex<SendControl>,
+    /// The writing end of the connection, held only while a record is written: the watchdog's
+    /// signs of life go out through it while a call holds `control` (a wait longer than the
+    /// peer timeout must not look like a hung rank to the peer).
+    pub(super) writer: Mutex<ControlWriter>,
+    /// When the peer was last heard from, by whichever reader read it (the watchdog, a waiting
+    /// `tx_wait`, the close).
+    pub(super) heard: Heard,
     /// A second handle of the control connection: the watchdog reads the peer's signs of life
     /// (and sees its end) through it.
     pub(super) watch: TcpStream,
@@ -21,17 +30,67 @@ pub(in crate::pp) struct Sender {
 }
 
 pub(super) struct SendControl {
+    /// The connection, read for the RX rank's answers by a waiting `tx_wait` and the close.
     pub(super) socket: TcpStream,
-    /// Seals the records this end writes.
-    pub(super) sealer: Sealer,
     /// The RX rank's answers, checked as they come.
     pub(super) back: BackReader,
     /// The steps the RX rank's stage has taken, as far as its answers told ([`CREDIT`]).
     pub(super) credit: u64,
     pub(super) step: u64,
+    /// Whether the close began (no `tx` after it).
     pub(super) closed: bool,
+}
+
+/// The writing end of a TX rank's control connection (see [`Sender::writer`]).
+pub(super) struct ControlWriter {
+    pub(super) socket: TcpStream,
+    /// Seals the records this end writes, in the order they are written.
+    pub(super) sealer: Sealer,
     /// When this rank last wrote to the connection (a record or a sign of life).
     pub(super) written: Instant,
+    /// Whether the close record went out (nothing follows it, no sign of life either; the
+    /// watchdog reads this without `control`).
+    pub(super) closed: bool,
+}
+
+impl ControlWriter {
+    /// Seals and writes one record of `kind` (see [`encode_record`]).
+    pub(super) fn write(&mut self, kind: u8, step: u64, n: u64, elem_size: u64, elem: &str) -> std::io::Result<()> {
+        let record = encode_record(&mut self.sealer, kind, step, n, elem_size, elem);
+        self.write_sealed(&record)
+    }
+
+    /// Writes a record sealed by this writer's sealer.
+    pub(super) fn write_sealed(&mut self, record: &[u8]) -> std::io::Result<()> {
+        self.socket.write_all(record)?;
+        self.written = Instant::now();
+        Ok(())
+    }
+}
+
+/// When a peer was last heard from: an instant shared by the threads that read its connection.
+pub(super) struct Heard {
+    epoch: Instant,
+    /// Nanoseconds after `epoch`.
+    ns: AtomicU64,
+}
+
+impl Heard {
+    /// Heard now.
+    pub(super) fn new() -> Heard {
+        Heard { epoch: Instant::now(), ns: AtomicU64::new(0) }
+    }
+
+    /// Records that the peer was heard from now.
+    pub(super) fn mark(&self) {
+        let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// When the peer was last heard from.
+    pub(super) fn get(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.ns.load(Ordering::Relaxed))
+    }
 }
 
 /// How often a rank shows a peer it is alive, for a peer `timeout`: ten times per timeout,
@@ -97,17 +156,21 @@ impl Sender {
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
-        let record = encode_record(&mut control.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
-        #[cfg(feature = "testing")]
-        let record = match self.tampered(&mut control, step, record) {
-            Some(record) => record,
-            None => return Err(self.link.stopped().expect("failed by the tampering")),
+        let written = {
+            let mut writer = self.writer();
+            let record =
+                encode_record(&mut writer.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
+            #[cfg(feature = "testing")]
+            let record = match self.tampered(&mut writer, step, record) {
+                Some(record) => record,
+                None => return Err(self.link.stopped().expect("failed by the tampering")),
+            };
+            writer.write_sealed(&record)
         };
-        if let Err(e) = control.socket.write_all(&record) {
+        if let Err(e) = written {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
-        control.written = Instant::now();
         #[cfg(feature = "testing")]
         if self.fault == crate::pp::config::ProtocolFault::AnnounceWithoutSend {
             control.step += 1;
@@ -131,7 +194,7 @@ impl Sender {
     /// seal, written twice, or cut short (then the connection is ended and the link failed:
     /// `None`). Tests only.
     #[cfg(feature = "testing")]
-    fn tampered(&self, control: &mut SendControl, step: u64, mut record: Vec<u8>) -> Option<Vec<u8>> {
+    fn tampered(&self, writer: &mut ControlWriter, step: u64, mut record: Vec<u8>) -> Option<Vec<u8>> {
         use crate::pp::config::ProtocolFault;
         match self.fault {
             ProtocolFault::ForgeRecordAt(at) if at == step => {
@@ -143,7 +206,7 @@ impl Sender {
                 Some(twice)
             }
             ProtocolFault::TruncateRecordAt(at) if at == step => {
-                let _ = control.socket.write_all(&record[..record.len() / 2]);
+                let _ = writer.socket.write_all(&record[..record.len() / 2]);
                 self.link.fail(format!("step {step}'s record cut short on purpose"));
                 None
             }
@@ -153,7 +216,8 @@ impl Sender {
 
     /// Waits, at most `timeout`, until the RX rank's stage has taken enough steps for this one
     /// to find a free slot there; reads the connection for the answers meanwhile (the
-    /// watchdog leaves it alone while the lock is held).
+    /// watchdog leaves the reading to it while the lock is held, and goes on sending this rank's
+    /// signs of life and checking the peer's, which these reads record).
     fn wait_for_credit(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
         let waited = self.wait_for_credit_reading(control, timeout);
         // The reads above set the connection's read timeout, which the watchdog's peeks share:
@@ -184,12 +248,11 @@ impl Sender {
                 }));
             }
             if !asked {
-                let record = encode_record(&mut control.sealer, WAITING, control.step, 0, 0, "");
-                if let Err(e) = control.socket.write_all(&record) {
+                let written = self.writer().write(WAITING, control.step, 0, 0, "");
+                if let Err(e) = written {
                     self.link.fail(format!("writing a wait for a free slot failed: {e}"));
                     return Err(self.link.stopped().expect("failed above"));
                 }
-                control.written = Instant::now();
                 asked = true;
                 answers = 0;
             }
@@ -198,7 +261,10 @@ impl Sender {
             let read = control.socket.set_read_timeout(Some(left)).and_then(|()| control.socket.read(&mut bytes));
             let kinds = match read {
                 Ok(0) => Err(PEER_CLOSED.to_string()),
-                Ok(read) => control.back.take(&bytes[..read], &mut control.credit),
+                Ok(read) => {
+                    self.heard.mark();
+                    control.back.take(&bytes[..read], &mut control.credit)
+                }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
                     Ok(Vec::new())
                 }
@@ -229,6 +295,11 @@ impl Sender {
         self.control.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The writing end; taken after `control` by a call that holds both.
+    pub(super) fn writer(&self) -> MutexGuard<'_, ControlWriter> {
+        self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// How many steps this end has sent.
     pub(in crate::pp) fn steps_sent(&self) -> u64 {
         self.lock().step
@@ -246,8 +317,12 @@ impl Sender {
         let step = control.step;
         let deadline = Instant::now() + timeout;
         let control = &mut *control;
-        let record = encode_record(&mut control.sealer, CLOSE, step, 0, 0, "");
-        let answer = control.socket.write_all(&record).map_err(|e| e.to_string()).and_then(|()| {
+        let written = {
+            let mut writer = self.writer();
+            writer.closed = true;
+            writer.write(CLOSE, step, 0, 0, "")
+        };
+        let answer = written.map_err(|e| e.to_string()).and_then(|()| {
             // The answer, past the signs of life the peer sent meanwhile.
             let mut bytes = [0u8; 64];
             loop {
@@ -260,6 +335,7 @@ impl Sender {
                 if read == 0 {
                     return Err(PEER_CLOSED.to_string());
                 }
+                self.heard.mark();
                 let kinds = control.back.take(&bytes[..read], &mut control.credit)?;
                 if let Some(&kind) = kinds.iter().find(|&&kind| kind != ALIVE && kind != CREDIT) {
                     return Ok(kind);
@@ -275,25 +351,26 @@ impl Sender {
         }
     }
 
-    /// The watchdog's look at the link: the peer's end of the connection and its signs of life
-    /// (`heard` is when the last came); silence longer than the timeout; a sign of life to the
-    /// peer when this rank wrote nothing for a heartbeat interval; NCCL's asynchronous error.
-    /// The connection is looked at without the link's lock (a peek waits up to a millisecond
-    /// when nothing came), and read or written under it only when that cannot block a `tx` for
-    /// long: skipped while a `tx` or the close holds it (the close reads the peer's answer, and a
-    /// `tx` blocked on a full connection fails by its own write timeout).
-    pub(super) fn watch(&self, heard: &mut Instant) {
+    /// The watchdog's look at the link: the peer's end of the connection and its signs of life;
+    /// silence longer than the timeout (since any reader last heard the peer, see [`Heard`]); a
+    /// sign of life to the peer when this rank wrote nothing for a heartbeat interval; NCCL's
+    /// asynchronous error. The connection is looked at without the link's locks (a peek waits up
+    /// to a millisecond when nothing came). It is read only while no call holds `control` (a
+    /// waiting `tx_wait` and the close read it themselves), and written through `writer` whether
+    /// or not a call holds `control`, so the peer hears from this rank while a call waits
+    /// (skipped only while a record is being written, which is bounded by the write timeout).
+    pub(super) fn watch(&self) {
         if self.link.is_stopped() {
             return;
         }
-        match self.look(heard) {
+        match self.look() {
             Ok(()) => watch_comm(&self.link),
             Err(reason) => self.link.fail(reason),
         }
     }
 
     /// [`watch`](Self::watch) of the connection; the reason the link fails, if it does.
-    pub(super) fn look(&self, heard: &mut Instant) -> std::result::Result<(), String> {
+    pub(super) fn look(&self) -> std::result::Result<(), String> {
         let quiet = |e: &std::io::Error| {
             matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
         };
@@ -305,41 +382,49 @@ impl Sender {
             Err(e) if quiet(&e) => false,
             Err(e) => return Err(failed(e)),
         };
-        let mut control = match self.control.try_lock() {
-            Ok(control) => control,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(()),
-        };
-        if control.closed {
-            return Ok(());
-        }
         if waiting {
-            // Bytes are there (only this thread and the close, which holds the lock, read them):
-            // the read returns at once.
-            let mut bytes = [0u8; 64];
-            match (&self.watch).read(&mut bytes) {
-                Ok(0) => return Err(PEER_CLOSED.into()),
-                Ok(read) => {
-                    let control = &mut *control;
-                    let kinds = control.back.take(&bytes[..read], &mut control.credit)?;
-                    if let Some(other) = kinds.into_iter().find(|&kind| kind != ALIVE && kind != CREDIT) {
-                        return Err(format!("the peer sent {other} before the close"));
+            let control = match self.control.try_lock() {
+                Ok(control) => Some(control),
+                Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                // A call reads the connection meanwhile, and records what it hears.
+                Err(TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut control) = control {
+                // Bytes are there (only this thread and the calls that hold the lock read them):
+                // the read returns at once.
+                let mut bytes = [0u8; 64];
+                match (&self.watch).read(&mut bytes) {
+                    Ok(0) => return Err(PEER_CLOSED.into()),
+                    Ok(read) => {
+                        let control = &mut *control;
+                        let kinds = control.back.take(&bytes[..read], &mut control.credit)?;
+                        if let Some(other) = kinds.into_iter().find(|&kind| kind != ALIVE && kind != CREDIT) {
+                            return Err(format!("the peer sent {other} before the close"));
+                        }
+                        self.heard.mark();
                     }
-                    *heard = Instant::now();
+                    Err(e) if quiet(&e) => {}
+                    Err(e) => return Err(failed(e)),
                 }
-                Err(e) if quiet(&e) => {}
-                Err(e) => return Err(failed(e)),
             }
         }
-        if let Some(reason) = self.link.silent_too_long(*heard) {
+        let writer = match self.writer.try_lock() {
+            Ok(writer) => Some(writer),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            // A record is being written: it shows the peer this rank is alive.
+            Err(TryLockError::WouldBlock) => None,
+        };
+        if writer.as_ref().is_some_and(|writer| writer.closed) {
+            // The close waits for the peer's answer within its own bound.
+            return Ok(());
+        }
+        if let Some(reason) = self.link.silent_too_long(self.heard.get()) {
             return Err(reason);
         }
-        let now = Instant::now();
-        if now.duration_since(control.written) >= self.link.heartbeat_interval() {
-            let control = &mut *control;
-            let record = encode_record(&mut control.sealer, ALIVE, 0, 0, 0, "");
-            control.socket.write_all(&record).map_err(|e| format!("writing a sign of life failed: {e}"))?;
-            control.written = now;
+        if let Some(mut writer) = writer {
+            if writer.written.elapsed() >= self.link.heartbeat_interval() {
+                writer.write(ALIVE, 0, 0, 0, "").map_err(|e| format!("writing a sign of life failed: {e}"))?;
+            }
         }
         Ok(())
     }

@@ -201,14 +201,18 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             // SAFETY: the RX rank's probe receive is of the same four `u32`s.
             unsafe { link.comm.send(&local.stream, &probe, 1) }?;
             wait_for_probe(&link, &local.stream, &socket, watched)?;
+            let writer = Mutex::new(ControlWriter {
+                socket: clone(&socket)?,
+                sealer: Sealer::new(forward),
+                written: Instant::now(),
+                closed: false,
+            });
             let control = Mutex::new(SendControl {
                 socket,
-                sealer: Sealer::new(forward),
                 back: BackReader { opener: Opener::new(back), pending: Vec::new() },
                 credit: 0,
                 step: 0,
                 closed: false,
-                written: Instant::now(),
             });
             let sender = Sender {
                 link,
@@ -216,6 +220,8 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 tx_device: b.tx_device,
                 n_slots: config.n_slots(),
                 control,
+                writer,
+                heard: Heard::new(),
                 watch,
                 #[cfg(feature = "testing")]
                 fault: config.fault(),

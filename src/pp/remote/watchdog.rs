@@ -30,12 +30,14 @@ impl Watchdog {
             .spawn({
                 let stop = Arc::clone(&stop);
                 move || {
-                    let start = Instant::now();
-                    let mut heard = vec![start; senders.len()];
-                    let mut sent = vec![start; heartbeats.len()];
+                    // Silence counts from now: the setup of the other links came first.
+                    for sender in &senders {
+                        sender.heard.mark();
+                    }
+                    let mut sent = vec![Instant::now(); heartbeats.len()];
                     while !stop.load(Ordering::SeqCst) {
-                        for (sender, heard) in senders.iter().zip(&mut heard) {
-                            sender.watch(heard);
+                        for sender in &senders {
+                            sender.watch();
                         }
                         for (heartbeat, sent) in heartbeats.iter().zip(&mut sent) {
                             heartbeat.beat(sent);
