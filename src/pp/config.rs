@@ -137,7 +137,7 @@ pub enum ProtocolFault {
 /// | `PPNRT_RANK` | this process's rank | 0 |
 /// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
 /// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process, and on its silence (a peer that shows no sign of life for longer fails its boundaries) | 60000 |
-/// | `PPNRT_JOB_SECRET` / `PPNRT_JOB_SECRET_FILE` | the secret every rank of the job proves (see [`JobAccess`], `SECURITY.md`); required across hosts | none: every rank on this host |
+/// | `PPNRT_JOB_SECRET` / `PPNRT_JOB_SECRET_FILE` | the secret every rank of the job proves (see [`JobAccess`], `SECURITY.md`); required across hosts; empty is an error; the file regular, ≤ 4,096 bytes, mode 600 | none: every rank on this host |
 /// | `PPNRT_ALLOW_UNAUTHENTICATED` | `1`: ranks without a secret meet across hosts, unauthenticated | `0` |
 ///
 /// Every process of a pipeline that spans processes runs the same configuration (compared at the
