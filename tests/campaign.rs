@@ -16,12 +16,13 @@ mod common;
 #[path = "common/double.rs"]
 mod double;
 
-use std::sync::mpsc;
+use std::sync::{Barrier, mpsc};
 use std::time::{Duration, Instant};
 
 use common::Rng;
 use double::with_double;
-use ppnrt::{Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
+use ppnrt::nccl::{NcclComm, NcclError, NcclUniqueId};
+use ppnrt::{CudaSlice, CudaStream, Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
 
 const N: usize = 2048;
 const LAYERS: u32 = 3;
@@ -286,5 +287,75 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             println!("campaign: {fault}: e.g. {sample}");
         }
         assert!(typed_runs > 0, "no fault struck");
+    });
+}
+
+/// A receive that fails while NCCL completes it in the background never writes its buffer
+/// after the caller let the buffer go. The first receive of a non-blocking communicator
+/// connects it in the background (`ncclInProgress`), and the call polls NCCL's asynchronous
+/// error until the receive is enqueued; here that poll fails (as the campaign's asynchronous
+/// error did when it struck a rank's setup, during the receive of a link's first message). The
+/// call returns the error and its buffer is freed at once, as the setup's was; the communicator
+/// must not go on to enqueue the receive unaborted, and a receive it did enqueue must be
+/// ordered before the free: else the receive copies the message that arrived into freed memory
+/// (the NCCL double checks its receives' buffers when they run). Deterministic: nothing else
+/// polls NCCL when the fault is set.
+#[test]
+fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() {
+    let test = "a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer";
+    with_double(test, |double| {
+        let before = double.violations();
+        let bytes = NcclUniqueId::new().unwrap().to_bytes();
+        let bound = Duration::from_secs(5);
+        let join = |engine: &Engine, rank| {
+            let id = NcclUniqueId::from_bytes(&bytes);
+            NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok::<(), NcclError>(())).unwrap()
+        };
+        let (sent, done) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let engine = Engine::new(0).unwrap();
+                let comm = join(&engine, 0);
+                let stream = CudaStream::new(engine.context()).unwrap();
+                let message = engine.htod(&[1u32, 2, 3, 4]).unwrap();
+                // SAFETY: rank 1 receives the same four `u32`s.
+                unsafe { comm.send(&stream, &message, 1) }.unwrap();
+                stream.synchronize().unwrap();
+                sent.wait();
+                done.wait();
+            });
+            let engine = Engine::new(1).unwrap();
+            let comm = join(&engine, 1);
+            sent.wait();
+            let pending = double.pending();
+            // The next poll of NCCL's asynchronous error is the receive's own, while NCCL connects.
+            double::nccl_double().fail("ncclCommGetAsyncError", 1, 3);
+            let stream = CudaStream::new(engine.context()).unwrap();
+            // Plain memory, as a link's first message's: its free does not wait for the stream.
+            let mut buffer = CudaSlice::<u32>::alloc_persistent(&stream, 4).unwrap();
+            // SAFETY: rank 0 sent four `u32`s.
+            let received = unsafe { comm.recv(&stream, &mut buffer, 0) };
+            assert!(
+                matches!(&received, Err(NcclError::Call { call: "ncclCommGetAsyncError", .. })),
+                "the receive's poll failed: {received:?}"
+            );
+            drop(buffer);
+            // Until the communicator is seen aborted, or NCCL enqueued the receive in the
+            // background (at most 2 s).
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let aborted = loop {
+                let aborted = matches!(comm.async_error(), Err(NcclError::Aborted { .. }));
+                if aborted || double.pending() > pending || Instant::now() > deadline {
+                    break aborted;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            done.wait();
+            drop(comm);
+            double.flush();
+            assert_eq!(double.violations(), before, "{test}: {}", double.last_violation());
+            assert!(aborted, "{test}: the communicator whose call did not settle was not aborted");
+        });
+        let _ = ppnrt::take_drop_errors();
     });
 }
