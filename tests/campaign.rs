@@ -295,11 +295,13 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
 /// connects it in the background (`ncclInProgress`), and the call polls NCCL's asynchronous
 /// error until the receive is enqueued; here that poll fails (as the campaign's asynchronous
 /// error did when it struck a rank's setup, during the receive of a link's first message). The
-/// call returns the error and its buffer is freed at once, as the setup's was; the communicator
-/// must not go on to enqueue the receive unaborted, and a receive it did enqueue must be
-/// ordered before the free: else the receive copies the message that arrived into freed memory
-/// (the NCCL double checks its receives' buffers when they run). Deterministic: nothing else
-/// polls NCCL when the fault is set.
+/// call returns the error and its buffer is freed at once, as the setup's was. The communicator
+/// must be aborted before the call returns (else NCCL enqueues the receive afterwards, and it
+/// copies the message that arrived into freed memory: the NCCL double checks its receives'
+/// buffers when they run), and the free must wait for the receive NCCL enqueued meanwhile (the
+/// abort takes effect 50 ms late here, so the receive is enqueued first: it runs, aborted,
+/// before its buffer goes, and nothing of it stays queued). Deterministic: nothing else polls
+/// NCCL when the fault is set.
 #[test]
 fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() {
     let test = "a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer";
@@ -313,48 +315,62 @@ fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() 
         };
         let (sent, done) = (Barrier::new(2), Barrier::new(2));
         std::thread::scope(|scope| {
+            // The sender is the communicator's rank 1, the receiver its rank 0 (whose abort the
+            // double delays).
             scope.spawn(|| {
                 let engine = Engine::new(0).unwrap();
-                let comm = join(&engine, 0);
+                let comm = join(&engine, 1);
                 let stream = CudaStream::new(engine.context()).unwrap();
                 let message = engine.htod(&[1u32, 2, 3, 4]).unwrap();
-                // SAFETY: rank 1 receives the same four `u32`s.
-                unsafe { comm.send(&stream, &message, 1) }.unwrap();
+                // SAFETY: rank 0 receives the same four `u32`s.
+                unsafe { comm.send(&stream, &message, 0) }.unwrap();
                 stream.synchronize().unwrap();
                 sent.wait();
                 done.wait();
             });
             let engine = Engine::new(1).unwrap();
-            let comm = join(&engine, 1);
+            let comm = join(&engine, 0);
             sent.wait();
             let pending = double.pending();
+            // SAFETY: tests through the double run one at a time (`with_double` holds its lock),
+            // and nothing else of this process reads the environment while this test sets it.
+            unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "50") };
             // The next poll of NCCL's asynchronous error is the receive's own, while NCCL connects.
             double::nccl_double().fail("ncclCommGetAsyncError", 1, 3);
             let stream = CudaStream::new(engine.context()).unwrap();
-            // Plain memory, as a link's first message's: its free does not wait for the stream.
-            let mut buffer = CudaSlice::<u32>::alloc_persistent(&stream, 4).unwrap();
-            // SAFETY: rank 0 sent four `u32`s.
-            let received = unsafe { comm.recv(&stream, &mut buffer, 0) };
+            // Plain memory of another stream, as a link's first message's: its free waits on
+            // the host for its uses, the receive's only if noted.
+            let owner = CudaStream::new(engine.context()).unwrap();
+            let mut buffer = CudaSlice::<u32>::alloc_persistent(&owner, 4).unwrap();
+            // SAFETY: rank 1 sent four `u32`s.
+            let received = unsafe { comm.recv(&stream, &mut buffer, 1) };
+            // SAFETY: as above.
+            unsafe { std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS") };
             assert!(
                 matches!(&received, Err(NcclError::Call { call: "ncclCommGetAsyncError", .. })),
                 "the receive's poll failed: {received:?}"
             );
+            let returned = double.pending();
             drop(buffer);
+            let left_queued = double.pending().saturating_sub(pending);
             // Until the communicator is seen aborted, or NCCL enqueued the receive in the
             // background (at most 2 s).
             let deadline = Instant::now() + Duration::from_secs(2);
             let aborted = loop {
                 let aborted = matches!(comm.async_error(), Err(NcclError::Aborted { .. }));
-                if aborted || double.pending() > pending || Instant::now() > deadline {
+                if aborted || double.pending() > returned || Instant::now() > deadline {
                     break aborted;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             };
-            done.wait();
+            // Dropped while its peer lives (a healthy communicator is destroyed, not aborted:
+            // what arrived stays for the receives queued).
             drop(comm);
+            done.wait();
             double.flush();
             assert_eq!(double.violations(), before, "{test}: {}", double.last_violation());
             assert!(aborted, "{test}: the communicator whose call did not settle was not aborted");
+            assert_eq!(left_queued, 0, "{test}: the buffer was freed with its receive still queued");
         });
         let _ = ppnrt::take_drop_errors();
     });
