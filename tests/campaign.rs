@@ -3,13 +3,21 @@
 //! runs a decode loop of the toy model while one fault strikes at a random step: a rank goes
 //! away (its runtime dropped mid-run, as a process that exits), NCCL reports an asynchronous error
 //! in a random rank, rank 0 announces a step and never sends it, a sending rank's record is
-//! forged (altered after its seal), replayed or cut short, or strangers (silent, garbage, a wrong
-//! secret) crowd rank 0's rendezvous during the setup. Every rank reads every step it
-//! receives; the last rank reads each output back and checks it bitwise against one engine.
+//! forged (altered after its seal), replayed or cut short, strangers (silent, garbage, a wrong
+//! secret) crowd rank 0's rendezvous during the setup, or NCCL's asynchronous-error poll fails
+//! during the setup, as a rank's link posts its first receive (which NCCL completes in the
+//! background). Every rank reads every step it receives; the last rank reads each output back
+//! and checks it bitwise against one engine.
 //!
 //! Every run must end, on every rank, with exact outputs or with a typed error, within its bound:
-//! never wrong data as `Ok`, never a hang. The counts are printed (and kept in
+//! never wrong data as `Ok`, never a hang, and nothing touches freed memory (the doubles check
+//! every copy, send and receive when it runs). The counts are printed (and kept in
 //! `docs/RELIABILITY.md`).
+//!
+//! `cargo test` runs one round of 45 runs. Races show more often under load and in a release
+//! build: `PPNRT_CAMPAIGN_ROUNDS=<n>` runs `n` rounds (each draws its own steps) and
+//! `PPNRT_CAMPAIGN_LOAD=<k>` keeps `k` threads busy meanwhile, e.g.
+//! `PPNRT_CAMPAIGN_ROUNDS=20 PPNRT_CAMPAIGN_LOAD=2 cargo test --release --test campaign` (CI).
 
 mod common;
 
@@ -59,6 +67,11 @@ enum Fault {
     Truncated {
         rank: usize,
         step: u64,
+    },
+    /// During the setup, every poll of NCCL's asynchronous error fails for `ms` after a rank
+    /// posts its first receive (a link's first message), in whichever ranks poll.
+    SetupAsyncError {
+        ms: u64,
     },
 }
 
@@ -140,10 +153,24 @@ fn rank_loop(rank: usize, rt: PpNRt, fault: Fault, wait: Duration) -> Result<End
 }
 
 /// Strangers at `addr` while the ranks meet: silent connections, garbage, and a process with
-/// another secret.
+/// another secret. They come once rank 0 listens: a connection to a port nobody listens on can
+/// connect to itself (TCP's simultaneous open, when the kernel picks that port for its own end),
+/// and would hold the port rank 0 is about to bind.
 fn crowd(addr: String) {
-    let deadline = Instant::now() + Duration::from_millis(600);
+    let port = addr.rsplit(':').next().and_then(|port| port.parse::<u16>().ok()).expect("an address with a port");
     let mut held = Vec::new();
+    let listening = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < listening {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(stream) if stream.local_addr().is_ok_and(|own| own.port() != port) => {
+                held.push(stream);
+                break;
+            }
+            // Connected to itself (dropped at once), or nobody listens yet.
+            Ok(_) | Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(600);
     while Instant::now() < deadline {
         if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
             let _ = std::io::Write::write_all(&mut stream, b"GET / HTTP/1.0\r\n\r\n");
@@ -162,9 +189,48 @@ fn crowd(addr: String) {
     }
 }
 
+/// Makes every call of the NCCL double's `ncclCommGetAsyncError` fail for `ms` once a rank
+/// posts its first receive after `recvs_before` (waited for at most 5 s): the double's fault
+/// table is kept armed (eight faults, each of the next call) meanwhile.
+fn fail_polls_after_first_receive(recvs_before: u64, ms: u64) {
+    const POLL: &str = "ncclCommGetAsyncError";
+    let nccl = double::nccl_double();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nccl.calls("ncclRecv") == recvs_before && Instant::now() < deadline {
+        std::hint::spin_loop();
+    }
+    let (polls, mut armed) = (nccl.calls(POLL), 0);
+    let until = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < until {
+        while armed < (nccl.calls(POLL) - polls) + 8 {
+            nccl.fail(POLL, 1, 3);
+            armed += 1;
+        }
+        std::hint::spin_loop();
+    }
+    nccl.clear_faults();
+}
+
+/// A number from the environment variable `name`, else `default`.
+fn from_env(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |value| value.parse().unwrap_or_else(|_| panic!("{name}={value:?}: a count")))
+}
+
 #[test]
 fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
     with_double("every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung", |_| {
+        let rounds = from_env("PPNRT_CAMPAIGN_ROUNDS", 1);
+        let stop_load = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load: Vec<_> = (0..from_env("PPNRT_CAMPAIGN_LOAD", 0))
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop_load);
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
         // SAFETY: tests through the double run one at a time (`with_double` holds its lock), and
         // nothing else of this process reads the environment while this test sets it.
         unsafe {
@@ -176,14 +242,14 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
         let peer_timeout = Duration::from_millis(1500);
         let wait = Duration::from_secs(4);
         let bound = Duration::from_secs(20);
-        let runs = 40;
+        let runs = 45 * rounds;
         let mut rng = Rng::new(0xca3a_1914);
         let (mut exact, mut typed_runs, mut typed_ranks) = (0, 0, 0);
         let mut by_fault = std::collections::BTreeMap::<&str, usize>::new();
         let mut samples = std::collections::BTreeMap::<&str, String>::new();
         for run in 0..runs {
             let (sender, step) = (rng.below(2) as usize, rng.below(u64::from(STEPS)));
-            let fault = match run % 8 {
+            let fault = match run % 9 {
                 0 => Fault::None,
                 1 => Fault::RankGone { rank: rng.below(3) as usize, step: step as u32 },
                 2 => Fault::AsyncError { step: step as u32 },
@@ -191,7 +257,8 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 4 => Fault::Forged { rank: sender, step },
                 5 => Fault::Replayed { rank: sender, step },
                 6 => Fault::Truncated { rank: sender, step },
-                _ => Fault::Strangers,
+                7 => Fault::Strangers,
+                _ => Fault::SetupAsyncError { ms: 1 + step % 8 },
             };
             let name = match fault {
                 Fault::None => "none",
@@ -202,6 +269,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 Fault::Forged { .. } => "a record forged",
                 Fault::Replayed { .. } => "a record replayed",
                 Fault::Truncated { .. } => "a record cut short",
+                Fault::SetupAsyncError { .. } => "an NCCL poll failing in the setup",
             };
             *by_fault.entry(name).or_default() += 1;
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -210,6 +278,13 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 let addr = addr.clone();
                 std::thread::spawn(move || crowd(addr));
             }
+            let poll_fault = match fault {
+                Fault::SetupAsyncError { ms } => {
+                    let recvs = double::nccl_double().calls("ncclRecv");
+                    Some(std::thread::spawn(move || fail_polls_after_first_receive(recvs, ms)))
+                }
+                _ => None,
+            };
             let (done, ended) = mpsc::channel();
             let started = Instant::now();
             for rank in 0..3 {
@@ -249,6 +324,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 let outcome = outcome.unwrap_or_else(|wrong| panic!("run {run}: {wrong}"));
                 outcomes.push((rank, outcome, at.duration_since(started)));
             }
+            if let Some(poll_fault) = poll_fault {
+                poll_fault.join().unwrap();
+            }
             double::nccl_double().clear_faults();
             let mut typed = Vec::new();
             for (rank, outcome, at) in &outcomes {
@@ -274,6 +352,8 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             }
             let _ = ppnrt::take_drop_errors();
         }
+        stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
+        load.into_iter().for_each(|busy| busy.join().unwrap());
         // SAFETY: as above.
         unsafe {
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
