@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use common::Rng;
 use double::with_double;
-use ppnrt::nccl::{NcclComm, NcclError, NcclUniqueId};
+use ppnrt::nccl::{NcclComm, NcclError, NcclUniqueId, P2p, group};
 use ppnrt::{CudaSlice, CudaStream, Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
 
 const N: usize = 2048;
@@ -189,24 +189,22 @@ fn crowd(addr: String) {
     }
 }
 
-/// Makes every call of the NCCL double's `ncclCommGetAsyncError` fail for `ms` once a rank
-/// posts its first receive after `recvs_before` (waited for at most 5 s): the double's fault
-/// table is kept armed (eight faults, each of the next call) meanwhile.
+/// Makes the calls of the NCCL double's `ncclCommGetAsyncError` fail for `ms` once a rank posts
+/// its first receive after `recvs_before` (waited for at most 5 s): the double's fault table is
+/// filled anew (eight faults, each of the next call) every 50 µs meanwhile.
 fn fail_polls_after_first_receive(recvs_before: u64, ms: u64) {
-    const POLL: &str = "ncclCommGetAsyncError";
     let nccl = double::nccl_double();
     let deadline = Instant::now() + Duration::from_secs(5);
     while nccl.calls("ncclRecv") == recvs_before && Instant::now() < deadline {
         std::hint::spin_loop();
     }
-    let (polls, mut armed) = (nccl.calls(POLL), 0);
     let until = Instant::now() + Duration::from_millis(ms);
     while Instant::now() < until {
-        while armed < (nccl.calls(POLL) - polls) + 8 {
-            nccl.fail(POLL, 1, 3);
-            armed += 1;
+        nccl.clear_faults();
+        for _ in 0..8 {
+            nccl.fail("ncclCommGetAsyncError", 1, 3);
         }
-        std::hint::spin_loop();
+        std::thread::sleep(Duration::from_micros(50));
     }
     nccl.clear_faults();
 }
@@ -378,52 +376,80 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
 /// call returns the error and its buffer is freed at once, as the setup's was. The communicator
 /// must be aborted before the call returns (else NCCL enqueues the receive afterwards, and it
 /// copies the message that arrived into freed memory: the NCCL double checks its receives'
-/// buffers when they run), and the free must wait for the receive NCCL enqueued meanwhile (the
-/// abort takes effect 50 ms late here, so the receive is enqueued first: it runs, aborted,
-/// before its buffer goes, and nothing of it stays queued). Deterministic: nothing else polls
-/// NCCL when the fault is set.
+/// buffers when they run), and the free must wait for the receive NCCL enqueued meanwhile (with
+/// one communicator, its abort takes effect 50 ms late here, so the receive is enqueued first:
+/// it runs, aborted, before its buffer goes, and nothing of it stays queued). Deterministic: nothing else polls
+/// NCCL when the fault is set. Through `NcclComm::recv`, through a group of one receive, and
+/// through a group of two communicators' receives (the one whose poll did not fail must settle
+/// too, not go on in the background).
 #[test]
 fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() {
-    let test = "a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer";
+    for (grouped, comms) in [(false, 1), (true, 1), (true, 2)] {
+        a_failed_receive_never_writes_its_freed_buffer(grouped, comms);
+    }
+}
+
+fn a_failed_receive_never_writes_its_freed_buffer(grouped: bool, n: usize) {
+    let test = &format!("a failed receive (grouped: {grouped}, communicators: {n})");
     with_double(test, |double| {
         let before = double.violations();
-        let bytes = NcclUniqueId::new().unwrap().to_bytes();
+        let ids: Vec<_> = (0..n).map(|_| NcclUniqueId::new().unwrap().to_bytes()).collect();
         let bound = Duration::from_secs(5);
-        let join = |engine: &Engine, rank| {
-            let id = NcclUniqueId::from_bytes(&bytes);
-            NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok::<(), NcclError>(())).unwrap()
+        let join = |engine: &Engine, rank| -> Vec<NcclComm> {
+            let watched = |bytes| {
+                let id = NcclUniqueId::from_bytes(bytes);
+                NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok::<(), NcclError>(())).unwrap()
+            };
+            ids.iter().map(watched).collect()
         };
         let (sent, done) = (Barrier::new(2), Barrier::new(2));
         std::thread::scope(|scope| {
-            // The sender is the communicator's rank 1, the receiver its rank 0 (whose abort the
+            // The sender is each communicator's rank 1, the receiver its rank 0 (whose abort the
             // double delays).
             scope.spawn(|| {
                 let engine = Engine::new(0).unwrap();
-                let comm = join(&engine, 1);
+                let comms = join(&engine, 1);
                 let stream = CudaStream::new(engine.context()).unwrap();
                 let message = engine.htod(&[1u32, 2, 3, 4]).unwrap();
-                // SAFETY: rank 0 receives the same four `u32`s.
-                unsafe { comm.send(&stream, &message, 0) }.unwrap();
+                for comm in &comms {
+                    // SAFETY: rank 0 receives the same four `u32`s.
+                    unsafe { comm.send(&stream, &message, 0) }.unwrap();
+                }
                 stream.synchronize().unwrap();
                 sent.wait();
                 done.wait();
             });
             let engine = Engine::new(1).unwrap();
-            let comm = join(&engine, 0);
+            let comms = join(&engine, 0);
             sent.wait();
             let pending = double.pending();
+            // With two communicators the failed one's abort is prompt: the other one's receive is
+            // still being enqueued when it ends.
+            let abort_delay = if n == 1 { "50" } else { "0" };
             // SAFETY: tests through the double run one at a time (`with_double` holds its lock),
             // and nothing else of this process reads the environment while this test sets it.
-            unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "50") };
-            // The next poll of NCCL's asynchronous error is the receive's own, while NCCL connects.
+            unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", abort_delay) };
+            // The next poll of NCCL's asynchronous error is a receive's own, while NCCL connects.
             double::nccl_double().fail("ncclCommGetAsyncError", 1, 3);
             let stream = CudaStream::new(engine.context()).unwrap();
             // Plain memory of another stream, as a link's first message's: its free waits on
             // the host for its uses, the receive's only if noted.
             let owner = CudaStream::new(engine.context()).unwrap();
-            let mut buffer = CudaSlice::<u32>::alloc_persistent(&owner, 4).unwrap();
-            // SAFETY: rank 1 sent four `u32`s.
-            let received = unsafe { comm.recv(&stream, &mut buffer, 1) };
+            let mut buffers: Vec<_> =
+                comms.iter().map(|_| CudaSlice::<u32>::alloc_persistent(&owner, 4).unwrap()).collect();
+            // SAFETY: rank 1 sent four `u32`s on each communicator.
+            let received = unsafe {
+                if grouped {
+                    let ops: Vec<_> = comms
+                        .iter()
+                        .zip(&mut buffers)
+                        .map(|(comm, buffer)| P2p::recv(comm, &stream, buffer, 1))
+                        .collect();
+                    group(&ops)
+                } else {
+                    comms[0].recv(&stream, &mut buffers[0], 1)
+                }
+            };
             // SAFETY: as above.
             unsafe { std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS") };
             assert!(
@@ -431,26 +457,29 @@ fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() 
                 "the receive's poll failed: {received:?}"
             );
             let returned = double.pending();
-            drop(buffer);
+            drop(buffers);
             let left_queued = double.pending().saturating_sub(pending);
-            // Until the communicator is seen aborted, or NCCL enqueued the receive in the
-            // background (at most 2 s).
+            // Until a communicator is seen aborted, or NCCL enqueued a receive in the background
+            // (at most 2 s); with two, until the other one's background work is done too.
             let deadline = Instant::now() + Duration::from_secs(2);
             let aborted = loop {
-                let aborted = matches!(comm.async_error(), Err(NcclError::Aborted { .. }));
+                let aborted = comms.iter().any(|comm| matches!(comm.async_error(), Err(NcclError::Aborted { .. })));
                 if aborted || double.pending() > returned || Instant::now() > deadline {
                     break aborted;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             };
+            if n > 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
             // Dropped while its peer lives (a healthy communicator is destroyed, not aborted:
             // what arrived stays for the receives queued).
-            drop(comm);
+            drop(comms);
             done.wait();
             double.flush();
             assert_eq!(double.violations(), before, "{test}: {}", double.last_violation());
             assert!(aborted, "{test}: the communicator whose call did not settle was not aborted");
-            assert_eq!(left_queued, 0, "{test}: the buffer was freed with its receive still queued");
+            assert_eq!(left_queued, 0, "{test}: a buffer was freed with its receive still queued");
         });
         let _ = ppnrt::take_drop_errors();
     });
