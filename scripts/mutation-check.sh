@@ -116,6 +116,12 @@ declare -A catchers=(
   [list-made-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-deferred-uses-dropped]="any_program_of_the_safe_layer_reads_what_it_wrote"
   [list-write-as-read]="any_program_of_the_safe_layer_reads_what_it_wrote"
+  # A call NCCL completes in the background that fails (campaign.rs), and launch-local's status.
+  [settle-failure-unaborted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [failed-call-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [failed-group-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [group-stops-settling]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [launch-local-status-lost]="launch_local_exits_with_the_first_failing_ranks_status the_gpu_gate_fails_a_multi_process_step_whose_rank_fails"
 )
 run() {
   name=$1; test=${5:-double}; shift
@@ -362,3 +368,13 @@ run call-scope-not-resumed src/safe/context.rs "            scope.set(if held ==
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
 run argument-code-scope-not-restored src/safe/context.rs "        if !is_suspended(scope) && !raw::get_current().is_ok_and(|current| current == scope) {" "        if false {"
 run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() & SUSPENDED != 0 {" "        if false {"
+# A non-blocking communicator's call that does not settle (its poll failed) must abort the
+# communicator, and the buffer's use is noted whatever the call returned (alone, in a group, every
+# communicator of a group settled): else NCCL enqueues the receive in the background after its
+# buffer was freed (campaign.rs). launch-local.sh must exit with a failing rank's status.
+run settle-failure-unaborted src/nccl/comm.rs "        if settled.is_err() {" "        if matches!(settled, Err(NcclError::TimedOut { .. })) {" campaign
+run failed-call-use-unnoted src/nccl/comm.rs "                Ok(self.settle(nccl, &mut one_call, op.call_name(), result))" "                self.settle(nccl, &mut one_call, op.call_name(), result).map(Ok)" campaign
+run failed-group-use-unnoted src/nccl/p2p.rs "    Ok(issued.and(ended))" "    issued.and(ended).map(Ok)" campaign
+run group-stops-settling src/nccl/p2p.rs "            let settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
+            first.and(settled)" "            first.and_then(|()| comm.settle(nccl, lock, \"ncclGroupEnd\", ended))" campaign
+run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' scripts
