@@ -119,7 +119,10 @@ impl NcclComm {
     /// The communicator is NCCL's non-blocking kind (see the [module docs](crate::nccl)): a later call
     /// that NCCL completes in the background (the first send or receive to a peer connects it)
     /// is waited for, at most `settle_within`; past that the communicator is aborted and the
-    /// call fails with [`NcclError::TimedOut`].
+    /// call fails with [`NcclError::TimedOut`]. A call whose wait fails otherwise (NCCL reports
+    /// an error meanwhile, or its poll fails) aborts the communicator too, and returns that
+    /// error: NCCL could go on with the call's work in the background, after its caller gave
+    /// the buffer up. Every later call then returns [`NcclError::Aborted`].
     ///
     /// With an NCCL older than [`NONBLOCKING_VERSION`] this is `init_rank`: it blocks until
     /// every rank joined, whatever `keep_waiting` says.
