@@ -375,6 +375,6 @@ run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() &
 run settle-failure-unaborted src/nccl/comm.rs "        if settled.is_err() {" "        if matches!(settled, Err(NcclError::TimedOut { .. })) {" campaign
 run failed-call-use-unnoted src/nccl/comm.rs "                Ok(self.settle(nccl, &mut one_call, op.call_name(), result))" "                self.settle(nccl, &mut one_call, op.call_name(), result).map(Ok)" campaign
 run failed-group-use-unnoted src/nccl/p2p.rs "    Ok(issued.and(ended))" "    issued.and(ended).map(Ok)" campaign
-run group-stops-settling src/nccl/p2p.rs "            let settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
-            first.and(settled)" "            first.and_then(|()| comm.settle(nccl, lock, \"ncclGroupEnd\", ended))" campaign
+run group-stops-settling src/nccl/p2p.rs "            let this = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
+            settled = settled.and(this);" "            if settled.is_ok() { settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended); }" campaign
 run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' scripts

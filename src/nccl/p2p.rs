@@ -220,10 +220,12 @@ pub(super) fn issue_group(
         }
         // Every communicator settles (or is aborted), also after another one failed: none is
         // left completing the group's work in the background.
-        comms.iter().zip(locks.iter_mut()).filter(|(comm, _)| comm.nonblocking()).fold(Ok(()), |first, (comm, lock)| {
-            let settled = comm.settle(nccl, lock, "ncclGroupEnd", ended);
-            first.and(settled)
-        })
+        let mut settled = Ok(());
+        for (comm, lock) in comms.iter().zip(locks.iter_mut()).filter(|(comm, _)| comm.nonblocking()) {
+            let this = comm.settle(nccl, lock, "ncclGroupEnd", ended);
+            settled = settled.and(this);
+        }
+        settled
     });
     Ok(issued.and(ended))
 }
