@@ -21,13 +21,18 @@
 # with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call),
 # PPNRT_TEST_STALL_DUMP_S (default 20: a multi-process launch still running then has its ranks'
 # threads and stacks written into its test log), GATE_TAR=1 (pack the logs into one file,
-# <logs>.tgz, and remove the folder: the device tool returns only a few files of $OUT).
+# <logs>.tgz, and remove the folder: the device tool returns only a few files of $OUT),
+# GATE_BUNDLE (the bundle's folder; default gpu-bundle, unpacked from gpu-bundle.tgz when that is
+# newer).
+#
+# Each step passes only when its command exits 0; a multi-process step's command is
+# scripts/launch-local.sh, which exits with the status of its first rank that fails.
 set -u
 cd "$(dirname "$0")/.."
-bundle=gpu-bundle
+bundle=${GATE_BUNDLE:-gpu-bundle}
 # A bundle carried compressed (scripts/build-gpu-bundle.sh makes both) is unpacked first, over
 # an older unpacked one.
-if [ -f gpu-bundle.tgz ] && { [ ! -d "$bundle" ] || [ gpu-bundle.tgz -nt "$bundle" ]; }; then
+if [ -z "${GATE_BUNDLE:-}" ] && [ -f gpu-bundle.tgz ] && { [ ! -d "$bundle" ] || [ gpu-bundle.tgz -nt "$bundle" ]; }; then
   rm -rf "$bundle" && tar xzf gpu-bundle.tgz && touch "$bundle"
 fi
 phases=${1:-tests,examples,sanitize,bench}

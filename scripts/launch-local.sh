@@ -66,14 +66,27 @@ for ((rank = 0; rank < world; rank++)); do
   pids+=($!)
 done
 
+# Waits for every rank: the first rank to fail (in time: each is looked at every 0.1 s) gives the
+# script its exit status, and the others are stopped. `wait PID` returns a rank's status once it
+# ended (`wait -n` loses the status of a job the shell already reported, e.g. one killed by a
+# signal).
 status=0
-for pid in "${pids[@]}"; do
-  if ! wait "$pid"; then
-    rc=$?
-    if [ $status = 0 ]; then
+running=("${pids[@]}")
+while [ ${#running[@]} -gt 0 ]; do
+  left=()
+  for pid in "${running[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      left+=("$pid")
+      continue
+    fi
+    rc=0
+    wait "$pid" || rc=$?
+    if [ "$rc" != 0 ] && [ "$status" = 0 ]; then
       status=$rc
       kill "${pids[@]}" 2>/dev/null || true
     fi
-  fi
+  done
+  running=("${left[@]}")
+  [ ${#running[@]} -eq 0 ] || sleep 0.1
 done
-exit $status
+exit "$status"

@@ -161,6 +161,12 @@ declare -A catchers=(
   [secret-file-empty-accepted]="an_empty_or_oversized_file_is_refused"
   [nccl-search-runs-python]="the_nccl_search_runs_no_program_and_finds_the_wheels"
   [nccl-too-old-fails-the-load]="an_unusable_candidate_is_skipped_for_a_later_one"
+  # A call NCCL completes in the background that fails (campaign.rs), and launch-local's status.
+  [settle-failure-unaborted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [failed-call-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [failed-group-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [group-stops-settling]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
+  [launch-local-status-lost]="launch_local_exits_with_the_first_failing_ranks_status the_gpu_gate_fails_a_multi_process_step_whose_rank_fails"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -494,3 +500,13 @@ run secret-file-empty-accepted src/auth/secret_file.rs "    if bytes.is_empty() 
 run nccl-search-runs-python src/nccl/library.rs "    let mut candidates = WheelSearch::from_env().libraries();" "    let _ = std::process::Command::new(\"python3\").arg(\"-c\").arg(\"\").output();
     let mut candidates = WheelSearch::from_env().libraries();" environment
 run nccl-too-old-fails-the-load src/nccl/library.rs "                Err(skipped) => skipped," "                Err(skipped) => return Err(skipped)," nccl
+# A non-blocking communicator's call that does not settle (its poll failed) must abort the
+# communicator, and the buffer's use is noted whatever the call returned (alone, in a group, every
+# communicator of a group settled): else NCCL enqueues the receive in the background after its
+# buffer was freed (campaign.rs). launch-local.sh must exit with a failing rank's status.
+run settle-failure-unaborted src/nccl/comm.rs "        if settled.is_err() {" "        if matches!(settled, Err(NcclError::TimedOut { .. })) {" campaign
+run failed-call-use-unnoted src/nccl/comm.rs "                Ok(self.settle(nccl, &mut one_call, op.call_name(), result))" "                self.settle(nccl, &mut one_call, op.call_name(), result).map(Ok)" campaign
+run failed-group-use-unnoted src/nccl/p2p.rs "    Ok(issued.and(ended))" "    issued.and(ended).map(Ok)" campaign
+run group-stops-settling src/nccl/p2p.rs "            let this = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
+            settled = settled.and(this);" "            if settled.is_ok() { settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended); }" campaign
+run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' scripts

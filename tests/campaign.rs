@@ -3,25 +3,34 @@
 //! runs a decode loop of the toy model while one fault strikes at a random step: a rank goes
 //! away (its runtime dropped mid-run, as a process that exits), NCCL reports an asynchronous error
 //! in a random rank, rank 0 announces a step and never sends it, a sending rank's record is
-//! forged (altered after its seal), replayed or cut short, or strangers (silent, garbage, a wrong
-//! secret) crowd rank 0's rendezvous during the setup. Every rank reads every step it
-//! receives; the last rank reads each output back and checks it bitwise against one engine.
+//! forged (altered after its seal), replayed or cut short, strangers (silent, garbage, a wrong
+//! secret) crowd rank 0's rendezvous during the setup, or NCCL's asynchronous-error poll fails
+//! during the setup, as a rank's link posts its first receive (which NCCL completes in the
+//! background). Every rank reads every step it receives; the last rank reads each output back
+//! and checks it bitwise against one engine.
 //!
 //! Every run must end, on every rank, with exact outputs or with a typed error, within its bound:
-//! never wrong data as `Ok`, never a hang. The counts are printed (and kept in
+//! never wrong data as `Ok`, never a hang, and nothing touches freed memory (the doubles check
+//! every copy, send and receive when it runs). The counts are printed (and kept in
 //! `docs/RELIABILITY.md`).
+//!
+//! `cargo test` runs one round of 45 runs. Races show more often under load and in a release
+//! build: `PPNRT_CAMPAIGN_ROUNDS=<n>` runs `n` rounds (each draws its own steps) and
+//! `PPNRT_CAMPAIGN_LOAD=<k>` keeps `k` threads busy meanwhile, e.g.
+//! `PPNRT_CAMPAIGN_ROUNDS=20 PPNRT_CAMPAIGN_LOAD=2 cargo test --release --test campaign` (CI).
 
 mod common;
 
 #[path = "common/double.rs"]
 mod double;
 
-use std::sync::mpsc;
+use std::sync::{Barrier, mpsc};
 use std::time::{Duration, Instant};
 
 use common::Rng;
 use double::with_double;
-use ppnrt::{Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
+use ppnrt::nccl::{NcclComm, NcclError, NcclUniqueId, P2p, group};
+use ppnrt::{CudaSlice, CudaStream, Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
 
 const N: usize = 2048;
 const LAYERS: u32 = 3;
@@ -58,6 +67,11 @@ enum Fault {
     Truncated {
         rank: usize,
         step: u64,
+    },
+    /// During the setup, every poll of NCCL's asynchronous error fails for `ms` after a rank
+    /// posts its first receive (a link's first message), in whichever ranks poll.
+    SetupAsyncError {
+        ms: u64,
     },
 }
 
@@ -139,10 +153,24 @@ fn rank_loop(rank: usize, rt: PpNRt, fault: Fault, wait: Duration) -> Result<End
 }
 
 /// Strangers at `addr` while the ranks meet: silent connections, garbage, and a process with
-/// another secret.
+/// another secret. They come once rank 0 listens: a connection to a port nobody listens on can
+/// connect to itself (TCP's simultaneous open, when the kernel picks that port for its own end),
+/// and would hold the port rank 0 is about to bind.
 fn crowd(addr: String) {
-    let deadline = Instant::now() + Duration::from_millis(600);
+    let port = addr.rsplit(':').next().and_then(|port| port.parse::<u16>().ok()).expect("an address with a port");
     let mut held = Vec::new();
+    let listening = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < listening {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(stream) if stream.local_addr().is_ok_and(|own| own.port() != port) => {
+                held.push(stream);
+                break;
+            }
+            // Connected to itself (dropped at once), or nobody listens yet.
+            Ok(_) | Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(600);
     while Instant::now() < deadline {
         if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
             let _ = std::io::Write::write_all(&mut stream, b"GET / HTTP/1.0\r\n\r\n");
@@ -161,9 +189,46 @@ fn crowd(addr: String) {
     }
 }
 
+/// Makes the calls of the NCCL double's `ncclCommGetAsyncError` fail for `ms` once a rank posts
+/// its first receive after `recvs_before` (waited for at most 5 s): the double's fault table is
+/// filled anew (eight faults, each of the next call) every 50 µs meanwhile.
+fn fail_polls_after_first_receive(recvs_before: u64, ms: u64) {
+    let nccl = double::nccl_double();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nccl.calls("ncclRecv") == recvs_before && Instant::now() < deadline {
+        std::hint::spin_loop();
+    }
+    let until = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < until {
+        nccl.clear_faults();
+        for _ in 0..8 {
+            nccl.fail("ncclCommGetAsyncError", 1, 3);
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    nccl.clear_faults();
+}
+
+/// A number from the environment variable `name`, else `default`.
+fn from_env(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |value| value.parse().unwrap_or_else(|_| panic!("{name}={value:?}: a count")))
+}
+
 #[test]
 fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
     with_double("every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung", |_| {
+        let rounds = from_env("PPNRT_CAMPAIGN_ROUNDS", 1);
+        let stop_load = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load: Vec<_> = (0..from_env("PPNRT_CAMPAIGN_LOAD", 0))
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop_load);
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
         // SAFETY: tests through the double run one at a time (`with_double` holds its lock), and
         // nothing else of this process reads the environment while this test sets it.
         unsafe {
@@ -175,14 +240,14 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
         let peer_timeout = Duration::from_millis(1500);
         let wait = Duration::from_secs(4);
         let bound = Duration::from_secs(20);
-        let runs = 40;
+        let runs = 45 * rounds;
         let mut rng = Rng::new(0xca3a_1914);
         let (mut exact, mut typed_runs, mut typed_ranks) = (0, 0, 0);
         let mut by_fault = std::collections::BTreeMap::<&str, usize>::new();
         let mut samples = std::collections::BTreeMap::<&str, String>::new();
         for run in 0..runs {
             let (sender, step) = (rng.below(2) as usize, rng.below(u64::from(STEPS)));
-            let fault = match run % 8 {
+            let fault = match run % 9 {
                 0 => Fault::None,
                 1 => Fault::RankGone { rank: rng.below(3) as usize, step: step as u32 },
                 2 => Fault::AsyncError { step: step as u32 },
@@ -190,7 +255,8 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 4 => Fault::Forged { rank: sender, step },
                 5 => Fault::Replayed { rank: sender, step },
                 6 => Fault::Truncated { rank: sender, step },
-                _ => Fault::Strangers,
+                7 => Fault::Strangers,
+                _ => Fault::SetupAsyncError { ms: 1 + step % 8 },
             };
             let name = match fault {
                 Fault::None => "none",
@@ -201,6 +267,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 Fault::Forged { .. } => "a record forged",
                 Fault::Replayed { .. } => "a record replayed",
                 Fault::Truncated { .. } => "a record cut short",
+                Fault::SetupAsyncError { .. } => "an NCCL poll failing in the setup",
             };
             *by_fault.entry(name).or_default() += 1;
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -209,6 +276,13 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 let addr = addr.clone();
                 std::thread::spawn(move || crowd(addr));
             }
+            let poll_fault = match fault {
+                Fault::SetupAsyncError { ms } => {
+                    let recvs = double::nccl_double().calls("ncclRecv");
+                    Some(std::thread::spawn(move || fail_polls_after_first_receive(recvs, ms)))
+                }
+                _ => None,
+            };
             let (done, ended) = mpsc::channel();
             let started = Instant::now();
             for rank in 0..3 {
@@ -248,6 +322,9 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 let outcome = outcome.unwrap_or_else(|wrong| panic!("run {run}: {wrong}"));
                 outcomes.push((rank, outcome, at.duration_since(started)));
             }
+            if let Some(poll_fault) = poll_fault {
+                poll_fault.join().unwrap();
+            }
             double::nccl_double().clear_faults();
             let mut typed = Vec::new();
             for (rank, outcome, at) in &outcomes {
@@ -273,6 +350,8 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             }
             let _ = ppnrt::take_drop_errors();
         }
+        stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
+        load.into_iter().for_each(|busy| busy.join().unwrap());
         // SAFETY: as above.
         unsafe {
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
@@ -286,5 +365,122 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             println!("campaign: {fault}: e.g. {sample}");
         }
         assert!(typed_runs > 0, "no fault struck");
+    });
+}
+
+/// A receive that fails while NCCL completes it in the background never writes its buffer
+/// after the caller let the buffer go. The first receive of a non-blocking communicator
+/// connects it in the background (`ncclInProgress`), and the call polls NCCL's asynchronous
+/// error until the receive is enqueued; here that poll fails (as the campaign's asynchronous
+/// error did when it struck a rank's setup, during the receive of a link's first message). The
+/// call returns the error and its buffer is freed at once, as the setup's was. The communicator
+/// must be aborted before the call returns (else NCCL enqueues the receive afterwards, and it
+/// copies the message that arrived into freed memory: the NCCL double checks its receives'
+/// buffers when they run), and the free must wait for the receive NCCL enqueued meanwhile (with
+/// one communicator, its abort takes effect 50 ms late here, so the receive is enqueued first:
+/// it runs, aborted, before its buffer goes, and nothing of it stays queued). Deterministic: nothing else polls
+/// NCCL when the fault is set. Through `NcclComm::recv`, through a group of one receive, and
+/// through a group of two communicators' receives (the one whose poll did not fail must settle
+/// too, not go on in the background).
+#[test]
+fn a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer() {
+    for (grouped, comms) in [(false, 1), (true, 1), (true, 2)] {
+        a_failed_receive_never_writes_its_freed_buffer(grouped, comms);
+    }
+}
+
+fn a_failed_receive_never_writes_its_freed_buffer(grouped: bool, n: usize) {
+    let test = &format!("a failed receive (grouped: {grouped}, communicators: {n})");
+    with_double(test, |double| {
+        let before = double.violations();
+        let ids: Vec<_> = (0..n).map(|_| NcclUniqueId::new().unwrap().to_bytes()).collect();
+        let bound = Duration::from_secs(5);
+        let join = |engine: &Engine, rank| -> Vec<NcclComm> {
+            let watched = |bytes| {
+                let id = NcclUniqueId::from_bytes(bytes);
+                NcclComm::init_rank_watched(engine.context(), 2, &id, rank, bound, || Ok::<(), NcclError>(())).unwrap()
+            };
+            ids.iter().map(watched).collect()
+        };
+        let (sent, done) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            // The sender is each communicator's rank 1, the receiver its rank 0 (whose abort the
+            // double delays).
+            scope.spawn(|| {
+                let engine = Engine::new(0).unwrap();
+                let comms = join(&engine, 1);
+                let stream = CudaStream::new(engine.context()).unwrap();
+                let message = engine.htod(&[1u32, 2, 3, 4]).unwrap();
+                for comm in &comms {
+                    // SAFETY: rank 0 receives the same four `u32`s.
+                    unsafe { comm.send(&stream, &message, 0) }.unwrap();
+                }
+                stream.synchronize().unwrap();
+                sent.wait();
+                done.wait();
+            });
+            let engine = Engine::new(1).unwrap();
+            let comms = join(&engine, 0);
+            sent.wait();
+            let pending = double.pending();
+            // With two communicators the failed one's abort is prompt: the other one's receive is
+            // still being enqueued when it ends.
+            let abort_delay = if n == 1 { "50" } else { "0" };
+            // SAFETY: tests through the double run one at a time (`with_double` holds its lock),
+            // and nothing else of this process reads the environment while this test sets it.
+            unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", abort_delay) };
+            // The next poll of NCCL's asynchronous error is a receive's own, while NCCL connects.
+            double::nccl_double().fail("ncclCommGetAsyncError", 1, 3);
+            let stream = CudaStream::new(engine.context()).unwrap();
+            // Plain memory of another stream, as a link's first message's: its free waits on
+            // the host for its uses, the receive's only if noted.
+            let owner = CudaStream::new(engine.context()).unwrap();
+            let mut buffers: Vec<_> =
+                comms.iter().map(|_| CudaSlice::<u32>::alloc_persistent(&owner, 4).unwrap()).collect();
+            // SAFETY: rank 1 sent four `u32`s on each communicator.
+            let received = unsafe {
+                if grouped {
+                    let ops: Vec<_> = comms
+                        .iter()
+                        .zip(&mut buffers)
+                        .map(|(comm, buffer)| P2p::recv(comm, &stream, buffer, 1))
+                        .collect();
+                    group(&ops)
+                } else {
+                    comms[0].recv(&stream, &mut buffers[0], 1)
+                }
+            };
+            // SAFETY: as above.
+            unsafe { std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS") };
+            assert!(
+                matches!(&received, Err(NcclError::Call { call: "ncclCommGetAsyncError", .. })),
+                "the receive's poll failed: {received:?}"
+            );
+            let returned = double.pending();
+            drop(buffers);
+            let left_queued = double.pending().saturating_sub(pending);
+            // Until a communicator is seen aborted, or NCCL enqueued a receive in the background
+            // (at most 2 s); with two, until the other one's background work is done too.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let aborted = loop {
+                let aborted = comms.iter().any(|comm| matches!(comm.async_error(), Err(NcclError::Aborted { .. })));
+                if aborted || double.pending() > returned || Instant::now() > deadline {
+                    break aborted;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            if n > 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // Dropped while its peer lives (a healthy communicator is destroyed, not aborted:
+            // what arrived stays for the receives queued).
+            drop(comms);
+            done.wait();
+            double.flush();
+            assert_eq!(double.violations(), before, "{test}: {}", double.last_violation());
+            assert!(aborted, "{test}: the communicator whose call did not settle was not aborted");
+            assert_eq!(left_queued, 0, "{test}: a buffer was freed with its receive still queued");
+        });
+        let _ = ppnrt::take_drop_errors();
     });
 }

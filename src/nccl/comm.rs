@@ -119,7 +119,10 @@ impl NcclComm {
     /// The communicator is NCCL's non-blocking kind (see the [module docs](crate::nccl)): a later call
     /// that NCCL completes in the background (the first send or receive to a peer connects it)
     /// is waited for, at most `settle_within`; past that the communicator is aborted and the
-    /// call fails with [`NcclError::TimedOut`].
+    /// call fails with [`NcclError::TimedOut`]. A call whose wait fails otherwise (NCCL reports
+    /// an error meanwhile, or its poll fails) aborts the communicator too, and returns that
+    /// error: NCCL could go on with the call's work in the background, after its caller gave
+    /// the buffer up. Every later call then returns [`NcclError::Aborted`].
     ///
     /// With an NCCL older than [`NONBLOCKING_VERSION`] this is `init_rank`: it blocks until
     /// every rank joined, whatever `keep_waiting` says.
@@ -160,8 +163,12 @@ impl NcclComm {
     }
 
     /// Maps the result of `call`, which the caller made holding the call lock (`aborted`): a
-    /// non-blocking communicator's `ncclInProgress` is waited for, at most `settle_within`;
-    /// past that the communicator is aborted.
+    /// non-blocking communicator's `ncclInProgress` is waited for, at most `settle_within`.
+    /// A call that does not settle (past the bound, its poll failed, or NCCL reported an error
+    /// meanwhile) aborts the communicator before this returns: NCCL may still be enqueueing the
+    /// call's work in the background, after the caller noted the buffer's use and gave the
+    /// buffer up (a failed call's buffer is freed at once), and that work must never run
+    /// unaborted. After the abort, whatever was enqueued is in its stream, aborted.
     pub(super) fn settle(
         &self,
         nccl: &Nccl,
@@ -173,7 +180,7 @@ impl NcclComm {
             return nccl.check(call, result);
         };
         let settled = poll_until_settled(nccl, self.raw, for_at_most(call, bound));
-        if matches!(settled, Err(NcclError::TimedOut { .. })) {
+        if settled.is_err() {
             if let Err(e) = self.abort_locked(aborted) {
                 record_drop_error(e);
             }
@@ -264,19 +271,22 @@ impl NcclComm {
 
     /// Issues `op`, a send or receive of this communicator, outside a group, ordered like a copy
     /// of its buffer; when NCCL completes it in the background, it is waited for (bounded)
-    /// before the ordering rule notes the use.
+    /// before the ordering rule notes the use. Once NCCL took the call, the use is noted whatever
+    /// the call returns: a call that failed may have enqueued work (one that did not settle
+    /// aborted the communicator first, see [`settle`](Self::settle), so that work is in the
+    /// stream by then), and the buffer's next use, or its free, waits for it.
     pub(super) fn alone(&self, op: &P2p<'_>, what: &'static str) -> Result<()> {
         let nccl = nccl()?;
         posting(|| {
             let mut one_call = self.one_call(what)?;
-            let posted = ordered_as(op.stream(), [op.ordered_use()], true, || {
+            let posted: Result<Result<()>> = ordered_as(op.stream(), [op.ordered_use()], true, || {
                 let result = op.raw_call(nccl)?;
                 // Enqueued once settled: the ordering rule marks the buffer after this returns.
-                self.settle(nccl, &mut one_call, op.call_name(), result)
+                Ok(self.settle(nccl, &mut one_call, op.call_name(), result))
             });
             // Noted whatever the call returned: a failed call may have enqueued work.
             self.in_flight.note(op.stream());
-            posted
+            posted?
         })
     }
 

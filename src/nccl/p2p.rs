@@ -175,19 +175,22 @@ pub fn group(ops: &[P2p<'_>]) -> Result<()> {
         for op in ops {
             op.comm().in_flight.note(op.stream());
         }
-        posted
+        posted?
     })
 }
 
 /// Orders `ops[at]` and, inside that, the rest in turn; the innermost issues the group. Each
-/// operation's use is noted when its `ordered_with` returns, after the group ended.
+/// operation's use is noted when its `ordered_with` returns, after the group ended: once the
+/// group started, whatever the group returns (the inner result; a group that failed may have
+/// enqueued work, and one that did not settle aborted its communicators first, see
+/// [`NcclComm::settle`]).
 pub(super) fn ordered_from(
     nccl: &Nccl,
     ops: &[P2p<'_>],
     at: usize,
     comms: &[&NcclComm],
     locks: &mut [MutexGuard<'_, bool>],
-) -> Result<()> {
+) -> Result<Result<()>> {
     match ops.get(at) {
         // Unlocked between the waits and the notes: two operations may share a buffer (one
         // buffer sent to two peers).
@@ -199,13 +202,14 @@ pub(super) fn ordered_from(
 }
 
 /// The group itself: every operation issued, then the group ended (and waited for where NCCL
-/// completes it in the background).
+/// completes it in the background). `Err` when the group could not start (nothing enqueued);
+/// else the group's result.
 pub(super) fn issue_group(
     nccl: &Nccl,
     ops: &[P2p<'_>],
     comms: &[&NcclComm],
     locks: &mut [MutexGuard<'_, bool>],
-) -> Result<()> {
+) -> Result<Result<()>> {
     // Contract: no arguments; the group is ended below on this thread, whatever the calls return.
     nccl_call!(nccl, ncclGroupStart())?;
     let issued = ops.iter().try_for_each(|op| op.issue(nccl));
@@ -214,12 +218,14 @@ pub(super) fn issue_group(
         if ended != ncclResult_t::ncclInProgress {
             return nccl.check("ncclGroupEnd", ended);
         }
-        comms
-            .iter()
-            .zip(locks.iter_mut())
-            .filter(|(comm, _)| comm.nonblocking())
-            .try_for_each(|(comm, lock)| comm.settle(nccl, lock, "ncclGroupEnd", ended))
+        // Every communicator settles (or is aborted), also after another one failed: none is
+        // left completing the group's work in the background.
+        let mut settled = Ok(());
+        for (comm, lock) in comms.iter().zip(locks.iter_mut()).filter(|(comm, _)| comm.nonblocking()) {
+            let this = comm.settle(nccl, lock, "ncclGroupEnd", ended);
+            settled = settled.and(this);
+        }
+        settled
     });
-    issued?;
-    ended
+    Ok(issued.and(ended))
 }
