@@ -47,7 +47,7 @@ assert_impl_all!(Device: Send, Sync, Copy);
 assert_impl_all!(crate::Engine: Send, Sync, Clone);
 assert_impl_all!(crate::error::CudaError: Send, Sync, Clone);
 assert_impl_all!(crate::PpNRt: Send, Sync);
-assert_impl_all!(crate::safe::ordering::PooledEvent: Send, Sync);
+assert_impl_all!(crate::safe::event_pool::PooledEvent: Send, Sync);
 assert_impl_all!(crate::PendingReadback<f32>: Send, Sync);
 assert_not_impl_any!(crate::safe::BoundContext<'static>: Send);
 // An ambient-stream guard belongs to the thread that made it.

@@ -44,8 +44,9 @@ use crate::error::{CudaError, LoadAttempt};
 
 /// `Result` with [`NcclError`].
 pub type Result<T, E = NcclError> = std::result::Result<T, E>;
-use crate::safe::memory::{Tracked, ordered_as};
-use crate::safe::ordering::{StreamEvent, Use};
+use crate::safe::enqueue::{Tracked, ordered_as};
+use crate::safe::event_pool::StreamEvent;
+use crate::safe::ordering::Use;
 use crate::safe::{
     Context, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, record_drop_error,
 };

@@ -1,15 +1,19 @@
-//! Events.
+//! Events, and a stream's record of and wait for one.
 //!
 //! A [`CudaEvent`] owns its event and holds its context alive; dropping it destroys the event
 //! (a pending record completes first, in the driver). `Send + Sync`: it may be recorded, waited on
-//! and queried from any thread.
+//! and queried from any thread. The stream's side ([`CudaStream::wait`], [`CudaStream::record`])
+//! is here too, beside the event it takes. (The crate's own events, for the ordering rule, are
+//! the pool's: `event_pool`.)
 
 use std::sync::Arc;
 
+use super::capture::refuse_in_capture;
 use super::context::Context;
 use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
 use crate::result::event as raw;
+use crate::result::stream as raw_stream;
 use crate::sys::CUevent;
 
 /// A CUDA event of one context. It can be recorded only on streams of its own device and waited
@@ -70,7 +74,7 @@ impl CudaEvent {
     /// capturing; the driver's error.
     #[doc(alias = "cuEventQuery")]
     pub fn is_complete(&self) -> Result<bool> {
-        super::graph::refuse_in_capture(None, "CudaEvent::is_complete")?;
+        refuse_in_capture(|| None, "CudaEvent::is_complete")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::query(self.raw) }
@@ -83,7 +87,7 @@ impl CudaEvent {
     /// capturing; the driver's error, including errors of the work it waited for.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        super::graph::refuse_in_capture(None, "CudaEvent::synchronize")?;
+        refuse_in_capture(|| None, "CudaEvent::synchronize")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live.
         unsafe { raw::synchronize(self.raw) }
@@ -144,5 +148,32 @@ impl Drop for CudaEvent {
         if let Err(e) = result {
             super::record_drop_error(e);
         }
+    }
+}
+
+/// The stream's record of and wait for an event.
+impl CudaStream {
+    /// Makes later work on this stream wait for `event`'s last record (which may be on any
+    /// device).
+    ///
+    /// # Errors
+    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing stream (a
+    /// wait there joins the event's stream into the capture; use
+    /// [`StreamCapture::wait_external`](crate::StreamCapture::wait_external)); the driver's error.
+    #[doc(alias = "cuStreamWaitEvent")]
+    #[inline]
+    pub fn wait(&self, event: &CudaEvent) -> Result<()> {
+        let _gate = self.enqueue_gate_uncaptured("CudaStream::wait on a capturing stream")?;
+        let _bound = self.context().bind()?;
+        // SAFETY: both handles are live while their wrappers live.
+        unsafe { raw_stream::wait_event(self.raw(), event.raw()) }
+    }
+
+    /// Records `event` here; see [`CudaEvent::record`].
+    ///
+    /// # Errors
+    /// As [`CudaEvent::record`].
+    pub fn record(&self, event: &CudaEvent) -> Result<()> {
+        event.record(self)
     }
 }

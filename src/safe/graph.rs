@@ -1,5 +1,6 @@
-//! Stream capture and CUDA graphs: [`StreamCapture`], [`CudaGraph`], [`GraphExec`], and the
-//! record of which captures are active (so that calls which cannot be captured are refused).
+//! Stream capture and CUDA graphs: [`StreamCapture`] (the guard of one capture, and
+//! `CudaStream::begin_capture`, which makes it), [`CudaGraph`], [`GraphExec`]. Which captures are
+//! active, and what they refuse or hold back, is the capture registry's (`capture`).
 //!
 //! Under capture, a copy, memset or launch on the capturing stream is recorded into the graph
 //! instead of running, and the crate's ordering rule applies to the graph as a whole: the buffers
@@ -9,14 +10,11 @@
 //! launch stream. The graph holds each footprint allocation alive, so freeing a slice cannot free
 //! memory a graph may still run on; the free waits for every launch.
 //!
-//! Calls that cannot be part of a graph — synchronising, querying, waiting on the host, copying
-//! to or from host memory, `cuMemAlloc`, a peer copy the driver stages, a plain event record or
-//! wait that would fork the capture into another stream — are refused with
-//! [`CaptureError::IllegalCall`] naming the call, before the driver sees them, when made on the
-//! capturing stream or (for captures not in [`CaptureMode::Relaxed`]) on the capturing thread,
-//! or (for [`CaptureMode::Global`]) on any thread. The capture is then invalidated: ending it
-//! gives [`CaptureError::Invalidated`]. Frees that would land in a capture or break it (device
-//! memory, pinned host buffers) are held back and done when the capture ends.
+//! Calls that cannot be part of a graph are refused while a capture they would break is active
+//! (on the capturing stream, or on the capturing thread, or on any thread, by the capture's
+//! [`CaptureMode`]), and the capture is then invalidated: ending it gives
+//! [`CaptureError::Invalidated`]. Frees that would land in a capture or break it are held back
+//! and done when the capture ends (see `capture`).
 //!
 //! Threading: a [`StreamCapture`] stays on the thread that began it (the driver requires the end
 //! on that thread for non-relaxed captures); graphs and executable graphs are `Send` and used
@@ -27,205 +25,19 @@
 //! buffer last used on the capturing stream before the capture waits for that use, never for the
 //! captured work.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
+use super::capture::{self, CaptureMode, CaptureState, Recorded};
 use super::context::Context;
 use super::event::CudaEvent;
 use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr};
-use super::ordering::{Access, PooledEvent, Use};
+use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::error::{CaptureError, CudaError, Result};
 use crate::result::graph as raw;
-use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult, CUstreamCaptureMode};
-
-/// How a capture restricts calls made outside the captured stream (`CUstreamCaptureMode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaptureMode {
-    /// Calls that cannot be captured are refused on every thread while the capture lasts.
-    Global,
-    /// Calls that cannot be captured are refused on the capturing thread (the usual choice: other
-    /// threads go on with their own work).
-    ThreadLocal,
-    /// Only calls on the captured stream itself are restricted.
-    Relaxed,
-}
-
-impl CaptureMode {
-    fn raw(self) -> CUstreamCaptureMode {
-        match self {
-            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        }
-    }
-}
-
-/// What one capture has recorded so far.
-#[derive(Default)]
-struct Recorded {
-    /// The allocations captured work touches, each with its strongest use.
-    footprint: Vec<(Arc<DeviceMemory>, Use)>,
-    /// The first call that invalidated the capture.
-    invalidated_by: Option<&'static str>,
-    /// Allocations (device memory, pinned host buffers) dropped while the capture was active:
-    /// freed when it ends.
-    deferred_frees: Vec<Box<dyn Send>>,
-}
-
-impl fmt::Debug for Recorded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Recorded")
-            .field("footprint", &self.footprint.len())
-            .field("invalidated_by", &self.invalidated_by)
-            .field("deferred_frees", &self.deferred_frees.len())
-            .finish()
-    }
-}
-
-/// One active capture, shared by its guard, its stream and the registries below.
-#[derive(Debug)]
-pub(crate) struct CaptureState {
-    mode: CaptureMode,
-    recorded: Mutex<Recorded>,
-    /// Recorded on the stream just before the capture began: it completes after all the
-    /// stream's work outside the capture (see [`CudaStream::event_after_enqueued`]).
-    before: Arc<PooledEvent>,
-}
-
-impl CaptureState {
-    /// The event recorded on the stream just before the capture began.
-    pub(crate) fn before(&self) -> &Arc<PooledEvent> {
-        &self.before
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Recorded> {
-        self.recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn invalidate(&self, call: &'static str) {
-        self.lock().invalidated_by.get_or_insert(call);
-    }
-
-    /// Adds `memory` with `use_` to the footprint (a write supersedes a read).
-    pub(crate) fn add(&self, memory: &Arc<DeviceMemory>, use_: Use) {
-        let mut recorded = self.lock();
-        match recorded.footprint.iter_mut().find(|(held, _)| Arc::ptr_eq(held, memory)) {
-            Some((_, held_use)) => {
-                if use_ == Use::Write {
-                    *held_use = Use::Write;
-                }
-            }
-            None => recorded.footprint.push((Arc::clone(memory), use_)),
-        }
-    }
-
-    /// Holds back the free of `allocation` (dropped when the capture ends).
-    pub(crate) fn defer_free(&self, allocation: Box<dyn Send>) {
-        self.lock().deferred_frees.push(allocation);
-    }
-}
-
-/// Captures active anywhere in the process: the common case (none) costs one atomic load.
-static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-/// Active captures in [`CaptureMode::Global`].
-static GLOBAL: Mutex<Vec<Arc<CaptureState>>> = Mutex::new(Vec::new());
-
-thread_local! {
-    /// Active captures begun on this thread in a mode other than [`CaptureMode::Relaxed`].
-    static THREAD: RefCell<Vec<Arc<CaptureState>>> = const { RefCell::new(Vec::new()) };
-}
-
-fn global() -> MutexGuard<'static, Vec<Arc<CaptureState>>> {
-    GLOBAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The captures that a call which cannot be captured, made now on `stream` (if it concerns one),
-/// would break: `stream`'s own, this thread's non-relaxed ones, and every global one.
-#[inline]
-fn affected(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return Vec::new();
-    }
-    active_captures(stream)
-}
-
-/// [`affected`] while some capture is active.
-#[inline(never)]
-fn active_captures(stream: Option<&CudaStream>) -> Vec<Arc<CaptureState>> {
-    let mut found: Vec<Arc<CaptureState>> = stream.and_then(CudaStream::capture).into_iter().collect();
-    let _ = THREAD.try_with(|captures| found.extend(captures.borrow().iter().cloned()));
-    found.extend(global().iter().cloned());
-    found
-}
-
-/// Whether a call that cannot be captured, concerning no stream (an event query, say), may be
-/// made on this thread now (no capture of this thread, and no global one, is active).
-#[inline]
-pub(crate) fn queries_allowed() -> bool {
-    affected(None).is_empty()
-}
-
-/// Refuses `call` (a call that cannot be captured) while it would break a capture: see the
-/// [module docs](self). Invalidates each capture it would break.
-#[inline]
-pub(crate) fn refuse_in_capture(stream: Option<&CudaStream>, call: &'static str) -> Result<()> {
-    let affected = affected(stream);
-    if affected.is_empty() {
-        return Ok(());
-    }
-    for capture in &affected {
-        capture.invalidate(call);
-    }
-    Err(CudaError::Capture(CaptureError::IllegalCall { call }))
-}
-
-/// Why a free of memory owned by `stream` (or of host memory, `None`) cannot be made here and
-/// now ([`free_blocked`]).
-pub(crate) enum FreeBlocked {
-    /// It would land in this capture (`stream`'s own) or break it for every thread (a global
-    /// one): the capture holds the allocation and frees it when it ends.
-    Capture(Arc<CaptureState>),
-    /// Only captures begun on this thread (not relaxed) forbid it, and only on this thread:
-    /// another thread frees it ([`free_elsewhere`](super::reaper::free_elsewhere)). A capture
-    /// this thread forgot (`mem::forget`) then holds back no free of another stream's memory.
-    /// The capture named holds the allocation when that thread cannot take it.
-    ThisThread(Arc<CaptureState>),
-}
-
-impl FreeBlocked {
-    /// Takes `allocation`, whose free this thread may not make now: into the capture, or to the
-    /// freeing thread.
-    pub(crate) fn hold(self, allocation: Box<dyn Send>) {
-        match self {
-            FreeBlocked::Capture(capture) => capture.defer_free(allocation),
-            FreeBlocked::ThisThread(capture) => {
-                if let Err(allocation) = super::reaper::free_elsewhere(allocation) {
-                    capture.defer_free(allocation);
-                }
-            }
-        }
-    }
-}
-
-/// Whether a free of memory owned by `stream` (or of host memory, `None`) would land in or break
-/// a capture, and which way it must go instead.
-#[inline]
-pub(crate) fn free_blocked(stream: Option<&CudaStream>) -> Option<FreeBlocked> {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return None;
-    }
-    if let Some(own) = stream.and_then(CudaStream::capture) {
-        return Some(FreeBlocked::Capture(own));
-    }
-    if let Some(everywhere) = global().first() {
-        return Some(FreeBlocked::Capture(Arc::clone(everywhere)));
-    }
-    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)
-}
+use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult};
 
 /// An active capture of one stream; [`end`](Self::end) it to get the graph. Dropping it without
 /// ending discards what was captured. Stays on the thread that began it.
@@ -258,19 +70,12 @@ impl CudaStream {
                 // under its capture lock, which is held).
                 unsafe { raw::begin_capture(self.raw(), mode.raw()) }
             },
-            |before| Arc::new(CaptureState { mode, recorded: Mutex::new(Recorded::default()), before }),
+            |before| Arc::new(CaptureState::new(mode, before)),
         )?;
         let Some(state) = claimed else {
             return Err(CudaError::Capture(CaptureError::CannotBegin { reason: "the stream is capturing already" }));
         };
-        ACTIVE.fetch_add(1, Ordering::AcqRel);
-        match mode {
-            CaptureMode::Global => global().push(Arc::clone(&state)),
-            CaptureMode::ThreadLocal => {
-                let _ = THREAD.try_with(|captures| captures.borrow_mut().push(Arc::clone(&state)));
-            }
-            CaptureMode::Relaxed => {}
-        }
+        capture::register(&state);
         Ok(StreamCapture { stream: Arc::clone(self), state, ended: false, _same_thread: PhantomData })
     }
 }
@@ -355,16 +160,8 @@ impl StreamCapture {
     fn finish(&mut self) -> (Result<CUgraph>, Recorded) {
         self.ended = true;
         let ended = self.stream.release_capture(|| end_driver_capture(&self.stream));
-        match self.state.mode {
-            CaptureMode::Global => global().retain(|held| !Arc::ptr_eq(held, &self.state)),
-            CaptureMode::ThreadLocal => {
-                let _ =
-                    THREAD.try_with(|captures| captures.borrow_mut().retain(|held| !Arc::ptr_eq(held, &self.state)));
-            }
-            CaptureMode::Relaxed => {}
-        }
-        ACTIVE.fetch_sub(1, Ordering::AcqRel);
-        let mut recorded = std::mem::take(&mut *self.state.lock());
+        capture::unregister(&self.state);
+        let mut recorded = self.state.take_recorded();
         let graph = match ended {
             Ok(graph) => Ok(graph),
             Err(CudaError::Driver(e)) if e.code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => {
@@ -434,7 +231,7 @@ impl Drop for StreamCapture {
 
 impl fmt::Debug for StreamCapture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StreamCapture").field("stream", &self.stream.raw()).field("mode", &self.state.mode).finish()
+        f.debug_struct("StreamCapture").field("stream", &self.stream.raw()).field("mode", &self.state.mode()).finish()
     }
 }
 
@@ -532,7 +329,7 @@ impl GraphExec {
     pub fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_stream("GraphExec::upload: the stream must be on the graph's device", stream)?;
         let _gate = stream.enqueue_gate();
-        refuse_in_capture(Some(stream), "GraphExec::upload")?;
+        stream.refuse_in_capture("GraphExec::upload")?;
         let _bound = self.ctx.bind()?;
         // SAFETY: both handles are live and of one context (checked above).
         unsafe { raw::upload(self.raw, stream.raw()) }

@@ -12,8 +12,10 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::context::Context;
-use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut, ordered};
-use super::module::{Function, KernelArgs, LaunchConfig, Module};
+use super::enqueue::ordered;
+use super::launch::{KernelArgs, LaunchConfig};
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
+use super::module::{Function, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::error::{CudaError, Result};

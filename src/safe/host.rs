@@ -4,16 +4,15 @@
 //! be read, written or freed while one is in flight. The buffer follows the crate's ordering rule
 //! like device memory: copies on any stream order themselves after its conflicting uses, and host
 //! access waits on the host first (reading waits for device writes into it; writing and `Drop`
-//! wait for every use).
+//! wait for every use). The copies between the buffer and the device are `copy`'s; a free that
+//! a capture forbids now is held back (`capture`).
 
 use std::sync::Arc;
 
+use super::capture::free_blocked;
 use super::context::Context;
-use super::memory::{
-    CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, Tracked, byte_size, check_same_device, ordered,
-};
+use super::memory::{DeviceRepr, byte_size};
 use super::ordering::{Access, Use};
-use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::{CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
@@ -107,9 +106,15 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     }
 
     /// The buffer's ordering state.
-    #[cfg(feature = "testing")]
+    #[inline]
     pub(crate) fn access(&self) -> &Access {
         &self.access
+    }
+
+    /// The host address, for the copies (`copy`), which order their use of it.
+    #[inline]
+    pub(crate) fn host_ptr(&self) -> *mut T {
+        self.ptr
     }
 
     /// Blocks until every device use of the buffer enqueued so far has completed.
@@ -118,119 +123,6 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
     /// The error of the work waited for.
     pub fn synchronize(&self) -> Result<()> {
         self.access.wait_on_host("PinnedHostBuffer::synchronize", Use::Write)
-    }
-}
-
-impl<T: DeviceRepr> PinnedHostBuffer<T> {
-    /// Enqueues a copy of `src` into the buffer's first `src.len()` bytes on `stream`, ordered by
-    /// the crate's rule. Callers hold the buffer exclusively (it is written).
-    fn enqueue_from_device(
-        &self,
-        what: (&'static str, &'static str),
-        stream: &Arc<CudaStream>,
-        src: CudaView<'_, u8>,
-    ) -> Result<()> {
-        let capacity = self.len * std::mem::size_of::<T>();
-        if src.len() > capacity {
-            return Err(CudaError::OutOfBounds { what: what.0, start: 0, end: src.len(), len: capacity });
-        }
-        check_same_device(what.1, stream, src.ordinal())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        ordered(
-            stream,
-            [(src.tracked(), Use::Read), (Tracked::Host(&self.access), Use::Write)],
-            #[inline(always)]
-            || {
-                // SAFETY: the buffer holds at least src.len() bytes (checked) and stays allocated and
-                // untouched by the host until the copy completes (host access and Drop wait for its
-                // uses); src is valid; both are ordered on `stream`.
-                unsafe { raw::memcpy_dtoh_async(self.ptr.cast(), src.device_ptr(), src.len(), stream.raw()) }
-            },
-        )
-    }
-
-    /// Enqueues a copy of the buffer's first `dst.len()` bytes into `dst` on `stream`, ordered by
-    /// the crate's rule.
-    fn enqueue_to_device(
-        &self,
-        what: (&'static str, &'static str),
-        stream: &Arc<CudaStream>,
-        dst: CudaViewMut<'_, u8>,
-    ) -> Result<()> {
-        let capacity = self.len * std::mem::size_of::<T>();
-        if dst.len() > capacity {
-            return Err(CudaError::OutOfBounds { what: what.0, start: 0, end: dst.len(), len: capacity });
-        }
-        check_same_device(what.1, stream, dst.ordinal())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        ordered(
-            stream,
-            [(Tracked::Host(&self.access), Use::Read), (dst.tracked(), Use::Write)],
-            #[inline(always)]
-            || {
-                // SAFETY: the buffer holds at least dst.len() bytes (checked) and is not written by
-                // the host until the copy completes (as_mut_slice and Drop wait for its uses); dst is
-                // valid; both are ordered on `stream`.
-                unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.ptr.cast(), dst.len(), stream.raw()) }
-            },
-        )
-    }
-}
-
-impl CudaStream {
-    /// Copies pinned `src` into `dst`, asynchronously on this stream.
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `dst` is on
-    /// another device than this stream; the driver's error.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub fn memcpy_htod_pinned<T: DeviceRepr, D: DeviceSliceMut<T>>(
-        self: &Arc<Self>,
-        src: &PinnedHostBuffer<T>,
-        dst: &mut D,
-    ) -> Result<()> {
-        if src.len() != dst.len() {
-            return Err(CudaError::LengthMismatch {
-                what: "CudaStream::memcpy_htod_pinned",
-                expected: dst.len(),
-                found: src.len(),
-            });
-        }
-        src.enqueue_to_device(
-            ("CudaStream::memcpy_htod_pinned", "CudaStream::memcpy_htod_pinned: dst must be on the stream's device"),
-            self,
-            dst.as_view_mut().into_bytes(),
-        )
-    }
-
-    /// Copies `src` into pinned `dst`, asynchronously on this stream; `dst`'s contents are
-    /// readable once the copy completes (its accessors wait).
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `src` is on
-    /// another device than this stream; the driver's error.
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn memcpy_dtoh_pinned<T: DeviceRepr, S: DeviceSlice<T>>(
-        self: &Arc<Self>,
-        src: &S,
-        dst: &mut PinnedHostBuffer<T>,
-    ) -> Result<()> {
-        if src.len() != dst.len() {
-            return Err(CudaError::LengthMismatch {
-                what: "CudaStream::memcpy_dtoh_pinned",
-                expected: dst.len(),
-                found: src.len(),
-            });
-        }
-        dst.enqueue_from_device(
-            ("CudaStream::memcpy_dtoh_pinned", "CudaStream::memcpy_dtoh_pinned: src must be on the stream's device"),
-            self,
-            src.as_view().into_bytes(),
-        )
     }
 }
 
@@ -277,45 +169,11 @@ impl PinnedHostBuffer<u8> {
     pub fn is_ready(&self) -> Result<bool> {
         self.access.is_complete("PinnedHostBuffer::is_ready", Use::Read)
     }
-
-    /// Copies `src` into the first `src.len()` bytes of this buffer, on `stream`, ordered by the
-    /// crate's rule.
-    ///
-    /// # Errors
-    /// [`CudaError::OutOfBounds`] when `src` is longer than the buffer; [`CudaError::WrongDevice`] when
-    /// `src` is on another device than `stream`; the driver's error.
-    pub fn copy_from_device(&mut self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>) -> Result<()> {
-        self.enqueue_from_device(
-            (
-                "PinnedHostBuffer::copy_from_device",
-                "PinnedHostBuffer::copy_from_device: src must be on the stream's device",
-            ),
-            stream,
-            src,
-        )
-    }
-
-    /// Copies the first `dst.len()` bytes of this buffer into `dst`, on `stream`, ordered by the
-    /// crate's rule.
-    ///
-    /// # Errors
-    /// [`CudaError::OutOfBounds`] when `dst` is longer than the buffer; [`CudaError::WrongDevice`] when
-    /// `dst` is on another device than `stream`; the driver's error.
-    pub fn copy_to_device(&self, stream: &Arc<CudaStream>, dst: CudaViewMut<'_, u8>) -> Result<()> {
-        self.enqueue_to_device(
-            (
-                "PinnedHostBuffer::copy_to_device",
-                "PinnedHostBuffer::copy_to_device: dst must be on the stream's device",
-            ),
-            stream,
-            dst,
-        )
-    }
 }
 
 impl<T: DeviceRepr> Drop for PinnedHostBuffer<T> {
     fn drop(&mut self) {
-        if let Some(blocked) = super::graph::free_blocked(None) {
+        if let Some(blocked) = free_blocked(|| None) {
             // Waiting on the host would break a capture: hand the buffer to it, which frees it
             // when it ends, or to a thread the capture leaves free.
             let held = PinnedHostBuffer {

@@ -1,13 +1,15 @@
-//! Device memory: element types, owning slices, views and copies.
+//! Device memory: element types, owning slices, views, and the allocation they share.
 //!
 //! A [`CudaSlice`] is owned by one stream, its *owner*: stream-ordered slices come from the
 //! device's memory pool and are freed on that stream; persistent slices are plain `cuMemAlloc`
 //! allocations (reachable by peers through peer access, unlike pool memory), freed once every use
 //! completed. Every copy, memset and kernel launch on any stream orders the slices it touches
-//! through the crate's one ordering rule (see `ordering`): a read waits for the last write, a
-//! write for the last write and the reads since, and the free waits for every use. So a buffer
-//! produced on one stream can be consumed, overwritten or dropped from any other without a join
-//! in user code, and a copy's source cannot be freed or overwritten while the copy is in flight.
+//! through the crate's one ordering rule (see `ordering`, reached through the door every enqueue
+//! passes, `enqueue`): a read waits for the last write, a write for the last write and the reads
+//! since, and the free waits for every use. So a buffer produced on one stream can be consumed,
+//! overwritten or dropped from any other without a join in user code, and a copy's source cannot
+//! be freed or overwritten while the copy is in flight. The copies and memsets themselves are
+//! `copy`'s; a free that a capture forbids now is held back (`capture`).
 //!
 //! Views ([`CudaView`], [`CudaViewMut`]) borrow their slice and share its ordering state.
 //! Threading: slices are `Send + Sync`; reads from several threads at once are fine, a write
@@ -17,6 +19,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
+use super::capture::free_blocked;
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::error::{CudaError, Result};
@@ -122,8 +125,15 @@ pub(crate) struct DeviceMemory {
 
 impl DeviceMemory {
     /// The allocation's ordering state.
+    #[inline]
     pub(crate) fn access(&self) -> &Access {
         &self.access
+    }
+
+    /// Whether the memory is lent for a scope only (no capture may take it).
+    #[inline]
+    pub(crate) fn lent(&self) -> bool {
+        self.lent
     }
 
     /// The stream that owns the allocation.
@@ -428,11 +438,6 @@ impl<'a, T: DeviceRepr> CudaView<'a, T> {
         self.mem
     }
 
-    /// The viewed allocation, for the ordering rule.
-    pub(crate) fn tracked(&self) -> Tracked<'a> {
-        Tracked::Device(self.mem)
-    }
-
     /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
     /// they lie inside it and are aligned for `U`.
     fn part<U: DeviceRepr>(&self, byte_offset: usize, len: usize) -> CudaView<'a, U> {
@@ -545,11 +550,6 @@ impl<'a, T: DeviceRepr> CudaViewMut<'a, T> {
         self.mem
     }
 
-    /// The viewed allocation, for the ordering rule.
-    pub(crate) fn tracked(&self) -> Tracked<'a> {
-        Tracked::Device(self.mem)
-    }
-
     /// `len` elements of `U` from `byte_offset` bytes into this view; the caller checked that
     /// they lie inside it and are aligned for `U`.
     fn part<U: DeviceRepr>(self, byte_offset: usize, len: usize) -> CudaViewMut<'a, U> {
@@ -597,7 +597,7 @@ impl Drop for DeviceMemory {
             }
             return;
         }
-        if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {
+        if let Some(blocked) = free_blocked(|| self.stream.capture()) {
             // A free now would be captured (or break a capture): hand the allocation to the
             // capture, which frees it when it ends, or to a thread the capture leaves free.
             let held = DeviceMemory {
@@ -637,304 +637,6 @@ impl Drop for DeviceMemory {
             // may still be in use, so it is not freed.
             super::record_drop_error(e);
         }
-    }
-}
-
-/// Host-device copies run on a stream of the device memory's own device (the driver refuses
-/// others).
-pub(crate) fn check_same_device(what: &'static str, stream: &CudaStream, memory_device: i32) -> Result<()> {
-    if stream.ordinal() == memory_device {
-        Ok(())
-    } else {
-        Err(CudaError::WrongDevice { what, expected: stream.ordinal(), found: memory_device })
-    }
-}
-
-fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
-    if expected == found { Ok(()) } else { Err(CudaError::LengthMismatch { what, expected, found }) }
-}
-
-/// A buffer an operation touches, as the ordering rule sees it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Tracked<'b> {
-    /// Device memory (a graph that captures the operation holds it alive).
-    Device(&'b Arc<DeviceMemory>),
-    /// Pinned host memory (cannot be captured).
-    Host(&'b Access),
-}
-
-impl<'b> Tracked<'b> {
-    fn access(self) -> &'b Access {
-        match self {
-            Tracked::Device(memory) => &memory.access,
-            Tracked::Host(access) => access,
-        }
-    }
-}
-
-/// Runs `enqueue` on `stream` under the crate's ordering rule, with the stream's context current
-/// (bound once for the whole call): waits for what each buffer's use conflicts with, enqueues,
-/// then notes the uses (eager buffers record their event then; if that fails, the stream is
-/// waited for, so nothing is left in flight unordered). The buffers' states stay locked from the
-/// waits to the notes, so `enqueue` must run only the crate's own code (see [`ordered_with`]).
-///
-/// On a capturing stream the work is recorded into the graph instead, and the buffers join the
-/// capture's footprint, to be ordered when the graph is launched (see the `graph` module).
-pub(crate) fn ordered<'b, R, I>(stream: &Arc<CudaStream>, uses: I, enqueue: impl FnOnce() -> Result<R>) -> Result<R>
-where
-    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
-{
-    ordered_with(stream, uses, true, enqueue)
-}
-
-/// [`ordered_with`] for work whose own error is of a layer above (an NCCL call's): the rule's
-/// own errors convert into it.
-#[inline]
-pub(crate) fn ordered_as<'b, R, E, I>(
-    stream: &Arc<CudaStream>,
-    uses: I,
-    locked: bool,
-    enqueue: impl FnOnce() -> Result<R, E>,
-) -> Result<R, E>
-where
-    E: From<CudaError>,
-    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
-{
-    ordered_with_error(stream, uses, locked, enqueue)
-}
-
-/// [`ordered`], holding the buffers' states locked while `enqueue` runs when `locked`; else (a
-/// launch whose kernel arguments run a caller's code, which may use the same buffers through this
-/// crate) unlocked between the waits and the notes.
-#[inline]
-pub(crate) fn ordered_with<'b, R, I>(
-    stream: &Arc<CudaStream>,
-    uses: I,
-    locked: bool,
-    enqueue: impl FnOnce() -> Result<R>,
-) -> Result<R>
-where
-    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
-{
-    ordered_with_error(stream, uses, locked, enqueue)
-}
-
-#[inline(always)]
-fn ordered_with_error<'b, R, E, I>(
-    stream: &Arc<CudaStream>,
-    uses: I,
-    locked: bool,
-    enqueue: impl FnOnce() -> Result<R, E>,
-) -> Result<R, E>
-where
-    E: From<CudaError>,
-    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
-{
-    // One binding for the whole operation: the waits, the work and the event records below find
-    // the context current and only check it.
-    let _bound = stream.context().bind_for_call()?;
-    // The capture seen here is the one the work lands in (or none).
-    let gate = stream.enqueue_gate();
-    if let Some(capture) = stream.capture() {
-        let mut devices = Vec::new();
-        for (tracked, use_) in uses {
-            match tracked {
-                Tracked::Device(memory) if memory.lent => {
-                    stream.refuse_in_capture("work on memory lent for a scope (a graph would outlive the lend)")?
-                }
-                Tracked::Device(memory) => devices.push((memory, use_)),
-                Tracked::Host(_) => stream.refuse_in_capture("a copy to or from pinned host memory")?,
-            }
-        }
-        let result = enqueue()?;
-        for (memory, use_) in devices {
-            capture.add(memory, use_);
-        }
-        return Ok(result);
-    }
-    if locked {
-        // One lock per buffer, from the waits to the notes.
-        let mut each = uses.clone().into_iter();
-        match (each.next(), each.next(), each.next()) {
-            (None, ..) => return enqueue(),
-            (Some((a, use_a)), None, _) => return a.access().around(use_a, stream, &gate, enqueue),
-            (Some((a, use_a)), Some((b, use_b)), None) => {
-                return Access::around_two((a.access(), use_a), (b.access(), use_b), stream, &gate, enqueue);
-            }
-            _ => {}
-        }
-        let mut held = Access::lock_all(uses.into_iter().map(|(tracked, use_)| (tracked.access(), use_)));
-        held.order(stream)?;
-        let result = enqueue()?;
-        stream.settle(held.note(stream, &gate))?;
-        return Ok(result);
-    }
-    for (tracked, use_) in uses.clone() {
-        tracked.access().order(stream, use_)?;
-    }
-    let result = enqueue()?;
-    stream.settle(uses.into_iter().try_for_each(|(tracked, use_)| tracked.access().note(stream, use_)))?;
-    Ok(result)
-}
-
-impl CudaStream {
-    /// Copies host `src` into `dst` on this stream. `src` may be dropped or overwritten as soon
-    /// as this returns: pageable memory is staged by the driver during the call, and memory the
-    /// driver reads later (pinned, registered or managed host memory, such as a
-    /// [`PinnedHostBuffer`](crate::PinnedHostBuffer)'s contents) is waited for before returning.
-    /// For an asynchronous copy from pinned memory use
-    /// [`memcpy_htod_pinned`](Self::memcpy_htod_pinned).
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `dst` is on
-    /// another device than this stream; the driver's error.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub fn memcpy_htod<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, src: &[T], dst: &mut D) -> Result<()> {
-        check_len("CudaStream::memcpy_htod", dst.len(), src.len())?;
-        self.refuse_in_capture("CudaStream::memcpy_htod")?;
-        check_same_device("CudaStream::memcpy_htod: dst must be on the stream's device", self, dst.ordinal())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let read_later = raw::memory_type(src.as_ptr() as CUdeviceptr)?.is_some();
-        let view = dst.as_view();
-        ordered(self, [(view.tracked(), Use::Write)], || {
-            // SAFETY: dst is valid for byte_len bytes and ordered on this stream; src is pageable
-            // (staged before the call returns) or memory the driver reads later, which is waited
-            // for below before the borrow of src ends.
-            unsafe { raw::memcpy_htod_async(view.device_ptr(), src.as_ptr().cast(), view.byte_len(), self.raw()) }
-        })?;
-        if read_later {
-            // On failure the context is lost and the copy will not run.
-            self.synchronize()?;
-        }
-        Ok(())
-    }
-
-    /// Copies device `src` into host `dst` on this stream and returns once `dst` holds the data.
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::WrongDevice`] when `src` is on
-    /// another device than this stream; the driver's error.
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn memcpy_dtoh<T: DeviceRepr, S: DeviceSlice<T>>(self: &Arc<Self>, src: &S, dst: &mut [T]) -> Result<()> {
-        check_len("CudaStream::memcpy_dtoh", dst.len(), src.len())?;
-        self.refuse_in_capture("CudaStream::memcpy_dtoh")?;
-        check_same_device("CudaStream::memcpy_dtoh: src must be on the stream's device", self, src.ordinal())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let view = src.as_view();
-        ordered(self, [(view.tracked(), Use::Read)], || {
-            // SAFETY: src is valid and ordered on this stream; dst is writable for byte_len bytes
-            // and exclusively borrowed; it is read only after the synchronisation below.
-            unsafe { raw::memcpy_dtoh_async(dst.as_mut_ptr().cast(), view.device_ptr(), view.byte_len(), self.raw()) }
-        })?;
-        // A failed wait means the context is lost: the copy will not run after dst is gone.
-        self.synchronize()
-    }
-
-    /// Copies `src` into `dst` on this stream; the two may be on different devices. A
-    /// unified-address `cuMemcpyAsync` (with peer access the copy engines move it over NVLink or
-    /// PCIe; it can be captured into a CUDA graph) unless a side is pool memory of another device
-    /// than the stream's, which the stream's copy engine cannot reach: then `cuMemcpyPeerAsync`,
-    /// which the driver stages.
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless the lengths agree; the driver's error.
-    #[doc(alias = "cuMemcpyAsync")]
-    #[doc(alias = "cuMemcpyPeerAsync")]
-    pub fn memcpy_dtod<T: DeviceRepr, S: DeviceSlice<T>, D: DeviceSliceMut<T>>(
-        self: &Arc<Self>,
-        src: &S,
-        dst: &mut D,
-    ) -> Result<()> {
-        check_len("CudaStream::memcpy_dtod", dst.len(), src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let (from, to) = (src.as_view(), dst.as_view());
-        // The stream's copy engine reaches pool memory of its own device only: pool memory of
-        // another device goes through cuMemcpyPeerAsync, which the driver stages.
-        let foreign_pool = |view: &CudaView<'_, T>| view.is_pooled() && view.ordinal() != self.ordinal();
-        if foreign_pool(&from) || foreign_pool(&to) {
-            return self.memcpy_peer_dtod(from.into_bytes(), to.into_bytes());
-        }
-        let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw());
-        ordered(
-            self,
-            [(from.tracked(), Use::Read), (to.tracked(), Use::Write)],
-            #[inline(always)]
-            move || {
-                // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
-                // on this stream.
-                unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
-            },
-        )
-    }
-
-    /// [`memcpy_dtod`](Self::memcpy_dtod) of `from` into `to` (equal, non-zero lengths), one of
-    /// them pool memory of another device than this stream's: through `cuMemcpyPeerAsync`, which
-    /// the driver stages (refused in a capture).
-    #[cold]
-    #[inline(never)]
-    fn memcpy_peer_dtod(self: &Arc<Self>, from: CudaView<'_, u8>, to: CudaView<'_, u8>) -> Result<()> {
-        if self.is_capturing() {
-            self.refuse_in_capture("CudaStream::memcpy_dtod of another device's pool memory (cuMemcpyPeerAsync)")?;
-        }
-        ordered(self, [(from.tracked(), Use::Read), (to.tracked(), Use::Write)], || {
-            // SAFETY: both ranges are valid for byte_len bytes (lengths checked by the caller)
-            // and ordered on this stream; the contexts are the ranges' live primary contexts.
-            unsafe {
-                raw::memcpy_peer_async(
-                    to.device_ptr(),
-                    to.owner().context().raw(),
-                    from.device_ptr(),
-                    from.owner().context().raw(),
-                    from.byte_len(),
-                    self.raw(),
-                )
-            }
-        })
-    }
-
-    /// Sets every 32-bit word of `dst` to `value` on this stream.
-    ///
-    /// # Errors
-    /// [`CudaError::LengthMismatch`] unless `T` is 4 bytes wide; [`CudaError::Misaligned`] unless `dst`
-    /// starts on a 4-byte boundary (a view of a 4-byte type whose alignment is smaller can start
-    /// anywhere); the driver's error.
-    #[doc(alias = "cuMemsetD32Async")]
-    pub fn memset_u32<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, dst: &mut D, value: u32) -> Result<()> {
-        check_len("CudaStream::memset_u32: element size", 4, std::mem::size_of::<T>())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let view = dst.as_view();
-        if view.device_ptr() % 4 != 0 {
-            return Err(CudaError::Misaligned { what: "CudaStream::memset_u32", address: view.device_ptr(), align: 4 });
-        }
-        ordered(self, [(view.tracked(), Use::Write)], || {
-            // SAFETY: dst is valid for len 4-byte words, starts on a 4-byte boundary (checked
-            // above) and is ordered on this stream.
-            unsafe { raw::memset_d32_async(view.device_ptr(), value, view.len(), self.raw()) }
-        })
-    }
-
-    /// Sets every byte of `dst` to `value` on this stream.
-    ///
-    /// # Errors
-    /// The driver's error.
-    #[doc(alias = "cuMemsetD8Async")]
-    pub fn memset_bytes<T: DeviceRepr, D: DeviceSliceMut<T>>(self: &Arc<Self>, dst: &mut D, value: u8) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let view = dst.as_view();
-        ordered(self, [(view.tracked(), Use::Write)], || {
-            // SAFETY: dst is valid for byte_len bytes and ordered on this stream.
-            unsafe { raw::memset_d8_async(view.device_ptr(), value, view.byte_len(), self.raw()) }
-        })
     }
 }
 

@@ -16,13 +16,18 @@
 //! stays the caller's `unsafe` promise.
 
 mod ambient;
+mod capture;
 mod context;
+mod copy;
 mod device;
 mod drop_errors;
+pub(crate) mod enqueue;
 mod event;
+pub(crate) mod event_pool;
 mod graph;
 mod helpers;
 mod host;
+mod launch;
 pub(crate) mod memory;
 mod module;
 pub(crate) mod ordering;
@@ -32,22 +37,23 @@ mod stream;
 
 pub(crate) use ambient::with_ambient_stream;
 pub use ambient::{StreamOverride, ambient_stream};
+pub use capture::CaptureMode;
 pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::{DropError, take_drop_errors};
 pub use event::CudaEvent;
 pub(crate) use graph::KeptMemory;
-pub use graph::{CaptureMode, CudaGraph, GraphExec, StreamCapture};
+pub use graph::{CudaGraph, GraphExec, StreamCapture};
 #[cfg(feature = "testing")]
 pub use helpers::TestKernels;
 pub use helpers::{HelperKernels, ToyModel};
 pub use host::PinnedHostBuffer;
-pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
-pub use module::{
-    BufferUse, BufferUses, ByValue, Function, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS,
-    Module, by_value,
+pub use launch::{
+    BufferUse, BufferUses, ByValue, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, by_value,
 };
+pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
+pub use module::{Function, Module};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;
 pub(crate) use stream::EnqueueGate;

@@ -10,11 +10,11 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::capture::{CaptureState, refuse_in_capture};
 use super::context::Context;
-use super::event::CudaEvent;
-use super::graph::{CaptureState, refuse_in_capture};
-use super::ordering::{PooledEvent, StreamEvent};
+use super::event_pool::{PooledEvent, StreamEvent};
 use crate::error::{CaptureError, CudaError, Result};
+use crate::result::event as raw_event;
 use crate::result::stream as raw;
 use crate::sys::CUstream;
 
@@ -310,7 +310,7 @@ impl CudaStream {
             }));
         }
         let before = Arc::new(PooledEvent::take(&self.ctx)?);
-        before.record(self)?;
+        self.record_pooled(&before)?;
         // Counted before the driver begins: a record that lands in the capture is followed by a
         // look at the count that sees it (see `event_after_enqueued`). Until the capture is kept
         // below, a look at it waits for this lock.
@@ -414,7 +414,7 @@ impl CudaStream {
         }
         if let Some(StreamEvent::Own(own)) = event {
             if Arc::ptr_eq(own.context(), &self.ctx) {
-                if let Err(e) = own.record(self) {
+                if let Err(e) = self.record_pooled(own) {
                     *event = None;
                     return Err(e);
                 }
@@ -432,17 +432,18 @@ impl CudaStream {
             Some(StreamEvent::Own(event)) if Arc::ptr_eq(event.context(), &self.ctx) => event,
             _ => PooledEvent::take(&self.ctx)?,
         };
-        event.record(self)?;
+        self.record_pooled(&event)?;
         Ok(event)
     }
 
     /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
     /// of the calling thread, or a global one).
     pub(crate) fn refuse_in_capture(&self, call: &'static str) -> Result<()> {
-        refuse_in_capture(Some(self), call)
+        refuse_in_capture(|| self.capture(), call)
     }
 
     /// The stream's context.
+    #[inline]
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
@@ -453,6 +454,7 @@ impl CudaStream {
     }
 
     /// The raw handle (valid while `self` lives).
+    #[inline]
     pub fn raw(&self) -> CUstream {
         self.raw
     }
@@ -490,22 +492,6 @@ impl CudaStream {
         unsafe { raw::query(self.raw) }
     }
 
-    /// Makes later work on this stream wait for `event`'s last record (which may be on any
-    /// device).
-    ///
-    /// # Errors
-    /// [`CaptureError::IllegalCall`](crate::CaptureError::IllegalCall) on a capturing stream (a
-    /// wait there joins the event's stream into the capture; use
-    /// [`StreamCapture::wait_external`](crate::StreamCapture::wait_external)); the driver's error.
-    #[doc(alias = "cuStreamWaitEvent")]
-    #[inline]
-    pub fn wait(&self, event: &CudaEvent) -> Result<()> {
-        let _gate = self.enqueue_gate_uncaptured("CudaStream::wait on a capturing stream")?;
-        let _bound = self.ctx.bind()?;
-        // SAFETY: both handles are live while their wrappers live.
-        unsafe { raw::wait_event(self.raw, event.raw()) }
-    }
-
     /// Makes later work on this stream wait for the last record of a pooled event (of any
     /// context).
     #[inline]
@@ -515,12 +501,13 @@ impl CudaStream {
         unsafe { raw::wait_event(self.raw, event.raw()) }
     }
 
-    /// Records `event` here; see [`CudaEvent::record`].
-    ///
-    /// # Errors
-    /// As [`CudaEvent::record`].
-    pub fn record(&self, event: &CudaEvent) -> Result<()> {
-        event.record(self)
+    /// Records the pooled `event` (of this stream's context) at the current end of this stream.
+    #[inline(always)]
+    pub(crate) fn record_pooled(&self, event: &PooledEvent) -> Result<()> {
+        debug_assert!(Arc::ptr_eq(event.context(), &self.ctx), "pooled events are recorded in their own context");
+        let _bound = self.ctx.bind()?;
+        // SAFETY: both handles are live and of the same context.
+        unsafe { raw_event::record(event.raw(), self.raw) }
     }
 
     /// Orders this stream after all work enqueued so far on `other`: a no-op when `other` is this
@@ -601,34 +588,5 @@ impl Drop for CudaStream {
         if let Err(e) = result {
             super::record_drop_error(e);
         }
-    }
-}
-
-/// A raw byte copy outside the crate's ordering rule, for code that keeps its own ordering (the
-/// topology example times bare copies with it).
-impl CudaStream {
-    /// Enqueues a copy of `bytes` from `src` to `dst` (unified addresses: device memory of any
-    /// device, or pinned host memory) on this stream.
-    ///
-    /// # Errors
-    /// The driver's error.
-    ///
-    /// # Safety
-    /// - Both ranges are valid for `bytes` bytes from the moment the copy runs until it completes.
-    /// - Nothing else writes `dst` or frees either range while the copy can run: the caller orders
-    ///   all other users with events or stream order.
-    /// - A device range of another device than this stream's is reachable from it (peer access
-    ///   enabled and not pool memory), or is pinned host memory.
-    #[doc(alias = "cuMemcpyAsync")]
-    #[inline]
-    pub unsafe fn copy_bytes_async(
-        &self,
-        dst: crate::sys::CUdeviceptr,
-        src: crate::sys::CUdeviceptr,
-        bytes: usize,
-    ) -> Result<()> {
-        let _bound = self.ctx.bind()?;
-        // SAFETY: the caller meets memcpy_async's contract; self.raw is live.
-        unsafe { crate::result::memory::memcpy_async(dst, src, bytes, self.raw) }
     }
 }

@@ -28,7 +28,7 @@
 //! an atomic tag. Work on that stream has nothing to wait for and nothing to note, so it takes no
 //! lock: it claims the tag for the span of its enqueue instead, and whoever locks the state takes
 //! the tag down first, waiting out a claim (so that its waits and records come after the claimed
-//! work), and puts up the state's new tag as it unlocks ([`Access::plain`]).
+//! work), and puts up the state's new tag as it unlocks ([`Access::plain`]; the `plain` module).
 //!
 //! Threading: the bookkeeping is behind a mutex per buffer, held only for the span of one
 //! operation. An operation holds the locks of its buffers (in address
@@ -48,11 +48,13 @@ use parking_lot::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::context::Context;
-use super::stream::{CudaStream, EnqueueGate, back_off};
+use super::capture::{queries_allowed, refuse_in_capture};
+use super::event_pool::{PooledEvent, StreamEvent};
+use super::stream::{CudaStream, EnqueueGate};
 use crate::error::{CudaError, Result};
-use crate::result::event as raw_event;
-use crate::sys::CUevent;
+use plain::plain_on;
+
+mod plain;
 
 /// How an operation uses a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,93 +63,6 @@ pub(crate) enum Use {
     Read,
     /// Writes it: waits for the last write and every read since.
     Write,
-}
-
-/// An event of a context's pool; returned to the pool when dropped.
-#[derive(Debug)]
-pub(crate) struct PooledEvent {
-    ctx: Arc<Context>,
-    raw: CUevent,
-}
-
-// SAFETY: a CUevent may be recorded, waited on and destroyed from any thread.
-unsafe impl Send for PooledEvent {}
-// SAFETY: as above; the handle is only passed to thread-safe driver calls.
-unsafe impl Sync for PooledEvent {}
-
-impl PooledEvent {
-    /// An event of `ctx` (timing disabled), from its pool or new.
-    pub(crate) fn take(ctx: &Arc<Context>) -> Result<PooledEvent> {
-        if let Some(raw) = ctx.pooled_events().pop() {
-            return Ok(PooledEvent { ctx: Arc::clone(ctx), raw });
-        }
-        let _bound = ctx.bind()?;
-        let raw = raw_event::create(false)?;
-        Ok(PooledEvent { ctx: Arc::clone(ctx), raw })
-    }
-
-    /// Records the event at the current end of `stream` (a stream of the event's context).
-    #[inline(always)]
-    pub(crate) fn record(&self, stream: &CudaStream) -> Result<()> {
-        debug_assert!(Arc::ptr_eq(stream.context(), &self.ctx), "pooled events are recorded in their own context");
-        let _bound = self.ctx.bind()?;
-        // SAFETY: both handles are live and of the same context.
-        unsafe { raw_event::record(self.raw, stream.raw()) }
-    }
-
-    /// Whether the last record completed (does not block).
-    pub(crate) fn is_complete(&self) -> Result<bool> {
-        let _bound = self.ctx.bind()?;
-        // SAFETY: the event is live.
-        unsafe { raw_event::query(self.raw) }
-    }
-
-    /// Blocks until the last record completed.
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        let _bound = self.ctx.bind()?;
-        // SAFETY: the event is live.
-        unsafe { raw_event::synchronize(self.raw) }
-    }
-
-    pub(crate) fn raw(&self) -> CUevent {
-        self.raw
-    }
-
-    /// The context the event belongs to.
-    pub(crate) fn context(&self) -> &Arc<Context> {
-        &self.ctx
-    }
-}
-
-impl Drop for PooledEvent {
-    fn drop(&mut self) {
-        // A pending record or wait on the event is unaffected when it is recorded again later.
-        self.ctx.pooled_events().push(self.raw);
-    }
-}
-
-/// An event recorded after work on a stream: one of the stream context's pool, or, while the
-/// stream is being captured, the event recorded when the capture began (shared with the capture;
-/// see [`CudaStream::event_after_enqueued`]), or one a host wait holds too
-/// ([`Access::wait_on_host`]).
-#[derive(Debug)]
-pub(crate) enum StreamEvent {
-    /// The stream's own, recorded after the work.
-    Own(PooledEvent),
-    /// Shared with a capture (the capture's event, which stands for all the stream's work outside
-    /// the capture) or with a host wait: never recorded again.
-    Shared(Arc<PooledEvent>),
-}
-
-impl std::ops::Deref for StreamEvent {
-    type Target = PooledEvent;
-
-    fn deref(&self) -> &PooledEvent {
-        match self {
-            StreamEvent::Own(event) => event,
-            StreamEvent::Shared(event) => event,
-        }
-    }
 }
 
 /// Read marks a buffer keeps holding their streams: past this many, the older ones are detached
@@ -259,10 +174,6 @@ struct State {
     reads: SmallVec<[Mark; 1]>,
 }
 
-/// The bit of [`Access::plain`] that an operation on the plain path holds for the span of its
-/// enqueue.
-const PLAIN_CLAIMED: u64 = 1 << 63;
-
 /// The ordering state of one buffer. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Access {
@@ -270,27 +181,12 @@ pub(crate) struct Access {
     /// The stream whose work alone the state records, with nothing recorded or waited for (see
     /// [`plain_on`]), by its [`id`](CudaStream::id); 0 when there is none. An operation on that
     /// stream then has nothing to wait for and nothing to note: it takes no lock, but claims the
-    /// tag ([`PLAIN_CLAIMED`]) for the span of its enqueue ([`Access::claim_plain`]). Whoever
+    /// tag ([`PLAIN_CLAIMED`](plain::PLAIN_CLAIMED)) for the span of its enqueue ([`Access::claim_plain`]). Whoever
     /// locks the state takes the tag down first, waiting out a claim, so that its waits and
     /// records come after the claimed enqueue, and puts up the state's new tag as it unlocks
     /// ([`Locked`]).
     plain: AtomicU64,
     eager: bool,
-}
-
-/// The stream id that [`Access::plain`] holds for `state`: the last write's stream when the state
-/// records that write alone, with no event (nothing recorded, nothing waited for) and no read
-/// since, for a buffer that is not eager; else 0. Work on that stream is then ordered by the
-/// stream alone, and noting it changes nothing ([`order_locked`] and [`note_locked`] do nothing).
-#[inline]
-fn plain_on(state: &State, eager: bool) -> u64 {
-    if eager || !state.reads.is_empty() {
-        return 0;
-    }
-    match &state.write {
-        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id,
-        _ => 0,
-    }
 }
 
 /// A buffer's state, locked, with its plain tag taken down (see [`Access::plain`]): put up again
@@ -345,21 +241,6 @@ impl Drop for Locked<'_> {
     }
 }
 
-/// An operation's hold on a buffer's plain path (see [`Access::claim_plain`]), given up when it
-/// drops.
-struct PlainClaim<'a> {
-    tag: &'a AtomicU64,
-    stream_id: u64,
-}
-
-impl Drop for PlainClaim<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // Release: the claim's enqueue comes before whatever the next lock holder enqueues.
-        self.tag.store(self.stream_id, Ordering::Release);
-    }
-}
-
 impl Access {
     /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
     /// with no pending use (`None`).
@@ -377,50 +258,6 @@ impl Access {
         let state = self.state.lock();
         self.take_down_plain();
         Locked { access: self, state }
-    }
-
-    /// Takes the plain tag down (to 0), once no operation holds a claim on it: from then on no
-    /// operation takes the plain path until the lock holder puts a tag up again.
-    #[inline]
-    fn take_down_plain(&self) {
-        let mut tag = self.plain.load(Ordering::Acquire);
-        let mut round = 0;
-        while tag != 0 {
-            if tag & PLAIN_CLAIMED != 0 {
-                // An enqueue on the plain path is in progress: it gives the claim up when done.
-                back_off(&mut round);
-                tag = self.plain.load(Ordering::Acquire);
-                continue;
-            }
-            // Acquire: the claim's enqueue, given up before this, comes before what follows.
-            match self.plain.compare_exchange_weak(tag, 0, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return,
-                Err(now) => tag = now,
-            }
-        }
-    }
-
-    /// Whether the plain tag names the stream `stream_id` now (a look, no claim).
-    #[inline]
-    fn looks_plain_for(&self, stream_id: u64) -> bool {
-        self.plain.load(Ordering::Relaxed) == stream_id
-    }
-
-    /// The plain path for work on the stream `stream_id`: a claim when the state records that
-    /// stream's work alone
-    /// with nothing to wait for or record (see [`Access::plain`]), so that the work needs no wait
-    /// and noting it changes nothing; `None` otherwise. While the claim lives, whoever locks the
-    /// state waits for it before touching the state or the stream's events.
-    #[inline]
-    fn claim_plain(&self, stream_id: u64) -> Option<PlainClaim<'_>> {
-        // A look first: a buffer off the plain path (an eager one) costs no atomic write here.
-        if !self.looks_plain_for(stream_id) {
-            return None;
-        }
-        self.plain
-            .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| PlainClaim { tag: &self.plain, stream_id })
     }
 
     /// Makes `stream` wait for the uses that `use_` conflicts with: the last write, and for a
@@ -570,7 +407,7 @@ impl Access {
     /// `call` on a capturing thread) (a use
     /// without an event yet gets one now, at the end of its stream).
     pub(crate) fn is_complete(&self, call: &'static str, use_: Use) -> Result<bool> {
-        super::graph::refuse_in_capture(None, call)?;
+        refuse_in_capture(|| None, call)?;
         let mut state = self.lock();
         let State { write, reads, .. } = &mut *state;
         for mark in write.iter_mut().chain(reads.iter_mut().filter(|_| use_ == Use::Write)) {
@@ -589,7 +426,7 @@ impl Access {
     /// meanwhile (a shared event is never recorded again, see [`CudaStream::record_event`]), and
     /// for a write, afterwards, the marks that no operation changed in between are cleared.
     pub(crate) fn wait_on_host(&self, call: &'static str, use_: Use) -> Result<()> {
-        super::graph::refuse_in_capture(None, call)?;
+        refuse_in_capture(|| None, call)?;
         let waited: SmallVec<[Arc<PooledEvent>; 2]> = {
             let mut state = self.lock();
             let State { write, reads, .. } = &mut *state;
@@ -723,7 +560,7 @@ fn detach_reads(reads: &mut SmallVec<[Mark; 1]>) -> Result<()> {
         }
     }
     // A query would break a capture of this thread: the marks are pruned on a later read.
-    if !super::graph::queries_allowed() {
+    if !queries_allowed() {
         return Ok(());
     }
     // Every query first: a failed one leaves every mark in place.
@@ -799,58 +636,5 @@ fn note_marks(
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
-
-    use super::{Access, PLAIN_CLAIMED};
-
-    /// A state with no use recorded, its plain tag put up by hand for the stream `7`.
-    fn tagged() -> Access {
-        let access = Access::new(None, false);
-        access.plain.store(7, Ordering::SeqCst);
-        access
-    }
-
-    #[test]
-    fn the_plain_path_is_for_its_own_stream_only_and_one_claim_at_a_time() {
-        let access = tagged();
-        assert!(access.claim_plain(8).is_none(), "another stream's work takes the locked path");
-        let claim = access.claim_plain(7).expect("the tag's stream claims the plain path");
-        assert_eq!(access.plain.load(Ordering::SeqCst), 7 | PLAIN_CLAIMED);
-        assert!(access.claim_plain(7).is_none(), "a claimed tag is not claimed twice");
-        drop(claim);
-        assert_eq!(access.plain.load(Ordering::SeqCst), 7, "the claim gives the tag back as it was");
-        assert!(access.claim_plain(7).is_some());
-    }
-
-    #[test]
-    fn a_lock_waits_out_a_claim_and_takes_the_tag_down_until_it_unlocks() {
-        let access = tagged();
-        let claim = access.claim_plain(7).unwrap();
-        let hold = Duration::from_millis(100);
-        let (locked_at, released_at) = std::thread::scope(|scope| {
-            let locker = scope.spawn(|| {
-                let locked = access.lock();
-                let at = Instant::now();
-                // Locked, the tag is down: no claim while the state is being changed.
-                assert_eq!(access.plain.load(Ordering::SeqCst), 0);
-                assert!(access.claim_plain(7).is_none());
-                drop(locked);
-                at
-            });
-            std::thread::sleep(hold);
-            let released_at = Instant::now();
-            drop(claim);
-            (locker.join().unwrap(), released_at)
-        });
-        assert!(locked_at >= released_at, "the lock was taken while an enqueue held the plain path");
-        // The state records no use: no tag is put up again, and the stream takes the locked path.
-        assert_eq!(access.plain.load(Ordering::SeqCst), 0);
-        assert!(access.claim_plain(7).is_none());
     }
 }
