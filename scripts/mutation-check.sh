@@ -199,11 +199,11 @@ PY
     echo "MISSED $name"
   fi
 }
-run pinned-htod src/safe/memory.rs "        if read_later {" "        if false && read_later {"
-run copy-with-sms src/safe/module.rs "            if used.memory.is_pooled() {" "            if false && used.memory.is_pooled() {"
+run pinned-htod src/safe/copy.rs "        if read_later {" "        if false && read_later {"
+run copy-with-sms src/safe/launch/mod.rs "            if used.memory.is_pooled() {" "            if false && used.memory.is_pooled() {"
 # A launch of the crate's own parameters (made before the ordering, the states held around the
 # launch alone) orders its buffers as any launch does.
-run launch-own-args-unordered src/safe/module.rs "                        self,
+run launch-own-args-unordered src/safe/launch/mod.rs "                        self,
                         tracked,
                         true," "                        self,
                         tracked.take(0),
@@ -219,10 +219,10 @@ run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_
 # Graphs: the launch orders the captured footprint; the footprint keeps its memory alive; frees
 # during a capture are held back; illegal calls invalidate the capture.
 run graph-launch-order src/safe/graph.rs "let mut held = Access::lock_all(self.footprint.iter().map(" "let mut held = Access::lock_all(self.footprint.iter().take(0).map("
-run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::clone(memory), use_))," "None => {}"
-run graph-deferred-free src/safe/memory.rs "        if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
-run graph-deferred-pinned-free src/safe/host.rs "        if let Some(blocked) = super::graph::free_blocked(None) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
-run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
+run graph-keep-alive src/safe/capture.rs "None => recorded.footprint.push((Arc::clone(memory), use_))," "None => {}"
+run graph-deferred-free src/safe/memory.rs "        if let Some(blocked) = free_blocked(|| self.stream.capture()) {" "        if let Some(blocked) = None::<super::capture::FreeBlocked> {"
+run graph-deferred-pinned-free src/safe/host.rs "        if let Some(blocked) = free_blocked(|| None) {" "        if let Some(blocked) = None::<super::capture::FreeBlocked> {"
+run graph-invalidate src/safe/capture.rs "        capture.invalidate(call);" ""
 run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
@@ -330,9 +330,9 @@ run readback-after-failure src/pp/readback.rs "        match self.shared.links.i
 # Nothing a caller forgets or reads keeps memory or streams without bound (tests/bounded.rs): a
 # forgotten thread-local capture holds back no other stream's free; read marks let their streams
 # go; a detached read is dropped only once it completed.
-run forgotten-capture-holds-frees src/safe/graph.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" bounded
-run read-marks-hold-streams src/safe/ordering.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" bounded
-run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," bounded
+run forgotten-capture-holds-frees src/safe/capture.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" bounded
+run read-marks-hold-streams src/safe/ordering/mod.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" bounded
+run detached-reads-dropped src/safe/ordering/mod.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," bounded
 # A step whose bytes are not the receiver's n elements is refused (a peer whose type of that
 # name has another size): tests/ring.rs.
 run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
@@ -357,10 +357,10 @@ run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "       
 # A module image is checked whole before the driver reads it (it reads without a length).
 # An engine's own buffer: its stream waits for the crate's uses when the slice goes (tests/foreign.rs).
 run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" foreign
-run image-unchecked src/safe/module.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
+run image-unchecked src/safe/module/image.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
 # A kernel argument list's values are laid out each at its alignment, none over another.
-run arg-list-unaligned src/safe/module.rs "        let at = (self.end + layout.align() - 1) & !(layout.align() - 1);" "        let at = self.end;" lib
-run arg-list-overlapping src/safe/module.rs "        self.end = at + layout.size();" "        self.end = at;" lib
+run arg-list-unaligned src/safe/launch/list.rs "        let at = (self.end + layout.align() - 1) & !(layout.align() - 1);" "        let at = self.end;" lib
+run arg-list-overlapping src/safe/launch/list.rs "        self.end = at + layout.size();" "        self.end = at;" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring
@@ -369,26 +369,26 @@ run unable-rank-silent src/pp/remote/setup.rs "        (m.bytes.first() == Some(
 # The plain path (an operation on the one stream a buffer's state records takes no lock): a tag
 # put up while reads are recorded, or while the mark has an event, lets a write skip its waits; a
 # lock that does not wait out a claim records events before the claimed work.
-run plain-ignores-reads src/safe/ordering.rs "    if eager || !state.reads.is_empty() {" "    if eager {"
-run plain-ignores-event src/safe/ordering.rs "        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id," "        Some(Mark { stream: Some(_), stream_id, .. }) => *stream_id,"
-run plain-lock-ignores-claim src/safe/ordering.rs "        self.take_down_plain();
+run plain-ignores-reads src/safe/ordering/plain.rs "    if eager || !state.reads.is_empty() {" "    if eager {"
+run plain-ignores-event src/safe/ordering/plain.rs "        Some(Mark { stream: Some(_), stream_id, event: None, waited_by: None }) => *stream_id," "        Some(Mark { stream: Some(_), stream_id, .. }) => *stream_id,"
+run plain-lock-ignores-claim src/safe/ordering/mod.rs "        self.take_down_plain();
         Locked" "        Locked" lib
 # An eager buffer keeps its read marks across writes (a slot's RX mark, recorded again at each
 # read): a read that takes its mark up again without forgetting which stream waited for it lets
 # the next write there skip the wait for that read. A free that takes a state for plain on its
 # stream without its tag saying so frees memory still in use elsewhere.
-run retained-read-mark-waited src/safe/ordering.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
+run retained-read-mark-waited src/safe/ordering/mod.rs "    // cover it. A detached mark of this stream holds the stream again (its event is made anew).
     mark.waited_by = None;" "    // cover it. A detached mark of this stream holds the stream again (its event is made anew)."
-run free-plain-unordered src/safe/ordering.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
+run free-plain-unordered src/safe/ordering/mod.rs "        if *self.plain.get_mut() == stream.id() {" "        if true {"
 # The rule's waits and the host's (any program of the safe layer, `double` :: rule): an operation
 # that does not wait for the last write on another stream, a write that does not wait for the
 # reads since, a mark taken as waited for when it was not, a pinned buffer's host read or write
 # that does not wait for the device.
-run write-unwaited src/safe/ordering.rs "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream)) {" "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream) && false) {"
-run reads-unwaited-by-writes src/safe/ordering.rs "    if use_ == Use::Write {
+run write-unwaited src/safe/ordering/mod.rs "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream)) {" "    if let Some(mark) = state.write.as_mut().filter(|mark| !mark.is_on(stream) && false) {"
+run reads-unwaited-by-writes src/safe/ordering/mod.rs "    if use_ == Use::Write {
         for mark in state.reads.iter_mut()" "    if false {
         for mark in state.reads.iter_mut()"
-run mark-wait-skipped src/safe/ordering.rs "        if self.waited_by == Some(stream.id()) {" "        if true {"
+run mark-wait-skipped src/safe/ordering/mod.rs "        if self.waited_by == Some(stream.id()) {" "        if true {"
 run pinned-host-read-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice", Use::Read)?;' ''
 run pinned-host-write-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_mut_slice", Use::Write)?;' ''
 # A graph's launch that does not wait for its footprint's earlier uses, or does not note itself
@@ -404,9 +404,9 @@ run received-slot-stays-filled src/pp/ring.rs "        self.slots[k].state = Slo
         self.took(k);" "        self.took(k);"
 # A KernelArgList that does not hand the launch the memory of its parameters (made when added,
 # or kept to the launch), or hands a written slice as read.
-run list-made-uses-dropped src/safe/module.rs "            ListEntry::Made { used, .. } => *used," "            ListEntry::Made { .. } => None,"
-run list-deferred-uses-dropped src/safe/module.rs "            ListEntry::Deferred { param, .. } => param.buffer_use()," "            ListEntry::Deferred { .. } => None,"
-run list-write-as-read src/safe/module.rs "                list.push_memory(written.memory(), written.device_ptr(), Use::Write);" "                list.push_memory(written.memory(), written.device_ptr(), Use::Read);"
+run list-made-uses-dropped src/safe/launch/list.rs "            ListEntry::Made { used, .. } => *used," "            ListEntry::Made { .. } => None,"
+run list-deferred-uses-dropped src/safe/launch/list.rs "            ListEntry::Deferred { param, .. } => param.buffer_use()," "            ListEntry::Deferred { .. } => None,"
+run list-write-as-read src/safe/launch/param.rs "                list.push_memory(written.memory(), written.device_ptr(), Use::Write);" "                list.push_memory(written.memory(), written.device_ptr(), Use::Read);"
 # A readback's values given before its copy completed.
 run readback-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
@@ -437,11 +437,11 @@ run received-view-reads-unwaited src/interop.rs "            slice.leak();" "   
 run adopted-stream-not-kept-alive src/safe/stream.rs "        wrapper.keep_alive = Some(owner);" "        drop(owner);" cudarc_double cudarc
 run cudarc-call-context-not-restored src/safe/context.rs "            unsafe { raw::set_current(self.previous) }" "            Ok(())" cudarc_double cudarc
 run interop-buffer-context-unchecked src/interop.rs "        if std::ptr::eq(buffer.cu_ctx().cast::<u8>(), self.context().raw().cast::<u8>()) {" "        if true {" cudarc_double cudarc
-run kernel-param-claims-own src/safe/module.rs "    const OWN: Option<Own<Self>> = None;
+run kernel-param-claims-own src/safe/launch/param.rs "    const OWN: Option<Own<Self>> = None;
     /// The C representation" "    const OWN: Option<Own<Self>> = Some(Own::vouch());
     /// The C representation" foreign
-run arg-list-claims-own src/safe/module.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
-run lent-memory-captured src/safe/memory.rs "                Tracked::Device(memory) if memory.lent => {" "                Tracked::Device(memory) if memory.lent && false => {" cudarc_double cudarc
+run arg-list-claims-own src/safe/launch/list.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
+run lent-memory-captured src/safe/enqueue.rs "                Tracked::Device(memory) if memory.lent() => {" "                Tracked::Device(memory) if memory.lent() && false => {" cudarc_double cudarc
 # The examples' command lines (tests/examples.rs, which runs the example executables): --help
 # ignored, an unknown argument ignored, a runtime error or a missing GPU reported as a bad
 # argument (status 2), an error printed with Debug instead of its chain.
