@@ -35,7 +35,9 @@ pub struct Context {
     device: Device,
     raw: CUcontext,
     pools: bool,
-    /// Idle events (timing disabled) for the ordering rule, reused instead of created per use.
+    /// The event pool's storage: idle events (timing disabled) for the ordering rule, reused
+    /// instead of created per use (the pool is `event_pool`'s; the idle events are destroyed
+    /// with the context).
     events: Mutex<Vec<CUevent>>,
     /// Contexts whose memory this one's kernels may reach (peer access enabled both ways). Weak:
     /// an entry counts only while its context lives (and keeps its primary context retained).
@@ -222,7 +224,7 @@ impl Context {
         self.peers.lock()
     }
 
-    /// The pool of idle events of this context.
+    /// The storage of this context's event pool (`event_pool`), locked.
     pub(crate) fn pooled_events(&self) -> MutexGuard<'_, Vec<CUevent>> {
         self.events.lock()
     }

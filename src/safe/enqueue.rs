@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::memory::{CudaView, CudaViewMut, DeviceMemory, DeviceRepr};
 use super::ordering::{Access, Use};
-use super::stream::CudaStream;
+use super::stream::{CudaStream, refuse_on};
 use crate::error::{CudaError, Result};
 
 /// A buffer an operation touches, as the ordering rule sees it.
@@ -117,10 +117,10 @@ where
         for (tracked, use_) in uses {
             match tracked {
                 Tracked::Device(memory) if memory.lent() => {
-                    stream.refuse_in_capture("work on memory lent for a scope (a graph would outlive the lend)")?
+                    refuse_on(Some(stream), "work on memory lent for a scope (a graph would outlive the lend)")?
                 }
                 Tracked::Device(memory) => devices.push((memory, use_)),
-                Tracked::Host(_) => stream.refuse_in_capture("a copy to or from pinned host memory")?,
+                Tracked::Host(_) => refuse_on(Some(stream), "a copy to or from pinned host memory")?,
             }
         }
         let result = enqueue()?;

@@ -2,12 +2,15 @@
 //! created per use.
 //!
 //! A [`PooledEvent`] is taken from its context's pool (or created when the pool is empty) and
-//! goes back when it drops; the pool's storage is a field of the [`Context`], which outlives
-//! every event of its pool (each holds the context by `Arc`) and destroys the idle ones when it
-//! goes. (The storage stays on the context for that reason: the context's drop destroys the idle
-//! events, and the context must not depend on this module, which binds it.) Taking, creating,
-//! waiting and giving back are here (a stream records one: `CudaStream::record_pooled`). A [`StreamEvent`] is how the stream and the
-//! ordering rule hold one: their own, or shared with a capture or a host wait.
+//! goes back when it drops; taking, creating, querying, waiting on the host and giving back are
+//! here (a stream records one and waits for one: `CudaStream::record_pooled`, `wait_pooled`). A
+//! [`StreamEvent`] is how a stream and the ordering rule hold one: their own, or shared with a
+//! capture or a host wait.
+//!
+//! The pool's storage, a list of idle handles, is a field of the [`Context`]: the context outlives
+//! every event of its pool (each holds it by `Arc`) and destroys the idle ones when it goes, so
+//! the storage lives and dies with it, and the context reads no file above its own (this one
+//! binds it).
 //!
 //! Threading: pooled events are `Send + Sync`; the pool is behind the context's mutex, held only
 //! to take or give back one handle.
@@ -56,11 +59,13 @@ impl PooledEvent {
         unsafe { raw_event::synchronize(self.raw) }
     }
 
+    #[inline]
     pub(crate) fn raw(&self) -> CUevent {
         self.raw
     }
 
     /// The context the event belongs to.
+    #[inline]
     pub(crate) fn context(&self) -> &Arc<Context> {
         &self.ctx
     }

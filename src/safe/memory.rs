@@ -125,7 +125,6 @@ pub(crate) struct DeviceMemory {
 
 impl DeviceMemory {
     /// The allocation's ordering state.
-    #[inline]
     pub(crate) fn access(&self) -> &Access {
         &self.access
     }

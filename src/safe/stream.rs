@@ -1,8 +1,15 @@
-//! Streams.
+//! Streams: the stream's own methods.
 //!
 //! A [`CudaStream`] owns its stream (or adopts one from another library, which it never
 //! destroys) and holds its context alive; it is shared as `Arc<CudaStream>` and is `Send + Sync`:
 //! work may be enqueued on it from any thread, the driver orders it by stream, not by thread.
+//!
+//! Here: creation and adoption, the enqueue gate (held by every call that looks at the stream's
+//! capture and then enqueues), the begin and end of its capture under the gate (the registry and
+//! its policy are `capture`'s, the guard `graph`'s), the event after the work enqueued so far
+//! (for the ordering rule's marks), `join`, `synchronize`, `settle`. The stream's other methods
+//! live with what they take: its event waits and records beside [`CudaEvent`](super::CudaEvent)
+//! (`event`), copies and memsets in `copy`, `launch` in `launch`, `begin_capture` in `graph`.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -94,6 +101,15 @@ impl Drop for EnqueueGate<'_> {
             self.stream.gate.fetch_sub(self.held, Ordering::Release);
         }
     }
+}
+
+/// [`refuse_in_capture`] for a call concerning `stream` (if any), whose own capture counts too
+/// (read only while some capture is active): the check of [`CudaStream::refuse_in_capture`], which
+/// the door (`enqueue`) calls directly on its capture path, so that the check stays one call
+/// there.
+#[inline]
+pub(crate) fn refuse_on(stream: Option<&CudaStream>, call: &'static str) -> Result<()> {
+    refuse_in_capture(move || stream.and_then(CudaStream::capture), call)
 }
 
 /// Waits a little, longer on each call: a gate is held only for the span of one call.
@@ -439,11 +455,10 @@ impl CudaStream {
     /// Refuses `call`, which cannot be captured, while it would break a capture (of this stream,
     /// of the calling thread, or a global one).
     pub(crate) fn refuse_in_capture(&self, call: &'static str) -> Result<()> {
-        refuse_in_capture(|| self.capture(), call)
+        refuse_on(Some(self), call)
     }
 
     /// The stream's context.
-    #[inline]
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
@@ -454,7 +469,6 @@ impl CudaStream {
     }
 
     /// The raw handle (valid while `self` lives).
-    #[inline]
     pub fn raw(&self) -> CUstream {
         self.raw
     }
@@ -505,7 +519,9 @@ impl CudaStream {
     #[inline(always)]
     pub(crate) fn record_pooled(&self, event: &PooledEvent) -> Result<()> {
         debug_assert!(Arc::ptr_eq(event.context(), &self.ctx), "pooled events are recorded in their own context");
-        let _bound = self.ctx.bind()?;
+        // The event's context (the stream's): its handle is at hand where the event was just
+        // compared with the stream's.
+        let _bound = event.context().bind()?;
         // SAFETY: both handles are live and of the same context.
         unsafe { raw_event::record(event.raw(), self.raw) }
     }

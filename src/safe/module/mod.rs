@@ -206,7 +206,6 @@ impl Function {
     }
 
     /// The raw handle, valid while this `Function` (which keeps its module loaded) lives.
-    #[inline]
     pub fn raw(&self) -> CUfunction {
         self.raw
     }
