@@ -296,7 +296,7 @@ run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.la
 # A capture is ended however the calls around its end fail: without the context bound, and once
 # more while the stream is still capturing (the capture fault sweep).
 run capture-end-bound src/safe/graph.rs "    let bound = stream.context().bind();
-    // SAFETY: the stream is live and capturing" "    let bound = Ok::<_, Error>(stream.context().bind()?);
+    // SAFETY: the stream is live and capturing" "    let bound = Ok::<_, CudaError>(stream.context().bind()?);
     // SAFETY: the stream is live and capturing"
 run capture-end-once src/safe/graph.rs "            if still_capturing {" "            if false && still_capturing {"
 # A buffer whose free could not be ordered after its uses (a failed wait) is left allocated, not
