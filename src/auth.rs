@@ -35,7 +35,7 @@ use std::time::Instant;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::error::ConfigError;
+use crate::config_error::ConfigError;
 
 mod admission;
 pub(crate) use admission::{Admission, Admitted, connect_and_knock, write_by, write_each_by};
