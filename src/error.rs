@@ -30,6 +30,13 @@
 //! `.map_err(Into::into)?` or `Err(e.into())?`, has many candidates (every layer's error converts
 //! into [`Error`], and [`CudaError`] also into [`NcclError`]), so the compiler cannot choose
 //! (E0283): write `?` alone, or `Error::from(e)`.
+//!
+//! ```compile_fail,E0283
+//! fn run() -> ppnrt::Result<()> {
+//!     let _engine = ppnrt::Engine::new(0).map_err(|e| e.into())?; // into what? E0283
+//!     Ok(())
+//! }
+//! ```
 
 mod pipeline;
 
