@@ -20,6 +20,7 @@
 //! | — | [`rendezvous`] | the TCP meeting of a pipeline's processes (no GPU) |
 //! | 4 | [`engine`] | [`Engine`]: one device's context, default stream and helper kernels, honouring the ambient stream |
 //! | 5 | [`pp`] | [`PpNRt`]: its settings, the boundary plan, the slot ring (the only owner of slot states) and the TX/RX protocol, boundaries between processes |
+//! | — | [`error`] | the crate-wide [`Error`], into which every layer's own error converts (each stays in its layer: [`CudaError`] below the pipeline, [`NcclError`] in [`nccl`], ...) |
 //!
 //! # Errors and the driver
 //! Each layer returns its own error ([`CudaError`] below the pipeline, [`NcclError`],
