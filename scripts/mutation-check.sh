@@ -167,6 +167,8 @@ declare -A catchers=(
   [failed-group-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [group-stops-settling]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [launch-local-status-lost]="launch_local_exits_with_the_first_failing_ranks_status the_gpu_gate_fails_a_multi_process_step_whose_rank_fails"
+  # The crate-wide error looks inside a failed build for its CUDA cause (src/error.rs).
+  [as-cuda-blind-to-builds]="as_cuda_sees_through_a_failed_build"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -337,13 +339,13 @@ run detached-reads-dropped src/safe/ordering.rs "            (None, Some(event))
 # name has another size): tests/ring.rs.
 run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
 # Rank 0 reads every connection's hello at once, each within its own budget (tests/rendezvous.rs).
-run hellos-one-at-a-time src/auth.rs "        while at < self.pending.len() {" "        while at < self.pending.len().min(1) {" rendezvous
+run hellos-one-at-a-time src/auth/admission.rs "        while at < self.pending.len() {" "        while at < self.pending.len().min(1) {" rendezvous
 # Only the job's members get in (SECURITY.md): a connection that does not prove the job secret is
 # closed before it learns anything; a listener that does not prove it back gets nothing; records
 # are believed only with their seal; without a secret, only loopback (tests/rendezvous.rs, the
 # link's unit tests).
-run unproven-knock-admitted src/auth.rs "            if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..NONCE + PROOF]) {" "            if false {" rendezvous
-run welcome-unchecked src/auth.rs "    if !handshake.verify(key, b\"welcome\", &[], &welcome) {" "    if false {" lib
+run unproven-knock-admitted src/auth/admission.rs "                if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..]) {" "            if false {" rendezvous
+run welcome-unchecked src/auth/handshake.rs "    if !handshake.verify(key, b\"welcome\", &[], &welcome) {" "    if false {" lib
 run seals-unchecked src/pp/remote/wire.rs "                if !opener.open(&pending[..sealed], &pending[sealed..sealed + SEAL]) {" "                if false {" lib
 run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {" "        if false {" rendezvous
 # A rank whose link fails fails its other links first: nothing cut short goes on downstream as
@@ -491,7 +493,7 @@ run waiting-reads-unheard src/pp/remote/sender.rs "                Ok(read) => {
                     self.heard.mark();" "                Ok(read) => {" ring
 # The job secret: an empty variable taken as unset; a secret's file that others can read, that is
 # not a regular file (a FIFO blocks the read, a device never ends), too large, or empty.
-run empty-secret-unset src/auth.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
+run empty-secret-unset src/auth/mod.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
 run secret-file-mode-unchecked src/auth/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
 run secret-file-kind-unchecked src/auth/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
 run secret-file-size-unchecked src/auth/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
@@ -510,3 +512,5 @@ run failed-group-use-unnoted src/nccl/p2p.rs "    Ok(issued.and(ended))" "    is
 run group-stops-settling src/nccl/p2p.rs "            let this = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
             settled = settled.and(this);" "            if settled.is_ok() { settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended); }" campaign
 run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' scripts
+# The crate-wide error tells a CUDA cause inside a failed build (src/error.rs unit tests).
+run as-cuda-blind-to-builds src/error.rs "            Error::PipelineBuild { source, .. } => source.as_cuda()," "            Error::PipelineBuild { .. } => None," lib

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 #[cfg(feature = "testing")]
 use crate::safe::TestKernels;
 use crate::safe::{

@@ -124,8 +124,8 @@ use std::sync::Arc;
 
 use cudarc::driver::SyncOnDrop;
 
+use crate::cuda_error::{CudaError, Result};
 use crate::engine::Engine;
-use crate::error::{CudaError, Result};
 use crate::pp::ReceivedSlot;
 use crate::safe::{Context, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice};
 use crate::sys::CUdeviceptr;

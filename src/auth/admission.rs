@@ -24,7 +24,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::{Handshake, JobKey, KnockError, NONCE, PROOF, knock, nonce};
+use super::handshake::{Handshake, KnockError, NONCE, knock, nonce};
+use super::seal::{JobKey, PROOF};
 
 /// Tells from the first bytes of a message how long it is: `Ok(None)` while that is not known
 /// yet, an error for bytes that are no such message.

@@ -1,5 +1,5 @@
 //! The NCCL library: found, loaded once per process and checked, its entry points kept each as
-//! a `Result`, and NCCL's results mapped to [`NcclError`].
+//! a `Result` (NCCL's results are mapped to [`NcclError`] in `result.rs`).
 
 use super::*;
 
@@ -120,54 +120,10 @@ impl Nccl {
     pub fn library(&self) -> &str {
         &self.library
     }
-
-    /// Maps an NCCL result of `call` to `Ok(())` or the typed error.
-    pub(super) fn check(&self, call: &'static str, result: ncclResult_t) -> Result<()> {
-        if result == ncclResult_t::ncclSuccess {
-            return Ok(());
-        }
-        let text = |ptr: *const std::ffi::c_char| {
-            if ptr.is_null() {
-                String::new()
-            } else {
-                // SAFETY: NCCL returns NUL-terminated static (or communicator-owned) strings.
-                unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
-            }
-        };
-        let description = match self.api.ncclGetErrorString.as_ref() {
-            // SAFETY: takes any result code, returns a static string.
-            Ok(entry) => text(unsafe { entry(result) }),
-            Err(_) => String::new(),
-        };
-        let last_error = match self.api.ncclGetLastError.as_ref() {
-            // SAFETY: a null communicator asks for the calling thread's last error.
-            Ok(entry) => text(unsafe { entry(std::ptr::null_mut()) }),
-            Err(_) => String::new(),
-        };
-        Err(NcclError::Call { call, code: result.0, name: result_name(result), description, last_error })
-    }
-
-    pub(super) fn missing(&self, symbol: &'static str) -> NcclError {
-        NcclError::MissingEntryPoint { library: self.library.clone(), symbol }
-    }
 }
 
 impl fmt::Debug for Nccl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Nccl").field("library", &self.library).field("version", &self.version).finish()
-    }
-}
-
-pub(super) fn result_name(result: ncclResult_t) -> &'static str {
-    match result {
-        ncclResult_t::ncclUnhandledCudaError => "ncclUnhandledCudaError",
-        ncclResult_t::ncclSystemError => "ncclSystemError",
-        ncclResult_t::ncclInternalError => "ncclInternalError",
-        ncclResult_t::ncclInvalidArgument => "ncclInvalidArgument",
-        ncclResult_t::ncclInvalidUsage => "ncclInvalidUsage",
-        ncclResult_t::ncclRemoteError => "ncclRemoteError",
-        ncclResult_t::ncclInProgress => "ncclInProgress",
-        ncclResult_t::ncclTimeout => "ncclTimeout",
-        _ => "unknown ncclResult_t",
     }
 }

@@ -631,7 +631,7 @@ impl Boundary {
         stream: &Arc<CudaStream>,
         src: CudaView<'_, u8>,
         dst: CudaViewMut<'_, u8>,
-    ) -> crate::error::Result<()> {
+    ) -> crate::error::CudaResult<()> {
         if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
             self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
         } else {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::event as raw;
 use crate::sys::CUevent;
 

@@ -16,7 +16,7 @@ use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut, ordered}
 use super::module::{Function, KernelArgs, LaunchConfig, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::kernels;
 
 /// The helper kernels of one context: the SM copy.

@@ -14,7 +14,7 @@ use super::memory::{
 };
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::{CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
 

@@ -16,7 +16,7 @@ use super::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, 
 use super::ordering::Use;
 use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::module as raw;
 use crate::sys::{CUdeviceptr, CUfunction, CUmodule};
 use own::Own;

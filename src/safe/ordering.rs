@@ -50,7 +50,7 @@ use smallvec::SmallVec;
 
 use super::context::Context;
 use super::stream::{CudaStream, EnqueueGate, back_off};
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::event as raw_event;
 use crate::sys::CUevent;
 

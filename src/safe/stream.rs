@@ -14,7 +14,7 @@ use super::context::Context;
 use super::event::CudaEvent;
 use super::graph::{CaptureState, refuse_in_capture};
 use super::ordering::{PooledEvent, StreamEvent};
-use crate::error::{CaptureError, CudaError, Result};
+use crate::cuda_error::{CaptureError, CudaError, Result};
 use crate::result::stream as raw;
 use crate::sys::CUstream;
 

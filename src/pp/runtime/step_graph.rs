@@ -846,7 +846,7 @@ impl Boundary {
         stream: &Arc<CudaStream>,
         src: CudaView<'_, u8>,
         dst: CudaViewMut<'_, u8>,
-    ) -> crate::error::Result<()> {
+    ) -> crate::error::CudaResult<()> {
         if self.plan.transport == Transport::Local {
             self.copy_within_device(stream, src, dst)
         } else {
