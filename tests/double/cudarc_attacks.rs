@@ -2,10 +2,7 @@
 //! attacking code, through the CUDA driver double (see `tests/cudarc_double.rs`): each holds.
 #![cfg(feature = "cudarc")]
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
+use crate::double;
 
 use double::with_double;
 use ppnrt::interop::EngineStream;
