@@ -1,5 +1,5 @@
 //! Attacks on the cudarc interop's lends through its public API alone, with no `unsafe` in the
-//! attacking code, through the CUDA driver double (see `tests/cudarc_double.rs`): each holds.
+//! attacking code, through the CUDA driver double (see `tests/double/cudarc_double.rs`): each holds.
 #![cfg(feature = "cudarc")]
 
 use crate::double;

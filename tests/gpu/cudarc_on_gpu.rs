@@ -8,7 +8,7 @@
 //! values are the earlier ones, so the test can fail. Also on the GPU: a runtime keeps cudarc's
 //! stream alive as a stage's stream, and every lend leaves the thread's current context as it
 //! was. Needs a GPU (cudarc loads the real driver); skips, saying why, without one (the same
-//! protocol runs through the driver double in `tests/cudarc_double.rs`).
+//! protocol runs through the driver double in `tests/double/cudarc_double.rs`).
 #![cfg(feature = "cudarc")]
 
 use crate::common;

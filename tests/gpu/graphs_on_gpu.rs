@@ -3,7 +3,7 @@
 //! contiguous and alternating, 1–4 slots, eager and graph steps interleaved; capture misuse;
 //! mismatched steps refused; `launch_stage`'s refusals and racing launches; graphs keep their
 //! memory alive and ordered; no graph step overtakes an eager step left half-way, and a capture
-//! refuses rings out of step). `tests/double.rs` runs
+//! refuses rings out of step). `tests/double/` runs
 //! the same scenarios without a GPU.
 
 use crate::{common, graph_order, graphs};

@@ -1,7 +1,7 @@
 //! Soundness on the GPUs present: the scenarios of `common/soundness.rs` (pinned sources of
 //! `htod`, `copy_with_sms` preconditions, stream guards dropped in any order, the current context
 //! across calls, discarded slots, consumers ordered by `order_on`, work beside and racing a
-//! capture). `tests/double.rs` runs the same scenarios without a GPU. Also the capture race's
+//! capture). `tests/double/` runs the same scenarios without a GPU. Also the capture race's
 //! driver calls on the raw driver alone, to tell a sanitizer's trouble with them from the crate's.
 
 use crate::{common, raw_driver, soundness};

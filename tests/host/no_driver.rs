@@ -6,7 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use common::needs::{self, Needs, Shortfall};
+use common::needs::{self, Needs, Shortfall, requires};
 use ppnrt::{CudaError, Device, Engine, LoadError, PpConfig, PpNRt};
 
 #[test]
@@ -40,6 +40,15 @@ fn every_entry_point_reports_the_missing_driver() {
         needs::skip_line("a_gpu_test", two, &lacks),
         "SKIPPED a_gpu_test: needs 2 GPUs with peer access and NCCL (found 0: no driver)"
     );
+    // Where GPUs are required (the GPU gate sets PPNRT_REQUIRE_GPUS to those it sees), a test that
+    // needs no more than that many fails instead of skipping; one that needs more skips.
+    // SAFETY: as above.
+    unsafe { std::env::set_var("PPNRT_REQUIRE_GPUS", "1") };
+    assert!(requires("a_gpu_test", Needs::gpus(2)).is_none(), "needs more than required: skips");
+    let required = std::panic::catch_unwind(|| requires("a_gpu_test", Needs::gpus(1)).is_none());
+    assert!(required.is_err(), "needs no more than required: fails instead of skipping");
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("PPNRT_REQUIRE_GPUS") };
     // Configuration needs no driver and still works.
     assert!(PpConfig::parse(Some("2"), None, None, None).is_ok());
     let _ = PpNRt::get; // needs an Engine, which cannot exist without a driver
