@@ -1,4 +1,4 @@
-//! Graph steps and eager steps left half-way, shared by `tests/graphs.rs` (GPU) and the driver
+//! Graph steps and eager steps left half-way, shared by `tests/gpu/graphs_on_gpu.rs` (GPU) and the driver
 //! double's graph tests: a graph step never overtakes an eager step not received yet (both
 //! launches refuse it, before anything is enqueued), and a capture refuses rings that stand at
 //! different slots, naming each, until the eager step is finished.

@@ -1,4 +1,4 @@
-//! Graph-mode scenarios shared by `tests/graphs.rs` (GPU) and `tests/double.rs` (driver double).
+//! Graph-mode scenarios shared by `tests/gpu/graphs_on_gpu.rs` (GPU) and `tests/double/` (driver double).
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! Soundness scenarios written against the public API only. `tests/soundness.rs` runs them on
-//! the GPUs present; `tests/double.rs` runs them through the CUDA driver double on any machine.
+//! Soundness scenarios written against the public API only. `tests/gpu/soundness_on_gpu.rs` runs them on
+//! the GPUs present; `tests/double/` runs them through the CUDA driver double on any machine.
 //! Each one failed on the code before its fix (see docs/RELIABILITY.md).
 #![allow(dead_code, unreachable_pub)]
 

@@ -1,6 +1,6 @@
 //! A decode loop of the toy model with one host thread per stage, using the waiting `tx_wait` /
-//! `rx_wait`, against the same loop on one thread. `tests/pipeline.rs` runs it on the GPUs
-//! present, `tests/double.rs` through the driver double.
+//! `rx_wait`, against the same loop on one thread. `tests/gpu/pipeline.rs` runs it on the GPUs
+//! present, `tests/double/` through the driver double.
 #![allow(dead_code, unreachable_pub)]
 
 use std::time::{Duration, Instant};

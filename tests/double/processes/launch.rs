@@ -236,14 +236,11 @@ pub(crate) fn ready(test: &str) -> Option<Engine> {
     if through_doubles() {
         say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
     }
-    devices_or_skip(test, 1)?;
+    let gpus = requires(test, Needs::gpus(1).nccl())?;
     if sharing_one_gpu() {
         say(&format!("{test}: one GPU: both ranks share it, NCCL over sockets (NCCL_HOSTID per rank)"));
     }
-    if !nccl_or_skip(test) {
-        return None;
-    }
-    Some(Engine::new(0).unwrap())
+    Some(gpus.engine(0))
 }
 
 /// The NCCL transports the ranks' NCCL logs (files in `dir`) name (`P2P/CUMEM`, `NET/Socket`, ...).

@@ -125,3 +125,85 @@ fn the_gpu_gate_fails_a_multi_process_step_whose_rank_fails() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// An executable script at `path` with `body` after its `#!/bin/sh` line.
+fn script(path: &Path, body: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    assert!(Command::new("chmod").arg("+x").arg(path).status().unwrap().success());
+}
+
+/// The gate follows the tiers: its tests phase runs the executables of the GPU and double tiers
+/// and the library's own (never the host tier's, which CI runs), and its sanitize phase runs the
+/// GPU tier but `faults`, the `gpu` executable one module at a time, with each module's own
+/// exceptions (initcheck skips the pipeline's thread-per-stage loops; racecheck runs each in a
+/// process of its own). Run on a bundle of stand-in executables that note how they were called,
+/// with a stand-in `compute-sanitizer`.
+#[test]
+fn the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("scripts-tiers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ran = dir.join("ran.txt");
+    let bundle = dir.join("bundle");
+    let gpu_tests = "driver::devices_are_listed: test\\npipeline::one_thread_per_stage_matches_one_thread: test\\npipeline::engine_and_enter_follow_the_stage_map: test";
+    let tiers = [("gpu", "gpu"), ("faults", "gpu"), ("singleton", "gpu"), ("double", "double"), ("nccl", "double")];
+    let tiers = tiers.iter().chain(&[("host", "host"), ("no_driver", "host"), ("unit", "unit")]);
+    let mut listed = String::new();
+    for (name, tier) in tiers {
+        let list = if *name == "gpu" { gpu_tests } else { "x: test" };
+        script(
+            &bundle.join("tests").join(name),
+            &format!(
+                "[ \"$1\" = --list ] && {{ printf '{list}\\n'; exit 0; }}\necho \"test {name} $*\" >> '{}'",
+                ran.display()
+            ),
+        );
+        listed.push_str(&format!("{name} {tier}\n"));
+    }
+    std::fs::write(bundle.join("tiers"), listed).unwrap();
+    let bin = dir.join("bin");
+    script(&bin.join("compute-sanitizer"), &format!("echo \"sanitizer $*\" >> '{}'", ran.display()));
+    let path = std::env::join_paths(
+        std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    let tools = PathBuf::from("initcheck racecheck");
+    let one = PathBuf::from("1");
+    let Some(output) = bash(
+        "scripts/gpu-gate.sh",
+        &["tests,sanitize"],
+        &[
+            ("GATE_BUNDLE", &bundle),
+            ("GATE_OUT", &dir.join("logs")),
+            ("PPNRT_REQUIRE_GPUS", &one),
+            ("GATE_SANITIZE_TOOLS", &tools),
+            ("PATH", Path::new(&path)),
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(output.status.code(), Some(0), "{}", described(&output));
+    let ran = std::fs::read_to_string(&ran).unwrap();
+    let mut tested: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("test ")?.split(' ').next()).collect();
+    tested.sort();
+    tested.dedup();
+    // The tests phase ran these; the sanitizer (whose stand-in runs nothing) none.
+    assert_eq!(tested, ["double", "faults", "gpu", "nccl", "singleton", "unit"], "{ran}");
+    let sanitized: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("sanitizer ")).collect();
+    let runs = |tool: &str, what: &str| sanitized.iter().filter(|l| l.contains(tool) && l.contains(what)).count();
+    for tool in ["initcheck", "racecheck"] {
+        assert_eq!(runs(tool, "/tests/gpu driver:: --test-threads=1"), 1, "{tool}: {ran}");
+        assert_eq!(runs(tool, "/tests/singleton --test-threads=1"), 1, "{tool}: {ran}");
+        assert_eq!(runs(tool, "/tests/faults"), 0, "{tool}: {ran}");
+        assert_eq!(runs(tool, "/tests/nccl"), 0, "{tool}: {ran}");
+        assert_eq!(runs(tool, "/tests/host"), 0, "{tool}: {ran}");
+    }
+    assert_eq!(runs("initcheck", "/tests/gpu pipeline:: --test-threads=1 --skip _matches_one_thread"), 1, "{ran}");
+    assert_eq!(
+        runs("racecheck", "/tests/gpu --test-threads=1 --exact pipeline::one_thread_per_stage_matches_one_thread"),
+        1,
+        "{ran}"
+    );
+    assert_eq!(runs("racecheck", "/tests/gpu pipeline:: --test-threads=1 --skip _matches_one_thread"), 1, "{ran}");
+    let _ = std::fs::remove_dir_all(dir);
+}

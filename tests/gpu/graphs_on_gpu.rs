@@ -3,20 +3,14 @@
 //! contiguous and alternating, 1–4 slots, eager and graph steps interleaved; capture misuse;
 //! mismatched steps refused; `launch_stage`'s refusals and racing launches; graphs keep their
 //! memory alive and ordered; no graph step overtakes an eager step left half-way, and a capture
-//! refuses rings out of step). `tests/double.rs` runs
+//! refuses rings out of step). `tests/double/` runs
 //! the same scenarios without a GPU.
 
-mod common;
-
-#[path = "common/graphs.rs"]
-mod graphs;
-
-#[path = "common/graph_order.rs"]
-mod graph_order;
+use crate::{common, graph_order, graphs};
 
 use std::sync::{Mutex, MutexGuard};
 
-use common::devices_or_skip;
+use common::needs::{Needs, requires};
 use ppnrt::Engine;
 
 /// The scenarios run one at a time: a global capture refuses every thread's synchronising calls
@@ -30,7 +24,8 @@ fn serial() -> MutexGuard<'static, ()> {
 /// (`two_gpus`); skips, saying why, without a GPU.
 fn on_one_gpu_then_two(test: &str, one_gpu: &[i32], two_gpus: &[i32], scenario: impl Fn(&Engine, &[i32])) {
     let _serial = serial();
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     scenario(&primary, one_gpu);
     if devices >= 2 {
@@ -42,7 +37,8 @@ fn on_one_gpu_then_two(test: &str, one_gpu: &[i32], two_gpus: &[i32], scenario: 
 fn graph_mode_matches_eager_and_one_stage() {
     let _serial = serial();
     let test = "graph_mode_matches_eager_and_one_stage";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let quick = std::env::var_os("PPNRT_TEST_QUICK").is_some();
     graphs::graph_mode_matches_eager_and_one_stage(test, &Engine::new(0).unwrap(), devices.min(2), quick);
 }
@@ -50,7 +46,8 @@ fn graph_mode_matches_eager_and_one_stage() {
 #[test]
 fn capture_misuse_is_a_typed_error() {
     let _serial = serial();
-    let Some(devices) = devices_or_skip("capture_misuse_is_a_typed_error", 1) else { return };
+    let Some(gpus) = requires("capture_misuse_is_a_typed_error", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     graphs::capture_misuse_is_a_typed_error(&primary, &[0]);
     graphs::capture_misuse_is_a_typed_error(&primary, &[0, 0, 0]);
@@ -89,9 +86,7 @@ fn racing_launches_of_one_stage_never_share_a_slot() {
 #[test]
 fn graphs_launched_from_two_threads_keep_their_order() {
     let _serial = serial();
-    if devices_or_skip("graphs_launched_from_two_threads_keep_their_order", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("graphs_launched_from_two_threads_keep_their_order", Needs::gpus(1)) else { return };
     let against = graphs::graphs_launched_from_two_threads_keep_their_order(&Engine::new(0).unwrap(), 2000);
     assert_eq!(against, 0, "graph launches from two threads ran against the buffer's recorded order");
 }
@@ -99,16 +94,15 @@ fn graphs_launched_from_two_threads_keep_their_order() {
 #[test]
 fn graphs_keep_their_memory_alive_and_ordered() {
     let _serial = serial();
-    if devices_or_skip("graphs_keep_their_memory_alive_and_ordered", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("graphs_keep_their_memory_alive_and_ordered", Needs::gpus(1)) else { return };
     graphs::graphs_keep_their_memory_alive_and_ordered(&Engine::new(0).unwrap());
 }
 
 #[test]
 fn one_thread_per_stage_replays_graphs() {
     let _serial = serial();
-    let Some(devices) = devices_or_skip("one_thread_per_stage_replays_graphs", 1) else { return };
+    let Some(gpus) = requires("one_thread_per_stage_replays_graphs", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let steps = if std::env::var_os("PPNRT_TEST_QUICK").is_some() { 20 } else { 500 };
     graphs::one_thread_per_stage_replays_graphs(&primary, &[0, 0, 0, 0], 2, steps);
@@ -121,7 +115,8 @@ fn one_thread_per_stage_replays_graphs() {
 #[test]
 fn graph_misuse_leaves_everything_sound() {
     let _serial = serial();
-    let Some(devices) = devices_or_skip("graph_misuse_leaves_everything_sound", 1) else { return };
+    let Some(gpus) = requires("graph_misuse_leaves_everything_sound", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     graphs::graph_misuse_leaves_everything_sound(&primary, if devices >= 2 { &[0, 1, 0] } else { &[0, 0, 0] });
 }

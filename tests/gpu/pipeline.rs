@@ -5,18 +5,12 @@
 //! slots, varying `n` per step, give bitwise the same output as the model run on one stage.
 //! Misuse: each error case is caught before anything is enqueued and overwrites nothing.
 
-mod common;
-
-#[path = "common/raw_driver.rs"]
-mod raw_driver;
-#[path = "common/raw_threads.rs"]
-mod raw_threads;
-#[path = "common/threads.rs"]
-mod threads;
+use crate::{common, raw_threads, threads};
 
 use std::collections::VecDeque;
 
-use common::{POISON, Rng, devices_or_skip, engine_or_skip, say, under_sanitizer};
+use common::needs::{Needs, requires};
+use common::{POISON, Rng, say, under_sanitizer};
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{CudaError, CudaSlice, Engine, Error, PpConfig, PpNRt, Transport, TransportPolicy, kernels};
 use ppnrt::{PpError, SlotState};
@@ -106,7 +100,8 @@ fn maps(n_stages: usize, devices: i32) -> Vec<(&'static str, Vec<i32>)> {
 #[test]
 fn pipelines_of_1_to_8_stages_match_one_stage_bitwise() {
     let test = "pipelines_of_1_to_8_stages_match_one_stage_bitwise";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     if devices < 2 {
         say(&format!("{test}: one GPU found; the two-GPU maps are not run"));
     }
@@ -138,9 +133,7 @@ fn pipelines_of_1_to_8_stages_match_one_stage_bitwise() {
 #[test]
 fn peer_transport_is_chosen_between_peers_and_matches() {
     let test = "peer_transport_is_chosen_between_peers_and_matches";
-    if devices_or_skip(test, 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires(test, Needs::gpus(2)) else { return };
     let primary = Engine::new(0).unwrap();
     let peers = primary.device().peer_info(&ppnrt::Device::get(1).unwrap()).unwrap().access_supported;
     let config = PpConfig::with_devices(&[0, 1, 1, 0]).transport(TransportPolicy::Peer);
@@ -164,7 +157,8 @@ fn peer_transport_is_chosen_between_peers_and_matches() {
 
 #[test]
 fn engine_and_enter_follow_the_stage_map() {
-    let Some(devices) = devices_or_skip("engine_and_enter_follow_the_stage_map", 1) else { return };
+    let Some(gpus) = requires("engine_and_enter_follow_the_stage_map", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let map: Vec<i32> = if devices >= 2 { vec![0, 1, 0] } else { vec![0, 0, 0] };
     let rt = PpNRt::new(PpConfig::with_devices(&map), &primary).unwrap();
@@ -213,7 +207,8 @@ fn received_is(rt: &PpNRt, primary: &Engine, y: &CudaSlice<u32>, seed: u32) -> b
 
 #[test]
 fn misuse_is_a_typed_error_and_overwrites_nothing() {
-    let Some(primary) = engine_or_skip("misuse_is_a_typed_error_and_overwrites_nothing", 0) else { return };
+    let Some(gpu) = requires("misuse_is_a_typed_error_and_overwrites_nothing", Needs::gpus(1)) else { return };
+    let primary = gpu.engine(0);
     let rt = one_boundary(&primary, 1);
     let x = payload(&rt, &primary, 1, 1000);
 
@@ -295,9 +290,7 @@ fn misuse_is_a_typed_error_and_overwrites_nothing() {
 
 #[test]
 fn x_on_another_device_is_refused() {
-    if devices_or_skip("x_on_another_device_is_refused", 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("x_on_another_device_is_refused", Needs::gpus(2)) else { return };
     let primary = Engine::new(0).unwrap();
     let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
     let x = Engine::new(1).unwrap().htod(&[POISON; 64]).unwrap();
@@ -308,7 +301,8 @@ fn x_on_another_device_is_refused() {
 
 #[test]
 fn bad_configurations_are_refused_when_built() {
-    let Some(count) = devices_or_skip("bad_configurations_are_refused_when_built", 1) else { return };
+    let Some(gpus) = requires("bad_configurations_are_refused_when_built", Needs::gpus(1)) else { return };
+    let count = gpus.count();
     let primary = Engine::new(0).unwrap();
     let err = PpNRt::new(PpConfig::with_devices(&[0, count]), &primary).unwrap_err();
     match err {
@@ -326,7 +320,8 @@ fn bad_configurations_are_refused_when_built() {
 
 #[test]
 fn bf16_and_other_element_types_cross_boundaries() {
-    let Some(primary) = engine_or_skip("bf16_and_other_element_types_cross_boundaries", 0) else { return };
+    let Some(gpu) = requires("bf16_and_other_element_types_cross_boundaries", Needs::gpus(1)) else { return };
+    let primary = gpu.engine(0);
     let rt = PpNRt::new(PpConfig::new(3).slots(2), &primary).unwrap();
     let mut rng = Rng::new(6);
     let data: Vec<ppnrt::bf16> = (0..4099).map(|_| ppnrt::bf16::from_f32(rng.next_f32())).collect();
@@ -348,8 +343,9 @@ fn bf16_and_other_element_types_cross_boundaries() {
 /// off a 16-byte boundary.
 #[test]
 fn every_copy_path_delivers_every_byte() {
-    let Some(count) = devices_or_skip("every_copy_path_delivers_every_byte", 1) else { return };
-    let Some(primary) = engine_or_skip("every_copy_path_delivers_every_byte", 0) else { return };
+    let Some(gpus) = requires("every_copy_path_delivers_every_byte", Needs::gpus(1)) else { return };
+    let count = gpus.count();
+    let primary = gpus.engine(0);
     let mut placements = vec![
         ("local", vec![0, 0], TransportPolicy::Auto, true),
         ("local, copy engines only", vec![0, 0], TransportPolicy::Auto, false),
@@ -440,7 +436,7 @@ fn one_thread_per_stage_from_device_inputs_matches_one_thread() {
 #[test]
 fn raw_driver_thread_per_stage_matches_one_thread() {
     let test = "raw_driver_thread_per_stage_matches_one_thread";
-    let Some(_) = devices_or_skip(test, 1) else { return };
+    let Some(_gpus) = requires(test, Needs::gpus(1)) else { return };
     let steps: usize = std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let primary = Engine::new(0).unwrap();
     let (expected, _) = threads::one_thread(&primary, &[0, 0, 0, 0], 2, steps);
@@ -456,7 +452,8 @@ fn raw_driver_thread_per_stage_matches_one_thread() {
 }
 
 fn thread_per_stage_matches_one_thread(test: &str, variant: threads::Variant) {
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let steps: usize = std::env::var("PPNRT_HAZARD_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let primary = Engine::new(0).unwrap();
     let map: Vec<i32> = (0..4).map(|s| (s / 2) % devices).collect();
@@ -477,7 +474,8 @@ fn thread_per_stage_matches_one_thread(test: &str, variant: threads::Variant) {
 #[test]
 fn readback_never_delays_the_stage_stream() {
     let test = "readback_never_delays_the_stage_stream";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let rt = PpNRt::new(PpConfig::with_devices(&[0, devices.min(2) - 1]), &primary).unwrap();
     let e = rt.engine(1, &primary).unwrap().clone();

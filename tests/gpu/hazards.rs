@@ -9,12 +9,13 @@
 //!
 //! `PPNRT_HAZARD_STEPS` overrides the step count (the GPU gate's short mode lowers it).
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
 
-use common::{Rng, devices_or_skip, on_driver_double, say, under_sanitizer};
+use common::needs::{Gpus, Needs, requires};
+use common::{Rng, on_driver_double, say, under_sanitizer};
 use ppnrt::PpError;
 use ppnrt::pp::ProtocolFault;
 use ppnrt::{Engine, Error, PpConfig, PpNRt, TransportPolicy, kernels};
@@ -123,7 +124,8 @@ fn cases(devices: i32) -> Vec<Case> {
 /// Every configuration under every delay profile shows 0 mismatches, receiving by copy or in
 /// place (`seed_base` keeps the two tests' random delays apart).
 fn no_hazards(test: &str, in_place: bool, seed_base: u64) {
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let steps = steps();
     let expected = expected_checksums(steps);
@@ -152,8 +154,9 @@ fn receiving_in_place_has_no_ordering_hazards() {
 /// with the delays that open the race its missing wait would close. `None` (said why) when the
 /// test cannot run here.
 #[allow(clippy::type_complexity)]
-fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfig, (u64, u64))>)> {
-    let devices = devices_or_skip(test, 1)?;
+fn broken_protocols(test: &str) -> Option<(Gpus, Engine, usize, Vec<u64>, Vec<(PpConfig, (u64, u64))>)> {
+    let gpus = requires(test, Needs::gpus(1))?;
+    let devices = gpus.count();
     if under_sanitizer() {
         // The sanitizer serialises the streams' work, which closes the race windows this test
         // needs open; it runs (and must catch the bug) outside the sanitizer.
@@ -179,13 +182,13 @@ fn broken_protocols(test: &str) -> Option<(Engine, usize, Vec<u64>, Vec<(PpConfi
                 .map(|(fault, delays)| (base.clone().inject_fault(fault), delays))
         })
         .collect();
-    Some((primary, steps, expected_checksums(steps), broken))
+    Some((gpus, primary, steps, expected_checksums(steps), broken))
 }
 
 #[test]
 fn a_broken_protocol_is_caught() {
     let test = "a_broken_protocol_is_caught";
-    let Some((primary, steps, expected, broken)) = broken_protocols(test) else { return };
+    let Some((_gpus, primary, steps, expected, broken)) = broken_protocols(test) else { return };
     for (config, delays) in broken {
         for in_place in [false, true] {
             let bad = hazard_run(&primary, config.clone(), steps, &expected, 99, delays, in_place);
@@ -199,7 +202,8 @@ fn a_broken_protocol_is_caught() {
 #[test]
 fn two_threads_drive_their_own_stages_of_one_runtime() {
     let test = "two_threads_drive_their_own_stages_of_one_runtime";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let map = if devices >= 2 { [0, 1] } else { [0, 0] };
     let rt = PpNRt::new(PpConfig::with_devices(&map).slots(3), &primary).unwrap();
@@ -306,7 +310,8 @@ fn graph_hazard_run(
 #[test]
 fn graph_steps_have_no_ordering_hazards() {
     let test = "graph_steps_have_no_ordering_hazards";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let steps = steps();
     let expected = expected_checksums(steps);
@@ -327,7 +332,7 @@ fn graph_steps_have_no_ordering_hazards() {
 #[test]
 fn a_broken_graph_protocol_is_caught() {
     let test = "a_broken_graph_protocol_is_caught";
-    let Some((primary, steps, expected, broken)) = broken_protocols(test) else { return };
+    let Some((_gpus, primary, steps, expected, broken)) = broken_protocols(test) else { return };
     // The launch's wait for the slot's write (ev_tx), or for its read (ev_rx), left out.
     for (config, delays) in broken {
         let bad = graph_hazard_run(&primary, config.clone(), steps, &expected, 299, delays);

@@ -15,10 +15,7 @@
 //!   `bound_unchecked` scope of another device stays right across it.
 #![cfg(feature = "cudarc")]
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
+use crate::double;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

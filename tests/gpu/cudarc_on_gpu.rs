@@ -8,14 +8,15 @@
 //! values are the earlier ones, so the test can fail. Also on the GPU: a runtime keeps cudarc's
 //! stream alive as a stage's stream, and every lend leaves the thread's current context as it
 //! was. Needs a GPU (cudarc loads the real driver); skips, saying why, without one (the same
-//! protocol runs through the driver double in `tests/cudarc_double.rs`).
+//! protocol runs through the driver double in `tests/double/cudarc_double.rs`).
 #![cfg(feature = "cudarc")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use common::{engine_or_skip, spin_on, under_sanitizer};
+use common::needs::{Needs, requires};
+use common::{spin_on, under_sanitizer};
 use ppnrt::interop::EngineStream;
 use ppnrt::{PpConfig, PpNRt};
 
@@ -23,7 +24,10 @@ const N: usize = 1 << 20;
 
 #[test]
 fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
-    let Some(engine) = engine_or_skip("cudarc_buffers_go_through_the_pipeline_ordered_both_ways", 0) else { return };
+    let Some(gpu) = requires("cudarc_buffers_go_through_the_pipeline_ordered_both_ways", Needs::gpus(1)) else {
+        return;
+    };
+    let engine = gpu.engine(0);
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let theirs = ctx.new_stream().unwrap();
     let reader = ctx.new_stream().unwrap();
@@ -96,7 +100,8 @@ fn cudarc_buffers_go_through_the_pipeline_ordered_both_ways() {
 #[test]
 fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
     let name = "a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways";
-    let Some(engine) = engine_or_skip(name, 0) else { return };
+    let Some(gpu) = requires(name, Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let (theirs, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
@@ -166,7 +171,8 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
 #[test]
 fn cudarcs_stream_lives_with_the_runtime_and_lends_leave_the_context_as_it_was() {
     let name = "cudarcs_stream_lives_with_the_runtime_and_lends_leave_the_context_as_it_was";
-    let Some(engine) = engine_or_skip(name, 0) else { return };
+    let Some(gpu) = requires(name, Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let theirs = ctx.new_stream().unwrap();
     let engine_stream = EngineStream::new(&engine, &theirs).unwrap();

@@ -19,9 +19,10 @@
 //! `PPNRT_CAMPAIGN_LOAD=<k>` keeps `k` threads busy meanwhile, e.g.
 //! `PPNRT_CAMPAIGN_ROUNDS=20 PPNRT_CAMPAIGN_LOAD=2 cargo test --release --test campaign` (CI).
 
+#[path = "../common/mod.rs"]
 mod common;
 
-#[path = "common/double.rs"]
+#[path = "../common/double.rs"]
 mod double;
 
 use std::sync::{Barrier, mpsc};

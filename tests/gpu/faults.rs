@@ -3,12 +3,14 @@
 //! streams, events and a live runtime exits cleanly. Each scenario runs in a child process (this
 //! test binary again, running one ignored test), so the rest of the suite goes on.
 
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{devices_or_skip, say};
+use common::needs::{Needs, requires};
+use common::say;
 use ppnrt::{CudaError, CudaEvent, CudaStream, Engine, PinnedHostBuffer, PpConfig, PpNRt};
 
 const CHILD_VAR: &str = "PPNRT_FAULT_CHILD";
@@ -44,9 +46,10 @@ fn run_child(name: &str) -> (bool, String, String) {
 
 #[test]
 fn a_trap_makes_later_calls_on_the_context_return_context_unusable() {
-    if devices_or_skip("a_trap_makes_later_calls_on_the_context_return_context_unusable", 1).is_none() {
+    let Some(_gpus) = requires("a_trap_makes_later_calls_on_the_context_return_context_unusable", Needs::gpus(1))
+    else {
         return;
-    }
+    };
     let (ok, stdout, stderr) = run_child("child_trap");
     say(&format!("child_trap: {}", stdout.lines().filter(|l| l.starts_with("CHILD")).collect::<Vec<_>>().join(" | ")));
     assert!(ok && stdout.contains("CHILD-OK"), "child failed:\n{stdout}\n{stderr}");
@@ -73,9 +76,7 @@ fn child_trap() {
 
 #[test]
 fn exiting_with_live_objects_is_clean() {
-    if devices_or_skip("exiting_with_live_objects_is_clean", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("exiting_with_live_objects_is_clean", Needs::gpus(1)) else { return };
     let (ok, stdout, stderr) = run_child("child_exit_with_live_objects");
     assert!(ok, "child failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("CHILD-EXITING"), "{stdout}");

@@ -12,12 +12,7 @@
 //! then only what that needs, so a missing wait shows up as a wrong value; on a GPU machine the
 //! gate runs it the same way (the double is loaded by the test).
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
-#[path = "common/raw_driver.rs"]
-mod raw_driver;
+use crate::{double, raw_driver};
 
 use std::sync::Arc;
 

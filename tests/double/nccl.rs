@@ -1,126 +1,38 @@
-//! NCCL loaded at run time: a missing, incomplete or too-old library is a typed error (checked
-//! with small stand-in libraries built by the system C compiler), and on a machine with two GPUs
-//! and NCCL (or, without a GPU, through the driver and NCCL doubles), two ranks in one process
+//! NCCL between two ranks: on a machine with two GPUs and NCCL (or, without a GPU, through the
+//! driver and NCCL doubles), two ranks in one process
 //! exchange buffers bitwise through `NcclComm` send/recv, with blocking and with non-blocking
 //! (watched) communicators; a watched join that no other rank answers ends when its caller
 //! stops waiting.
 //! `PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure instead of a skip.
 
+#[path = "../common/mod.rs"]
 mod common;
-#[path = "common/double.rs"]
+#[path = "../common/double.rs"]
 mod double;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{devices_or_skip, say};
-use ppnrt::nccl::{
-    MAX_GROUP_OPS, MINIMUM_VERSION, NONBLOCKING_VERSION, Nccl, NcclComm, NcclError, NcclUniqueId, NcclVersion, P2p,
-    group, nccl,
-};
+use common::needs::{Gpus, Needs, requires};
+use common::say;
+use ppnrt::nccl::{MAX_GROUP_OPS, NONBLOCKING_VERSION, NcclComm, NcclError, NcclUniqueId, P2p, group};
 use ppnrt::{CudaSlice, Engine};
 
-/// Builds a shared library from `source` (C) and returns its path, or `None` after saying why.
-fn stand_in(name: &str, source: &str) -> Option<PathBuf> {
-    // Every test of this binary waits for the doubles' choice first: it may set the environment.
-    double::doubles_unless_a_gpu();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nccl-stand-ins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let so = dir.join(format!("lib{name}-{}.so", std::process::id()));
-    std::fs::write(&c, source).unwrap();
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    match Command::new(&compiler).args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).output() {
-        Ok(out) if out.status.success() => Some(so),
-        Ok(out) => panic!("{compiler} failed: {}", String::from_utf8_lossy(&out.stderr)),
-        Err(e) => {
-            say(&format!("SKIPPED {name}: no C compiler `{compiler}`: {e}"));
-            None
-        }
-    }
-}
-
-#[test]
-fn an_nccl_older_than_the_minimum_is_a_typed_error() {
-    let Some(library) = stand_in("old_nccl", "int ncclGetVersion(int* v) { *v = 2608; return 0; }\n") else { return };
-    let path = library.to_string_lossy().into_owned();
-    match Nccl::load(std::slice::from_ref(&path)) {
-        Err(NcclError::TooOld { library, found, required }) => {
-            assert_eq!(library, path);
-            assert_eq!(found, NcclVersion { major: 2, minor: 6, patch: 8 });
-            assert_eq!(required, MINIMUM_VERSION);
-        }
-        other => panic!("expected TooOld, got {other:?}"),
-    }
-}
-
-#[test]
-fn a_library_without_nccl_is_a_typed_error() {
-    let Some(library) = stand_in("not_nccl", "int unrelated(void) { return 0; }\n") else { return };
-    let path = library.to_string_lossy().into_owned();
-    match Nccl::load(std::slice::from_ref(&path)) {
-        Err(NcclError::MissingEntryPoint { library, symbol }) => {
-            assert_eq!(library, path);
-            assert_eq!(symbol, "ncclGetVersion");
-        }
-        other => panic!("expected MissingEntryPoint, got {other:?}"),
-    }
-    match Nccl::load(&["/nonexistent/libnccl.so.2".to_string()]) {
-        Err(NcclError::NotFound { tried }) => assert!(tried[0].to_string().contains("/nonexistent/libnccl.so.2")),
-        other => panic!("expected NotFound, got {other:?}"),
-    }
-}
-
-/// A candidate too old (or not NCCL at all) is skipped for a later usable one, instead of failing
-/// the load; when none is usable, the error names every candidate and why it was skipped.
-#[test]
-fn an_unusable_candidate_is_skipped_for_a_later_one() {
-    let Some(old) = stand_in("old_nccl_skipped", "int ncclGetVersion(int* v) { *v = 2608; return 0; }\n") else {
-        return;
-    };
-    let Some(not_nccl) = stand_in("not_nccl_skipped", "int unrelated(void) { return 0; }\n") else { return };
-    let Some(new) = stand_in("new_nccl", "int ncclGetVersion(int* v) { *v = 22809; return 0; }\n") else { return };
-    let [old, not_nccl, new] = [old, not_nccl, new].map(|path| path.to_string_lossy().into_owned());
-    let loaded = Nccl::load(&[old.clone(), not_nccl.clone(), new.clone()]).unwrap();
-    assert_eq!(loaded.library(), new);
-    assert_eq!(loaded.version(), NcclVersion { major: 2, minor: 28, patch: 9 });
-    let absent = "/nonexistent/libnccl.so.2".to_string();
-    match Nccl::load(&[old.clone(), not_nccl.clone(), absent.clone()]) {
-        Err(e @ NcclError::NotFound { .. }) => {
-            let NcclError::NotFound { tried } = &e else { unreachable!() };
-            let named: Vec<&str> = tried.iter().map(|attempt| attempt.candidate.as_str()).collect();
-            assert_eq!(named, [old.as_str(), not_nccl.as_str(), absent.as_str()]);
-            assert!(tried[0].reason.contains("2.6.8") && tried[0].reason.contains("2.7.0"), "{e}");
-            assert!(tried[1].reason.contains("ncclGetVersion"), "{e}");
-            assert!(tried[2].reason.contains("nonexistent"), "{e}");
-        }
-        other => panic!("expected NotFound naming each candidate, got {other:?}"),
-    }
-}
-
-/// NCCL with `gpus` devices (or the doubles), or `None` after saying why the test skips
+/// `gpus` devices and NCCL (or the doubles), or `None` after saying why the test skips
 /// (`PPNRT_REQUIRE_NCCL=1` turns a missing NCCL into a failure).
-fn nccl_ready(test: &str, gpus: i32) -> Option<&'static Nccl> {
+fn nccl_ready(test: &str, gpus: i32) -> Option<Gpus> {
     if double::doubles_unless_a_gpu() {
         say(&format!("{test}: no GPU: through the driver and NCCL doubles"));
     }
-    devices_or_skip(test, gpus)?;
-    match nccl() {
-        Ok(loaded) => Some(loaded),
-        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
-            say(&format!("SKIPPED {test}: {e}"));
-            None
-        }
-        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
-    }
+    requires(test, Needs::gpus(gpus).nccl())
 }
 
 #[test]
 fn two_ranks_exchange_buffers_bitwise() {
     let test = "two_ranks_exchange_buffers_bitwise";
-    let Some(loaded) = nccl_ready(test, 2) else { return };
+    let Some(gpus) = nccl_ready(test, 2) else { return };
+    let loaded = gpus.nccl();
     say(&format!("{test}: NCCL {} from {}", loaded.version(), loaded.library()));
     for watched in [false, true] {
         exchange(test, watched);
@@ -225,7 +137,8 @@ fn exchange(test: &str, watched: bool) {
 #[test]
 fn a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting() {
     let test = "a_watched_join_nobody_answers_ends_when_the_caller_stops_waiting";
-    let Some(loaded) = nccl_ready(test, 1) else { return };
+    let Some(gpus) = nccl_ready(test, 1) else { return };
+    let loaded = gpus.nccl();
     if loaded.version() < NONBLOCKING_VERSION {
         say(&format!(
             "SKIPPED {test}: NCCL {} joins blocking (non-blocking joins need {NONBLOCKING_VERSION})",

@@ -16,11 +16,11 @@
 //! moves every step over its socket transport on loopback (the NVLink runs become socket runs,
 //! checked from NCCL's log).
 
-#[path = "../common/mod.rs"]
+#[path = "../../common/mod.rs"]
 mod common;
-#[path = "../common/double.rs"]
+#[path = "../../common/double.rs"]
 mod double;
-#[path = "../common/graphs.rs"]
+#[path = "../../common/graphs.rs"]
 mod graphs;
 mod launch;
 mod rank;
@@ -31,7 +31,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Rng, devices_or_skip, say};
+use common::needs::{Needs, requires};
+use common::{Rng, say};
 use graphs::layers_of;
 use ppnrt::{
     CaptureError, CaptureMode, CudaError, Engine, Error, PpConfig, PpError, PpNRt, StepGraphs, pp::PendingReadback,
@@ -104,17 +105,6 @@ fn graph_reference_digests(engine: &Engine, seed: u64, steps: u64, slots: usize)
     (0..steps)
         .map(|t| digest(&graphs::reference(engine, &[graph_input_of(seed, t)], |_| (t % slots as u64) as u32)[0]))
         .collect()
-}
-
-fn nccl_or_skip(test: &str) -> bool {
-    match ppnrt::nccl::nccl() {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("PPNRT_REQUIRE_NCCL").is_none() => {
-            say(&format!("SKIPPED {test}: {e}"));
-            false
-        }
-        Err(e) => panic!("{test}: PPNRT_REQUIRE_NCCL is set but {e}"),
-    }
 }
 
 fn free_port() -> u16 {

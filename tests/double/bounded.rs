@@ -3,10 +3,7 @@
 //! holds back no free of another stream's memory, and a buffer read on stream after stream keeps
 //! none of those streams alive, while the reads stay ordered before the buffer's next write.
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
+use crate::double;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

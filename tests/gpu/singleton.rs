@@ -1,8 +1,9 @@
 //! The process-wide runtime builds once from the environment and freezes its configuration.
 
+#[path = "../common/mod.rs"]
 mod common;
 
-use common::engine_or_skip;
+use common::needs::{Needs, requires};
 use ppnrt::PpNRt;
 
 #[test]
@@ -14,7 +15,8 @@ fn get_builds_once_from_the_environment() {
         std::env::set_var("PPNRT_TRANSPORT", "staged");
         std::env::remove_var("PPNRT_DEVICES");
     }
-    let Some(engine) = engine_or_skip("get_builds_once_from_the_environment", 0) else { return };
+    let Some(gpu) = requires("get_builds_once_from_the_environment", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let rt = PpNRt::get(&engine).unwrap();
     assert_eq!(rt.n_stages(), 3);
     assert_eq!(rt.n_slots(), 4);

@@ -1,71 +1,55 @@
 //! Soundness on the GPUs present: the scenarios of `common/soundness.rs` (pinned sources of
 //! `htod`, `copy_with_sms` preconditions, stream guards dropped in any order, the current context
 //! across calls, discarded slots, consumers ordered by `order_on`, work beside and racing a
-//! capture). `tests/double.rs` runs the same scenarios without a GPU. Also the capture race's
+//! capture). `tests/double/` runs the same scenarios without a GPU. Also the capture race's
 //! driver calls on the raw driver alone, to tell a sanitizer's trouble with them from the crate's.
 
-mod common;
+use crate::{common, raw_driver, soundness};
 
-#[path = "common/raw_driver.rs"]
-mod raw_driver;
-
-#[path = "common/soundness.rs"]
-mod soundness;
-
-use common::{devices_or_skip, say};
+use common::needs::{Needs, requires};
+use common::say;
 use ppnrt::{Engine, TransportPolicy};
 
 #[test]
 fn pinned_sources_are_read_before_htod_returns() {
-    if devices_or_skip("pinned_sources_are_read_before_htod_returns", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("pinned_sources_are_read_before_htod_returns", Needs::gpus(1)) else { return };
     soundness::pinned_sources_are_read_before_htod_returns(&Engine::new(0).unwrap());
 }
 
 #[test]
 fn copy_with_sms_refuses_memory_its_sms_cannot_reach() {
-    if devices_or_skip("copy_with_sms_refuses_memory_its_sms_cannot_reach", 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("copy_with_sms_refuses_memory_its_sms_cannot_reach", Needs::gpus(2)) else { return };
     soundness::copy_with_sms_refuses_memory_its_sms_cannot_reach(&Engine::new(0).unwrap(), &Engine::new(1).unwrap());
 }
 
 #[test]
 fn stream_overrides_drop_in_any_order() {
-    if devices_or_skip("stream_overrides_drop_in_any_order", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("stream_overrides_drop_in_any_order", Needs::gpus(1)) else { return };
     soundness::stream_overrides_drop_in_any_order(&Engine::new(0).unwrap());
 }
 
 #[test]
 fn calls_leave_the_current_context_as_they_found_it() {
-    if devices_or_skip("calls_leave_the_current_context_as_they_found_it", 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("calls_leave_the_current_context_as_they_found_it", Needs::gpus(2)) else { return };
     soundness::calls_leave_the_current_context_as_they_found_it(&Engine::new(0).unwrap(), &Engine::new(1).unwrap());
 }
 
 #[test]
 fn work_beside_a_capture_waits_for_the_writes_before_it() {
-    if devices_or_skip("work_beside_a_capture_waits_for_the_writes_before_it", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("work_beside_a_capture_waits_for_the_writes_before_it", Needs::gpus(1)) else { return };
     soundness::work_beside_a_capture_waits_for_the_writes_before_it(&Engine::new(0).unwrap());
 }
 
 #[test]
 fn work_racing_a_capture_lands_inside_it_or_outside_it() {
-    if devices_or_skip("work_racing_a_capture_lands_inside_it_or_outside_it", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("work_racing_a_capture_lands_inside_it_or_outside_it", Needs::gpus(1)) else { return };
     soundness::work_racing_a_capture_lands_inside_it_or_outside_it(&Engine::new(0).unwrap(), capture_race_rounds());
 }
 
 #[test]
 fn discarded_slots_are_free_again() {
-    let Some(devices) = devices_or_skip("discarded_slots_are_free_again", 1) else { return };
+    let Some(gpus) = requires("discarded_slots_are_free_again", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     soundness::discarded_slots_are_free_again(&primary, &[0, 0]);
     if devices >= 2 {
@@ -77,7 +61,8 @@ fn discarded_slots_are_free_again() {
 
 #[test]
 fn order_on_orders_every_consumer() {
-    let Some(devices) = devices_or_skip("order_on_orders_every_consumer", 1) else { return };
+    let Some(gpus) = requires("order_on_orders_every_consumer", Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let mut maps: Vec<&[i32]> = vec![&[0, 0]];
     if devices >= 2 {
@@ -128,9 +113,7 @@ fn raw_capture_race(test: &str, serialised: bool) {
     use raw_driver::raw;
     use std::sync::RwLock;
     use std::sync::atomic::{AtomicBool, Ordering};
-    if devices_or_skip(test, 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires(test, Needs::gpus(1)) else { return };
     let captures = capture_race_rounds();
     let e = Engine::new(0).unwrap();
     let ctx = e.context().raw();

@@ -6,13 +6,13 @@
 //! exact). A truncated image is refused before the driver reads it. Skips, saying why, without a
 //! GPU (the parameter marshalling and the image checks have unit tests that run everywhere).
 
-mod common;
+use crate::common;
 
-use common::engine_or_skip;
+use common::needs::{Needs, requires};
 use ppnrt::{CudaError, KernelArgList, LaunchConfig, Module, bf16, by_value, f16};
 
-static FATBIN: &[u8] = include_bytes!("data/test_params.fatbin");
-static CUBIN: &[u8] = include_bytes!("data/test_params.cubin");
+static FATBIN: &[u8] = include_bytes!("../data/test_params.fatbin");
+static CUBIN: &[u8] = include_bytes!("../data/test_params.cubin");
 
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
@@ -56,9 +56,11 @@ fn expected(x: &[f32], s: Scalars) -> Vec<f32> {
 
 #[test]
 fn a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly() {
-    let Some(engine) = engine_or_skip("a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly", 0) else {
+    let Some(gpu) = requires("a_twelve_parameter_kernel_from_a_fatbin_and_a_cubin_computes_exactly", Needs::gpus(1))
+    else {
         return;
     };
+    let engine = gpu.engine(0);
     // The cubin holds sm_90 code only; the fatbin also compute_90 PTX, which later GPUs compile.
     let sm_90 = engine.device().compute_capability().unwrap() == (9, 0);
     if !sm_90 {

@@ -7,12 +7,7 @@
 //! The double runs queued work only when something synchronises, and then only what that needs:
 //! a missing wait shows up as a wrong value or a counted access to freed memory.
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
-#[path = "common/ranks.rs"]
-mod ranks;
+use crate::{double, ranks};
 
 use std::time::Duration;
 

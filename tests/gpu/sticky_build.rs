@@ -1,9 +1,10 @@
 //! A failed build of the process-wide runtime is sticky and loud. This binary holds one test: it
 //! sets the `PPNRT_*` variables before the first `PpNRt::get`.
 
+#[path = "../common/mod.rs"]
 mod common;
 
-use common::engine_or_skip;
+use common::needs::{Needs, requires};
 use ppnrt::{Error, PpNRt};
 
 #[test]
@@ -13,7 +14,8 @@ fn a_bad_configuration_fails_every_get_the_same_way() {
         std::env::set_var("PPNRT_STAGES", "abc");
         std::env::remove_var("PPNRT_DEVICES");
     }
-    let Some(engine) = engine_or_skip("a_bad_configuration_fails_every_get_the_same_way", 0) else { return };
+    let Some(gpu) = requires("a_bad_configuration_fails_every_get_the_same_way", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let first = PpNRt::get(&engine).unwrap_err();
     let text = ppnrt::error::chain(&first);
     assert!(text.contains("PPNRT_STAGES") && text.contains("abc") && text.contains("not a whole number"), "{text}");

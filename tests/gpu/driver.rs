@@ -1,16 +1,15 @@
 //! The foundation on a GPU: the driver loads, devices are listed, the embedded PTX loads and a
 //! helper kernel's output is checked on the host.
 
-mod common;
+use crate::common;
 
-use common::{POISON, Rng, devices_or_skip, engine_or_skip, under_sanitizer};
+use common::needs::{Needs, requires};
+use common::{POISON, Rng, under_sanitizer};
 use ppnrt::{CudaError, Device, DeviceSlice, DriverVersion, Module, kernels};
 
 #[test]
 fn driver_loads_and_reports_a_supported_version() {
-    if devices_or_skip("driver_loads_and_reports_a_supported_version", 1).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("driver_loads_and_reports_a_supported_version", Needs::gpus(1)) else { return };
     let driver = ppnrt::loader::driver().expect("the driver loaded");
     assert!(driver.version() >= DriverVersion::MINIMUM, "{}", driver.version());
     eprintln!("driver {} from {}", driver.version(), driver.library());
@@ -18,7 +17,8 @@ fn driver_loads_and_reports_a_supported_version() {
 
 #[test]
 fn devices_are_listed_with_name_capability_and_memory() {
-    let Some(count) = devices_or_skip("devices_are_listed_with_name_capability_and_memory", 1) else { return };
+    let Some(gpus) = requires("devices_are_listed_with_name_capability_and_memory", Needs::gpus(1)) else { return };
+    let count = gpus.count();
     let devices = Device::all().unwrap();
     assert_eq!(devices.len() as i32, count);
     for device in &devices {
@@ -44,7 +44,8 @@ fn devices_are_listed_with_name_capability_and_memory() {
 
 #[test]
 fn embedded_ptx_loads_and_every_kernel_is_found() {
-    let Some(engine) = engine_or_skip("embedded_ptx_loads_and_every_kernel_is_found", 0) else { return };
+    let Some(gpu) = requires("embedded_ptx_loads_and_every_kernel_is_found", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     for (name, ptx) in kernels::MODULES {
         let module = Module::load_ptx(engine.context(), name, ptx).unwrap();
         assert_eq!(module.entries().len(), ptx.matches(".entry ").count(), "{name}");
@@ -67,7 +68,8 @@ fn embedded_ptx_loads_and_every_kernel_is_found() {
 
 #[test]
 fn fill_and_checksum_kernels_match_the_host() {
-    let Some(engine) = engine_or_skip("fill_and_checksum_kernels_match_the_host", 0) else { return };
+    let Some(gpu) = requires("fill_and_checksum_kernels_match_the_host", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let mut rng = Rng::new(1);
     for n in [1usize, 255, 256, 257, 100_003, 1 << 20] {
         let seed = rng.next_u32();

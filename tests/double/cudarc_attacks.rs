@@ -1,11 +1,8 @@
 //! Attacks on the cudarc interop's lends through its public API alone, with no `unsafe` in the
-//! attacking code, through the CUDA driver double (see `tests/cudarc_double.rs`): each holds.
+//! attacking code, through the CUDA driver double (see `tests/double/cudarc_double.rs`): each holds.
 #![cfg(feature = "cudarc")]
 
-mod common;
-
-#[path = "common/double.rs"]
-mod double;
+use crate::double;
 
 use double::with_double;
 use ppnrt::interop::EngineStream;

@@ -506,7 +506,8 @@ fn running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous() {
         return rank_0_with_few_descriptors(&addr);
     }
     let addr = free_address();
-    let name = "running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous";
+    // This test's path in the host binary.
+    let name = "rendezvous::running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous";
     let mut child = Command::new("sh")
         .arg("-c")
         .arg("ulimit -n 64 && exec \"$0\" \"$@\"")

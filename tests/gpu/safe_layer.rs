@@ -1,14 +1,12 @@
 //! The safe layer and `Engine` on a GPU: copies, peers, events, the ambient stream, drops while
 //! busy, and sharing across threads. Each test skips (visibly) without the GPUs it needs.
 
-mod common;
-
-#[path = "common/raw_driver.rs"]
-mod raw_driver;
+use crate::{common, raw_driver};
 
 use std::sync::Arc;
 
-use common::{POISON, Rng, devices_or_skip, engine_or_skip, on_driver_double, say, spin_on, under_sanitizer};
+use common::needs::{Needs, requires};
+use common::{POISON, Rng, on_driver_double, say, spin_on, under_sanitizer};
 use ppnrt::{
     CudaError, CudaEvent, CudaSlice, CudaStream, DeviceSlice, Engine, PinnedHostBuffer, StreamOverride,
     enable_peer_access, kernels, take_drop_errors,
@@ -18,9 +16,10 @@ const SIZES: [usize; 6] = [1, 3, 1000, 4097, 65_536, 3_000_001];
 
 #[test]
 fn every_copy_kind_round_trips_random_data_into_poisoned_outputs() {
-    let Some(engine) = engine_or_skip("every_copy_kind_round_trips_random_data_into_poisoned_outputs", 0) else {
+    let Some(gpu) = requires("every_copy_kind_round_trips_random_data_into_poisoned_outputs", Needs::gpus(1)) else {
         return;
     };
+    let engine = gpu.engine(0);
     let stream = engine.default_stream().clone();
     let mut rng = Rng::new(2);
     for n in SIZES {
@@ -61,7 +60,10 @@ fn every_copy_kind_round_trips_random_data_into_poisoned_outputs() {
 
 #[test]
 fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
-    let Some(engine) = engine_or_skip("copies_check_lengths_and_ranges_and_write_nothing_on_error", 0) else { return };
+    let Some(gpu) = requires("copies_check_lengths_and_ranges_and_write_nothing_on_error", Needs::gpus(1)) else {
+        return;
+    };
+    let engine = gpu.engine(0);
     let stream = engine.default_stream().clone();
     let mut dev = engine.htod(&[POISON; 8]).unwrap();
     let err = stream.memcpy_htod(&[1u32; 7], &mut dev).unwrap_err();
@@ -100,9 +102,7 @@ fn copies_check_lengths_and_ranges_and_write_nothing_on_error() {
 #[test]
 fn peer_copies_both_ways_with_the_source_freed_right_after_the_call() {
     let test = "peer_copies_both_ways_with_the_source_freed_right_after_the_call";
-    if devices_or_skip(test, 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires(test, Needs::gpus(2)) else { return };
     let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
     let info = engines[0].device().peer_info(engines[1].device()).unwrap();
     say(&format!("{test}: peer info 0->1 {info:?}"));
@@ -148,7 +148,8 @@ fn peer_copies_both_ways_with_the_source_freed_right_after_the_call() {
 
 #[test]
 fn events_time_a_known_amount_of_work() {
-    let Some(engine) = engine_or_skip("events_time_a_known_amount_of_work", 0) else { return };
+    let Some(gpu) = requires("events_time_a_known_amount_of_work", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let stream = engine.default_stream();
     let (start, end) =
         (CudaEvent::new(engine.context(), true).unwrap(), CudaEvent::new(engine.context(), true).unwrap());
@@ -175,9 +176,7 @@ fn events_time_a_known_amount_of_work() {
 #[test]
 fn an_event_recorded_on_another_devices_stream_is_refused_before_the_driver() {
     let test = "an_event_recorded_on_another_devices_stream_is_refused_before_the_driver";
-    if devices_or_skip(test, 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires(test, Needs::gpus(2)) else { return };
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
     let event = CudaEvent::new(e0.context(), false).unwrap();
     let err = event.record(e1.default_stream()).unwrap_err();
@@ -190,7 +189,8 @@ fn an_event_recorded_on_another_devices_stream_is_refused_before_the_driver() {
 
 #[test]
 fn stream_overrides_nest_and_stay_on_their_thread() {
-    let Some(engine) = engine_or_skip("stream_overrides_nest_and_stay_on_their_thread", 0) else { return };
+    let Some(gpu) = requires("stream_overrides_nest_and_stay_on_their_thread", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let default = engine.default_stream().clone();
     let (s1, s2) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
     assert!(Arc::ptr_eq(&engine.stream().unwrap(), &default));
@@ -242,7 +242,8 @@ fn stream_overrides_nest_and_stay_on_their_thread() {
 fn raw_driver_threads_fill_and_read_back_pool_memory() {
     use ppnrt::sys::{CUdeviceptr, CUfunction, CUmodule, CUstream};
     use raw_driver::raw;
-    let Some(engine) = engine_or_skip("raw_driver_threads_fill_and_read_back_pool_memory", 0) else { return };
+    let Some(gpu) = requires("raw_driver_threads_fill_and_read_back_pool_memory", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let ctx = engine.context().raw();
     raw!(cuCtxSetCurrent(ctx));
     let mut module: CUmodule = std::ptr::null_mut();
@@ -296,9 +297,7 @@ fn raw_driver_threads_fill_and_read_back_pool_memory() {
 
 #[test]
 fn an_ambient_stream_of_another_device_is_an_error() {
-    if devices_or_skip("an_ambient_stream_of_another_device_is_an_error", 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires("an_ambient_stream_of_another_device_is_an_error", Needs::gpus(2)) else { return };
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
     let _guard = StreamOverride::new(e1.default_stream().clone()).unwrap();
     assert!(matches!(e0.alloc::<f32>(4), Err(CudaError::WrongDevice { expected: 0, found: 1, .. })));
@@ -307,9 +306,10 @@ fn an_ambient_stream_of_another_device_is_an_error() {
 
 #[test]
 fn buffers_dropped_while_their_stream_is_busy_are_freed_in_order() {
-    let Some(engine) = engine_or_skip("buffers_dropped_while_their_stream_is_busy_are_freed_in_order", 0) else {
+    let Some(gpu) = requires("buffers_dropped_while_their_stream_is_busy_are_freed_in_order", Needs::gpus(1)) else {
         return;
     };
+    let engine = gpu.engine(0);
     let n = 1 << 20;
     for persistent in [false, true] {
         let mut first = if persistent { engine.alloc_persistent::<u32>(n) } else { engine.alloc::<u32>(n) }.unwrap();
@@ -334,7 +334,8 @@ fn buffers_dropped_while_their_stream_is_busy_are_freed_in_order() {
 #[test]
 fn a_host_wait_on_a_buffer_does_not_hold_up_other_threads_using_it() {
     let test = "a_host_wait_on_a_buffer_does_not_hold_up_other_threads_using_it";
-    let Some(engine) = engine_or_skip(test, 0) else { return };
+    let Some(gpu) = requires(test, Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let n = 1 << 16;
     let (writer, reader) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
     let mut source = engine.alloc::<u32>(n).unwrap();
@@ -382,7 +383,8 @@ fn a_host_wait_on_a_buffer_does_not_hold_up_other_threads_using_it() {
 
 #[test]
 fn one_engine_serves_many_threads() {
-    let Some(engine) = engine_or_skip("one_engine_serves_many_threads", 0) else { return };
+    let Some(gpu) = requires("one_engine_serves_many_threads", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let engine = engine.clone();
@@ -407,7 +409,8 @@ fn one_engine_serves_many_threads() {
 
 #[test]
 fn adopted_streams_are_not_destroyed() {
-    let Some(engine) = engine_or_skip("adopted_streams_are_not_destroyed", 0) else { return };
+    let Some(gpu) = requires("adopted_streams_are_not_destroyed", Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let _bound = engine.context().bind().unwrap();
     let raw = ppnrt::result::stream::create_non_blocking().unwrap();
     // SAFETY: raw is a live stream of the engine's context, destroyed below after the wrapper.
@@ -425,7 +428,8 @@ fn adopted_streams_are_not_destroyed() {
 
 #[test]
 fn the_peer_matrix_is_square_and_has_no_self_links() {
-    let Some(count) = devices_or_skip("the_peer_matrix_is_square_and_has_no_self_links", 1) else { return };
+    let Some(gpus) = requires("the_peer_matrix_is_square_and_has_no_self_links", Needs::gpus(1)) else { return };
+    let count = gpus.count();
     let matrix = ppnrt::Device::peer_matrix().unwrap();
     assert_eq!(matrix.len() as i32, count);
     for (i, row) in matrix.iter().enumerate() {
@@ -448,7 +452,8 @@ fn an_engines_raw_buffers_and_stream_go_through_the_pipeline_ordered_on_the_gpu(
     use raw_driver::raw;
     const N: usize = 1 << 20;
     let name = "an_engines_raw_buffers_and_stream_go_through_the_pipeline_ordered_on_the_gpu";
-    let Some(engine) = engine_or_skip(name, 0) else { return };
+    let Some(gpu) = requires(name, Needs::gpus(1)) else { return };
+    let engine = gpu.engine(0);
     let rt = PpNRt::new(PpConfig::new(2), &engine).unwrap();
     let own = CudaStream::new(engine.context()).unwrap(); // the engine's stream
     let other = CudaStream::new(engine.context()).unwrap();

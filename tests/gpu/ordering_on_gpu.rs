@@ -7,12 +7,10 @@
 //! deliberately broken variant (the consumer gets a raw address the rule cannot see) is shown to
 //! fail.
 
-mod common;
+use crate::{common, ordering};
 
-#[path = "common/ordering.rs"]
-mod ordering;
-
-use common::{devices_or_skip, say, under_sanitizer};
+use common::needs::{Needs, requires};
+use common::{say, under_sanitizer};
 use ordering::Handoff;
 use ppnrt::Engine;
 
@@ -23,7 +21,8 @@ fn rounds() -> usize {
 #[test]
 fn a_buffer_produced_on_one_stream_is_consumed_on_another_without_a_join() {
     let test = "a_buffer_produced_on_one_stream_is_consumed_on_another_without_a_join";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     for ordinal in 0..devices.min(2) {
         let e = Engine::new(ordinal).unwrap();
         let bad = ordering::produced_on_one_stream_consumed_on_another(&e, rounds(), 7, Handoff::Ordered);
@@ -35,9 +34,7 @@ fn a_buffer_produced_on_one_stream_is_consumed_on_another_without_a_join() {
 #[test]
 fn a_buffer_produced_on_one_gpu_is_consumed_on_another_without_a_join() {
     let test = "a_buffer_produced_on_one_gpu_is_consumed_on_another_without_a_join";
-    if devices_or_skip(test, 2).is_none() {
-        return;
-    }
+    let Some(_gpus) = requires(test, Needs::gpus(2)) else { return };
     let (e0, e1) = (Engine::new(0).unwrap(), Engine::new(1).unwrap());
     for (from, to) in [(&e0, &e1), (&e1, &e0)] {
         let bad =
@@ -55,7 +52,8 @@ fn a_buffer_produced_on_one_gpu_is_consumed_on_another_without_a_join() {
 #[test]
 fn a_buffer_dropped_on_its_owner_is_not_reused_under_a_late_reader() {
     let test = "a_buffer_dropped_on_its_owner_is_not_reused_under_a_late_reader";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     for ordinal in 0..devices.min(2) {
         let e = Engine::new(ordinal).unwrap();
         let bad = ordering::dropped_on_its_owner_while_read_elsewhere(&e, rounds() / 10, 11, Handoff::Ordered);
@@ -67,7 +65,8 @@ fn a_buffer_dropped_on_its_owner_is_not_reused_under_a_late_reader() {
 #[test]
 fn work_on_a_buffers_own_stream_waits_for_reads_elsewhere_and_host_reads_see_it() {
     let test = "work_on_a_buffers_own_stream_waits_for_reads_elsewhere_and_host_reads_see_it";
-    let Some(devices) = devices_or_skip(test, 1) else { return };
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
+    let devices = gpus.count();
     for ordinal in 0..devices.min(2) {
         let e = Engine::new(ordinal).unwrap();
         let rewritten = ordering::rewritten_on_its_own_stream_after_a_read_elsewhere(&e, rounds(), 17);
@@ -84,9 +83,7 @@ fn work_on_a_buffers_own_stream_waits_for_reads_elsewhere_and_host_reads_see_it(
 #[test]
 fn the_ordering_checks_catch_a_consumer_the_rule_cannot_see() {
     let test = "the_ordering_checks_catch_a_consumer_the_rule_cannot_see";
-    if devices_or_skip(test, 1).is_none() {
-        return;
-    }
+    let Some(gpus) = requires(test, Needs::gpus(1)) else { return };
     if under_sanitizer() {
         say(&format!("SKIPPED {test}: under compute-sanitizer the races cannot occur"));
         return;
@@ -99,7 +96,7 @@ fn the_ordering_checks_catch_a_consumer_the_rule_cannot_see() {
     ));
     assert!(produced > 0, "an unordered consumer went unnoticed");
     assert!(dropped > 0, "a read after free went unnoticed");
-    if devices_or_skip(&format!("{test} (across two GPUs)"), 2).is_some() {
+    if gpus.also("across two GPUs", Needs::gpus(1).peer()) {
         let e1 = Engine::new(1).unwrap();
         match ordering::produced_on_one_device_consumed_on_another(&e, &e1, 2_000, 13, Handoff::RawAddress) {
             Some(across) => {
