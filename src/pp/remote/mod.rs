@@ -58,23 +58,7 @@
 //! (it died): a rank that dies or stops during another's setup is a [`PpError::PeerFailed`]
 //! there, not a hang.
 
-use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use super::error::{PpError, ReceiverState};
-use super::plan::{Plan, Transport};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
-use crate::pp::config::PpConfig;
-use crate::pp::error::{Error, Result};
-use crate::rendezvous::{Rendezvous, RendezvousError};
-use crate::safe::{
-    CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
-};
+use std::time::Duration;
 
 mod link;
 mod receiver;
@@ -83,15 +67,11 @@ mod setup;
 mod watchdog;
 mod wire;
 
-use link::*;
-pub(super) use link::{Link, LinkFailure, Phase, PhaseCell};
-use receiver::*;
+pub(super) use link::{Link, LinkFailure, Phase};
 pub(super) use receiver::{Announced, Inbound, Receiver, SlotFiller};
 pub(super) use sender::Sender;
-use sender::*;
 pub(super) use setup::{Links, LocalStage, connect};
 pub(super) use watchdog::Watchdog;
-use wire::*;
 
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(super) const POLL: Duration = Duration::from_millis(10);
@@ -127,9 +107,19 @@ const MAX_TYPE_NAME: usize = 64;
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::link::*;
+    use super::sender::*;
     use super::setup::*;
+    use super::wire::*;
     use super::*;
     use crate::auth::{JobAccess, JobSecret, Opener, Sealer};
+    use crate::pp::config::PpConfig;
+    use crate::pp::error::{Error, PpError, ReceiverState};
+    use crate::pp::plan::Transport;
 
     /// A connected pair on loopback; the reader's reads time out after 20 ms.
     fn pair() -> (TcpStream, TcpStream) {
@@ -169,9 +159,9 @@ mod tests {
         assert!(mixing_support_off(Some("0")));
         assert!(mixing_support_off(Some(" 0 ")));
         let config = PpConfig::default();
-        assert!(config.nccl_recv_graphs_allowed());
-        assert!(!config.clone().nccl_recv_graphs(false).nccl_recv_graphs_allowed());
-        assert!(config.nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
+        assert!(config.nccl_recv_graphs());
+        assert!(!config.clone().with_nccl_recv_graphs(false).nccl_recv_graphs());
+        assert!(config.with_nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
     }
 
     #[test]

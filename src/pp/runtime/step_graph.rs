@@ -37,8 +37,6 @@ use parking_lot::{Mutex, MutexGuard};
 use super::{Boundary, PpNRt, Stage};
 use crate::error::CaptureError;
 use crate::error::CudaError;
-#[cfg(feature = "testing")]
-use crate::pp::config::ProtocolFault;
 use crate::pp::error::{Error, Result};
 use crate::pp::error::{PpError, SlotState};
 use crate::pp::plan::Transport;
@@ -466,7 +464,7 @@ impl PpNRt {
         for (b, boundary) in self.rings() {
             let mut ring = boundary.ring.lock();
             if boundary.inbound.is_some() {
-                let timeout = self.config.peer_timeout_value();
+                let timeout = self.config.peer_timeout();
                 let failed = || boundary.link_failure();
                 ring = boundary.ring.wait_while(b, "capture_step", ring, timeout, &failed, Slots::receiving)?;
             }
@@ -523,7 +521,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         let rt = self.rt;
         if rt.spans_processes() {
             // This rank's stages in turn, each waiting for its input from another rank.
-            let timeout = rt.config.peer_timeout_value();
+            let timeout = rt.config.peer_timeout();
             let mut first = None;
             for (s, _) in rt.local_stages() {
                 let k = self.launch_stage(s, timeout)?;
@@ -737,8 +735,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         input: Option<&mut Slots>,
         output: Option<&mut Slots>,
     ) -> Result<()> {
-        #[cfg(feature = "testing")]
-        self.break_protocol(input.as_deref(), output.as_deref(), k);
+        self.rt.config.faults().before_launch(input.as_deref(), output.as_deref(), k);
         self.exec(k, s).lock().launch(&stage.stream)?;
         self.advance(input, output, k);
         Ok(())
@@ -760,25 +757,6 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
         }
         if let Some(ring) = output {
             ring.filled(k, self.n, T::NAME, self.n * std::mem::size_of::<T>());
-        }
-    }
-
-    /// Drops the protocol's wait before a stage's launch, as the runtime's [`ProtocolFault`]
-    /// asks (hazard tests show that the broken protocol is caught): the wait for the input slot's
-    /// write, or for the output slot's reads.
-    #[cfg(feature = "testing")]
-    fn break_protocol(&self, input: Option<&Slots>, output: Option<&Slots>, k: usize) {
-        let (ring, fault) = match self.rt.config.fault() {
-            ProtocolFault::SkipTxWait => (input, ProtocolFault::SkipTxWait),
-            ProtocolFault::SkipRxWait => (output, ProtocolFault::SkipRxWait),
-            _ => return,
-        };
-        if let Some(SlotBuffer::Device(buffer)) = ring.map(|ring| ring.buffer(k)) {
-            if fault == ProtocolFault::SkipTxWait {
-                buffer.access().forget_write();
-            } else {
-                buffer.access().forget_reads();
-            }
         }
     }
 
