@@ -34,13 +34,14 @@
 mod config;
 mod error;
 mod fault;
+mod pending_readback;
 mod plan;
-mod readback;
 // Unsafe only where NCCL's send and receive need equal counts, which the links' records carry.
 #[allow(unsafe_code)]
 mod remote;
 mod ring;
 mod runtime;
+mod timing;
 
 pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
@@ -49,6 +50,6 @@ pub use crate::pp::config::{
 #[cfg(feature = "testing")]
 pub use crate::pp::fault::ProtocolFault;
 pub use error::{Error, PpError, ReceiverState, Result, SlotState};
+pub use pending_readback::PendingReadback;
 pub use plan::{BoundaryPlan, Plan, Transport, TransportPolicy};
-pub use readback::PendingReadback;
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

@@ -14,8 +14,8 @@ use std::time::Duration;
 use parking_lot::MutexGuard;
 
 use super::error::{PpError, ReceiverState};
-use super::plan::{BoundaryPlan, Plan};
-use super::readback::ReadbackShared;
+use super::pending_readback::ReadbackShared;
+use super::plan::{BoundaryPlan, Plan, Transport};
 use super::remote::{Link, Receiver, Sender, Watchdog};
 use super::ring::{SlotBuffer, SlotHome, SlotRing, Slots};
 use crate::engine::Engine;
@@ -622,6 +622,21 @@ impl Boundary {
     ) -> crate::error::Result<()> {
         if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
             self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
+        } else {
+            stream.memcpy_dtod(&src, &mut { dst })
+        }
+    }
+
+    /// Enqueues the copy of `tx` into a slot of this (device-transport) boundary on `stream`, the
+    /// TX stage's stream: within the device for a local boundary, across devices for a peer one.
+    fn copy_into_slot(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: CudaView<'_, u8>,
+        dst: CudaViewMut<'_, u8>,
+    ) -> crate::error::Result<()> {
+        if self.plan.transport == Transport::Local {
+            self.copy_within_device(stream, src, dst)
         } else {
             stream.memcpy_dtod(&src, &mut { dst })
         }

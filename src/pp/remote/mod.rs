@@ -73,19 +73,9 @@ pub(super) use sender::Sender;
 pub(super) use setup::{Links, LocalStage, connect};
 pub(super) use watchdog::Watchdog;
 
-/// How often the receiver threads and the watchdog look at a link that is quiet.
-pub(super) const POLL: Duration = Duration::from_millis(10);
-
 /// The read timeout of a TX rank's control connection, which bounds the watchdog's peek at it
 /// (the connection's other readers, `tx_wait` and the close, set theirs and give this one back).
 pub(super) const WATCH_PEEK: Duration = Duration::from_millis(1);
-
-/// How long a thread that expects the next step soon (a receiver thread after a record or
-/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it
-/// sleeps: waking a sleeping thread costs tens of µs on a busy host, more than a step's host
-/// work, and a decode step's next boundary crossing comes within this window. Spinning costs one
-/// core for at most this long per wait.
-pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 /// The greeting of a control connection; the digit is the wire protocol's version.
 const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD4";
@@ -120,6 +110,7 @@ mod tests {
     use crate::pp::config::PpConfig;
     use crate::pp::error::{Error, PpError, ReceiverState};
     use crate::pp::plan::Transport;
+    use crate::pp::timing::POLL;
 
     /// A connected pair on loopback; the reader's reads time out after 20 ms.
     fn pair() -> (TcpStream, TcpStream) {

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use super::link::{CAPTURE_SETTLE_WAIT, CAPTURE_WAITS, Link, Phase, RECV_GRAPHS_PER_SLOT, RecvGraph};
 use super::sender::watch_comm;
 use super::wire::{BackWriter, Record, read_record};
-use super::{ALIVE, DONE, MAX_TYPE_NAME, POLL, RECORD_HEAD, SPIN};
+use super::{ALIVE, DONE, MAX_TYPE_NAME, RECORD_HEAD};
 use crate::auth::Opener;
 use crate::nccl::{PostingAlone, poll_pause};
 use crate::pp::error::{Error, PpError, Result};
+use crate::pp::timing::{POLL, SPIN};
 use crate::safe::{CaptureMode, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
 
 /// The RX rank's end of a link, before its receiver thread starts.

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use super::link::Link;
 use super::wire::{BackReader, check_type_name, encode_record};
-use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, POLL, WAITING, WATCH_PEEK};
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WATCH_PEEK};
 use crate::auth::Sealer;
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{Fault, FaultPoint, Tamper};
+use crate::pp::timing::POLL;
 use crate::safe::{CudaStream, DeviceRepr, DeviceSlice};
 
 /// The TX rank's end of a link.

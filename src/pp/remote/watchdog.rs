@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::WATCH_PEEK;
 use super::receiver::{Heartbeat, io_error};
 use super::sender::Sender;
-use super::{POLL, WATCH_PEEK};
 use crate::pp::error::Result;
+use crate::pp::timing::POLL;
 
 /// The watchdog of a runtime's outbound links (inbound links are watched by their receiver
 /// threads).

@@ -15,8 +15,8 @@ use crate::pp::config::{
     DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 use crate::pp::error::{Error, Result};
+use crate::pp::pending_readback::ReadbackShared;
 use crate::pp::plan::{BoundaryPlan, Plan, Transport};
-use crate::pp::readback::ReadbackShared;
 use crate::pp::remote::{self, Inbound, Links, LocalStage, Receiver, SlotFiller, Watchdog};
 use crate::pp::ring::{SlotHome, SlotRing};
 use crate::safe::{CudaStream, Device, enable_peer_access, record_drop_error};
