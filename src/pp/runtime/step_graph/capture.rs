@@ -437,7 +437,7 @@ impl PpNRt {
 impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// Captures the step again (a new `n`, other buffers or kernels) and gives the graphs its
     /// work: each executable graph is updated in place where the driver can
-    /// ([`GraphExec::update`]), else replaced by a new instance.
+    /// ([`GraphExec::update`](crate::GraphExec::update)), else replaced by a new instance.
     ///
     /// # Errors
     /// As [`PpNRt::capture_step`]. When the capture itself fails, the old graphs stay as they

@@ -101,7 +101,7 @@ impl<T: DeviceRepr> StepGraphs<'_, T> {
     /// A stage fed by another rank waits for its step to arrive (the boundary's receiver thread
     /// fills the slot) and reads it in place. A stage sending to another rank has its graph copy
     /// the step into a buffer of the graphs, and after the launch sends that buffer as an eager
-    /// [`tx`](PpNRt::tx) sends (the step's record, then NCCL's send on the stage's stream).
+    /// [`tx`](crate::PpNRt::tx) sends (the step's record, then NCCL's send on the stage's stream).
     ///
     /// # Errors
     /// Caught before anything is enqueued: [`PpError::StageOutOfRange`], [`PpError::GraphStale`],
