@@ -545,7 +545,7 @@ impl PpNRt {
         // Taken after the wait (a capture of the stream may begin and end meanwhile) and held
         // until the copy is enqueued.
         let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;
-        self.config.faults().before_rx(ring.buffer(slot_index));
+        self.config.faults().before_rx(&ring, slot_index);
         Ok((boundary, ring, gate))
     }
 
