@@ -152,6 +152,7 @@ impl PpConfig {
     }
 
     /// The fault seam's value, asked by the runtime at its fault points.
+    #[inline(always)]
     pub(in crate::pp) fn faults(&self) -> Fault {
         self.fault
     }
