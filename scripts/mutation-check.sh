@@ -174,6 +174,10 @@ declare -A catchers=(
   [required-gpus-skipped]="every_entry_point_reports_the_missing_driver"
   [gate-runs-every-tier]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
   [gate-sanitizes-whole-binaries]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
+  # Settings set in code name the builder call; the fault seam; no testing cfg in a body.
+  [config-error-names-variable]="errors_name_the_call_or_the_variable_that_set_the_value"
+  [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
+  [testing-cfg-in-body]="no_function_body_carries_a_testing_cfg"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -219,7 +223,7 @@ run launch-own-args-unordered src/safe/module.rs "                        self,
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), Error>(()) {"
+run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), CudaError>(()) {"
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
@@ -231,7 +235,7 @@ run graph-keep-alive src/safe/graph.rs "None => recorded.footprint.push((Arc::cl
 run graph-deferred-free src/safe/memory.rs "        if let Some(blocked) = super::graph::free_blocked(Some(&self.stream)) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
 run graph-deferred-pinned-free src/safe/host.rs "        if let Some(blocked) = super::graph::free_blocked(None) {" "        if let Some(blocked) = None::<super::graph::FreeBlocked> {"
 run graph-invalidate src/safe/graph.rs "        capture.invalidate(call);" ""
-run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
+run graph-stale-slot src/pp/runtime/step_graph/launch.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
 # A thread's hold of a stream's enqueue gate inside its own counted hold costs no count; once the
@@ -239,9 +243,8 @@ run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate()
 run nested-gate-kept src/safe/stream.rs "            let _ = GATE_HELD.try_with(|held| held.set(std::ptr::null()));" ""
 # Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
 # fails the link.
-run liveness src/pp/remote/sender.rs "    let _ = config;
-    true
-}" "    let _ = config;
+run liveness src/pp/remote/sender.rs "    !config.faults().at(FaultPoint::IgnoreSilence)
+}" "    let _ = (config, FaultPoint::IgnoreSilence);
     false
 }" processes
 # ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
@@ -265,12 +268,12 @@ run nccl-settle src/nccl/comm.rs "        let Some(bound) = self.background_boun
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
 run abort-unbounded src/nccl/settle.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
-run graph-step-order src/pp/runtime/step_graph.rs "if ring.step(k) != expected {" "if false {" processes
+run graph-step-order src/pp/runtime/step_graph/launch.rs "if ring.step(k) != expected {" "if false {" processes
 # Eager and graph steps interleave across processes: an eager receive is counted, so the next
 # launch reads the step after it; a first stage sending to another rank uses its step's slot.
 run eager-rx-untracked src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
         self.took(k);" "        self.slots[k].state = SlotState::Received;" processes
-run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
+run graph-send-slot src/pp/runtime/step_graph/launch.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
 " "" processes
 # A receive is captured only while none of the process's NCCL work is still running: the check,
 # and the note a launch of a captured receive leaves (the NCCL double refuses such a capture).
@@ -295,10 +298,10 @@ run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::
 }" "    state.is_free()
 }" double
 run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" double
-run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" double
+run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(CudaError::HeldByGraph { .. }) => {}" "            Ok(()) => {}" double
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
-run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.launch_on(stage, s, k, input, output)?;
+run graph-launch-advance-early src/pp/runtime/step_graph/launch.rs "            self.launch_on(stage, s, k, input, output)?;
             next[s] = (k + 1) % n_slots;" "            next[s] = (k + 1) % n_slots;
             self.launch_on(stage, s, k, input, output)?;"
 # A capture is ended however the calls around its end fail: without the context bound, and once
@@ -313,10 +316,10 @@ run pooled-free-unordered src/safe/memory.rs "            self.access.order_excl
 run plain-free-unwaited src/safe/memory.rs '            self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {' '            { let _ = self.access.wait_on_host("CudaSlice::drop", Use::Write); Ok(()) }.and_then(|()| {'
 # `launch` names the first stage behind (a launch that failed part-way) before any ring out of
 # step, so that `launch_stage` can finish the step (the graph sweep, four stages).
-run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+run graph-stage-check-late src/pp/runtime/step_graph/launch.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        // Every stage's output slot" "        for (b, ring) in rings.iter().enumerate() {
+        // Every stage is checked before any graph is launched" "        for (b, ring) in rings.iter().enumerate() {
             if ring.next() != k {
                 return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
             }
@@ -324,17 +327,17 @@ run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((st
         if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        // Every stage's output slot"
+        // Every stage is checked before any graph is launched"
 # Across ranks (the fault sweep across ranks, through the driver and NCCL doubles): a drop that
 # does not record a boundary failure no call returned; a failed send that leaves its link up (the
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
 # link up.
 run drop-unreported-link src/pp/runtime/build.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
 run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
+            return Err(self.link.stopped().unwrap_or(e.into()));' '            return Err(e.into());'
 run receive-failure-keeps-link src/pp/remote/receiver.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
 # A readback given although a boundary of its rank failed (its receive may have been cut short).
-run readback-after-failure src/pp/readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
+run readback-after-failure src/pp/pending_readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
 # Nothing a caller forgets or reads keeps memory or streams without bound (tests/double/bounded.rs): a
 # forgotten thread-local capture holds back no other stream's free; read marks let their streams
 # go; a detached read is dropped only once it completed.
@@ -425,8 +428,8 @@ run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() &
 # A graph launch (whole step or stage by stage) whose read would overtake an eager `tx` not
 # received yet, in another slot of its ring, is refused; a capture of rings that stand at
 # different slots is refused.
-run graph-read-overtakes-eager src/pp/runtime/step_graph.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
-run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_rings_in_step()?;" ""
+run graph-read-overtakes-eager src/pp/runtime/step_graph/launch.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
+run capture-rings-out-of-step src/pp/runtime/step_graph/capture.rs "        self.check_rings_in_step()?;" ""
 # The cudarc interop (tests/double/cudarc_double.rs, cudarc on the driver double): a lend's end that
 # records no cudarc event, or forgets the crate's slice (the engine's stream does not wait for the
 # crate's uses), as a forgotten guard did; a received view whose end does not wait for cudarc's
@@ -527,3 +530,12 @@ run skip-line-long tests/common/needs.rs '"0: {}", no_driver(&e)' '"0: {e}"' no_
 run required-gpus-skipped tests/common/needs.rs "Shortfall::Gpus(_) if required >= needs.gpus =>" "Shortfall::Gpus(_) if false && required >= needs.gpus =>" no_driver
 run gate-runs-every-tier scripts/gpu-gate.sh 'tier_tests ${GATE_TIERS:-gpu double unit}' 'tier_tests gpu double unit host' host
 run gate-sanitizes-whole-binaries scripts/gpu-gate.sh '    if [ -n "$modules" ]; then' '    if false; then' host
+# A value set in code is named by its builder call, not by the variable (its source kept); the
+# fault seam reaches the runtime's hook (a hazard test's broken protocol is caught); a function
+# body that carries a cfg of the testing feature is found by the source scan.
+run config-error-names-variable src/pp/config/mod.rs "                setting: sources.stages," "                setting: STAGES_VAR," lib
+run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault::SkipRxWait {
+            slot.access().forget_reads();" "        if false && self.injected == ProtocolFault::SkipRxWait {
+            slot.access().forget_reads();"
+run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
+        self.config.faults().before_tx(slot);" host

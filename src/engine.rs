@@ -49,8 +49,15 @@ struct EngineInner {
     ctx: Arc<Context>,
     stream: Arc<CudaStream>,
     max_blocks: u32,
+    modules: Modules,
+}
+
+/// The engine's modules, each loaded on first use.
+#[derive(Debug, Default)]
+struct Modules {
     /// Loaded on first use; a failed load (say, out of memory) is not kept, the next use retries.
     helpers: OnceLock<HelperKernels>,
+    /// The test kernels (`testing` feature), loaded on first use as `helpers` is.
     #[cfg(feature = "testing")]
     test_kernels: OnceLock<TestKernels>,
     /// The toy model's layer ([`Engine::toy_layer`]), loaded on first use as `helpers` is.
@@ -69,19 +76,7 @@ impl Engine {
         let ctx = Context::primary(&device)?;
         let stream = CudaStream::new(&ctx)?;
         let max_blocks = u32::try_from(device.multiprocessor_count()?.max(1) * 8).unwrap_or(1024);
-        Ok(Engine {
-            inner: Arc::new(EngineInner {
-                device,
-                ctx,
-                stream,
-                max_blocks,
-                helpers: OnceLock::new(),
-                #[cfg(feature = "testing")]
-                test_kernels: OnceLock::new(),
-                toy_model: OnceLock::new(),
-                loading: Mutex::new(()),
-            }),
-        })
+        Ok(Engine { inner: Arc::new(EngineInner { device, ctx, stream, max_blocks, modules: Modules::default() }) })
     }
 
     /// The device.
@@ -237,7 +232,9 @@ impl Engine {
     /// The module load's error.
     #[inline]
     pub fn helper_kernels(&self) -> Result<&HelperKernels> {
-        load_once(&self.inner.helpers, &self.inner.loading, || HelperKernels::load(&self.inner.ctx, self.max_blocks()))
+        load_once(&self.inner.modules.helpers, &self.inner.modules.loading, || {
+            HelperKernels::load(&self.inner.ctx, self.max_blocks())
+        })
     }
 
     /// This device's test fixtures' kernels (`testing` feature), loaded on first use.
@@ -246,14 +243,16 @@ impl Engine {
     /// The module load's error.
     #[cfg(feature = "testing")]
     pub fn test_kernels(&self) -> Result<&TestKernels> {
-        load_once(&self.inner.test_kernels, &self.inner.loading, || {
+        load_once(&self.inner.modules.test_kernels, &self.inner.modules.loading, || {
             TestKernels::load(&self.inner.ctx, self.max_blocks())
         })
     }
 
     /// This device's toy model layer, loaded on first use (a failed load is retried next time).
     fn toy_model(&self) -> Result<&ToyModel> {
-        load_once(&self.inner.toy_model, &self.inner.loading, || ToyModel::load(&self.inner.ctx, self.max_blocks()))
+        load_once(&self.inner.modules.toy_model, &self.inner.modules.loading, || {
+            ToyModel::load(&self.inner.ctx, self.max_blocks())
+        })
     }
 
     /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`.

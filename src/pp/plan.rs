@@ -1,12 +1,35 @@
-//! The boundary plan: which transport each stage boundary uses.
+//! The boundary plan: which transport each stage boundary uses, and the policy it follows.
 //!
-//! Owns nothing but the decision (a value computed once when a runtime is built, from the
-//! stage→device map, the transport policy and the peer-access matrix); immutable, `Send + Sync`.
+//! Owns the transport policy ([`TransportPolicy`], a setting of [`PpConfig`](crate::PpConfig))
+//! and the decision (a value computed once when a runtime is built, from the stage→device map,
+//! the transport policy and the peer-access matrix); immutable, `Send + Sync`.
 
 use std::fmt;
 
 use crate::error::ConfigError;
-use crate::pp::config::{DEVICES_VAR, RANKS_VAR, TRANSPORT_VAR, TransportPolicy};
+use crate::pp::config::{DEVICES_VAR, RANKS_VAR, TRANSPORT_VAR};
+
+/// How boundaries between devices move data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TransportPolicy {
+    /// `Local` on one device; `Peer` between devices with peer access both ways; else `HostStaged`.
+    #[default]
+    Auto,
+    /// Like `Auto`, but a cross-device boundary without peer access is a build error.
+    Peer,
+    /// Every boundary, local ones too, through pinned host memory (tests the fallback anywhere).
+    Staged,
+}
+
+impl fmt::Display for TransportPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportPolicy::Auto => "auto",
+            TransportPolicy::Peer => "peer",
+            TransportPolicy::Staged => "staged",
+        })
+    }
+}
 
 /// How one boundary moves data from its TX stage to its RX stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -291,11 +291,11 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 std::thread::spawn(move || {
                     let primary = Engine::new(0).unwrap();
                     let mut config = PpConfig::with_devices(&[0, 1, 0])
-                        .ranks(&[0, 1, 2])
-                        .rank(rank)
-                        .rendezvous(&addr)
-                        .peer_timeout(peer_timeout)
-                        .job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()));
+                        .with_ranks(&[0, 1, 2])
+                        .with_rank(rank)
+                        .with_rendezvous(&addr)
+                        .with_peer_timeout(peer_timeout)
+                        .with_job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()));
                     use ppnrt::pp::ProtocolFault;
                     let injected = match fault {
                         Fault::AnnounceOnly if rank == 0 => Some(ProtocolFault::AnnounceWithoutSend),
@@ -305,7 +305,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                         _ => None,
                     };
                     if let Some(injected) = injected {
-                        config = config.inject_fault(injected);
+                        config = config.with_fault(injected);
                     }
                     let outcome = match PpNRt::new(config, &primary) {
                         Ok(rt) => rank_loop(rank, rt, fault, wait),

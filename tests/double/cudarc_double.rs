@@ -114,7 +114,7 @@ fn a_received_views_end_orders_the_slots_next_tx_after_cudarcs_reads() {
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
         let (theirs, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
         let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
-        let rt = PpNRt::new(PpConfig::new(2).slots(1), &engine).unwrap();
+        let rt = PpNRt::new(PpConfig::new(2).with_slots(1), &engine).unwrap();
         let inputs: Vec<_> = (0..3u32).map(|round| engine.htod(&values(round)).unwrap()).collect();
         let send = |round: u32| rt.enter(0).and_then(|_stage| rt.tx(0, &inputs[round as usize], N)).unwrap();
         let mut slot = send(0);

@@ -56,7 +56,7 @@ fn an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing() {
     with_double("an_eager_tx_on_a_capturing_stage_stream_is_refused_and_changes_nothing", |_| {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
             let x = input(&rt, &primary, 1);
             let capture = rt.stage_stream(0).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
             let refused = rt.tx(0, &x, N).unwrap_err();
@@ -88,7 +88,7 @@ fn an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing()
     with_double("an_eager_receive_on_a_capturing_stage_stream_is_refused_and_changes_nothing", |_| {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
             let slot = rt.tx(0, &input(&rt, &primary, 3), N).unwrap();
             let capture = rt.stage_stream(1).unwrap().begin_capture(CaptureMode::Relaxed).unwrap();
             let refused = rt.rx::<u32>(0, slot, N).unwrap_err();
@@ -113,7 +113,7 @@ fn a_forgotten_in_place_guard_does_not_stop_the_boundary() {
     with_double("a_forgotten_in_place_guard_does_not_stop_the_boundary", |_| {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(2), &primary).unwrap();
             let e1 = rt.engine(1, &primary).unwrap().clone();
             for slot in 0..2 {
                 assert_eq!(rt.tx(0, &input(&rt, &primary, 10 + slot as u32), N).unwrap(), slot);
@@ -160,7 +160,7 @@ fn a_guard_held_across_the_next_write_reads_its_own_step() {
     with_double("a_guard_held_across_the_next_write_reads_its_own_step", |double| {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
             let e1 = rt.engine(1, &primary).unwrap().clone();
             let mut slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
             let mut allocated_after_first_turn = None;
@@ -200,7 +200,7 @@ fn a_graph_steps_output_is_read_back_every_step() {
     with_double("a_graph_steps_output_is_read_back_every_step", |_| {
         let primary = Engine::new(0).unwrap();
         for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(2), &primary).unwrap();
             let e0 = rt.engine(0, &primary).unwrap().clone();
             let (mut source, mut output) = copy_step_buffers(&rt, &primary, 40);
             let mut step =
@@ -322,7 +322,7 @@ fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
         unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1") };
         let timeout = Duration::from_millis(800);
         let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
-            if rank == 0 { config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend) } else { config }
+            if rank == 0 { config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend) } else { config }
         });
         let primary = Engine::new(0).unwrap();
         let x = input(&ranks.0, &primary, 5);
@@ -381,9 +381,9 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
                 unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "60") };
             }
             let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| match rank {
-                0 => config.inject_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
-                1 if contained => config.inject_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
-                2 if late => config.inject_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
+                0 => config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
+                1 if contained => config.with_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
+                2 if late => config.with_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
                 _ => config,
             });
             let primary = Engine::new(0).unwrap();

@@ -106,7 +106,7 @@ fn a_slot_received_in_place_is_read_by_cudarc_as_a_view_ordered_both_ways() {
     let (theirs, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let engine_stream = EngineStream::new(&engine, &theirs).unwrap();
     let reader_stream = EngineStream::new(&engine, &reader).unwrap();
-    let rt = PpNRt::new(PpConfig::new(2).slots(1), &engine).unwrap();
+    let rt = PpNRt::new(PpConfig::new(2).with_slots(1), &engine).unwrap();
     let sanitized = under_sanitizer();
     let values = |round: u32| -> Vec<u32> { (0..N as u32).map(|i| i.wrapping_mul(2_246_822_519) ^ round).collect() };
     let (mut caught, rounds) = (0, 20u32);

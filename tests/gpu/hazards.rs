@@ -62,7 +62,7 @@ fn hazard_run(
     delays: (u64, u64),
     in_place: bool,
 ) -> usize {
-    let lag = config.n_slots();
+    let lag = config.slots();
     let rt = PpNRt::new(config, primary).unwrap();
     let (tx_engine, rx_engine) = (rt.engine(0, primary).unwrap(), rt.engine(1, primary).unwrap());
     let mut sums = {
@@ -130,7 +130,7 @@ fn no_hazards(test: &str, in_place: bool, seed_base: u64) {
     let steps = steps();
     let expected = expected_checksums(steps);
     for (i, case) in cases(devices).iter().enumerate() {
-        let config = PpConfig::with_devices(&case.devices).slots(case.slots).transport(case.policy);
+        let config = PpConfig::with_devices(&case.devices).with_slots(case.slots).with_transport(case.policy);
         for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {
             let bad = hazard_run(&primary, config.clone(), steps, &expected, seed_base + i as u64, delays, in_place);
             say(&format!("{test}: {} ({config}), {profile} delays: {bad} mismatches in {steps} steps", case.name));
@@ -171,15 +171,15 @@ fn broken_protocols(test: &str) -> Option<(Gpus, Engine, usize, Vec<u64>, Vec<(P
         return None;
     }
     let steps = steps();
-    let mut bases = vec![PpConfig::new(2).slots(1)];
+    let mut bases = vec![PpConfig::new(2).with_slots(1)];
     if devices >= 2 {
-        bases.push(PpConfig::with_devices(&[0, 1]).slots(1));
+        bases.push(PpConfig::with_devices(&[0, 1]).with_slots(1));
     }
     let broken = bases
         .iter()
         .flat_map(|base| {
             [(ProtocolFault::SkipRxWait, RX_LAGS), (ProtocolFault::SkipTxWait, TX_LAGS)]
-                .map(|(fault, delays)| (base.clone().inject_fault(fault), delays))
+                .map(|(fault, delays)| (base.clone().with_fault(fault), delays))
         })
         .collect();
     Some((gpus, primary, steps, expected_checksums(steps), broken))
@@ -206,7 +206,7 @@ fn two_threads_drive_their_own_stages_of_one_runtime() {
     let devices = gpus.count();
     let primary = Engine::new(0).unwrap();
     let map = if devices >= 2 { [0, 1] } else { [0, 0] };
-    let rt = PpNRt::new(PpConfig::with_devices(&map).slots(3), &primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(&map).with_slots(3), &primary).unwrap();
     let steps = steps();
     let expected = expected_checksums(steps);
     let (send, recv) = mpsc::channel::<(usize, usize)>();
@@ -315,10 +315,10 @@ fn graph_steps_have_no_ordering_hazards() {
     let primary = Engine::new(0).unwrap();
     let steps = steps();
     let expected = expected_checksums(steps);
-    let mut configs = vec![PpConfig::new(2).slots(1), PpConfig::new(2).slots(3)];
+    let mut configs = vec![PpConfig::new(2).with_slots(1), PpConfig::new(2).with_slots(3)];
     if devices >= 2 {
-        configs.push(PpConfig::with_devices(&[0, 1]).slots(1));
-        configs.push(PpConfig::with_devices(&[1, 0]).slots(2));
+        configs.push(PpConfig::with_devices(&[0, 1]).with_slots(1));
+        configs.push(PpConfig::with_devices(&[1, 0]).with_slots(2));
     }
     for (i, config) in configs.into_iter().enumerate() {
         for (profile, delays) in [("mixed", MIXED), ("rx lags", RX_LAGS), ("tx lags", TX_LAGS)] {

@@ -118,7 +118,7 @@ fn pipelines_of_1_to_8_stages_match_one_stage_bitwise() {
         for (map_name, map) in maps(n_stages, devices) {
             for policy in [TransportPolicy::Auto, TransportPolicy::Staged] {
                 for &slots in &slot_counts {
-                    let config = PpConfig::with_devices(&map).slots(slots).transport(policy);
+                    let config = PpConfig::with_devices(&map).with_slots(slots).with_transport(policy);
                     let rt = PpNRt::new(config.clone(), &primary).unwrap();
                     let got = run_pipeline(&rt, &primary, &inputs, slots);
                     assert!(same_bits(&got, &expected), "{config} ({map_name}): output differs; plan {}", rt.plan());
@@ -136,7 +136,7 @@ fn peer_transport_is_chosen_between_peers_and_matches() {
     let Some(_gpus) = requires(test, Needs::gpus(2)) else { return };
     let primary = Engine::new(0).unwrap();
     let peers = primary.device().peer_info(&ppnrt::Device::get(1).unwrap()).unwrap().access_supported;
-    let config = PpConfig::with_devices(&[0, 1, 1, 0]).transport(TransportPolicy::Peer);
+    let config = PpConfig::with_devices(&[0, 1, 1, 0]).with_transport(TransportPolicy::Peer);
     if !peers {
         let err = PpNRt::new(config, &primary).unwrap_err();
         say(&format!("{test}: devices 0 and 1 are not peers; peer forced fails as it should: {err}"));
@@ -188,7 +188,7 @@ fn engine_and_enter_follow_the_stage_map() {
 
 /// A 2-stage runtime on one device with `slots` slots, and a payload of `n` pattern words.
 fn one_boundary(primary: &Engine, slots: usize) -> PpNRt {
-    PpNRt::new(PpConfig::new(2).slots(slots), primary).unwrap()
+    PpNRt::new(PpConfig::new(2).with_slots(slots), primary).unwrap()
 }
 
 fn payload(rt: &PpNRt, primary: &Engine, seed: u32, n: usize) -> CudaSlice<u32> {
@@ -313,7 +313,7 @@ fn bad_configurations_are_refused_when_built() {
         other => panic!("expected a config error, got {other:?}"),
     }
     assert!(matches!(PpNRt::new(PpConfig::new(0), &primary), Err(Error::Config(_))));
-    assert!(matches!(PpNRt::new(PpConfig::new(2).slots(0), &primary), Err(Error::Config(_))));
+    assert!(matches!(PpNRt::new(PpConfig::new(2).with_slots(0), &primary), Err(Error::Config(_))));
     // The fault knob exists for hazard tests only; a default config has none.
     assert_eq!(PpConfig::new(2).fault(), ProtocolFault::None);
 }
@@ -322,7 +322,7 @@ fn bad_configurations_are_refused_when_built() {
 fn bf16_and_other_element_types_cross_boundaries() {
     let Some(gpu) = requires("bf16_and_other_element_types_cross_boundaries", Needs::gpus(1)) else { return };
     let primary = gpu.engine(0);
-    let rt = PpNRt::new(PpConfig::new(3).slots(2), &primary).unwrap();
+    let rt = PpNRt::new(PpConfig::new(3).with_slots(2), &primary).unwrap();
     let mut rng = Rng::new(6);
     let data: Vec<ppnrt::bf16> = (0..4099).map(|_| ppnrt::bf16::from_f32(rng.next_f32())).collect();
     let x = primary.htod(&data).unwrap();
@@ -360,7 +360,7 @@ fn every_copy_path_delivers_every_byte() {
     let lengths = [1, 15, 16, 17, 4099, 65_536, big - 1, big, big + 16, big + 4097];
     let mut rng = Rng::new(77);
     for (name, devices, policy, sm_copies) in placements {
-        let config = PpConfig::with_devices(&devices).slots(2).transport(policy).sm_copies(sm_copies);
+        let config = PpConfig::with_devices(&devices).with_slots(2).with_transport(policy).with_sm_copies(sm_copies);
         let rt = PpNRt::new(config, &primary).unwrap();
         let device_slots = rt.plan().boundaries[0].transport != Transport::HostStaged;
         assert_eq!(rt.sm_copies(0).unwrap(), sm_copies && device_slots, "{name}: {}", rt.config());

@@ -477,14 +477,14 @@ fn child_rank() {
     let primary = Engine::new(0).unwrap();
     let mut config = PpConfig::from_env().unwrap();
     if std::env::var_os(FAULT_VAR).is_some() {
-        config = config.inject_fault(ppnrt::pp::ProtocolFault::SkipTxWait);
+        config = config.with_fault(ppnrt::pp::ProtocolFault::SkipTxWait);
     }
     if std::env::var_os(IGNORE_SILENCE_VAR).is_some() {
-        config = config.inject_fault(ppnrt::pp::ProtocolFault::IgnoreSilence);
+        config = config.with_fault(ppnrt::pp::ProtocolFault::IgnoreSilence);
     }
     match std::env::var(SETUP_FAULT_VAR).as_deref() {
-        Ok("exit-before-comm-join") => config = config.inject_fault(ppnrt::pp::ProtocolFault::ExitBeforeCommJoin),
-        Ok("unwatched") => config = config.inject_fault(ppnrt::pp::ProtocolFault::UnwatchedSetup),
+        Ok("exit-before-comm-join") => config = config.with_fault(ppnrt::pp::ProtocolFault::ExitBeforeCommJoin),
+        Ok("unwatched") => config = config.with_fault(ppnrt::pp::ProtocolFault::UnwatchedSetup),
         Ok(other) => panic!("unknown setup fault {other}"),
         Err(_) => {}
     }

@@ -1,4 +1,5 @@
-//! Deferred readback: the last stage's results (say, a step's logits) copied to the host on the
+//! A deferred readback's handle, [`PendingReadback`], and the ring of pinned buffers it returns
+//! to. Deferred readback: the last stage's results (say, a step's logits) copied to the host on the
 //! runtime's readback stream while the stage streams go on with the next steps.
 //!
 //! [`PpNRt::readback`](crate::PpNRt::readback) takes the device buffer, makes the readback stream
