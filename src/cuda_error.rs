@@ -65,7 +65,11 @@ impl fmt::Display for LoadAttempt {
 #[non_exhaustive]
 pub enum LoadError {
     /// No candidate library could be opened.
-    #[error("no CUDA driver library could be loaded; tried {}", list(.tried))]
+    #[error(
+        "no CUDA driver library could be loaded (install the NVIDIA driver, which provides \
+         libcuda.so.1, or set PPNRT_LIBCUDA_PATH to the library's path); tried {}",
+        list(.tried)
+    )]
     LibraryNotFound {
         /// Every candidate tried, in order, with the loader's reason.
         tried: Vec<LoadAttempt>,
@@ -397,6 +401,7 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("`libcuda.so.1`: not found"), "{text}");
         assert!(text.contains("`libcuda.so`: no such file"), "{text}");
+        assert!(text.contains("install the NVIDIA driver") && text.contains("PPNRT_LIBCUDA_PATH"), "{text}");
     }
 
     #[test]
