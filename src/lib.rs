@@ -22,6 +22,214 @@
 //! | 5 | [`pp`] | [`PpNRt`]: its settings, the boundary plan, the slot ring (the only owner of slot states) and the TX/RX protocol, boundaries between processes |
 //! | — | [`error`] | the crate-wide [`Error`], into which every layer's own error converts (each stays in its layer: [`CudaError`] below the pipeline, [`NcclError`] in [`nccl`], ...) |
 //!
+//! # Guide
+//! A walk through the API in the order an engine meets it. Every example needs a GPU to run, so
+//! they are compiled, not run, by the crate's tests; `examples/quickstart.rs` is the same walk as
+//! one program.
+//!
+//! ## An engine and its stream
+//! An [`Engine`] holds one device's primary context and a stream of its own. [`Engine::new`] is
+//! the first call that touches the driver; with no driver it returns [`CudaError::Load`].
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! let engine = ppnrt::Engine::new(0)?; // device 0
+//! println!("device {} with {} multiprocessors", engine.ordinal(), engine.device().multiprocessor_count()?);
+//! let stream = engine.stream()?; // the stream its calls run on here (see "The ambient stream")
+//! stream.synchronize()?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Device memory and copies
+//! A [`CudaSlice<T>`](CudaSlice) is device memory that remembers the stream it is used on; its
+//! drop frees it in stream order. [`Engine::htod`] copies host data into a new slice,
+//! [`Engine::dtoh`] copies a slice back (waiting for it), [`Engine::alloc_zeroed`] and
+//! [`Engine::dtod`] do what they say.
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! # let engine = ppnrt::Engine::new(0)?;
+//! let x: ppnrt::CudaSlice<f32> = engine.htod(&[1.0, 2.0, 3.0])?;
+//! let zeros = engine.alloc_zeroed::<f32>(x.len())?;
+//! assert_eq!(engine.dtoh(&x)?, [1.0, 2.0, 3.0]);
+//! assert_eq!(engine.dtoh(&zeros)?, [0.0; 3]);
+//! # Ok(()) }
+//! ```
+//!
+//! ## The ambient stream
+//! While a [`StreamOverride`] lives, the [`Engine`] calls of its thread run on its stream instead
+//! of the engine's own. [`PpNRt::enter`] returns one for a stage's stream: an engine's kernels
+//! enqueued inside it run in the stage's order, with no stream argument threaded through.
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! # let engine = ppnrt::Engine::new(0)?;
+//! let other = ppnrt::CudaStream::new(engine.context())?; // another stream of its context
+//! let x = {
+//!     let _on_other = ppnrt::StreamOverride::new(other.clone())?;
+//!     engine.htod(&[1u32, 2, 3])? // enqueued on `other`
+//! }; // the override ends with its scope
+//! # drop(x);
+//! # Ok(()) }
+//! ```
+//!
+//! ## A pipeline
+//! [`PpNRt`] moves activations across the boundaries of a model split into stages: boundary `b`
+//! joins stage `b` (which sends, [`tx`](PpNRt::tx)) and stage `b + 1` (which receives,
+//! [`rx`](PpNRt::rx)). Its settings are a [`PpConfig`]: the devices of the stages, the ring's
+//! slots, the transport policy. `tx` returns at once with the slot it filled; `rx` of that slot
+//! waits for the copy on the device, never on the host.
+//!
+//! ```no_run
+//! use ppnrt::{Engine, PpConfig, PpNRt};
+//! # fn main() -> ppnrt::Result<()> {
+//! let primary = Engine::new(0)?;
+//! let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_slots(2), &primary)?;
+//! println!("{}", rt.plan()); // the transport of each boundary
+//!
+//! let n = 4096;
+//! let x = {
+//!     let _stage0 = rt.enter(0)?;
+//!     rt.engine(0, &primary)?.htod(&vec![1.0f32; n])?
+//!     // ... stage 0's layers run here ...
+//! };
+//! let slot = rt.tx(0, &x, n)?; // boundary 0: stage 0 -> stage 1
+//! let _stage1 = rt.enter(1)?;
+//! let y = rt.rx::<f32>(0, slot, n)?; // a buffer owned by stage 1's stream
+//! # drop(y);
+//! # Ok(()) }
+//! ```
+//!
+//! [`rx_in_place`](PpNRt::rx_in_place) receives without a copy: the [`ReceivedSlot`] guard's
+//! [`view`](ReceivedSlot::view) is the slot itself; drop the guard once the reads of it are
+//! enqueued. [`rx_into`](PpNRt::rx_into) copies into a buffer you allocated. With a thread per
+//! stage, [`tx_wait`](PpNRt::tx_wait) and [`rx_wait`](PpNRt::rx_wait) park the thread until the
+//! slot is free (or filled), or [`PpError::Timeout`].
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # fn main() -> ppnrt::Result<()> {
+//! # let primary = ppnrt::Engine::new(0)?;
+//! # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::with_devices(&[0, 1]), &primary)?;
+//! # let n = 4096;
+//! # let x = primary.htod(&vec![1.0f32; n])?;
+//! let slot = rt.tx_wait(0, &x, n, Duration::from_secs(1))?;
+//! let _stage1 = rt.enter(1)?;
+//! {
+//!     let received = rt.rx_in_place::<f32>(0, slot, n)?;
+//!     let input = received.view()?; // read in place by stage 1's kernels
+//!     # drop(input);
+//! } // the slot is free again once the guard drops
+//! let slot = rt.tx(0, &x, n)?;
+//! let y = rt.rx_wait::<f32>(0, slot, n, Duration::from_secs(1))?;
+//! # drop(y);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Readback
+//! [`readback`](PpNRt::readback) starts a copy of the last stage's result to pinned host memory
+//! on the readback stream, which waits for that step alone; the [`PendingReadback`] it returns
+//! is collected later, with [`wait`](PendingReadback::wait) (blocks) or
+//! [`try_get`](PendingReadback::try_get) (does not).
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! # let primary = ppnrt::Engine::new(0)?;
+//! # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(1), &primary)?;
+//! let logits = rt.engine(0, &primary)?.htod(&[0.5f32; 8])?; // the last stage's output
+//! let pending = rt.readback(logits)?;
+//! // ... the next step is enqueued here ...
+//! let host: &[f32] = pending.wait()?;
+//! assert_eq!(host.len(), 8);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Graph mode
+//! [`capture_step`](PpNRt::capture_step) records one step as CUDA graphs, one per stage and
+//! ring slot: the closure runs once for each, with the stage entered and its stream capturing,
+//! and records its receive ([`StageCapture::rx_into`] or [`StageCapture::received`]), your
+//! kernels, and its send ([`StageCapture::tx`]). [`StepGraphs::launch`] replays a whole step
+//! with no host synchronisation.
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! # let primary = ppnrt::Engine::new(0)?;
+//! # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::with_devices(&[0, 1]), &primary)?;
+//! let n = 4096;
+//! // One activation buffer per stage, allocated before the capture.
+//! let mut acts = Vec::new();
+//! for s in 0..rt.n_stages() {
+//!     let _stage = rt.enter(s)?;
+//!     acts.push(rt.engine(s, &primary)?.alloc_zeroed::<f32>(n)?);
+//! }
+//! let mut step = rt.capture_step::<f32>(n, |stage| {
+//!     let s = stage.stage();
+//!     if s > 0 {
+//!         stage.rx_into(&mut acts[s])?;
+//!     }
+//!     // ... stage s's kernels on acts[s], captured ...
+//!     if s + 1 < rt.n_stages() {
+//!         stage.tx(&acts[s])?;
+//!     }
+//!     Ok(())
+//! })?;
+//! for _ in 0..100 {
+//!     step.launch()?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Stages in other processes
+//! One pipeline may span processes and hosts: every process builds the same configuration, with
+//! the rank of each stage and its own rank, and drives only its own stages
+//! ([`owns_stage`](PpNRt::owns_stage)). A boundary between processes goes through NCCL with the
+//! same contract; across hosts the ranks prove a [`JobSecret`]. The settings: [`PpConfig`]; the
+//! details: `docs/NCCL-BOUNDARY.md`.
+//!
+//! ```no_run
+//! # fn main() -> ppnrt::Result<()> {
+//! # let primary = ppnrt::Engine::new(0)?;
+//! let config = ppnrt::PpConfig::with_devices(&[0, 1, 0, 1])
+//!     .with_ranks(&[0, 0, 1, 1]) // stages 0-1 in rank 0, stages 2-3 in rank 1
+//!     .with_rank(0) // this process
+//!     .with_rendezvous("10.0.0.1:29500"); // rank 0's address
+//! let rt = ppnrt::PpNRt::new(config, &primary)?;
+//! for s in (0..rt.n_stages()).filter(|&s| rt.owns_stage(s)) {
+//!     let _stage = rt.enter(s)?;
+//!     // ... this rank's stages: rx, layers, tx, as in one process ...
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## The cudarc interop
+//! With the `cudarc` (or `cudarc-interop`) feature, the module
+//! [`interop`](interop/index.html) lends an engine's cudarc buffers to the pipeline with no
+//! copy: its `EngineStream` wraps the engine's cudarc stream, and its `read` and `write` lend a
+//! cudarc slice as this crate's [`CudaView`] or [`CudaViewMut`], ordered against cudarc's own
+//! uses of it.
+//!
+//! ## Errors
+//! Every layer's error converts into [`Error`], so a function that returns [`Result`] uses `?`
+//! on any call of the crate; [`error::chain`] prints one with its causes, and
+//! [`Error::as_cuda`] tells "no GPU here" from any other failure:
+//!
+//! ```no_run
+//! fn run() -> ppnrt::Result<Vec<f32>> {
+//!     let engine = ppnrt::Engine::new(0)?; // a CudaError
+//!     let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(2), &engine)?; // a ConfigError, PpError, ...
+//!     let x = engine.htod(&[1.0f32; 16])?;
+//!     let slot = rt.tx(0, &x, 16)?;
+//!     let y = rt.rx::<f32>(0, slot, 16)?;
+//!     Ok(engine.dtoh(&y)?)
+//! }
+//!
+//! match run() {
+//!     Ok(values) => println!("{values:?}"),
+//!     Err(e) if matches!(e.as_cuda(), Some(ppnrt::CudaError::Load(_))) => eprintln!("no GPU: {e}"),
+//!     Err(e) => eprintln!("error: {}", ppnrt::error::chain(&e)),
+//! }
+//! ```
+//!
 //! # Errors and the driver
 //! Each layer returns its own error ([`CudaError`] below the pipeline, [`NcclError`],
 //! [`RendezvousError`], [`ConfigError`], [`PpError`]), and every one of them converts into the
