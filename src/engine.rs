@@ -38,6 +38,16 @@ fn load_first<'a, T>(cell: &'a OnceLock<T>, lock: &Mutex<()>, load: impl FnOnce(
 }
 
 /// One device's execution context. See the [module docs](self).
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let x = engine.htod(&[1.0f32, 2.0, 3.0])?;
+/// let mut y = engine.alloc_zeroed::<f32>(3)?;
+/// engine.dtod(&x, &mut y)?;
+/// assert_eq!(engine.dtoh(&y)?, [1.0, 2.0, 3.0]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,

@@ -196,6 +196,23 @@ lend_mut_impls!(cudarc::driver::CudaSlice<T>, cudarc::driver::CudaViewMut<'_, T>
 /// An engine's cudarc stream as a stream of this crate: the same `CUstream`, on the context this
 /// crate shares with cudarc (the device's primary context). Every holder of
 /// [`stream`](Self::stream) keeps cudarc's stream alive.
+///
+/// ```no_run
+/// use ppnrt::{Engine, PpConfig, PpNRt, interop::EngineStream};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudarc::driver::CudaContext::new(0)?;
+/// let cudarc_stream = ctx.default_stream();
+/// let hidden = cudarc_stream.clone_htod(&[1.0f32; 256])?;
+///
+/// // The engine on the same context as cudarc's (the device's primary context).
+/// let primary = Engine::new(0)?;
+/// let engine_stream = EngineStream::new(&primary, &cudarc_stream)?;
+/// let rt = PpNRt::new(PpConfig::new(2), &primary)?;
+/// let slot = engine_stream.read(&hidden, |view| rt.tx(0, &view, 256))??;
+/// let mut next = cudarc_stream.alloc_zeros::<f32>(256)?;
+/// engine_stream.write(&mut next, |mut view| rt.rx_into(0, slot, &mut view))??;
+/// # Ok(()) }
+/// ```
 pub struct EngineStream {
     /// cudarc's handle, given back under the crate's context rule (see `Drop`).
     theirs: ManuallyDrop<Arc<cudarc::driver::CudaStream>>,

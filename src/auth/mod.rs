@@ -46,6 +46,17 @@ pub const JOB_SECRET_FILE_VAR: &str = "PPNRT_JOB_SECRET_FILE";
 pub const ALLOW_UNAUTHENTICATED_VAR: &str = "PPNRT_ALLOW_UNAUTHENTICATED";
 
 /// The secret that the ranks of one job share. Shown as `JobSecret(<n bytes>)`, never its value.
+///
+/// ```
+/// use ppnrt::{JobAccess, JobSecret, PpConfig};
+///
+/// let secret = JobSecret::new("a secret of sixteen bytes or more")?;
+/// assert_eq!(secret.len(), 33);
+/// assert!(JobSecret::new("short").is_err()); // fewer than `MIN_BYTES`
+/// let config = PpConfig::new(2).with_job_access(JobAccess::Secret(secret));
+/// assert!(config.job_access().authenticated());
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct JobSecret {
     bytes: Arc<[u8]>,
@@ -154,6 +165,19 @@ impl fmt::Debug for JobSecret {
 }
 
 /// How the ranks of a job that spans processes recognise each other.
+///
+/// ```
+/// use ppnrt::JobAccess;
+/// use std::ffi::OsStr;
+///
+/// // What the environment asks for, here given by hand: no secret and no opt-out.
+/// let access = JobAccess::parse(None, None, None)?;
+/// assert_eq!(access, JobAccess::SameHost);
+/// assert!(!access.authenticated());
+/// let access = JobAccess::parse(Some(OsStr::new("a secret of sixteen bytes or more")), None, None)?;
+/// assert!(access.authenticated());
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum JobAccess {
     /// Every connection between ranks proves the job secret, and every record is sealed with

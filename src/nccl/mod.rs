@@ -71,6 +71,14 @@ const CONFIG_MAGIC: u32 = 0xcafe_beef;
 const CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
 /// An NCCL version, decoded from `ncclGetVersion`'s integer.
+///
+/// ```
+/// use ppnrt::nccl::NcclVersion;
+///
+/// let version = NcclVersion::from_code(22_005); // NCCL 2.20.5
+/// assert_eq!((version.major, version.minor, version.patch), (2, 20, 5));
+/// assert!(version >= NcclVersion { major: 2, minor: 13, patch: 0 });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NcclVersion {
     /// Major version.

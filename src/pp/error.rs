@@ -13,6 +13,18 @@ pub use crate::error::{Error, PpError, Result, SlotState};
 /// been doing it ([`PpNRt::receiver_state`](crate::PpNRt::receiver_state)): when a receive from
 /// another rank waits too long, whether the step never came, found no free slot, or is being
 /// posted. A snapshot for a diagnosis (the step and the time are read apart, without a lock).
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// # let primary = ppnrt::Engine::new(0)?;
+/// # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(2), &primary)?;
+/// // `None` for a boundary inside this process; across processes, what its receiver waits for.
+/// match rt.receiver_state(0)? {
+///     Some(state) => eprintln!("boundary 0's receiver: {state:?}"),
+///     None => eprintln!("boundary 0 is local"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReceiverState {

@@ -56,6 +56,22 @@ impl std::fmt::Debug for ReadbackShared {
 /// A readback in flight, made by [`PpNRt::readback`](crate::PpNRt::readback): the values with
 /// [`wait`](Self::wait) or [`try_get`](Self::try_get); dropping it returns its pinned buffer to the
 /// runtime's ring without waiting.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// # let primary = ppnrt::Engine::new(0)?;
+/// # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(1), &primary)?;
+/// let logits = primary.htod(&[0.25f32; 32])?;
+/// let pending = rt.readback(logits)?;
+/// let values: &[f32] = loop {
+///     if let Some(values) = pending.try_get()? {
+///         break values; // the copy finished
+///     }
+///     // ... other host work while the copy runs ...
+/// };
+/// assert_eq!(values.len(), pending.len());
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PendingReadback<T: DeviceRepr> {
     host: Option<Box<PinnedHostBuffer<u8>>>,

@@ -10,6 +10,15 @@ use crate::error::ConfigError;
 use crate::pp::config::{DEVICES_VAR, RANKS_VAR, TRANSPORT_VAR};
 
 /// How boundaries between devices move data.
+///
+/// ```
+/// use ppnrt::{PpConfig, TransportPolicy};
+///
+/// let config = PpConfig::new(2).with_transport(TransportPolicy::Staged);
+/// assert_eq!(config.transport(), TransportPolicy::Staged);
+/// assert_eq!(TransportPolicy::default(), TransportPolicy::Auto);
+/// assert_eq!(TransportPolicy::Peer.to_string(), "peer");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum TransportPolicy {
     /// `Local` on one device; `Peer` between devices with peer access both ways; else `HostStaged`.
@@ -32,6 +41,17 @@ impl fmt::Display for TransportPolicy {
 }
 
 /// How one boundary moves data from its TX stage to its RX stage.
+///
+/// ```
+/// use ppnrt::{Transport, TransportPolicy, pp::Plan};
+///
+/// // Devices 0 and 1 without peer access: that boundary goes through host memory.
+/// let plan = Plan::choose(&[0, 0, 1], TransportPolicy::Auto, |_, _| false)?;
+/// let transports: Vec<Transport> = plan.boundaries.iter().map(|b| b.transport).collect();
+/// assert_eq!(transports, [Transport::Local, Transport::HostStaged]);
+/// assert_eq!(Transport::HostStaged.to_string(), "host-staged");
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
     /// Both stages on one device: a device-to-device copy.
@@ -58,6 +78,17 @@ impl fmt::Display for Transport {
 }
 
 /// One boundary of the plan: boundary `b` joins stage `b` (TX) and stage `b + 1` (RX).
+///
+/// ```
+/// use ppnrt::{Transport, TransportPolicy, pp::Plan};
+///
+/// let plan = Plan::choose(&[0, 1], TransportPolicy::Auto, |_, _| true)?;
+/// let b = &plan.boundaries[0];
+/// assert_eq!((b.boundary, b.tx_device, b.rx_device), (0, 0, 1));
+/// assert_eq!((b.tx_rank, b.rx_rank), (0, 0)); // one process
+/// assert_eq!(b.transport, Transport::Peer);
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BoundaryPlan {
     /// The boundary index.
@@ -75,6 +106,18 @@ pub struct BoundaryPlan {
 }
 
 /// The transports of every boundary, printable for logs.
+///
+/// ```
+/// use ppnrt::{TransportPolicy, pp::Plan};
+///
+/// let plan = Plan::choose(&[0, 1], TransportPolicy::Auto, |_, _| true)?;
+/// assert_eq!(plan.boundaries.len(), 1);
+/// assert!(plan.cross_device() && !plan.spans_processes());
+/// println!("{plan}");
+/// // The `peer` policy refuses two devices without peer access.
+/// assert!(Plan::choose(&[0, 1], TransportPolicy::Peer, |_, _| false).is_err());
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Device of each stage (on the host of the stage's rank).

@@ -28,6 +28,23 @@ use crate::safe::{
 };
 
 /// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
+///
+/// ```no_run
+/// use ppnrt::{Engine, PpConfig, PpNRt};
+/// # fn main() -> ppnrt::Result<()> {
+/// let primary = Engine::new(0)?;
+/// let rt = PpNRt::new(PpConfig::with_devices(&[0, 0]), &primary)?;
+/// let n = 1024;
+/// let x = {
+///     let _stage0 = rt.enter(0)?;
+///     rt.engine(0, &primary)?.htod(&vec![7u32; n])?
+/// };
+/// let slot = rt.tx(0, &x, n)?;
+/// let _stage1 = rt.enter(1)?;
+/// let y = rt.rx::<u32>(0, slot, n)?;
+/// assert_eq!(rt.engine(1, &primary)?.dtoh(&y)?, vec![7u32; n]);
+/// # Ok(()) }
+/// ```
 pub struct PpNRt {
     config: PpConfig,
     plan: Plan,

@@ -67,6 +67,18 @@ pub const MAX_SLOTS: usize = 64;
 /// is built. A [`ConfigError`] about a value set in code names the builder call
 /// (`PpConfig::with_slots`), one about a value read from the environment its variable
 /// (`PPNRT_SLOTS`).
+///
+/// ```
+/// use ppnrt::{PpConfig, TransportPolicy};
+///
+/// let config = PpConfig::with_devices(&[0, 1, 2, 3]).with_slots(4).with_transport(TransportPolicy::Peer);
+/// assert_eq!(config.n_stages(), 4);
+/// assert_eq!(config.slots(), 4);
+/// assert_eq!(config.transport(), TransportPolicy::Peer);
+/// config.validate()?;
+/// assert!(PpConfig::new(0).validate().is_err()); // no stage
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PpConfig {
     devices: Option<Vec<i32>>,

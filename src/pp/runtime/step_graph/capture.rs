@@ -18,6 +18,25 @@ use crate::safe::{CaptureMode, CudaGraph, CudaSlice, CudaStream, CudaView, Devic
 
 /// One stage's step being captured ([`PpNRt::capture_step`]): the stage is entered (engine
 /// operations land in the capture), and the boundary calls here record the protocol's copies.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// # let primary = ppnrt::Engine::new(0)?;
+/// # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(2), &primary)?;
+/// let n = 1024;
+/// let x = primary.alloc_zeroed::<f32>(n)?;
+/// let mut step = rt.capture_step::<f32>(n, |stage| {
+///     println!("capturing stage {} for slot {}", stage.stage(), stage.slot());
+///     if stage.stage() == 0 {
+///         stage.tx(&x)
+///     } else {
+///         let _input = stage.received()?; // the slot, read in place by the captured kernels
+///         Ok(())
+///     }
+/// })?;
+/// step.launch()?;
+/// # Ok(()) }
+/// ```
 pub struct StageCapture<'a, T: DeviceRepr> {
     stage: usize,
     slot: usize,

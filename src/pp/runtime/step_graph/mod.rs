@@ -47,6 +47,24 @@ pub use capture::StageCapture;
 
 /// A whole step of the pipeline as graphs ([`PpNRt::capture_step`]): one executable graph per
 /// stage per ring slot. [`launch`](Self::launch) replays one step with no host synchronisation.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// # let primary = ppnrt::Engine::new(0)?;
+/// let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(2), &primary)?;
+/// let n = 1024;
+/// let mut input = primary.alloc_zeroed::<f32>(n)?; // stage 1's input, allocated before the capture
+/// let output = primary.alloc_zeroed::<f32>(n)?; // stage 0's output
+/// let mut step = rt.capture_step::<f32>(n, |stage| match stage.stage() {
+///     0 => stage.tx(&output),
+///     _ => stage.rx_into(&mut input),
+/// })?;
+/// println!("{} graphs for {} elements", step.n_graphs(), step.n());
+/// for _ in 0..10 {
+///     step.launch()?; // one step: every stage's graph, in order
+/// }
+/// # Ok(()) }
+/// ```
 pub struct StepGraphs<'rt, T: DeviceRepr> {
     rt: &'rt PpNRt,
     n: usize,
