@@ -155,10 +155,28 @@ mod sealed {
 /// A cudarc buffer this crate may read: cudarc's `CudaSlice<T>`, `CudaView<'_, T>` and
 /// `CudaViewMut<'_, T>`, and nothing else (sealed: the address and length come from cudarc's
 /// own code, see the module docs).
+///
+/// ```no_run
+/// use ppnrt::interop::{CudarcBuffer, EngineStream};
+///
+/// /// Sends any cudarc buffer of `f32` (a slice or a view of one) across boundary 0.
+/// fn send(rt: &ppnrt::PpNRt, stream: &EngineStream, x: &impl CudarcBuffer<f32>, n: usize) -> ppnrt::Result<usize> {
+///     stream.read(x, |view| rt.tx(0, &view, n))?
+/// }
+/// ```
 pub trait CudarcBuffer<T>: sealed::Lend<T> {}
 
 /// A cudarc buffer this crate may write: cudarc's `CudaSlice<T>` and `CudaViewMut<'_, T>`
 /// (sealed).
+///
+/// ```no_run
+/// use ppnrt::interop::{CudarcBufferMut, EngineStream};
+///
+/// /// Receives boundary 0's `slot` into any writable cudarc buffer of `f32`.
+/// fn receive(rt: &ppnrt::PpNRt, stream: &EngineStream, dst: &mut impl CudarcBufferMut<f32>, slot: usize) -> ppnrt::Result<()> {
+///     stream.write(dst, |mut view| rt.rx_into(0, slot, &mut view))?
+/// }
+/// ```
 pub trait CudarcBufferMut<T>: CudarcBuffer<T> + sealed::LendMut<T> {}
 
 /// cudarc's own `Lend` of its buffer types: their concrete `DevicePtr` / `DeviceSlice`
