@@ -26,7 +26,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let primary = Engine::new(0)?;
     let gpus = Device::count()?.max(1);
     let devices: Vec<i32> = (0..STAGES as i32).map(|s| s * gpus / STAGES as i32).collect();
-    let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(3), &primary)?;
+    let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(3), &primary)?;
     let timeout = Duration::from_secs(10);
     let outputs = std::thread::scope(|scope| -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>> {
         let threads: Vec<_> = (0..STAGES)

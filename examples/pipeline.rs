@@ -128,8 +128,9 @@ fn config_of(args: &Args, devices_present: i32) -> Result<PpConfig, String> {
         (None, Some(s)) => (0..s).map(|i| (i * devices_present as usize / s) as i32).collect(),
         (None, None) => (0..devices_present).flat_map(|d| [d, d]).collect(),
     };
-    let config =
-        PpConfig::with_devices(&devices).slots(args.slots.unwrap_or(2)).transport(args.transport.unwrap_or_default());
+    let config = PpConfig::with_devices(&devices)
+        .with_slots(args.slots.unwrap_or(2))
+        .with_transport(args.transport.unwrap_or_default());
     config.validate().map_err(|e| ppnrt::error::chain(&e))?;
     Ok(config)
 }

@@ -52,7 +52,7 @@ fn words(seed: u32) -> Vec<u32> {
 /// `decode`: the bench's eager decode step, `steps` times.
 fn decode(steps: usize, unchecked: bool) -> ppnrt::Result<()> {
     let primary = Engine::new(0)?;
-    let rt = PpNRt::new(PpConfig::with_devices(&[0; DECODE_STAGES]).slots(DECODE_SLOTS), &primary)?;
+    let rt = PpNRt::new(PpConfig::with_devices(&[0; DECODE_STAGES]).with_slots(DECODE_SLOTS), &primary)?;
     let input: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.01 + 0.5).collect();
     let mut acts = (0..DECODE_STAGES)
         .map(|s| {
@@ -123,7 +123,7 @@ fn run(mode: &str, steps: usize, unchecked: bool) -> Result<(), Box<dyn std::err
     let second = if mode == "peer" || Device::count()? > 1 { 1 } else { 0 };
     let devices: &[i32] = if mode == "local" { &[0, 0] } else { &[0, second] };
     let config = PpConfig::with_devices(devices);
-    let config = if mode == "staged" { config.transport(TransportPolicy::Staged) } else { config };
+    let config = if mode == "staged" { config.with_transport(TransportPolicy::Staged) } else { config };
     let rt = PpNRt::new(config, &primary)?;
     let (e0, e1) = (rt.engine(0, &primary)?.clone(), rt.engine(1, &primary)?.clone());
     let x = {

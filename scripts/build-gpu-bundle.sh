@@ -3,6 +3,8 @@
 # no Rust) and stages them in gpu-bundle/ (ignored by git), with the gate script beside them.
 # Then run the gate on a GPU machine from the repository root:  bash scripts/gpu-gate.sh
 # (carrying gpu-bundle/, or gpu-bundle.tgz when the bundle is past the device tool's 64 MiB).
+# gpu-bundle/tiers names each test executable's tier, one "NAME TIER" a line: host, double or
+# gpu (its folder under tests/), unit (the library's own tests); the gate picks by tier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -27,6 +29,11 @@ for line in sys.stdin:
         continue
     name = msg["target"]["name"] if kind != "lib" else "unit"
     target = os.path.join(dest, name)
+    if kind in ("test", "lib"):
+        parts = os.path.relpath(msg["target"]["src_path"], os.getcwd()).split(os.sep)
+        tier = parts[1] if kind == "test" and len(parts) > 2 and parts[0] == "tests" else "unit"
+        with open(os.path.join(os.path.dirname(dest), "tiers"), "a") as tiers:
+            print(name, tier, file=tiers)
     shutil.copy2(exe, target)
     # Debug sections make each executable ~9 MB; the bundle must travel light.
     if shutil.which("strip"):

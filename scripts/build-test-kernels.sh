@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the test images of tests/data/test_params.cu that tests/launch.rs loads: a fatbin (sm_90
+# Builds the test images of tests/data/test_params.cu that tests/gpu/launch.rs loads: a fatbin (sm_90
 # SASS and compute_90 PTX) and an sm_90 cubin, into tests/data/. Needs nvcc (CUDA 13.0: the PyPI
 # nvidia-cuda-nvcc wheel, or a toolkit); NVCC names it when it is not on PATH.
 set -euo pipefail

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU gate: runs every test executable, the examples, the test executables under
-# compute-sanitizer (memcheck with leak check, initcheck, synccheck, racecheck) and the benches
-# in a short mode, from gpu-bundle/ (made by scripts/build-gpu-bundle.sh). Prints one summary
-# table; exits non-zero on any failure or sanitizer error.
+# The GPU gate: runs the test executables of the GPU tier (tests/gpu/), of the double tier
+# (tests/double/: `nccl` and `processes` run on the GPUs and NCCL here; the others, made for the
+# driver double, skip) and the library's own, the examples, the GPU tier under compute-sanitizer
+# (memcheck with leak check, initcheck, synccheck, racecheck) and the benches in a short mode,
+# from gpu-bundle/ (made by scripts/build-gpu-bundle.sh, whose gpu-bundle/tiers names each
+# executable's tier). Prints one summary table; exits non-zero on any failure or sanitizer error.
 #
 #   bash scripts/gpu-gate.sh [phases]      phases: any of tests,examples,sanitize,bench (default all),
 #                                          and candle (only when named)
@@ -14,9 +16,13 @@
 # Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
-# GATE_SANITIZE_TESTS (test executables to sanitize; default those that reach a GPU),
+# GATE_TIERS (the tiers whose executables the tests phase runs; default "gpu double unit"; the
+# host tier, which CI runs, is "host"),
+# GATE_SANITIZE_TESTS (what to sanitize: test executables, or EXECUTABLE:MODULE for one module's
+# tests, e.g. "gpu:hazards singleton"; default the GPU tier's executables but `faults`, the `gpu`
+# executable as one run per module),
 # GATE_SANITIZE_JOBS (how many of them run at once under each tool; default 1. With 4 the whole
-# racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `hazards` alone takes 4.5),
+# racecheck phase took 4.6 minutes on 2x H200 instead of more than 8: `gpu:hazards` alone takes 4.5),
 # GATE_STEP_TIMEOUT (seconds one sanitizer run may take before it is killed and its step fails
 # with rc=124; default 0, no limit: a stalled run then fails its step instead of the whole call),
 # PPNRT_TEST_STALL_DUMP_S (default 20: a multi-process launch still running then has its ranks'
@@ -88,13 +94,19 @@ run_step() { # name logfile command...
 echo "gate on $(hostname): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | tr '\n' ' ')"
 echo "PPNRT_REQUIRE_GPUS=$PPNRT_REQUIRE_GPUS"
 
+# The test executables of the tiers named (gpu-bundle/tiers; a bundle without it: all of them).
+tier_tests() { # tier...
+  local n
+  for n in $(ls "$bundle/tests"); do
+    if [ ! -f "$bundle/tiers" ] || grep -qE "^$n ($(echo "$*" | tr ' ' '|'))$" "$bundle/tiers"; then echo "$n"; fi
+  done
+}
+
 if [[ $phases == *tests* ]]; then
-  for t in "$bundle"/tests/*; do
-    n=$(basename "$t")
-    # double: host tests through the driver double (they need the sources and a C compiler, and
-    # run in CI); here they would only skip.
-    [ "$n" = double ] && continue
-    run_step "test $n" "$logs/test-$n.log" "$t" --test-threads=1
+  # GATE_TIERS is a list of tiers.
+  # shellcheck disable=SC2086
+  for n in $(tier_tests ${GATE_TIERS:-gpu double unit}); do
+    run_step "test $n" "$logs/test-$n.log" "$bundle/tests/$n" --test-threads=1
   done
 fi
 
@@ -136,19 +148,19 @@ if [[ $phases == *examples* ]]; then
   fi
 fi
 
-# tool executable pattern: runs the executable's tests under the tool, those whose names contain
-# pattern each in a process of its own (at once), the others together; prints every log; fails
-# if any run fails.
+# tool executable filter pattern: runs the executable's tests that match filter (all with an
+# empty filter) under the tool, those whose names also contain pattern each in a process of its
+# own (at once), the others together; prints every log; fails if any run fails.
 sanitize_one_per_process() {
-  local tool=$1 n=$2 pattern=$3 dir rc=0 names name log job
+  local tool=$1 n=$2 filter=$3 pattern=$4 dir rc=0 names name log job
   dir=$(mktemp -d)
-  names=$("$bundle/tests/$n" --list 2>/dev/null | sed -n 's/: test$//p' | grep -F -- "$pattern")
+  names=$("$bundle/tests/$n" --list 2>/dev/null | sed -n 's/: test$//p' | grep -F -- "$filter" | grep -F -- "$pattern")
   export PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1
   "${bounded[@]}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-    "$bundle/tests/$n" --test-threads=1 --skip "$pattern" >"$dir/rest.log" 2>&1 &
+    "$bundle/tests/$n" ${filter:+"$filter"} --test-threads=1 --skip "$pattern" >"$dir/rest.log" 2>&1 &
   for name in $names; do
     "${bounded[@]}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      "$bundle/tests/$n" --test-threads=1 --exact "$name" >"$dir/$name.log" 2>&1 &
+      "$bundle/tests/$n" --test-threads=1 --exact "$name" >"$dir/${name//::/-}.log" 2>&1 &
   done
   for job in $(jobs -p); do
     wait "$job"
@@ -175,45 +187,55 @@ fi
 
 if [[ $phases == *sanitize* ]]; then
   tools=${GATE_SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}
-  # faults: its child processes trap on purpose; unit, no_driver, double, ring, bounded, rendezvous,
-  # campaign, foreign: never reach a GPU (they run through the driver double, or need no driver;
-  # the sanitizer refuses a program that makes no CUDA call); nccl: not yet run under the sanitizer
-  # (NCCL's own kernels and proxy threads; pick it with GATE_SANITIZE_TESTS=nccl); processes: its
-  # ranks are child processes, and its own test runs one rank under memcheck.
-  default_tests=$(ls "$bundle/tests" | grep -vE '^(faults|unit|no_driver|double|ring|bounded|nccl|processes|rendezvous|campaign|foreign)$' | tr '\n' ' ')
+  # The GPU tier but `faults` (its child processes trap on purpose); an executable whose tests
+  # sit in modules (`gpu`) as one run per module, so that GATE_SANITIZE_JOBS runs them side by
+  # side. The other tiers never reach a GPU here (the sanitizer refuses a program that makes no
+  # CUDA call), but `nccl` (NCCL's own kernels and proxy threads; pick it with
+  # GATE_SANITIZE_TESTS=nccl) and `processes` (its ranks are child processes, and its own test
+  # runs one rank under memcheck).
+  default_tests=$(for n in $(tier_tests gpu); do
+    [ "$n" = faults ] && continue
+    modules=$("$bundle/tests/$n" --list 2>/dev/null | sed -n 's/: test$//p' | grep '::' | sed 's/::.*//' | sort -u)
+    if [ -n "$modules" ]; then for m in $modules; do echo "$n:$m"; done; else echo "$n"; fi
+  done | tr '\n' ' ')
   tests=${GATE_SANITIZE_TESTS:-$default_tests}
   for tool in $tools; do
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check full)
     jobs=${GATE_SANITIZE_JOBS:-1}
     running=0
-    for n in $tests; do
+    for unit in $tests; do
+      # EXECUTABLE or EXECUTABLE:MODULE (that module's tests alone: the filter `MODULE::`).
+      n=${unit%%:*}
+      filter=()
+      [ "$unit" != "$n" ] && filter=("${unit#*:}::")
+      log="$logs/sanitize-$tool-${unit/:/-}.log"
       skip=()
-      if [ "$tool" = initcheck ] && [ "$n" = pipeline ]; then
+      if [ "$tool" = initcheck ] && [ "$unit" = gpu:pipeline ]; then
         # initcheck misreports (and at times kills or stalls) the thread-per-stage loops, the
         # raw-driver one without this crate as much as the crate's: docs/RELIABILITY.md,
         # "initcheck and the thread-per-stage loop". They run under the other three tools.
         skip=(--skip _matches_one_thread)
-        echo "sanitize initcheck pipeline: skipping the thread-per-stage loops (*_matches_one_thread): initcheck misreports them, see docs/RELIABILITY.md"
+        echo "sanitize initcheck gpu:pipeline: skipping the thread-per-stage loops (*_matches_one_thread): initcheck misreports them, see docs/RELIABILITY.md"
       fi
-      if [ "$tool" = initcheck ] && [ "$n" = safe_layer ]; then
+      if [ "$tool" = initcheck ] && [ "$unit" = gpu:safe_layer ]; then
         # initcheck misreports the device-to-host copies of pool memory that several threads
         # allocate and fill at once, the raw-driver twin's as much as the crate's:
         # docs/RELIABILITY.md, "The gate of 2026-12-01 on 2× H200". They run under the other three.
         skip=(--skip stream_overrides_nest_and_stay_on_their_thread --skip raw_driver_threads_fill_and_read_back_pool_memory)
-        echo "sanitize initcheck safe_layer: skipping the four-thread pool tests: initcheck misreports them, see docs/RELIABILITY.md"
+        echo "sanitize initcheck gpu:safe_layer: skipping the four-thread pool tests: initcheck misreports them, see docs/RELIABILITY.md"
       fi
-      if [ "$tool" = racecheck ] && [ "$n" = pipeline ]; then
+      if [ "$tool" = racecheck ] && [ "$unit" = gpu:pipeline ]; then
         # Under racecheck a thread-per-stage loop that follows another in the same process can
         # stall inside the sanitizer (the crate's loops and the raw-driver twin alike; each alone
         # finishes): docs/RELIABILITY.md. Each runs in a process of its own.
-        echo "sanitize racecheck pipeline: each thread-per-stage loop (*_matches_one_thread) in a process of its own, see docs/RELIABILITY.md"
-        run_logged "$logs/sanitize-$tool-$n.log" sanitize_one_per_process "$tool" "$n" _matches_one_thread &
+        echo "sanitize racecheck gpu:pipeline: each thread-per-stage loop (*_matches_one_thread) in a process of its own, see docs/RELIABILITY.md"
+        run_logged "$log" sanitize_one_per_process "$tool" "$n" "${filter[0]:-}" _matches_one_thread &
       else
         PPNRT_SANITIZER=1 PPNRT_HAZARD_STEPS=${PPNRT_HAZARD_STEPS_SANITIZED:-300} PPNRT_TEST_QUICK=1 \
-          run_logged "$logs/sanitize-$tool-$n.log" \
+          run_logged "$log" \
           "${bounded[@]}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 \
-          "$bundle/tests/$n" --test-threads=1 "${skip[@]}" &
+          "$bundle/tests/$n" "${filter[@]}" --test-threads=1 "${skip[@]}" &
       fi
       running=$((running + 1))
       if [ "$running" -ge "$jobs" ]; then
@@ -222,8 +244,8 @@ if [[ $phases == *sanitize* ]]; then
       fi
     done
     wait
-    for n in $tests; do
-      record_logged "sanitize $tool $n" "$logs/sanitize-$tool-$n.log"
+    for unit in $tests; do
+      record_logged "sanitize $tool $unit" "$logs/sanitize-$tool-${unit/:/-}.log"
     done
   done
 fi

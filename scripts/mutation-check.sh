@@ -132,7 +132,7 @@ declare -A catchers=(
   [kernel-param-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [arg-list-claims-own]="a_callers_kernel_parameter_cannot_skip_the_launchs_rebinding"
   [lent-memory-captured]="a_lent_buffer_cannot_be_captured_into_a_graph"
-  # The examples' command lines (tests/examples.rs).
+  # The examples' command lines (tests/host/examples.rs).
   [example-help-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
   [example-bad-argument-ignored]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
   [example-runtime-error-as-usage]="every_example_answers_help_refuses_bad_arguments_and_reports_a_missing_driver_as_one_chain"
@@ -145,7 +145,7 @@ declare -A catchers=(
   [per-source-share-ignored]="a_source_over_its_share_evicts_its_own_oldest_first"
   [accept-emfile-fatal]="running_out_of_descriptors_while_accepting_does_not_fail_the_rendezvous"
   [guest-retry-removed]="a_rank_whose_connection_is_closed_unanswered_tries_again a_flood_of_silent_strangers_does_not_crowd_out_the_ranks"
-  # The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs).
+  # The cudarc interop's lend ends under captures (tests/double/cudarc_attacks.rs).
   [lent-release-deferred]="a_capture_active_at_the_lends_end_does_not_unorder_it"
   [capture-begins-during-lend]="the_engine_stream_cannot_be_captured_around_a_lend"
   [lend-on-capturing-stream]="the_engine_stream_cannot_be_captured_around_a_lend"
@@ -161,12 +161,23 @@ declare -A catchers=(
   [secret-file-empty-accepted]="an_empty_or_oversized_file_is_refused"
   [nccl-search-runs-python]="the_nccl_search_runs_no_program_and_finds_the_wheels"
   [nccl-too-old-fails-the-load]="an_unusable_candidate_is_skipped_for_a_later_one"
-  # A call NCCL completes in the background that fails (campaign.rs), and launch-local's status.
+  # A call NCCL completes in the background that fails (tests/double/campaign.rs), and launch-local's status.
   [settle-failure-unaborted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [failed-call-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [failed-group-use-unnoted]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [group-stops-settling]="a_receive_that_fails_while_nccl_completes_it_never_writes_its_freed_buffer"
   [launch-local-status-lost]="launch_local_exits_with_the_first_failing_ranks_status the_gpu_gate_fails_a_multi_process_step_whose_rank_fails"
+  # The crate-wide error looks inside a failed build for its CUDA cause (src/error.rs).
+  [as-cuda-blind-to-builds]="as_cuda_sees_through_a_failed_build"
+  # A GPU test's one-line skip and PPNRT_REQUIRE_GPUS (tests/common/needs.rs); the gate by tier.
+  [skip-line-long]="every_entry_point_reports_the_missing_driver"
+  [required-gpus-skipped]="every_entry_point_reports_the_missing_driver"
+  [gate-runs-every-tier]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
+  [gate-sanitizes-whole-binaries]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
+  # Settings set in code name the builder call; the fault seam; no testing cfg in a body.
+  [config-error-names-variable]="errors_name_the_call_or_the_variable_that_set_the_value"
+  [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
+  [testing-cfg-in-body]="no_function_body_carries_a_testing_cfg"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -186,8 +197,9 @@ PY
   filters=()
   [ "${MUTATION_FILTERS:-1}" = 1 ] && read -r -a filters <<< "${catchers[$name]:-}"
   if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
-  # `examples` runs the example executables: they are built from the mutated tree first.
-  log=$(if [ "$test" = examples ]; then cargo build --examples 2>&1 || exit 0; fi; cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
+  # `host` runs the example executables (its `examples` tests): they are built from the mutated
+  # tree first.
+  log=$(if [ "$test" = host ]; then cargo build --examples 2>&1 || exit 0; fi; cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
@@ -211,7 +223,7 @@ run launch-own-args-unordered src/safe/launch/mod.rs "                        se
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), Error>(()) {"
+run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), CudaError>(()) {"
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
@@ -223,7 +235,7 @@ run graph-keep-alive src/safe/capture.rs "None => recorded.footprint.push((Arc::
 run graph-deferred-free src/safe/memory.rs "        if let Some(blocked) = free_blocked(|| self.stream.capture()) {" "        if let Some(blocked) = None::<super::capture::FreeBlocked> {"
 run graph-deferred-pinned-free src/safe/host.rs "        if let Some(blocked) = free_blocked(|| None) {" "        if let Some(blocked) = None::<super::capture::FreeBlocked> {"
 run graph-invalidate src/safe/capture.rs "        capture.invalidate(call);" ""
-run graph-stale-slot src/pp/runtime/step_graph.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
+run graph-stale-slot src/pp/runtime/step_graph/launch.rs "(SlotBuffer::Device(buffer), Some(captured)) if Arc::ptr_eq(buffer.memory(), captured) => Ok(())," "(SlotBuffer::Device(_), _) => Ok(()),"
 run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate();
         loop {" "        loop {"
 # A thread's hold of a stream's enqueue gate inside its own counted hold costs no count; once the
@@ -231,9 +243,8 @@ run lazy-record-gate src/safe/stream.rs "        let _gate = self.enqueue_gate()
 run nested-gate-kept src/safe/stream.rs "            let _ = GATE_HELD.try_with(|held| held.set(std::ptr::null()));" ""
 # Boundaries between processes (their ranks through the driver and NCCL doubles): a silent peer
 # fails the link.
-run liveness src/pp/remote/sender.rs "    let _ = config;
-    true
-}" "    let _ = config;
+run liveness src/pp/remote/sender.rs "    !config.faults().at(FaultPoint::IgnoreSilence)
+}" "    let _ = (config, FaultPoint::IgnoreSilence);
     false
 }" processes
 # ... and a peer that dies during another rank's setup ends that rank's wait for NCCL.
@@ -255,14 +266,14 @@ run slot-owner src/pp/ring.rs "        let owner = if self.transport == Transpor
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl/comm.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
-run abort-unbounded src/nccl/settle.rs "    match result.recv_timeout(bound) {" "    match result.recv() {" nccl
+run abort-unbounded src/nccl/settle.rs "                match result.recv_timeout(deadline.saturating_duration_since(Instant::now())) {" "                match result.recv().map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected) {" nccl
 # Graph mode across processes: a launch reads only the step its stage is at from another rank.
-run graph-step-order src/pp/runtime/step_graph.rs "if ring.step(k) != expected {" "if false {" processes
+run graph-step-order src/pp/runtime/step_graph/launch.rs "if ring.step(k) != expected {" "if false {" processes
 # Eager and graph steps interleave across processes: an eager receive is counted, so the next
 # launch reads the step after it; a first stage sending to another rank uses its step's slot.
 run eager-rx-untracked src/pp/ring.rs "        self.slots[k].state = SlotState::Received;
         self.took(k);" "        self.slots[k].state = SlotState::Received;" processes
-run graph-send-slot src/pp/runtime/step_graph.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
+run graph-send-slot src/pp/runtime/step_graph/launch.rs "            (None, Some(sender)) if s == 0 => slot_of(sender.steps_sent(), n_slots),
 " "" processes
 # A receive is captured only while none of the process's NCCL work is still running: the check,
 # and the note a launch of a captured receive leaves (the NCCL double refuses such a capture).
@@ -280,17 +291,17 @@ run rx-state-early src/pp/runtime.rs "            SlotBuffer::Device(buffer) => 
             }"
 # The ring (src/pp/ring.rs): an eager boundary call on a capturing stage stream is refused; a
 # lent slot is given another buffer rather than stopping the ring; a guard's buffer is kept as a
-# spare; a graph's output is read back while the graph holds it (tests/ring.rs).
-run tx-in-capture src/pp/runtime.rs '        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let _gate = tx.enqueue_gate();' ring
-run rx-in-capture src/pp/runtime.rs "        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;" "        let gate = { let _ = call; boundary.rx_stream.enqueue_gate() };" ring
+# spare; a graph's output is read back while the graph holds it (tests/double/ring.rs).
+run tx-in-capture src/pp/runtime.rs '        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let _gate = tx.enqueue_gate();' double
+run rx-in-capture src/pp/runtime.rs "        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;" "        let gate = { let _ = call; boundary.rx_stream.enqueue_gate() };" double
 run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::Lent
 }" "    state.is_free()
-}" ring
-run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" ring
-run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(Error::HeldByGraph { .. }) => {}" "            Ok(()) => {}" ring
+}" double
+run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" double
+run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(CudaError::HeldByGraph { .. }) => {}" "            Ok(()) => {}" double
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
-run graph-launch-advance-early src/pp/runtime/step_graph.rs "            self.launch_on(stage, s, k, input, output)?;
+run graph-launch-advance-early src/pp/runtime/step_graph/launch.rs "            self.launch_on(stage, s, k, input, output)?;
             next[s] = (k + 1) % n_slots;" "            next[s] = (k + 1) % n_slots;
             self.launch_on(stage, s, k, input, output)?;"
 # A capture is ended however the calls around its end fail: without the context bound, and once
@@ -305,10 +316,10 @@ run pooled-free-unordered src/safe/memory.rs "            self.access.order_excl
 run plain-free-unwaited src/safe/memory.rs '            self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {' '            { let _ = self.access.wait_on_host("CudaSlice::drop", Use::Write); Ok(()) }.and_then(|()| {'
 # `launch` names the first stage behind (a launch that failed part-way) before any ring out of
 # step, so that `launch_stage` can finish the step (the graph sweep, four stages).
-run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
+run graph-stage-check-late src/pp/runtime/step_graph/launch.rs "        if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        // Every stage's output slot" "        for (b, ring) in rings.iter().enumerate() {
+        // Every stage is checked before any graph is launched" "        for (b, ring) in rings.iter().enumerate() {
             if ring.next() != k {
                 return Err(Error::Pipeline(PpError::GraphOutOfStep { boundary: b, expected: k, found: ring.next() }));
             }
@@ -316,54 +327,54 @@ run graph-stage-check-late src/pp/runtime/step_graph.rs "        if let Some((st
         if let Some((stage, found)) = next.iter().enumerate().find(|(_, at)| **at != next[0]) {
             return Err(Error::Pipeline(PpError::GraphStageOutOfStep { stage, expected: next[0], found: *found }));
         }
-        // Every stage's output slot"
+        // Every stage is checked before any graph is launched"
 # Across ranks (the fault sweep across ranks, through the driver and NCCL doubles): a drop that
 # does not record a boundary failure no call returned; a failed send that leaves its link up (the
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
 # link up.
 run drop-unreported-link src/pp/runtime/build.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
 run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
+            return Err(self.link.stopped().unwrap_or(e.into()));' '            return Err(e.into());'
 run receive-failure-keeps-link src/pp/remote/receiver.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
 # A readback given although a boundary of its rank failed (its receive may have been cut short).
-run readback-after-failure src/pp/readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
-# Nothing a caller forgets or reads keeps memory or streams without bound (tests/bounded.rs): a
+run readback-after-failure src/pp/pending_readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
+# Nothing a caller forgets or reads keeps memory or streams without bound (tests/double/bounded.rs): a
 # forgotten thread-local capture holds back no other stream's free; read marks let their streams
 # go; a detached read is dropped only once it completed.
-run forgotten-capture-holds-frees src/safe/capture.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" bounded
-run read-marks-hold-streams src/safe/ordering/mod.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" bounded
-run detached-reads-dropped src/safe/ordering/mod.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," bounded
+run forgotten-capture-holds-frees src/safe/capture.rs "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::ThisThread)" "    THREAD.try_with(|captures| captures.borrow().first().cloned()).ok().flatten().map(FreeBlocked::Capture)" double
+run read-marks-hold-streams src/safe/ordering/mod.rs "                    if reads.len() >= ATTACHED_READS {" "                    if false {" double
+run detached-reads-dropped src/safe/ordering/mod.rs "            (None, Some(event)) => event.is_complete()?," "            (None, Some(_event)) => true," double
 # A step whose bytes are not the receiver's n elements is refused (a peer whose type of that
-# name has another size): tests/ring.rs.
-run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" ring
-# Rank 0 reads every connection's hello at once, each within its own budget (tests/rendezvous.rs).
-run hellos-one-at-a-time src/auth.rs "        while at < self.pending.len() {" "        while at < self.pending.len().min(1) {" rendezvous
+# name has another size): tests/double/ring.rs.
+run rx-size-unchecked src/pp/ring.rs "            SlotState::Filled { .. } if n.checked_mul(size_of::<T>()) != Some(self.slots[k].bytes) => {" "            SlotState::Filled { .. } if false => {" double
+# Rank 0 reads every connection's hello at once, each within its own budget (tests/host/rendezvous.rs).
+run hellos-one-at-a-time src/auth/admission.rs "        while at < self.pending.len() {" "        while at < self.pending.len().min(1) {" host
 # Only the job's members get in (SECURITY.md): a connection that does not prove the job secret is
 # closed before it learns anything; a listener that does not prove it back gets nothing; records
-# are believed only with their seal; without a secret, only loopback (tests/rendezvous.rs, the
+# are believed only with their seal; without a secret, only loopback (tests/host/rendezvous.rs, the
 # link's unit tests).
-run unproven-knock-admitted src/auth.rs "            if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..NONCE + PROOF]) {" "            if false {" rendezvous
-run welcome-unchecked src/auth.rs "    if !handshake.verify(key, b\"welcome\", &[], &welcome) {" "    if false {" lib
+run unproven-knock-admitted src/auth/admission.rs "                if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..]) {" "            if false {" host
+run welcome-unchecked src/auth/handshake.rs "    if !handshake.verify(key, b\"welcome\", &[], &welcome) {" "    if false {" lib
 run seals-unchecked src/pp/remote/wire.rs "                if !opener.open(&pending[..sealed], &pending[sealed..sealed + SEAL]) {" "                if false {" lib
-run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {" "        if false {" rendezvous
+run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, JobAccess::SameHost) && !addr.ip().is_loopback() {" "        if false {" host
 # A rank whose link fails fails its other links first: nothing cut short goes on downstream as
-# whole (tests/ring.rs).
+# whole (tests/double/ring.rs).
 # A failing link aborts the rank's other links first (a head start): else the send queued behind
 # its cut-short receive can reach the next rank whole before that rank learns of the failure.
-run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &other_comms, Duration::ZERO)" ring
-run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" ring
-# tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/ring.rs).
-run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" ring
+run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &other_comms, Duration::ZERO)" double
+run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" double
+# tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/double/ring.rs).
+run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" double
 # A module image is checked whole before the driver reads it (it reads without a length).
-# An engine's own buffer: its stream waits for the crate's uses when the slice goes (tests/foreign.rs).
-run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" foreign
+# An engine's own buffer: its stream waits for the crate's uses when the slice goes (tests/double/foreign.rs).
+run foreign-release-unordered src/safe/memory.rs "            release_to_owner(&mut self.access, &self.stream)" "            Ok(())" double
 run image-unchecked src/safe/module/image.rs "        if u64::from(header).checked_add(size).is_none_or(|end| end > image.len() as u64) {" "        if false {" lib
 # A kernel argument list's values are laid out each at its alignment, none over another.
 run arg-list-unaligned src/safe/launch/list.rs "        let at = (self.end + layout.align() - 1) & !(layout.align() - 1);" "        let at = self.end;" lib
 run arg-list-overlapping src/safe/launch/list.rs "        self.end = at + layout.size();" "        self.end = at;" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
-run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" ring
+run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" double
 # A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
 run unable-rank-silent src/pp/remote/setup.rs "        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" "        (m.bytes.first() == Some(&UNABLE) && false).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" processes
 # The plain path (an operation on the one stream a buffer's state records takes no lock): a tag
@@ -417,41 +428,41 @@ run odd-context-handle-accepted src/safe/context.rs "        if raw_ctx.addr() &
 # A graph launch (whole step or stage by stage) whose read would overtake an eager `tx` not
 # received yet, in another slot of its ring, is refused; a capture of rings that stand at
 # different slots is refused.
-run graph-read-overtakes-eager src/pp/runtime/step_graph.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
-run capture-rings-out-of-step src/pp/runtime/step_graph.rs "        self.check_rings_in_step()?;" ""
-# The cudarc interop (tests/cudarc_double.rs, cudarc on the driver double): a lend's end that
+run graph-read-overtakes-eager src/pp/runtime/step_graph/launch.rs "            ring.check_read_in_turn(s - 1, k, call)?;" "            let _ = ring;"
+run capture-rings-out-of-step src/pp/runtime/step_graph/capture.rs "        self.check_rings_in_step()?;" ""
+# The cudarc interop (tests/double/cudarc_double.rs, cudarc on the driver double): a lend's end that
 # records no cudarc event, or forgets the crate's slice (the engine's stream does not wait for the
 # crate's uses), as a forgotten guard did; a received view whose end does not wait for cudarc's
 # reads; an adopted stream that does not keep cudarc's alive; a cudarc call that leaves cudarc's
 # context current; a buffer of another device lent. And a caller's kernel parameter, or a list of
-# one, taken for the crate's own (the launch's fast path skips the rebinding; tests/foreign.rs). A
+# one, taken for the crate's own (the launch's fast path skips the rebinding; tests/double/foreign.rs). A
 # lent buffer taken into a capture (its graph would outlive the lend).
-run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" cudarc_double cudarc
+run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" double cudarc
 run interop-read-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view()))" "        let result = f(slice.slice.as_view());
         std::mem::forget(slice);
-        Ok(result)" cudarc_double cudarc
+        Ok(result)" double cudarc
 run interop-write-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view_mut()))" "        let result = f(slice.slice.as_view_mut());
         std::mem::forget(slice);
-        Ok(result)" cudarc_double cudarc
-run received-view-reads-unwaited src/interop.rs "            slice.leak();" "            std::mem::forget(slice);" cudarc_double cudarc
-run adopted-stream-not-kept-alive src/safe/stream.rs "        wrapper.keep_alive = Some(owner);" "        drop(owner);" cudarc_double cudarc
-run cudarc-call-context-not-restored src/safe/context.rs "            unsafe { raw::set_current(self.previous) }" "            Ok(())" cudarc_double cudarc
-run interop-buffer-context-unchecked src/interop.rs "        if std::ptr::eq(buffer.cu_ctx().cast::<u8>(), self.context().raw().cast::<u8>()) {" "        if true {" cudarc_double cudarc
+        Ok(result)" double cudarc
+run received-view-reads-unwaited src/interop.rs "            slice.leak();" "            std::mem::forget(slice);" double cudarc
+run adopted-stream-not-kept-alive src/safe/stream.rs "        wrapper.keep_alive = Some(owner);" "        drop(owner);" double cudarc
+run cudarc-call-context-not-restored src/safe/context.rs "            unsafe { raw::set_current(self.previous) }" "            Ok(())" double cudarc
+run interop-buffer-context-unchecked src/interop.rs "        if std::ptr::eq(buffer.cu_ctx().cast::<u8>(), self.context().raw().cast::<u8>()) {" "        if true {" double cudarc
 run kernel-param-claims-own src/safe/launch/param.rs "    const OWN: Option<Own<Self>> = None;
     /// The C representation" "    const OWN: Option<Own<Self>> = Some(Own::vouch());
-    /// The C representation" foreign
-run arg-list-claims-own src/safe/launch/list.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" foreign
-run lent-memory-captured src/safe/enqueue.rs "                Tracked::Device(memory) if memory.lent() => {" "                Tracked::Device(memory) if memory.lent() && false => {" cudarc_double cudarc
+    /// The C representation" double
+run arg-list-claims-own src/safe/launch/list.rs "        self.foreign |= P::OWN.is_none();" "        self.foreign |= false;" double
+run lent-memory-captured src/safe/enqueue.rs "                Tracked::Device(memory) if memory.lent() => {" "                Tracked::Device(memory) if memory.lent() && false => {" double cudarc
 # The examples' command lines (tests/examples.rs, which runs the example executables): --help
 # ignored, an unknown argument ignored, a runtime error or a missing GPU reported as a bad
 # argument (status 2), an error printed with Debug instead of its chain.
-run example-help-ignored examples/quickstart.rs '        if arg == "-h" || arg == "--help" {' '        if false {' examples
-run example-bad-argument-ignored examples/pipeline.rs '            other => return Err(other.unexpected().to_string()),' '            other => drop(other),' examples
-run example-runtime-error-as-usage examples/03_readback.rs '            ExitCode::FAILURE' '            ExitCode::from(2)' examples
-run example-error-debug examples/05_thread_per_stage.rs 'eprintln!("05_thread_per_stage: {}", ppnrt::error::chain(&*e));' 'eprintln!("05_thread_per_stage: {e:?}");' examples
+run example-help-ignored examples/quickstart.rs '        if arg == "-h" || arg == "--help" {' '        if false {' host
+run example-bad-argument-ignored examples/pipeline.rs '            other => return Err(other.unexpected().to_string()),' '            other => drop(other),' host
+run example-runtime-error-as-usage examples/03_readback.rs '            ExitCode::FAILURE' '            ExitCode::from(2)' host
+run example-error-debug examples/05_thread_per_stage.rs 'eprintln!("05_thread_per_stage: {}", ppnrt::error::chain(&*e));' 'eprintln!("05_thread_per_stage: {e:?}");' host
 run example-no-gpu-as-usage examples/processes.rs '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
             return ExitCode::FAILURE;' '            eprintln!("processes: no GPU: {}", ppnrt::error::chain(&e));
-            return ExitCode::from(2);' examples
+            return ExitCode::from(2);' host
 # The listeners at the edge: before a connection proves the key the host reads at most the knock;
 # the member table's writes end at the exchange's deadline; a newcomer evicts the oldest unproven
 # connection (of its own source first); running out of descriptors while accepting is transient;
@@ -462,23 +473,23 @@ run table-write-deadline-ignored src/auth/admission.rs "        if Instant::now(
             for (i, outcome)" lib
 run eviction-youngest-first src/auth/admission.rs "            .min_by_key(|(_, p)| p.arrival)" "            .max_by_key(|(_, p)| p.arrival)" lib
 run per-source-share-ignored src/auth/admission.rs "        if of_source >= self.per_source {" "        if false {" lib
-run accept-emfile-fatal src/auth/admission.rs "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Descriptors," "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Listener," rendezvous
-run guest-retry-removed src/auth/admission.rs "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_))) => return Err(e)," "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_) | KnockError::Closed { .. })) => return Err(e)," rendezvous
-# The cudarc interop's lend ends under captures (tests/cudarc_attacks.rs): lent memory whose
+run accept-emfile-fatal src/auth/admission.rs "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Descriptors," "        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM) => AcceptFailure::Listener," host
+run guest-retry-removed src/auth/admission.rs "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_))) => return Err(e)," "            Err(e @ (KnockError::NotOurs | KnockError::Unproven(_) | KnockError::Malformed(_) | KnockError::Closed { .. })) => return Err(e)," host
+# The cudarc interop's lend ends under captures (tests/double/cudarc_attacks.rs): lent memory whose
 # release is deferred by a capture of another stream; a capture of the engine's stream begun
 # during a lend; a lend begun on a capturing engine stream; a capture begun through cudarc itself
 # ignored at the lend's end or start.
 run lent-release-deferred src/safe/memory.rs "        if self.lent {
             // A scoped lend ends here" "        if self.lent && false {
-            // A scoped lend ends here" cudarc_attacks cudarc
-run capture-begins-during-lend src/safe/stream.rs "        if self.lends.load(Ordering::SeqCst) != 0 {" "        if false {" cudarc_attacks cudarc
+            // A scoped lend ends here" double cudarc
+run capture-begins-during-lend src/safe/stream.rs "        if self.lends.load(Ordering::SeqCst) != 0 {" "        if false {" double cudarc
 run lend-on-capturing-stream src/safe/stream.rs "        if held.is_none() {
             // Under the capture lock" "        if true {
-            // Under the capture lock" cudarc_attacks cudarc
-run lend-end-ignores-foreign-capture src/interop.rs "        if !self.lender.captured_elsewhere() {" "        if true {" cudarc_attacks cudarc
+            // Under the capture lock" double cudarc
+run lend-end-ignores-foreign-capture src/interop.rs "        if !self.lender.captured_elsewhere() {" "        if true {" double cudarc
 run lend-start-ignores-foreign-capture src/interop.rs "        if self.captured_elsewhere() {
             return Err" "        if false {
-            return Err" cudarc_attacks cudarc
+            return Err" double cudarc
 # A tx_wait across ranks that waits past the peer timeout: the watchdog's signs of life stop while
 # a call holds the control lock, or the waiting call's reads do not count as the peer heard.
 run keepalive-skipped-while-waiting src/pp/remote/sender.rs "        let writer = match self.writer.try_lock() {" "        let _held = match self.control.try_lock() {
@@ -486,12 +497,12 @@ run keepalive-skipped-while-waiting src/pp/remote/sender.rs "        let writer 
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(()),
         };
-        let writer = match self.writer.try_lock() {" ring
+        let writer = match self.writer.try_lock() {" double
 run waiting-reads-unheard src/pp/remote/sender.rs "                Ok(read) => {
-                    self.heard.mark();" "                Ok(read) => {" ring
+                    self.heard.mark();" "                Ok(read) => {" double
 # The job secret: an empty variable taken as unset; a secret's file that others can read, that is
 # not a regular file (a FIFO blocks the read, a device never ends), too large, or empty.
-run empty-secret-unset src/auth.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
+run empty-secret-unset src/auth/mod.rs "            std::env::var_os(JOB_SECRET_VAR).as_deref()," "            std::env::var_os(JOB_SECRET_VAR).filter(|value| !value.is_empty()).as_deref()," environment
 run secret-file-mode-unchecked src/auth/secret_file.rs "    if mode & 0o077 != 0 {" "    if false {" lib
 run secret-file-kind-unchecked src/auth/secret_file.rs "    if !meta.is_file() {" "    if false {" lib
 run secret-file-size-unchecked src/auth/secret_file.rs "    if meta.len() > JobSecret::MAX_BYTES as u64 {" "    if false {" lib
@@ -499,14 +510,32 @@ run secret-file-empty-accepted src/auth/secret_file.rs "    if bytes.is_empty() 
 # NCCL's wheel is found without running a program; a too-old candidate is skipped for a later one.
 run nccl-search-runs-python src/nccl/library.rs "    let mut candidates = WheelSearch::from_env().libraries();" "    let _ = std::process::Command::new(\"python3\").arg(\"-c\").arg(\"\").output();
     let mut candidates = WheelSearch::from_env().libraries();" environment
-run nccl-too-old-fails-the-load src/nccl/library.rs "                Err(skipped) => skipped," "                Err(skipped) => return Err(skipped)," nccl
+run nccl-too-old-fails-the-load src/nccl/library.rs "                Err(skipped) => skipped," "                Err(skipped) => return Err(skipped)," host
 # A non-blocking communicator's call that does not settle (its poll failed) must abort the
 # communicator, and the buffer's use is noted whatever the call returned (alone, in a group, every
 # communicator of a group settled): else NCCL enqueues the receive in the background after its
-# buffer was freed (campaign.rs). launch-local.sh must exit with a failing rank's status.
+# buffer was freed (tests/double/campaign.rs). launch-local.sh must exit with a failing rank's status.
 run settle-failure-unaborted src/nccl/comm.rs "        if settled.is_err() {" "        if matches!(settled, Err(NcclError::TimedOut { .. })) {" campaign
 run failed-call-use-unnoted src/nccl/comm.rs "                Ok(self.settle(nccl, &mut one_call, op.call_name(), result))" "                self.settle(nccl, &mut one_call, op.call_name(), result).map(Ok)" campaign
 run failed-group-use-unnoted src/nccl/p2p.rs "    Ok(issued.and(ended))" "    issued.and(ended).map(Ok)" campaign
 run group-stops-settling src/nccl/p2p.rs "            let this = comm.settle(nccl, lock, \"ncclGroupEnd\", ended);
             settled = settled.and(this);" "            if settled.is_ok() { settled = comm.settle(nccl, lock, \"ncclGroupEnd\", ended); }" campaign
-run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' scripts
+run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' '    wait "$pid" || true' host
+# The crate-wide error tells a CUDA cause inside a failed build (src/error.rs unit tests).
+run as-cuda-blind-to-builds src/error.rs "            Error::PipelineBuild { source, .. } => source.as_cuda()," "            Error::PipelineBuild { .. } => None," lib
+# A GPU test that skips says why in one short line, not with the loader's list of every path
+# tried; under PPNRT_REQUIRE_GPUS it fails instead (tests/common/needs.rs). The gate runs the GPU
+# and double tiers, not the host tier, and sanitizes the `gpu` executable one module at a time.
+run skip-line-long tests/common/needs.rs '"0: {}", no_driver(&e)' '"0: {e}"' no_driver
+run required-gpus-skipped tests/common/needs.rs "Shortfall::Gpus(_) if required >= needs.gpus =>" "Shortfall::Gpus(_) if false && required >= needs.gpus =>" no_driver
+run gate-runs-every-tier scripts/gpu-gate.sh 'tier_tests ${GATE_TIERS:-gpu double unit}' 'tier_tests gpu double unit host' host
+run gate-sanitizes-whole-binaries scripts/gpu-gate.sh '    if [ -n "$modules" ]; then' '    if false; then' host
+# A value set in code is named by its builder call, not by the variable (its source kept); the
+# fault seam reaches the runtime's hook (a hazard test's broken protocol is caught); a function
+# body that carries a cfg of the testing feature is found by the source scan.
+run config-error-names-variable src/pp/config/mod.rs "                setting: sources.stages," "                setting: STAGES_VAR," lib
+run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault::SkipRxWait {
+            slot.access().forget_reads();" "        if false && self.injected == ProtocolFault::SkipRxWait {
+            slot.access().forget_reads();"
+run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
+        self.config.faults().before_tx(slot);" host

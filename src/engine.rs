@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 #[cfg(feature = "testing")]
 use crate::safe::TestKernels;
 use crate::safe::{
@@ -38,6 +38,16 @@ fn load_first<'a, T>(cell: &'a OnceLock<T>, lock: &Mutex<()>, load: impl FnOnce(
 }
 
 /// One device's execution context. See the [module docs](self).
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let x = engine.htod(&[1.0f32, 2.0, 3.0])?;
+/// let mut y = engine.alloc_zeroed::<f32>(3)?;
+/// engine.dtod(&x, &mut y)?;
+/// assert_eq!(engine.dtoh(&y)?, [1.0, 2.0, 3.0]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
@@ -49,8 +59,15 @@ struct EngineInner {
     ctx: Arc<Context>,
     stream: Arc<CudaStream>,
     max_blocks: u32,
+    modules: Modules,
+}
+
+/// The engine's modules, each loaded on first use.
+#[derive(Debug, Default)]
+struct Modules {
     /// Loaded on first use; a failed load (say, out of memory) is not kept, the next use retries.
     helpers: OnceLock<HelperKernels>,
+    /// The test kernels (`testing` feature), loaded on first use as `helpers` is.
     #[cfg(feature = "testing")]
     test_kernels: OnceLock<TestKernels>,
     /// The toy model's layer ([`Engine::toy_layer`]), loaded on first use as `helpers` is.
@@ -69,19 +86,7 @@ impl Engine {
         let ctx = Context::primary(&device)?;
         let stream = CudaStream::new(&ctx)?;
         let max_blocks = u32::try_from(device.multiprocessor_count()?.max(1) * 8).unwrap_or(1024);
-        Ok(Engine {
-            inner: Arc::new(EngineInner {
-                device,
-                ctx,
-                stream,
-                max_blocks,
-                helpers: OnceLock::new(),
-                #[cfg(feature = "testing")]
-                test_kernels: OnceLock::new(),
-                toy_model: OnceLock::new(),
-                loading: Mutex::new(()),
-            }),
-        })
+        Ok(Engine { inner: Arc::new(EngineInner { device, ctx, stream, max_blocks, modules: Modules::default() }) })
     }
 
     /// The device.
@@ -237,7 +242,9 @@ impl Engine {
     /// The module load's error.
     #[inline]
     pub fn helper_kernels(&self) -> Result<&HelperKernels> {
-        load_once(&self.inner.helpers, &self.inner.loading, || HelperKernels::load(&self.inner.ctx, self.max_blocks()))
+        load_once(&self.inner.modules.helpers, &self.inner.modules.loading, || {
+            HelperKernels::load(&self.inner.ctx, self.max_blocks())
+        })
     }
 
     /// This device's test fixtures' kernels (`testing` feature), loaded on first use.
@@ -246,14 +253,16 @@ impl Engine {
     /// The module load's error.
     #[cfg(feature = "testing")]
     pub fn test_kernels(&self) -> Result<&TestKernels> {
-        load_once(&self.inner.test_kernels, &self.inner.loading, || {
+        load_once(&self.inner.modules.test_kernels, &self.inner.modules.loading, || {
             TestKernels::load(&self.inner.ctx, self.max_blocks())
         })
     }
 
     /// This device's toy model layer, loaded on first use (a failed load is retried next time).
     fn toy_model(&self) -> Result<&ToyModel> {
-        load_once(&self.inner.toy_model, &self.inner.loading, || ToyModel::load(&self.inner.ctx, self.max_blocks()))
+        load_once(&self.inner.modules.toy_model, &self.inner.modules.loading, || {
+            ToyModel::load(&self.inner.ctx, self.max_blocks())
+        })
     }
 
     /// Writes [`kernels::pattern`](crate::kernels::pattern)`(seed, i)` into element `i` of `dst`.

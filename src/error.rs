@@ -1,156 +1,142 @@
-//! The errors of the CUDA layers (loader, driver calls, the safe wrappers).
+//! The crate-wide error: [`Error`], the one error a user matches on, and [`Result`], its
+//! `Result`. It sits above every layer it wraps, and each layer keeps its own error at its own
+//! level, naming nothing above it:
 //!
-//! [`CudaError`] keeps loader failures ([`LoadError`]: no library, no `cuInit`, a driver too old)
-//! apart from driver failures ([`DriverError`]: a call returned a `CUresult` other than success)
-//! and from misuse caught on the host before anything is enqueued (each variant names the bad
-//! value). Errors are `Clone` so that a failed build can be returned again, unchanged, to every
-//! later caller (see [`PpNRt::get`](crate::PpNRt::get)).
+//! | error | layer | defined in |
+//! | --- | --- | --- |
+//! | [`CudaError`] ([`LoadError`], [`DriverError`], [`CaptureError`]) | the loader, the driver calls, the safe wrappers, [`Engine`](crate::Engine) | `cuda_error.rs` |
+//! | [`NcclError`] | NCCL ([`nccl`](crate::nccl)) | `nccl/result.rs` |
+//! | [`RendezvousError`] | the meeting of a pipeline's processes ([`rendezvous`](crate::rendezvous)) | `rendezvous.rs` |
+//! | [`ConfigError`] | the settings: the pipeline's and the job secret's | `config_error.rs` |
+//! | [`PpError`] ([`SlotState`]) | the pipeline runtime's misuse | `error/pipeline.rs` |
+//! | [`Error`] | every call of the crate; the pipeline's calls return it | this file |
+//!
+//! Each of those converts into [`Error`], so `?` works from every layer's call in a function that
+//! returns [`Result`] (`ppnrt::Result`), and so does `Err(e.into())` for any of them:
+//!
+//! ```no_run
+//! fn run() -> ppnrt::Result<()> {
+//!     let engine = ppnrt::Engine::new(0)?; // a CudaError
+//!     let _config = ppnrt::PpConfig::from_env()?; // a ConfigError
+//!     let _id = ppnrt::nccl::NcclUniqueId::new()?; // an NcclError
+//!     engine.stream()?.synchronize()?; // a CudaError through a shared stream
+//!     let cuda_err: ppnrt::CudaError = engine.synchronize().unwrap_err();
+//!     Err(cuda_err.into())
+//! }
+//! ```
+//!
+//! The layers' own `Result`s are [`CudaResult`] (`Result<T, CudaError>`) and
+//! `nccl::Result` (`Result<T, NcclError>`). A conversion with nothing to name its target, such as
+//! `.map_err(Into::into)?` or `Err(e.into())?`, has many candidates (every layer's error converts
+//! into [`Error`], and [`CudaError`] also into [`NcclError`]), so the compiler cannot choose
+//! (E0283): write `?` alone, or `Error::from(e)`.
+//!
+//! ```compile_fail,E0283
+//! fn run() -> ppnrt::Result<()> {
+//!     let _engine = ppnrt::Engine::new(0).map_err(|e| e.into())?; // into what? E0283
+//!     Ok(())
+//! }
+//! ```
 
-use std::fmt;
+mod pipeline;
 
-use crate::sys::CUresult;
+pub use crate::config_error::ConfigError;
+pub use crate::cuda_error::{CaptureError, CudaError, CudaResult, DriverError, DriverVersion, LoadAttempt, LoadError};
+pub use crate::nccl::NcclError;
+pub use crate::rendezvous::RendezvousError;
+pub use pipeline::{PpError, SlotState};
 
-/// A CUDA driver version, as `cuDriverGetVersion` reports it (`1000 * major + 10 * minor`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DriverVersion {
-    /// Major CUDA version (the 13 of 13.0).
-    pub major: u32,
-    /// Minor CUDA version (the 0 of 13.0).
-    pub minor: u32,
-}
-
-impl DriverVersion {
-    /// The oldest driver this crate accepts: CUDA 12.0.
-    pub const MINIMUM: DriverVersion = DriverVersion { major: 12, minor: 0 };
-
-    /// Decodes the integer `cuDriverGetVersion` writes (`13000` is 13.0, `12080` is 12.8).
-    /// Negative values (never written by a real driver) decode as 0.0.
-    pub fn from_raw(raw: i32) -> DriverVersion {
-        let raw = u32::try_from(raw).unwrap_or(0);
-        DriverVersion { major: raw / 1000, minor: (raw % 1000) / 10 }
-    }
-}
-
-impl fmt::Display for DriverVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-/// One failed attempt to open the driver library.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadAttempt {
-    /// The name or path handed to the dynamic loader.
-    pub candidate: String,
-    /// What the dynamic loader said.
-    pub reason: String,
-}
-
-impl fmt::Display for LoadAttempt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "`{}`: {}", self.candidate, self.reason)
-    }
-}
-
-/// Why the CUDA driver could not be brought up. Every public entry point returns it (inside
-/// [`CudaError::Load`]) when the driver is unusable; it is decided once per process.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Everything that can go wrong in this crate: the pipeline's calls return it, and the CUDA
+/// layers' [`CudaError`] converts into it (`?` works across the layers).
+///
+/// ```
+/// let cause = ppnrt::ConfigError { setting: "PPNRT_STAGES", value: "x".into(), reason: "not a number".into() };
+/// let err = ppnrt::Error::PipelineBuild { config: "PPNRT_STAGES=\"x\"".into(), source: Box::new(cause.into()) };
+/// assert_eq!(
+///     ppnrt::error::chain(&err),
+///     "building the pipeline runtime failed for PPNRT_STAGES=\"x\"\n  caused by: invalid pipeline configuration: PPNRT_STAGES=\"x\": not a number"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-pub enum LoadError {
-    /// No candidate library could be opened.
-    #[error("no CUDA driver library could be loaded; tried {}", list(.tried))]
-    LibraryNotFound {
-        /// Every candidate tried, in order, with the loader's reason.
-        tried: Vec<LoadAttempt>,
+pub enum Error {
+    /// The driver could not be loaded, a driver call failed, or a safe wrapper refused its
+    /// arguments: see [`CudaError`].
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A pipeline configuration that cannot be built (see [`ConfigError`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The pipeline runtime could not be built; names the configuration and the cause.
+    #[error("building the pipeline runtime failed for {config}")]
+    PipelineBuild {
+        /// The configuration, as given.
+        config: String,
+        /// Why the build failed.
+        source: Box<Error>,
     },
-    /// The library opened but lacks an entry point that loading itself needs.
-    #[error("the CUDA driver library `{library}` has no entry point `{symbol}`")]
-    EntryPointMissing {
-        /// The library that was opened.
-        library: String,
-        /// The missing symbol.
-        symbol: &'static str,
-    },
-    /// `cuInit` or `cuDriverGetVersion` failed.
-    #[error("the CUDA driver `{library}` failed to initialise")]
-    InitFailed {
-        /// The library that was opened.
-        library: String,
-        /// The failing call.
-        source: DriverError,
-    },
-    /// The driver is older than [`DriverVersion::MINIMUM`].
-    #[error("the CUDA driver `{library}` supports CUDA {found}; ppnrt needs CUDA {required} or newer")]
-    DriverTooOld {
-        /// The library that was opened.
-        library: String,
-        /// The version the driver reported.
-        found: DriverVersion,
-        /// The oldest version accepted.
-        required: DriverVersion,
-    },
+    /// Misuse of the pipeline runtime (a stage, boundary or slot out of range, a slot in the
+    /// wrong state, `rx` of another length or type than `tx` sent): see [`PpError`].
+    #[error(transparent)]
+    Pipeline(#[from] PpError),
+    /// NCCL could not be loaded, is too old, or an NCCL call failed: see [`NcclError`]. (A
+    /// CUDA error met inside an NCCL call converts to [`Error::Cuda`].)
+    #[error(transparent)]
+    Nccl(NcclError),
+    /// The processes of a pipeline could not meet: see [`RendezvousError`].
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
 }
 
-fn list(tried: &[LoadAttempt]) -> String {
-    if tried.is_empty() {
-        return "nothing".to_string();
-    }
-    tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-}
-
-/// A driver call that returned something other than `CUDA_SUCCESS`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed with {name} ({}): {description}", .code.0)]
-pub struct DriverError {
-    /// The driver entry point, as exported (`cuMemcpyAsync`, `cuMemAlloc_v2`).
-    pub call: &'static str,
-    /// The result code.
-    pub code: CUresult,
-    /// The driver's name for the code (`cuGetErrorName`), e.g. `CUDA_ERROR_INVALID_VALUE`.
-    pub name: String,
-    /// The driver's text for the code (`cuGetErrorString`).
-    pub description: String,
-}
-
-impl DriverError {
-    /// True for the codes after which the context is unusable until the process ends: a kernel
-    /// trapped, faulted or hit an illegal instruction or address, or the hardware failed.
-    pub fn is_sticky(&self) -> bool {
-        is_sticky_code(self.code)
-    }
-
-    /// True for the codes with which a module load says that this driver or device cannot run
-    /// the code given (PTX of a newer ISA than the driver knows, no usable image, JIT
-    /// unavailable): the context stays usable, only that module is missing.
-    pub fn is_unrunnable_code(&self) -> bool {
-        matches!(
-            self.code,
-            CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-                | CUresult::CUDA_ERROR_INVALID_PTX
-                | CUresult::CUDA_ERROR_INVALID_IMAGE
-                | CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU
-                | CUresult::CUDA_ERROR_JIT_COMPILER_NOT_FOUND
-                | CUresult::CUDA_ERROR_JIT_COMPILATION_DISABLED
-        )
+impl From<NcclError> for Error {
+    fn from(error: NcclError) -> Error {
+        match error {
+            NcclError::Cuda(cuda) => Error::Cuda(cuda),
+            other => Error::Nccl(other),
+        }
     }
 }
 
-pub(crate) fn is_sticky_code(code: CUresult) -> bool {
-    matches!(
-        code,
-        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
-            | CUresult::CUDA_ERROR_LAUNCH_FAILED
-            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
-            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
-            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
-            | CUresult::CUDA_ERROR_INVALID_PC
-            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
-            | CUresult::CUDA_ERROR_ASSERT
-            | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
-            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
-            | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
-    )
+impl From<DriverError> for Error {
+    fn from(error: DriverError) -> Error {
+        Error::Cuda(CudaError::Driver(error))
+    }
 }
+
+impl From<CaptureError> for Error {
+    fn from(error: CaptureError) -> Error {
+        Error::Cuda(CudaError::Capture(error))
+    }
+}
+
+impl From<LoadError> for Error {
+    fn from(error: LoadError) -> Error {
+        Error::Cuda(CudaError::Load(error))
+    }
+}
+
+impl Error {
+    /// The CUDA layers' error this one is, or that caused it: an [`Error::Cuda`], or one inside a
+    /// failed build ([`Error::PipelineBuild`], at any depth) or an NCCL call's CUDA error. What a
+    /// caller asks to tell "no GPU here" ([`CudaError::Load`]) from any other failure:
+    ///
+    /// ```
+    /// let no_driver = ppnrt::CudaError::Load(ppnrt::LoadError::LibraryNotFound { tried: vec![] });
+    /// let err = ppnrt::Error::PipelineBuild { config: "2 stages".into(), source: Box::new(no_driver.into()) };
+    /// assert!(matches!(err.as_cuda(), Some(ppnrt::CudaError::Load(_))));
+    /// ```
+    pub fn as_cuda(&self) -> Option<&CudaError> {
+        match self {
+            Error::Cuda(cuda) | Error::Nccl(NcclError::Cuda(cuda)) => Some(cuda),
+            Error::PipelineBuild { source, .. } => source.as_cuda(),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with the crate's [`Error`]: what the pipeline's calls return, and what an
+/// application's own functions can return to use `?` on every call of the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The error and each of its causes (`source()`), one per line after the first, each printed
 /// once: what a `main` that reports errors should print.
@@ -174,281 +160,42 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// What can go wrong below the pipeline: loading the driver, a driver call, or a misuse of the
-/// safe wrappers caught before anything is enqueued. The pipeline's calls return the crate's
-/// [`Error`](crate::Error), which holds this one as `Error::Cuda`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CudaError {
-    /// The driver could not be loaded or initialised.
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    /// A driver call failed.
-    #[error(transparent)]
-    Driver(#[from] DriverError),
-    /// A driver call failed with a sticky code: the context of `device` is unusable for the rest
-    /// of the process. Work on other devices may go on.
-    #[error("the CUDA context of device {device} is unusable: {source}")]
-    ContextUnusable {
-        /// The device whose context is lost (-1 when unknown).
-        device: i32,
-        /// The call that reported it.
-        source: DriverError,
-    },
-    /// The loaded driver lacks an entry point this call needs (it is older than the API used).
-    #[error("the CUDA driver (CUDA {driver}) has no entry point `{symbol}`")]
-    MissingEntryPoint {
-        /// The missing symbol.
-        symbol: &'static str,
-        /// The loaded driver's version.
-        driver: DriverVersion,
-    },
-    /// A device ordinal past the devices present.
-    #[error("device ordinal {ordinal} is out of range: {count} device(s) present")]
-    DeviceOutOfRange {
-        /// The ordinal asked for.
-        ordinal: i32,
-        /// How many devices the driver reports.
-        count: i32,
-    },
-    /// Two lengths that must agree differ (copies, kernel arguments).
-    #[error("{what}: length mismatch, expected {expected} element(s), got {found}")]
-    LengthMismatch {
-        /// The operation.
-        what: &'static str,
-        /// The length required.
-        expected: usize,
-        /// The length given.
-        found: usize,
-    },
-    /// A range outside a buffer.
-    #[error("{what}: range {start}..{end} is out of bounds for a buffer of {len} element(s)")]
-    OutOfBounds {
-        /// The operation.
-        what: &'static str,
-        /// Start of the range.
-        start: usize,
-        /// End of the range (exclusive).
-        end: usize,
-        /// The buffer's length.
-        len: usize,
-    },
-    /// An object of one device used where another device is required.
-    #[error("{what}: expected device {expected}, found device {found}")]
-    WrongDevice {
-        /// The operation and the object concerned.
-        what: &'static str,
-        /// The device required.
-        expected: i32,
-        /// The device of the object given.
-        found: i32,
-    },
-    /// A handle of another context where this crate's context of the device (its primary
-    /// context) is required.
-    #[error("{what} (device {device})")]
-    WrongContext {
-        /// The operation and the handle concerned.
-        what: &'static str,
-        /// The device.
-        device: i32,
-    },
-    /// A device address without the alignment an operation needs.
-    #[error("{what}: address {address:#x} is not {align}-byte aligned")]
-    Misaligned {
-        /// The operation.
-        what: &'static str,
-        /// The address given.
-        address: u64,
-        /// The alignment required, in bytes.
-        align: usize,
-    },
-    /// A byte size that overflows `usize`.
-    #[error("{what}: {count} element(s) of {elem_size} byte(s) overflow the address space")]
-    SizeOverflow {
-        /// The operation.
-        what: &'static str,
-        /// Element count.
-        count: usize,
-        /// Element size in bytes.
-        elem_size: usize,
-    },
-    /// A string passed to the driver holds a NUL byte before its end.
-    #[error("{what} holds a NUL byte at offset {position}")]
-    InteriorNul {
-        /// The string's role.
-        what: &'static str,
-        /// Offset of the first NUL.
-        position: usize,
-    },
-    /// Bytes given as a module image that are no whole PTX text, cubin or fatbin (checked before
-    /// the driver reads them: it reads an image without a length).
-    #[error("module `{module}`: {reason}")]
-    InvalidModuleImage {
-        /// The module's name.
-        module: String,
-        /// What is wrong with the bytes.
-        reason: String,
-    },
-    /// A kernel name that the module does not define.
-    #[error("module `{module}` has no kernel `{kernel}`")]
-    KernelNotFound {
-        /// The module's name.
-        module: String,
-        /// The kernel asked for.
-        kernel: String,
-    },
-    /// Device memory that the SMs of the device running a kernel cannot reach: memory of another
-    /// device that came from a stream-ordered pool (pools are not peer-mapped).
-    #[error(
-        "{what}: memory of device {memory_device} at {address:#x} is pool memory, which device {device}'s kernels cannot reach"
-    )]
-    NotPeerReachable {
-        /// The operation.
-        what: &'static str,
-        /// The device whose kernel would touch the memory.
-        device: i32,
-        /// The device the memory lives on.
-        memory_device: i32,
-        /// The address.
-        address: u64,
-    },
-    /// The calling thread's ambient-stream state is gone: the call came from another
-    /// thread-local's destructor during thread exit.
-    #[error("{what}: the thread's ambient stream state has already been destroyed (thread exit)")]
-    ThreadExiting {
-        /// The operation.
-        what: &'static str,
-    },
-    /// Elapsed time asked of an event created without timing.
-    #[error("elapsed time needs two events created with timing")]
-    EventWithoutTiming,
-    /// Peer access between two devices is not possible.
-    #[error("device {from} cannot access device {to} as a peer")]
-    PeerAccessUnsupported {
-        /// The accessing device.
-        from: i32,
-        /// The accessed device.
-        to: i32,
-    },
-    /// Misuse of stream capture or of a graph: see [`CaptureError`].
-    #[error(transparent)]
-    Capture(#[from] CaptureError),
-    /// The operation needs the only handle to a device allocation, but a graph that captured
-    /// work on it still holds it (the graph frees it last, after its runs).
-    #[error("{what}: the memory is held by a graph that captured work on it")]
-    HeldByGraph {
-        /// The operation.
-        what: &'static str,
-    },
-}
-
-/// Misuse of stream capture ([`StreamCapture`](crate::StreamCapture)) or of a graph
-/// ([`GraphExec`](crate::GraphExec)). Nothing is enqueued by the call that returns one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CaptureError {
-    /// A call that cannot be part of a graph (it would run or wait now: a synchronisation, a
-    /// query, a host copy or host wait, an allocation with `cuMemAlloc`, a peer copy through the
-    /// driver's staging) was made on a capturing stream, or on the capturing thread. The capture
-    /// is invalidated: ending it returns [`CaptureError::Invalidated`]; streams, buffers and
-    /// contexts stay usable.
-    #[error("{call} cannot be captured into a graph; the capture in progress is invalidated")]
-    IllegalCall {
-        /// The call.
-        call: &'static str,
-    },
-    /// The capture was invalidated by an illegal call (or by the driver) and produced no graph.
-    #[error("the stream capture was invalidated by {call}; no graph was made")]
-    Invalidated {
-        /// The first illegal call, or the driver's error.
-        call: String,
-    },
-    /// A capture was begun on a stream that is already capturing, or on a stream that cannot be
-    /// captured (the legacy default stream).
-    #[error("cannot begin a capture on this stream: {reason}")]
-    CannotBegin {
-        /// Why.
-        reason: &'static str,
-    },
-    /// `cuGraphExecUpdate` refused the new graph (its topology or node types differ); the
-    /// executable graph is unchanged. Instantiate the new graph instead.
-    #[error("the executable graph cannot take the new graph's parameters: {reason}")]
-    UpdateRefused {
-        /// The driver's reason (`CU_GRAPH_EXEC_UPDATE_ERROR_*`).
-        reason: String,
-    },
-}
-
-/// A pipeline configuration that cannot be built; names the setting, the value and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid pipeline configuration: {setting}={value:?}: {reason}")]
-pub struct ConfigError {
-    /// The setting (`PPNRT_STAGES`, or the builder method's name).
-    pub setting: &'static str,
-    /// The value given, as text.
-    pub value: String,
-    /// Why it was refused.
-    pub reason: String,
-}
-
-/// `Result` with [`CudaError`], the error of the CUDA layers.
-pub type Result<T, E = CudaError> = std::result::Result<T, E>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn driver_version_decodes_the_raw_integer() {
-        assert_eq!(DriverVersion::from_raw(13000), DriverVersion { major: 13, minor: 0 });
-        assert_eq!(DriverVersion::from_raw(12080), DriverVersion { major: 12, minor: 8 });
-        assert_eq!(DriverVersion::from_raw(11040), DriverVersion { major: 11, minor: 4 });
-        assert_eq!(DriverVersion::from_raw(-1), DriverVersion { major: 0, minor: 0 });
-        assert_eq!(DriverVersion::from_raw(12090).to_string(), "12.9");
-        assert!(DriverVersion::from_raw(11080) < DriverVersion::MINIMUM);
-        assert!(DriverVersion::from_raw(12000) >= DriverVersion::MINIMUM);
+    fn no_driver() -> CudaError {
+        CudaError::Load(LoadError::LibraryNotFound { tried: vec![] })
     }
 
     #[test]
-    fn load_errors_list_every_attempt() {
-        let err = LoadError::LibraryNotFound {
-            tried: vec![
-                LoadAttempt { candidate: "libcuda.so.1".into(), reason: "not found".into() },
-                LoadAttempt { candidate: "libcuda.so".into(), reason: "no such file".into() },
-            ],
-        };
-        let text = err.to_string();
-        assert!(text.contains("`libcuda.so.1`: not found"), "{text}");
-        assert!(text.contains("`libcuda.so`: no such file"), "{text}");
+    fn as_cuda_sees_through_a_failed_build() {
+        let direct = Error::from(no_driver());
+        assert_eq!(direct.as_cuda(), Some(&no_driver()));
+        let built = Error::PipelineBuild { config: "2 stages".into(), source: Box::new(direct) };
+        assert_eq!(built.as_cuda(), Some(&no_driver()), "a build error's cause is looked at");
+        let twice = Error::PipelineBuild { config: "again".into(), source: Box::new(built) };
+        assert_eq!(twice.as_cuda(), Some(&no_driver()), "at any depth");
+        let config = ConfigError { setting: "PPNRT_STAGES", value: "x".into(), reason: "not a number".into() };
+        let not_cuda = Error::PipelineBuild { config: "x".into(), source: Box::new(config.into()) };
+        assert_eq!(not_cuda.as_cuda(), None, "a cause that is no CUDA error");
+        assert_eq!(Error::Nccl(NcclError::Cuda(no_driver())).as_cuda(), Some(&no_driver()));
     }
 
     #[test]
-    fn driver_errors_carry_call_code_name_and_text() {
-        let err = DriverError {
-            call: "cuMemAlloc_v2",
-            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-            description: "out of memory".into(),
-        };
-        assert_eq!(err.to_string(), "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2): out of memory");
-        assert!(!err.is_sticky());
-        assert!(!err.is_unrunnable_code(), "running out of memory is no reason to do without a module");
-        let sticky = DriverError { code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, ..err.clone() };
-        assert!(sticky.is_sticky());
-        assert!(!sticky.is_unrunnable_code(), "a sticky error must fail the build, not be worked around");
-        for code in [CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU] {
-            let unrunnable = DriverError { code, ..err.clone() };
-            assert!(unrunnable.is_unrunnable_code() && !unrunnable.is_sticky(), "{code:?}");
+    fn every_layers_error_converts_with_a_question_mark() {
+        fn lift<E>(error: E) -> Result<()>
+        where
+            Error: From<E>,
+        {
+            Err(error)?
         }
-    }
-
-    #[test]
-    fn too_old_names_both_versions() {
-        let err = LoadError::DriverTooOld {
-            library: "libcuda.so.1".into(),
-            found: DriverVersion::from_raw(11080),
-            required: DriverVersion::MINIMUM,
-        };
-        let text = err.to_string();
-        assert!(text.contains("11.8") && text.contains("12.0"), "{text}");
+        assert!(matches!(lift(no_driver()), Err(Error::Cuda(_))));
+        assert!(matches!(lift(LoadError::LibraryNotFound { tried: vec![] }), Err(Error::Cuda(CudaError::Load(_)))));
+        assert!(matches!(lift(NcclError::Cuda(no_driver())), Err(Error::Cuda(_))), "NCCL's CUDA error is CUDA's");
+        assert!(matches!(lift(NcclError::Aborted { what: "x" }), Err(Error::Nccl(_))));
+        assert!(matches!(lift(PpError::ZeroLength { boundary: 0 }), Err(Error::Pipeline(_))));
+        let config = ConfigError { setting: "PPNRT_STAGES", value: "x".into(), reason: "r".into() };
+        assert!(matches!(lift(config), Err(Error::Config(_))));
     }
 }

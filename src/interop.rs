@@ -124,8 +124,8 @@ use std::sync::Arc;
 
 use cudarc::driver::SyncOnDrop;
 
+use crate::cuda_error::{CudaError, Result};
 use crate::engine::Engine;
-use crate::error::{CudaError, Result};
 use crate::pp::ReceivedSlot;
 use crate::safe::{Context, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice};
 use crate::sys::CUdeviceptr;
@@ -155,10 +155,28 @@ mod sealed {
 /// A cudarc buffer this crate may read: cudarc's `CudaSlice<T>`, `CudaView<'_, T>` and
 /// `CudaViewMut<'_, T>`, and nothing else (sealed: the address and length come from cudarc's
 /// own code, see the module docs).
+///
+/// ```no_run
+/// use ppnrt::interop::{CudarcBuffer, EngineStream};
+///
+/// /// Sends any cudarc buffer of `f32` (a slice or a view of one) across boundary 0.
+/// fn send(rt: &ppnrt::PpNRt, stream: &EngineStream, x: &impl CudarcBuffer<f32>, n: usize) -> ppnrt::Result<usize> {
+///     stream.read(x, |view| rt.tx(0, &view, n))?
+/// }
+/// ```
 pub trait CudarcBuffer<T>: sealed::Lend<T> {}
 
 /// A cudarc buffer this crate may write: cudarc's `CudaSlice<T>` and `CudaViewMut<'_, T>`
 /// (sealed).
+///
+/// ```no_run
+/// use ppnrt::interop::{CudarcBufferMut, EngineStream};
+///
+/// /// Receives boundary 0's `slot` into any writable cudarc buffer of `f32`.
+/// fn receive(rt: &ppnrt::PpNRt, stream: &EngineStream, dst: &mut impl CudarcBufferMut<f32>, slot: usize) -> ppnrt::Result<()> {
+///     stream.write(dst, |mut view| rt.rx_into(0, slot, &mut view))?
+/// }
+/// ```
 pub trait CudarcBufferMut<T>: CudarcBuffer<T> + sealed::LendMut<T> {}
 
 /// cudarc's own `Lend` of its buffer types: their concrete `DevicePtr` / `DeviceSlice`
@@ -196,6 +214,23 @@ lend_mut_impls!(cudarc::driver::CudaSlice<T>, cudarc::driver::CudaViewMut<'_, T>
 /// An engine's cudarc stream as a stream of this crate: the same `CUstream`, on the context this
 /// crate shares with cudarc (the device's primary context). Every holder of
 /// [`stream`](Self::stream) keeps cudarc's stream alive.
+///
+/// ```no_run
+/// use ppnrt::{Engine, PpConfig, PpNRt, interop::EngineStream};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudarc::driver::CudaContext::new(0)?;
+/// let cudarc_stream = ctx.default_stream();
+/// let hidden = cudarc_stream.clone_htod(&[1.0f32; 256])?;
+///
+/// // The engine on the same context as cudarc's (the device's primary context).
+/// let primary = Engine::new(0)?;
+/// let engine_stream = EngineStream::new(&primary, &cudarc_stream)?;
+/// let rt = PpNRt::new(PpConfig::new(2), &primary)?;
+/// let slot = engine_stream.read(&hidden, |view| rt.tx(0, &view, 256))??;
+/// let mut next = cudarc_stream.alloc_zeros::<f32>(256)?;
+/// engine_stream.write(&mut next, |mut view| rt.rx_into(0, slot, &mut view))??;
+/// # Ok(()) }
+/// ```
 pub struct EngineStream {
     /// cudarc's handle, given back under the crate's context rule (see `Drop`).
     theirs: ManuallyDrop<Arc<cudarc::driver::CudaStream>>,

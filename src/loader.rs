@@ -18,7 +18,7 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::OnceLock;
 
-use crate::error::{CudaError, DriverError, DriverVersion, LoadAttempt, LoadError, Result};
+use crate::cuda_error::{CudaError, DriverError, DriverVersion, LoadAttempt, LoadError, Result};
 use crate::sys::{CUresult, DriverApi};
 
 /// Environment variable naming the driver library to load instead of the default candidates.
@@ -131,7 +131,7 @@ impl Driver {
     #[cold]
     pub fn error(&self, call: &'static str, code: CUresult) -> CudaError {
         let source = describe(&self.api, call, code);
-        if crate::error::is_sticky_code(code) {
+        if crate::cuda_error::is_sticky_code(code) {
             CudaError::ContextUnusable { device: current_device(&self.api), source }
         } else {
             CudaError::Driver(source)

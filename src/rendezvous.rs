@@ -76,6 +76,23 @@ const OK: u8 = 0;
 const REFUSED: u8 = 1;
 
 /// A failed rendezvous; names the address, the ranks and what disagreed.
+///
+/// ```
+/// use ppnrt::{JobAccess, RendezvousError, rendezvous::Rendezvous};
+/// use std::time::Duration;
+///
+/// let rendezvous = Rendezvous {
+///     addr: "127.0.0.1:29500".into(),
+///     rank: 2,
+///     world: 2,
+///     fingerprint: "2 stages".into(),
+///     timeout: Duration::from_secs(1),
+///     access: JobAccess::SameHost,
+/// };
+/// let err = rendezvous.join().unwrap_err(); // refused before any connection
+/// assert_eq!(err, RendezvousError::RankOutOfRange { rank: 2, world: 2 });
+/// assert_eq!(err.to_string(), "rank 2 is not in 0..2");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RendezvousError {
     /// The address could not be resolved or bound.
@@ -175,6 +192,16 @@ pub enum RendezvousError {
 }
 
 /// One rank as [`Rendezvous::exchange`] returns it.
+///
+/// ```no_run
+/// # use ppnrt::{JobAccess, rendezvous::Rendezvous};
+/// # use std::time::Duration;
+/// # let rendezvous = Rendezvous { addr: "127.0.0.1:29500".into(), rank: 1, world: 2, fingerprint: "2 stages".into(), timeout: Duration::from_secs(10), access: JobAccess::SameHost };
+/// for (rank, member) in rendezvous.exchange(b"my part")?.iter().enumerate() {
+///     println!("rank {rank} at {}: {} bytes", member.addr, member.bytes.len());
+/// }
+/// # Ok::<(), ppnrt::RendezvousError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     /// The address rank 0 reached the rank at (for rank 0: the address the others reached it at).
@@ -184,6 +211,25 @@ pub struct Member {
 }
 
 /// One rank's part in a rendezvous.
+///
+/// ```no_run
+/// use ppnrt::{JobAccess, rendezvous::Rendezvous};
+/// use std::time::Duration;
+///
+/// // Run in every process, each with its own rank; rank 0 listens at `addr`.
+/// let rank: usize = std::env::var("RANK").map_or(0, |r| r.parse().unwrap());
+/// let rendezvous = Rendezvous {
+///     addr: "127.0.0.1:29500".into(),
+///     rank,
+///     world: 2,
+///     fingerprint: "2 stages on 2 ranks".into(), // must be the same in every rank
+///     timeout: Duration::from_secs(30),
+///     access: JobAccess::SameHost,
+/// };
+/// let members = rendezvous.exchange(format!("rank {rank}").as_bytes())?;
+/// assert_eq!(members.len(), 2);
+/// # Ok::<(), ppnrt::RendezvousError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Rendezvous {
     /// Rank 0's address, `host:port`.

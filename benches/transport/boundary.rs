@@ -135,7 +135,7 @@ pub(crate) fn launch_or_copy(
 impl Boundary {
     pub(crate) fn new(gpus: &Gpus, devices: [i32; 2], policy: TransportPolicy, max_bytes: usize) -> Boundary {
         let primary = &gpus.engines[0];
-        let config = PpConfig::with_devices(&devices).transport(policy).reserve_bytes(max_bytes);
+        let config = PpConfig::with_devices(&devices).with_transport(policy).with_reserve_bytes(max_bytes);
         let rt = PpNRt::new(config, primary).unwrap();
         let (tx_engine, rx_engine) = (rt.engine(0, primary).unwrap().clone(), rt.engine(1, primary).unwrap().clone());
         let x = {

@@ -321,7 +321,7 @@ impl Raw {
 /// The crate's pipeline for `devices`, its persistent activations, and an input.
 fn crate_pipeline(gpus: &Gpus, devices: &[i32]) -> (PpNRt, Vec<CudaSlice<f32>>) {
     let primary = &gpus.engines[0];
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(SLOTS), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(SLOTS), primary).unwrap();
     let acts = (0..rt.n_stages())
         .map(|s| {
             let _scope = rt.enter(s).unwrap();

@@ -137,7 +137,7 @@ pub(crate) fn aggregate(gpus: &Gpus, report: &mut String) {
     let words = bytes / 4;
     let devices: Vec<i32> = (0..n as i32).collect();
     let primary = &gpus.engines[0];
-    let rt = PpNRt::new(PpConfig::with_devices(&devices).reserve_bytes(bytes), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(&devices).with_reserve_bytes(bytes), primary).unwrap();
     let xs: Vec<CudaSlice<u32>> = (0..n - 1)
         .map(|b| {
             let engine = rt.engine(b, primary).unwrap();

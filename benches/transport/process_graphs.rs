@@ -164,7 +164,7 @@ pub(crate) fn process_graphs(gpus: &Gpus, report: &mut String) {
     for stage_ranks in [&[0_i32, 1][..], &[0, 1, 0, 1][..]] {
         let devices: Vec<i32> = stage_ranks.iter().map(|&r| if two { r } else { 0 }).collect();
         let in_process = |graph: bool| {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(SLOTS), primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(SLOTS), primary).unwrap();
             let (pipelined, issue, out) = run(&rt, primary, graph);
             Figures { pipelined, issue, digest: out.expect("one process runs the last stage") }
         };

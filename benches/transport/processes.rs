@@ -258,7 +258,7 @@ pub(crate) fn run_role() -> bool {
         }
         return true;
     }
-    let config = PpConfig::from_env().unwrap().nccl_recv_graphs(std::env::var_os(NO_RECV_GRAPHS_VAR).is_none());
+    let config = PpConfig::from_env().unwrap().with_nccl_recv_graphs(std::env::var_os(NO_RECV_GRAPHS_VAR).is_none());
     let rt = PpNRt::new(config, &primary).unwrap();
     let print = |key: &str, value: Option<f64>| {
         if let Some(value) = value {
@@ -372,10 +372,10 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
     }
     let primary = &gpus.engines[0];
     let measure_in_process = || {
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1, 0]).slots(2), primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1, 0]).with_slots(2), primary).unwrap();
         let hop = hop(&rt, primary).unwrap();
         drop(rt);
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(2), primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_slots(2), primary).unwrap();
         let (tx, rx, step, gbs) = stream(&rt, primary);
         Figures {
             tx: tx.unwrap(),

@@ -24,7 +24,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::{Handshake, JobKey, KnockError, NONCE, PROOF, knock, nonce};
+use super::handshake::{Handshake, KnockError, NONCE, knock, nonce};
+use super::seal::{JobKey, PROOF};
 
 /// Tells from the first bytes of a message how long it is: `Ok(None)` while that is not known
 /// yet, an error for bytes that are no such message.
@@ -415,6 +416,13 @@ pub(crate) fn connect_and_knock(
             });
         }
         let attempt = match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT)) {
+            // While nothing listens at a port of the ephemeral range, a connection to it can be
+            // given that very port as its own and meet itself (TCP's simultaneous open): it
+            // would hold the host's port and read its own knock. Dropped, it frees the port.
+            Ok(stream) if stream.local_addr().ok() == Some(addr) => Err(KnockError::Io(std::io::Error::new(
+                ErrorKind::ConnectionRefused,
+                format!("nothing listens at {addr} yet (the connection met itself)"),
+            ))),
             Ok(mut stream) => knock(&mut stream, key, magic, deadline).map(|handshake| (stream, handshake)),
             Err(e) => Err(KnockError::Io(e)),
         };

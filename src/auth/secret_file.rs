@@ -14,7 +14,7 @@ use std::io::Read;
 use std::path::Path;
 
 use super::{JOB_SECRET_FILE_VAR, JobSecret};
-use crate::error::ConfigError;
+use crate::config_error::ConfigError;
 
 /// The bytes of the job secret's file at `path`, checked as the [module](self) says (the
 /// secret's own length is checked by the caller).

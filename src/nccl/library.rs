@@ -1,5 +1,5 @@
 //! The NCCL library: found, loaded once per process and checked, its entry points kept each as
-//! a `Result`, and NCCL's results mapped to [`NcclError`].
+//! a `Result` (NCCL's results are mapped to [`NcclError`] in `result.rs`).
 
 use super::*;
 
@@ -120,7 +120,15 @@ impl Nccl {
     pub fn library(&self) -> &str {
         &self.library
     }
+}
 
+impl fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Nccl").field("library", &self.library).field("version", &self.version).finish()
+    }
+}
+
+impl Nccl {
     /// Maps an NCCL result of `call` to `Ok(())` or the typed error.
     pub(super) fn check(&self, call: &'static str, result: ncclResult_t) -> Result<()> {
         if result == ncclResult_t::ncclSuccess {
@@ -131,7 +139,7 @@ impl Nccl {
                 String::new()
             } else {
                 // SAFETY: NCCL returns NUL-terminated static (or communicator-owned) strings.
-                unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+                unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
             }
         };
         let description = match self.api.ncclGetErrorString.as_ref() {
@@ -144,7 +152,7 @@ impl Nccl {
             Ok(entry) => text(unsafe { entry(std::ptr::null_mut()) }),
             Err(_) => String::new(),
         };
-        Err(NcclError::Call { call, code: result.0, name: result_name(result), description, last_error })
+        Err(NcclError::Call { call, code: result.0, name: super::result::result_name(result), description, last_error })
     }
 
     pub(super) fn missing(&self, symbol: &'static str) -> NcclError {
@@ -152,22 +160,19 @@ impl Nccl {
     }
 }
 
-impl fmt::Debug for Nccl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Nccl").field("library", &self.library).field("version", &self.version).finish()
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-pub(super) fn result_name(result: ncclResult_t) -> &'static str {
-    match result {
-        ncclResult_t::ncclUnhandledCudaError => "ncclUnhandledCudaError",
-        ncclResult_t::ncclSystemError => "ncclSystemError",
-        ncclResult_t::ncclInternalError => "ncclInternalError",
-        ncclResult_t::ncclInvalidArgument => "ncclInvalidArgument",
-        ncclResult_t::ncclInvalidUsage => "ncclInvalidUsage",
-        ncclResult_t::ncclRemoteError => "ncclRemoteError",
-        ncclResult_t::ncclInProgress => "ncclInProgress",
-        ncclResult_t::ncclTimeout => "ncclTimeout",
-        _ => "unknown ncclResult_t",
+    #[test]
+    fn a_missing_library_is_a_typed_error_listing_each_attempt() {
+        let candidates = vec!["/nonexistent/libnccl.so.2".to_string()];
+        match Nccl::load(&candidates) {
+            Err(NcclError::NotFound { tried }) => {
+                assert_eq!(tried.len(), 1);
+                assert_eq!(tried[0].candidate, candidates[0]);
+            }
+            other => panic!("expected NotFound, got {other:?}"),
+        }
     }
 }

@@ -33,17 +33,14 @@
 //! end of every such stream of every live communicator has completed (`PostingAlone`).
 
 use std::cell::Cell;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockWriteGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::error::{CudaError, LoadAttempt};
-
-/// `Result` with [`NcclError`].
-pub type Result<T, E = NcclError> = std::result::Result<T, E>;
+use crate::cuda_error::{CudaError, LoadAttempt};
 use crate::safe::enqueue::{Tracked, ordered_as};
 use crate::safe::event_pool::StreamEvent;
 use crate::safe::ordering::Use;
@@ -55,209 +52,27 @@ use crate::sys::nccl::{NcclApi, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRe
 /// Environment variable naming the NCCL library to load instead of the default candidates.
 pub const LIBNCCL_PATH_VAR: &str = "PPNRT_LIBNCCL_PATH";
 
-/// The oldest NCCL this crate uses: 2.7.0, the first with point-to-point send/recv and groups.
-pub const MINIMUM_VERSION: NcclVersion = NcclVersion { major: 2, minor: 7, patch: 0 };
-
-/// The oldest NCCL whose operations boundaries from other ranks capture into CUDA graphs
-/// ([`PpConfig::nccl_recv_graphs`](crate::PpConfig::nccl_recv_graphs)): 2.13.0, the first that
-/// documents mixing graph launches with ordinary calls on one communicator
-/// (`NCCL_GRAPH_MIXING_SUPPORT`). With an older NCCL every receive is NCCL's call.
-pub const GRAPH_MIXING_VERSION: NcclVersion = NcclVersion { major: 2, minor: 13, patch: 0 };
-
-/// The oldest NCCL whose communicators can be joined without blocking (`ncclCommInitRankConfig`
-/// with `blocking = 0`, and `ncclCommGetAsyncError` reporting `ncclInProgress` until the join
-/// completed): 2.14.0. With an older one [`NcclComm::init_rank_watched`] joins blocking.
-pub const NONBLOCKING_VERSION: NcclVersion = NcclVersion { major: 2, minor: 14, patch: 0 };
-
 /// `NCCL_API_MAGIC` of nccl.h: marks an `ncclConfig_t` as initialised.
 const CONFIG_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_CONFIG_UNDEF_INT` of nccl.h: a configuration field NCCL chooses itself.
 const CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
-/// An NCCL version, decoded from `ncclGetVersion`'s integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NcclVersion {
-    /// Major version.
-    pub major: u32,
-    /// Minor version.
-    pub minor: u32,
-    /// Patch level.
-    pub patch: u32,
-}
-
-impl NcclVersion {
-    /// Decodes `ncclGetVersion`'s integer: `major*1000 + minor*100 + patch` up to 2.8,
-    /// `major*10000 + minor*100 + patch` from 2.9 on.
-    pub fn from_code(code: i32) -> NcclVersion {
-        let code = code.max(0) as u32;
-        if code >= 10_000 {
-            NcclVersion { major: code / 10_000, minor: (code % 10_000) / 100, patch: code % 100 }
-        } else {
-            NcclVersion { major: code / 1000, minor: (code % 1000) / 100, patch: code % 100 }
-        }
-    }
-}
-
-impl fmt::Display for NcclVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
-    }
-}
-
-/// Why NCCL cannot be used, or an NCCL call's failure.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NcclError {
-    /// A CUDA call or check around the NCCL call failed (ordering its buffers, binding the
-    /// context, a buffer on another device): see [`CudaError`].
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// No candidate library could be opened; each attempt is listed.
-    #[error("NCCL could not be loaded; tried: {}", tried.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    NotFound {
-        /// Every candidate tried, with why it failed.
-        tried: Vec<LoadAttempt>,
-    },
-    /// The library is older than [`MINIMUM_VERSION`].
-    #[error("{library} is NCCL {found}; ppnrt needs at least {required} (point-to-point send/recv and groups)")]
-    TooOld {
-        /// The library opened.
-        library: String,
-        /// Its version.
-        found: NcclVersion,
-        /// The minimum.
-        required: NcclVersion,
-    },
-    /// The library lacks an entry point a call needs.
-    #[error("{library} has no entry point `{symbol}`")]
-    MissingEntryPoint {
-        /// The library opened.
-        library: String,
-        /// The symbol.
-        symbol: &'static str,
-    },
-    /// A rank or rank count outside what a communicator can have.
-    #[error("{what}: rank {rank} is not in 0..{n_ranks}")]
-    InvalidRank {
-        /// The operation.
-        what: &'static str,
-        /// The rank given.
-        rank: i32,
-        /// The communicator's rank count.
-        n_ranks: i32,
-    },
-    /// A call NCCL completes in the background (a non-blocking communicator's first send or
-    /// receive to a peer, its finalization) did not complete within the bound; the communicator
-    /// was aborted.
-    #[error("{what}: NCCL did not complete it within {waited:?}; the communicator was aborted")]
-    TimedOut {
-        /// The call.
-        what: &'static str,
-        /// How long it was waited for.
-        waited: Duration,
-    },
-    /// NCCL's abort of a communicator did not return within the bound (NCCL waits in it for a
-    /// thread of its own, which may be stuck inside the driver). The communicator is abandoned:
-    /// refused to every later call, never destroyed, its memory left to NCCL; the abort goes on
-    /// in a thread of its own.
-    #[error("{what}: ncclCommAbort did not return within {waited:?}; the communicator was abandoned")]
-    AbortStuck {
-        /// The call that aborted.
-        what: &'static str,
-        /// How long the abort was waited for.
-        waited: Duration,
-    },
-    /// A [`group`] of more operations than [`MAX_GROUP_OPS`].
-    #[error("nccl::group: {ops} operations, more than the {max} one group takes")]
-    GroupTooLarge {
-        /// The operations given.
-        ops: usize,
-        /// The most one group takes.
-        max: usize,
-    },
-    /// A call on a communicator that was aborted ([`NcclComm::abort_now`]).
-    #[error("{what}: the communicator was aborted")]
-    Aborted {
-        /// The call.
-        what: &'static str,
-    },
-    /// An NCCL call failed.
-    #[error("{call} failed with {name} ({code}): {description}{}", if last_error.is_empty() { String::new() } else { format!(" ({last_error})") })]
-    Call {
-        /// The entry point.
-        call: &'static str,
-        /// The `ncclResult_t` code.
-        code: u32,
-        /// Its name.
-        name: &'static str,
-        /// NCCL's description of the code (`ncclGetErrorString`).
-        description: String,
-        /// NCCL's last error message (`ncclGetLastError`), when it has one.
-        last_error: String,
-    },
-}
-
-/// Calls the NCCL entry point `$name` with `$args`: its raw result, or the error of a missing
-/// entry point.
-macro_rules! nccl_result {
-    ($nccl:expr, $name:ident($($arg:expr),* $(,)?)) => {{
-        let nccl: &Nccl = $nccl;
-        match nccl.api.$name.as_ref() {
-            Ok(entry) => {
-                // SAFETY: the entry point has the C signature bindgen generated from nccl.h, and
-                // the arguments meet its contract, stated in a `Contract:` comment at each call.
-                Ok(unsafe { entry($($arg),*) })
-            }
-            Err(_) => Err(nccl.missing(stringify!($name))),
-        }
-    }};
-}
-
-/// Calls the NCCL entry point `$name` with `$args` and maps its result.
-macro_rules! nccl_call {
-    ($nccl:expr, $name:ident($($arg:expr),* $(,)?)) => {{
-        let nccl: &Nccl = $nccl;
-        nccl_result!(nccl, $name($($arg),*)).and_then(|result| nccl.check(stringify!($name), result))
-    }};
-}
-
+#[macro_use]
+mod result;
 mod comm;
 mod library;
 mod p2p;
 mod posting;
 mod search;
 mod settle;
+mod version;
 
 pub use comm::*;
 pub use library::*;
 pub use p2p::*;
 pub(crate) use posting::PostingAlone;
 use posting::*;
+pub use result::{NcclError, Result};
 pub use search::WheelSearch;
 pub use settle::*;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_decode_both_encodings() {
-        assert_eq!(NcclVersion::from_code(2708), NcclVersion { major: 2, minor: 7, patch: 8 });
-        assert_eq!(NcclVersion::from_code(23203), NcclVersion { major: 2, minor: 32, patch: 3 });
-        assert_eq!(NcclVersion::from_code(21805).to_string(), "2.18.5");
-        assert!(NcclVersion::from_code(2608) < MINIMUM_VERSION);
-        assert!(NcclVersion::from_code(2700) >= MINIMUM_VERSION);
-    }
-
-    #[test]
-    fn a_missing_library_is_a_typed_error_listing_each_attempt() {
-        let candidates = vec!["/nonexistent/libnccl.so.2".to_string()];
-        match Nccl::load(&candidates) {
-            Err(NcclError::NotFound { tried }) => {
-                assert_eq!(tried.len(), 1);
-                assert_eq!(tried[0].candidate, candidates[0]);
-            }
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-    }
-}
+pub use version::*;

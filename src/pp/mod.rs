@@ -19,7 +19,7 @@
 //! nothing is overwritten when a call fails. Each stage has its own stream; several host threads
 //! may drive different stages of one runtime at once.
 //!
-//! A pipeline may span processes and hosts ([`PpConfig::ranks`], `PPNRT_RANKS`): each process
+//! A pipeline may span processes and hosts ([`PpConfig::with_ranks`], `PPNRT_RANKS`): each process
 //! runs its own stages, and a boundary between two processes is [`Transport::Nccl`] (an NCCL
 //! send on the TX stage's stream, received by the RX process into its slot ring), with the same
 //! `tx`/`rx` contract; a stage of another process is [`PpError::StageNotOwned`], and a failed
@@ -33,21 +33,23 @@
 
 mod config;
 mod error;
+mod fault;
+mod pending_readback;
 mod plan;
-mod readback;
 // Unsafe only where NCCL's send and receive need equal counts, which the links' records carry.
 #[allow(unsafe_code)]
 mod remote;
 mod ring;
 mod runtime;
+mod timing;
 
-#[cfg(feature = "testing")]
-pub use crate::pp::config::ProtocolFault;
 pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
-    PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR, TransportPolicy,
+    PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
+#[cfg(feature = "testing")]
+pub use crate::pp::fault::ProtocolFault;
 pub use error::{Error, PpError, ReceiverState, Result, SlotState};
-pub use plan::{BoundaryPlan, Plan, Transport};
-pub use readback::PendingReadback;
+pub use pending_readback::PendingReadback;
+pub use plan::{BoundaryPlan, Plan, Transport, TransportPolicy};
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

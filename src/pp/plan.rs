@@ -1,14 +1,56 @@
-//! The boundary plan: which transport each stage boundary uses.
+//! The boundary plan: which transport each stage boundary uses, and the policy it follows.
 //!
-//! Owns nothing but the decision (a value computed once when a runtime is built, from the
-//! stage→device map, the transport policy and the peer-access matrix); immutable, `Send + Sync`.
+//! Owns the transport policy ([`TransportPolicy`], a setting of [`PpConfig`](crate::PpConfig))
+//! and the decision (a value computed once when a runtime is built, from the stage→device map,
+//! the transport policy and the peer-access matrix); immutable, `Send + Sync`.
 
 use std::fmt;
 
 use crate::error::ConfigError;
-use crate::pp::config::{DEVICES_VAR, RANKS_VAR, TRANSPORT_VAR, TransportPolicy};
+
+/// How boundaries between devices move data.
+///
+/// ```
+/// use ppnrt::{PpConfig, TransportPolicy};
+///
+/// let config = PpConfig::new(2).with_transport(TransportPolicy::Staged);
+/// assert_eq!(config.transport(), TransportPolicy::Staged);
+/// assert_eq!(TransportPolicy::default(), TransportPolicy::Auto);
+/// assert_eq!(TransportPolicy::Peer.to_string(), "peer");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TransportPolicy {
+    /// `Local` on one device; `Peer` between devices with peer access both ways; else `HostStaged`.
+    #[default]
+    Auto,
+    /// Like `Auto`, but a cross-device boundary without peer access is a build error.
+    Peer,
+    /// Every boundary, local ones too, through pinned host memory (tests the fallback anywhere).
+    Staged,
+}
+
+impl fmt::Display for TransportPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportPolicy::Auto => "auto",
+            TransportPolicy::Peer => "peer",
+            TransportPolicy::Staged => "staged",
+        })
+    }
+}
 
 /// How one boundary moves data from its TX stage to its RX stage.
+///
+/// ```
+/// use ppnrt::{Transport, TransportPolicy, pp::Plan};
+///
+/// // Devices 0 and 1 without peer access: that boundary goes through host memory.
+/// let plan = Plan::choose(&[0, 0, 1], TransportPolicy::Auto, |_, _| false)?;
+/// let transports: Vec<Transport> = plan.boundaries.iter().map(|b| b.transport).collect();
+/// assert_eq!(transports, [Transport::Local, Transport::HostStaged]);
+/// assert_eq!(Transport::HostStaged.to_string(), "host-staged");
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
     /// Both stages on one device: a device-to-device copy.
@@ -35,6 +77,17 @@ impl fmt::Display for Transport {
 }
 
 /// One boundary of the plan: boundary `b` joins stage `b` (TX) and stage `b + 1` (RX).
+///
+/// ```
+/// use ppnrt::{Transport, TransportPolicy, pp::Plan};
+///
+/// let plan = Plan::choose(&[0, 1], TransportPolicy::Auto, |_, _| true)?;
+/// let b = &plan.boundaries[0];
+/// assert_eq!((b.boundary, b.tx_device, b.rx_device), (0, 0, 1));
+/// assert_eq!((b.tx_rank, b.rx_rank), (0, 0)); // one process
+/// assert_eq!(b.transport, Transport::Peer);
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BoundaryPlan {
     /// The boundary index.
@@ -52,6 +105,18 @@ pub struct BoundaryPlan {
 }
 
 /// The transports of every boundary, printable for logs.
+///
+/// ```
+/// use ppnrt::{TransportPolicy, pp::Plan};
+///
+/// let plan = Plan::choose(&[0, 1], TransportPolicy::Auto, |_, _| true)?;
+/// assert_eq!(plan.boundaries.len(), 1);
+/// assert!(plan.cross_device() && !plan.spans_processes());
+/// println!("{plan}");
+/// // The `peer` policy refuses two devices without peer access.
+/// assert!(Plan::choose(&[0, 1], TransportPolicy::Peer, |_, _| false).is_err());
+/// # Ok::<(), ppnrt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Device of each stage (on the host of the stage's rank).
@@ -60,6 +125,25 @@ pub struct Plan {
     pub stage_ranks: Vec<usize>,
     /// One entry per boundary, in order.
     pub boundaries: Vec<BoundaryPlan>,
+}
+
+/// The names a plan's errors give the settings they are about: the caller's (a builder call or a
+/// `PPNRT_*` variable, from [`PpConfig`](crate::PpConfig)), or the parameters of
+/// [`Plan::choose_across`] when it is called directly.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SettingNames {
+    /// The stage→device map.
+    pub(crate) devices: &'static str,
+    /// The stage→rank map.
+    pub(crate) ranks: &'static str,
+    /// The transport policy.
+    pub(crate) transport: &'static str,
+}
+
+impl SettingNames {
+    /// The parameters of [`Plan::choose_across`].
+    const PARAMETERS: SettingNames =
+        SettingNames { devices: "stage_devices", ranks: "stage_ranks", transport: "policy" };
 }
 
 impl Plan {
@@ -89,11 +173,24 @@ impl Plan {
         stage_ranks: &[usize],
         rank: usize,
         policy: TransportPolicy,
+        peer_access: impl FnMut(i32, i32) -> bool,
+    ) -> Result<Plan, ConfigError> {
+        Plan::choose_named(stage_devices, stage_ranks, rank, policy, peer_access, SettingNames::PARAMETERS)
+    }
+
+    /// [`choose_across`](Self::choose_across), its errors naming each setting as `names` says
+    /// (where the caller's values came from: a builder call or a variable).
+    pub(crate) fn choose_named(
+        stage_devices: &[i32],
+        stage_ranks: &[usize],
+        rank: usize,
+        policy: TransportPolicy,
         mut peer_access: impl FnMut(i32, i32) -> bool,
+        names: SettingNames,
     ) -> Result<Plan, ConfigError> {
         if stage_ranks.len() != stage_devices.len() {
             return Err(ConfigError {
-                setting: RANKS_VAR,
+                setting: names.ranks,
                 value: stage_ranks.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 reason: format!("{} rank(s) listed for {} stage(s)", stage_ranks.len(), stage_devices.len()),
             });
@@ -110,11 +207,12 @@ impl Plan {
                 _ if peer_access(tx_device, rx_device) && peer_access(rx_device, tx_device) => Transport::Peer,
                 TransportPolicy::Peer => {
                     return Err(ConfigError {
-                        setting: TRANSPORT_VAR,
+                        setting: names.transport,
                         value: "peer".into(),
                         reason: format!(
                             "boundary {boundary} joins devices {tx_device} and {rx_device}, which have no peer access \
-                             ({DEVICES_VAR}={})",
+                             ({}={})",
+                            names.devices,
                             stage_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
                         ),
                     });
@@ -201,8 +299,8 @@ mod tests {
         let plan = Plan::choose(&[0, 0, 1], TransportPolicy::Staged, |_, _| true).unwrap();
         assert!(plan.boundaries.iter().all(|b| b.transport == Transport::HostStaged));
         let err = Plan::choose(&[0, 1], TransportPolicy::Peer, |_, _| false).unwrap_err();
-        assert_eq!(err.setting, TRANSPORT_VAR);
-        assert!(err.reason.contains("devices 0 and 1"), "{err}");
+        assert_eq!(err.setting, "policy");
+        assert!(err.reason.contains("devices 0 and 1") && err.reason.contains("(stage_devices=0,1)"), "{err}");
     }
 
     #[test]
@@ -230,7 +328,7 @@ mod tests {
     fn a_rank_list_of_another_length_is_a_typed_error() {
         for ranks in [&[0usize][..], &[0, 1, 1][..]] {
             let err = Plan::choose_across(&[0, 1], ranks, 0, TransportPolicy::Auto, |_, _| true).unwrap_err();
-            assert_eq!(err.setting, RANKS_VAR, "{err}");
+            assert_eq!(err.setting, "stage_ranks", "{err}");
         }
     }
 

@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::error::{PpError, SlotState};
 use super::plan::Transport;
-use super::remote::SPIN;
+use super::timing::SPIN;
 use crate::pp::error::{Error, Result};
 use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
 

@@ -14,15 +14,13 @@ use std::time::Duration;
 use parking_lot::MutexGuard;
 
 use super::error::{PpError, ReceiverState};
-use super::plan::{BoundaryPlan, Plan};
-use super::readback::ReadbackShared;
+use super::pending_readback::ReadbackShared;
+use super::plan::{BoundaryPlan, Plan, Transport};
 use super::remote::{Link, Receiver, Sender, Watchdog};
 use super::ring::{SlotBuffer, SlotHome, SlotRing, Slots};
 use crate::engine::Engine;
 use crate::error::CudaError;
 use crate::pp::config::PpConfig;
-#[cfg(feature = "testing")]
-use crate::pp::config::ProtocolFault;
 use crate::pp::error::{Error, Result};
 use crate::safe::EnqueueGate;
 use crate::safe::{
@@ -30,6 +28,23 @@ use crate::safe::{
 };
 
 /// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
+///
+/// ```no_run
+/// use ppnrt::{Engine, PpConfig, PpNRt};
+/// # fn main() -> ppnrt::Result<()> {
+/// let primary = Engine::new(0)?;
+/// let rt = PpNRt::new(PpConfig::with_devices(&[0, 0]), &primary)?;
+/// let n = 1024;
+/// let x = {
+///     let _stage0 = rt.enter(0)?;
+///     rt.engine(0, &primary)?.htod(&vec![7u32; n])?
+/// };
+/// let slot = rt.tx(0, &x, n)?;
+/// let _stage1 = rt.enter(1)?;
+/// let y = rt.rx::<u32>(0, slot, n)?;
+/// assert_eq!(rt.engine(1, &primary)?.dtoh(&y)?, vec![7u32; n]);
+/// # Ok(()) }
+/// ```
 pub struct PpNRt {
     config: PpConfig,
     plan: Plan,
@@ -117,7 +132,7 @@ impl PpNRt {
     }
 
     /// How many steps boundary `b` received through captured graphs so far (see
-    /// [`PpConfig::nccl_recv_graphs`]): 0 unless this rank receives `b` from another rank.
+    /// [`PpConfig::with_nccl_recv_graphs`]): 0 unless this rank receives `b` from another rank.
     ///
     /// # Errors
     /// [`PpError::BoundaryOutOfRange`].
@@ -131,7 +146,7 @@ impl PpNRt {
 
     /// Slots per boundary ring.
     pub fn n_slots(&self) -> usize {
-        self.config.n_slots()
+        self.config.slots()
     }
 
     /// True iff any boundary crosses devices.
@@ -145,7 +160,7 @@ impl PpNRt {
     }
 
     /// Whether boundary `b`'s copies within a device run as the SM copy kernel (up to
-    /// [`SM_COPY_MAX_BYTES`]): allowed by [`PpConfig::sm_copies`], a boundary with device slots,
+    /// [`SM_COPY_MAX_BYTES`]): allowed by [`PpConfig::with_sm_copies`], a boundary with device slots,
     /// and a driver that runs the embedded PTX (an older driver than the toolkit that built it
     /// cannot; the boundary then keeps every copy on the copy engines).
     ///
@@ -172,11 +187,7 @@ impl PpNRt {
     }
 
     fn not_owned(&self, s: usize) -> Error {
-        Error::Pipeline(PpError::StageNotOwned {
-            stage: s,
-            owner: self.plan.stage_ranks[s],
-            rank: self.config.own_rank(),
-        })
+        Error::Pipeline(PpError::StageNotOwned { stage: s, owner: self.plan.stage_ranks[s], rank: self.config.rank() })
     }
 
     fn end(&self, b: usize) -> Result<&BoundaryEnd> {
@@ -235,7 +246,7 @@ impl PpNRt {
 
     /// The rank of this process (0 in a pipeline of one process).
     pub fn rank(&self) -> usize {
-        self.config.own_rank()
+        self.config.rank()
     }
 
     /// Whether this process runs stage `s` (every stage, in a pipeline of one process).
@@ -357,10 +368,7 @@ impl PpNRt {
         // One binding for the whole call (the copy and its event record find it current).
         let _bound = tx.context().bind_for_call()?;
         let src = x.as_view().slice(..n)?.into_bytes();
-        #[cfg(feature = "testing")]
-        if self.config.fault() == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();
-        }
+        self.config.faults().before_tx(slot);
         match slot {
             SlotBuffer::Device(buffer) => {
                 // A writable slot is not lent (a lent one was given another buffer): the buffer
@@ -408,7 +416,7 @@ impl PpNRt {
     ///
     /// From another rank, a step may still be on its way when `rx` is called: `rx` then waits for
     /// the receiving thread to post it, for at most the peer timeout
-    /// ([`PpConfig::peer_timeout`]; [`PpError::Timeout`] after it); [`rx_wait`](Self::rx_wait)
+    /// ([`PpConfig::with_peer_timeout`]; [`PpError::Timeout`] after it); [`rx_wait`](Self::rx_wait)
     /// bounds that wait by its own timeout.
     pub fn rx<T: DeviceRepr>(&self, b: usize, slot_index: usize, n: usize) -> Result<CudaSlice<T>> {
         self.rx_impl(b, slot_index, n, None)
@@ -541,7 +549,7 @@ impl PpNRt {
             return Err(failed);
         }
         // A step from another rank may still be on its way: wait for it, bounded.
-        let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout_value()));
+        let wait = wait.or(boundary.inbound.as_ref().map(|_| self.config.peer_timeout()));
         let mut ring = boundary.ring.lock();
         let n_slots = ring.n_slots();
         if slot_index >= n_slots {
@@ -554,10 +562,7 @@ impl PpNRt {
         // Taken after the wait (a capture of the stream may begin and end meanwhile) and held
         // until the copy is enqueued.
         let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;
-        #[cfg(feature = "testing")]
-        if self.config.fault() == ProtocolFault::SkipTxWait {
-            ring.buffer(slot_index).access().forget_write();
-        }
+        self.config.faults().before_rx(&ring, slot_index);
         Ok((boundary, ring, gate))
     }
 
@@ -631,9 +636,24 @@ impl Boundary {
         stream: &Arc<CudaStream>,
         src: CudaView<'_, u8>,
         dst: CudaViewMut<'_, u8>,
-    ) -> crate::error::Result<()> {
+    ) -> crate::error::CudaResult<()> {
         if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
             self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
+        } else {
+            stream.memcpy_dtod(&src, &mut { dst })
+        }
+    }
+
+    /// Enqueues the copy of `tx` into a slot of this (device-transport) boundary on `stream`, the
+    /// TX stage's stream: within the device for a local boundary, across devices for a peer one.
+    fn copy_into_slot(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: CudaView<'_, u8>,
+        dst: CudaViewMut<'_, u8>,
+    ) -> crate::error::CudaResult<()> {
+        if self.plan.transport == Transport::Local {
+            self.copy_within_device(stream, src, dst)
         } else {
             stream.memcpy_dtod(&src, &mut { dst })
         }

@@ -2,7 +2,7 @@
 //! the driver's per-thread state.
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{CUcontext, CUdevice};
 
 /// `cuDevicePrimaryCtxRetain`: the device's primary context, its reference count raised.

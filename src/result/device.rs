@@ -4,7 +4,7 @@
 use std::os::raw::{c_char, c_int};
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute};
 
 /// `cuDeviceGetCount`.

@@ -2,7 +2,7 @@
 //! thread-safe like the driver calls they make.
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{CUevent, CUevent_flags, CUstream};
 
 /// `cuEventCreate` in the current context; `timing` keeps timestamps (slower to record).

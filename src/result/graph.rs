@@ -3,7 +3,7 @@
 //! and thread-safe like the driver calls they make.
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{
     CUevent, CUevent_record_flags, CUevent_wait_flags, CUgraph, CUgraphExec, CUgraphExecUpdateResultInfo, CUstream,
     CUstreamCaptureMode, CUstreamCaptureStatus,
@@ -83,7 +83,7 @@ pub unsafe fn launch(exec: CUgraphExec, stream: CUstream) -> Result<()> {
 pub unsafe fn exec_update(
     exec: CUgraphExec,
     graph: CUgraph,
-) -> std::result::Result<(), (crate::error::CudaError, CUgraphExecUpdateResultInfo)> {
+) -> std::result::Result<(), (crate::cuda_error::CudaError, CUgraphExecUpdateResultInfo)> {
     let mut info = CUgraphExecUpdateResultInfo::default();
     let result = (|| driver_call!(cuGraphExecUpdate_v2(exec, graph, &mut info)))();
     result.map_err(|e| (e, info))

@@ -4,7 +4,7 @@
 use std::os::raw::c_void;
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUstream,
 };

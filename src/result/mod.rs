@@ -1,4 +1,4 @@
-//! Thin wrappers: one function per driver call, returning the typed [`Error`](crate::Error).
+//! Thin wrappers: one function per driver call, returning the typed [`CudaError`](crate::CudaError).
 //!
 //! Each function makes exactly the call it is named after, through the process's loaded
 //! [`Driver`](crate::loader::Driver); it binds no context and keeps no state. Functions that take
@@ -36,10 +36,12 @@ pub(crate) use driver_call;
 
 /// Maps the result of a query call (`cuStreamQuery`, `cuEventQuery`): success is `true`,
 /// `CUDA_ERROR_NOT_READY` is `false` (work still pending), anything else is the error.
-fn ready(result: crate::error::Result<()>) -> crate::error::Result<bool> {
+fn ready(result: crate::cuda_error::Result<()>) -> crate::cuda_error::Result<bool> {
     match result {
         Ok(()) => Ok(true),
-        Err(crate::error::CudaError::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(crate::cuda_error::CudaError::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_READY => {
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
 }

@@ -4,7 +4,7 @@
 use std::ffi::{CStr, c_void};
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{CUfunction, CUmodule, CUstream};
 
 /// `cuModuleLoadData`: loads a NUL-terminated PTX (or cubin) image into the current context.

@@ -2,7 +2,7 @@
 //! like the driver calls they make.
 
 use super::driver_call;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::sys::{CUevent, CUstream, CUstream_flags};
 
 /// `cuStreamCreate` with `CU_STREAM_NON_BLOCKING` in the current context.

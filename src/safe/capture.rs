@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::event_pool::PooledEvent;
 use super::memory::DeviceMemory;
 use super::ordering::Use;
-use crate::error::{CaptureError, CudaError, Result};
+use crate::cuda_error::{CaptureError, CudaError, Result};
 use crate::sys::CUstreamCaptureMode;
 
 /// How a capture restricts calls made outside the captured stream (`CUstreamCaptureMode`).

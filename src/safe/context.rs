@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::device::Device;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::event as raw_event;
 use crate::result::{context as raw, memory};
 use crate::sys::{CUcontext, CUevent, CUmemPool_attribute};

@@ -17,7 +17,7 @@ use super::host::PinnedHostBuffer;
 use super::memory::{CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
 use super::ordering::Use;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
 

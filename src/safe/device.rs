@@ -3,7 +3,7 @@
 //! A [`Device`] is a plain value (ordinal and handle): no lifetime to manage, `Copy`, usable from
 //! any thread.
 
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::device as raw;
 use crate::sys::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute};
 

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use crate::error::CudaError;
+use crate::cuda_error::CudaError;
 use crate::sys::CUresult;
 
 /// An error raised inside `Drop`: one of the crate's errors, of whichever layer dropped.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::memory::{CudaView, CudaViewMut, DeviceMemory, DeviceRepr};
 use super::ordering::{Access, Use};
 use super::stream::{CudaStream, refuse_on};
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 
 /// A buffer an operation touches, as the ordering rule sees it.
 #[derive(Debug, Clone, Copy)]

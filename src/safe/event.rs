@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::capture::refuse_in_capture;
 use super::context::Context;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::event as raw;
 use crate::result::stream as raw_stream;
 use crate::sys::CUevent;

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use super::context::Context;
-use crate::error::Result;
+use crate::cuda_error::Result;
 use crate::result::event as raw_event;
 use crate::sys::CUevent;
 

@@ -35,7 +35,7 @@ use super::event::CudaEvent;
 use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr};
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
-use crate::error::{CaptureError, CudaError, Result};
+use crate::cuda_error::{CaptureError, CudaError, Result};
 use crate::result::graph as raw;
 use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult};
 

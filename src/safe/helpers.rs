@@ -18,7 +18,7 @@ use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
 use super::module::{Function, Module};
 use super::ordering::Use;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::kernels;
 
 /// The helper kernels of one context: the SM copy.

@@ -13,7 +13,7 @@ use super::capture::free_blocked;
 use super::context::Context;
 use super::memory::{DeviceRepr, byte_size};
 use super::ordering::{Access, Use};
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::{CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
 

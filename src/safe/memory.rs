@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::capture::free_blocked;
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::context::Context;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::{context as raw_ctx, device as raw_dev};
 use crate::sys::{CUcontext, CUresult};
 

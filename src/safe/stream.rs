@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::capture::{CaptureState, refuse_in_capture};
 use super::context::Context;
 use super::event_pool::{PooledEvent, StreamEvent};
-use crate::error::{CaptureError, CudaError, Result};
+use crate::cuda_error::{CaptureError, CudaError, Result};
 use crate::result::event as raw_event;
 use crate::result::stream as raw;
 use crate::sys::CUstream;

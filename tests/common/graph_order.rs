@@ -1,4 +1,4 @@
-//! Graph steps and eager steps left half-way, shared by `tests/graphs.rs` (GPU) and the driver
+//! Graph steps and eager steps left half-way, shared by `tests/gpu/graphs_on_gpu.rs` (GPU) and the driver
 //! double's graph tests: a graph step never overtakes an eager step not received yet (both
 //! launches refuse it, before anything is enqueued), and a capture refuses rings that stand at
 //! different slots, naming each, until the eager step is finished.
@@ -65,7 +65,7 @@ fn last_output(rt: &PpNRt, primary: &Engine, buffers: &StepBuffers) -> Vec<f32> 
 /// is received. Every step's output is the one-stage model's, in the order sent.
 pub fn a_graph_step_never_overtakes_an_unreceived_eager_step(primary: &Engine, devices: &[i32]) {
     use std::time::Duration;
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     assert_eq!(rt.n_stages(), 2, "the scenario needs two stages");
     let n = 512;
     let mut rng = Rng::new(15);
@@ -134,7 +134,7 @@ pub fn a_graph_step_never_overtakes_an_unreceived_eager_step(primary: &Engine, d
 /// eager step is finished (its `tx` and `rx` on boundary 1) the capture succeeds and its graph
 /// steps give the one-stage model's output.
 pub fn a_capture_refuses_rings_out_of_step(primary: &Engine, devices: &[i32]) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     assert_eq!(rt.n_stages(), 3, "the scenario needs three stages");
     let n = 512;
     let mut rng = Rng::new(16);

@@ -1,4 +1,4 @@
-//! Graph-mode scenarios shared by `tests/graphs.rs` (GPU) and `tests/double.rs` (driver double).
+//! Graph-mode scenarios shared by `tests/gpu/graphs_on_gpu.rs` (GPU) and `tests/double/` (driver double).
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
@@ -161,7 +161,7 @@ pub fn graph_steps_match(primary: &Engine, config: PpConfig, inputs: &[Vec<f32>]
     let n_stages = rt.n_stages();
     let last = n_stages - 1;
     let mut buffers = StepBuffers::new(&rt, primary, n);
-    let in_place = config.n_slots() % 2 == 0;
+    let in_place = config.slots() % 2 == 0;
     let mut step = capture(&rt, primary, &mut buffers, n, in_place).unwrap();
     let last_engine = rt.engine(last, primary).unwrap();
     let mut outputs = Vec::new();
@@ -212,7 +212,7 @@ pub fn graph_configs(devices: i32, quick: bool) -> Vec<PpConfig> {
         }
         for map in maps {
             for &slots in &slot_counts {
-                configs.push(PpConfig::with_devices(&map).slots(slots));
+                configs.push(PpConfig::with_devices(&map).with_slots(slots));
             }
         }
     }
@@ -227,7 +227,7 @@ pub fn graph_mode_matches_eager_and_one_stage(test: &str, primary: &Engine, devi
     let inputs: Vec<Vec<f32>> = (0..steps).map(|_| rng.vec_f32(n)).collect();
     let mut runs = 0;
     for config in graph_configs(devices, quick) {
-        let slots = config.n_slots();
+        let slots = config.slots();
         let one_stage = config.n_stages() == 1;
         let expected = reference(primary, &inputs, |r| if one_stage { 0 } else { (r % slots) as u32 });
         graph_steps_match(primary, config, &inputs, &expected);
@@ -239,7 +239,7 @@ pub fn graph_mode_matches_eager_and_one_stage(test: &str, primary: &Engine, devi
 /// A call that cannot be captured is a typed error naming it, the capture is invalidated, and
 /// the runtime, its slots and streams stay usable.
 pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     let n = 1024;
     let mut buffers = StepBuffers::new(&rt, primary, n);
     let illegal: [(&str, &str); 4] = [
@@ -324,7 +324,7 @@ pub fn capture_misuse_is_a_typed_error(primary: &Engine, devices: &[i32]) {
 /// still filled by an eager `tx` (in any slot of a ring the step uses: the step would overtake
 /// it), a ring out of step, a slot reallocated since the capture.
 pub fn mismatched_graph_steps_are_refused(primary: &Engine, devices: &[i32]) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     let n = 512;
     let mut buffers = StepBuffers::new(&rt, primary, n);
     let mut step = capture(&rt, primary, &mut buffers, n, false).unwrap();
@@ -495,7 +495,7 @@ pub fn graphs_keep_their_memory_alive_and_ordered(engine: &Engine) {
 /// the stages are out of step.
 pub fn one_thread_per_stage_replays_graphs(primary: &Engine, devices: &[i32], slots: usize, steps: usize) {
     use std::time::Duration;
-    let config = PpConfig::with_devices(devices).slots(slots);
+    let config = PpConfig::with_devices(devices).with_slots(slots);
     let rt = PpNRt::new(config.clone(), primary).unwrap();
     let n = 2048;
     let n_stages = rt.n_stages();
@@ -561,7 +561,7 @@ pub fn one_thread_per_stage_replays_graphs(primary: &Engine, devices: &[i32], sl
 /// `devices` must give three stages.
 pub fn launch_stage_refusals_lose_nothing(primary: &Engine, devices: &[i32]) {
     use std::time::Duration;
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(3), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(3), primary).unwrap();
     assert_eq!(rt.n_stages(), 3, "the scenario needs three stages");
     let n = 512;
     let mut rng = Rng::new(91);
@@ -682,7 +682,7 @@ pub fn graphs_launched_from_two_threads_keep_their_order(engine: &Engine, rounds
 pub fn racing_launches_of_one_stage_never_share_a_slot(primary: &Engine, devices: &[i32], rounds: usize) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     assert_eq!(rt.n_stages(), 2, "the scenario needs two stages");
     let n = 256;
     let mut buffers = StepBuffers::new(&rt, primary, n);
@@ -829,7 +829,7 @@ pub fn graph_misuse_leaves_everything_sound(primary: &Engine, devices: &[i32]) {
     assert!(ppnrt::take_drop_errors().is_empty());
 
     // A panicking capture body: nothing stays captured or taken.
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(2), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(2), primary).unwrap();
     let mut buffers = StepBuffers::new(&rt, primary, 256);
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = rt.capture_step::<f32>(256, |stage| {

@@ -1,43 +1,18 @@
-//! Helpers shared by the integration tests: GPU discovery with visible skips, and a small
-//! deterministic random generator (no dependency needed).
+//! Helpers shared by the integration tests of every tier: what a GPU test needs ([`needs`]),
+//! visible skips, and a small deterministic random generator (no dependency needed).
 #![allow(dead_code, unreachable_pub)]
+
+pub mod needs;
 
 use std::sync::Arc;
 
-use ppnrt::{CudaStream, Device, Engine, StreamOverride};
-
-/// The number of devices a GPU test may use, or `None` (after printing why) when the test must
-/// skip. With `PPNRT_REQUIRE_GPUS=N` set (the GPU gate sets it), a machine with fewer than
-/// `min(N, need)` devices fails the test instead of skipping it.
-pub fn devices_or_skip(test: &str, need: i32) -> Option<i32> {
-    let required: i32 = std::env::var("PPNRT_REQUIRE_GPUS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let found = match Device::count() {
-        Ok(count) => Ok(count),
-        Err(e) => Err(e.to_string()),
-    };
-    let reason = match &found {
-        Ok(count) if *count >= need => return Some(*count),
-        Ok(count) => format!("needs {need} GPU(s), found {count}"),
-        Err(e) => format!("no usable CUDA driver: {e}"),
-    };
-    if required >= need {
-        panic!("{test}: PPNRT_REQUIRE_GPUS={required} but {reason}");
-    }
-    say(&format!("SKIPPED {test}: {reason}"));
-    None
-}
+use ppnrt::{CudaStream, Engine, StreamOverride};
 
 /// Writes a line to the process's stderr directly: the test harness captures `eprintln!` of
 /// passing tests, and a skip must be visible.
 pub fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// An engine on device `ordinal`, or `None` after printing why the test skips.
-pub fn engine_or_skip(test: &str, ordinal: i32) -> Option<Engine> {
-    devices_or_skip(test, ordinal + 1)?;
-    Some(Engine::new(ordinal).unwrap_or_else(|e| panic!("{test}: Engine::new({ordinal}) failed: {e}")))
 }
 
 /// Whether the tests run through the CUDA driver double (`tests/driver_double`), which names its

@@ -1,6 +1,6 @@
 //! Ordering scenarios written as a user would: a buffer produced on one stream and consumed,
-//! overwritten or dropped from another, with no join in user code. `tests/ordering.rs` runs them
-//! on the GPUs present; `tests/double.rs` through the driver double. Each also has a deliberately
+//! overwritten or dropped from another, with no join in user code. `tests/gpu/ordering_on_gpu.rs` runs them
+//! on the GPUs present; `tests/double/` through the driver double. Each also has a deliberately
 //! broken variant (the consumer gets the buffer as a raw address, which the ordering rule cannot
 //! see) that the check must catch.
 #![allow(dead_code, unreachable_pub)]

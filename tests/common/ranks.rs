@@ -42,8 +42,11 @@ pub fn try_two_ranks_configured(
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
-            let config =
-                PpConfig::with_devices(&[0, 1]).ranks(&[0, 1]).rank(rank).rendezvous(&addr).peer_timeout(peer_timeout);
+            let config = PpConfig::with_devices(&[0, 1])
+                .with_ranks(&[0, 1])
+                .with_rank(rank)
+                .with_rendezvous(&addr)
+                .with_peer_timeout(peer_timeout);
             PpNRt::new(configure(rank, config), primary)
         };
         let built = std::thread::scope(|scope| {
@@ -78,10 +81,10 @@ pub fn chain_of_ranks(
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config = PpConfig::with_devices(devices)
-                .ranks(&stage_ranks)
-                .rank(rank)
-                .rendezvous(&addr)
-                .peer_timeout(peer_timeout);
+                .with_ranks(&stage_ranks)
+                .with_rank(rank)
+                .with_rendezvous(&addr)
+                .with_peer_timeout(peer_timeout);
             PpNRt::new(configure(rank, config), &primary)
         };
         let built: Vec<ppnrt::Result<PpNRt>> = std::thread::scope(|scope| {

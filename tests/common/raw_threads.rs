@@ -3,7 +3,7 @@
 //! `cuMemAlloc` buffer with a TX and an RX event, handed over under a mutex and condition
 //! variable; activations come from the stream-ordered pool. The copies run the crate's SM copy
 //! kernel and the layers its toy-model kernel, so the outputs must equal the crate's loops bit for
-//! bit. `tests/pipeline.rs` compares them; `scripts/initcheck-threads-probe.sh` runs it under
+//! bit. `tests/gpu/pipeline.rs` compares them; `scripts/initcheck-threads-probe.sh` runs it under
 //! compute-sanitizer beside the crate's loop.
 #![allow(dead_code, unreachable_pub, unsafe_code)]
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ppnrt::kernels::{HELPERS_PTX, TOY_MODEL_PTX, pattern};
 use ppnrt::sys::{CUcontext, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 
-// The includer mounts `raw_driver.rs` at its crate root (as `tests/pipeline.rs` does).
+// The includer mounts `raw_driver.rs` at its crate root (as `tests/gpu/pipeline.rs` does).
 use crate::raw_driver::raw;
 
 const N: usize = 1024;

@@ -1,5 +1,5 @@
-//! Soundness scenarios written against the public API only. `tests/soundness.rs` runs them on
-//! the GPUs present; `tests/double.rs` runs them through the CUDA driver double on any machine.
+//! Soundness scenarios written against the public API only. `tests/gpu/soundness_on_gpu.rs` runs them on
+//! the GPUs present; `tests/double/` runs them through the CUDA driver double on any machine.
 //! Each one failed on the code before its fix (see docs/RELIABILITY.md).
 #![allow(dead_code, unreachable_pub)]
 
@@ -143,7 +143,7 @@ pub fn calls_leave_the_current_context_as_they_found_it(e0: &Engine, e1: &Engine
 /// Filled slots whose receiver gave up can be discarded; the ring then goes on, a discarded slot
 /// cannot be received, and growing its buffer waits for the copy that filled it.
 pub fn discarded_slots_are_free_again(primary: &Engine, devices: &[i32]) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(1), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(1), primary).unwrap();
     let e0 = rt.engine(0, primary).unwrap().clone();
     let _stage = rt.enter(0).unwrap();
     let small = e0.htod(&[7u32; 1024]).unwrap();
@@ -167,7 +167,7 @@ pub fn discarded_slots_are_free_again(primary: &Engine, devices: &[i32]) {
 /// Both must read the step's data: the next `tx` (the slot itself is lent) or the reuse of the
 /// copy's memory (host-staged: the guard holds a copy, freed when it drops) waits for both.
 pub fn order_on_orders_every_consumer(primary: &Engine, devices: &[i32], transport: TransportPolicy) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(1).transport(transport), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(1).with_transport(transport), primary).unwrap();
     let (e0, e1) = (rt.engine(0, primary).unwrap().clone(), rt.engine(1, primary).unwrap().clone());
     let n = 1 << 16;
     let send = |seed: u32| {

@@ -1,6 +1,6 @@
 //! A decode loop of the toy model with one host thread per stage, using the waiting `tx_wait` /
-//! `rx_wait`, against the same loop on one thread. `tests/pipeline.rs` runs it on the GPUs
-//! present, `tests/double.rs` through the driver double.
+//! `rx_wait`, against the same loop on one thread. `tests/gpu/pipeline.rs` runs it on the GPUs
+//! present, `tests/double/` through the driver double.
 #![allow(dead_code, unreachable_pub)]
 
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 
 /// Every step's output, one thread driving every stage in turn; and the wall time.
 pub fn one_thread(primary: &Engine, devices: &[i32], slots: usize, steps: usize) -> (Vec<Vec<u32>>, Duration) {
-    let rt = PpNRt::new(PpConfig::with_devices(devices).slots(slots), primary).unwrap();
+    let rt = PpNRt::new(PpConfig::with_devices(devices).with_slots(slots), primary).unwrap();
     let last = rt.n_stages() - 1;
     let start = Instant::now();
     let mut outputs = Vec::with_capacity(steps);
@@ -72,9 +72,9 @@ pub fn thread_per_stage_with(
     steps: usize,
     variant: Variant,
 ) -> (Vec<Vec<u32>>, Duration) {
-    let mut config = PpConfig::with_devices(devices).slots(slots);
+    let mut config = PpConfig::with_devices(devices).with_slots(slots);
     if variant.reserve_slots {
-        config = config.reserve_bytes(N * std::mem::size_of::<f32>());
+        config = config.with_reserve_bytes(N * std::mem::size_of::<f32>());
     }
     let rt = PpNRt::new(config, primary).unwrap();
     let last = rt.n_stages() - 1;

@@ -137,7 +137,7 @@ pub(crate) mod schedules {
         ) {
             with_double("any_interleaving_of_eager_and_graph_steps_matches_one_stage", |_| {
                 let primary = Engine::new(0).unwrap();
-                graphs::random_schedule_matches(&primary, PpConfig::with_devices(&map).slots(slots), &kinds, seed);
+                graphs::random_schedule_matches(&primary, PpConfig::with_devices(&map).with_slots(slots), &kinds, seed);
             });
         }
     }
@@ -156,7 +156,7 @@ fn a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only() {
     with_double("a_graph_step_makes_one_launch_per_stage_and_the_protocols_calls_only", |double| {
         let primary = Engine::new(0).unwrap();
         for (devices, label) in [(vec![0, 1, 0, 1], "alternating"), (vec![0, 0, 0, 0], "one device")] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(2), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(2), &primary).unwrap();
             let n = 4096;
             let mut buffers = graphs::StepBuffers::new(&rt, &primary, n);
             let mut step = graphs::capture(&rt, &primary, &mut buffers, n, false).unwrap();
@@ -215,7 +215,11 @@ fn a_rank_builds_only_its_stages_and_a_silent_rendezvous_times_out_typed() {
         let silent = format!("127.0.0.1:{}", unused.port()); // nobody listens there once dropped
         let timeout = std::time::Duration::from_millis(300);
         let config = |devices: &[i32]| {
-            PpConfig::with_devices(devices).ranks(&[1, 0, 1]).rank(1).rendezvous(&silent).peer_timeout(timeout)
+            PpConfig::with_devices(devices)
+                .with_ranks(&[1, 0, 1])
+                .with_rank(1)
+                .with_rendezvous(&silent)
+                .with_peer_timeout(timeout)
         };
         // Rank 1 runs stages 0 and 2; stage 1's device 99 is rank 0's business.
         let start = std::time::Instant::now();

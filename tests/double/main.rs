@@ -1,9 +1,17 @@
-//! Host tests through the CUDA driver double (`tests/driver_double/cuda_double.c`): the soundness
-//! scenarios of `common/soundness.rs`, and error injection on each call that protects work
-//! already enqueued; with the NCCL double (`tests/driver_double/nccl_double.c`) too, two ranks of
-//! one pipeline as threads of this process, each driver and NCCL call of their steps, setup and
-//! teardown failed in turn. They run on every machine with a C compiler (CI sets
-//! `PPNRT_REQUIRE_DOUBLE` so that a missing compiler fails rather than skips).
+//! The double tier: tests through the CUDA driver double (`tests/driver_double/cuda_double.c`):
+//! the soundness scenarios of `common/soundness.rs`, and error injection on each call that
+//! protects work already enqueued; with the NCCL double (`tests/driver_double/nccl_double.c`)
+//! too, two ranks of one pipeline as threads of this process, each driver and NCCL call of their
+//! steps, setup and teardown failed in turn; the slot ring across ranks (`ring`), bounded
+//! waits and frees (`bounded`), an engine's own buffers and streams (`foreign`) and, with the
+//! `cudarc` feature, cudarc's (`cudarc_double`, `cudarc_attacks`). They run on every machine
+//! with a C compiler (CI sets `PPNRT_REQUIRE_DOUBLE` so that a missing compiler fails rather
+//! than skips).
+//!
+//! Beside this binary, in this folder, the double-tier tests that must be processes of their
+//! own: `nccl` and `processes` (through the doubles where no driver loads, on the GPUs and NCCL
+//! where they are; both run child processes of themselves) and `campaign` (the fault campaign
+//! across ranks, which CI also runs in a release build).
 //!
 //! The double runs queued work only when something synchronises, and then only what that needs:
 //! work left unordered runs as late as possible, so a missing wait shows up deterministically as
@@ -70,8 +78,13 @@ const OUT_OF_MEMORY: i32 = 2;
 /// `ncclInternalError`.
 const NCCL_INTERNAL_ERROR: i32 = 3;
 
+mod bounded;
+mod cudarc_attacks;
+mod cudarc_double;
+mod foreign;
 mod graphs_mode;
 mod protocol;
+mod ring;
 mod rule;
 mod scenarios;
 mod sweep_graph;

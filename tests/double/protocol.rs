@@ -224,7 +224,7 @@ fn parameter_code_that_uses_a_launched_buffer_does_not_deadlock() {
 fn slot_events_are_reused_within_their_context_only() {
     with_double("slot_events_are_reused_within_their_context_only", |_| {
         let primary = Engine::new(0).unwrap();
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_slots(1), &primary).unwrap();
         let e0 = rt.engine(0, &primary).unwrap().clone();
         let reader = ppnrt::CudaStream::new(e0.context()).unwrap();
         let n = 256;
@@ -272,7 +272,7 @@ fn one_thread_per_stage_matches_one_thread() {
 fn waiting_calls_time_out_with_a_typed_error() {
     with_double("waiting_calls_time_out_with_a_typed_error", |_| {
         let primary = Engine::new(0).unwrap();
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_slots(1), &primary).unwrap();
         let timeout = std::time::Duration::from_millis(50);
         let started = std::time::Instant::now();
         match rt.rx_wait::<u32>(0, 0, 16, timeout).unwrap_err() {
@@ -415,7 +415,7 @@ fn a_slot_received_in_place_is_read_before_it_is_refilled() {
             ([0, 0], ppnrt::pp::ProtocolFault::None, true),
             ([0, 1], ppnrt::pp::ProtocolFault::SkipRxWait, false),
         ] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).slots(1).inject_fault(fault), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1).with_fault(fault), &primary).unwrap();
             let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
             let n = 2048;
             let send = |seed: u32| {
@@ -456,7 +456,7 @@ fn a_slot_received_in_place_is_read_before_it_is_refilled() {
 fn a_host_staged_slot_is_received_as_a_copy() {
     with_double("a_host_staged_slot_is_received_as_a_copy", |_| {
         let primary = Engine::new(0).unwrap();
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).transport(TransportPolicy::Staged), &primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_transport(TransportPolicy::Staged), &primary).unwrap();
         let x = {
             let _stage = rt.enter(0).unwrap();
             rt.engine(0, &primary).unwrap().htod(&[9u32; 100]).unwrap()
@@ -475,7 +475,7 @@ fn a_host_staged_slot_is_received_as_a_copy() {
 fn order_on_orders_a_consumer_the_rule_cannot_see() {
     with_double("order_on_orders_a_consumer_the_rule_cannot_see", |_| {
         let primary = Engine::new(0).unwrap();
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).slots(1), &primary).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]).with_slots(1), &primary).unwrap();
         let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
         let n = 1024;
         let send = |seed: u32| {
@@ -538,7 +538,7 @@ fn zero_sized_elements_cross_a_boundary() {
         for (devices, transport) in
             [([0, 0], TransportPolicy::Auto), ([0, 1], TransportPolicy::Auto), ([0, 1], TransportPolicy::Staged)]
         {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(transport), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_transport(transport), &primary).unwrap();
             let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
             let x = {
                 let _stage = rt.enter(0).unwrap();
@@ -601,7 +601,7 @@ fn a_boundary_step_makes_the_protocols_driver_calls_and_no_more() {
         for (devices, label, sm) in
             [([0, 1], "peer", false), ([0, 0], "local", false), ([0, 0], "local, SM copies", true)]
         {
-            let (rt, e, x) = warm_boundary(PpConfig::with_devices(&devices).sm_copies(sm), &primary);
+            let (rt, e, x) = warm_boundary(PpConfig::with_devices(&devices).with_sm_copies(sm), &primary);
             let step = || boundary_step(&rt, &x);
             // SAFETY: the TX stage's primary context, retained by the runtime's engines.
             unsafe { ppnrt::result::context::set_current(e.context().raw()) }.unwrap();

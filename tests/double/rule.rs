@@ -543,9 +543,9 @@ proptest! {
             let config = match transport {
                 0 => PpConfig::with_devices(&[0, 0]),
                 1 => PpConfig::with_devices(&[0, 1]),
-                _ => PpConfig::with_devices(&[0, 1]).transport(TransportPolicy::Staged),
+                _ => PpConfig::with_devices(&[0, 1]).with_transport(TransportPolicy::Staged),
             };
-            let rt = PpNRt::new(config.slots(slots), &primary).unwrap();
+            let rt = PpNRt::new(config.with_slots(slots), &primary).unwrap();
             let (e0, e1) = (rt.engine(0, &primary).unwrap(), rt.engine(1, &primary).unwrap());
             let (tx_stream, rx_stream) = (rt.stage_stream(0).unwrap(), rt.stage_stream(1).unwrap());
             let (tx_side, rx_side) = (CudaStream::new(e0.context()).unwrap(), CudaStream::new(e1.context()).unwrap());

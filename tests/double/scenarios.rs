@@ -69,7 +69,7 @@ fn a_failed_tx_leaves_no_copy_in_flight() {
     with_double("a_failed_tx_leaves_no_copy_in_flight", |double| {
         let primary = Engine::new(0).unwrap();
         for (devices, policy) in EVERY_TRANSPORT {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_transport(policy), &primary).unwrap();
             let e = rt.engine(0, &primary).unwrap().clone();
             let _stage = rt.enter(0).unwrap();
             let small = e.htod(&[3u32; 1024]).unwrap();
@@ -117,7 +117,7 @@ fn a_failed_record_in_a_warm_ring_leaves_it_ordered() {
     with_double("a_failed_record_in_a_warm_ring_leaves_it_ordered", |double| {
         let primary = Engine::new(0).unwrap();
         for (devices, policy) in EVERY_TRANSPORT {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_transport(policy), &primary).unwrap();
             let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
             let step_data =
                 |step: u32| -> Vec<u32> { (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761) ^ step).collect() };

@@ -82,7 +82,7 @@ fn every_failing_driver_call_of_a_graph_step_is_an_error_that_loses_nothing() {
         for devices in [&[0, 1][..], &[0, 0], &[0, 1, 0, 1]] {
             for in_place in [false, true] {
                 let what = format!("graph mode {devices:?}{}", if in_place { " in place" } else { "" });
-                let config = PpConfig::with_devices(devices).slots(2);
+                let config = PpConfig::with_devices(devices).with_slots(2);
                 let run =
                     |check_calls: &mut dyn FnMut(&PpNRt, &mut ppnrt::StepGraphs<'_, f32>, &mut graphs::StepBuffers)| {
                         let rt = PpNRt::new(config.clone(), &primary).unwrap();
@@ -314,7 +314,7 @@ fn every_failing_driver_call_of_a_capture_is_an_error_that_loses_nothing() {
             for in_place in [false, true] {
                 for recapturing in [false, true] {
                     let setup =
-                        CaptureSetup { config: PpConfig::with_devices(&devices).slots(2), in_place, recapturing };
+                        CaptureSetup { config: PpConfig::with_devices(&devices).with_slots(2), in_place, recapturing };
                     let what = format!(
                         "{} {devices:?}{}",
                         if recapturing { "re-capture" } else { "capture" },

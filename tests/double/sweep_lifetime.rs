@@ -18,7 +18,7 @@ fn every_failing_driver_call_of_a_build_is_an_error_that_leaks_nothing() {
         let mut cases = 0;
         for (devices, policy) in EVERY_TRANSPORT {
             let what = format!("{policy:?} {devices:?}");
-            let config = PpConfig::with_devices(&devices).transport(policy);
+            let config = PpConfig::with_devices(&devices).with_transport(policy);
             // A build, one step, and the drop.
             let build_and_step = |case: &str| {
                 let rt =
@@ -86,7 +86,7 @@ fn every_failing_driver_call_of_a_drop_with_work_queued_frees_nothing_in_use() {
         let mut cases = 0;
         for (devices, policy) in EVERY_TRANSPORT {
             let what = format!("{policy:?} {devices:?}");
-            let config = PpConfig::with_devices(&devices).transport(policy);
+            let config = PpConfig::with_devices(&devices).with_transport(policy);
             // A runtime with one step's copies queued and nothing waited for, and the step's
             // buffers: the input (read by `tx`), the received buffer (read on another stream of
             // its device, so its free must wait for that stream) and that stream's copy.

@@ -214,7 +214,7 @@ fn every_failing_driver_call_of_a_step_is_an_error_that_loses_nothing() {
                 // A runtime with its inputs made and WARM steps run: every slot, event and
                 // pinned buffer a step of length n needs exists.
                 let warm = || {
-                    let rt = PpNRt::new(PpConfig::with_devices(&devices).transport(policy), &primary).unwrap();
+                    let rt = PpNRt::new(PpConfig::with_devices(&devices).with_transport(policy), &primary).unwrap();
                     let (e0, e1) = (rt.engine(0, &primary).unwrap().clone(), rt.engine(1, &primary).unwrap().clone());
                     let inputs: Vec<Option<CudaSlice<u32>>> = {
                         let _stage = rt.enter(0).unwrap();

@@ -1,7 +1,17 @@
 //! A link between two ranks: its NCCL communicator, its failure record, the receiver's phase,
 //! and the receive graphs captured for its slots.
 
-use super::*;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::sender::{heartbeat_interval, silence};
+use super::wire::BackWriter;
+use crate::nccl::NcclComm;
+use crate::pp::error::{Error, PpError, ReceiverState, Result};
+use crate::pp::fault::{Fault, FaultPoint};
+use crate::safe::{GraphExec, KeptMemory};
 
 /// Why a link stopped, set once, and whether it was aborted (not closed cleanly). Shared with the
 /// runtime's readbacks: a readback holds this record, not the link (whose connection and
@@ -78,14 +88,10 @@ pub(in crate::pp) struct Link {
     pub(in crate::pp) phase: PhaseCell,
     /// On the RX rank: the TX rank's waits for a free slot ([`Credit`]).
     pub(super) credit: Option<Credit>,
-    /// The failure of this link is not passed on to the rank's other links
-    /// ([`ProtocolFault::ContainedFailure`](crate::pp::ProtocolFault), tests only).
-    #[cfg(feature = "testing")]
-    pub(super) contained: bool,
-    /// How long a failure of this link waits before it is recorded
-    /// ([`ProtocolFault::SlowToFail`](crate::pp::ProtocolFault), tests only).
-    #[cfg(feature = "testing")]
-    pub(super) fail_delay: Duration,
+    /// The protocol broken on purpose (tests only): the failure of this link is not passed on to
+    /// the rank's other links ([`FaultPoint::ContainedFailure`]), or it waits before it is
+    /// recorded ([`Fault::fail_delay`]).
+    pub(super) fault: Fault,
 }
 
 /// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
@@ -229,18 +235,15 @@ impl Link {
         if self.is_stopped() {
             return; // whoever stopped it ends it
         }
-        #[cfg(feature = "testing")]
-        if !self.fail_delay.is_zero() {
-            std::thread::sleep(self.fail_delay);
+        let fail_delay = self.fault.fail_delay();
+        if !fail_delay.is_zero() {
+            std::thread::sleep(fail_delay);
         }
         let _failing = self.rank_links.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !self.stop_failed(reason.clone()) {
             return;
         }
-        #[cfg(feature = "testing")]
-        let contained = self.contained;
-        #[cfg(not(feature = "testing"))]
-        let contained = false;
+        let contained = self.fault.at(FaultPoint::ContainedFailure);
         let others = if contained { Vec::new() } else { self.rank_links.stop_others(self, &reason) };
         let stopped: Vec<&Link> = std::iter::once(self).chain(others.iter().map(|link| &**link)).collect();
         // NCCL's abort waits until every graph holding an operation of the communicator is

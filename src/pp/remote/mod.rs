@@ -58,23 +58,7 @@
 //! (it died): a rank that dies or stops during another's setup is a [`PpError::PeerFailed`]
 //! there, not a hang.
 
-use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use super::error::{PpError, ReceiverState};
-use super::plan::{Plan, Transport};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, PostingAlone, nccl, poll_pause};
-use crate::pp::config::PpConfig;
-use crate::pp::error::{Error, Result};
-use crate::rendezvous::{Rendezvous, RendezvousError};
-use crate::safe::{
-    CaptureMode, Context, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, GraphExec, KeptMemory,
-};
+use std::time::Duration;
 
 mod link;
 mod receiver;
@@ -83,29 +67,15 @@ mod setup;
 mod watchdog;
 mod wire;
 
-use link::*;
-pub(super) use link::{Link, LinkFailure, Phase, PhaseCell};
-use receiver::*;
+pub(super) use link::{Link, LinkFailure, Phase};
 pub(super) use receiver::{Announced, Inbound, Receiver, SlotFiller};
 pub(super) use sender::Sender;
-use sender::*;
 pub(super) use setup::{Links, LocalStage, connect};
 pub(super) use watchdog::Watchdog;
-use wire::*;
-
-/// How often the receiver threads and the watchdog look at a link that is quiet.
-pub(super) const POLL: Duration = Duration::from_millis(10);
 
 /// The read timeout of a TX rank's control connection, which bounds the watchdog's peek at it
 /// (the connection's other readers, `tx_wait` and the close, set theirs and give this one back).
 pub(super) const WATCH_PEEK: Duration = Duration::from_millis(1);
-
-/// How long a thread that expects the next step soon (a receiver thread after a record or
-/// waiting for a free slot, an `rx_wait` on a boundary from another rank) spins before it
-/// sleeps: waking a sleeping thread costs tens of µs on a busy host, more than a step's host
-/// work, and a decode step's next boundary crossing comes within this window. Spinning costs one
-/// core for at most this long per wait.
-pub(super) const SPIN: Duration = Duration::from_micros(250);
 
 /// The greeting of a control connection; the digit is the wire protocol's version.
 const HELLO_MAGIC: &[u8; 8] = b"PPNRTBD4";
@@ -127,9 +97,20 @@ const MAX_TYPE_NAME: usize = 64;
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::link::*;
+    use super::sender::*;
     use super::setup::*;
+    use super::wire::*;
     use super::*;
     use crate::auth::{JobAccess, JobSecret, Opener, Sealer};
+    use crate::pp::config::PpConfig;
+    use crate::pp::error::{Error, PpError, ReceiverState};
+    use crate::pp::plan::Transport;
+    use crate::pp::timing::POLL;
 
     /// A connected pair on loopback; the reader's reads time out after 20 ms.
     fn pair() -> (TcpStream, TcpStream) {
@@ -169,9 +150,9 @@ mod tests {
         assert!(mixing_support_off(Some("0")));
         assert!(mixing_support_off(Some(" 0 ")));
         let config = PpConfig::default();
-        assert!(config.nccl_recv_graphs_allowed());
-        assert!(!config.clone().nccl_recv_graphs(false).nccl_recv_graphs_allowed());
-        assert!(config.nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
+        assert!(config.nccl_recv_graphs());
+        assert!(!config.clone().with_nccl_recv_graphs(false).nccl_recv_graphs());
+        assert!(config.with_nccl_recv_graphs(false).to_string().ends_with(" nccl_recv_graphs=off"));
     }
 
     #[test]

@@ -1,8 +1,22 @@
 //! The RX rank's end of a link: the receiver thread that reads each record and fills the ring's
 //! next slot through NCCL's receive (or a captured one).
 
-use super::*;
+use std::io::ErrorKind;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::link::{CAPTURE_SETTLE_WAIT, CAPTURE_WAITS, Link, Phase, RECV_GRAPHS_PER_SLOT, RecvGraph};
+use super::sender::watch_comm;
+use super::wire::{BackWriter, Record, read_record};
+use super::{ALIVE, DONE, MAX_TYPE_NAME, RECORD_HEAD};
 use crate::auth::Opener;
+use crate::nccl::{PostingAlone, poll_pause};
+use crate::pp::error::{Error, PpError, Result};
+use crate::pp::timing::{POLL, SPIN};
+use crate::safe::{CaptureMode, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
 
 /// The RX rank's end of a link, before its receiver thread starts.
 pub(in crate::pp) struct Inbound {
@@ -15,7 +29,7 @@ pub(in crate::pp) struct Inbound {
     /// The boundary's receive stream (on the RX stage's device): the NCCL receives run there.
     pub(in crate::pp) recv_stream: Arc<CudaStream>,
     /// A stream of the same device used only to capture receives into graphs, when allowed
-    /// ([`PpConfig::nccl_recv_graphs`]).
+    /// ([`PpConfig::with_nccl_recv_graphs`]).
     pub(in crate::pp) capture_stream: Option<Arc<CudaStream>>,
 }
 

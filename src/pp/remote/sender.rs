@@ -1,8 +1,21 @@
 //! The TX rank's end of a link: the step's record and NCCL's send, signs of life, the clean
 //! close.
 
-use super::*;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::link::Link;
+use super::wire::{BackReader, check_type_name, encode_record};
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WATCH_PEEK};
 use crate::auth::Sealer;
+use crate::pp::config::PpConfig;
+use crate::pp::error::{Error, PpError, Result};
+use crate::pp::fault::{Fault, FaultPoint, Tamper};
+use crate::pp::timing::POLL;
+use crate::safe::{CudaStream, DeviceRepr, DeviceSlice};
 
 /// The TX rank's end of a link.
 pub(in crate::pp) struct Sender {
@@ -25,8 +38,7 @@ pub(in crate::pp) struct Sender {
     pub(super) watch: TcpStream,
     /// The protocol broken on purpose (tests only): steps announced and never sent, records
     /// forged, replayed or cut short.
-    #[cfg(feature = "testing")]
-    pub(super) fault: crate::pp::config::ProtocolFault,
+    pub(super) fault: Fault,
 }
 
 pub(super) struct SendControl {
@@ -102,13 +114,7 @@ pub(super) fn heartbeat_interval(timeout: Duration) -> Duration {
 /// Whether a peer silent for longer than the peer timeout fails its link: always, except with
 /// the liveness check broken on purpose ([`ProtocolFault::IgnoreSilence`], tests only).
 pub(super) fn silence_fails(config: &PpConfig) -> bool {
-    #[cfg(feature = "testing")]
-    if config.fault() == crate::pp::config::ProtocolFault::IgnoreSilence {
-        return false;
-    }
-    #[cfg(not(feature = "testing"))]
-    let _ = config;
-    true
+    !config.faults().at(FaultPoint::IgnoreSilence)
 }
 
 /// Why a link whose peer was silent for `silent` (more than the peer timeout) fails.
@@ -160,10 +166,12 @@ impl Sender {
             let mut writer = self.writer();
             let record =
                 encode_record(&mut writer.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
-            #[cfg(feature = "testing")]
-            let record = match self.tampered(&mut writer, step, record) {
-                Some(record) => record,
-                None => return Err(self.link.stopped().expect("failed by the tampering")),
+            let record = match self.fault.tamper(step) {
+                None => record,
+                Some(tamper) => match self.tampered(&mut writer, tamper, step, record) {
+                    Some(record) => record,
+                    None => return Err(self.link.stopped().expect("failed by the tampering")),
+                },
             };
             writer.write_sealed(&record)
         };
@@ -171,8 +179,7 @@ impl Sender {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
-        #[cfg(feature = "testing")]
-        if self.fault == crate::pp::config::ProtocolFault::AnnounceWithoutSend {
+        if self.fault.at(FaultPoint::AnnounceWithoutSend) {
             control.step += 1;
             return Ok((step % self.n_slots as u64) as usize);
         }
@@ -190,27 +197,25 @@ impl Sender {
         Ok((step % self.n_slots as u64) as usize)
     }
 
-    /// The record of `step` as the fault this link was built with makes it: altered after its
-    /// seal, written twice, or cut short (then the connection is ended and the link failed:
-    /// `None`). Tests only.
-    #[cfg(feature = "testing")]
-    fn tampered(&self, writer: &mut ControlWriter, step: u64, mut record: Vec<u8>) -> Option<Vec<u8>> {
-        use crate::pp::config::ProtocolFault;
-        match self.fault {
-            ProtocolFault::ForgeRecordAt(at) if at == step => {
+    /// The record of `step` as the fault this link was built with makes it ([`Tamper`]): altered
+    /// after its seal, written twice, or cut short (then the connection is ended and the link
+    /// failed: `None`). Tests only: without the `testing` feature no tampering is asked for.
+    #[cold]
+    fn tampered(&self, writer: &mut ControlWriter, tamper: Tamper, step: u64, mut record: Vec<u8>) -> Option<Vec<u8>> {
+        match tamper {
+            Tamper::Forge => {
                 record[16] ^= 1; // the element count, after the seal
                 Some(record)
             }
-            ProtocolFault::ReplayRecordAt(at) if at == step => {
+            Tamper::Replay => {
                 let twice = [record.as_slice(), record.as_slice()].concat();
                 Some(twice)
             }
-            ProtocolFault::TruncateRecordAt(at) if at == step => {
+            Tamper::Truncate => {
                 let _ = writer.socket.write_all(&record[..record.len() / 2]);
                 self.link.fail(format!("step {step}'s record cut short on purpose"));
                 None
             }
-            _ => Some(record),
         }
     }
 

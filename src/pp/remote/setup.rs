@@ -1,8 +1,26 @@
 //! Setting the links up: the rendezvous, the connections between ranks, the communicators'
 //! join and the first message that proves each link, every wait bounded.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::HELLO_MAGIC;
+use super::link::{Credit, Link, LinkFailure, PhaseCell, RankLinks};
+use super::receiver::Inbound;
+use super::sender::{ControlWriter, Heard, PEER_CLOSED, SendControl, Sender, silence_fails};
+use super::wire::{BackReader, BackWriter};
 use crate::auth::{Admission, JobKey, Opener, Sealer, connect_and_knock, write_by};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl, poll_pause};
+use crate::pp::config::PpConfig;
+use crate::pp::error::{Error, PpError, Result};
+use crate::pp::fault::{EXIT_BEFORE_COMM_JOIN, FaultPoint};
+use crate::pp::plan::{Plan, Transport};
+use crate::rendezvous::{Rendezvous, RendezvousError};
+use crate::safe::{Context, CudaEvent, CudaSlice, CudaStream};
 
 /// The local side of every cross-rank boundary, keyed by boundary.
 pub(in crate::pp) struct Links {
@@ -31,16 +49,16 @@ const MAX_UNABLE_REASON: usize = 1024;
 /// [`PpError::PeerFailed`] for a connection that
 /// fails; NCCL's error.
 pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStage>]) -> Result<Links> {
-    let rank = config.own_rank();
-    let timeout = config.peer_timeout_value();
+    let rank = config.rank();
+    let timeout = config.peer_timeout();
     let cross: Vec<_> = plan.boundaries.iter().filter(|b| b.transport == Transport::Nccl).copied().collect();
     let rendezvous = Rendezvous {
-        addr: config.rendezvous_addr().unwrap_or_default().to_string(),
+        addr: config.rendezvous().unwrap_or_default().to_string(),
         rank,
         world: config.world(),
         fingerprint: config.fingerprint(),
         timeout,
-        access: config.job_access_value().clone(),
+        access: config.job_access().clone(),
     };
     // The listener of this rank's incoming boundaries: an ephemeral port of the interface that
     // reaches rank 0 (where the other ranks reach this one), never every interface.
@@ -101,7 +119,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
     // Control connections, each authenticated both ways: the inbound ones are admitted on a
     // thread of their own while this one connects the outbound ones (two ranks may each send to
     // the other, so neither may wait for its own connections before serving the other's).
-    let key = config.job_access_value().key();
+    let key = config.job_access().key();
     let admitting = {
         let (cross, key) = (cross.clone(), key.clone());
         std::thread::Builder::new()
@@ -185,13 +203,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             silence_fails: silence_fails(config),
             phase: PhaseCell::new(),
             credit: back_writer.clone().map(|back| Credit { wanted: AtomicBool::new(false), back }),
-            #[cfg(feature = "testing")]
-            contained: config.fault() == crate::pp::config::ProtocolFault::ContainedFailure,
-            #[cfg(feature = "testing")]
-            fail_delay: match config.fault() {
-                crate::pp::config::ProtocolFault::SlowToFail(ms) => Duration::from_millis(ms),
-                _ => Duration::ZERO,
-            },
+            fault: config.faults(),
         });
         rank_links.add(&link);
         let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
@@ -218,13 +230,12 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
                 link,
                 tx_stream: Arc::clone(&local.stream),
                 tx_device: b.tx_device,
-                n_slots: config.n_slots(),
+                n_slots: config.slots(),
                 control,
                 writer,
                 heard: Heard::new(),
                 watch,
-                #[cfg(feature = "testing")]
-                fault: config.fault(),
+                fault: config.faults(),
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
@@ -248,7 +259,7 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
 /// it NCCL does not guarantee an ordinary call made while a graph launch is outstanding, and a
 /// step of a new size is such a call.
 pub(super) fn recv_graphs_allowed(config: &PpConfig) -> Result<bool> {
-    Ok(config.nccl_recv_graphs_allowed()
+    Ok(config.nccl_recv_graphs()
         && nccl()?.version() >= GRAPH_MIXING_VERSION
         && !mixing_support_off(std::env::var("NCCL_GRAPH_MIXING_SUPPORT").ok().as_deref()))
 }
@@ -264,21 +275,11 @@ pub(super) fn mixing_support_off(value: Option<&str>) -> bool {
 /// only). With [`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault) this rank exits
 /// here, before it joins its first communicator (tests only).
 pub(super) fn setup_watched(config: &PpConfig) -> bool {
-    #[cfg(feature = "testing")]
-    match config.fault() {
-        crate::pp::config::ProtocolFault::ExitBeforeCommJoin => std::process::exit(EXIT_BEFORE_COMM_JOIN),
-        crate::pp::config::ProtocolFault::UnwatchedSetup => return false,
-        _ => {}
+    if config.faults().at(FaultPoint::ExitBeforeCommJoin) {
+        std::process::exit(EXIT_BEFORE_COMM_JOIN);
     }
-    #[cfg(not(feature = "testing"))]
-    let _ = config;
-    true
+    !config.faults().at(FaultPoint::UnwatchedSetup)
 }
-
-/// The exit status of a rank that exits before it joins a communicator on purpose
-/// ([`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault)).
-#[cfg(feature = "testing")]
-pub(super) const EXIT_BEFORE_COMM_JOIN: i32 = 86;
 
 /// A check for a wait of the setup for NCCL (`what`): why the wait ends, when the peer closed
 /// its end of the boundary's connection `socket` (it died) or `timeout` passed since this was
@@ -447,5 +448,6 @@ pub(super) fn accept_inbound(
     Ok(sockets)
 }
 
+mod fingerprint;
 #[cfg(test)]
 mod tests;

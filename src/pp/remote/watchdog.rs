@@ -1,6 +1,15 @@
 //! The watchdog thread of a runtime's outbound links: signs of life both ways, NCCL's errors.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::WATCH_PEEK;
+use super::receiver::{Heartbeat, io_error};
+use super::sender::Sender;
+use crate::pp::error::Result;
+use crate::pp::timing::POLL;
 
 /// The watchdog of a runtime's outbound links (inbound links are watched by their receiver
 /// threads).

@@ -2,8 +2,15 @@
 //! the bytes arrive), the RX rank's sealed answers on the way back, and the element type names
 //! the records carry.
 
-use super::*;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::Mutex;
+
+use super::receiver::Announced;
+use super::sender::PEER_CLOSED;
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, MAX_TYPE_NAME, RECORD_HEAD, WAITING};
 use crate::auth::{Opener, SEAL, Sealer};
+use crate::pp::error::{Error, PpError, Result};
 
 pub(super) enum Record {
     Data(Announced),

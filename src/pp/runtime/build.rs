@@ -15,8 +15,8 @@ use crate::pp::config::{
     DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 use crate::pp::error::{Error, Result};
-use crate::pp::plan::{BoundaryPlan, Plan, Transport};
-use crate::pp::readback::ReadbackShared;
+use crate::pp::pending_readback::ReadbackShared;
+use crate::pp::plan::{BoundaryPlan, Plan, SettingNames, Transport};
 use crate::pp::remote::{self, Inbound, Links, LocalStage, Receiver, SlotFiller, Watchdog};
 use crate::pp::ring::{SlotHome, SlotRing};
 use crate::safe::{CudaStream, Device, enable_peer_access, record_drop_error};
@@ -45,7 +45,7 @@ impl PpNRt {
     /// stages (`primary` for its own device), one stream per stage, peer access where the plan
     /// uses it, and one slot ring per boundary.
     ///
-    /// When the stages span processes ([`PpConfig::ranks`]), this process builds only its own
+    /// When the stages span processes ([`PpConfig::with_ranks`]), this process builds only its own
     /// stages, and the call blocks until every rank has met at the rendezvous and each boundary
     /// between two ranks has its NCCL communicator and its connection (at most the peer timeout
     /// for the rendezvous; see the [module docs](crate::pp)).
@@ -129,11 +129,18 @@ struct Placement {
     devices: Vec<i32>,
     ranks: Vec<usize>,
     rank: usize,
+    /// The names the settings' errors give them (the builder call or the variable).
+    names: SettingNames,
 }
 
 impl Placement {
     fn of(config: &PpConfig, primary: i32) -> Placement {
-        Placement { devices: config.stage_devices(primary), ranks: config.stage_ranks(), rank: config.own_rank() }
+        Placement {
+            devices: config.stage_devices(primary),
+            ranks: config.ranks(),
+            rank: config.rank(),
+            names: config.setting_names(),
+        }
     }
 
     /// The devices of this rank's stages, each with its stage.
@@ -147,7 +154,7 @@ impl Placement {
         let count = Device::count()?;
         if let Some((_, bad)) = self.owned_devices().find(|&(_, d)| d >= count) {
             return Err(ConfigError {
-                setting: DEVICES_VAR,
+                setting: self.names.devices,
                 value: self.devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 reason: format!("device ordinal {bad} is not present: {count} device(s) found"),
             }
@@ -171,9 +178,14 @@ impl Placement {
                 access.insert((a, b), a != b && ea.device().peer_info(eb.device())?.access_supported);
             }
         }
-        let plan = Plan::choose_across(&self.devices, &self.ranks, self.rank, config.transport_policy(), |a, b| {
-            access.get(&(a, b)).copied().unwrap_or(false)
-        })?;
+        let plan = Plan::choose_named(
+            &self.devices,
+            &self.ranks,
+            self.rank,
+            config.transport(),
+            |a, b| access.get(&(a, b)).copied().unwrap_or(false),
+            self.names,
+        )?;
         for b in plan.boundaries.iter().filter(|b| b.transport == Transport::Peer && b.tx_rank == self.rank) {
             enable_peer_access(engines[&b.tx_device].context(), engines[&b.rx_device].context())?;
         }
@@ -253,7 +265,7 @@ fn boundary_end(
         (None, None) => return Ok(BoundaryEnd::Foreign),
     };
     let home = SlotHome { transport: bp.transport, tx_stream: &tx_stream, rx_stream: &rx.stream };
-    let ring = SlotRing::new(config.n_slots(), config.reserved_bytes(), inbound.is_some(), home)?;
+    let ring = SlotRing::new(config.slots(), config.reserve_bytes(), inbound.is_some(), home)?;
     if let Some(link) = &inbound {
         // A sending rank that waits for a free slot (`tx_wait`) learns when this stage takes one.
         // (The link holds nothing of the ring: a strong reference makes no cycle, and a take
@@ -261,8 +273,7 @@ fn boundary_end(
         let link = Arc::clone(link);
         ring.on_taken(Arc::new(move |taken| link.answer_credit(taken, false)));
     }
-    let sm_copies =
-        bp.transport != Transport::HostStaged && config.sm_copies_allowed() && helpers_runnable(&rx.engine)?;
+    let sm_copies = bp.transport != Transport::HostStaged && config.sm_copies() && helpers_runnable(&rx.engine)?;
     Ok(BoundaryEnd::Ring(Arc::new(Boundary {
         plan: bp,
         tx_stream,
@@ -311,7 +322,7 @@ impl Drop for PpNRt {
         // received every step), or is aborted: no NCCL send of it may stay queued.
         for end in &self.boundaries {
             if let BoundaryEnd::Send(sender) = end {
-                sender.close(self.config.peer_timeout_value());
+                sender.close(self.config.peer_timeout());
             }
         }
         self.watchdog = None;

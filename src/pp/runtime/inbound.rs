@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use super::Boundary;
 use crate::pp::error::Result;
-use crate::pp::remote::{self, Announced, Phase, SlotFiller};
+use crate::pp::remote::{Announced, Phase, SlotFiller};
 use crate::pp::ring::SlotBuffer;
+use crate::pp::timing;
 use crate::safe::CudaViewMut;
 
 impl SlotFiller for Boundary {
@@ -29,7 +30,7 @@ impl SlotFiller for Boundary {
         // The RX stage's `rx` of the slot is likely near: spin first, so that `rx` finds no
         // sleeper to wake, then sleep.
         let start = Instant::now();
-        let spin_until = start + remote::SPIN;
+        let spin_until = start + timing::SPIN;
         while !ring.next_writable(start.elapsed()) {
             if stop.load(Ordering::SeqCst) {
                 return Ok(false);
@@ -37,7 +38,7 @@ impl SlotFiller for Boundary {
             ring = if Instant::now() < spin_until {
                 self.ring.spin(ring, spin_until, || stop.load(Ordering::Relaxed))
             } else {
-                self.ring.sleep(ring, remote::POLL)
+                self.ring.sleep(ring, timing::POLL)
             };
         }
         // The slot's buffer leaves the ring while its receive is posted, and the ring's lock is

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::PpNRt;
 use crate::error::CudaError;
 use crate::pp::error::Result;
-use crate::pp::readback::PendingReadback;
+use crate::pp::pending_readback::PendingReadback;
 use crate::pp::ring::MIN_SLOT_BYTES;
 use crate::safe::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
 

@@ -77,6 +77,21 @@ impl PpNRt {
 /// next `tx` after them). Dropping the guard gives the slot's buffer back for the next `tx`; drop
 /// it once the work that reads the view has been enqueued. A guard that lives past its slot's
 /// next write keeps its own buffer and step (see [`PpNRt::rx_in_place`]).
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// # let primary = ppnrt::Engine::new(0)?;
+/// # let rt = ppnrt::PpNRt::new(ppnrt::PpConfig::new(2), &primary)?;
+/// # let x = primary.htod(&[1.0f32; 256])?;
+/// let slot = rt.tx(0, &x, 256)?;
+/// let _stage1 = rt.enter(1)?;
+/// let received = rt.rx_in_place::<f32>(0, slot, 256)?;
+/// let input = received.view()?; // the slot itself: no copy
+/// let copy = rt.engine(1, &primary)?.dtoh(&input)?; // any read enqueued while the guard lives
+/// assert_eq!(copy.len(), received.len());
+/// drop(received); // the slot may take the next step
+/// # Ok(()) }
+/// ```
 #[must_use = "the guard lends the slot's buffer until it drops"]
 pub struct ReceivedSlot<'a, T: DeviceRepr> {
     /// The slot's own buffer (device transports).

@@ -13,7 +13,7 @@ use super::enqueue::{Tracked, ordered_with};
 use super::module::Function;
 use super::peer::ensure_peer_access;
 use super::stream::CudaStream;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::module as raw;
 
 pub use args::{BufferUses, KernelArgs, MAX_KERNEL_PARAMS};

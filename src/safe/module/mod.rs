@@ -8,7 +8,7 @@ use std::ffi::{CStr, CString};
 use std::sync::Arc;
 
 use super::context::Context;
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use crate::result::module as raw;
 use crate::sys::{CUfunction, CUmodule};
 use image::{ImageKind, image_kind, ptx_entries};

@@ -51,7 +51,7 @@ use smallvec::SmallVec;
 use super::capture::{queries_allowed, refuse_in_capture};
 use super::event_pool::{PooledEvent, StreamEvent};
 use super::stream::{CudaStream, EnqueueGate};
-use crate::error::{CudaError, Result};
+use crate::cuda_error::{CudaError, Result};
 use plain::plain_on;
 
 mod plain;
