@@ -229,9 +229,12 @@ fn a_rank_builds_only_its_stages_and_a_silent_rendezvous_times_out_typed() {
             "expected a rendezvous timeout, got {err}"
         );
         assert!(start.elapsed() < timeout * 10, "gave up after {:?}", start.elapsed());
-        // Its own stage on a device that is not there is refused first.
+        // Its own stage on a device that is not there is refused first, named as the caller set it.
         let err = PpNRt::new(config(&[99, 0, 0]), &primary).unwrap_err();
-        assert!(matches!(&err, Error::Config(e) if e.setting == "PPNRT_DEVICES" && e.reason.contains("99")), "{err}");
+        assert!(
+            matches!(&err, Error::Config(e) if e.setting == "PpConfig::with_devices" && e.reason.contains("99")),
+            "{err}"
+        );
     });
 }
 

@@ -307,7 +307,7 @@ fn bad_configurations_are_refused_when_built() {
     let err = PpNRt::new(PpConfig::with_devices(&[0, count]), &primary).unwrap_err();
     match err {
         Error::Config(e) => {
-            assert_eq!(e.setting, "PPNRT_DEVICES");
+            assert_eq!(e.setting, "PpConfig::with_devices");
             assert!(e.reason.contains(&format!("device ordinal {count} is not present")), "{e}");
         }
         other => panic!("expected a config error, got {other:?}"),
