@@ -225,6 +225,7 @@ impl Context {
     }
 
     /// The storage of this context's event pool (`event_pool`), locked.
+    #[inline]
     pub(crate) fn pooled_events(&self) -> MutexGuard<'_, Vec<CUevent>> {
         self.events.lock()
     }

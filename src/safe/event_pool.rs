@@ -72,6 +72,9 @@ impl PooledEvent {
 }
 
 impl Drop for PooledEvent {
+    // Inlined into the hot path's drops of marks (the ordering rule's file), as it was when the
+    // pool lived there.
+    #[inline]
     fn drop(&mut self) {
         // A pending record or wait on the event is unaffected when it is recorded again later.
         self.ctx.pooled_events().push(self.raw);
