@@ -178,6 +178,7 @@ declare -A catchers=(
   [config-error-names-variable]="errors_name_the_call_or_the_variable_that_set_the_value"
   [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
   [testing-cfg-in-body]="no_function_body_carries_a_testing_cfg"
+  [plan-error-names-call]="plan_errors_name_the_builder_call_or_the_variable"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -539,3 +540,5 @@ run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault:
             slot.access().forget_reads();"
 run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
         self.config.faults().before_tx(slot);" host
+# The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
+run plan-error-names-call src/pp/config/mod.rs "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: self.sources.transport }" "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: \"PpConfig::with_transport\" }" lib
