@@ -164,6 +164,13 @@ impl Double {
         unsafe { f() }
     }
 
+    /// Generic allocation handles (`cuMemCreate`, `cuMemImportFromShareableHandle`) not released.
+    pub fn ipc_handles(&self) -> i64 {
+        let f: unsafe extern "C" fn() -> i64 = self.symbol(b"ppnrt_double_ipc_handles\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
     /// Holds `stream`'s later work until `open` is set (a gate of the "device": work the host
     /// lets through when it chooses, as a long kernel would).
     pub fn gate(&self, stream: &ppnrt::CudaStream, open: &'static std::sync::atomic::AtomicBool) {

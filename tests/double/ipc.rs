@@ -124,7 +124,9 @@ fn an_imported_mapping_outlives_its_exporter() {
         let len = u64::from_le_bytes(len) as usize;
         let engine = Engine::new(0).unwrap();
         let (live_before, _) = double.live_allocations();
+        let handles = double.ipc_handles();
         let imported = ImportedMemory::<u32>::import(engine.default_stream(), fd, len).unwrap();
+        assert_eq!(double.ipc_handles(), handles, "the mapping holds the memory, not a handle of the import");
         send_line(&mut sock, "imported");
         finish(child, "ipc::child_exporter_that_exits");
         assert_eq!(engine.dtoh(&*imported).unwrap(), pattern(len, 11), "the exporter is gone, its bytes stay");
@@ -299,6 +301,7 @@ fn a_mapping_is_released_after_its_pending_uses() {
         let engine = Engine::new(0).unwrap();
         let (stream, other) = (CudaStream::new(engine.context()).unwrap(), CudaStream::new(engine.context()).unwrap());
         let (live_before, _) = double.live_allocations();
+        let handles = double.ipc_handles();
         let mut mem = ExportedMemory::<u32>::alloc(&stream, LEN).unwrap();
         let mut imported = ImportedMemory::<u32>::import(&other, mem.export_fd().unwrap(), LEN).unwrap();
         other.memcpy_htod(&pattern(LEN, 5), &mut imported.as_view_mut()).unwrap();
@@ -313,5 +316,6 @@ fn a_mapping_is_released_after_its_pending_uses() {
         assert_eq!(double.violations(), violations, "{}", double.last_violation());
         assert_eq!(double.pending(), 0);
         assert_eq!(double.live_allocations().0, live_before);
+        assert_eq!(double.ipc_handles(), handles, "the export's handle is released with it");
     });
 }
