@@ -501,6 +501,23 @@ mod tests {
     }
 
     #[test]
+    fn ipc_errors_name_the_value_refused() {
+        let size =
+            IpcError::SizeMismatch { what: "import", fd: Some(7), bytes: 80_000, mapped: 131_072, exported: None };
+        let text = size.to_string();
+        assert!(
+            text.contains("80000") && text.contains("131072") && text.contains("fd 7") && text.contains("fewer"),
+            "{text}"
+        );
+        let legacy = IpcError::SizeMismatch { what: "open", fd: None, bytes: 8, mapped: 8, exported: Some(4) };
+        assert!(legacy.to_string().contains("legacy handle") && legacy.to_string().contains("has 4"), "{legacy}");
+        let zero = IpcError::ZeroSize { what: "alloc", len: 0, elem_size: 4 };
+        assert!(zero.to_string().contains("0 bytes"), "{zero}");
+        let cuda: CudaError = zero.clone().into();
+        assert_eq!(cuda, CudaError::Ipc(zero));
+    }
+
+    #[test]
     fn too_old_names_both_versions() {
         let err = LoadError::DriverTooOld {
             library: "libcuda.so.1".into(),

@@ -34,6 +34,8 @@ pub struct IpcEvent {
     opened: bool,
 }
 
+static_assertions::assert_impl_all!(IpcEvent: Send, Sync);
+
 fn check_support(what: &'static str, ctx: &Context) -> Result<()> {
     if IpcSupport::of(ctx.device())?.events {
         return Ok(());

@@ -84,6 +84,8 @@ impl ReleaseMapping for LegacyMapping {
     }
 }
 
+static_assertions::assert_impl_all!(LegacyImport<u32>: Send, Sync);
+
 /// Memory of another process opened from its [`LegacyIpcHandle`]: `len` elements of `T`,
 /// owned by the importing stream, ordered like any slice, closed (`cuIpcCloseMemHandle`) after
 /// every use when dropped. It does not keep the memory alive: the exporter must keep it until

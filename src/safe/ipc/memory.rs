@@ -109,10 +109,9 @@ pub struct ExportedMemory<T: DeviceRepr> {
     mapped: usize,
 }
 
-// SAFETY: the handle is a plain integer the driver accepts from any thread; the slice is Send.
-unsafe impl<T: DeviceRepr> Send for ExportedMemory<T> {}
-// SAFETY: &self only reads the handle and size, and exports (a thread-safe driver call).
-unsafe impl<T: DeviceRepr> Sync for ExportedMemory<T> {}
+// Both sides may be used from any thread, as their slice (the handle is a plain integer).
+static_assertions::assert_impl_all!(ExportedMemory<u32>: Send, Sync);
+static_assertions::assert_impl_all!(ImportedMemory<u32>: Send, Sync);
 
 impl<T: DeviceRepr> ExportedMemory<T> {
     /// Allocates `len` elements on `stream`'s device (the size rounded up to the allocation
