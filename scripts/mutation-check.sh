@@ -553,7 +553,7 @@ run ipc-import-size-untyped src/safe/ipc/memory.rs "            CudaError::Drive
 run ipc-zero-size-unchecked src/safe/ipc/memory.rs "    if bytes == 0 {
         return Err(IpcError::ZeroSize { what, len" "    if false {
         return Err(IpcError::ZeroSize { what, len"
-run ipc-legacy-size-unchecked src/safe/ipc/legacy.rs "        if exported != bytes {" "        if false {"
+run ipc-legacy-size-unchecked src/safe/ipc/legacy.rs "        if exported < bytes {" "        if false {"
 run ipc-legacy-opened-twice src/safe/ipc/legacy.rs "        if !fresh {" "        if false {"
 run ipc-mapping-released-unwaited src/safe/memory.rs "            self.access.wait_on_host(\"CudaSlice::drop\", Use::Write).and_then(|()| {" "            Ok::<(), CudaError>(()).and_then(|()| {"
 run ipc-import-handle-kept src/safe/ipc/memory.rs "        let released = unsafe { raw::release(handle) };" "        let released = Ok::<(), CudaError>(());"

@@ -352,8 +352,7 @@ pub enum IpcError {
         /// The element type's size.
         elem_size: usize,
     },
-    /// The size asked for is larger than the exported allocation (or, for a legacy handle,
-    /// differs from it).
+    /// The size asked for is larger than the exported allocation.
     #[error(
         "{what}: {bytes} byte(s) asked for (mapped as {mapped}) but the exported allocation ({}) has {}",
         shared_name(*fd),

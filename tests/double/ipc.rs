@@ -237,7 +237,7 @@ fn child_without_ipc() {
 }
 
 /// The legacy path: another process opens a `cuMemAlloc` allocation from its 64 bytes, reads it
-/// exact; a size that differs is refused naming both, and a second open of the same handle in one
+/// exact; a size larger than the allocation is refused naming both, and a second open of the same handle in one
 /// context is refused (the driver would hand out the same address twice).
 #[test]
 fn legacy_handles_open_in_another_process() {

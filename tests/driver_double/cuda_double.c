@@ -22,6 +22,7 @@
  *   return `code`; PPNRT_DOUBLE_FAIL="entry:nth[:code],..." does the same from the start.
  * - PPNRT_DOUBLE_NO_POOLS=1: devices without memory pools (cuMemAllocAsync is not supported).
  *   PPNRT_DOUBLE_NO_PEER=1: no peer access. PPNRT_DOUBLE_VERSION: the reported driver version.
+ *   PPNRT_DOUBLE_NO_IPC=1: no virtual memory management, descriptor export or IPC events.
  *   Built with -DPPNRT_DOUBLE_CUDA_12_4 it reports 12.4 and lacks the entry points that came
  *   later (cuEventElapsedTime_v2), as an older driver does.
  * - Memory and events shared between processes (cuMemCreate and POSIX descriptors, legacy
@@ -176,7 +177,7 @@ static double clock_ms;
 static unsigned long long violations;
 static char last_violation[512];
 static __thread Ctx* current;
-static int no_ipc; /* PPNRT_DOUBLE_NO_IPC=1: no virtual memory management, descriptors, IPC events */
+static int no_ipc;
 static void ipc_detach(struct Alloc* a);
 
 typedef struct Fault {

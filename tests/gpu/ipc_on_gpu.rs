@@ -11,7 +11,10 @@ use std::os::fd::AsFd;
 use crate::common::needs::{Needs, requires};
 use crate::common::say;
 use crate::ipc_fd::{accept, connect, finish, listen, read_line, recv_fd, send_fd, send_line, spawn_child};
-use ppnrt::{CaptureMode, CudaStream, Engine, ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport};
+use ppnrt::{
+    CaptureMode, CudaStream, Engine, ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport,
+    LegacyImport, LegacyIpcHandle,
+};
 
 const CHILD_VAR: &str = "PPNRT_IPC_GPU_CHILD";
 const DEVICE_VAR: &str = "PPNRT_IPC_GPU_DEVICE";
@@ -127,6 +130,41 @@ fn child_exporter_on_gpu() {
     send_fd(&sock, mem.export_fd().unwrap().as_fd(), &(LEN as u64).to_le_bytes());
     assert_eq!(read_line(&mut sock), "imported");
     drop(mem);
+}
+
+/// The legacy path on the device: another process opens a `cuMemAlloc` allocation from its 64
+/// bytes and reads it exact, while the exporter keeps it.
+#[test]
+fn a_legacy_handle_opens_in_another_process_on_a_gpu() {
+    let Some(gpus) = requires("a_legacy_handle_opens_in_another_process_on_a_gpu", Needs::gpus(1)) else { return };
+    let engine = gpus.engine(0);
+    let mut slice = engine.alloc_persistent::<u32>(LEN).unwrap();
+    engine.htod_into(&pattern(LEN, 31), &mut slice).unwrap();
+    engine.synchronize().unwrap();
+    let handle = LegacyIpcHandle::of(&slice).unwrap();
+    let (listener, path) = listen("gpu-legacy");
+    let importer = other_device(gpus.count());
+    let child =
+        spawn_child("ipc_on_gpu::child_legacy_importer_on_gpu", &path, &[(CHILD_VAR, "1"), (DEVICE_VAR, importer)]);
+    let mut sock = accept(&listener, &path);
+    std::io::Write::write_all(&mut sock, &handle.0).unwrap();
+    assert_eq!(read_line(&mut sock), "closed");
+    finish(child, "ipc_on_gpu::child_legacy_importer_on_gpu");
+    drop(slice);
+}
+
+#[test]
+#[ignore = "runs in a child process of a_legacy_handle_opens_in_another_process_on_a_gpu"]
+fn child_legacy_importer_on_gpu() {
+    let engine = child_engine();
+    let mut sock = connect();
+    let mut bytes = [0u8; 64];
+    std::io::Read::read_exact(&mut sock, &mut bytes).unwrap();
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let opened = LegacyImport::<u32>::open(&stream, &LegacyIpcHandle(bytes), LEN).unwrap();
+    assert_eq!(engine.dtoh(&*opened).unwrap(), pattern(LEN, 31));
+    drop(opened);
+    send_line(&mut sock, "closed");
 }
 
 /// What a capture takes: a wait node on an interprocess event, a copy into an imported mapping,

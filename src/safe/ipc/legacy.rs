@@ -98,13 +98,14 @@ pub struct LegacyImport<T: DeviceRepr> {
 }
 
 impl<T: DeviceRepr> LegacyImport<T> {
-    /// Opens `handle` in `stream`'s context as `len` elements of `T` (the exporter's allocation
-    /// must be exactly that many bytes).
+    /// Opens `handle` in `stream`'s context as `len` elements of `T` (the exporter's allocation,
+    /// as the driver reports its range, must hold at least that many bytes; the element type and
+    /// count are the caller's to check against what the exporter announced).
     ///
     /// # Errors
     /// [`IpcError::ZeroSize`]; [`IpcError::NotAnExport`] for a handle the driver cannot open (of
     /// this process, of freed memory, or garbage); [`IpcError::SizeMismatch`] when the
-    /// allocation's size differs; [`IpcError::NotShareable`] for a handle already open in this
+    /// allocation is smaller; [`IpcError::NotShareable`] for a handle already open in this
     /// context; the driver's error.
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(stream: &Arc<CudaStream>, handle: &LegacyIpcHandle, len: usize) -> Result<LegacyImport<T>> {
@@ -143,7 +144,7 @@ impl<T: DeviceRepr> LegacyImport<T> {
                 return close(e);
             }
         };
-        if exported != bytes {
+        if exported < bytes {
             opened().get_or_insert_with(HashSet::new).remove(&(ctx, ptr));
             let mismatch =
                 IpcError::SizeMismatch { what: WHAT, fd: None, bytes, mapped: bytes, exported: Some(exported) };
