@@ -237,8 +237,10 @@ fn child_without_ipc() {
 }
 
 /// The legacy path: another process opens a `cuMemAlloc` allocation from its 64 bytes, reads it
-/// exact; a size larger than the allocation is refused naming both, and a second open of the same handle in one
-/// context is refused (the driver would hand out the same address twice).
+/// exact; a size larger than the allocation is refused naming both, and a second open of the same
+/// handle in one context is refused (the driver would hand out the same address twice). An
+/// import used after its exporter freed the allocation (undefined behaviour: the import does not
+/// keep the memory) is a violation of the double in the importer.
 #[test]
 fn legacy_handles_open_in_another_process() {
     with_double("legacy_handles_open_in_another_process", |_double| {
@@ -253,9 +255,12 @@ fn legacy_handles_open_in_another_process() {
         let mut sock = accept(&listener, &path);
         std::io::Write::write_all(&mut sock, &handle.0).unwrap();
         assert_eq!(read_line(&mut sock), "closed");
-        finish(child, "ipc::child_legacy_importer");
-        // The exporter keeps its allocation until every importer has closed.
+        // The exporter keeps its allocation until every importer has closed; here it frees it
+        // while the child holds another import, which the child then uses.
+        assert_eq!(read_line(&mut sock), "opened");
         drop(slice);
+        send_line(&mut sock, "freed");
+        finish(child, "ipc::child_legacy_importer");
     });
 }
 
@@ -285,11 +290,16 @@ fn child_legacy_importer() {
     // The first opening is untouched by the refused second one.
     assert_eq!(engine.dtoh(&*opened).unwrap(), pattern(256, 3));
     drop(opened);
-    let reopened = LegacyImport::<u32>::open(&stream, &handle, 256).unwrap();
-    drop(reopened);
     double.flush();
     assert_eq!(double.violations(), 0, "{}", double.last_violation());
     send_line(&mut sock, "closed");
+    let reopened = LegacyImport::<u32>::open(&stream, &handle, 256).unwrap();
+    send_line(&mut sock, "opened");
+    assert_eq!(read_line(&mut sock), "freed");
+    let _ = engine.dtoh(&*reopened);
+    assert_eq!(double.violations(), 1, "a use after the exporter's free is caught");
+    assert!(double.last_violation().contains("exporter freed it"), "{}", double.last_violation());
+    drop(reopened);
 }
 
 /// A mapping (imported or exported) with uses still queued is released only after them: its

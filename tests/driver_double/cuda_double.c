@@ -179,6 +179,7 @@ static char last_violation[512];
 static __thread Ctx* current;
 static int no_ipc;
 static void ipc_detach(struct Alloc* a);
+static int ipc_export_freed(struct Alloc* a);
 
 typedef struct Fault {
     char entry[64];
@@ -368,6 +369,10 @@ static Alloc* check_range(const char* who, CUdeviceptr p, size_t bytes) {
     if (a->freed) {
         violation("%s: address %#llx (%zu bytes) is in freed memory (allocation %#lx, %zu bytes)", who, p, bytes,
                   (unsigned long)a->base, a->size);
+        return NULL;
+    }
+    if (a->legacy_refs && ipc_export_freed(a)) {
+        violation("%s: address %#llx is a legacy import whose exporter freed it (undefined behaviour)", who, p);
         return NULL;
     }
     if ((uintptr_t)p + bytes > a->base + a->size) {
