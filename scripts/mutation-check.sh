@@ -179,6 +179,13 @@ declare -A catchers=(
   [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
   [testing-cfg-in-body]="no_function_body_carries_a_testing_cfg"
   [plan-error-names-call]="plan_errors_name_the_builder_call_or_the_variable"
+  [ipc-import-size-untyped]="bad_sizes_and_handles_are_typed_errors"
+  [ipc-zero-size-unchecked]="bad_sizes_and_handles_are_typed_errors"
+  [ipc-legacy-size-unchecked]="legacy_handles_open_in_another_process"
+  [ipc-legacy-opened-twice]="legacy_handles_open_in_another_process"
+  [ipc-mapping-released-unwaited]="a_mapping_is_released_after_its_pending_uses"
+  [ipc-import-handle-kept]="an_imported_mapping_outlives_its_exporter"
+  [ipc-mapping-freed-as-pool]="a_mapping_is_released_after_its_pending_uses"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -542,3 +549,15 @@ run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_t
         self.config.faults().before_tx(slot);" host
 # The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
 run plan-error-names-call src/pp/config/mod.rs "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: self.sources.transport }" "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: \"PpConfig::with_transport\" }" lib
+# Memory shared between processes: an import larger than the export and a size of 0 are typed
+# errors; a legacy handle's size is checked and opened once per context; a mapping is released
+# only after every use of it; an import keeps no reference of its own once mapped.
+run ipc-import-size-untyped src/safe/ipc/memory.rs "            CudaError::Driver(d) if d.code == CUresult::CUDA_ERROR_INVALID_VALUE => {" "            CudaError::Driver(d) if d.code == CUresult::CUDA_ERROR_INVALID_VALUE && false => {"
+run ipc-zero-size-unchecked src/safe/ipc/memory.rs "    if bytes == 0 {
+        return Err(IpcError::ZeroSize { what, len" "    if false {
+        return Err(IpcError::ZeroSize { what, len"
+run ipc-legacy-size-unchecked src/safe/ipc/legacy.rs "        if exported < bytes {" "        if false {"
+run ipc-legacy-opened-twice src/safe/ipc/legacy.rs "        if !fresh {" "        if false {"
+run ipc-mapping-released-unwaited src/safe/memory.rs "            self.access.wait_on_host(\"CudaSlice::drop\", Use::Write).and_then(|()| {" "            Ok::<(), CudaError>(()).and_then(|()| {"
+run ipc-import-handle-kept src/safe/ipc/memory.rs "        let released = unsafe { raw::release(handle) };" "        let released = Ok::<(), CudaError>(());"
+run ipc-mapping-freed-as-pool src/safe/memory.rs "        } else if self.pooled && self.mapping.is_none() {" "        } else if self.pooled {"

@@ -329,6 +329,76 @@ pub enum CudaError {
         /// The operation.
         what: &'static str,
     },
+    /// An export or import of memory or an event between processes was refused: see
+    /// [`IpcError`].
+    #[error(transparent)]
+    Ipc(#[from] IpcError),
+}
+
+/// A refused export or import of device memory or of an event between processes
+/// ([`ExportedMemory`](crate::ExportedMemory), [`ImportedMemory`](crate::ImportedMemory), the
+/// legacy handles, [`IpcEvent`](crate::IpcEvent)). Each names the value that was refused; nothing
+/// was mapped, allocated or exported by the call that returns one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpcError {
+    /// A size of zero bytes: nothing can be exported or imported.
+    #[error("{what}: a size of 0 bytes ({len} element(s) of {elem_size} byte(s)) cannot be shared")]
+    ZeroSize {
+        /// The call.
+        what: &'static str,
+        /// The element count asked for.
+        len: usize,
+        /// The element type's size.
+        elem_size: usize,
+    },
+    /// The size asked for is larger than the exported allocation.
+    #[error(
+        "{what}: {bytes} byte(s) asked for (mapped as {mapped}) but the exported allocation ({}) has {}",
+        shared_name(*fd),
+        exported.map_or_else(|| "fewer".to_string(), |n| n.to_string())
+    )]
+    SizeMismatch {
+        /// The call.
+        what: &'static str,
+        /// The file descriptor imported; `None` for a legacy handle.
+        fd: Option<i32>,
+        /// The bytes asked for (element count times element size).
+        bytes: usize,
+        /// `bytes` rounded up to the allocation granularity: what would be mapped.
+        mapped: usize,
+        /// The exported allocation's size where the driver tells it (`None`: smaller than `mapped`).
+        exported: Option<usize>,
+    },
+    /// The device cannot take part: the named capability is missing.
+    #[error("{what}: device {device} does not support {missing}")]
+    Unsupported {
+        /// The call.
+        what: &'static str,
+        /// The device ordinal.
+        device: i32,
+        /// The capability (`CU_DEVICE_ATTRIBUTE_...`).
+        missing: &'static str,
+    },
+    /// The file descriptor (or legacy handle) is no exported CUDA allocation the driver can open.
+    #[error("{what}: {} is not an exported CUDA allocation: {source}", shared_name(*fd))]
+    NotAnExport {
+        /// The call.
+        what: &'static str,
+        /// The file descriptor; `None` for a legacy handle.
+        fd: Option<i32>,
+        /// The driver's refusal.
+        source: Box<DriverError>,
+    },
+    /// The memory cannot be shared this way (a legacy handle needs a `cuMemAlloc` allocation of
+    /// its own, not pool memory, a view or another library's memory).
+    #[error("{what}: {reason}")]
+    NotShareable {
+        /// The call.
+        what: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// Misuse of stream capture ([`StreamCapture`](crate::StreamCapture)) or of a graph
@@ -365,6 +435,11 @@ pub enum CaptureError {
         /// The driver's reason (`CU_GRAPH_EXEC_UPDATE_ERROR_*`).
         reason: String,
     },
+}
+
+/// How an [`IpcError`] names what was imported.
+fn shared_name(fd: Option<i32>) -> String {
+    fd.map_or_else(|| "legacy handle".to_string(), |fd| format!("fd {fd}"))
 }
 
 /// `Result` with [`CudaError`], the error of the CUDA layers: what the driver calls, the safe
@@ -422,6 +497,23 @@ mod tests {
             let unrunnable = DriverError { code, ..err.clone() };
             assert!(unrunnable.is_unrunnable_code() && !unrunnable.is_sticky(), "{code:?}");
         }
+    }
+
+    #[test]
+    fn ipc_errors_name_the_value_refused() {
+        let size =
+            IpcError::SizeMismatch { what: "import", fd: Some(7), bytes: 80_000, mapped: 131_072, exported: None };
+        let text = size.to_string();
+        assert!(
+            text.contains("80000") && text.contains("131072") && text.contains("fd 7") && text.contains("fewer"),
+            "{text}"
+        );
+        let legacy = IpcError::SizeMismatch { what: "open", fd: None, bytes: 8, mapped: 8, exported: Some(4) };
+        assert!(legacy.to_string().contains("legacy handle") && legacy.to_string().contains("has 4"), "{legacy}");
+        let zero = IpcError::ZeroSize { what: "alloc", len: 0, elem_size: 4 };
+        assert!(zero.to_string().contains("0 bytes"), "{zero}");
+        let cuda: CudaError = zero.clone().into();
+        assert_eq!(cuda, CudaError::Ipc(zero));
     }
 
     #[test]

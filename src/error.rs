@@ -4,7 +4,7 @@
 //!
 //! | error | layer | defined in |
 //! | --- | --- | --- |
-//! | [`CudaError`] ([`LoadError`], [`DriverError`], [`CaptureError`]) | the loader, the driver calls, the safe wrappers, [`Engine`](crate::Engine) | `cuda_error.rs` |
+//! | [`CudaError`] ([`LoadError`], [`DriverError`], [`CaptureError`], [`IpcError`]) | the loader, the driver calls, the safe wrappers, [`Engine`](crate::Engine) | `cuda_error.rs` |
 //! | [`NcclError`] | NCCL ([`nccl`](crate::nccl)) | `nccl/result.rs` |
 //! | [`RendezvousError`] | the meeting of a pipeline's processes ([`rendezvous`](crate::rendezvous)) | `rendezvous.rs` |
 //! | [`ConfigError`] | the settings: the pipeline's and the job secret's | `config_error.rs` |
@@ -41,7 +41,9 @@
 mod pipeline;
 
 pub use crate::config_error::ConfigError;
-pub use crate::cuda_error::{CaptureError, CudaError, CudaResult, DriverError, DriverVersion, LoadAttempt, LoadError};
+pub use crate::cuda_error::{
+    CaptureError, CudaError, CudaResult, DriverError, DriverVersion, IpcError, LoadAttempt, LoadError,
+};
 pub use crate::nccl::NcclError;
 pub use crate::rendezvous::RendezvousError;
 pub use pipeline::{PpError, SlotState};
@@ -106,6 +108,12 @@ impl From<DriverError> for Error {
 impl From<CaptureError> for Error {
     fn from(error: CaptureError) -> Error {
         Error::Cuda(CudaError::Capture(error))
+    }
+}
+
+impl From<IpcError> for Error {
+    fn from(error: IpcError) -> Error {
+        Error::Cuda(CudaError::Ipc(error))
     }
 }
 

@@ -294,8 +294,8 @@ pub struct ReadmeDoctests;
 pub use auth::{JobAccess, JobSecret};
 pub use engine::Engine;
 pub use error::{
-    CaptureError, ConfigError, CudaError, CudaResult, DriverError, DriverVersion, Error, LoadAttempt, LoadError,
-    NcclError, PpError, RendezvousError, Result, SlotState,
+    CaptureError, ConfigError, CudaError, CudaResult, DriverError, DriverVersion, Error, IpcError, LoadAttempt,
+    LoadError, NcclError, PpError, RendezvousError, Result, SlotState,
 };
 /// The `half` crate, whose [`bf16`] and [`f16`](struct@half::f16) are this crate's half-precision element types.
 pub use half;
@@ -306,7 +306,8 @@ pub use pp::{
 };
 pub use safe::{
     BoundContext, BufferUse, BufferUses, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,
-    CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, Function, GraphExec,
-    HelperKernels, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, Module, PeerInfo,
-    PinnedHostBuffer, StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
+    CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, ExportedMemory, Function,
+    GraphExec, HelperKernels, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport, KernelArgList, KernelArgs,
+    KernelParam, LaunchConfig, LegacyImport, LegacyIpcHandle, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer,
+    StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
 };

@@ -9,6 +9,7 @@ pub mod context;
 pub mod device;
 pub mod event;
 pub mod graph;
+pub mod ipc;
 pub mod memory;
 pub mod module;
 pub mod stream;

@@ -43,6 +43,15 @@ impl CudaEvent {
         Ok(CudaEvent { ctx: Arc::clone(ctx), raw, timing })
     }
 
+    /// An event this crate made some other way (an interprocess event, created or opened),
+    /// destroyed with `cuEventDestroy` when the wrapper drops.
+    ///
+    /// # Safety
+    /// - `raw` is a live event of `ctx`, owned by the caller, and destroyed by nothing else.
+    pub(crate) unsafe fn adopt(ctx: &Arc<Context>, raw: CUevent, timing: bool) -> CudaEvent {
+        CudaEvent { ctx: Arc::clone(ctx), raw, timing }
+    }
+
     /// Records the event at the current end of `stream`.
     ///
     /// # Errors

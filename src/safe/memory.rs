@@ -120,7 +120,18 @@ pub(crate) struct DeviceMemory {
     /// Memory lent for a scope only (the cudarc interop's lends): no capture may take it, since a
     /// graph would keep it past the lend.
     lent: bool,
+    /// Memory mapped from an export (`ipc`): released by this, not freed, after every use.
+    mapping: Option<Box<dyn ReleaseMapping>>,
     access: Access,
+}
+
+/// How a mapping of shared memory (`ipc`: an export or an import) is given back, instead of a
+/// free: its drop waits on the host for every use, then calls `release` once.
+pub(crate) trait ReleaseMapping: Send + Sync + std::fmt::Debug {
+    /// Unmaps the memory at `ptr` and releases what backs it.
+    /// # Safety
+    /// - Called once, after every use of the memory has completed, with its context bound.
+    unsafe fn release(&mut self, ptr: CUdeviceptr) -> Result<()>;
 }
 
 impl DeviceMemory {
@@ -294,6 +305,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
                 pooled,
                 foreign,
                 lent: false,
+                mapping: None,
                 access: Access::new(Some(stream), eager),
             }),
             _marker: PhantomData,
@@ -324,6 +336,23 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// goes too.
     pub unsafe fn from_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
         Self::of_memory(ptr, len, stream, true, true, false)
+    }
+
+    /// A slice of the mapping at `ptr`, owned by `stream`; released by `mapping` after every
+    /// use. Kernels of other devices do not reach it (as pool memory).
+    /// # Safety
+    /// - `ptr` is mapped readable and writable for `stream`'s device for `len` elements of `T`
+    ///   until `mapping` releases it (nothing else does); no other slice covers it.
+    pub(crate) unsafe fn from_mapping(
+        ptr: CUdeviceptr,
+        len: usize,
+        stream: &Arc<CudaStream>,
+        mapping: Box<dyn ReleaseMapping>,
+        eager: bool,
+    ) -> CudaSlice<T> {
+        let mut slice = Self::of_memory(ptr, len, stream, true, false, eager);
+        Arc::get_mut(&mut slice.mem).expect("a new slice's memory is its own").mapping = Some(mapping);
+        slice
     }
 
     /// [`from_foreign`](Self::from_foreign) of memory lent for a scope only: no stream capture
@@ -605,6 +634,7 @@ impl Drop for DeviceMemory {
                 pooled: self.pooled,
                 foreign: self.foreign,
                 lent: self.lent,
+                mapping: self.mapping.take(),
                 access: std::mem::replace(&mut self.access, Access::new(None, false)),
             };
             blocked.hold(Box::new(held));
@@ -614,7 +644,7 @@ impl Drop for DeviceMemory {
             // Not ours to free: the owner's stream waits for every use, and the owner frees it
             // in its stream's order.
             release_to_owner(&mut self.access, &self.stream)
-        } else if self.pooled {
+        } else if self.pooled && self.mapping.is_none() {
             // The owner waits for every use, then frees in stream order.
             self.access.order_exclusive(&self.stream, Use::Write).and_then(|()| {
                 let _bound = self.stream.context().bind()?;
@@ -623,12 +653,17 @@ impl Drop for DeviceMemory {
                 unsafe { raw::free_async(self.ptr, self.stream.raw()) }
             })
         } else {
-            // cuMemFree does not wait for streams: wait on the host for every use first.
+            // cuMemFree and an unmap do not wait for streams: wait on the host for every use first.
             self.access.wait_on_host("CudaSlice::drop", Use::Write).and_then(|()| {
                 let _bound = self.stream.context().bind()?;
-                // SAFETY: the pointer came from cuMemAlloc, is freed once, and every use of it
-                // has completed (just above).
-                unsafe { raw::free(self.ptr) }
+                match self.mapping.as_mut() {
+                    // SAFETY: every use has completed (just above), the context is bound, and
+                    // the drop runs once.
+                    Some(mapping) => unsafe { mapping.release(self.ptr) },
+                    // SAFETY: the pointer came from cuMemAlloc, is freed once, and every use of
+                    // it has completed (just above).
+                    None => unsafe { raw::free(self.ptr) },
+                }
             })
         };
         if let Err(e) = result {

@@ -27,6 +27,7 @@ pub(crate) mod event_pool;
 mod graph;
 mod helpers;
 mod host;
+mod ipc;
 mod launch;
 pub(crate) mod memory;
 mod module;
@@ -49,6 +50,7 @@ pub use graph::{CudaGraph, GraphExec, StreamCapture};
 pub use helpers::TestKernels;
 pub use helpers::{HelperKernels, ToyModel};
 pub use host::PinnedHostBuffer;
+pub use ipc::{ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport, LegacyImport, LegacyIpcHandle};
 pub use launch::{
     BufferUse, BufferUses, ByValue, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, by_value,
 };

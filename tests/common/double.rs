@@ -163,6 +163,33 @@ impl Double {
         // SAFETY: no arguments.
         unsafe { f() }
     }
+
+    /// Generic allocation handles (`cuMemCreate`, `cuMemImportFromShareableHandle`) not released.
+    pub fn ipc_handles(&self) -> i64 {
+        let f: unsafe extern "C" fn() -> i64 = self.symbol(b"ppnrt_double_ipc_handles\0");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Holds `stream`'s later work until `open` is set (a gate of the "device": work the host
+    /// lets through when it chooses, as a long kernel would).
+    pub fn gate(&self, stream: &ppnrt::CudaStream, open: &'static std::sync::atomic::AtomicBool) {
+        extern "C" fn ready(arg: *mut std::ffi::c_void) -> c_int {
+            // SAFETY: `arg` is the `&'static AtomicBool` given below.
+            let open = unsafe { &*arg.cast::<std::sync::atomic::AtomicBool>() };
+            c_int::from(open.load(std::sync::atomic::Ordering::Acquire))
+        }
+        extern "C" fn run(_: *mut std::ffi::c_void) {}
+        type Ready = extern "C" fn(*mut std::ffi::c_void) -> c_int;
+        type Run = extern "C" fn(*mut std::ffi::c_void);
+        let f: unsafe extern "C" fn(*mut std::ffi::c_void, Ready, Run, *mut std::ffi::c_void) -> c_int =
+            self.symbol(b"ppnrt_double_enqueue_external\0");
+        let arg = std::ptr::from_ref(open).cast_mut().cast::<std::ffi::c_void>();
+        // SAFETY: a live stream of the double; the callbacks only read the flag, which lives for
+        // the whole process.
+        let rc = unsafe { f(stream.raw().cast(), ready, run, arg) };
+        assert_eq!(rc, 0, "the double refused the gate");
+    }
 }
 
 /// The fault table and call counts a double exports: `<prefix>_fail`, `<prefix>_clear_faults`,

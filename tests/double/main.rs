@@ -24,6 +24,8 @@ mod common;
 mod double;
 #[path = "../common/graphs.rs"]
 mod graphs;
+#[path = "../common/ipc_fd.rs"]
+mod ipc_fd;
 #[path = "../common/ordering.rs"]
 mod ordering;
 #[path = "../common/ranks.rs"]
@@ -83,6 +85,7 @@ mod cudarc_attacks;
 mod cudarc_double;
 mod foreign;
 mod graphs_mode;
+mod ipc;
 mod protocol;
 mod ring;
 mod rule;

@@ -22,8 +22,11 @@
  *   return `code`; PPNRT_DOUBLE_FAIL="entry:nth[:code],..." does the same from the start.
  * - PPNRT_DOUBLE_NO_POOLS=1: devices without memory pools (cuMemAllocAsync is not supported).
  *   PPNRT_DOUBLE_NO_PEER=1: no peer access. PPNRT_DOUBLE_VERSION: the reported driver version.
+ *   PPNRT_DOUBLE_NO_IPC=1: no virtual memory management, descriptor export or IPC events.
  *   Built with -DPPNRT_DOUBLE_CUDA_12_4 it reports 12.4 and lacks the entry points that came
  *   later (cuEventElapsedTime_v2), as an older driver does.
+ * - Memory and events shared between processes (cuMemCreate and POSIX descriptors, legacy
+ *   handles, interprocess events) are memfd mappings: cuda_double_ipc.inc says how.
  *
  * One mutex guards all state: every entry point is atomic with respect to the others. */
 #define _GNU_SOURCE
@@ -35,6 +38,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -85,6 +90,11 @@ typedef struct Alloc {
     int device;
     int pooled;
     int freed;
+    /* A mapping of a memfd another process may map too (cuda_double_ipc.inc): a free replaces
+     * it with private memory (the other process's bytes stay), a release unmaps it. */
+    int shared;
+    int ipc_fd;      /* the memfd of an allocation whose legacy handle was taken, or -1 */
+    int legacy_refs; /* opens of a legacy handle in this process (an import) */
     struct Alloc* next;
 } Alloc;
 
@@ -146,6 +156,7 @@ struct Event {
      * capturing would join that stream into the capture, a query or synchronisation is refused by
      * the driver. Both are violations here; recording it again outside a capture clears this. */
     int in_capture;
+    struct IpcEvent* ipc; /* an interprocess event's shared state (cuda_double_ipc.inc) */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -166,6 +177,9 @@ static double clock_ms;
 static unsigned long long violations;
 static char last_violation[512];
 static __thread Ctx* current;
+static int no_ipc;
+static void ipc_detach(struct Alloc* a);
+static int ipc_export_freed(struct Alloc* a);
 
 typedef struct Fault {
     char entry[64];
@@ -195,6 +209,7 @@ static void init_from_env(void) {
     }
     no_pools = getenv("PPNRT_DOUBLE_NO_POOLS") && strcmp(getenv("PPNRT_DOUBLE_NO_POOLS"), "1") == 0;
     no_peer = getenv("PPNRT_DOUBLE_NO_PEER") && strcmp(getenv("PPNRT_DOUBLE_NO_PEER"), "1") == 0;
+    no_ipc = getenv("PPNRT_DOUBLE_NO_IPC") && strcmp(getenv("PPNRT_DOUBLE_NO_IPC"), "1") == 0;
     v = getenv("PPNRT_DOUBLE_VERSION");
     if (v) driver_version = atoi(v);
     for (int d = 0; d < MAX_DEVICES; d++) ctxs[d].device = d;
@@ -305,7 +320,8 @@ static Alloc* find_alloc(uintptr_t p, size_t bytes, int include_freed) {
 
 static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
     size_t size = bytes ? bytes : 1;
-    void* mem = aligned_alloc(kind == MEM_PINNED ? 4096 : 256, (size + 4095) & ~(size_t)4095);
+    /* Page-aligned: a legacy handle's export maps a memfd over the allocation's pages. */
+    void* mem = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
     if (!mem) return NULL;
     memset(mem, 0xA5, size); /* fresh device memory holds garbage, not zeros */
     Alloc* a = calloc(1, sizeof *a);
@@ -314,6 +330,7 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
     a->kind = kind;
     a->device = device;
     a->pooled = pooled;
+    a->ipc_fd = -1;
     a->next = allocs;
     allocs = a;
     return a;
@@ -322,6 +339,7 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
 /* Poisons and quarantines an allocation; releases the oldest quarantined ones past a budget. */
 static void free_alloc(Alloc* a) {
     a->freed = 1;
+    if (a->shared || a->ipc_fd >= 0) ipc_detach(a);
     memset((void*)a->base, 0xDB, a->size);
     quarantined += a->size;
     while (quarantined > QUARANTINE_BYTES) {
@@ -332,7 +350,10 @@ static void free_alloc(Alloc* a) {
         Alloc* victim = *oldest;
         *oldest = victim->next;
         quarantined -= victim->size;
-        free((void*)victim->base);
+        if (victim->shared)
+            munmap((void*)victim->base, (victim->size + 4095) & ~(size_t)4095);
+        else
+            free((void*)victim->base);
         free(victim);
     }
 }
@@ -348,6 +369,10 @@ static Alloc* check_range(const char* who, CUdeviceptr p, size_t bytes) {
     if (a->freed) {
         violation("%s: address %#llx (%zu bytes) is in freed memory (allocation %#lx, %zu bytes)", who, p, bytes,
                   (unsigned long)a->base, a->size);
+        return NULL;
+    }
+    if (a->legacy_refs && ipc_export_freed(a)) {
+        violation("%s: address %#llx is a legacy import whose exporter freed it (undefined behaviour)", who, p);
         return NULL;
     }
     if ((uintptr_t)p + bytes > a->base + a->size) {
@@ -735,4 +760,5 @@ unsigned long long ppnrt_double_live_allocations(int kind) {
 
 /* The entry points, by resource. */
 #include "cuda_double_devices_memory.inc"
+#include "cuda_double_ipc.inc"
 #include "cuda_double_streams_graphs.inc"

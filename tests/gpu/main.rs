@@ -15,6 +15,8 @@ mod common;
 mod graph_order;
 #[path = "../common/graphs.rs"]
 mod graphs;
+#[path = "../common/ipc_fd.rs"]
+mod ipc_fd;
 #[path = "../common/ordering.rs"]
 mod ordering;
 #[path = "../common/raw_driver.rs"]
@@ -30,6 +32,7 @@ mod cudarc_on_gpu;
 mod driver;
 mod graphs_on_gpu;
 mod hazards;
+mod ipc_on_gpu;
 mod launch;
 mod ordering_on_gpu;
 mod pipeline;
