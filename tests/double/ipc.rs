@@ -97,8 +97,10 @@ fn child_importer() {
     let engine = Engine::new(1).unwrap();
     let stream = CudaStream::new(engine.context()).unwrap();
     let mut imported = ImportedMemory::<u32>::import(&stream, fd, len).unwrap();
-    let filled = IpcEvent::open(engine.context(), &handle(8)).unwrap();
-    let go = IpcEvent::open(engine.context(), &handle(72)).unwrap();
+    // SAFETY: the exporting process keeps its events until this process reports done.
+    let filled = unsafe { IpcEvent::open(engine.context(), &handle(8)) }.unwrap();
+    // SAFETY: the exporting process keeps its events until this process reports done.
+    let go = unsafe { IpcEvent::open(engine.context(), &handle(72)) }.unwrap();
     assert!(filled.is_opened());
     assert_eq!(read_line(&mut sock), "go 1");
     stream.wait(&go).unwrap();
@@ -199,7 +201,8 @@ fn bad_sizes_and_handles_are_typed_errors() {
         let plain = engine.alloc_persistent::<u32>(10).unwrap();
         let handle = LegacyIpcHandle::of(&plain).unwrap();
         assert_eq!(format!("{handle:?}"), "LegacyIpcHandle(..)", "a capability is not printed");
-        match ipc_error(LegacyImport::<u32>::open(&stream, &handle, 10)) {
+        // SAFETY: the allocation is this process's own, alive (`plain`); the driver refuses it.
+        match ipc_error(unsafe { LegacyImport::<u32>::open(&stream, &handle, 10) }) {
             IpcError::NotAnExport { fd: None, what, .. } => assert_eq!(what, "LegacyImport::open"),
             other => panic!("{other:?}"),
         }
@@ -275,7 +278,8 @@ fn child_legacy_importer() {
     let engine = Engine::new(1).unwrap();
     let stream = CudaStream::new(engine.context()).unwrap();
     assert_eq!(
-        ipc_error(LegacyImport::<u32>::open(&stream, &handle, 257)),
+        // SAFETY: the exporting process keeps the allocation until this process reports closed.
+        ipc_error(unsafe { LegacyImport::<u32>::open(&stream, &handle, 257) }),
         IpcError::SizeMismatch {
             what: "LegacyImport::open",
             fd: None,
@@ -284,16 +288,23 @@ fn child_legacy_importer() {
             exported: Some(1024)
         }
     );
-    let opened = LegacyImport::<u32>::open(&stream, &handle, 256).unwrap();
+    // SAFETY: the exporting process keeps the allocation until this process reports closed.
+    let opened = unsafe { LegacyImport::<u32>::open(&stream, &handle, 256) }.unwrap();
     assert_eq!(engine.dtoh(&*opened).unwrap(), pattern(256, 3));
-    assert!(matches!(ipc_error(LegacyImport::<u32>::open(&stream, &handle, 256)), IpcError::NotShareable { .. }));
+    assert!(matches!(
+        // SAFETY: the exporting process keeps the allocation until this process reports closed.
+        ipc_error(unsafe { LegacyImport::<u32>::open(&stream, &handle, 256) }),
+        IpcError::NotShareable { .. }
+    ));
     // The first opening is untouched by the refused second one.
     assert_eq!(engine.dtoh(&*opened).unwrap(), pattern(256, 3));
     drop(opened);
     double.flush();
     assert_eq!(double.violations(), 0, "{}", double.last_violation());
     send_line(&mut sock, "closed");
-    let reopened = LegacyImport::<u32>::open(&stream, &handle, 256).unwrap();
+    // SAFETY: not met on purpose: the exporter frees the allocation while this import
+    // lives, and the driver double below counts the use after it as a violation.
+    let reopened = unsafe { LegacyImport::<u32>::open(&stream, &handle, 256) }.unwrap();
     send_line(&mut sock, "opened");
     assert_eq!(read_line(&mut sock), "freed");
     let _ = engine.dtoh(&*reopened);

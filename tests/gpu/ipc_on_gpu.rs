@@ -87,8 +87,10 @@ fn child_importer_on_gpu() {
     let handle = |at: usize| IpcEventHandle(message[at..at + 64].try_into().unwrap());
     let stream = CudaStream::new(engine.context()).unwrap();
     let mut imported = ImportedMemory::<u32>::import(&stream, fd, len).unwrap();
-    let filled = IpcEvent::open(engine.context(), &handle(8)).unwrap();
-    let go = IpcEvent::open(engine.context(), &handle(72)).unwrap();
+    // SAFETY: the exporting process keeps its events until this process reports done.
+    let filled = unsafe { IpcEvent::open(engine.context(), &handle(8)) }.unwrap();
+    // SAFETY: the exporting process keeps its events until this process reports done.
+    let go = unsafe { IpcEvent::open(engine.context(), &handle(72)) }.unwrap();
     assert_eq!(read_line(&mut sock), "go 1");
     stream.wait(&go).unwrap();
     stream.memcpy_htod(&pattern(len, 7), &mut imported.as_view_mut()).unwrap();
@@ -161,7 +163,8 @@ fn child_legacy_importer_on_gpu() {
     let mut bytes = [0u8; 64];
     std::io::Read::read_exact(&mut sock, &mut bytes).unwrap();
     let stream = CudaStream::new(engine.context()).unwrap();
-    let opened = LegacyImport::<u32>::open(&stream, &LegacyIpcHandle(bytes), LEN).unwrap();
+    // SAFETY: the exporting process keeps the allocation until this process reports closed.
+    let opened = unsafe { LegacyImport::<u32>::open(&stream, &LegacyIpcHandle(bytes), LEN) }.unwrap();
     assert_eq!(engine.dtoh(&*opened).unwrap(), pattern(LEN, 31));
     drop(opened);
     send_line(&mut sock, "closed");

@@ -60,10 +60,17 @@ impl IpcEvent {
 
     /// Opens another process's event from its handle, in `ctx`.
     ///
+    /// # Safety
+    /// The exporting process must keep its event (not destroy it, and not exit) until this
+    /// event is dropped: any operation on an opened event after the exported one was destroyed
+    /// is undefined behaviour (CUDA Driver API, `cuIpcOpenEventHandle`: "Performing operations
+    /// on the imported event after the exported event has been freed with cuEventDestroy will
+    /// result in undefined behavior"). Nothing in this process can check that.
+    ///
     /// # Errors
     /// [`IpcError::Unsupported`]; the driver's error (a handle of this process, or no handle).
     #[doc(alias = "cuIpcOpenEventHandle")]
-    pub fn open(ctx: &Arc<Context>, handle: &IpcEventHandle) -> Result<IpcEvent> {
+    pub unsafe fn open(ctx: &Arc<Context>, handle: &IpcEventHandle) -> Result<IpcEvent> {
         check_support("IpcEvent::open", ctx)?;
         let _bound = ctx.bind()?;
         let raw = raw::open_event_handle(CUipcEventHandle { reserved: handle.0.map(|b| b as std::os::raw::c_char) })?;

@@ -107,8 +107,15 @@ impl<T: DeviceRepr> LegacyImport<T> {
     /// this process, of freed memory, or garbage); [`IpcError::SizeMismatch`] when the
     /// allocation is smaller; [`IpcError::NotShareable`] for a handle already open in this
     /// context; the driver's error.
+    ///
+    /// # Safety
+    /// The exporting process must keep the allocation (not free it, and not exit) until this
+    /// import is dropped: the exporter's `cuMemFree` before the importer's `cuIpcCloseMemHandle`
+    /// is undefined behaviour (CUDA Driver API, `cuIpcOpenMemHandle`), and nothing in this process
+    /// can check it. [`ImportedMemory`](super::ImportedMemory) has no such condition: its mapping
+    /// keeps the memory alive.
     #[doc(alias = "cuIpcOpenMemHandle")]
-    pub fn open(stream: &Arc<CudaStream>, handle: &LegacyIpcHandle, len: usize) -> Result<LegacyImport<T>> {
+    pub unsafe fn open(stream: &Arc<CudaStream>, handle: &LegacyIpcHandle, len: usize) -> Result<LegacyImport<T>> {
         const WHAT: &str = "LegacyImport::open";
         let bytes = byte_size::<T>(WHAT, len)?;
         if bytes == 0 {

@@ -54,10 +54,15 @@
 //!   importing context will result in undefined behavior"). A [`LegacyImport`] does not keep the
 //!   memory alive: the exporter must keep its slice until every importer has closed (and a dead
 //!   exporter's memory goes with its context). Use it only where descriptors are unsupported.
-//! - An interprocess event lives while any process holds it: an opened event stays valid when
-//!   its creator drops or dies, but no further record can come from the dead process, so a wait
-//!   for a record that never came is not the caller's answer — the transport bounds its waits on
-//!   the shared step counter, not on the event.
+//! - An interprocess event is like the legacy memory: any operation on an opened event after the
+//!   exporter destroyed its event is undefined behaviour (CUDA Driver API,
+//!   `cuIpcOpenEventHandle`: "Performing operations on the imported event after the exported
+//!   event has been freed with cuEventDestroy will result in undefined behavior"), and an
+//!   exporter that exits destroys it. So [`IpcEvent::open`] and [`LegacyImport::open`] are
+//!   `unsafe`: their callers promise the exporter outlives the import, which no process can check
+//!   of another. Only [`ImportedMemory`] stays sound when its exporter dies; ordering across
+//!   processes that must survive a dying peer goes through memory such an import maps (stream
+//!   memory operations on it), not through interprocess events.
 //!
 //! # What each handle exposes on a shared host
 //! - A POSIX file descriptor reaches only processes it is passed to (over a Unix socket whose
