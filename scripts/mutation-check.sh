@@ -178,6 +178,9 @@ declare -A catchers=(
   [config-error-names-variable]="errors_name_the_call_or_the_variable_that_set_the_value"
   [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
   [testing-cfg-in-body]="no_function_body_carries_a_testing_cfg"
+  # Every public type shows an example; the contributor pages name only paths that exist.
+  [doc-example-missing]="every_public_type_has_a_rendered_example"
+  [doc-path-stale]="the_contributor_pages_name_only_paths_that_exist"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -540,3 +543,9 @@ run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault:
             slot.access().forget_reads();"
 run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
         self.config.faults().before_tx(slot);" host
+# A public type whose only example is not code (tests/host/docs.rs); a page that names a file
+# that moved.
+run doc-example-missing src/config_error.rs "/// \`\`\`
+/// use ppnrt::{ConfigError, PpConfig};" "/// \`\`\`text
+/// use ppnrt::{ConfigError, PpConfig};" host
+run doc-path-stale docs/ARCHITECTURE.md '`tests/host/module_graph.rs` checks' '`tests/module_graph.rs` checks' host
