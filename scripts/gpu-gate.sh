@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# The GPU gate: runs the test executables of the GPU tier (tests/gpu/), of the double tier
-# (tests/double/: `nccl` and `processes` run on the GPUs and NCCL here; the others, made for the
-# driver double, skip) and the library's own, the examples, the GPU tier under compute-sanitizer
-# (memcheck with leak check, initcheck, synccheck, racecheck) and the benches in a short mode,
-# from gpu-bundle/ (made by scripts/build-gpu-bundle.sh, whose gpu-bundle/tiers names each
-# executable's tier). Prints one summary table; exits non-zero on any failure or sanitizer error.
+# The GPU gate: runs the test executables of the GPU tier (tests/gpu/) and the library's own
+# (the double tier, tests/double/, runs in CI; GATE_TIERS adds it), the examples, the GPU tier
+# under compute-sanitizer (memcheck with leak check, initcheck, synccheck, racecheck) and the
+# benches in a short mode, from gpu-bundle/ (made by scripts/build-gpu-bundle.sh, whose
+# gpu-bundle/tiers names each executable's tier). Prints one summary table; exits non-zero on any failure or sanitizer error.
 #
 #   bash scripts/gpu-gate.sh [phases]      phases: any of tests,examples,sanitize,bench (default all),
 #                                          and candle (only when named)
@@ -16,8 +15,9 @@
 # Environment: PPNRT_REQUIRE_GPUS (default: the GPUs nvidia-smi lists; tests needing no more
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
-# GATE_TIERS (the tiers whose executables the tests phase runs; default "gpu double unit"; the
-# host tier, which CI runs, is "host"),
+# GATE_TIERS (the tiers whose executables the tests phase runs; default "gpu unit". "double" adds
+# the double tier, which CI runs through the doubles: here its `nccl` and `processes` run on the
+# GPUs and NCCL, the others skip; "host" the host tier, which CI runs),
 # GATE_SANITIZE_TESTS (what to sanitize: test executables, or EXECUTABLE:MODULE for one module's
 # tests, e.g. "gpu:hazards singleton"; default the GPU tier's executables but `faults`, the `gpu`
 # executable as one run per module),
@@ -105,7 +105,7 @@ tier_tests() { # tier...
 if [[ $phases == *tests* ]]; then
   # GATE_TIERS is a list of tiers.
   # shellcheck disable=SC2086
-  for n in $(tier_tests ${GATE_TIERS:-gpu double unit}); do
+  for n in $(tier_tests ${GATE_TIERS:-gpu unit}); do
     run_step "test $n" "$logs/test-$n.log" "$bundle/tests/$n" --test-threads=1
   done
 fi

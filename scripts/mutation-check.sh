@@ -172,8 +172,8 @@ declare -A catchers=(
   # A GPU test's one-line skip and PPNRT_REQUIRE_GPUS (tests/common/needs.rs); the gate by tier.
   [skip-line-long]="every_entry_point_reports_the_missing_driver"
   [required-gpus-skipped]="every_entry_point_reports_the_missing_driver"
-  [gate-runs-every-tier]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
-  [gate-sanitizes-whole-binaries]="the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module"
+  [gate-runs-every-tier]="the_gpu_gate_runs_the_gpu_tier_and_unit_tests_and_sanitizes_the_gpu_tier_by_module"
+  [gate-sanitizes-whole-binaries]="the_gpu_gate_runs_the_gpu_tier_and_unit_tests_and_sanitizes_the_gpu_tier_by_module"
   # Settings set in code name the builder call; the fault seam; no testing cfg in a body.
   [config-error-names-variable]="errors_name_the_call_or_the_variable_that_set_the_value"
   [fault-seam-inert]="a_slot_received_in_place_is_read_before_it_is_refilled"
@@ -186,6 +186,9 @@ declare -A catchers=(
   [ipc-mapping-released-unwaited]="a_mapping_is_released_after_its_pending_uses"
   [ipc-import-handle-kept]="an_imported_mapping_outlives_its_exporter"
   [ipc-mapping-freed-as-pool]="a_mapping_is_released_after_its_pending_uses"
+  # Every public type shows an example; the contributor pages name only paths that exist.
+  [doc-example-missing]="every_public_type_has_a_rendered_example"
+  [doc-path-stale]="the_contributor_pages_name_only_paths_that_exist"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -533,10 +536,11 @@ run launch-local-status-lost scripts/launch-local.sh '    wait "$pid" || rc=$?' 
 run as-cuda-blind-to-builds src/error.rs "            Error::PipelineBuild { source, .. } => source.as_cuda()," "            Error::PipelineBuild { .. } => None," lib
 # A GPU test that skips says why in one short line, not with the loader's list of every path
 # tried; under PPNRT_REQUIRE_GPUS it fails instead (tests/common/needs.rs). The gate runs the GPU
-# and double tiers, not the host tier, and sanitizes the `gpu` executable one module at a time.
+# tier and the unit tests, not the double and host tiers (CI's), and sanitizes the `gpu`
+# executable one module at a time.
 run skip-line-long tests/common/needs.rs '"0: {}", no_driver(&e)' '"0: {e}"' no_driver
 run required-gpus-skipped tests/common/needs.rs "Shortfall::Gpus(_) if required >= needs.gpus =>" "Shortfall::Gpus(_) if false && required >= needs.gpus =>" no_driver
-run gate-runs-every-tier scripts/gpu-gate.sh 'tier_tests ${GATE_TIERS:-gpu double unit}' 'tier_tests gpu double unit host' host
+run gate-runs-every-tier scripts/gpu-gate.sh 'tier_tests ${GATE_TIERS:-gpu unit}' 'tier_tests ${GATE_TIERS:-gpu double unit}' host
 run gate-sanitizes-whole-binaries scripts/gpu-gate.sh '    if [ -n "$modules" ]; then' '    if false; then' host
 # A value set in code is named by its builder call, not by the variable (its source kept); the
 # fault seam reaches the runtime's hook (a hazard test's broken protocol is caught); a function
@@ -561,3 +565,9 @@ run ipc-legacy-opened-twice src/safe/ipc/legacy.rs "        if !fresh {" "      
 run ipc-mapping-released-unwaited src/safe/memory.rs "            self.access.wait_on_host(\"CudaSlice::drop\", Use::Write).and_then(|()| {" "            Ok::<(), CudaError>(()).and_then(|()| {"
 run ipc-import-handle-kept src/safe/ipc/memory.rs "        let released = unsafe { raw::release(handle) };" "        let released = Ok::<(), CudaError>(());"
 run ipc-mapping-freed-as-pool src/safe/memory.rs "        } else if self.pooled && self.mapping.is_none() {" "        } else if self.pooled {"
+# A public type whose only example is not code (tests/host/docs.rs); a page that names a file
+# that moved.
+run doc-example-missing src/config_error.rs "/// \`\`\`
+/// use ppnrt::{ConfigError, PpConfig};" "/// \`\`\`text
+/// use ppnrt::{ConfigError, PpConfig};" host
+run doc-path-stale docs/ARCHITECTURE.md '`tests/host/module_graph.rs` checks' '`tests/module_graph.rs` checks' host

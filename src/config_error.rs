@@ -7,6 +7,17 @@
 //! `Error::Config`, so it can live neither with one of its users nor with the umbrella.
 
 /// A pipeline configuration that cannot be built; names the setting, the value and the reason.
+///
+/// ```
+/// use ppnrt::{ConfigError, PpConfig};
+///
+/// // A value set in code is named by the builder call that set it.
+/// let err: ConfigError = PpConfig::with_devices(&[]).validate().unwrap_err();
+/// assert_eq!(err.setting, "PpConfig::with_devices");
+/// eprintln!("{err}"); // invalid pipeline configuration: PpConfig::with_devices="0": ...
+/// // In the crate-wide error it is `Error::Config`.
+/// assert!(matches!(ppnrt::Error::from(err), ppnrt::Error::Config(_)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid pipeline configuration: {setting}={value:?}: {reason}")]
 pub struct ConfigError {

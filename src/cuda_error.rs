@@ -18,6 +18,14 @@ use std::fmt;
 use crate::sys::CUresult;
 
 /// A CUDA driver version, as `cuDriverGetVersion` reports it (`1000 * major + 10 * minor`).
+///
+/// ```
+/// use ppnrt::DriverVersion;
+///
+/// let version = DriverVersion::from_raw(12080); // as cuDriverGetVersion writes it
+/// assert_eq!(version.to_string(), "12.8");
+/// assert!(version >= DriverVersion::MINIMUM);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DriverVersion {
     /// Major CUDA version (the 13 of 13.0).
@@ -45,6 +53,16 @@ impl fmt::Display for DriverVersion {
 }
 
 /// One failed attempt to open the driver library.
+///
+/// ```no_run
+/// use ppnrt::{CudaError, LoadAttempt, LoadError};
+///
+/// if let Err(CudaError::Load(LoadError::LibraryNotFound { tried })) = ppnrt::Engine::new(0) {
+///     for LoadAttempt { candidate, reason } in &tried {
+///         eprintln!("{candidate}: {reason}");
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadAttempt {
     /// The name or path handed to the dynamic loader.
@@ -61,6 +79,19 @@ impl fmt::Display for LoadAttempt {
 
 /// Why the CUDA driver could not be brought up. Every public entry point returns it (inside
 /// [`CudaError::Load`]) when the driver is unusable; it is decided once per process.
+///
+/// ```no_run
+/// use ppnrt::{CudaError, Engine, LoadError};
+///
+/// match Engine::new(0) {
+///     Ok(engine) => println!("device {}", engine.ordinal()),
+///     Err(CudaError::Load(LoadError::DriverTooOld { found, required, .. })) => {
+///         eprintln!("the driver supports CUDA {found}: install one for CUDA {required} or newer")
+///     }
+///     Err(CudaError::Load(e)) => eprintln!("no usable CUDA driver: {e}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
@@ -110,6 +141,21 @@ fn list(tried: &[LoadAttempt]) -> String {
 }
 
 /// A driver call that returned something other than `CUDA_SUCCESS`.
+///
+/// ```no_run
+/// use ppnrt::CudaError;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// match engine.alloc::<f32>(1 << 40) {
+///     Ok(x) => drop(x),
+///     Err(CudaError::Driver(e)) => {
+///         eprintln!("{} returned {}: {}", e.call, e.name, e.description);
+///         assert!(!e.is_sticky(), "out of memory leaves the context usable");
+///     }
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{call} failed with {name} ({}): {description}", .code.0)]
 pub struct DriverError {
@@ -166,6 +212,22 @@ pub(crate) fn is_sticky_code(code: CUresult) -> bool {
 /// What can go wrong below the pipeline: loading the driver, a driver call, or a misuse of the
 /// safe wrappers caught before anything is enqueued. The pipeline's calls return the crate's
 /// [`Error`](crate::Error), which holds this one as `Error::Cuda`.
+///
+/// ```no_run
+/// use ppnrt::CudaError;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let x = engine.htod(&[1u32, 2, 3])?;
+/// let mut y = engine.alloc::<u32>(4)?;
+/// // Misuse is refused on the host, naming the bad values; nothing was enqueued.
+/// match engine.dtod(&x, &mut y) {
+///     Err(e @ CudaError::LengthMismatch { .. }) => eprintln!("{e}"),
+///     // A lost context (a kernel trapped): only a new process gets the device back.
+///     Err(CudaError::ContextUnusable { device, .. }) => eprintln!("device {device} is lost"),
+///     other => other?,
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
@@ -403,6 +465,18 @@ pub enum IpcError {
 
 /// Misuse of stream capture ([`StreamCapture`](crate::StreamCapture)) or of a graph
 /// ([`GraphExec`](crate::GraphExec)). Nothing is enqueued by the call that returns one.
+///
+/// ```no_run
+/// use ppnrt::{CaptureError, CaptureMode, CudaError, CudaStream};
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = CudaStream::new(engine.context())?;
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// // A synchronisation cannot be part of a graph: refused, and the capture is invalidated.
+/// assert!(matches!(stream.synchronize(), Err(CudaError::Capture(CaptureError::IllegalCall { .. }))));
+/// assert!(matches!(capture.end(), Err(CudaError::Capture(CaptureError::Invalidated { .. }))));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaptureError {
     /// A call that cannot be part of a graph (it would run or wait now: a synchronisation, a
@@ -445,6 +519,23 @@ fn shared_name(fd: Option<i32>) -> String {
 /// `Result` with [`CudaError`], the error of the CUDA layers: what the driver calls, the safe
 /// wrappers and [`Engine`](crate::Engine) return. It converts
 /// into the crate's [`Error`](crate::Error) with `?`.
+///
+/// ```no_run
+/// use ppnrt::{CudaResult, CudaSlice, Engine};
+///
+/// /// A helper of an engine's own, below the pipeline: `?` on the safe layer's calls.
+/// fn upload(engine: &Engine, x: &[f32]) -> CudaResult<CudaSlice<f32>> {
+///     let mut y = engine.alloc::<f32>(x.len())?;
+///     engine.htod_into(x, &mut y)?;
+///     Ok(y)
+/// }
+///
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let y = upload(&engine, &[1.0, 2.0])?; // a CudaError converts into ppnrt::Error
+/// # drop(y);
+/// # Ok(()) }
+/// ```
 pub type CudaResult<T, E = CudaError> = std::result::Result<T, E>;
 
 /// The CUDA layers' own name for [`CudaResult`].

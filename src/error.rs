@@ -144,6 +144,17 @@ impl Error {
 
 /// `Result` with the crate's [`Error`]: what the pipeline's calls return, and what an
 /// application's own functions can return to use `?` on every call of the crate.
+///
+/// ```no_run
+/// use ppnrt::{Engine, PpNRt};
+///
+/// /// Stage 0 of one step: each call's own error (PpError, CudaError) converts with `?`.
+/// fn first_stage(rt: &PpNRt, primary: &Engine) -> ppnrt::Result<usize> {
+///     let _stage = rt.enter(0)?;
+///     let x = rt.engine(0, primary)?.htod(&[1.0f32; 64])?;
+///     rt.tx(0, &x, 64)
+/// }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The error and each of its causes (`source()`), one per line after the first, each printed

@@ -25,6 +25,13 @@ use crate::sys::{CUresult, DriverApi};
 pub const LIBCUDA_PATH_VAR: &str = "PPNRT_LIBCUDA_PATH";
 
 /// The loaded driver: its entry points, version and the library it came from.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let driver = ppnrt::loader::driver()?; // loaded once per process
+/// println!("CUDA {} from {}", driver.version(), driver.library());
+/// # Ok(()) }
+/// ```
 pub struct Driver {
     api: DriverApi,
     version: DriverVersion,

@@ -11,6 +11,23 @@ use std::time::Duration;
 
 /// Where a slot of a boundary's ring stands (host-side state; `tx` fills a free slot, `rx`
 /// receives a filled one).
+///
+/// ```no_run
+/// use ppnrt::{Error, PpConfig, PpError, PpNRt, SlotState};
+/// # fn main() -> ppnrt::Result<()> {
+/// let primary = ppnrt::Engine::new(0)?;
+/// let rt = PpNRt::new(PpConfig::new(2).with_slots(1), &primary)?;
+/// let x = primary.htod(&[1.0f32; 16])?;
+/// rt.tx(0, &x, 16)?; // fills the ring's one slot
+/// match rt.tx(0, &x, 16) {
+///     // Not received yet: refused, nothing overwritten.
+///     Err(Error::Pipeline(PpError::SlotState { found: SlotState::Filled { n, elem }, .. })) => {
+///         assert_eq!((n, elem), (16, "f32"))
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SlotState {
@@ -68,6 +85,23 @@ impl fmt::Display for SlotState {
 
 /// Misuse of a [`PpNRt`](crate::PpNRt) call: caught before anything is enqueued, nothing was
 /// overwritten, and the runtime stays usable.
+///
+/// ```no_run
+/// use ppnrt::{Error, PpConfig, PpError, PpNRt};
+/// # fn main() -> ppnrt::Result<()> {
+/// let primary = ppnrt::Engine::new(0)?;
+/// let rt = PpNRt::new(PpConfig::new(2), &primary)?;
+/// let x = primary.htod(&[1.0f32; 16])?;
+/// let slot = rt.tx(0, &x, 16)?;
+/// // An rx of another type than the tx sent is refused; the slot keeps its data.
+/// match rt.rx::<u32>(0, slot, 16) {
+///     Err(Error::Pipeline(PpError::RxTypeMismatch { requested, sent, .. })) => assert_eq!((requested, sent), ("u32", "f32")),
+///     other => panic!("{other:?}"),
+/// }
+/// let y = rt.rx::<f32>(0, slot, 16)?;
+/// # drop(y);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PpError {

@@ -5,6 +5,18 @@ use super::*;
 
 /// A communicator's unique id: made by one rank ([`NcclUniqueId::new`]) and handed to every
 /// other rank (as [`to_bytes`](Self::to_bytes), over any channel) before they join.
+///
+/// ```no_run
+/// use ppnrt::nccl::NcclUniqueId;
+/// # fn main() -> ppnrt::Result<()> {
+/// // Rank 0 makes the id and sends its bytes to every other rank, over any channel.
+/// let id = NcclUniqueId::new()?;
+/// let bytes: [u8; NcclUniqueId::BYTES] = id.to_bytes();
+/// // ... and each of them rebuilds it.
+/// let received = NcclUniqueId::from_bytes(&bytes);
+/// # let _ = received;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy)]
 pub struct NcclUniqueId(ncclUniqueId);
 
@@ -43,6 +55,27 @@ impl fmt::Debug for NcclUniqueId {
 
 /// One rank's NCCL communicator, on one device. Dropping it destroys the communicator (after its
 /// queued operations); [`abort`](Self::abort) ends it at once.
+///
+/// ```no_run
+/// use ppnrt::nccl::{NcclComm, NcclUniqueId};
+/// # fn main() -> ppnrt::Result<()> {
+/// # let (rank, id_bytes) = (0, [0u8; NcclUniqueId::BYTES]);
+/// let engine = ppnrt::Engine::new(0)?;
+/// let id = NcclUniqueId::from_bytes(&id_bytes); // made by rank 0, received from it
+/// let comm = NcclComm::init_rank(engine.context(), 2, &id, rank)?; // waits for both ranks
+/// let stream = engine.stream()?;
+/// let n = 1024;
+/// if rank == 0 {
+///     let x = engine.htod(&vec![1.0f32; n])?;
+///     // SAFETY: rank 1 receives exactly n f32.
+///     unsafe { comm.send(&stream, &x, 1)? };
+/// } else {
+///     let mut y = engine.alloc::<f32>(n)?;
+///     // SAFETY: rank 0 sends exactly n f32.
+///     unsafe { comm.recv(&stream, &mut y, 0)? };
+/// }
+/// # Ok(()) }
+/// ```
 pub struct NcclComm {
     pub(super) raw: ncclComm_t,
     pub(super) ctx: Arc<Context>,

@@ -4,6 +4,13 @@
 use super::*;
 
 /// The loaded NCCL: its entry points, version and the library it came from.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let nccl = ppnrt::nccl::nccl()?; // loaded on first use, once per process
+/// println!("NCCL {} from {}", nccl.version(), nccl.library());
+/// # Ok(()) }
+/// ```
 pub struct Nccl {
     pub(super) api: NcclApi,
     pub(super) version: NcclVersion,

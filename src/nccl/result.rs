@@ -13,9 +13,30 @@ use crate::cuda_error::{CudaError, LoadAttempt};
 use crate::sys::nccl::ncclResult_t;
 
 /// `Result` with [`NcclError`].
+///
+/// ```no_run
+/// use ppnrt::nccl::{self, NcclVersion};
+///
+/// /// NCCL's version, or why it cannot be used.
+/// fn nccl_version() -> nccl::Result<NcclVersion> {
+///     Ok(nccl::nccl()?.version())
+/// }
+/// ```
 pub type Result<T, E = NcclError> = std::result::Result<T, E>;
 
 /// Why NCCL cannot be used, or an NCCL call's failure.
+///
+/// ```no_run
+/// use ppnrt::NcclError;
+///
+/// match ppnrt::nccl::nccl() {
+///     Ok(nccl) => println!("NCCL {}", nccl.version()),
+///     Err(NcclError::NotFound { tried }) => {
+///         eprintln!("no NCCL ({} places tried): pip install nvidia-nccl-cu12, or set PPNRT_LIBNCCL_PATH", tried.len())
+///     }
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NcclError {

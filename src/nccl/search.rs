@@ -22,6 +22,13 @@ use std::path::{Path, PathBuf};
 ///
 /// Within one directory the `python3*` versions are tried newest first. A library found twice
 /// (the same file through two paths) is listed once.
+///
+/// ```no_run
+/// // Where this process would find NCCL's wheel, in the order it is tried.
+/// for library in ppnrt::nccl::WheelSearch::from_env().libraries() {
+///     println!("{library}");
+/// }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct WheelSearch {
     /// `VIRTUAL_ENV`.

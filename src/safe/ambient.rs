@@ -20,6 +20,19 @@ thread_local! {
 }
 
 /// Sets the calling thread's ambient stream until dropped.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let side = ppnrt::CudaStream::new(engine.context())?;
+/// {
+///     let _on_side = ppnrt::StreamOverride::new(side.clone())?;
+///     assert!(Arc::ptr_eq(&engine.stream()?, &side)); // the engine's calls run on `side` here
+/// }
+/// assert!(Arc::ptr_eq(&engine.stream()?, engine.default_stream()));
+/// # Ok(()) }
+/// ```
 #[must_use = "the override ends when the guard drops"]
 #[derive(Debug)]
 pub struct StreamOverride {

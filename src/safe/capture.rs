@@ -42,6 +42,19 @@ use crate::cuda_error::{CaptureError, CudaError, Result};
 use crate::sys::CUstreamCaptureMode;
 
 /// How a capture restricts calls made outside the captured stream (`CUstreamCaptureMode`).
+///
+/// ```no_run
+/// use ppnrt::CaptureMode;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = ppnrt::CudaStream::new(engine.context())?;
+/// // Other threads go on with their own work while this one captures.
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// // ... the work to capture, on `stream` ...
+/// let graph = capture.end()?;
+/// # drop(graph);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CaptureMode {
     /// Calls that cannot be captured are refused on every thread while the capture lasts.

@@ -30,6 +30,17 @@ use crate::result::{context as raw, memory};
 use crate::sys::{CUcontext, CUevent, CUmemPool_attribute};
 
 /// A retained primary context of one device.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let device = ppnrt::Device::get(0)?;
+/// let ctx = ppnrt::Context::primary(&device)?; // shared with every other user of the device
+/// let (free, total) = ctx.memory_info()?;
+/// println!("device {}: {free} of {total} bytes free", ctx.ordinal());
+/// let stream = ppnrt::CudaStream::new(&ctx)?;
+/// # drop(stream);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Context {
     device: Device,
@@ -269,6 +280,16 @@ impl Context {
 /// The guard of [`Context::bind`]: while it lives the context is current on this thread; when it
 /// drops, the context that was current before is current again. Not `Send`: the binding is the
 /// thread's.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// {
+///     let _bound = engine.context().bind()?; // current on this thread
+///     // ... a call of another CUDA library that works on the current context ...
+/// } // whatever was current before is current again
+/// # Ok(()) }
+/// ```
 #[must_use = "the context is unbound again when the guard drops"]
 #[derive(Debug)]
 pub struct BoundContext<'a> {

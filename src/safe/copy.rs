@@ -12,9 +12,10 @@
 
 use std::sync::Arc;
 
+use super::element::DeviceRepr;
 use super::enqueue::{Tracked, ordered};
 use super::host::PinnedHostBuffer;
-use super::memory::{CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
 use super::ordering::Use;
 use super::stream::CudaStream;
 use crate::cuda_error::{CudaError, Result};

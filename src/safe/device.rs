@@ -8,6 +8,21 @@ use crate::result::device as raw;
 use crate::sys::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute};
 
 /// A CUDA device, by ordinal.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// for device in ppnrt::Device::all()? {
+///     let (major, minor) = device.compute_capability()?;
+///     println!(
+///         "{}: {} (sm_{major}{minor}, {} SMs, {} bytes)",
+///         device.ordinal(),
+///         device.name()?,
+///         device.multiprocessor_count()?,
+///         device.total_memory()?
+///     );
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
     ordinal: i32,
@@ -15,6 +30,19 @@ pub struct Device {
 }
 
 /// What the driver says about the link from one device to another.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let matrix = ppnrt::Device::peer_matrix()?; // matrix[from][to]
+/// for (from, row) in matrix.iter().enumerate() {
+///     for (to, link) in row.iter().enumerate() {
+///         if from != to && link.access_supported {
+///             println!("{from} -> {to}: peer access, rank {}", link.performance_rank);
+///         }
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerInfo {
     /// The source device can map the destination's memory (`cuDeviceCanAccessPeer`).

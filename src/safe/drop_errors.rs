@@ -6,6 +6,13 @@ use crate::cuda_error::CudaError;
 use crate::sys::CUresult;
 
 /// An error raised inside `Drop`: one of the crate's errors, of whichever layer dropped.
+///
+/// ```
+/// // Errors that a `Drop` could not return, collected when convenient (after a step, at exit).
+/// for error in ppnrt::take_drop_errors() {
+///     eprintln!("while dropping: {}", ppnrt::error::chain(&*error));
+/// }
+/// ```
 pub type DropError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 const KEPT: usize = 64;

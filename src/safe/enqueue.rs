@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use super::memory::{CudaView, CudaViewMut, DeviceMemory, DeviceRepr};
+use super::element::DeviceRepr;
+use super::memory::{CudaView, CudaViewMut, DeviceMemory};
 use super::ordering::{Access, Use};
 use super::stream::{CudaStream, refuse_on};
 use crate::cuda_error::{CudaError, Result};

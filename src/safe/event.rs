@@ -18,6 +18,22 @@ use crate::sys::CUevent;
 
 /// A CUDA event of one context. It can be recorded only on streams of its own device and waited
 /// on from any device.
+///
+/// ```no_run
+/// use ppnrt::CudaEvent;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// let start = CudaEvent::new(engine.context(), true)?; // with timing
+/// let end = CudaEvent::new(engine.context(), true)?;
+/// start.record(&stream)?;
+/// let x = engine.alloc_zeroed::<f32>(1 << 20)?;
+/// end.record(&stream)?;
+/// end.synchronize()?;
+/// println!("zeroing took {:.3} ms", end.elapsed_ms(&start)?);
+/// # drop(x);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct CudaEvent {
     ctx: Arc<Context>,

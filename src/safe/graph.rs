@@ -31,8 +31,9 @@ use std::sync::Arc;
 
 use super::capture::{self, CaptureMode, CaptureState, Recorded};
 use super::context::Context;
+use super::element::DeviceRepr;
 use super::event::CudaEvent;
-use super::memory::{CudaViewMut, DeviceMemory, DeviceRepr};
+use super::memory::{CudaViewMut, DeviceMemory};
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::cuda_error::{CaptureError, CudaError, Result};
@@ -41,6 +42,22 @@ use crate::sys::{CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUresult};
 
 /// An active capture of one stream; [`end`](Self::end) it to get the graph. Dropping it without
 /// ending discards what was captured. Stays on the thread that began it.
+///
+/// ```no_run
+/// use ppnrt::{CaptureMode, CudaSlice, CudaStream};
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = CudaStream::new(engine.context())?;
+/// // Memory a graph uses is allocated before the capture (an allocation cannot be captured).
+/// let x = engine.htod(&[1.0f32; 256])?;
+/// let mut y = CudaSlice::<f32>::alloc_persistent(&stream, 256)?;
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// stream.memcpy_dtod(&x, &mut y)?; // recorded, not run
+/// let graph = capture.end()?;
+/// let mut step = graph.instantiate()?;
+/// step.launch(&stream)?; // runs the copy
+/// # Ok(()) }
+/// ```
 #[must_use = "a capture records work until it is ended"]
 pub struct StreamCapture {
     stream: Arc<CudaStream>,
@@ -236,6 +253,21 @@ impl fmt::Debug for StreamCapture {
 }
 
 /// A captured graph: instantiate it to run it.
+///
+/// ```no_run
+/// use ppnrt::{CaptureMode, CudaSlice, CudaStream};
+/// # fn main() -> ppnrt::Result<()> {
+/// # let engine = ppnrt::Engine::new(0)?;
+/// let stream = CudaStream::new(engine.context())?;
+/// let mut y = CudaSlice::<u32>::alloc_persistent(&stream, 256)?;
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// stream.memset_u32(&mut y, 7)?;
+/// let graph = capture.end()?;
+/// println!("{} node(s), holding {} buffer(s) alive", graph.node_count(), graph.footprint_len());
+/// let exec = graph.instantiate()?; // as many as needed, from one graph
+/// # drop(exec);
+/// # Ok(()) }
+/// ```
 pub struct CudaGraph {
     raw: CUgraph,
     ctx: Arc<Context>,
@@ -297,6 +329,28 @@ impl fmt::Debug for CudaGraph {
 /// An executable graph: launch it on a stream of its device. It holds the memory its work touches
 /// alive; every launch is ordered with the rest of the program's use of that memory by the
 /// crate's ordering rule.
+///
+/// ```no_run
+/// use ppnrt::{CaptureMode, CudaSlice, CudaStream};
+/// # fn main() -> ppnrt::Result<()> {
+/// # let engine = ppnrt::Engine::new(0)?;
+/// let stream = CudaStream::new(engine.context())?;
+/// let mut y = CudaSlice::<u32>::alloc_persistent(&stream, 256)?;
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// stream.memset_u32(&mut y, 7)?;
+/// let mut exec = capture.end()?.instantiate()?;
+/// exec.upload(&stream)?; // optional: makes the first launch as cheap as the others
+/// for _ in 0..100 {
+///     exec.launch(&stream)?; // ordered against other uses of `y`, like any call
+/// }
+/// // A capture of the same shape with other values replaces the parameters in place.
+/// let capture = stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// stream.memset_u32(&mut y, 8)?;
+/// exec.update(&capture.end()?)?;
+/// exec.launch(&stream)?;
+/// assert!(engine.dtoh(&y)?.iter().all(|&v| v == 8));
+/// # Ok(()) }
+/// ```
 pub struct GraphExec {
     raw: CUgraphExec,
     ctx: Arc<Context>,

@@ -22,6 +22,17 @@ use crate::cuda_error::{CudaError, Result};
 use crate::kernels;
 
 /// The helper kernels of one context: the SM copy.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let helpers = engine.helper_kernels()?; // loaded once per engine
+/// let x = engine.htod(&[1u8; 4096])?;
+/// let mut y = engine.alloc::<u8>(4096)?;
+/// let stream = engine.stream()?;
+/// helpers.copy_bytes(&stream, x.as_view(), y.as_view_mut())?; // a copy made by the SMs
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct HelperKernels {
     copy_bytes: Function,
@@ -42,6 +53,18 @@ pub struct TestKernels {
 
 /// The toy residual model's layer kernel of one context: a stand-in layer that examples,
 /// benchmarks and tests split over stages (see [`Engine::toy_layer`](crate::Engine::toy_layer)).
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let model = ppnrt::safe::ToyModel::load(engine.context(), engine.max_blocks())?;
+/// let stream = engine.stream()?;
+/// let mut x = engine.htod(&vec![0.5f32; 4096])?;
+/// for layer in 0..4 {
+///     model.layer(&stream, &mut x, 0, layer)?; // what `engine.toy_layer(&mut x, 0, layer)` does
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct ToyModel {
     layer: Function,

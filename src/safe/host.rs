@@ -11,13 +11,28 @@ use std::sync::Arc;
 
 use super::capture::free_blocked;
 use super::context::Context;
-use super::memory::{DeviceRepr, byte_size};
+use super::element::DeviceRepr;
+use super::memory::byte_size;
 use super::ordering::{Access, Use};
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::{CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED};
 
 /// A page-locked host array of `T`, usable by every context (`CU_MEMHOSTALLOC_PORTABLE`).
+///
+/// ```no_run
+/// use ppnrt::PinnedHostBuffer;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// let x = engine.htod(&[1.0f32; 4096])?;
+/// let mut host = PinnedHostBuffer::<f32>::new(engine.context(), 4096, false)?;
+/// stream.memcpy_dtoh_pinned(&x, &mut host)?; // returns at once
+/// // ... the next step's work is enqueued here ...
+/// let values: &[f32] = host.as_slice()?; // waits for the copy
+/// assert_eq!(values[0], 1.0);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PinnedHostBuffer<T: DeviceRepr> {
     ptr: *mut T,

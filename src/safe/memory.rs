@@ -1,4 +1,4 @@
-//! Device memory: element types, owning slices, views, and the allocation they share.
+//! Device memory: owning slices, views, and the allocation they share.
 //!
 //! A [`CudaSlice`] is owned by one stream, its *owner*: stream-ordered slices come from the
 //! device's memory pool and are freed on that stream; persistent slices are plain `cuMemAlloc`
@@ -20,6 +20,7 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use super::capture::free_blocked;
+use super::element::DeviceRepr;
 use super::ordering::{Access, Use};
 use super::stream::CudaStream;
 use crate::cuda_error::{CudaError, Result};
@@ -30,38 +31,22 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Element types that may live in device memory and cross the FFI boundary as raw bytes.
-///
-/// Implemented for the integers, `f32`, `f64`, and `half`'s [`bf16`](half::bf16) and
-/// [`f16`](half::f16). Implement it for your own plain-old-data types (a `#[repr(C)]` struct of
-/// such fields, say) to move them with this crate.
-///
-/// # Safety
-/// - Every bit pattern of `size_of::<Self>()` bytes is a valid `Self` (copies and kernels write
-///   arbitrary bytes, and fresh device memory holds arbitrary bytes).
-/// - `Self` has no padding, no pointers or references, and no drop glue (`Copy` ensures the
-///   last), so its bytes may be read and compared.
-/// - `NAME` names the type unambiguously: `rx` compares it with the type `tx` sent.
-pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {
-    /// The type's name, used in error messages and to match `rx` with `tx`.
-    const NAME: &'static str;
-}
-
-macro_rules! device_repr {
-    ($($t:ty => $name:literal),*) => {$(
-        // SAFETY: a primitive numeric type: no padding, every bit pattern valid, no pointers.
-        unsafe impl DeviceRepr for $t {
-            const NAME: &'static str = $name;
-        }
-    )*};
-}
-device_repr!(
-    u8 => "u8", i8 => "i8", u16 => "u16", i16 => "i16", u32 => "u32", i32 => "i32", u64 => "u64", i64 => "i64",
-    f32 => "f32", f64 => "f64", half::bf16 => "bf16", half::f16 => "f16"
-);
-
 /// Device memory usable as the source of a copy or kernel. Sealed: implemented by
 /// [`CudaSlice`], [`CudaView`] and [`CudaViewMut`].
+///
+/// ```no_run
+/// use ppnrt::{CudaResult, DeviceRepr, DeviceSlice, Engine};
+/// /// The first `k` elements of any device array: a slice or a view of one.
+/// fn head<T: DeviceRepr + Default>(engine: &Engine, x: &impl DeviceSlice<T>, k: usize) -> CudaResult<Vec<T>> {
+///     engine.dtoh(&x.as_view().slice(..k.min(x.len()))?)
+/// }
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let x = engine.htod(&[1u32, 2, 3, 4])?;
+/// assert_eq!(head(&engine, &x, 2)?, [1, 2]);
+/// assert_eq!(head(&engine, &x.slice(2..)?, 8)?, [3, 4]);
+/// # Ok(()) }
+/// ```
 pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
     /// The device address of the first element.
     fn device_ptr(&self) -> CUdeviceptr;
@@ -92,12 +77,39 @@ pub trait DeviceSlice<T: DeviceRepr>: sealed::Sealed {
 }
 
 /// Device memory usable as the destination of a copy or kernel.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use ppnrt::{CudaResult, CudaStream, DeviceRepr, DeviceSliceMut};
+/// /// Zeroes `x` from element `from` on: a slice or a mutable view of one.
+/// fn zero_tail<T: DeviceRepr>(stream: &Arc<CudaStream>, x: &mut impl DeviceSliceMut<T>, from: usize) -> CudaResult<()> {
+///     let n = x.len();
+///     stream.memset_bytes(&mut x.as_view_mut().slice_mut(from..n)?, 0)
+/// }
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let mut x = engine.htod(&[1u32, 2, 3, 4])?;
+/// zero_tail(&engine.stream()?, &mut x, 2)?;
+/// assert_eq!(engine.dtoh(&x)?, [1, 2, 0, 0]);
+/// # Ok(()) }
+/// ```
 pub trait DeviceSliceMut<T: DeviceRepr>: DeviceSlice<T> {
     /// A mutable view of the whole range.
     fn as_view_mut(&mut self) -> CudaViewMut<'_, T>;
 }
 
 /// An owned array of `T` in device memory.
+///
+/// ```no_run
+/// use ppnrt::CudaSlice;
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let mut x: CudaSlice<f32> = engine.alloc_zeroed(1024)?;
+/// engine.htod_into(&[1.0; 512], &mut x.slice_mut(..512)?)?; // the first half
+/// let tail = x.slice(512..)?; // a view, no copy
+/// assert_eq!(engine.dtoh(&tail)?, vec![0.0; 512]);
+/// # Ok(()) } // dropped: freed after its last use, in stream order
+/// ```
 #[derive(Debug)]
 pub struct CudaSlice<T: DeviceRepr> {
     ptr: CUdeviceptr,
@@ -158,6 +170,17 @@ impl DeviceMemory {
 }
 
 /// A borrowed range of a device array.
+///
+/// ```no_run
+/// use ppnrt::{CudaView, DeviceSlice};
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let x = engine.htod(&[1u32, 2, 3, 4])?;
+/// let middle: CudaView<'_, u32> = x.slice(1..3)?;
+/// assert_eq!(engine.dtoh(&middle)?, [2, 3]);
+/// assert_eq!(middle.into_bytes().len(), 8); // the same memory as bytes
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct CudaView<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,
@@ -167,6 +190,16 @@ pub struct CudaView<'a, T: DeviceRepr> {
 }
 
 /// A mutably borrowed range of a device array.
+///
+/// ```no_run
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let mut x = engine.alloc_zeroed::<u32>(4)?;
+/// let mut first_half = x.slice_mut(..2)?;
+/// engine.htod_into(&[7, 7], &mut first_half)?;
+/// assert_eq!(engine.dtoh(&x)?, [7, 7, 0, 0]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct CudaViewMut<'a, T: DeviceRepr> {
     ptr: CUdeviceptr,

@@ -21,6 +21,7 @@ mod context;
 mod copy;
 mod device;
 mod drop_errors;
+mod element;
 pub(crate) mod enqueue;
 mod event;
 pub(crate) mod event_pool;
@@ -43,6 +44,7 @@ pub use context::{BoundContext, Context};
 pub use device::{Device, PeerInfo};
 pub(crate) use drop_errors::record_drop_error;
 pub use drop_errors::{DropError, take_drop_errors};
+pub use element::DeviceRepr;
 pub use event::CudaEvent;
 pub(crate) use graph::KeptMemory;
 pub use graph::{CudaGraph, GraphExec, StreamCapture};
@@ -54,7 +56,7 @@ pub use ipc::{ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSuppo
 pub use launch::{
     BufferUse, BufferUses, ByValue, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, by_value,
 };
-pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut};
+pub use memory::{CudaSlice, CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
 pub use module::{Function, Module};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;

@@ -27,6 +27,20 @@ use crate::sys::CUstream;
 
 /// A CUDA stream of one context: owned (created non-blocking, destroyed on drop) or adopted
 /// from another library (never destroyed by this crate). Shared as `Arc<CudaStream>`.
+///
+/// ```no_run
+/// use ppnrt::{CudaSlice, CudaStream};
+/// # fn main() -> ppnrt::Result<()> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let stream = CudaStream::new(engine.context())?; // another stream of the device
+/// let x = engine.htod(&[1.0f32; 1024])?; // on the engine's stream
+/// let mut y = CudaSlice::<f32>::alloc(&stream, 1024)?;
+/// stream.memcpy_dtod(&x, &mut y)?; // waits for x's upload first, on the device
+/// let mut host = vec![0.0f32; 1024];
+/// stream.memcpy_dtoh(&y, &mut host)?; // returns once copied
+/// assert_eq!(host[0], 1.0);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct CudaStream {
     ctx: Arc<Context>,

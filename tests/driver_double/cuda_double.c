@@ -307,15 +307,43 @@ int ppnrt_double_entry_called(size_t i, char* buf, size_t len) {
         return _rc;                   \
     } while (0)
 
-static Alloc* find_alloc(uintptr_t p, size_t bytes, int include_freed) {
-    for (Alloc* a = allocs; a; a = a->next) {
-        if (!include_freed && a->freed) continue;
-        if (p >= a->base && p < a->base + (a->size ? a->size : 1)) {
-            (void)bytes;
-            return a;
-        }
+/* The allocations of `allocs` (live and quarantined) sorted by base address, so that finding
+ * the one an address lies in is a binary search: the fault sweeps look up every operation's
+ * addresses among thousands of quarantined allocations. No two of them overlap (a quarantined
+ * allocation's memory is not released, so it cannot be handed out again). */
+static Alloc** by_base;
+static size_t n_by_base, cap_by_base;
+
+/* The index in by_base of the first allocation whose base lies above p. */
+static size_t first_above(uintptr_t p) {
+    size_t lo = 0, hi = n_by_base;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (by_base[mid]->base <= p) lo = mid + 1;
+        else hi = mid;
     }
-    return NULL;
+    return lo;
+}
+
+static Alloc* find_alloc(uintptr_t p, size_t bytes, int include_freed) {
+    (void)bytes;
+    size_t at = first_above(p);
+    if (at == 0) return NULL;
+    Alloc* a = by_base[at - 1];
+    if (p >= a->base + (a->size ? a->size : 1)) return NULL;
+    if (!include_freed && a->freed) return NULL;
+    return a;
+}
+
+/* Whether by_base has room for one more allocation (grown when full). */
+static int by_base_has_room(void) {
+    if (n_by_base < cap_by_base) return 1;
+    size_t cap = cap_by_base ? 2 * cap_by_base : 1024;
+    Alloc** grown = realloc(by_base, cap * sizeof *grown);
+    if (!grown) return 0;
+    by_base = grown;
+    cap_by_base = cap;
+    return 1;
 }
 
 static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
@@ -325,6 +353,15 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
     if (!mem) return NULL;
     memset(mem, 0xA5, size); /* fresh device memory holds garbage, not zeros */
     Alloc* a = calloc(1, sizeof *a);
+    if (!a || !by_base_has_room()) {
+        free(a);
+        free(mem);
+        return NULL;
+    }
+    size_t at = first_above((uintptr_t)mem);
+    memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
+    by_base[at] = a;
+    n_by_base++;
     a->base = (uintptr_t)mem;
     a->size = size;
     a->kind = kind;
@@ -349,6 +386,9 @@ static void free_alloc(Alloc* a) {
         if (!oldest) break;
         Alloc* victim = *oldest;
         *oldest = victim->next;
+        size_t at = first_above(victim->base) - 1;
+        memmove(&by_base[at], &by_base[at + 1], (n_by_base - at - 1) * sizeof *by_base);
+        n_by_base--;
         quarantined -= victim->size;
         if (victim->shared)
             munmap((void*)victim->base, (victim->size + 4095) & ~(size_t)4095);

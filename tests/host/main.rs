@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod docs;
 mod examples;
 mod layout;
 mod module_graph;

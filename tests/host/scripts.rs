@@ -133,14 +133,15 @@ fn script(path: &Path, body: &str) {
     assert!(Command::new("chmod").arg("+x").arg(path).status().unwrap().success());
 }
 
-/// The gate follows the tiers: its tests phase runs the executables of the GPU and double tiers
-/// and the library's own (never the host tier's, which CI runs), and its sanitize phase runs the
+/// The gate follows the tiers: its tests phase runs the executables of the GPU tier and the
+/// library's own (not the double and host tiers', which CI runs; `GATE_TIERS` names others), and
+/// its sanitize phase runs the
 /// GPU tier but `faults`, the `gpu` executable one module at a time, with each module's own
 /// exceptions (initcheck skips the pipeline's thread-per-stage loops; racecheck runs each in a
 /// process of its own). Run on a bundle of stand-in executables that note how they were called,
 /// with a stand-in `compute-sanitizer`.
 #[test]
-fn the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_module() {
+fn the_gpu_gate_runs_the_gpu_tier_and_unit_tests_and_sanitizes_the_gpu_tier_by_module() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("scripts-tiers-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let ran = dir.join("ran.txt");
@@ -188,7 +189,7 @@ fn the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_modu
     tested.sort();
     tested.dedup();
     // The tests phase ran these; the sanitizer (whose stand-in runs nothing) none.
-    assert_eq!(tested, ["double", "faults", "gpu", "nccl", "singleton", "unit"], "{ran}");
+    assert_eq!(tested, ["faults", "gpu", "singleton", "unit"], "{ran}");
     let sanitized: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("sanitizer ")).collect();
     let runs = |tool: &str, what: &str| sanitized.iter().filter(|l| l.contains(tool) && l.contains(what)).count();
     for tool in ["initcheck", "racecheck"] {
@@ -205,5 +206,25 @@ fn the_gpu_gate_runs_the_gpu_and_double_tiers_and_sanitizes_the_gpu_tier_by_modu
         "{ran}"
     );
     assert_eq!(runs("racecheck", "/tests/gpu pipeline:: --test-threads=1 --skip _matches_one_thread"), 1, "{ran}");
+    // GATE_TIERS picks the tiers: the double tier's executables alone.
+    std::fs::remove_file(dir.join("ran.txt")).unwrap();
+    let double = PathBuf::from("double");
+    let Some(output) = bash(
+        "scripts/gpu-gate.sh",
+        &["tests"],
+        &[
+            ("GATE_BUNDLE", &bundle),
+            ("GATE_OUT", &dir.join("logs")),
+            ("PPNRT_REQUIRE_GPUS", &one),
+            ("GATE_TIERS", &double),
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(output.status.code(), Some(0), "{}", described(&output));
+    let ran = std::fs::read_to_string(dir.join("ran.txt")).unwrap();
+    let mut tested: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("test ")?.split(' ').next()).collect();
+    tested.sort();
+    assert_eq!(tested, ["double", "nccl"], "{ran}");
     let _ = std::fs::remove_dir_all(dir);
 }

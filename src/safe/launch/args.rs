@@ -15,6 +15,30 @@ pub const MAX_KERNEL_PARAMS: usize = 16;
 
 /// Kernel parameters, passed in order: a tuple of up to [`MAX_KERNEL_PARAMS`] parameters, or a
 /// [`KernelArgList`](super::KernelArgList) of any number.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use ppnrt::{CudaResult, CudaStream, Function, KernelArgList, KernelArgs, LaunchConfig};
+///
+/// /// Launches `f` over `n` elements with whatever arguments it takes.
+/// ///
+/// /// # Safety
+/// /// As `CudaStream::launch`: `args` match `f`'s parameters and `f` stays within them.
+/// unsafe fn launch_over(stream: &Arc<CudaStream>, f: &Function, n: usize, args: impl KernelArgs) -> CudaResult<()> {
+///     // SAFETY: the caller's contract.
+///     unsafe { stream.launch(f, LaunchConfig::for_elements(n, 1024), args) }
+/// }
+///
+/// # fn main() -> ppnrt::Result<()> {
+/// # let engine = ppnrt::Engine::new(0)?;
+/// # let stream = engine.stream()?;
+/// # let f = engine.load_ptx("m", "")?.function("f")?;
+/// let mut x = engine.alloc::<f32>(256)?;
+/// // SAFETY (both): `f` takes (float *x, unsigned long long n) and writes x[..n].
+/// unsafe { launch_over(&stream, &f, 256, (&mut x, 256u64))? }; // a tuple
+/// unsafe { launch_over(&stream, &f, 256, KernelArgList::new().arg(&mut x).arg(256u64))? }; // a list
+/// # Ok(()) }
+/// ```
 pub trait KernelArgs {
     /// `Some` for the crate's own implementations only (its tuples of its own parameters; see
     /// `own::Own`): [`with_params`](Self::with_params) then runs none but the crate's code. For

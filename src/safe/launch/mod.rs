@@ -49,6 +49,17 @@ mod own {
 }
 
 /// Grid, block and dynamic shared memory of a launch.
+///
+/// ```
+/// use ppnrt::LaunchConfig;
+///
+/// // A grid-stride kernel over a million elements, at most 1024 blocks of 256 threads.
+/// let config = LaunchConfig::for_elements(1 << 20, 1024);
+/// assert_eq!((config.grid, config.block), ((1024, 1, 1), (256, 1, 1)));
+/// // Or every dimension by hand.
+/// let tiles = LaunchConfig { grid: (32, 32, 1), block: (16, 16, 1), shared_mem_bytes: 2048 };
+/// # let _ = tiles;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Blocks per grid (x, y, z).

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use super::list::KernelArgList;
 use super::own::Own;
-use crate::safe::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceRepr, DeviceSlice};
+use crate::safe::element::DeviceRepr;
+use crate::safe::memory::{CudaSlice, CudaView, CudaViewMut, DeviceMemory, DeviceSlice};
 use crate::safe::ordering::Use;
 use crate::safe::stream::CudaStream;
 use crate::sys::CUdeviceptr;
@@ -27,6 +28,24 @@ use crate::sys::CUdeviceptr;
 ///     type Raw = u32;
 ///     fn raw_param(&self) -> u32 { self.0 }
 /// }
+/// ```
+///
+/// ```
+/// use ppnrt::{KernelArgList, KernelParam};
+///
+/// /// A token count, which the kernels take as `unsigned int`.
+/// #[derive(Clone, Copy)]
+/// struct Tokens(usize);
+///
+/// impl KernelParam for Tokens {
+///     type Raw = u32;
+///     fn raw_param(&self) -> u32 {
+///         self.0 as u32
+///     }
+/// }
+///
+/// let args = KernelArgList::new().arg(Tokens(128)).arg(1.5f32);
+/// assert_eq!(args.len(), 2);
 /// ```
 pub trait KernelParam {
     /// `Some` for the crate's own implementations only (see `own::Own`): `raw_param` then runs
@@ -69,6 +88,31 @@ pub trait KernelParam {
 /// Device memory a kernel parameter hands the kernel: which buffer, and whether it is read or
 /// written. Only this crate's slices and views make one (`&CudaSlice` and `CudaView` read,
 /// `&mut CudaSlice`, `CudaViewMut` and `&mut CudaViewMut` write).
+///
+/// ```no_run
+/// use ppnrt::{BufferUse, CudaView, KernelParam};
+///
+/// /// Token ids the kernels read, passed as their device address. Handing the launch their memory
+/// /// makes it wait for the ids' last write (and a later write wait for the kernel).
+/// struct TokenIds<'a>(CudaView<'a, u32>);
+///
+/// impl KernelParam for TokenIds<'_> {
+///     type Raw = u64;
+///     fn raw_param(&self) -> u64 {
+///         self.0.raw_param()
+///     }
+///     fn buffer_use(&self) -> Option<BufferUse<'_>> {
+///         self.0.buffer_use() // a read of the view's memory
+///     }
+/// }
+///
+/// # fn main() -> ppnrt::Result<()> {
+/// # let engine = ppnrt::Engine::new(0)?;
+/// let ids = engine.htod(&[3u32, 1, 4])?;
+/// let args = ppnrt::KernelArgList::new().arg(TokenIds(ids.as_view())).arg(3u64);
+/// # let _ = args;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct BufferUse<'a> {
     pub(super) memory: &'a Arc<DeviceMemory>,
@@ -133,6 +177,23 @@ impl KernelParam for bool {
 ///
 /// Device addresses inside the value are not ordered by the crate's rule (their ordering is the
 /// caller's, as for addresses passed as integers).
+///
+/// ```
+/// use ppnrt::{ByValue, KernelArgList, by_value};
+///
+/// /// The kernel's `struct Shape { unsigned rows, cols; float scale; }`, field for field.
+/// #[derive(Clone, Copy)]
+/// #[repr(C)]
+/// struct Shape {
+///     rows: u32,
+///     cols: u32,
+///     scale: f32,
+/// }
+///
+/// let shape: ByValue<Shape> = by_value(Shape { rows: 4, cols: 8, scale: 0.5 });
+/// let args = KernelArgList::new().arg(shape).arg(7u32);
+/// assert_eq!(args.len(), 2);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByValue<T: Copy + 'static>(pub T);
 

@@ -16,6 +16,17 @@ use image::{ImageKind, image_kind, ptx_entries};
 mod image;
 
 /// A module loaded into one context.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let ptx = std::fs::read_to_string("kernels/scale.ptx")?; // nvcc --ptx scale.cu
+/// let module = ppnrt::Module::load_ptx(engine.context(), "scale", &ptx)?;
+/// println!("{} defines {:?}", module.name(), module.entries());
+/// let scale = module.function("scale")?;
+/// # drop(scale);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Module {
     ctx: Arc<Context>,
@@ -182,6 +193,24 @@ impl Drop for Module {
 }
 
 /// A kernel of a loaded module.
+///
+/// ```no_run
+/// use ppnrt::{LaunchConfig, Module};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = ppnrt::Engine::new(0)?;
+/// let image = std::fs::read("scale.cubin")?;
+/// let module = Module::load_image(engine.context(), "scale", &image)?;
+/// // extern "C" __global__ void scale(float *x, unsigned long long n, float by)
+/// let scale = module.function("scale")?;
+/// let n = 1024;
+/// let mut x = engine.htod(&vec![1.0f32; n])?;
+/// let stream = engine.stream()?;
+/// let config = LaunchConfig::for_elements(n, engine.max_blocks());
+/// // SAFETY: the arguments match `scale`'s parameters; it writes n elements of x, nothing else.
+/// unsafe { stream.launch(&scale, config, (&mut x, n as u64, 2.0f32))? };
+/// assert_eq!(engine.dtoh(&x)?, vec![2.0f32; n]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Function {
     module: Arc<Module>,
