@@ -274,6 +274,8 @@ pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
 #[allow(unsafe_code)]
+pub mod local_channel;
+#[allow(unsafe_code)]
 pub mod nccl;
 pub mod pp;
 pub mod rendezvous;
