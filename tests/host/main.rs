@@ -13,6 +13,7 @@ mod common;
 
 mod examples;
 mod layout;
+mod local_channel;
 mod module_graph;
 mod nccl_loading;
 mod rendezvous;
