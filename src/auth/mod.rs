@@ -12,7 +12,7 @@
 //! - `admission.rs`: the listening end's side, bounding what a stranger on the port can cost,
 //!   and the connecting end's retries;
 //! - `wire.rs`: what both need of a connection and a listener (TCP between hosts, a Unix
-//!   socket between the ranks of one host, `crate::local_channel`).
+//!   socket between the ranks of one host, the local channel, `local_channel.rs`).
 //!
 //! Without a secret ([`JobAccess::SameHost`] or [`JobAccess::Unauthenticated`]) the same
 //! exchange runs with a key everyone knows: it then proves nothing, and only the framing and the

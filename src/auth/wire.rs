@@ -1,6 +1,6 @@
 //! What the handshake (`handshake.rs`) and the admission (`admission.rs`) need of a connection
 //! ([`Wire`]) and of a listener ([`Listen`]): a TCP connection between hosts, or a Unix stream
-//! socket between the ranks of one host (`crate::local_channel`). The handshake's proofs and the
+//! socket between the ranks of one host (the local channel, `local_channel.rs`). The handshake's proofs and the
 //! admission's bounds are the same on both.
 
 use std::fmt;
