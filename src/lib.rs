@@ -303,8 +303,8 @@ pub use error::{
 pub use half;
 pub use half::{bf16, f16};
 pub use pp::{
-    PendingReadback, PpConfig, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs, Transport,
-    TransportPolicy,
+    PendingReadback, PpConfig, PpNRt, ProcessTransport, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs,
+    Transport, TransportPolicy,
 };
 pub use safe::{
     BoundContext, BufferUse, BufferUses, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,

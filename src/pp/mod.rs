@@ -36,6 +36,7 @@ mod error;
 mod fault;
 mod pending_readback;
 mod plan;
+mod process_transport;
 // Unsafe only where NCCL's send and receive need equal counts, which the links' records carry.
 #[allow(unsafe_code)]
 mod remote;
@@ -45,11 +46,12 @@ mod timing;
 
 pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
-    PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+    PROCESS_TRANSPORT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 #[cfg(feature = "testing")]
 pub use crate::pp::fault::ProtocolFault;
 pub use error::{Error, PpError, ReceiverState, Result, SlotState};
 pub use pending_readback::PendingReadback;
 pub use plan::{BoundaryPlan, Plan, Transport, TransportPolicy};
+pub use process_transport::{ProcessTransport, Reach, TransportReason};
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};
