@@ -418,6 +418,65 @@ mod tests {
         }
     }
 
+    /// Rank 0 runs stages 0–1 on devices 0 and 1 (peers); rank 1 stage 2 on the same GPU as
+    /// rank 0's device 1 (its device 0); rank 2, on another host, stage 3.
+    fn three_ranks() -> (Plan, Vec<RankIdentity>) {
+        use crate::rendezvous::{DeviceIdentity, HostIdentity};
+        let host = |boot: &str| HostIdentity { boot_id: boot.into(), hostname: "node".into() };
+        let device = |ordinal, uuid: u8, peers: &[i32]| DeviceIdentity {
+            ordinal,
+            uuid: [uuid; 16],
+            peer_access: peers.to_vec(),
+        };
+        let identities = vec![
+            RankIdentity { host: host("boot-1"), uid: 7, devices: vec![device(0, 1, &[1]), device(1, 2, &[0])] },
+            RankIdentity { host: host("boot-1"), uid: 7, devices: vec![device(0, 2, &[])] },
+            RankIdentity { host: host("boot-2"), uid: 7, devices: vec![device(0, 3, &[])] },
+        ];
+        let plan = Plan::choose_across(&[0, 1, 0, 0], &[0, 0, 1, 2], 0, TransportPolicy::Auto, |_, _| true).unwrap();
+        (plan, identities)
+    }
+
+    #[test]
+    fn boundaries_between_ranks_get_their_transport_and_reason_from_the_identities() {
+        let (mut plan, identities) = three_ranks();
+        assert!(plan.to_string().contains("nccl (ranks not met yet)"), "{plan}");
+        let names = SettingNames::PARAMETERS;
+        // With the IPC transport built: auto takes IPC on one host, NCCL to the other host.
+        let mut built = plan.clone();
+        built.choose_processes_named(&identities, ProcessTransport::Auto, names, true).unwrap();
+        let line = built.to_string();
+        assert!(line.contains("boundary 0: stage 0 (rank 0 dev 0) -> stage 1 (rank 0 dev 1) peer;"), "{line}");
+        assert!(
+            line.contains("boundary 1: stage 1 (rank 0 dev 1) -> stage 2 (rank 1 dev 0) ipc (same host, same device)"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("boundary 2: stage 2 (rank 1 dev 0) -> stage 3 (rank 2 dev 0) nccl (other host)"),
+            "{line}"
+        );
+        // Not built yet: auto keeps NCCL and says why.
+        plan.choose_processes(&identities, ProcessTransport::Auto).unwrap();
+        assert_eq!(plan.boundaries[1].transport, Transport::Nccl);
+        assert!(plan.to_string().contains("nccl (same host, same device; ipc not built yet)"), "{plan}");
+        assert!(plan.refuse_unbuilt().is_ok());
+        // Forced NCCL; forced IPC where the ranks are on two hosts is an error naming the boundary.
+        plan.choose_processes(&identities, ProcessTransport::Nccl).unwrap();
+        assert!(!plan.to_string().contains("ipc") && plan.to_string().contains("nccl (forced)"), "{plan}");
+        let err = plan.clone().choose_processes(&identities, ProcessTransport::Ipc).unwrap_err();
+        assert_eq!(err.setting, "setting");
+        assert!(err.reason.contains("boundary 2 cannot use ipc: other host"), "{err}");
+        // Forced IPC where it works is chosen, and refused by a build without the transport.
+        let (mut two, identities) = three_ranks();
+        two.boundaries.truncate(2);
+        two.choose_processes(&identities, ProcessTransport::Ipc).unwrap();
+        assert_eq!(two.boundaries[1].transport, Transport::Ipc);
+        let err = two.refuse_unbuilt().unwrap_err();
+        assert!(matches!(err, crate::error::PpError::TransportUnavailable { boundary: 1, .. }), "{err}");
+        // Fewer identities than ranks: a typed error, not an index out of bounds.
+        assert!(plan.choose_processes(&identities[..1], ProcessTransport::Auto).is_err());
+    }
+
     #[test]
     fn one_stage_has_no_boundary() {
         let plan = Plan::choose(&[0], TransportPolicy::Auto, |_, _| false).unwrap();

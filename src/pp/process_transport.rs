@@ -171,3 +171,6 @@ pub(crate) fn choose(
         ProcessTransport::Auto => Ok((false, TransportReason::Reach(reach))),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -193,3 +193,48 @@ impl fmt::Display for RankIdentity {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RankIdentity {
+        RankIdentity {
+            host: HostIdentity { boot_id: "5e0c0b7a-boot".into(), hostname: "node-7".into() },
+            uid: 1000,
+            devices: vec![
+                DeviceIdentity { ordinal: 0, uuid: [1; 16], peer_access: vec![1] },
+                DeviceIdentity { ordinal: 1, uuid: [2; 16], peer_access: vec![] },
+            ],
+        }
+    }
+
+    #[test]
+    fn an_identity_survives_its_encoding_and_malformed_bytes_are_none() {
+        let bytes = sample().encode().unwrap();
+        assert_eq!(RankIdentity::decode(&bytes), Some(sample()));
+        for cut in 0..bytes.len() {
+            assert_eq!(RankIdentity::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(RankIdentity::decode(&longer), None, "a byte past the identity");
+        let mut too_many = sample();
+        too_many.devices = vec![DeviceIdentity::default(); MAX_DEVICES + 1];
+        assert_eq!(too_many.encode(), None);
+        assert!(sample().encode().unwrap().len() <= MAX_IDENTITY);
+    }
+
+    #[test]
+    fn one_host_needs_the_boot_id_and_the_name() {
+        let here = sample().host;
+        assert!(here.same_host(&here.clone()));
+        assert!(!here.same_host(&HostIdentity { hostname: "node-8".into(), ..here.clone() }));
+        assert!(!here.same_host(&HostIdentity { boot_id: "other".into(), ..here.clone() }));
+        let unknown = HostIdentity { boot_id: String::new(), hostname: "node-7".into() };
+        assert!(!unknown.same_host(&unknown.clone()), "no boot id: no other rank's host");
+        let this = HostIdentity::of_this_host();
+        assert!(!this.hostname.is_empty());
+        assert!(this.boot_id.is_empty() || this.same_host(&HostIdentity::of_this_host()));
+    }
+}
