@@ -119,6 +119,17 @@ fn a_stranger_without_the_secret_gets_nothing_and_the_rank_still_connects() {
     let err = LocalChannel::connect(&path, &access("another job's secret, also long"), 4, Duration::from_secs(2))
         .unwrap_err();
     assert!(matches!(err, LocalChannelError::Unauthenticated { .. }), "{err}");
+    // A stranger that answers the challenge with a made-up knock learns nothing more: the
+    // listener closes the connection without a word (no welcome).
+    let mut guesser = UnixStream::connect(&path).unwrap();
+    guesser.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut challenge = [0u8; 40];
+    guesser.read_exact(&mut challenge).unwrap();
+    assert_eq!(&challenge[..8], b"PPNRTLC1");
+    guesser.write_all(&[7u8; 64]).unwrap();
+    let mut after = Vec::new();
+    let _ = guesser.read_to_end(&mut after);
+    assert!(after.is_empty(), "a stranger's made-up knock got {} byte(s) back", after.len());
     // Silent connections and one that streams garbage.
     let silent: Vec<_> = (0..40).map(|_| UnixStream::connect(&path).unwrap()).collect();
     let mut garbage = UnixStream::connect(&path).unwrap();
