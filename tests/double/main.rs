@@ -83,6 +83,7 @@ mod cudarc_attacks;
 mod cudarc_double;
 mod foreign;
 mod graphs_mode;
+mod process_transport;
 mod protocol;
 mod ring;
 mod rule;

@@ -90,7 +90,7 @@ impl PpNRt {
         let mut plan = placement.plan(&config, &engines)?;
         let stages = placement.stages(&engines, streams)?;
         let mut links = if plan.spans_processes() {
-            let identity = placement.identity(&engines)?;
+            let identity = placement.identity()?;
             let local: Vec<_> = stages
                 .iter()
                 .map(|stage| {
@@ -195,18 +195,20 @@ impl Placement {
         Ok(plan)
     }
 
-    /// What this rank tells the others at the rendezvous: its host, its user, and each of its
-    /// stages' devices with its UUID and the devices among them it has peer access to.
-    fn identity(&self, engines: &BTreeMap<i32, Engine>) -> Result<RankIdentity> {
-        let mut devices = Vec::with_capacity(engines.len());
-        for (&ordinal, engine) in engines {
+    /// What this rank tells the others at the rendezvous: its host, its user, and every device
+    /// this process sees (not only its stages': another rank's device may be one of them, or
+    /// reachable from one of them), each with its UUID and the devices it has peer access to.
+    fn identity(&self) -> Result<RankIdentity> {
+        let all = Device::all()?;
+        let mut devices = Vec::with_capacity(all.len());
+        for device in &all {
             let mut peer_access = Vec::new();
-            for (&other, other_engine) in engines {
-                if other != ordinal && engine.device().peer_info(other_engine.device())?.access_supported {
-                    peer_access.push(other);
+            for other in all.iter().filter(|other| other.ordinal() != device.ordinal()) {
+                if device.peer_info(other)?.access_supported {
+                    peer_access.push(other.ordinal());
                 }
             }
-            devices.push(DeviceIdentity { ordinal, uuid: engine.device().uuid()?, peer_access });
+            devices.push(DeviceIdentity { ordinal: device.ordinal(), uuid: device.uuid()?, peer_access });
         }
         Ok(RankIdentity::of_this_process(devices))
     }
