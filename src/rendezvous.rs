@@ -34,9 +34,14 @@
 //! each rank the whole table, with the address rank 0 reached each rank at (the pipeline uses it
 //! for the listening port of each rank's boundary connections).
 //!
-//! The wire format is private to this crate (all ranks run the same version): after the
-//! handshake, a hello of rank, world size, fingerprint and contribution; a reply of a status byte
-//! and either the member table or a reason; each with its proof.
+//! Every rank also says where it runs ([`RankIdentity`]: its host's boot id and name, its user,
+//! its devices by UUID with their peer access; `identity.rs`), and every member of the table
+//! carries its rank's, so each rank can tell which neighbours share its host and devices.
+//!
+//! The wire format is private to this crate (all ranks run the same version, magic `PPNRTRV5`):
+//! after the handshake, a hello of rank, world size, fingerprint, contribution and identity; a
+//! reply of a status byte and either the member table (per rank: address, contribution,
+//! identity) or a reason; each with its proof.
 
 use std::fmt;
 use std::io::ErrorKind;

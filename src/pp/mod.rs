@@ -23,7 +23,12 @@
 //! runs its own stages, and a boundary between two processes is [`Transport::Nccl`] (an NCCL
 //! send on the TX stage's stream, received by the RX process into its slot ring), with the same
 //! `tx`/`rx` contract; a stage of another process is [`PpError::StageNotOwned`], and a failed
-//! peer [`PpError::PeerFailed`].
+//! peer [`PpError::PeerFailed`]. At the rendezvous every rank reports its host, user and
+//! devices, and the plan chooses each such boundary's transport by one rule both ranks compute
+//! alike ([`ProcessTransport`], `PPNRT_PROCESS_TRANSPORT`): [`Transport::Ipc`] for two ranks of
+//! one host whose devices reach each other, once that transport is built (until then `auto`
+//! stays on NCCL, and a runtime refuses an IPC boundary with
+//! [`PpError::TransportUnavailable`]); the plan's line says which each boundary got and why.
 //!
 //! Every fallible call returns the crate's typed [`Error`], which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
