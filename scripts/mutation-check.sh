@@ -567,8 +567,8 @@ run local-host-skips-peer-check src/local_channel/mod.rs "            let peer =
 run local-unproven-knock-admitted src/auth/admission.rs "                if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..]) {" "                if false {" host
 run local-any-purpose-accepted src/local_channel/mod.rs "            let fresh = purpose == self.purpose;" "            let fresh = true;" host
 run local-frame-seal-unchecked src/local_channel/frame.rs "    if !opener.open(body, seal) {" "    if false {" lib
-run local-refused-fds-leaked src/local_channel/frame.rs "    if entries.len() != fds.len() || entries.len() != expected.len() {" "    if entries.len() != fds.len() || entries.len() != expected.len() {
-        std::mem::forget(fds);" lib
+run local-refused-fds-leaked src/local_channel/frame.rs "    let entries = decode(body).map_err(|what| LocalChannelError::Record { what })?;" "    let fds: Vec<OwnedFd> = fds.into_iter().map(|fd| { let copy = fd.try_clone().unwrap(); std::mem::forget(fd); copy }).collect();
+    let entries = decode(body).map_err(|what| LocalChannelError::Record { what })?;" lib
 run local-fd-kinds-unchecked src/local_channel/frame.rs "find(|(_, (e, k))| e.kind != **k)" "find(|(_, (e, k))| false && e.kind != **k)" host
 run block-size-unchecked src/local_channel/control_block.rs "        if u64::try_from(found).ok() != Some(expected as u64) {" "        if false {" lib
 run block-magic-unchecked src/local_channel/control_block.rs "        if magic != Self::MAGIC {" "        if false {" lib
