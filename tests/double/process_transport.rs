@@ -28,7 +28,7 @@ fn a_forced_ipc_boundary_is_refused_by_both_ranks_and_a_forced_nccl_says_so() {
             config.with_process_transport(ProcessTransport::Ipc)
         });
         for built in [zero, one] {
-            let err = built.err().expect("an IPC boundary is refused until its transport is built");
+            let Err(err) = built else { panic!("an IPC boundary is refused until its transport is built") };
             assert!(
                 matches!(err, Error::Pipeline(PpError::TransportUnavailable { boundary: 0, transport: "ipc", .. })),
                 "{err}"
