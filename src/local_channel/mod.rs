@@ -129,7 +129,8 @@ impl LocalChannelError {
 /// A peer's process as the kernel tells it (`SO_PEERCRED`): its credentials when it connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerCredentials {
-    /// Its process id.
+    /// Its process id in this process's pid namespace (0 when it is not visible there, as for a
+    /// peer in another container's pid namespace).
     pub pid: i32,
     /// Its user id.
     pub uid: u32,
@@ -149,8 +150,28 @@ impl fmt::Display for PeerCredentials {
 /// The system's error.
 #[doc(alias = "SO_PEERCRED")]
 pub fn peer_credentials(stream: &UnixStream) -> std::io::Result<PeerCredentials> {
-    let cred = rustix::net::sockopt::socket_peercred(stream)?;
-    Ok(PeerCredentials { pid: cred.pid.as_raw_nonzero().get(), uid: cred.uid.as_raw(), gid: cred.gid.as_raw() })
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `getsockopt(SO_PEERCRED)` writes at most `len` bytes (the size of `ucred`, which
+    // it fills whole) into `cred`, a live local of that type, and the new length into `len`; the
+    // descriptor is borrowed from `stream`, open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other(format!("SO_PEERCRED gave {len} bytes")));
+    }
+    Ok(PeerCredentials { pid: cred.pid, uid: cred.uid, gid: cred.gid })
 }
 
 /// This process's user id.
@@ -339,7 +360,8 @@ impl Drop for LocalListener {
     }
 }
 
-/// An admitted channel to the other rank (either end).
+/// An admitted channel to the other rank (either end). A call that fails may leave a frame half
+/// read or written: after any error, drop the channel (the other rank sees it closed).
 pub struct LocalChannel {
     stream: UnixStream,
     peer: PeerCredentials,
