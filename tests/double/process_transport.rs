@@ -16,10 +16,10 @@ fn auto_keeps_a_same_host_boundary_on_nccl_and_says_why() {
             let line = rank.plan().to_string();
             assert!(line.ends_with("nccl (same host, peer access; ipc not built yet)"), "{line}");
         }
-        // This test is about the plan: what the two ranks' teardown on one thread records
-        // (their own tests check it) is not left for the next test to find.
+        // Rank 0 (the sender) first: its close is confirmed by rank 1, and nothing is recorded.
         drop(ranks);
-        let _ = ppnrt::take_drop_errors();
+        let errors = ppnrt::take_drop_errors();
+        assert!(errors.is_empty(), "a drop failed: {errors:?}");
     });
 }
 
@@ -42,6 +42,7 @@ fn a_forced_ipc_boundary_is_refused_by_both_ranks_and_a_forced_nccl_says_so() {
             ranks::two_ranks_configured(timeout, |_, config| config.with_process_transport(ProcessTransport::Nccl));
         assert!(forced.0.plan().to_string().ends_with("nccl (forced)"), "{}", forced.0.plan());
         drop(forced);
-        let _ = ppnrt::take_drop_errors();
+        let errors = ppnrt::take_drop_errors();
+        assert!(errors.is_empty(), "a drop failed: {errors:?}");
     });
 }
