@@ -36,7 +36,7 @@ mod wire;
 pub(crate) use admission::{Admission, Admitted, connect_and_knock, connect_and_knock_with, write_by, write_each_by};
 pub(crate) use handshake::{KnockError, answer_digest};
 pub(crate) use seal::{JobKey, Opener, SEAL, Sealer};
-pub(crate) use wire::Listen;
+pub(crate) use wire::{Listen, UnixWire};
 
 /// Variable holding the job secret (at least [`JobSecret::MIN_BYTES`] bytes of text; for example
 /// `export PPNRT_JOB_SECRET=$(openssl rand -hex 32)` once per job, on every rank).

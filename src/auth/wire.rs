@@ -68,17 +68,37 @@ impl Listen for TcpListener {
     }
 }
 
-impl Wire for UnixStream {
+/// A Unix stream socket for the handshake: its writes never raise `SIGPIPE` (`MSG_NOSIGNAL`;
+/// `std`'s `write` on a Unix socket may, in a host program that did not ignore the signal) when
+/// the peer has gone; they fail with `BrokenPipe` instead.
+pub(crate) struct UnixWire(pub(crate) UnixStream);
+
+impl Read for UnixWire {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for UnixWire {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(rustix::net::send(&self.0, buf, rustix::net::SendFlags::NOSIGNAL)?)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Wire for UnixWire {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_read_timeout(self, timeout)
+        self.0.set_read_timeout(timeout)
     }
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_write_timeout(self, timeout)
+        self.0.set_write_timeout(timeout)
     }
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        UnixStream::set_nonblocking(self, nonblocking)
+        self.0.set_nonblocking(nonblocking)
     }
     fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        Ok(rustix::net::recv(self, buf, rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT)?.0)
+        Ok(rustix::net::recv(&self.0, buf, rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT)?.0)
     }
 }

@@ -38,7 +38,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::auth::{Admission, JobAccess, JobKey, Listen, Opener, Sealer, connect_and_knock_with, write_by};
+use crate::auth::{Admission, JobAccess, JobKey, Listen, Opener, Sealer, UnixWire, connect_and_knock_with, write_by};
 
 mod control_block;
 mod frame;
@@ -202,18 +202,18 @@ struct CredentialedListener<'a> {
 }
 
 impl Listen for CredentialedListener<'_> {
-    type Stream = UnixStream;
+    type Stream = UnixWire;
     type Peer = PeerCredentials;
     type Source = u32;
     fn set_nonblocking(&self, nonblocking: bool) -> std::io::Result<()> {
         self.listener.set_nonblocking(nonblocking)
     }
-    fn accept(&self) -> std::io::Result<(UnixStream, PeerCredentials)> {
+    fn accept(&self) -> std::io::Result<(UnixWire, PeerCredentials)> {
         let (stream, _) = self.listener.accept()?;
         // A connection whose credentials cannot be read is one that failed: the admission goes on.
         let credentials = (self.credentials)(&stream)
             .map_err(|e| std::io::Error::new(ErrorKind::ConnectionAborted, e.to_string()))?;
-        Ok((stream, credentials))
+        Ok((UnixWire(stream), credentials))
     }
     fn source(peer: &PeerCredentials) -> u32 {
         peer.uid
@@ -328,7 +328,7 @@ impl LocalListener {
             }
             let (from_guest, to_guest) = admitted.handshake.record_keys(&self.key, &purpose.to_le_bytes());
             return Ok(LocalChannel {
-                stream: admitted.stream,
+                stream: admitted.stream.0,
                 peer,
                 sealer: Sealer::new(to_guest),
                 opener: Opener::new(from_guest),
@@ -396,18 +396,20 @@ impl LocalChannel {
     ) -> Result<LocalChannel, LocalChannelError> {
         let key = access.key();
         let deadline = Instant::now() + timeout;
-        let (mut stream, handshake) = connect_and_knock_with(|_| UnixStream::connect(path), &key, MAGIC, deadline)
-            .map_err(|e| {
-                if e.timed_out() {
-                    LocalChannelError::Timeout {
-                        what: format!("listener at {} (or no handshake with it)", path.display()),
+        let (mut stream, handshake) =
+            connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire), &key, MAGIC, deadline).map_err(
+                |e| {
+                    if e.timed_out() {
+                        LocalChannelError::Timeout {
+                            what: format!("listener at {} (or no handshake with it)", path.display()),
+                        }
+                    } else {
+                        LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
                     }
-                } else {
-                    LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
-                }
-            })?;
+                },
+            )?;
         // Nothing past the handshake goes to a process of another user.
-        let peer = (credentials)(&stream).map_err(|e| LocalChannelError::io("reading the peer's credentials", e))?;
+        let peer = (credentials)(&stream.0).map_err(|e| LocalChannelError::io("reading the peer's credentials", e))?;
         let peer = check_peer(peer, own_uid())?;
         handshake
             .send_message(&mut stream, &key, &purpose.to_le_bytes(), deadline)
@@ -424,7 +426,13 @@ impl LocalChannel {
             });
         }
         let (to_host, from_host) = handshake.record_keys(&key, &purpose.to_le_bytes());
-        Ok(LocalChannel { stream, peer, sealer: Sealer::new(to_host), opener: Opener::new(from_host), timeout })
+        Ok(LocalChannel {
+            stream: stream.0,
+            peer,
+            sealer: Sealer::new(to_host),
+            opener: Opener::new(from_host),
+            timeout,
+        })
     }
 
     /// The peer's process (its credentials, checked to be this process's user).
