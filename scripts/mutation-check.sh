@@ -189,6 +189,24 @@ declare -A catchers=(
   # Every public type shows an example; the contributor pages name only paths that exist.
   [doc-example-missing]="every_public_type_has_a_rendered_example"
   [doc-path-stale]="the_contributor_pages_name_only_paths_that_exist"
+  # The same-host channel (src/local_channel/): the user check on both ends, the handshake and
+  # purpose before anything, seals, refused descriptors closed, the control block's refusals;
+  # the plan's rule between ranks and auto kept on NCCL until the IPC transport is built.
+  [local-peer-uid-unchecked]="check_peer_refuses_another_user_and_names_both a_listener_of_another_user_gets_nothing_past_the_handshake a_guest_of_another_user_is_closed_unanswered_and_the_listener_waits_on"
+  [local-guest-skips-peer-check]="a_listener_of_another_user_gets_nothing_past_the_handshake"
+  [local-host-skips-peer-check]="a_guest_of_another_user_is_closed_unanswered_and_the_listener_waits_on"
+  [local-unproven-knock-admitted]="a_stranger_without_the_secret_gets_nothing_and_the_rank_still_connects"
+  [local-any-purpose-accepted]="a_guest_for_another_purpose_is_refused"
+  [local-frame-seal-unchecked]="a_forged_frame_is_refused_with_its_descriptors_closed"
+  [local-refused-fds-leaked]="a_record_naming_fewer_descriptors_than_came_is_refused_and_every_one_closed"
+  [local-fd-kinds-unchecked]="a_record_of_other_kinds_or_count_is_refused_and_its_descriptors_closed"
+  [block-size-unchecked]="a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused"
+  [block-magic-unchecked]="a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused"
+  [block-seals-unchecked]="a_block_without_its_size_sealed_is_refused"
+  [plan-same-host-ignored]="the_reach_table boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
+  [same-host-by-boot-id-only]="one_host_needs_the_boot_id_and_the_name the_reach_table"
+  [auto-ipc-before-transport]="each_setting_chooses_as_documented boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
+  [ipc-build-unrefused]="boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -552,7 +570,7 @@ run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault:
 run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
         self.config.faults().before_tx(slot);" host
 # The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
-run plan-error-names-call src/pp/config/mod.rs "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: self.sources.transport }" "        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: \"PpConfig::with_transport\" }" lib
+run plan-error-names-call src/pp/config/mod.rs "            transport: self.sources.transport," "            transport: \"PpConfig::with_transport\"," lib
 # Memory shared between processes: an import larger than the export and a size of 0 are typed
 # errors; a legacy handle's size is checked and opened once per context; a mapping is released
 # only after every use of it; an import keeps no reference of its own once mapped.
@@ -571,3 +589,23 @@ run doc-example-missing src/config_error.rs "/// \`\`\`
 /// use ppnrt::{ConfigError, PpConfig};" "/// \`\`\`text
 /// use ppnrt::{ConfigError, PpConfig};" host
 run doc-path-stale docs/ARCHITECTURE.md '`tests/host/module_graph.rs` checks' '`tests/module_graph.rs` checks' host
+# The same-host channel: the user check (SO_PEERCRED) on both ends, the job's handshake and the
+# purpose before any descriptor, the frames' seals, refused descriptors closed, the control
+# block's size, magic and seals; the plan's same-host rule, auto on NCCL until the IPC transport
+# is built, and the build's refusal of an IPC boundary.
+run local-peer-uid-unchecked src/local_channel/mod.rs "    if peer.uid != uid {" "    if false {" lib
+run local-guest-skips-peer-check src/local_channel/mod.rs "        let peer = check_peer(peer, own_uid())?;" "        let peer = Ok::<_, LocalChannelError>(peer)?;" lib
+run local-host-skips-peer-check src/local_channel/mod.rs "            let peer = match check_peer(admitted.peer, uid) {" "            let peer = match Ok::<_, LocalChannelError>(admitted.peer) {" lib
+run local-unproven-knock-admitted src/auth/admission.rs "                if !connection.handshake.verify(&self.key, b\"knock\", &[], &connection.read[NONCE..]) {" "                if false {" host
+run local-any-purpose-accepted src/local_channel/mod.rs "            let fresh = purpose == self.purpose;" "            let fresh = true;" host
+run local-frame-seal-unchecked src/local_channel/frame.rs "    if !opener.open(body, seal) {" "    if false {" lib
+run local-refused-fds-leaked src/local_channel/frame.rs "    let entries = decode(body).map_err(|what| LocalChannelError::Record { what })?;" "    let fds: Vec<OwnedFd> = fds.into_iter().map(|fd| { let copy = fd.try_clone().unwrap(); std::mem::forget(fd); copy }).collect();
+    let entries = decode(body).map_err(|what| LocalChannelError::Record { what })?;" lib
+run local-fd-kinds-unchecked src/local_channel/frame.rs "find(|(_, (e, k))| e.kind != **k)" "find(|(_, (e, k))| false && e.kind != **k)" host
+run block-size-unchecked src/local_channel/control_block.rs "        if u64::try_from(found).ok() != Some(expected as u64) {" "        if false {" lib
+run block-magic-unchecked src/local_channel/control_block.rs "        if magic != Self::MAGIC {" "        if false {" lib
+run block-seals-unchecked src/local_channel/control_block.rs "        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {" "        if false {" lib
+run plan-same-host-ignored src/pp/process_transport.rs "        if !HostIdentity::same_host(&tx.host, &rx.host) {" "        if false {" lib
+run same-host-by-boot-id-only src/rendezvous/identity.rs "        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.hostname == other.hostname" "        !self.boot_id.is_empty() && self.boot_id == other.boot_id" lib
+run auto-ipc-before-transport src/pp/process_transport.rs "pub(crate) const IPC_TRANSPORT_BUILT: bool = false;" "pub(crate) const IPC_TRANSPORT_BUILT: bool = true;" lib
+run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BUILT => Err(" "            Some(b) if false => Err(" lib

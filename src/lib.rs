@@ -6,7 +6,7 @@
 //!
 //! # Layers
 //! Each layer calls only the layers below it. `engine` and `pp` hold no raw device pointer and no
-//! `unsafe`: the crate root denies `unsafe_code`, and only `sys`, `result`, `safe` and `loader`
+//! `unsafe`: the crate root denies `unsafe_code`, and only `sys`, `result`, `safe`, `loader`, `local_channel`
 //! opt in (a test, `engine_and_pp_use_no_raw_pointers_and_no_unsafe`, keeps it so). The pipeline's
 //! settings ([`PpConfig`]) belong to [`pp`]: nothing below it reads a `PPNRT_*` variable. The
 //! architecture, the slot ring and which layer validates what: `docs/ARCHITECTURE.md`.
@@ -274,6 +274,8 @@ pub mod kernels;
 #[allow(unsafe_code)]
 pub mod loader;
 #[allow(unsafe_code)]
+pub mod local_channel;
+#[allow(unsafe_code)]
 pub mod nccl;
 pub mod pp;
 pub mod rendezvous;
@@ -301,8 +303,8 @@ pub use error::{
 pub use half;
 pub use half::{bf16, f16};
 pub use pp::{
-    PendingReadback, PpConfig, PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs, Transport,
-    TransportPolicy,
+    PendingReadback, PpConfig, PpNRt, ProcessTransport, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs,
+    Transport, TransportPolicy,
 };
 pub use safe::{
     BoundContext, BufferUse, BufferUses, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,

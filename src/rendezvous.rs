@@ -34,14 +34,24 @@
 //! each rank the whole table, with the address rank 0 reached each rank at (the pipeline uses it
 //! for the listening port of each rank's boundary connections).
 //!
-//! The wire format is private to this crate (all ranks run the same version): after the
-//! handshake, a hello of rank, world size, fingerprint and contribution; a reply of a status byte
-//! and either the member table or a reason; each with its proof.
+//! Every rank also says where it runs ([`RankIdentity`]: its host's boot id and name, its user,
+//! its devices by UUID with their peer access; `identity.rs`), and every member of the table
+//! carries its rank's, so each rank can tell which neighbours share its host and devices.
+//!
+//! The wire format is private to this crate (all ranks run the same version, magic `PPNRTRV5`):
+//! after the handshake, a hello of rank, world size, fingerprint, contribution and identity; a
+//! reply of a status byte and either the member table (per rank: address, contribution,
+//! identity) or a reason; each with its proof.
 
 use std::fmt;
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::{Duration, Instant};
+
+mod identity;
+
+use identity::MAX_IDENTITY;
+pub use identity::{DeviceIdentity, HostIdentity, MAX_DEVICES, RankIdentity};
 
 use crate::auth::{
     Admission, Admitted, JobAccess, JobKey, KnockError, answer_digest, connect_and_knock, write_each_by,
@@ -56,7 +66,7 @@ pub const PAYLOAD_BYTES: usize = 128;
 /// The most bytes one rank may contribute to [`Rendezvous::exchange`].
 pub const MAX_CONTRIBUTION: usize = 64 << 10;
 
-const MAGIC: &[u8; 8] = b"PPNRTRV4";
+const MAGIC: &[u8; 8] = b"PPNRTRV5";
 const MAX_FINGERPRINT: usize = 4096;
 /// The most ranks a rendezvous gathers (at least a pipeline's most stages, each of which may
 /// have a rank of its own).
@@ -70,8 +80,9 @@ const HELLO_BUDGET: Duration = Duration::from_secs(2);
 /// Connections whose hellos rank 0 reads at once; a newcomer past them evicts the oldest that
 /// has not proved the job's key (see [`crate::auth`]).
 const MAX_PENDING_HELLOS: usize = 4 * MAX_WORLD;
-/// The longest hello: rank, world size, fingerprint and contribution, each length-prefixed.
-const MAX_HELLO: usize = 16 + MAX_FINGERPRINT + MAX_CONTRIBUTION;
+/// The longest hello: rank, world size, fingerprint, contribution and identity, each
+/// length-prefixed.
+const MAX_HELLO: usize = 20 + MAX_FINGERPRINT + MAX_CONTRIBUTION + MAX_IDENTITY;
 const OK: u8 = 0;
 const REFUSED: u8 = 1;
 
@@ -208,6 +219,9 @@ pub struct Member {
     pub addr: IpAddr,
     /// The rank's contribution.
     pub bytes: Vec<u8>,
+    /// Where the rank runs: its host, its user, the devices it reported (see
+    /// [`Rendezvous::exchange_as`]).
+    pub identity: RankIdentity,
 }
 
 /// One rank's part in a rendezvous.
@@ -287,17 +301,35 @@ impl Rendezvous {
     /// # Errors
     /// [`RendezvousError`]: the address, a refused rank, or the time running out.
     pub fn exchange(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
+        self.exchange_as(&RankIdentity::of_this_process(Vec::new()), contribution)
+    }
+
+    /// [`exchange`](Self::exchange), this rank reporting `identity` (its host, its user, its
+    /// devices: [`RankIdentity::of_this_process`]); every member returned carries its rank's.
+    ///
+    /// # Errors
+    /// As [`exchange`](Self::exchange); [`RendezvousError::Protocol`] for an identity past the
+    /// bounds (a name over 256 bytes, more than [`MAX_DEVICES`] devices).
+    pub fn exchange_as(&self, identity: &RankIdentity, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         self.check_rank()?;
+        let identity_bytes = identity.encode().ok_or_else(|| RendezvousError::Protocol {
+            addr: self.addr.clone(),
+            what: format!("this rank's identity is past the bounds ({identity})"),
+        })?;
         if contribution.len() > MAX_CONTRIBUTION {
             return Err(RendezvousError::Protocol {
                 addr: self.addr.clone(),
                 what: format!("a contribution of {} bytes (at most {MAX_CONTRIBUTION})", contribution.len()),
             });
         }
-        if self.rank == 0 { self.gather(contribution) } else { self.contribute(contribution) }
+        if self.rank == 0 {
+            self.gather(identity, contribution)
+        } else {
+            self.contribute(&identity_bytes, contribution)
+        }
     }
 
-    fn gather(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
+    fn gather(&self, identity: &RankIdentity, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let listener = TcpListener::bind(self.resolve()?)
             .map_err(|e| RendezvousError::Address { addr: self.addr.clone(), reason: e.to_string() })?;
         let key = self.access.key();
@@ -331,7 +363,7 @@ impl Rendezvous {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
-            let (rank, world, fingerprint, bytes) = parse_hello(&admitted.message);
+            let (rank, world, fingerprint, bytes, identity) = parse_hello(&admitted.message);
             let refusal = if world != self.world {
                 Some(RendezvousError::WorldSizeMismatch { rank, expected: self.world, found: world })
             } else if rank == 0 || rank >= self.world {
@@ -340,6 +372,11 @@ impl Rendezvous {
                 Some(RendezvousError::DuplicateRank { rank })
             } else if fingerprint != self.fingerprint {
                 Some(RendezvousError::ConfigMismatch { rank, expected: self.fingerprint.clone(), found: fingerprint })
+            } else if identity.is_none() {
+                Some(RendezvousError::Protocol {
+                    addr: self.addr.clone(),
+                    what: format!("rank {rank}'s identity is malformed"),
+                })
             } else {
                 None
             };
@@ -348,7 +385,8 @@ impl Rendezvous {
                 refuse_all(&mut joined, &key, &error);
                 return Err(error);
             }
-            let member = Member { addr: admitted.peer.ip(), bytes };
+            let identity = identity.expect("checked above");
+            let member = Member { addr: admitted.peer.ip(), bytes, identity };
             joined[rank] = Some((admitted, member));
         }
         // Rank 0 is reached at the address the others connected to.
@@ -357,7 +395,7 @@ impl Rendezvous {
             .flatten()
             .find_map(|(admitted, _)| admitted.stream.local_addr().ok())
             .map_or(self.resolve()?.ip(), |local| local.ip());
-        let mut members = vec![Member { addr: own, bytes: contribution.to_vec() }];
+        let mut members = vec![Member { addr: own, bytes: contribution.to_vec(), identity: identity.clone() }];
         members.extend(joined.iter().skip(1).flatten().map(|(_, member)| member.clone()));
         let table = encode_members(&members);
         // To every rank at once, by the deadline: a rank that stops reading holds no other rank
@@ -385,7 +423,7 @@ impl Rendezvous {
         Ok(members)
     }
 
-    fn contribute(&self, contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
+    fn contribute(&self, identity: &[u8], contribution: &[u8]) -> Result<Vec<Member>, RendezvousError> {
         let addr = self.resolve()?;
         let start = Instant::now();
         let deadline = start + self.timeout;
@@ -409,13 +447,15 @@ impl Rendezvous {
         let (mut stream, handshake) = connect_and_knock(addr, &key, MAGIC, deadline)
             .map_err(|e| failed(e, "rank 0 (never listening, or no handshake with it)"))?;
         let fingerprint = self.fingerprint.as_bytes();
-        let mut hello = Vec::with_capacity(16 + fingerprint.len() + contribution.len());
+        let mut hello = Vec::with_capacity(20 + fingerprint.len() + contribution.len() + identity.len());
         hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
         hello.extend_from_slice(&(self.world as u32).to_le_bytes());
         hello.extend_from_slice(&(fingerprint.len() as u32).to_le_bytes());
         hello.extend_from_slice(fingerprint);
         hello.extend_from_slice(&(contribution.len() as u32).to_le_bytes());
         hello.extend_from_slice(contribution);
+        hello.extend_from_slice(&(identity.len() as u32).to_le_bytes());
+        hello.extend_from_slice(identity);
         handshake
             .send_message(&mut stream, &key, &hello, deadline)
             .map_err(|e| failed(KnockError::Io(e), "rank 0 to read this rank's hello"))?;
@@ -493,8 +533,8 @@ impl Rendezvous {
     }
 }
 
-/// A hello: rank, world size, configuration fingerprint, contribution.
-type Hello = (usize, usize, String, Vec<u8>);
+/// A hello: rank, world size, configuration fingerprint, contribution, identity (`None`: malformed).
+type Hello = (usize, usize, String, Vec<u8>, Option<RankIdentity>);
 
 /// The length of the hello whose first bytes are `read`, once it is known; an error for bytes
 /// that are no hello (sizes past the bounds).
@@ -510,7 +550,11 @@ fn hello_length(read: &[u8]) -> Result<Option<usize>, String> {
     if len > MAX_CONTRIBUTION {
         return Err(format!("a contribution of {len} bytes"));
     }
-    Ok(Some(16 + fingerprint_len + len))
+    let Some(identity_len) = word(16 + fingerprint_len + len) else { return Ok(None) };
+    if identity_len > MAX_IDENTITY {
+        return Err(format!("an identity of {identity_len} bytes"));
+    }
+    Ok(Some(20 + fingerprint_len + len + identity_len))
 }
 
 /// The hello in `message` (whole, as [`hello_length`] measured it).
@@ -518,7 +562,10 @@ fn parse_hello(message: &[u8]) -> Hello {
     let word = |at: usize| u32::from_le_bytes(message[at..at + 4].try_into().expect("four bytes")) as usize;
     let fingerprint_len = word(8);
     let fingerprint = String::from_utf8_lossy(&message[12..12 + fingerprint_len]).into_owned();
-    (word(0), word(4), fingerprint, message[16 + fingerprint_len..].to_vec())
+    let len = word(12 + fingerprint_len);
+    let contribution = message[16 + fingerprint_len..16 + fingerprint_len + len].to_vec();
+    let identity = RankIdentity::decode(&message[20 + fingerprint_len + len..]);
+    (word(0), word(4), fingerprint, contribution, identity)
 }
 
 /// The length of rank 0's reply (status, length, body) whose first bytes are `read`.
@@ -531,11 +578,15 @@ fn reply_length(read: &[u8]) -> Result<Option<usize>, String> {
     Ok(Some(5 + len))
 }
 
-/// The member table: per rank, its address as text and its contribution, each length-prefixed.
+/// The member table: per rank, its address as text, its contribution and its identity, each
+/// length-prefixed.
 fn encode_members(members: &[Member]) -> Vec<u8> {
     let mut out = Vec::new();
     for member in members {
-        for field in [member.addr.to_string().as_bytes(), member.bytes.as_slice()] {
+        // Each identity was decoded from its rank's hello (or is rank 0's own, checked before it
+        // listened): within the bounds.
+        let identity = member.identity.encode().unwrap_or_default();
+        for field in [member.addr.to_string().as_bytes(), member.bytes.as_slice(), identity.as_slice()] {
             out.extend_from_slice(&(field.len() as u32).to_le_bytes());
             out.extend_from_slice(field);
         }
@@ -553,7 +604,8 @@ fn decode_members(mut body: &[u8], world: usize) -> Option<Vec<Member>> {
     let members = (0..world)
         .map(|_| {
             let addr = String::from_utf8(field()?).ok()?.parse().ok()?;
-            Some(Member { addr, bytes: field()? })
+            let bytes = field()?;
+            Some(Member { addr, bytes, identity: RankIdentity::decode(&field()?)? })
         })
         .collect::<Option<Vec<_>>>()?;
     body.is_empty().then_some(members)

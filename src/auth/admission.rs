@@ -21,29 +21,30 @@
 //! does not prove the key, or speaks another protocol, is an error at once.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::handshake::{Handshake, KnockError, NONCE, knock, nonce};
 use super::seal::{JobKey, PROOF};
+use super::wire::{Listen, Wire};
 
 /// Tells from the first bytes of a message how long it is: `Ok(None)` while that is not known
 /// yet, an error for bytes that are no such message.
 pub(crate) type LengthOf = dyn Fn(&[u8]) -> Result<Option<usize>, String>;
 
 /// A connection the host admitted: the guest proved the key and sent its message.
-pub(crate) struct Admitted {
+pub(crate) struct Admitted<S = TcpStream, P = SocketAddr> {
     /// The connection, blocking again.
-    pub(crate) stream: TcpStream,
-    pub(crate) peer: SocketAddr,
+    pub(crate) stream: S,
+    pub(crate) peer: P,
     pub(crate) message: Vec<u8>,
     pub(crate) handshake: Handshake,
 }
 
 /// A connection whose handshake is under way on the host.
-struct Pending {
-    stream: TcpStream,
-    peer: SocketAddr,
+struct Pending<S, P> {
+    stream: S,
+    peer: P,
     handshake: Handshake,
     /// Whether the guest proved the key (it is then never evicted for a newcomer).
     knocked: bool,
@@ -63,8 +64,8 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
 /// once without blocking, each within its own budget, and a connection that is silent, trickles,
 /// floods, speaks another protocol or does not prove the key is closed without a word, costing
 /// the others nothing (see the module docs for what it reads and whom it evicts).
-pub(crate) struct Admission<'a> {
-    listener: &'a TcpListener,
+pub(crate) struct Admission<'a, L: Listen = TcpListener> {
+    listener: &'a L,
     key: JobKey,
     magic: [u8; 8],
     budget: Duration,
@@ -72,7 +73,7 @@ pub(crate) struct Admission<'a> {
     /// The most unproven connections of one source address held at once.
     per_source: usize,
     max_message: usize,
-    pending: Vec<Pending>,
+    pending: Vec<Pending<L::Stream, L::Peer>>,
     arrivals: u64,
     /// No accept before this (the process ran out of descriptors).
     accept_after: Option<Instant>,
@@ -82,21 +83,21 @@ pub(crate) struct Admission<'a> {
     dropped: usize,
     /// Unproven connections evicted for newcomers (or for a descriptor).
     evicted: usize,
-    last_refused: Option<SocketAddr>,
+    last_refused: Option<L::Peer>,
 }
 
-impl<'a> Admission<'a> {
+impl<'a, L: Listen> Admission<'a, L> {
     /// Serves `listener` (made non-blocking) for the protocol `magic`, giving each connection
     /// `budget` for its handshake and message (at most `max_message` bytes), and holding at most
     /// `max_pending` connections at once (see the module docs for whom a newcomer evicts).
     pub(crate) fn new(
-        listener: &'a TcpListener,
+        listener: &'a L,
         key: JobKey,
         magic: &[u8; 8],
         budget: Duration,
         max_pending: usize,
         max_message: usize,
-    ) -> std::io::Result<Admission<'a>> {
+    ) -> std::io::Result<Admission<'a, L>> {
         listener.set_nonblocking(true)?;
         let max_pending = max_pending.max(1);
         Ok(Admission {
@@ -127,7 +128,7 @@ impl<'a> Admission<'a> {
     /// # Errors
     /// The listener itself failed (not a connection, nor the process running out of
     /// descriptors: those are transient).
-    pub(crate) fn poll(&mut self, length_of: &LengthOf) -> std::io::Result<Option<Admitted>> {
+    pub(crate) fn poll(&mut self, length_of: &LengthOf) -> std::io::Result<Option<Admitted<L::Stream, L::Peer>>> {
         // The knocks already here first: a member's connection has proved the key before a
         // newcomer may evict it.
         let now = Instant::now();
@@ -205,9 +206,9 @@ impl<'a> Admission<'a> {
     /// Makes room for a newcomer from `peer` (its source's oldest unproven connection when the
     /// source holds its share, then the oldest unproven one when the bound is reached) and sends
     /// it the challenge; closes it when every connection held has proved the key.
-    fn challenge(&mut self, stream: TcpStream, peer: SocketAddr) {
-        let source = peer.ip();
-        let of_source = self.pending.iter().filter(|p| !p.knocked && p.peer.ip() == source).count();
+    fn challenge(&mut self, mut stream: L::Stream, peer: L::Peer) {
+        let source = L::source(&peer);
+        let of_source = self.pending.iter().filter(|p| !p.knocked && L::source(&p.peer) == source).count();
         if of_source >= self.per_source {
             self.evict_oldest(Some(source));
         }
@@ -224,7 +225,7 @@ impl<'a> Admission<'a> {
         challenge.extend_from_slice(&host);
         // Forty bytes into a fresh connection's empty buffer: written whole, or the
         // connection is gone.
-        if !matches!((&stream).write(&challenge), Ok(n) if n == challenge.len()) {
+        if !matches!(stream.write(&challenge), Ok(n) if n == challenge.len()) {
             self.dropped += 1;
             return;
         }
@@ -242,12 +243,12 @@ impl<'a> Admission<'a> {
 
     /// Closes the oldest connection that has not proved the key (of `source` only, when given);
     /// whether there was one.
-    fn evict_oldest(&mut self, source: Option<IpAddr>) -> bool {
+    fn evict_oldest(&mut self, source: Option<L::Source>) -> bool {
         let oldest = self
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, p)| !p.knocked && source.is_none_or(|source| p.peer.ip() == source))
+            .filter(|(_, p)| !p.knocked && source.is_none_or(|source| L::source(&p.peer) == source))
             .min_by_key(|(_, p)| p.arrival)
             .map(|(at, _)| at);
         let Some(at) = oldest else { return false };
@@ -403,6 +404,34 @@ pub(crate) fn connect_and_knock(
     magic: &[u8; 8],
     deadline: Instant,
 ) -> Result<(TcpStream, Handshake), KnockError> {
+    connect_and_knock_with(
+        |left| match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT)) {
+            // While nothing listens at a port of the ephemeral range, a connection to it can be
+            // given that very port as its own and meet itself (TCP's simultaneous open): it
+            // would hold the host's port and read its own knock. Dropped, it frees the port.
+            Ok(stream) if stream.local_addr().ok() == Some(addr) => Err(std::io::Error::new(
+                ErrorKind::ConnectionRefused,
+                format!("nothing listens at {addr} yet (the connection met itself)"),
+            )),
+            other => other,
+        },
+        key,
+        magic,
+        deadline,
+    )
+}
+
+/// [`connect_and_knock`] over any connection: `connect(left)` makes one attempt to connect,
+/// waiting at most `left`; the same retries, backoff and errors.
+///
+/// # Errors
+/// As [`connect_and_knock`].
+pub(crate) fn connect_and_knock_with<S: Wire>(
+    mut connect: impl FnMut(Duration) -> std::io::Result<S>,
+    key: &JobKey,
+    magic: &[u8; 8],
+    deadline: Instant,
+) -> Result<(S, Handshake), KnockError> {
     let mut backoff = FIRST_BACKOFF;
     let mut closes_after_knock = 0;
     let mut last: Option<KnockError> = None;
@@ -415,14 +444,7 @@ pub(crate) fn connect_and_knock(
                 None => KnockError::Unreached("no attempt before the deadline".into()),
             });
         }
-        let attempt = match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT)) {
-            // While nothing listens at a port of the ephemeral range, a connection to it can be
-            // given that very port as its own and meet itself (TCP's simultaneous open): it
-            // would hold the host's port and read its own knock. Dropped, it frees the port.
-            Ok(stream) if stream.local_addr().ok() == Some(addr) => Err(KnockError::Io(std::io::Error::new(
-                ErrorKind::ConnectionRefused,
-                format!("nothing listens at {addr} yet (the connection met itself)"),
-            ))),
+        let attempt = match connect(left) {
             Ok(mut stream) => knock(&mut stream, key, magic, deadline).map(|handshake| (stream, handshake)),
             Err(e) => Err(KnockError::Io(e)),
         };
@@ -447,7 +469,7 @@ pub(crate) fn connect_and_knock(
 
 /// Writes all of `bytes` to `stream` by `deadline` (a stalled reader cannot hold the writer past
 /// it). A `TimedOut` error names the bytes left.
-pub(crate) fn write_by(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+pub(crate) fn write_by(stream: &mut impl Wire, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
     while !bytes.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

@@ -16,14 +16,14 @@
 //! are in `seal.rs`. Nonces come from the operating system's generator (`getrandom`).
 
 use std::fmt;
-use std::io::{ErrorKind, Read};
-use std::net::TcpStream;
+use std::io::ErrorKind;
 use std::time::Instant;
 
 use sha2::Sha256;
 
 use super::admission::write_by;
 use super::seal::{JobKey, PROOF};
+use super::wire::Wire;
 
 /// Bytes of a handshake nonce.
 pub(crate) const NONCE: usize = 32;
@@ -63,7 +63,7 @@ impl Handshake {
     /// The guest's step 4: sends `message` with its proof, by `deadline`.
     pub(crate) fn send_message(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut impl Wire,
         key: &JobKey,
         message: &[u8],
         deadline: Instant,
@@ -91,7 +91,7 @@ impl Handshake {
     /// checked. Waits until `deadline`.
     pub(crate) fn read_answer(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut impl Wire,
         key: &JobKey,
         deadline: Instant,
         length_of: impl Fn(&[u8]) -> Result<Option<usize>, String>,
@@ -168,7 +168,7 @@ impl KnockError {
 }
 
 /// Reads what `stream` has into `read`, waiting until `deadline` for at least one byte.
-fn read_some(stream: &mut TcpStream, read: &mut Vec<u8>, deadline: Instant) -> Result<(), KnockError> {
+fn read_some(stream: &mut impl Wire, read: &mut Vec<u8>, deadline: Instant) -> Result<(), KnockError> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(KnockError::Io(ErrorKind::TimedOut.into()));
@@ -189,7 +189,7 @@ fn read_some(stream: &mut TcpStream, read: &mut Vec<u8>, deadline: Instant) -> R
 }
 
 /// Reads exactly `n` bytes by `deadline`.
-fn read_exactly(stream: &mut TcpStream, n: usize, deadline: Instant) -> Result<Vec<u8>, KnockError> {
+fn read_exactly(stream: &mut impl Wire, n: usize, deadline: Instant) -> Result<Vec<u8>, KnockError> {
     let mut read = Vec::with_capacity(n);
     while read.len() < n {
         read_some(stream, &mut read, deadline)?;
@@ -204,7 +204,7 @@ fn read_exactly(stream: &mut TcpStream, n: usize, deadline: Instant) -> Result<V
 /// checks the host's proof. Nothing else is sent: a host that does not prove the key learns
 /// only a nonce.
 pub(crate) fn knock(
-    stream: &mut TcpStream,
+    stream: &mut impl Wire,
     key: &JobKey,
     magic: &[u8; 8],
     deadline: Instant,
@@ -233,8 +233,8 @@ pub(crate) fn knock(
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::net::TcpListener;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
     use std::time::Duration;
 
     use super::*;

@@ -10,7 +10,9 @@
 //! - `seal.rs`: the job key, the keys derived from it, and the records' seals;
 //! - `handshake.rs`: the handshake's steps and proofs, and the connecting end's side of it;
 //! - `admission.rs`: the listening end's side, bounding what a stranger on the port can cost,
-//!   and the connecting end's retries.
+//!   and the connecting end's retries;
+//! - `wire.rs`: what both need of a connection and a listener (TCP between hosts, a Unix
+//!   socket between the ranks of one host, the local channel, `local_channel.rs`).
 //!
 //! Without a secret ([`JobAccess::SameHost`] or [`JobAccess::Unauthenticated`]) the same
 //! exchange runs with a key everyone knows: it then proves nothing, and only the framing and the
@@ -29,10 +31,12 @@ mod admission;
 mod handshake;
 mod seal;
 mod secret_file;
+mod wire;
 
-pub(crate) use admission::{Admission, Admitted, connect_and_knock, write_by, write_each_by};
+pub(crate) use admission::{Admission, Admitted, connect_and_knock, connect_and_knock_with, write_by, write_each_by};
 pub(crate) use handshake::{KnockError, answer_digest};
 pub(crate) use seal::{JobKey, Opener, SEAL, Sealer};
+pub(crate) use wire::{Listen, UnixWire};
 
 /// Variable holding the job secret (at least [`JobSecret::MIN_BYTES`] bytes of text; for example
 /// `export PPNRT_JOB_SECRET=$(openssl rand -hex 32)` once per job, on every rank).

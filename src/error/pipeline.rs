@@ -261,6 +261,18 @@ pub enum PpError {
         /// The transport.
         transport: &'static str,
     },
+    /// The plan gave a boundary a transport this build cannot run yet (a boundary between ranks
+    /// forced onto IPC with [`ProcessTransport::Ipc`](crate::ProcessTransport::Ipc) before the
+    /// IPC transport is built): refused when the runtime is built.
+    #[error("boundary {boundary}: the {transport} transport is not available in this build: {reason}")]
+    TransportUnavailable {
+        /// The boundary.
+        boundary: usize,
+        /// The transport.
+        transport: &'static str,
+        /// Why it was chosen, and what to do instead.
+        reason: String,
+    },
     /// A stage's captured step broke graph mode's rules (`tx` missing or made twice, `received`
     /// asked of stage 0, a length other than the step's).
     #[error("stage {stage}: {problem}")]

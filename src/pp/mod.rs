@@ -23,7 +23,12 @@
 //! runs its own stages, and a boundary between two processes is [`Transport::Nccl`] (an NCCL
 //! send on the TX stage's stream, received by the RX process into its slot ring), with the same
 //! `tx`/`rx` contract; a stage of another process is [`PpError::StageNotOwned`], and a failed
-//! peer [`PpError::PeerFailed`].
+//! peer [`PpError::PeerFailed`]. At the rendezvous every rank reports its host, user and
+//! devices, and the plan chooses each such boundary's transport by one rule both ranks compute
+//! alike ([`ProcessTransport`], `PPNRT_PROCESS_TRANSPORT`): [`Transport::Ipc`] for two ranks of
+//! one host whose devices reach each other, once that transport is built (until then `auto`
+//! stays on NCCL, and a runtime refuses an IPC boundary with
+//! [`PpError::TransportUnavailable`]); the plan's line says which each boundary got and why.
 //!
 //! Every fallible call returns the crate's typed [`Error`], which converts into
 //! `Box<dyn std::error::Error>` with `?`. Stage lookups ([`PpNRt::engine`], [`PpNRt::enter`]) are
@@ -36,6 +41,7 @@ mod error;
 mod fault;
 mod pending_readback;
 mod plan;
+mod process_transport;
 // Unsafe only where NCCL's send and receive need equal counts, which the links' records carry.
 #[allow(unsafe_code)]
 mod remote;
@@ -45,11 +51,12 @@ mod timing;
 
 pub use crate::pp::config::{
     DEFAULT_PEER_TIMEOUT, DEVICES_VAR, MAX_PEER_TIMEOUT, MAX_SLOTS, MAX_STAGES, MIN_PEER_TIMEOUT, PEER_TIMEOUT_VAR,
-    PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+    PROCESS_TRANSPORT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 #[cfg(feature = "testing")]
 pub use crate::pp::fault::ProtocolFault;
 pub use error::{Error, PpError, ReceiverState, Result, SlotState};
 pub use pending_readback::PendingReadback;
 pub use plan::{BoundaryPlan, Plan, Transport, TransportPolicy};
+pub use process_transport::{ProcessTransport, Reach, TransportReason};
 pub use runtime::{PpNRt, ReceivedSlot, SM_COPY_MAX_BYTES, StageCapture, StepGraphs};

@@ -7,6 +7,8 @@
 use std::fmt;
 
 use crate::error::ConfigError;
+use crate::pp::process_transport::{self, IPC_TRANSPORT_BUILT, ProcessTransport, Reach, TransportReason};
+use crate::rendezvous::RankIdentity;
 
 /// How boundaries between devices move data.
 ///
@@ -63,6 +65,12 @@ pub enum Transport {
     /// The stages run in different processes (ranks): an NCCL send on the TX stage's stream, an
     /// NCCL receive into the RX rank's slot.
     Nccl,
+    /// The stages run in different processes (ranks) of one host whose devices reach each
+    /// other: the RX rank's slots and events exported to the TX rank (CUDA IPC), the steps
+    /// announced in shared memory. Chosen by [`ProcessTransport`]; the transport itself is not
+    /// built yet, and a runtime refuses a plan that has one
+    /// ([`PpError::TransportUnavailable`](crate::PpError::TransportUnavailable)).
+    Ipc,
 }
 
 impl fmt::Display for Transport {
@@ -72,6 +80,7 @@ impl fmt::Display for Transport {
             Transport::Peer => "peer",
             Transport::HostStaged => "host-staged",
             Transport::Nccl => "nccl",
+            Transport::Ipc => "ipc",
         })
     }
 }
@@ -102,6 +111,8 @@ pub struct BoundaryPlan {
     pub rx_rank: usize,
     /// The transport.
     pub transport: Transport,
+    /// Why the boundary got its transport.
+    pub reason: TransportReason,
 }
 
 /// The transports of every boundary, printable for logs.
@@ -138,12 +149,18 @@ pub(crate) struct SettingNames {
     pub(crate) ranks: &'static str,
     /// The transport policy.
     pub(crate) transport: &'static str,
+    /// The transport between ranks.
+    pub(crate) process_transport: &'static str,
 }
 
 impl SettingNames {
     /// The parameters of [`Plan::choose_across`].
-    const PARAMETERS: SettingNames =
-        SettingNames { devices: "stage_devices", ranks: "stage_ranks", transport: "policy" };
+    const PARAMETERS: SettingNames = SettingNames {
+        devices: "stage_devices",
+        ranks: "stage_ranks",
+        transport: "policy",
+        process_transport: "setting",
+    };
 }
 
 impl Plan {
@@ -219,9 +236,75 @@ impl Plan {
                 }
                 TransportPolicy::Auto => Transport::HostStaged,
             };
-            boundaries.push(BoundaryPlan { boundary, tx_device, rx_device, tx_rank, rx_rank, transport });
+            let reason = if tx_rank == rx_rank { TransportReason::InProcess } else { TransportReason::NotMet };
+            boundaries.push(BoundaryPlan { boundary, tx_device, rx_device, tx_rank, rx_rank, transport, reason });
         }
         Ok(Plan { stage_devices: stage_devices.to_vec(), stage_ranks: stage_ranks.to_vec(), boundaries })
+    }
+
+    /// Chooses the transport of every boundary between two ranks from what each rank told the
+    /// rendezvous (`identities[r]`: rank `r`'s host, user and devices) under `setting`, by the
+    /// rule of [`Reach::between`]: both ranks of a boundary compute the same choice from the same
+    /// table. Until the IPC transport is built, `auto` keeps NCCL (the reason says IPC would
+    /// apply).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] on `setting` for [`ProcessTransport::Ipc`] where a boundary's ranks
+    /// cannot use it (naming the boundary and why), or for fewer identities than ranks.
+    pub fn choose_processes(
+        &mut self,
+        identities: &[RankIdentity],
+        setting: ProcessTransport,
+    ) -> Result<(), ConfigError> {
+        self.choose_processes_named(identities, setting, SettingNames::PARAMETERS, IPC_TRANSPORT_BUILT)
+    }
+
+    /// [`choose_processes`](Self::choose_processes), its errors naming the setting as `names`
+    /// says; `ipc_built` as [`IPC_TRANSPORT_BUILT`].
+    pub(crate) fn choose_processes_named(
+        &mut self,
+        identities: &[RankIdentity],
+        setting: ProcessTransport,
+        names: SettingNames,
+        ipc_built: bool,
+    ) -> Result<(), ConfigError> {
+        for b in self.boundaries.iter_mut().filter(|b| b.tx_rank != b.rx_rank) {
+            let (Some(tx), Some(rx)) = (identities.get(b.tx_rank), identities.get(b.rx_rank)) else {
+                return Err(ConfigError {
+                    setting: names.process_transport,
+                    value: setting.to_string(),
+                    reason: format!(
+                        "boundary {} joins ranks {} and {}, {} identities known",
+                        b.boundary,
+                        b.tx_rank,
+                        b.rx_rank,
+                        identities.len()
+                    ),
+                });
+            };
+            let reach = Reach::between(tx, b.tx_device, rx, b.rx_device);
+            let (ipc, reason) =
+                process_transport::choose(b.boundary, reach, setting, names.process_transport, ipc_built)?;
+            b.transport = if ipc { Transport::Ipc } else { Transport::Nccl };
+            b.reason = reason;
+        }
+        Ok(())
+    }
+
+    /// Refuses a plan that gives a boundary a transport this build cannot run (IPC, until its
+    /// transport is built): the first such boundary's [`PpError::TransportUnavailable`].
+    pub(crate) fn refuse_unbuilt(&self) -> Result<(), crate::error::PpError> {
+        match self.boundaries.iter().find(|b| b.transport == Transport::Ipc) {
+            Some(b) if !IPC_TRANSPORT_BUILT => Err(crate::error::PpError::TransportUnavailable {
+                boundary: b.boundary,
+                transport: "ipc",
+                reason: format!(
+                    "chosen for ranks {} and {} ({}); set the transport between ranks to auto or nccl",
+                    b.tx_rank, b.rx_rank, b.reason
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether any boundary crosses devices (or processes).
@@ -263,6 +346,9 @@ impl fmt::Display for Plan {
                 side(b.rx_rank, b.rx_device),
                 b.transport
             )?;
+            if b.tx_rank != b.rx_rank {
+                write!(f, " ({})", b.reason)?;
+            }
         }
         Ok(())
     }
@@ -330,6 +416,65 @@ mod tests {
             let err = Plan::choose_across(&[0, 1], ranks, 0, TransportPolicy::Auto, |_, _| true).unwrap_err();
             assert_eq!(err.setting, "stage_ranks", "{err}");
         }
+    }
+
+    /// Rank 0 runs stages 0–1 on devices 0 and 1 (peers); rank 1 stage 2 on the same GPU as
+    /// rank 0's device 1 (its device 0); rank 2, on another host, stage 3.
+    fn three_ranks() -> (Plan, Vec<RankIdentity>) {
+        use crate::rendezvous::{DeviceIdentity, HostIdentity};
+        let host = |boot: &str| HostIdentity { boot_id: boot.into(), hostname: "node".into() };
+        let device = |ordinal, uuid: u8, peers: &[i32]| DeviceIdentity {
+            ordinal,
+            uuid: [uuid; 16],
+            peer_access: peers.to_vec(),
+        };
+        let identities = vec![
+            RankIdentity { host: host("boot-1"), uid: 7, devices: vec![device(0, 1, &[1]), device(1, 2, &[0])] },
+            RankIdentity { host: host("boot-1"), uid: 7, devices: vec![device(0, 2, &[])] },
+            RankIdentity { host: host("boot-2"), uid: 7, devices: vec![device(0, 3, &[])] },
+        ];
+        let plan = Plan::choose_across(&[0, 1, 0, 0], &[0, 0, 1, 2], 0, TransportPolicy::Auto, |_, _| true).unwrap();
+        (plan, identities)
+    }
+
+    #[test]
+    fn boundaries_between_ranks_get_their_transport_and_reason_from_the_identities() {
+        let (mut plan, identities) = three_ranks();
+        assert!(plan.to_string().contains("nccl (ranks not met yet)"), "{plan}");
+        let names = SettingNames::PARAMETERS;
+        // With the IPC transport built: auto takes IPC on one host, NCCL to the other host.
+        let mut built = plan.clone();
+        built.choose_processes_named(&identities, ProcessTransport::Auto, names, true).unwrap();
+        let line = built.to_string();
+        assert!(line.contains("boundary 0: stage 0 (rank 0 dev 0) -> stage 1 (rank 0 dev 1) peer;"), "{line}");
+        assert!(
+            line.contains("boundary 1: stage 1 (rank 0 dev 1) -> stage 2 (rank 1 dev 0) ipc (same host, same device)"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("boundary 2: stage 2 (rank 1 dev 0) -> stage 3 (rank 2 dev 0) nccl (other host)"),
+            "{line}"
+        );
+        // Not built yet: auto keeps NCCL and says why.
+        plan.choose_processes(&identities, ProcessTransport::Auto).unwrap();
+        assert_eq!(plan.boundaries[1].transport, Transport::Nccl);
+        assert!(plan.to_string().contains("nccl (same host, same device; ipc not built yet)"), "{plan}");
+        assert!(plan.refuse_unbuilt().is_ok());
+        // Forced NCCL; forced IPC where the ranks are on two hosts is an error naming the boundary.
+        plan.choose_processes(&identities, ProcessTransport::Nccl).unwrap();
+        assert!(!plan.to_string().contains("ipc") && plan.to_string().contains("nccl (forced)"), "{plan}");
+        let err = plan.clone().choose_processes(&identities, ProcessTransport::Ipc).unwrap_err();
+        assert_eq!(err.setting, "setting");
+        assert!(err.reason.contains("boundary 2 cannot use ipc: other host"), "{err}");
+        // Forced IPC where it works is chosen, and refused by a build without the transport.
+        let (mut two, identities) = three_ranks();
+        two.boundaries.truncate(2);
+        two.choose_processes(&identities, ProcessTransport::Ipc).unwrap();
+        assert_eq!(two.boundaries[1].transport, Transport::Ipc);
+        let err = two.refuse_unbuilt().unwrap_err();
+        assert!(matches!(err, crate::error::PpError::TransportUnavailable { boundary: 1, .. }), "{err}");
+        // Fewer identities than ranks: a typed error, not an index out of bounds.
+        assert!(plan.choose_processes(&identities[..1], ProcessTransport::Auto).is_err());
     }
 
     #[test]

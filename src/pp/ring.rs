@@ -175,7 +175,7 @@ impl SlotHome<'_> {
         let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
         *slot = SlotBuffer::Empty;
         *slot = match self.transport {
-            Transport::Local | Transport::Peer => {
+            Transport::Local | Transport::Peer | Transport::Ipc => {
                 SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(owner, capacity)?))
             }
             Transport::Nccl => SlotBuffer::Device(Arc::new(CudaSlice::alloc_eager(owner, capacity)?)),

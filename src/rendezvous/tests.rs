@@ -19,6 +19,9 @@ fn join_and_stop_reading(addr: SocketAddr, key: &JobKey, rank: usize, world: usi
     hello.extend_from_slice(b"fp");
     hello.extend_from_slice(&(contribution.len() as u32).to_le_bytes());
     hello.extend_from_slice(contribution);
+    let identity = RankIdentity::of_this_process(Vec::new()).encode().unwrap();
+    hello.extend_from_slice(&(identity.len() as u32).to_le_bytes());
+    hello.extend_from_slice(&identity);
     handshake.send_message(&mut stream, key, &hello, deadline).unwrap();
     stream
 }

@@ -40,6 +40,19 @@ pub fn name(device: CUdevice) -> Result<String> {
     Ok(c_buf_to_string(&buf))
 }
 
+/// `cuDeviceGetUuid_v2`: the device's UUID (the same in every process that sees the device,
+/// whatever its ordinal there).
+///
+/// # Errors
+/// The driver's error.
+#[doc(alias = "cuDeviceGetUuid")]
+#[doc(alias = "cuDeviceGetUuid_v2")]
+pub fn uuid(device: CUdevice) -> Result<[u8; 16]> {
+    let mut uuid = crate::sys::CUuuid { bytes: [0; 16] };
+    driver_call!(cuDeviceGetUuid_v2(&mut uuid, device))?;
+    Ok(uuid.bytes.map(|b| b as u8))
+}
+
 /// `cuDeviceGetAttribute`.
 ///
 /// # Errors

@@ -149,6 +149,16 @@ impl Device {
         raw::pci_bus_id(self.raw)
     }
 
+    /// The device's UUID: the same in every process that sees the device, whatever its ordinal
+    /// there (`CUDA_VISIBLE_DEVICES` renumbers devices per process).
+    ///
+    /// # Errors
+    /// The driver's error.
+    #[doc(alias = "cuDeviceGetUuid")]
+    pub fn uuid(&self) -> Result<[u8; 16]> {
+        raw::uuid(self.raw)
+    }
+
     /// Whether the device shares one virtual address space with the host and other devices.
     ///
     /// # Errors

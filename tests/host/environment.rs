@@ -2,7 +2,7 @@
 //! user sets them (this binary's tests change the environment, one at a time): a job secret
 //! variable set but empty is a typed error, never "no secret"; the search for NCCL's Python
 //! wheel runs no program (a `python3` first on `PATH` is never started) and still finds the
-//! wheel of each place Python looks.
+//! wheel of each place Python looks; the transport between ranks is read from its variable.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -107,4 +107,22 @@ fn the_nccl_search_runs_no_program_and_finds_the_wheels() {
     assert!(candidates.contains(&on_path), "{candidates:?}");
     assert_eq!(candidates.last().map(String::as_str), Some("libnccl.so.2"), "{candidates:?}");
     std::fs::remove_dir_all(root).unwrap();
+}
+
+/// `PPNRT_PROCESS_TRANSPORT` is read with the other settings: its value reaches the
+/// configuration (and its fingerprint), and an unknown one is a typed error naming the variable.
+#[test]
+fn the_process_transport_is_read_from_its_variable() {
+    use ppnrt::ProcessTransport;
+    use ppnrt::pp::PROCESS_TRANSPORT_VAR;
+    let read =
+        |value: &str| with_vars(&[(PROCESS_TRANSPORT_VAR, Some(std::ffi::OsStr::new(value)))], PpConfig::from_env);
+    let config = read("nccl").unwrap();
+    assert_eq!(config.process_transport(), ProcessTransport::Nccl);
+    assert!(config.fingerprint().contains("PPNRT_PROCESS_TRANSPORT=nccl"), "{config}");
+    assert_eq!(read("ipc").unwrap().process_transport(), ProcessTransport::Ipc);
+    let err = read("shared-memory").unwrap_err();
+    assert_eq!((err.setting, err.value.as_str()), (PROCESS_TRANSPORT_VAR, "shared-memory"), "{err}");
+    let unset = with_vars(&[(PROCESS_TRANSPORT_VAR, None)], PpConfig::from_env).unwrap();
+    assert_eq!(unset.process_transport(), ProcessTransport::Auto);
 }

@@ -14,6 +14,7 @@ mod common;
 mod docs;
 mod examples;
 mod layout;
+mod local_channel;
 mod module_graph;
 mod nccl_loading;
 mod rendezvous;

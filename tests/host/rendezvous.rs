@@ -182,6 +182,50 @@ fn exchange_gathers_every_ranks_contribution_with_its_address() {
     assert!(matches!(member(&addr, 1, 2, "fp", 100).exchange(&too_big), Err(RendezvousError::Protocol { .. })));
 }
 
+/// Every rank's identity reaches every rank, sealed with the member table: its host (boot id
+/// and name), its user and its devices with their UUIDs and peer access, as the rank reported
+/// them; the plain `exchange` reports this host and user with no device. An identity past the
+/// bounds is refused before anything is sent.
+#[test]
+fn every_rank_learns_every_ranks_host_user_and_devices() {
+    use ppnrt::rendezvous::{DeviceIdentity, HostIdentity, MAX_DEVICES, RankIdentity};
+    let addr = free_address();
+    let world = 3;
+    let reported = |rank: usize| {
+        let devices = (0..rank as i32)
+            .map(|d| DeviceIdentity { ordinal: d, uuid: [rank as u8 * 16 + d as u8; 16], peer_access: vec![1 - d] })
+            .collect();
+        RankIdentity::of_this_process(devices)
+    };
+    let tables: Vec<_> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                let addr = addr.clone();
+                scope.spawn(move || {
+                    let me = member(&addr, rank, world, "fp", 10_000);
+                    if rank == 1 { me.exchange(b"plain") } else { me.exchange_as(&reported(rank), b"with devices") }
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect()
+    });
+    let this_host = HostIdentity::of_this_host();
+    for table in &tables {
+        assert_eq!(table, &tables[0], "every rank gets the same table");
+        assert_eq!(table[0].identity, reported(0));
+        assert_eq!(table[1].identity, RankIdentity::of_this_process(Vec::new()));
+        assert_eq!(table[2].identity, reported(2));
+        assert_eq!(table[2].identity.devices[1].uuid, [33; 16]);
+        for member in table {
+            assert_eq!(member.identity.host, this_host);
+            assert_eq!(member.identity.uid, table[0].identity.uid);
+        }
+    }
+    let too_many = RankIdentity::of_this_process(vec![DeviceIdentity::default(); MAX_DEVICES + 1]);
+    let err = member(&addr, 1, 2, "fp", 100).exchange_as(&too_many, b"").unwrap_err();
+    assert!(matches!(err, RendezvousError::Protocol { .. }), "{err}");
+}
+
 /// Connects to `addr`, retrying until rank 0 listens (at most two seconds).
 fn connect_when_listening(addr: &str) -> std::net::TcpStream {
     let deadline = Instant::now() + Duration::from_secs(2);

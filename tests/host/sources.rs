@@ -15,7 +15,7 @@ fn the_readme_quick_start_is_the_quickstart_example() {
 
 /// The layers hold: `engine` and `pp` call only the safe layer below them — no raw device
 /// pointers, no `unsafe` (the crate root denies `unsafe_code`; only `sys`, `result`, `safe`,
-/// `nccl`, `loader` and `interop` (cudarc's raw handles) opt in) — except NCCL's send and receive in `pp::remote`, which are
+/// `nccl`, `loader`, `local_channel` (the shared control block's mapping) and `interop` (cudarc's raw handles) opt in) — except NCCL's send and receive in `pp::remote`, which are
 /// unsafe because NCCL does not check that a send's count matches its receive's: the links'
 /// sealed records carry the counts, and each such call says so (`// SAFETY:` on the line above).
 #[test]
@@ -70,7 +70,15 @@ fn engine_and_pp_use_no_raw_pointers_and_no_unsafe() {
         .collect();
     assert_eq!(
         opted_in,
-        ["pub mod interop;", "pub mod loader;", "pub mod nccl;", "pub mod result;", "pub mod safe;", "pub mod sys;"]
+        [
+            "pub mod interop;",
+            "pub mod loader;",
+            "pub mod local_channel;",
+            "pub mod nccl;",
+            "pub mod result;",
+            "pub mod safe;",
+            "pub mod sys;"
+        ]
     );
 }
 

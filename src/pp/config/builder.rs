@@ -11,6 +11,7 @@ use super::{PpConfig, Sources};
 use crate::auth::JobAccess;
 use crate::pp::fault::Fault;
 use crate::pp::plan::TransportPolicy;
+use crate::pp::process_transport::ProcessTransport;
 
 impl Sources {
     /// Every setting set in code: errors name the builder calls.
@@ -20,6 +21,7 @@ impl Sources {
         slots: "PpConfig::with_slots",
         ranks: "PpConfig::with_ranks",
         transport: "PpConfig::with_transport",
+        process_transport: "PpConfig::with_process_transport",
         rank: "PpConfig::with_rank",
         rendezvous: "PpConfig::with_rendezvous",
         peer_timeout: "PpConfig::with_peer_timeout",
@@ -49,6 +51,16 @@ impl PpConfig {
     pub fn with_transport(mut self, transport: TransportPolicy) -> PpConfig {
         self.transport = transport;
         self.sources.transport = Sources::CODE.transport;
+        self
+    }
+
+    /// Sets the transport of boundaries between ranks (`PPNRT_PROCESS_TRANSPORT`): `Auto` (IPC
+    /// where the two ranks share a host and reach each other's devices, else NCCL; NCCL until the
+    /// IPC transport is built), `Ipc` (a configuration error, naming the boundary, where it cannot
+    /// work) or `Nccl`. Every rank must set the same (the rendezvous compares it).
+    pub fn with_process_transport(mut self, transport: ProcessTransport) -> PpConfig {
+        self.process_transport = transport;
+        self.sources.process_transport = Sources::CODE.process_transport;
         self
     }
 

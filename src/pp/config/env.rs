@@ -10,6 +10,7 @@ use super::{MAX_STAGES, PpConfig, Sources};
 use crate::auth::JobAccess;
 use crate::error::ConfigError;
 use crate::pp::plan::TransportPolicy;
+use crate::pp::process_transport::ProcessTransport;
 
 /// Variable holding the stage count.
 pub const STAGES_VAR: &str = "PPNRT_STAGES";
@@ -19,6 +20,8 @@ pub const DEVICES_VAR: &str = "PPNRT_DEVICES";
 pub const SLOTS_VAR: &str = "PPNRT_SLOTS";
 /// Variable holding the transport policy.
 pub const TRANSPORT_VAR: &str = "PPNRT_TRANSPORT";
+/// Variable holding the transport of boundaries between ranks (`auto`, `ipc` or `nccl`).
+pub const PROCESS_TRANSPORT_VAR: &str = "PPNRT_PROCESS_TRANSPORT";
 /// Variable holding the stage→process map of a pipeline that spans processes (`0,0,1,1`).
 pub const RANKS_VAR: &str = "PPNRT_RANKS";
 /// Variable holding this process's rank.
@@ -36,6 +39,7 @@ impl Sources {
         slots: SLOTS_VAR,
         ranks: RANKS_VAR,
         transport: TRANSPORT_VAR,
+        process_transport: PROCESS_TRANSPORT_VAR,
         rank: RANK_VAR,
         rendezvous: RENDEZVOUS_VAR,
         peer_timeout: PEER_TIMEOUT_VAR,
@@ -70,7 +74,8 @@ impl PpConfig {
             read(RANK_VAR)?.as_deref(),
             read(RENDEZVOUS_VAR)?.as_deref(),
             read(PEER_TIMEOUT_VAR)?.as_deref(),
-        )
+        )?
+        .parse_process_transport(read(PROCESS_TRANSPORT_VAR)?.as_deref())
         .and_then(|config| Ok(config.with_job_access(JobAccess::from_env()?)))
     }
 
@@ -115,6 +120,30 @@ impl PpConfig {
             self.sources.peer_timeout = Sources::ENV.peer_timeout;
         }
         self.validate()?;
+        Ok(self)
+    }
+
+    /// Adds the transport of boundaries between ranks as [`from_env`](Self::from_env) reads it
+    /// (`PPNRT_PROCESS_TRANSPORT`; `None` = unset): `auto`, `ipc` or `nccl`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] on `PPNRT_PROCESS_TRANSPORT` for another value.
+    pub fn parse_process_transport(mut self, text: Option<&str>) -> Result<PpConfig, ConfigError> {
+        if let Some(text) = text {
+            self.process_transport = match text.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => ProcessTransport::Auto,
+                "ipc" => ProcessTransport::Ipc,
+                "nccl" => ProcessTransport::Nccl,
+                _ => {
+                    return Err(ConfigError {
+                        setting: PROCESS_TRANSPORT_VAR,
+                        value: text.to_string(),
+                        reason: "unknown transport between ranks: expected auto, ipc or nccl".into(),
+                    });
+                }
+            };
+            self.sources.process_transport = Sources::ENV.process_transport;
+        }
         Ok(self)
     }
 

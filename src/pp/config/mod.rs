@@ -12,6 +12,7 @@ use crate::auth::JobAccess;
 use crate::error::ConfigError;
 use crate::pp::fault::Fault;
 use crate::pp::plan::{SettingNames, TransportPolicy};
+use crate::pp::process_transport::ProcessTransport;
 
 mod builder;
 mod env;
@@ -19,7 +20,8 @@ mod env;
 mod tests;
 
 pub use env::{
-    DEVICES_VAR, PEER_TIMEOUT_VAR, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR,
+    TRANSPORT_VAR,
 };
 
 /// The default of [`PEER_TIMEOUT_VAR`].
@@ -53,6 +55,7 @@ pub const MAX_SLOTS: usize = 64;
 /// | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
 /// | `PPNRT_RANKS` | comma-separated process rank per stage (`0,0,1,1`): a pipeline that spans processes or hosts | every stage in this process |
 /// | `PPNRT_RANK` | this process's rank | 0 |
+/// | `PPNRT_PROCESS_TRANSPORT` | boundaries between ranks: `auto` (IPC where two ranks share a host and reach each other's devices, else NCCL; NCCL until the IPC transport is built), `ipc` (fail where it cannot work) or `nccl` | `auto` |
 /// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
 /// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process, and on its silence (a peer that shows no sign of life for longer fails its boundaries) | 60000 |
 /// | `PPNRT_JOB_SECRET` / `PPNRT_JOB_SECRET_FILE` | the secret every rank of the job proves (see [`JobAccess`], `SECURITY.md`); required across hosts; empty is an error; the file regular, ≤ 4,096 bytes, mode 600 | none: every rank on this host |
@@ -85,6 +88,7 @@ pub struct PpConfig {
     n_stages: usize,
     slots: usize,
     transport: TransportPolicy,
+    process_transport: ProcessTransport,
     fault: Fault,
     reserve_bytes: usize,
     sm_copies: bool,
@@ -106,6 +110,7 @@ struct Sources {
     slots: &'static str,
     ranks: &'static str,
     transport: &'static str,
+    process_transport: &'static str,
     rank: &'static str,
     rendezvous: &'static str,
     peer_timeout: &'static str,
@@ -128,6 +133,7 @@ impl Default for PpConfig {
             n_stages: 1,
             slots: 2,
             transport: TransportPolicy::Auto,
+            process_transport: ProcessTransport::Auto,
             fault: Fault::default(),
             reserve_bytes: 0,
             sm_copies: true,
@@ -156,6 +162,12 @@ impl PpConfig {
     /// The transport policy (see [`with_transport`](Self::with_transport)).
     pub fn transport(&self) -> TransportPolicy {
         self.transport
+    }
+
+    /// The transport of boundaries between ranks (see
+    /// [`with_process_transport`](Self::with_process_transport)).
+    pub fn process_transport(&self) -> ProcessTransport {
+        self.process_transport
     }
 
     /// The injected fault (see [`with_fault`](Self::with_fault)).
@@ -220,7 +232,12 @@ impl PpConfig {
 
     /// The names the plan's errors give the settings it reads: where each value came from.
     pub(crate) fn setting_names(&self) -> SettingNames {
-        SettingNames { devices: self.sources.devices, ranks: self.sources.ranks, transport: self.sources.transport }
+        SettingNames {
+            devices: self.sources.devices,
+            ranks: self.sources.ranks,
+            transport: self.sources.transport,
+            process_transport: self.sources.process_transport,
+        }
     }
 
     /// The stage→device map, with `primary` for stages not mapped explicitly.
@@ -357,6 +374,9 @@ impl fmt::Display for PpConfig {
             if let Some(addr) = &self.rendezvous {
                 write!(f, " {RENDEZVOUS_VAR}={addr}")?;
             }
+        }
+        if self.process_transport != ProcessTransport::Auto {
+            write!(f, " {PROCESS_TRANSPORT_VAR}={}", self.process_transport)?;
         }
         if self.peer_timeout != DEFAULT_PEER_TIMEOUT {
             write!(f, " {PEER_TIMEOUT_VAR}={}", self.peer_timeout.as_millis())?;

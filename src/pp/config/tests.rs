@@ -247,3 +247,52 @@ fn plan_errors_name_the_builder_call_or_the_variable() {
     let err = refuse(&from_env.with_transport(TransportPolicy::Peer));
     assert_eq!(err.setting, "PpConfig::with_transport", "{err}");
 }
+
+/// The transport between ranks: parsed from its variable (an unknown value names it), set in
+/// code, part of the fingerprint when not `auto` (ranks that disagree are refused at the
+/// rendezvous), and a forced `ipc` that cannot work names the builder call or the variable.
+#[test]
+fn the_process_transport_setting_parses_and_errors_name_its_source() {
+    use crate::pp::process_transport::ProcessTransport;
+    let base = || PpConfig::parse(None, Some("0,0"), None, None).unwrap();
+    assert_eq!(base().process_transport(), ProcessTransport::Auto);
+    assert_eq!(base().parse_process_transport(Some(" IPC ")).unwrap().process_transport(), ProcessTransport::Ipc);
+    assert_eq!(base().parse_process_transport(Some("nccl")).unwrap().process_transport(), ProcessTransport::Nccl);
+    let err = base().parse_process_transport(Some("shm")).unwrap_err();
+    assert_eq!((err.setting, err.value.as_str()), (PROCESS_TRANSPORT_VAR, "shm"), "{err}");
+    let config = base().with_process_transport(ProcessTransport::Nccl);
+    assert!(config.to_string().ends_with(" PPNRT_PROCESS_TRANSPORT=nccl"), "{config}");
+    assert_ne!(config.fingerprint(), base().fingerprint());
+    assert_eq!(base().to_string(), base().parse_process_transport(Some("auto")).unwrap().to_string());
+    // A forced ipc that cannot work: named as the caller set it.
+    use crate::rendezvous::{DeviceIdentity, HostIdentity, RankIdentity};
+    let identity = |boot: &str| RankIdentity {
+        host: HostIdentity { boot_id: boot.into(), hostname: "n".into() },
+        uid: 1,
+        devices: vec![DeviceIdentity { ordinal: 0, uuid: [1; 16], peer_access: vec![] }],
+    };
+    let refuse = |config: &PpConfig| {
+        let mut plan = crate::pp::plan::Plan::choose_named(
+            &[0, 0],
+            &[0, 1],
+            0,
+            TransportPolicy::Auto,
+            |_, _| true,
+            config.setting_names(),
+        )
+        .unwrap();
+        plan.choose_processes_named(
+            &[identity("a"), identity("b")],
+            config.process_transport(),
+            config.setting_names(),
+            false,
+        )
+        .unwrap_err()
+    };
+    let in_code = PpConfig::with_devices(&[0, 0]).with_process_transport(ProcessTransport::Ipc);
+    assert_eq!(refuse(&in_code).setting, "PpConfig::with_process_transport");
+    let from_env = base().parse_process_transport(Some("ipc")).unwrap();
+    let err = refuse(&from_env);
+    assert_eq!(err.setting, PROCESS_TRANSPORT_VAR);
+    assert!(err.reason.contains("boundary 0 cannot use ipc: other host"), "{err}");
+}

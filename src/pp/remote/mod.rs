@@ -329,6 +329,7 @@ mod tests {
             tx_rank: 0,
             rx_rank: 1,
             transport: Transport::Nccl,
+            reason: crate::pp::process_transport::TransportReason::NotMet,
         };
         let cross = vec![plan(0), plan(1)];
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -19,7 +19,8 @@ use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{EXIT_BEFORE_COMM_JOIN, FaultPoint};
 use crate::pp::plan::{Plan, Transport};
-use crate::rendezvous::{Rendezvous, RendezvousError};
+use crate::pp::process_transport::IPC_TRANSPORT_BUILT;
+use crate::rendezvous::{RankIdentity, Rendezvous, RendezvousError};
 use crate::safe::{Context, CudaEvent, CudaSlice, CudaStream};
 
 /// The local side of every cross-rank boundary, keyed by boundary.
@@ -42,13 +43,21 @@ const UNABLE: u8 = 0;
 /// The longest reason a rank that cannot run its boundaries gives the others.
 const MAX_UNABLE_REASON: usize = 1024;
 
-/// Joins the other ranks of `config` (see the module docs) and returns this rank's links.
+/// Joins the other ranks of `config` (see the module docs), this rank reporting `identity` (its
+/// host, user and devices), chooses the transport of each boundary between ranks from every
+/// rank's identity (`plan` updated, the same on every rank), and returns this rank's links.
 ///
 /// # Errors
 /// [`Error::Rendezvous`] for a failed rendezvous or a listener that cannot be bound;
-/// [`PpError::PeerFailed`] for a connection that
-/// fails; NCCL's error.
-pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<LocalStage>]) -> Result<Links> {
+/// [`Error::Config`] for IPC forced where it cannot work; [`PpError::TransportUnavailable`] for
+/// a boundary given IPC before its transport is built; [`PpError::PeerFailed`] for a connection
+/// that fails; NCCL's error.
+pub(in crate::pp) fn connect(
+    config: &PpConfig,
+    plan: &mut Plan,
+    stages: &[Option<LocalStage>],
+    identity: &RankIdentity,
+) -> Result<Links> {
     let rank = config.rank();
     let timeout = config.peer_timeout();
     let cross: Vec<_> = plan.boundaries.iter().filter(|b| b.transport == Transport::Nccl).copied().collect();
@@ -89,10 +98,14 @@ pub(in crate::pp) fn connect(config: &PpConfig, plan: &Plan, stages: &[Option<Lo
             contribution.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_UNABLE_REASON)]);
         }
     }
-    let members = rendezvous.exchange(&contribution);
+    let members = rendezvous.exchange_as(identity, &contribution);
     // This rank's own cause first, whatever the rendezvous gave.
     usable?;
     let members = members?;
+    // Every rank computes the same choices from the same member table.
+    let identities: Vec<RankIdentity> = members.iter().map(|m| m.identity.clone()).collect();
+    plan.choose_processes_named(&identities, config.process_transport(), config.setting_names(), IPC_TRANSPORT_BUILT)?;
+    plan.refuse_unbuilt()?;
     let first_boundary = cross.first().map_or(0, |b| b.boundary);
     if let Some((peer, reason)) = members.iter().enumerate().find_map(|(r, m)| {
         (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))

@@ -12,13 +12,15 @@ use crate::engine::Engine;
 use crate::error::ConfigError;
 use crate::error::CudaError;
 use crate::pp::config::{
-    DEVICES_VAR, PEER_TIMEOUT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR,
+    STAGES_VAR, TRANSPORT_VAR,
 };
 use crate::pp::error::{Error, Result};
 use crate::pp::pending_readback::ReadbackShared;
 use crate::pp::plan::{BoundaryPlan, Plan, SettingNames, Transport};
 use crate::pp::remote::{self, Inbound, Links, LocalStage, Receiver, SlotFiller, Watchdog};
 use crate::pp::ring::{SlotHome, SlotRing};
+use crate::rendezvous::{DeviceIdentity, RankIdentity};
 use crate::safe::{CudaStream, Device, enable_peer_access, record_drop_error};
 
 static RUNTIME: OnceLock<std::result::Result<PpNRt, Error>> = OnceLock::new();
@@ -85,9 +87,10 @@ impl PpNRt {
         }
         let placement = Placement::of(&config, primary.ordinal());
         let engines = placement.open_engines(primary)?;
-        let plan = placement.plan(&config, &engines)?;
+        let mut plan = placement.plan(&config, &engines)?;
         let stages = placement.stages(&engines, streams)?;
         let mut links = if plan.spans_processes() {
+            let identity = placement.identity()?;
             let local: Vec<_> = stages
                 .iter()
                 .map(|stage| {
@@ -95,7 +98,7 @@ impl PpNRt {
                     Some(LocalStage { ctx: Arc::clone(stage.engine.context()), stream: Arc::clone(&stage.stream) })
                 })
                 .collect();
-            Some(remote::connect(&config, &plan, &local)?)
+            Some(remote::connect(&config, &mut plan, &local, &identity)?)
         } else {
             None
         };
@@ -190,6 +193,24 @@ impl Placement {
             enable_peer_access(engines[&b.tx_device].context(), engines[&b.rx_device].context())?;
         }
         Ok(plan)
+    }
+
+    /// What this rank tells the others at the rendezvous: its host, its user, and every device
+    /// this process sees (not only its stages': another rank's device may be one of them, or
+    /// reachable from one of them), each with its UUID and the devices it has peer access to.
+    fn identity(&self) -> Result<RankIdentity> {
+        let all = Device::all()?;
+        let mut devices = Vec::with_capacity(all.len());
+        for device in &all {
+            let mut peer_access = Vec::new();
+            for other in all.iter().filter(|other| other.ordinal() != device.ordinal()) {
+                if device.peer_info(other)?.access_supported {
+                    peer_access.push(other.ordinal());
+                }
+            }
+            devices.push(DeviceIdentity { ordinal: device.ordinal(), uuid: device.uuid()?, peer_access });
+        }
+        Ok(RankIdentity::of_this_process(devices))
     }
 
     /// Every stage: its engine and its stream (`given[s]`, else one of its own) for this rank's,
@@ -349,7 +370,7 @@ fn describe_env() -> String {
         None => format!("{name} unset"),
     });
     // The settings of a pipeline across processes, where set.
-    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR]
+    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR]
         .iter()
         .filter_map(|name| std::env::var_os(name).map(|value| format!("{name}={:?}", value.to_string_lossy())));
     core.chain(processes).collect::<Vec<_>>().join(" ")

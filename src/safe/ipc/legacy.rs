@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cuda_error::{CudaError, IpcError, Result};
 use crate::result::ipc as raw;
-use crate::safe::memory::{CudaSlice, CudaViewMut, DeviceRepr, DeviceSlice, ReleaseMapping, byte_size};
+use crate::safe::element::DeviceRepr;
+use crate::safe::memory::{CudaSlice, CudaViewMut, DeviceSlice, ReleaseMapping, byte_size};
 use crate::safe::stream::CudaStream;
 use crate::sys::{CUcontext, CUdeviceptr, CUipcMemHandle};
 

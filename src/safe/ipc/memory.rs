@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::IpcSupport;
 use crate::cuda_error::{CudaError, IpcError, Result};
 use crate::result::ipc as raw;
-use crate::safe::memory::{CudaSlice, CudaViewMut, DeviceRepr, ReleaseMapping, byte_size};
+use crate::safe::element::DeviceRepr;
+use crate::safe::memory::{CudaSlice, CudaViewMut, ReleaseMapping, byte_size};
 use crate::safe::stream::CudaStream;
 use crate::sys::{CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
 

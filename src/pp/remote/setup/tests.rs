@@ -15,6 +15,7 @@ fn plan(boundary: usize) -> crate::pp::plan::BoundaryPlan {
         tx_rank: 0,
         rx_rank: 1,
         transport: Transport::Nccl,
+        reason: crate::pp::process_transport::TransportReason::NotMet,
     }
 }
 

@@ -1,0 +1,248 @@
+//! The control block two ranks of one host share: a `memfd` of a fixed layout, created by the
+//! receiving rank, passed over the local channel and mapped by both.
+//!
+//! Layout (little-endian, every field an aligned 64-bit word, the block a whole number of
+//! 64-byte lines):
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | 0 | magic, [`ControlBlock::MAGIC`] |
+//! | 8 | version ([`ControlBlock::VERSION`], low 32 bits) and slot count (high 32 bits) |
+//! | 16 | the heartbeat of side [`Side::Receiver`] (a count it raises while alive) |
+//! | 24 | the heartbeat of side [`Side::Sender`] |
+//! | 64 + 64·s | slot `s`: the last step whose "filled" event was recorded |
+//! | 72 + 64·s | slot `s`: the last step whose "consumed" event was recorded |
+//!
+//! A step number is written (release) only after the event record it announces was enqueued:
+//! a wait enqueued after reading it (acquire) binds to that record or a later one.
+//!
+//! Safety model: the other process may write any value into the block at any time, so the
+//! block is only ever read and written through atomics (no `&mut`, no plain loads), and every
+//! value read is data, never trusted as a size or an index. Its size cannot change under the
+//! mapping: the creator seals the memfd against shrinking and growing before it is passed, and
+//! [`ControlBlock::open`] refuses a descriptor without those seals (a shrunk file would make an
+//! access fault), of another size, magic, version or slot count. The mapping lives as long as
+//! the value; the descriptor is kept so it can be passed again.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::LocalChannelError;
+
+/// Which rank of the pair a heartbeat belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The receiving rank (which creates the block and owns the slots).
+    Receiver,
+    /// The sending rank.
+    Sender,
+}
+
+/// A mapped control block (see the module docs).
+///
+/// ```
+/// use ppnrt::local_channel::{ControlBlock, Side};
+///
+/// let block = ControlBlock::create(2)?;
+/// block.publish_filled(1, 7);
+/// assert_eq!(block.filled(1), 7);
+/// block.beat(Side::Sender);
+/// assert_eq!(block.heartbeat(Side::Sender), 1);
+/// // The other rank maps the same memory from the descriptor passed to it.
+/// let other = ControlBlock::open(block.fd().try_clone_to_owned().unwrap(), 2)?;
+/// assert_eq!(other.filled(1), 7);
+/// // Of another slot count, the block is refused.
+/// assert!(ControlBlock::open(block.fd().try_clone_to_owned().unwrap(), 3).is_err());
+/// # Ok::<(), ppnrt::local_channel::LocalChannelError>(())
+/// ```
+#[derive(Debug)]
+pub struct ControlBlock {
+    base: NonNull<AtomicU64>,
+    bytes: usize,
+    slots: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the block is reached only through atomics (`&AtomicU64` of the mapping), which any
+// thread may use at once; the mapping and the descriptor belong to the value and are released
+// once, by its drop.
+unsafe impl Send for ControlBlock {}
+// SAFETY: as for `Send`: every access is atomic.
+unsafe impl Sync for ControlBlock {}
+static_assertions::assert_impl_all!(ControlBlock: Send, Sync);
+
+const WORD: usize = 8;
+const LINE: usize = 64;
+const HEARTBEAT: usize = 2;
+const FILLED: usize = 0;
+const CONSUMED: usize = 1;
+
+impl ControlBlock {
+    /// The block's magic.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"PPNRTCB1");
+    /// The layout's version.
+    pub const VERSION: u32 = 1;
+    /// The most slots a block holds (as many as a ring may have).
+    pub const MAX_SLOTS: usize = 64;
+
+    /// The byte size of a block of `slots` slots.
+    pub const fn byte_size(slots: usize) -> usize {
+        LINE + LINE * slots
+    }
+
+    /// Creates a block of `slots` slots (a sealed memfd), every counter 0, mapped.
+    ///
+    /// # Errors
+    /// [`LocalChannelError::Block`] for a slot count of 0 or past [`MAX_SLOTS`](Self::MAX_SLOTS);
+    /// [`LocalChannelError::Io`] when the memfd cannot be made, sized, sealed or mapped.
+    #[doc(alias = "memfd_create")]
+    pub fn create(slots: usize) -> Result<ControlBlock, LocalChannelError> {
+        if slots == 0 || slots > Self::MAX_SLOTS {
+            return Err(LocalChannelError::Block {
+                what: format!("{slots} slot(s): a block holds 1 to {}", Self::MAX_SLOTS),
+            });
+        }
+        let io = |what: &'static str| move |e: rustix::io::Errno| LocalChannelError::io(what, e.into());
+        let fd = rustix::fs::memfd_create("ppnrt-control", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(io("memfd_create"))?;
+        let bytes = Self::byte_size(slots);
+        rustix::fs::ftruncate(&fd, bytes as u64).map_err(io("sizing the control block"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(io("sealing the control block's size"))?;
+        let block = ControlBlock::map(fd, bytes, slots)?;
+        block.word(1).store(u64::from(Self::VERSION) | ((slots as u64) << 32), Ordering::Relaxed);
+        // The magic last: a block whose magic reads right is whole.
+        block.word(0).store(Self::MAGIC, Ordering::Release);
+        Ok(block)
+    }
+
+    /// Maps the block passed as `fd`, expected to hold `slots` slots.
+    ///
+    /// # Errors
+    /// [`LocalChannelError::Block`] naming what is wrong: not sealed against shrinking and
+    /// growing, another byte size than [`byte_size(slots)`](Self::byte_size), another magic,
+    /// version or slot count. [`LocalChannelError::Io`] when it cannot be examined or mapped.
+    pub fn open(fd: OwnedFd, slots: usize) -> Result<ControlBlock, LocalChannelError> {
+        if slots == 0 || slots > Self::MAX_SLOTS {
+            return Err(LocalChannelError::Block {
+                what: format!("{slots} slot(s): a block holds 1 to {}", Self::MAX_SLOTS),
+            });
+        }
+        let io = |what: &'static str| move |e: rustix::io::Errno| LocalChannelError::io(what, e.into());
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(io("reading the control block's seals"))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(LocalChannelError::Block {
+                what: "its size is not sealed (it could shrink under the mapping)".into(),
+            });
+        }
+        let expected = Self::byte_size(slots);
+        let found = rustix::fs::fstat(&fd).map_err(io("examining the control block"))?.st_size;
+        if u64::try_from(found).ok() != Some(expected as u64) {
+            return Err(LocalChannelError::Block {
+                what: format!("{found} bytes, {expected} expected for {slots} slot(s)"),
+            });
+        }
+        let block = ControlBlock::map(fd, expected, slots)?;
+        let magic = block.word(0).load(Ordering::Acquire);
+        if magic != Self::MAGIC {
+            return Err(LocalChannelError::Block {
+                what: format!("magic {magic:#018x}, {:#018x} expected", Self::MAGIC),
+            });
+        }
+        let shape = block.word(1).load(Ordering::Relaxed);
+        let (version, found_slots) = (shape as u32, (shape >> 32) as usize);
+        if version != Self::VERSION {
+            return Err(LocalChannelError::Block {
+                what: format!("layout version {version}, {} expected", Self::VERSION),
+            });
+        }
+        if found_slots != slots {
+            return Err(LocalChannelError::Block { what: format!("{found_slots} slot(s), {slots} expected") });
+        }
+        Ok(block)
+    }
+
+    fn map(fd: OwnedFd, bytes: usize, slots: usize) -> Result<ControlBlock, LocalChannelError> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address, so nothing of
+        // this process is replaced) of `bytes` bytes of `fd`, whose size is `bytes` and sealed
+        // against change (checked, or made so, by the callers); it is unmapped once, by `drop`.
+        let at = unsafe {
+            rustix::mm::mmap(std::ptr::null_mut(), bytes, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
+        }
+        .map_err(|e| LocalChannelError::io("mapping the control block", e.into()))?;
+        let base = NonNull::new(at.cast::<AtomicU64>()).expect("mmap returns no null mapping");
+        Ok(ControlBlock { base, bytes, slots, fd })
+    }
+
+    /// The `at`-th word of the block.
+    fn word(&self, at: usize) -> &AtomicU64 {
+        assert!((at + 1) * WORD <= self.bytes, "word {at} is past the block");
+        // SAFETY: the mapping is page-aligned and `bytes` long (`at` checked above), lives as
+        // long as `self`, and is only ever reached through atomics here and in the other
+        // process, so an `&AtomicU64` into it is valid for the borrow.
+        unsafe { &*self.base.as_ptr().add(at) }
+    }
+
+    fn slot_word(&self, slot: usize, field: usize) -> &AtomicU64 {
+        assert!(slot < self.slots, "slot {slot} of a block of {} slot(s)", self.slots);
+        self.word((LINE + LINE * slot) / WORD + field)
+    }
+
+    /// The block's descriptor, to pass to the other rank.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The slot count.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The byte size.
+    pub fn byte_len(&self) -> usize {
+        self.bytes
+    }
+
+    /// The last step announced filled in `slot` (0: none yet). Panics for a slot past the block.
+    pub fn filled(&self, slot: usize) -> u64 {
+        self.slot_word(slot, FILLED).load(Ordering::Acquire)
+    }
+
+    /// Announces that the "filled" event of `step` in `slot` was recorded (call after the
+    /// record was enqueued).
+    pub fn publish_filled(&self, slot: usize, step: u64) {
+        self.slot_word(slot, FILLED).store(step, Ordering::Release);
+    }
+
+    /// The last step announced consumed in `slot` (0: none yet).
+    pub fn consumed(&self, slot: usize) -> u64 {
+        self.slot_word(slot, CONSUMED).load(Ordering::Acquire)
+    }
+
+    /// Announces that the "consumed" event of `step` in `slot` was recorded.
+    pub fn publish_consumed(&self, slot: usize, step: u64) {
+        self.slot_word(slot, CONSUMED).store(step, Ordering::Release);
+    }
+
+    /// Raises `side`'s heartbeat (a sign of life the other side watches).
+    pub fn beat(&self, side: Side) {
+        self.word(HEARTBEAT + side as usize).fetch_add(1, Ordering::Release);
+    }
+
+    /// `side`'s heartbeat count.
+    pub fn heartbeat(&self, side: Side) -> u64 {
+        self.word(HEARTBEAT + side as usize).load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ControlBlock {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `map`, of `bytes` bytes, unmapped once; no borrow of it
+        // outlives `self` (every `&AtomicU64` is borrowed from `self`).
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.bytes) };
+    }
+}

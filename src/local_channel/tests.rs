@@ -1,0 +1,164 @@
+//! The channel's guards through its seams: a peer of another user (its credentials stood in: no
+//! test can be another user), a record that lies about its descriptors, the control block's
+//! refusals.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use super::*;
+use crate::auth::{JobAccess, JobSecret};
+
+fn access() -> JobAccess {
+    JobAccess::Secret(JobSecret::new("the job's secret, 32 bytes long.").unwrap())
+}
+
+fn another_user(stream: &UnixStream) -> std::io::Result<PeerCredentials> {
+    let real = peer_credentials(stream)?;
+    Ok(PeerCredentials { uid: real.uid.wrapping_add(1), ..real })
+}
+
+/// A connected pair: (listening end, connecting end).
+fn pair(purpose: u64) -> (LocalChannel, LocalChannel) {
+    let listener = LocalListener::bind(&access(), purpose).unwrap();
+    let path = listener.path().to_path_buf();
+    let host = std::thread::spawn(move || listener.accept(Duration::from_secs(5)).unwrap());
+    let guest = LocalChannel::connect(&path, &access(), purpose, Duration::from_secs(5)).unwrap();
+    (host.join().unwrap(), guest)
+}
+
+/// A socket pair whose second end is passed: once every copy of it is closed, reading the first
+/// end gives end of file at once.
+fn pipe() -> (UnixStream, OwnedFd) {
+    let (read, write) = UnixStream::pair().unwrap();
+    (read, OwnedFd::from(write))
+}
+
+/// Whether every copy of the passed end is closed (the kept end sees end of file).
+fn closed_everywhere(read: &mut UnixStream) -> bool {
+    read.set_nonblocking(true).unwrap();
+    matches!(read.read(&mut [0u8; 1]), Ok(0))
+}
+
+#[test]
+fn check_peer_refuses_another_user_and_names_both() {
+    let me = PeerCredentials { pid: 42, uid: 1000, gid: 1000 };
+    assert_eq!(check_peer(me, 1000), Ok(me));
+    let err = check_peer(me, 1001).unwrap_err();
+    assert_eq!(err, LocalChannelError::WrongUser { expected: 1001, found: 1000, pid: 42 });
+    assert!(err.to_string().contains("pid 42") && err.to_string().contains("uid 1000"), "{err}");
+}
+
+#[test]
+fn a_listener_of_another_user_gets_nothing_past_the_handshake() {
+    let listener = LocalListener::bind(&access(), 5).unwrap();
+    let path = listener.path().to_path_buf();
+    let host = std::thread::spawn(move || listener.accept(Duration::from_millis(800)));
+    let err = LocalChannel::connect_with(&path, &access(), 5, Duration::from_secs(2), another_user).unwrap_err();
+    assert!(matches!(err, LocalChannelError::WrongUser { .. }), "{err}");
+    // The listener never got the purpose: it waited out its time.
+    let err = host.join().unwrap().unwrap_err();
+    assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
+}
+
+#[test]
+fn a_guest_of_another_user_is_closed_unanswered_and_the_listener_waits_on() {
+    let listener = LocalListener::bind(&access(), 6).unwrap();
+    let path = listener.path().to_path_buf();
+    let host = std::thread::spawn(move || listener.accept_with(Duration::from_millis(1500), another_user));
+    let err = LocalChannel::connect(&path, &access(), 6, Duration::from_millis(700)).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Unauthenticated { .. } | LocalChannelError::Timeout { .. }), "{err}");
+    let err = host.join().unwrap().unwrap_err();
+    assert!(matches!(err, LocalChannelError::Timeout { ref what } if what.contains("other users")), "{err}");
+}
+
+#[test]
+fn a_record_naming_fewer_descriptors_than_came_is_refused_and_every_one_closed() {
+    let (mut host, mut guest) = pair(7);
+    let (mut read_a, write_a) = pipe();
+    let (mut read_b, write_b) = pipe();
+    // One entry, two descriptors: a lying sender (the public call refuses to send this).
+    let entries = [FdEntry { kind: FdKind::SlotMemory, bytes: 4096, index: 0 }];
+    guest.send_raw(&frame::encode(&entries), &[write_a.as_fd(), write_b.as_fd()]).unwrap();
+    drop((write_a, write_b));
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what.contains("2 came")), "{err}");
+    assert!(closed_everywhere(&mut read_a) && closed_everywhere(&mut read_b), "the received copies were closed");
+}
+
+#[test]
+fn the_public_send_refuses_entries_that_do_not_match_its_descriptors() {
+    let (_host, mut guest) = pair(8);
+    let (_read, write) = pipe();
+    let err = guest.send_fds(&[], &[write.as_fd()]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { .. }), "{err}");
+}
+
+#[test]
+fn a_forged_frame_is_refused_with_its_descriptors_closed() {
+    let (mut host, mut guest) = pair(9);
+    let (mut read, write) = pipe();
+    // Sealed at the wrong position: the sealer of another channel's first frame.
+    guest.sealer = Sealer::new(access().key().derive(&[b"another channel"]));
+    let entries = [FdEntry { kind: FdKind::SlotMemory, bytes: 1, index: 0 }];
+    guest.send_fds(&entries, &[write.as_fd()]).unwrap();
+    drop(write);
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Unauthenticated { .. }), "{err}");
+    assert!(closed_everywhere(&mut read));
+}
+
+#[test]
+fn a_block_without_its_size_sealed_is_refused() {
+    let fd = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, ControlBlock::byte_size(2) as u64).unwrap();
+    let err = ControlBlock::open(fd, 2).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Block { ref what } if what.contains("not sealed")), "{err}");
+}
+
+/// A sealed memfd of `bytes` bytes holding `words` from its start.
+fn sealed(bytes: usize, words: &[u64]) -> OwnedFd {
+    let fd = rustix::fs::memfd_create("block", rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    let data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    rustix::io::write(&fd, &data).unwrap();
+    rustix::fs::ftruncate(&fd, bytes as u64).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW).unwrap();
+    fd
+}
+
+#[test]
+fn a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused() {
+    let shape = |version: u64, slots: u64| version | (slots << 32);
+    let good = [ControlBlock::MAGIC, shape(1, 2)];
+    let block = ControlBlock::open(sealed(ControlBlock::byte_size(2), &good), 2).unwrap();
+    assert_eq!((block.slots(), block.byte_len()), (2, 192));
+    let refused = |fd: OwnedFd, slots: usize, says: &str| {
+        let err = ControlBlock::open(fd, slots).unwrap_err();
+        assert!(matches!(err, LocalChannelError::Block { ref what } if what.contains(says)), "{err} lacks {says}");
+    };
+    refused(sealed(ControlBlock::byte_size(2) - 64, &good), 2, "128 bytes, 192 expected");
+    refused(sealed(ControlBlock::byte_size(2), &[0x1234, shape(1, 2)]), 2, "magic");
+    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(2, 2)]), 2, "version 2");
+    refused(sealed(ControlBlock::byte_size(3), &[ControlBlock::MAGIC, shape(1, 2)]), 3, "2 slot(s), 3 expected");
+    assert!(ControlBlock::create(0).is_err() && ControlBlock::create(ControlBlock::MAX_SLOTS + 1).is_err());
+}
+
+#[test]
+fn the_block_layout_is_as_documented() {
+    assert_eq!(ControlBlock::byte_size(1), 128);
+    let block = ControlBlock::create(3).unwrap();
+    block.publish_filled(2, 11);
+    block.publish_consumed(2, 10);
+    block.beat(Side::Receiver);
+    block.beat(Side::Sender);
+    block.beat(Side::Sender);
+    let mut bytes = vec![0u8; block.byte_len()];
+    rustix::io::pread(block.fd(), &mut bytes, 0).unwrap();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    assert_eq!(word(0), ControlBlock::MAGIC);
+    assert_eq!(word(8), 1 | (3 << 32));
+    assert_eq!((word(16), word(24)), (1, 2));
+    assert_eq!((word(64 + 128), word(72 + 128)), (11, 10));
+    assert_eq!((block.filled(0), block.consumed(1)), (0, 0));
+}
