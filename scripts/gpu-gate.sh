@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU gate: runs the test executables of the GPU tier (tests/gpu/) and the library's own
-# (the double tier, tests/double/, runs in CI; GATE_TIERS adds it), the examples, the GPU tier
+# The GPU gate: runs the test executables of the GPU tier (tests/gpu/) and the library's own,
+# the double tier's `nccl` and `processes` on the GPUs and NCCL (the whole double tier, which CI
+# runs through the doubles, when GATE_TIERS names it), the examples, the GPU tier
 # under compute-sanitizer (memcheck with leak check, initcheck, synccheck, racecheck) and the
 # benches in a short mode, from gpu-bundle/ (made by scripts/build-gpu-bundle.sh, whose
 # gpu-bundle/tiers names each executable's tier). Prints one summary table; exits non-zero on any failure or sanitizer error.
@@ -16,8 +17,9 @@
 # than that many fail instead of skipping), GATE_OUT (logs; default $OUT or gate-logs/),
 # GATE_SANITIZE_TOOLS (default "memcheck initcheck synccheck racecheck"),
 # GATE_TIERS (the tiers whose executables the tests phase runs; default "gpu unit". "double" adds
-# the double tier, which CI runs through the doubles: here its `nccl` and `processes` run on the
-# GPUs and NCCL, the others skip; "host" the host tier, which CI runs),
+# the whole double tier, which CI runs through the doubles; "host" the host tier, which CI runs),
+# GATE_ON_HARDWARE (executables of the double tier the tests phase runs beside the tiers, on the
+# GPUs and NCCL here; default "nccl processes"; empty: none),
 # GATE_SANITIZE_TESTS (what to sanitize: test executables, or EXECUTABLE:MODULE for one module's
 # tests, e.g. "gpu:hazards singleton"; default the GPU tier's executables but `faults`, the `gpu`
 # executable as one run per module),
@@ -105,7 +107,11 @@ tier_tests() { # tier...
 if [[ $phases == *tests* ]]; then
   # GATE_TIERS is a list of tiers.
   # shellcheck disable=SC2086
-  for n in $(tier_tests ${GATE_TIERS:-gpu unit}); do
+  # Beside them, the double tier's executables that run on the GPUs and NCCL where a machine
+  # has them (GATE_ON_HARDWARE; CI runs them through the doubles).
+  # shellcheck disable=SC2086
+  for n in $( (tier_tests ${GATE_TIERS:-gpu unit}; for h in ${GATE_ON_HARDWARE-nccl processes}; do
+      [ -x "$bundle/tests/$h" ] && echo "$h"; done) | awk '!seen[$0]++'); do
     run_step "test $n" "$logs/test-$n.log" "$bundle/tests/$n" --test-threads=1
   done
 fi

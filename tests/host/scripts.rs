@@ -188,8 +188,9 @@ fn the_gpu_gate_runs_the_gpu_tier_and_unit_tests_and_sanitizes_the_gpu_tier_by_m
     let mut tested: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("test ")?.split(' ').next()).collect();
     tested.sort();
     tested.dedup();
-    // The tests phase ran these; the sanitizer (whose stand-in runs nothing) none.
-    assert_eq!(tested, ["faults", "gpu", "singleton", "unit"], "{ran}");
+    // The tests phase ran these (the GPU tier, the unit tests, and `nccl` of the double tier, which
+    // reaches the GPUs and NCCL on a GPU machine); the sanitizer (whose stand-in runs nothing) none.
+    assert_eq!(tested, ["faults", "gpu", "nccl", "singleton", "unit"], "{ran}");
     let sanitized: Vec<&str> = ran.lines().filter_map(|l| l.strip_prefix("sanitizer ")).collect();
     let runs = |tool: &str, what: &str| sanitized.iter().filter(|l| l.contains(tool) && l.contains(what)).count();
     for tool in ["initcheck", "racecheck"] {
