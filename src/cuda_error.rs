@@ -401,6 +401,24 @@ pub enum CudaError {
 /// ([`ExportedMemory`](crate::ExportedMemory), [`ImportedMemory`](crate::ImportedMemory), the
 /// legacy handles, [`IpcEvent`](crate::IpcEvent)). Each names the value that was refused; nothing
 /// was mapped, allocated or exported by the call that returns one.
+///
+/// ```no_run
+/// use std::os::fd::OwnedFd;
+/// use ppnrt::{CudaError, Engine, ImportedMemory, IpcError};
+///
+/// # fn import(engine: &Engine, fd: OwnedFd) -> ppnrt::Result<()> {
+/// // The exporter announced 1,024 `u32`s; the descriptor came over a local channel.
+/// let stream = engine.stream()?;
+/// match ImportedMemory::<u32>::import(&stream, fd, 1024) {
+///     Ok(slots) => println!("mapped {} bytes", slots.mapped_bytes()),
+///     Err(CudaError::Ipc(IpcError::SizeMismatch { bytes, exported, .. })) => {
+///         eprintln!("asked for {bytes} bytes, the export holds {exported:?}")
+///     }
+///     Err(other) => return Err(other.into()),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {

@@ -34,6 +34,17 @@ use rustix::mm::{MapFlags, ProtFlags};
 use super::LocalChannelError;
 
 /// Which rank of the pair a heartbeat belongs to.
+///
+/// ```
+/// use ppnrt::local_channel::{ControlBlock, Side};
+///
+/// let block = ControlBlock::create(4)?;
+/// let before = block.heartbeat(Side::Receiver);
+/// block.beat(Side::Receiver);
+/// assert!(block.heartbeat(Side::Receiver) > before);
+/// assert_eq!(block.heartbeat(Side::Sender), 0);
+/// # Ok::<(), ppnrt::local_channel::LocalChannelError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
     /// The receiving rank (which creates the block and owns the slots).

@@ -27,7 +27,18 @@ pub(super) const MAX_BODY: usize = 64 << 10;
 /// Bytes of one descriptor's entry in a record.
 const ENTRY: usize = 1 + 8 + 4;
 
-/// What a passed file descriptor is.
+/// What a passed file descriptor is: the receiver names the kinds it expects, in order, and any
+/// other record is refused with every descriptor closed.
+///
+/// ```no_run
+/// use ppnrt::local_channel::{FdKind, LocalChannel};
+///
+/// # fn receive(channel: &mut LocalChannel) -> Result<(), ppnrt::local_channel::LocalChannelError> {
+/// let received = channel.recv_fds(&[FdKind::ControlBlock, FdKind::SlotMemory, FdKind::SlotMemory])?;
+/// assert_eq!(received[0].entry.kind, FdKind::ControlBlock);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FdKind {
@@ -56,6 +67,17 @@ impl FdKind {
 }
 
 /// One passed descriptor as the record names it.
+///
+/// ```no_run
+/// use std::os::fd::AsFd;
+/// use ppnrt::local_channel::{FdEntry, FdKind, LocalChannel};
+///
+/// # fn send(channel: &mut LocalChannel, slot: std::os::fd::OwnedFd) -> Result<(), ppnrt::local_channel::LocalChannelError> {
+/// let entry = FdEntry { kind: FdKind::SlotMemory, bytes: 1 << 20, index: 0 };
+/// channel.send_fds(&[entry], &[slot.as_fd()])?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FdEntry {
     /// What it is.
@@ -67,6 +89,18 @@ pub struct FdEntry {
 }
 
 /// A descriptor received with its entry; closed when dropped.
+///
+/// ```no_run
+/// use ppnrt::local_channel::{FdKind, LocalChannel, ReceivedFd};
+///
+/// # fn receive(channel: &mut LocalChannel) -> Result<(), ppnrt::local_channel::LocalChannelError> {
+/// let mut received: Vec<ReceivedFd> = channel.recv_fds(&[FdKind::SlotMemory])?;
+/// let slot = received.remove(0);
+/// println!("slot {} of {} bytes", slot.entry.index, slot.entry.bytes);
+/// let _fd = slot.fd; // an `OwnedFd`, e.g. for `ImportedMemory::import`
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ReceivedFd {
     /// What the record says it is.

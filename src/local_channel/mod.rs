@@ -60,6 +60,19 @@ const ACCEPTED: u8 = 1;
 const NOT_ACCEPTED: u8 = 0;
 
 /// Why a local channel failed; names the step and what was wrong.
+///
+/// ```
+/// use std::time::Duration;
+/// use ppnrt::JobAccess;
+/// use ppnrt::local_channel::{LocalChannel, LocalChannelError};
+///
+/// // Nothing listens at this path: the connection gives up within its bound, typed.
+/// let nowhere = std::env::temp_dir().join("ppnrt-nobody-listens-here/socket");
+/// match LocalChannel::connect(&nowhere, &JobAccess::SameHost, 7, Duration::from_millis(50)) {
+///     Err(LocalChannelError::Timeout { .. }) => {}
+///     other => panic!("expected a timeout, got {other:?}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LocalChannelError {
@@ -127,6 +140,18 @@ impl LocalChannelError {
 }
 
 /// A peer's process as the kernel tells it (`SO_PEERCRED`): its credentials when it connected.
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use ppnrt::local_channel::{check_peer, own_uid, peer_credentials};
+///
+/// let (ours, _theirs) = UnixStream::pair()?;
+/// let peer = peer_credentials(&ours)?;
+/// assert_eq!(peer.uid, own_uid());
+/// assert!(check_peer(peer, own_uid()).is_ok());
+/// assert!(check_peer(peer, own_uid().wrapping_add(1)).is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerCredentials {
     /// Its process id in this process's pid namespace (0 when it is not visible there, as for a
@@ -362,6 +387,30 @@ impl Drop for LocalListener {
 
 /// An admitted channel to the other rank (either end). A call that fails may leave a frame half
 /// read or written: after any error, drop the channel (the other rank sees it closed).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ppnrt::JobAccess;
+/// use ppnrt::local_channel::{LocalChannel, LocalListener};
+///
+/// # fn run(access: JobAccess) -> Result<(), ppnrt::local_channel::LocalChannelError> {
+/// // The receiving rank listens for boundary 3 and tells the sender the path (at the rendezvous).
+/// let listener = LocalListener::bind(&access, 3)?;
+/// let path = listener.path().to_path_buf();
+/// let sender = std::thread::spawn({
+///     let access = access.clone();
+///     move || -> Result<(), ppnrt::local_channel::LocalChannelError> {
+///         let mut channel = LocalChannel::connect(&path, &access, 3, Duration::from_secs(5))?;
+///         channel.send_bytes(b"hello")
+///     }
+/// });
+/// let mut channel = listener.accept(Duration::from_secs(5))?;
+/// assert_eq!(channel.recv_bytes(64)?, b"hello");
+/// println!("peer pid {}", channel.peer().pid);
+/// sender.join().unwrap()?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct LocalChannel {
     stream: UnixStream,
     peer: PeerCredentials,

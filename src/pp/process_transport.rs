@@ -61,6 +61,19 @@ impl fmt::Display for ProcessTransport {
 
 /// What the rendezvous tells of whether two ranks' devices can reach each other (the rule in
 /// the module docs).
+///
+/// ```
+/// use ppnrt::pp::Reach;
+/// use ppnrt::rendezvous::{DeviceIdentity, RankIdentity};
+///
+/// let gpu = DeviceIdentity { ordinal: 0, uuid: [7; 16], peer_access: Vec::new() };
+/// let a = RankIdentity::of_this_process(vec![gpu.clone()]);
+/// let b = RankIdentity::of_this_process(vec![gpu]);
+/// let reach = Reach::between(&a, 0, &b, 0);
+/// // Two ranks of one host and user on one device can share its memory (where the boot id is known).
+/// assert!(reach == Reach::SameDevice || a.host.boot_id.is_empty());
+/// assert_eq!(reach.ipc_possible(), reach == Reach::SameDevice);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Reach {
@@ -118,6 +131,14 @@ impl fmt::Display for Reach {
 }
 
 /// Why a boundary got its transport (shown in the plan's line for a boundary between ranks).
+///
+/// ```
+/// use ppnrt::pp::{Reach, TransportReason};
+///
+/// assert_eq!(TransportReason::Forced.to_string(), "forced");
+/// let why = TransportReason::IpcNotBuilt(Reach::SameDevice);
+/// assert!(why.to_string().ends_with("ipc not built yet"), "{why}");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TransportReason {

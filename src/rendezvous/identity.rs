@@ -19,6 +19,15 @@
 use std::fmt;
 
 /// The host a rank runs on.
+///
+/// ```
+/// use ppnrt::rendezvous::HostIdentity;
+///
+/// let here = HostIdentity::of_this_host();
+/// let clone = HostIdentity { boot_id: here.boot_id.clone(), hostname: "elsewhere".into() };
+/// // The boot id and the name must both match: a cloned machine keeps the one, not the other.
+/// assert!(!here.same_host(&clone));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct HostIdentity {
     /// The kernel's boot id (empty when it could not be read).
@@ -46,6 +55,16 @@ impl HostIdentity {
 
 /// One device of a rank: its ordinal in that rank, its UUID (`cuDeviceGetUuid`), and the
 /// ordinals (in that rank) of the devices whose memory it can access (peer access).
+///
+/// ```
+/// use ppnrt::rendezvous::{DeviceIdentity, RankIdentity};
+///
+/// let zero = DeviceIdentity { ordinal: 0, uuid: [1; 16], peer_access: vec![1] };
+/// let one = DeviceIdentity { ordinal: 1, uuid: [2; 16], peer_access: vec![0] };
+/// let rank = RankIdentity::of_this_process(vec![zero, one]);
+/// assert_eq!(rank.device(1).map(|d| d.uuid), Some([2; 16]));
+/// assert!(rank.peer_access(&[1; 16], &[2; 16]));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DeviceIdentity {
     /// The ordinal in the rank's process.

@@ -346,6 +346,16 @@ static int by_base_has_room(void) {
     return 1;
 }
 
+/* Puts `a` (its base set) into by_base, which must have room (by_base_has_room). Every
+ * allocation the double makes, here or in the IPC emulation, goes through it: find_alloc sees only
+ * what by_base holds. */
+static void index_alloc(Alloc* a) {
+    size_t at = first_above(a->base);
+    memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
+    by_base[at] = a;
+    n_by_base++;
+}
+
 static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
     size_t size = bytes ? bytes : 1;
     /* Page-aligned: a legacy handle's export maps a memfd over the allocation's pages. */
@@ -358,11 +368,8 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
         free(mem);
         return NULL;
     }
-    size_t at = first_above((uintptr_t)mem);
-    memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
-    by_base[at] = a;
-    n_by_base++;
     a->base = (uintptr_t)mem;
+    index_alloc(a);
     a->size = size;
     a->kind = kind;
     a->device = device;

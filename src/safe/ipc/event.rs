@@ -16,6 +16,18 @@ use crate::sys::CUipcEventHandle;
 
 /// The 64-byte handle of an interprocess event. Anyone on the host who learns these bytes may
 /// open the event and record or wait on it (module doc).
+///
+/// ```no_run
+/// use ppnrt::{Engine, IpcEvent};
+///
+/// # fn run() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let filled = IpcEvent::new(engine.context())?;
+/// let handle = filled.handle()?; // 64 bytes, for the other process (over an authenticated channel)
+/// assert_eq!(format!("{handle:?}"), "IpcEventHandle(..)");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct IpcEventHandle(pub [u8; 64]);
 
@@ -28,6 +40,20 @@ impl std::fmt::Debug for IpcEventHandle {
 /// An interprocess event of one context: created here ([`new`](Self::new)) or opened from
 /// another process's handle ([`open`](Self::open)). No timing. Dropping it destroys this
 /// process's event; the other process's stays valid.
+///
+/// ```no_run
+/// use ppnrt::{Engine, IpcEvent, IpcEventHandle};
+///
+/// # fn run(from_the_exporter: IpcEventHandle) -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// // SAFETY: the exporting process keeps its event until this one is dropped (it says so over the
+/// // channel the handle came on, and waits for this process's "done").
+/// let filled = unsafe { IpcEvent::open(engine.context(), &from_the_exporter)? };
+/// stream.wait(&filled)?; // binds to the exporter's most recent record of it
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct IpcEvent {
     event: CudaEvent,

@@ -17,6 +17,18 @@ use crate::sys::{CUcontext, CUdeviceptr, CUipcMemHandle};
 
 /// A legacy 64-byte interprocess memory handle. Anyone on the host who learns these bytes may
 /// open the memory (module doc).
+///
+/// ```no_run
+/// use ppnrt::{Engine, LegacyIpcHandle};
+///
+/// # fn run() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let plain = engine.alloc_persistent::<u32>(1024)?; // `cuMemAlloc` memory
+/// let handle = LegacyIpcHandle::of(&plain)?; // keep `plain` until every importer closed it
+/// assert_eq!(format!("{handle:?}"), "LegacyIpcHandle(..)");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LegacyIpcHandle(pub [u8; 64]);
 
@@ -93,6 +105,20 @@ static_assertions::assert_impl_all!(LegacyImport<u32>: Send, Sync);
 /// this drops.
 ///
 /// Reads go through [`Deref`] to the [`CudaSlice`]; writes through [`as_view_mut`](Self::as_view_mut).
+///
+/// ```no_run
+/// use ppnrt::{Engine, LegacyImport, LegacyIpcHandle};
+///
+/// # fn run(from_the_exporter: LegacyIpcHandle) -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// // SAFETY: the exporter keeps the allocation until this process reports it closed.
+/// let imported = unsafe { LegacyImport::<u32>::open(&stream, &from_the_exporter, 1024)? };
+/// let values = engine.dtoh(&*imported)?;
+/// println!("{} values", values.len());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct LegacyImport<T: DeviceRepr> {
     slice: CudaSlice<T>,

@@ -103,6 +103,19 @@ fn sizes<T: DeviceRepr>(what: &'static str, stream: &CudaStream, len: usize) -> 
 ///
 /// Reads go through [`Deref`] to the [`CudaSlice`]; writes through [`as_view_mut`](Self::as_view_mut).
 /// Every use is ordered like any slice's.
+///
+/// ```no_run
+/// use ppnrt::{Engine, ExportedMemory};
+///
+/// # fn run() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// let slots = ExportedMemory::<u32>::alloc(&stream, 1 << 16)?;
+/// let fd = slots.export_fd()?; // pass it over a local channel; close it once sent
+/// println!("{} bytes mapped, exported as descriptor {fd:?}", slots.mapped_bytes());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ExportedMemory<T: DeviceRepr> {
     slice: CudaSlice<T>,
@@ -196,6 +209,20 @@ impl<T: DeviceRepr> Deref for ExportedMemory<T> {
 /// when the last mapping and reference anywhere go (module doc).
 ///
 /// Reads go through [`Deref`] to the [`CudaSlice`]; writes through [`as_view_mut`](Self::as_view_mut).
+///
+/// ```no_run
+/// use std::os::fd::OwnedFd;
+/// use ppnrt::{Engine, ImportedMemory};
+///
+/// # fn run(from_the_exporter: OwnedFd) -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let stream = engine.stream()?;
+/// let mut slots = ImportedMemory::<u32>::import(&stream, from_the_exporter, 1 << 16)?;
+/// let data = engine.htod(&vec![7u32; 1 << 16])?;
+/// stream.memcpy_dtod(&data, &mut slots.as_view_mut())?; // ordered like any copy
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ImportedMemory<T: DeviceRepr> {
     slice: CudaSlice<T>,

@@ -85,6 +85,19 @@ use crate::cuda_error::Result;
 use crate::sys::CUdevice_attribute;
 
 /// What a device supports of the interprocess calls.
+///
+/// ```no_run
+/// use ppnrt::{Engine, IpcSupport};
+///
+/// # fn run() -> ppnrt::Result<()> {
+/// let engine = Engine::new(0)?;
+/// let support = IpcSupport::of(engine.device())?;
+/// if !support.fd_export() {
+///     println!("descriptors unsupported: legacy handles only");
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcSupport {
     /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`: `cuMemCreate` and `cuMemMap`.
