@@ -207,6 +207,7 @@ pub(super) fn receive(
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let room = (want - read.len()).min(chunk.len());
+        let before = fds.len();
         let received = rustix::net::recvmsg(
             stream,
             &mut [IoSliceMut::new(&mut chunk[..room])],
@@ -226,7 +227,21 @@ pub(super) fn receive(
             Err(e) => return Err(LocalChannelError::io("reading a frame", e)),
         };
         if received.flags.contains(ReturnFlags::CTRUNC) {
-            return Err(LocalChannelError::Record { what: format!("more than {MAX_FDS} descriptors with one frame") });
+            return Err(LocalChannelError::Record {
+                what: format!("descriptors cut short (more than {MAX_FDS} with one frame, or none left to this process)"),
+            });
+        }
+        // The descriptors ride on a frame's first bytes only: any that come later (a peer that
+        // attaches them to every byte of a long frame) are refused at once, so a frame never
+        // holds more than one message's worth (`MAX_FDS`) of this process's descriptors.
+        if !read.is_empty() && fds.len() > before {
+            return Err(LocalChannelError::Record {
+                what: format!(
+                    "{} descriptor(s) past the first bytes of a frame (byte {} of it)",
+                    fds.len() - before,
+                    read.len()
+                ),
+            });
         }
         if received.bytes == 0 {
             return Err(LocalChannelError::PeerClosed { what: "reading a frame".into() });

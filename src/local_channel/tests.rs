@@ -162,3 +162,32 @@ fn the_block_layout_is_as_documented() {
     assert_eq!((word(64 + 128), word(72 + 128)), (11, 10));
     assert_eq!((block.filled(0), block.consumed(1)), (0, 0));
 }
+
+/// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    let sent = rustix::net::sendmsg(stream, &[std::io::IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL);
+    assert_eq!(sent.unwrap(), bytes.len());
+}
+
+#[test]
+fn descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed() {
+    let (mut host, guest) = pair(10);
+    host.timeout = Duration::from_secs(3);
+    let (mut read_a, write_a) = pipe();
+    let (mut read_b, write_b) = pipe();
+    // A frame of 100 bytes announced with one descriptor, then one byte of it with another,
+    // then nothing: a peer that would attach descriptors to every byte of a long frame.
+    send_with_fds(&guest.stream, &100u32.to_le_bytes(), &[write_a.as_fd()]);
+    send_with_fds(&guest.stream, &[1], &[write_b.as_fd()]);
+    drop((write_a, write_b));
+    let start = std::time::Instant::now();
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what.contains("past the first bytes")), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2), "refused as they came, not when the frame ended");
+    assert!(closed_everywhere(&mut read_a) && closed_everywhere(&mut read_b), "the received copies were closed");
+    drop(guest);
+}
