@@ -215,6 +215,25 @@ pub fn check_peer(peer: PeerCredentials, uid: u32) -> Result<PeerCredentials, Lo
     Ok(peer)
 }
 
+/// Connects to the socket at `path` without waiting: a listener whose queue is full (it stopped
+/// accepting, or is flooded) is `WouldBlock` at once, which the caller retries within its
+/// deadline, where a blocking `connect` would wait for room without any bound.
+fn connect_unix(path: &Path) -> std::io::Result<UnixStream> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path)?;
+    let socket = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    // A Unix stream connects at once or not at all (never "in progress").
+    rustix::net::connect(&socket, &addr)?;
+    let stream = UnixStream::from(socket);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// Where the credentials of a connection come from: the kernel ([`peer_credentials`]); the
 /// crate's tests give a stand-in (no test can be another user).
 type Credentials = fn(&UnixStream) -> std::io::Result<PeerCredentials>;
@@ -446,7 +465,7 @@ impl LocalChannel {
         let key = access.key();
         let deadline = Instant::now() + timeout;
         let (mut stream, handshake) =
-            connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire), &key, MAGIC, deadline).map_err(
+            connect_and_knock_with(|_| connect_unix(path).map(UnixWire), &key, MAGIC, deadline).map_err(
                 |e| {
                     if e.timed_out() {
                         LocalChannelError::Timeout {

@@ -191,3 +191,36 @@ fn descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed() {
     assert!(closed_everywhere(&mut read_a) && closed_everywhere(&mut read_b), "the received copies were closed");
     drop(guest);
 }
+
+#[test]
+fn a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    // A peer that listens and never accepts, its queue full (it stopped, or is flooded).
+    let dir = std::env::temp_dir().join(format!("ppnrt-full-queue-{}", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("channel");
+    let addr = SocketAddrUnix::new(&path).unwrap();
+    let socket = |flags| rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None).unwrap();
+    let listener = socket(SocketFlags::CLOEXEC);
+    rustix::net::bind(&listener, &addr).unwrap();
+    rustix::net::listen(&listener, 0).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let stream = socket(SocketFlags::CLOEXEC | SocketFlags::NONBLOCK);
+        match rustix::net::connect(&stream, &addr) {
+            Ok(()) => queued.push(stream),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(queued.len() < 64, "the queue never filled");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let connecting = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(LocalChannel::connect(&connecting, &access(), 11, Duration::from_millis(300)));
+    });
+    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the connection gave up within its timeout");
+    assert!(matches!(result, Err(LocalChannelError::Timeout { .. })), "{result:?}");
+    drop((queued, listener));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
