@@ -228,7 +228,9 @@ pub(super) fn receive(
         };
         if received.flags.contains(ReturnFlags::CTRUNC) {
             return Err(LocalChannelError::Record {
-                what: format!("descriptors cut short (more than {MAX_FDS} with one frame, or none left to this process)"),
+                what: format!(
+                    "descriptors cut short (more than {MAX_FDS} with one frame, or none left to this process)"
+                ),
             });
         }
         // The descriptors ride on a frame's first bytes only: any that come later (a peer that

@@ -465,17 +465,15 @@ impl LocalChannel {
         let key = access.key();
         let deadline = Instant::now() + timeout;
         let (mut stream, handshake) =
-            connect_and_knock_with(|_| connect_unix(path).map(UnixWire), &key, MAGIC, deadline).map_err(
-                |e| {
-                    if e.timed_out() {
-                        LocalChannelError::Timeout {
-                            what: format!("listener at {} (or no handshake with it)", path.display()),
-                        }
-                    } else {
-                        LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
+            connect_and_knock_with(|_| connect_unix(path).map(UnixWire), &key, MAGIC, deadline).map_err(|e| {
+                if e.timed_out() {
+                    LocalChannelError::Timeout {
+                        what: format!("listener at {} (or no handshake with it)", path.display()),
                     }
-                },
-            )?;
+                } else {
+                    LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
+                }
+            })?;
         // Nothing past the handshake goes to a process of another user.
         let peer = (credentials)(&stream.0).map_err(|e| LocalChannelError::io("reading the peer's credentials", e))?;
         let peer = check_peer(peer, own_uid())?;

@@ -224,3 +224,26 @@ fn a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout() {
     drop((queued, listener));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_block_that_is_no_memfd_is_refused_by_name() {
+    let refused = |fd: OwnedFd, says: &str| {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let err = ControlBlock::open(fd, 1).unwrap_err();
+        let named = format!("descriptor {raw} is not a memfd ({says})");
+        assert!(matches!(err, LocalChannelError::Block { ref what } if what == &named), "{err}");
+    };
+    let (socket, _other) = UnixStream::pair().unwrap();
+    refused(socket.into(), "a socket");
+    let mut ends = [0; 2];
+    // SAFETY: `pipe2` writes two new descriptors into `ends`, each owned once just below.
+    assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are fresh descriptors of this process that nothing else owns.
+    let (pipe, _writer) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1]))
+    };
+    refused(pipe, "a pipe");
+    refused(std::fs::File::open(std::env::temp_dir()).unwrap().into(), "a directory");
+    refused(std::fs::File::open("/dev/null").unwrap().into(), "a character device");
+}
