@@ -207,6 +207,11 @@ declare -A catchers=(
   [same-host-by-boot-id-only]="one_host_needs_the_boot_id_and_the_name the_reach_table"
   [auto-ipc-before-transport]="each_setting_chooses_as_documented boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
   [ipc-build-unrefused]="boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
+  # The same-host channel against a lying or stopped peer: descriptors only with a frame's first
+  # bytes, a connect that never waits on a full queue, a block that is no memfd named.
+  [local-late-fds-kept]="descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed"
+  [local-connect-blocks]="a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout"
+  [block-not-memfd-unnamed]="a_block_that_is_no_memfd_is_refused_by_name"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -609,3 +614,8 @@ run plan-same-host-ignored src/pp/process_transport.rs "        if !HostIdentity
 run same-host-by-boot-id-only src/rendezvous/identity.rs "        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.hostname == other.hostname" "        !self.boot_id.is_empty() && self.boot_id == other.boot_id" lib
 run auto-ipc-before-transport src/pp/process_transport.rs "pub(crate) const IPC_TRANSPORT_BUILT: bool = false;" "pub(crate) const IPC_TRANSPORT_BUILT: bool = true;" lib
 run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BUILT => Err(" "            Some(b) if false => Err(" lib
+# The same-host channel against a lying or stopped peer: descriptors only with a frame's first
+# bytes, a connect that never waits on a full queue, a block that is no memfd named.
+run local-late-fds-kept src/local_channel/frame.rs "        if !read.is_empty() && fds.len() > before {" "        if false && fds.len() > before {" lib
+run local-connect-blocks src/local_channel/mod.rs "connect_and_knock_with(|_| connect_unix(path).map(UnixWire)" "connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire)" lib
+run block-not-memfd-unnamed src/local_channel/control_block.rs "            Err(rustix::io::Errno::INVAL) => {" "            Err(rustix::io::Errno::INVAL) if false => {" lib
