@@ -26,7 +26,8 @@
 //! directory cannot meet here (the connecting rank's wait ends in
 //! [`LocalChannelError::Timeout`]).
 //!
-//! Every wait is bounded by the caller's timeout: a peer that is slow, stops or dies gives
+//! Every wait is bounded by the caller's timeout (one too long for an `Instant`, such as
+//! `Duration::MAX`, is as good as none, never a panic): a peer that is slow, stops or dies gives
 //! [`LocalChannelError::Timeout`] or [`LocalChannelError::PeerClosed`], never a hang. Threading:
 //! a channel is used by one thread at a time (`&mut self`); the control block is shared freely.
 
@@ -215,6 +216,16 @@ pub fn check_peer(peer: PeerCredentials, uid: u32) -> Result<PeerCredentials, Lo
     Ok(peer)
 }
 
+/// How far a timeout too long for an [`Instant`] reaches: as good as never.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The instant `timeout` from now; a timeout past what an [`Instant`] can hold
+/// (`Duration::MAX`, "no timeout") waits [`FOREVER`] rather than overflow.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(|| now + FOREVER)
+}
+
 /// Connects to the socket at `path` without waiting: a listener whose queue is full (it stopped
 /// accepting, or is flooded) is `WouldBlock` at once, which the caller retries within its
 /// deadline, where a blocking `connect` would wait for room without any bound.
@@ -336,8 +347,7 @@ impl LocalListener {
         let mut admission =
             Admission::new(&listener, self.key.clone(), MAGIC, HANDSHAKE_BUDGET.min(timeout), MAX_PENDING, PURPOSE)
                 .map_err(io)?;
-        let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = deadline_after(timeout);
         let uid = own_uid();
         let mut other_users = Vec::new();
         let purpose_named = |read: &[u8]| Ok((read.len() >= PURPOSE).then_some(PURPOSE));
@@ -463,7 +473,7 @@ impl LocalChannel {
         credentials: Credentials,
     ) -> Result<LocalChannel, LocalChannelError> {
         let key = access.key();
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let (mut stream, handshake) =
             connect_and_knock_with(|_| connect_unix(path).map(UnixWire), &key, MAGIC, deadline).map_err(|e| {
                 if e.timed_out() {
@@ -524,7 +534,7 @@ impl LocalChannel {
     }
 
     fn send_raw(&mut self, body: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), LocalChannelError> {
-        frame::send(&self.stream, &mut self.sealer, body, fds, Instant::now() + self.timeout)
+        frame::send(&self.stream, &mut self.sealer, body, fds, deadline_after(self.timeout))
     }
 
     /// Receives one frame of descriptors, within the channel's timeout, expecting exactly the
@@ -538,7 +548,7 @@ impl LocalChannel {
     /// [`LocalChannelError::PeerClosed`].
     pub fn recv_fds(&mut self, expected: &[FdKind]) -> Result<Vec<ReceivedFd>, LocalChannelError> {
         let (body, fds) =
-            frame::receive(&self.stream, &mut self.opener, frame::MAX_BODY, Instant::now() + self.timeout)?;
+            frame::receive(&self.stream, &mut self.opener, frame::MAX_BODY, deadline_after(self.timeout))?;
         frame::match_expected(&body, fds, expected)
     }
 
@@ -561,7 +571,7 @@ impl LocalChannel {
     /// As [`recv_fds`](Self::recv_fds); a frame with descriptors is refused (they are closed).
     pub fn recv_bytes(&mut self, max: usize) -> Result<Vec<u8>, LocalChannelError> {
         let max = max.min(frame::MAX_BODY);
-        let (body, fds) = frame::receive(&self.stream, &mut self.opener, max, Instant::now() + self.timeout)?;
+        let (body, fds) = frame::receive(&self.stream, &mut self.opener, max, deadline_after(self.timeout))?;
         if !fds.is_empty() {
             return Err(LocalChannelError::Record {
                 what: format!("{} descriptor(s) with a frame that should carry none", fds.len()),

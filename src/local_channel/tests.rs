@@ -247,3 +247,17 @@ fn a_block_that_is_no_memfd_is_refused_by_name() {
     refused(std::fs::File::open(std::env::temp_dir()).unwrap().into(), "a directory");
     refused(std::fs::File::open("/dev/null").unwrap().into(), "a character device");
 }
+
+#[test]
+fn a_timeout_without_end_waits_rather_than_overflows() {
+    let listener = LocalListener::bind(&access(), 12).unwrap();
+    let path = listener.path().to_path_buf();
+    let host = std::thread::spawn(move || listener.accept(Duration::MAX));
+    let mut guest = LocalChannel::connect(&path, &access(), 12, Duration::MAX).unwrap();
+    let mut host = host.join().unwrap().unwrap();
+    guest.send_bytes(b"no end").unwrap();
+    assert_eq!(host.recv_bytes(16).unwrap(), b"no end");
+    let (_read, write) = pipe();
+    host.send_fds(&[FdEntry { kind: FdKind::ControlBlock, bytes: 64, index: 0 }], &[write.as_fd()]).unwrap();
+    assert_eq!(guest.recv_fds(&[FdKind::ControlBlock]).unwrap().len(), 1);
+}
