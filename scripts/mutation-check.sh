@@ -212,6 +212,12 @@ declare -A catchers=(
   [local-late-fds-kept]="descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed"
   [local-connect-blocks]="a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout"
   [block-not-memfd-unnamed]="a_block_that_is_no_memfd_is_refused_by_name"
+  [local-deadline-overflows]="a_timeout_without_end_waits_rather_than_overflows"
+  [local-ctrunc-unchecked]="more_descriptors_than_a_frame_holds_are_cut_short_refused_and_closed"
+  [local-length-unbounded]="a_length_past_the_bound_is_refused_before_any_of_it_is_read"
+  [local-bytes-frame-fds-kept]="a_record_of_other_kinds_or_count_is_refused_and_its_descriptors_closed"
+  [identity-bound-short]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
+  [identity-peers-unbounded]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -619,3 +625,9 @@ run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BU
 run local-late-fds-kept src/local_channel/frame.rs "        if !read.is_empty() && fds.len() > before {" "        if false && fds.len() > before {" lib
 run local-connect-blocks src/local_channel/mod.rs "connect_and_knock_with(|_| connect_unix(path).map(UnixWire)" "connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire)" lib
 run block-not-memfd-unnamed src/local_channel/control_block.rs "            Err(rustix::io::Errno::INVAL) => {" "            Err(rustix::io::Errno::INVAL) if false => {" lib
+run local-deadline-overflows src/local_channel/mod.rs "    now.checked_add(timeout).unwrap_or_else(|| now + FOREVER)" "    now + timeout" lib
+run local-ctrunc-unchecked src/local_channel/frame.rs "        if received.flags.contains(ReturnFlags::CTRUNC) {" "        if false {" lib
+run local-length-unbounded src/local_channel/frame.rs "            if body > max_body {" "            if false {" lib
+run local-bytes-frame-fds-kept src/local_channel/mod.rs "        if !fds.is_empty() {" "        if false {" host
+run identity-bound-short src/rendezvous/identity.rs "4 * MAX_DEVICES);" "2 * MAX_DEVICES);" lib
+run identity-peers-unbounded src/rendezvous/identity.rs "            if device.peer_access.len() > MAX_DEVICES {" "            if false {" lib

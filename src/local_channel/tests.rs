@@ -166,9 +166,9 @@ fn the_block_layout_is_as_documented() {
 /// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).
 fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2 * MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    assert!(fds.is_empty() || control.push(SendAncillaryMessage::ScmRights(fds)));
     let sent = rustix::net::sendmsg(stream, &[std::io::IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL);
     assert_eq!(sent.unwrap(), bytes.len());
 }
@@ -260,4 +260,32 @@ fn a_timeout_without_end_waits_rather_than_overflows() {
     let (_read, write) = pipe();
     host.send_fds(&[FdEntry { kind: FdKind::ControlBlock, bytes: 64, index: 0 }], &[write.as_fd()]).unwrap();
     assert_eq!(guest.recv_fds(&[FdKind::ControlBlock]).unwrap().len(), 1);
+}
+
+#[test]
+fn more_descriptors_than_a_frame_holds_are_cut_short_refused_and_closed() {
+    let (mut host, guest) = pair(13);
+    let (mut read, write) = pipe();
+    let copies: Vec<OwnedFd> = (0..MAX_FDS + 4).map(|_| write.try_clone().unwrap()).collect();
+    let borrowed: Vec<_> = copies.iter().map(|fd| fd.as_fd()).collect();
+    send_with_fds(&guest.stream, &100u32.to_le_bytes(), &borrowed);
+    drop((write, copies));
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what.contains("cut short")), "{err}");
+    assert!(closed_everywhere(&mut read), "the descriptors that came were closed, the kernel closed the rest");
+    drop(guest);
+}
+
+#[test]
+fn a_length_past_the_bound_is_refused_before_any_of_it_is_read() {
+    let (mut host, guest) = pair(14);
+    host.timeout = Duration::from_secs(3);
+    let huge = u32::MAX.to_le_bytes();
+    send_with_fds(&guest.stream, &huge, &[]);
+    let start = std::time::Instant::now();
+    let err = host.recv_bytes(usize::MAX).unwrap_err();
+    let named = format!("a frame of {} bytes (at most {})", u32::MAX, frame::MAX_BODY);
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what == &named), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2), "refused at its length, not after waiting for the body");
+    drop(guest);
 }
