@@ -218,6 +218,7 @@ declare -A catchers=(
   [local-bytes-frame-fds-kept]="a_record_of_other_kinds_or_count_is_refused_and_its_descriptors_closed"
   [identity-bound-short]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
   [identity-peers-unbounded]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
+  [ipc-export-fd-inherited]="an_exported_descriptor_is_close_on_exec"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -631,3 +632,4 @@ run local-length-unbounded src/local_channel/frame.rs "            if body > max
 run local-bytes-frame-fds-kept src/local_channel/mod.rs "        if !fds.is_empty() {" "        if false {" host
 run identity-bound-short src/rendezvous/identity.rs "4 * MAX_DEVICES);" "2 * MAX_DEVICES);" lib
 run identity-peers-unbounded src/rendezvous/identity.rs "            if device.peer_access.len() > MAX_DEVICES {" "            if false {" lib
+run ipc-export-fd-inherited src/safe/ipc/memory.rs "        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).map_err(" "        rustix::io::fcntl_getfd(&fd).map(drop).map_err("
