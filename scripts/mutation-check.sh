@@ -219,6 +219,9 @@ declare -A catchers=(
   [identity-bound-short]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
   [identity-peers-unbounded]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
   [ipc-export-fd-inherited]="an_exported_descriptor_is_close_on_exec"
+  [local-broken-not-kept]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole a_send_that_failed_spends_its_seal_and_the_channel_takes_no_further_frame"
+  [local-torn-unset]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
+  [local-clean-timeout-breaks]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -633,3 +636,6 @@ run local-bytes-frame-fds-kept src/local_channel/mod.rs "        if !fds.is_empt
 run identity-bound-short src/rendezvous/identity.rs "4 * MAX_DEVICES);" "2 * MAX_DEVICES);" lib
 run identity-peers-unbounded src/rendezvous/identity.rs "            if device.peer_access.len() > MAX_DEVICES {" "            if false {" lib
 run ipc-export-fd-inherited src/safe/ipc/memory.rs "        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).map_err(" "        rustix::io::fcntl_getfd(&fd).map(drop).map_err("
+run local-broken-not-kept src/local_channel/mod.rs "        match &self.broken {" "        match &None::<String> {" lib
+run local-torn-unset src/local_channel/frame.rs "        *torn |= received.bytes > 0;" "        *torn |= false;" lib
+run local-clean-timeout-breaks src/local_channel/mod.rs "if let (Err(e), true) = (&received, torn) {" "if let (Err(e), _) = (&received, torn) {" lib

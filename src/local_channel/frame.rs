@@ -187,12 +187,14 @@ pub(super) fn send(
 /// Reads one frame by `deadline`: its body once its seal opens, and every descriptor that came
 /// with it (owned: dropping them closes them). A frame longer than `max_body`, with a seal that
 /// does not open, or whose descriptors the kernel had to cut short is an error, its descriptors
-/// closed.
+/// closed. `torn` is set once any byte of the frame is read (an error then leaves the stream
+/// mid-frame).
 pub(super) fn receive(
     stream: &UnixStream,
     opener: &mut Opener,
     max_body: usize,
     deadline: Instant,
+    torn: &mut bool,
 ) -> Result<(Vec<u8>, Vec<OwnedFd>), LocalChannelError> {
     let mut fds = Vec::new();
     let mut read = Vec::new();
@@ -226,6 +228,8 @@ pub(super) fn receive(
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(e) => return Err(LocalChannelError::io("reading a frame", e)),
         };
+        // Bytes of the frame are taken from here on: an error leaves the stream mid-frame.
+        *torn |= received.bytes > 0;
         if received.flags.contains(ReturnFlags::CTRUNC) {
             return Err(LocalChannelError::Record {
                 what: format!(

@@ -33,7 +33,7 @@
 
 use std::fmt;
 use std::io::ErrorKind;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -125,6 +125,13 @@ pub enum LocalChannelError {
     Block {
         /// What was wrong.
         what: String,
+    },
+    /// An earlier call failed with a frame half read or written (or a seal's position spent):
+    /// the channel takes no further frame; drop it (the other rank sees it closed).
+    #[error("local channel: unusable since an earlier failure ({earlier}); drop it")]
+    Broken {
+        /// The earlier failure.
+        earlier: String,
     },
 }
 
@@ -387,6 +394,7 @@ impl LocalListener {
                 sealer: Sealer::new(to_guest),
                 opener: Opener::new(from_guest),
                 timeout,
+                broken: None,
             });
         }
     }
@@ -414,8 +422,11 @@ impl Drop for LocalListener {
     }
 }
 
-/// An admitted channel to the other rank (either end). A call that fails may leave a frame half
-/// read or written: after any error, drop the channel (the other rank sees it closed).
+/// An admitted channel to the other rank (either end). A send that fails, or a receive that fails
+/// once any byte of its frame came, leaves the channel broken (a frame half read or written, a
+/// seal's position spent): every later call is [`LocalChannelError::Broken`] naming that
+/// failure, and the channel is to be dropped. A receive that timed out before any byte of a
+/// frame came leaves it whole.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -446,6 +457,8 @@ pub struct LocalChannel {
     sealer: Sealer,
     opener: Opener,
     timeout: Duration,
+    /// The failure that left the channel mid-frame, if one did.
+    broken: Option<String>,
 }
 
 impl LocalChannel {
@@ -508,6 +521,7 @@ impl LocalChannel {
             sealer: Sealer::new(to_host),
             opener: Opener::new(from_host),
             timeout,
+            broken: None,
         })
     }
 
@@ -522,7 +536,7 @@ impl LocalChannel {
     /// # Errors
     /// [`LocalChannelError::Record`] for lists of different lengths or more than [`MAX_FDS`];
     /// [`LocalChannelError::Timeout`] or [`LocalChannelError::PeerClosed`] for a peer that does
-    /// not read.
+    /// not read; [`LocalChannelError::Broken`] after a failure that left the channel mid-frame.
     #[doc(alias = "SCM_RIGHTS")]
     pub fn send_fds(&mut self, entries: &[FdEntry], fds: &[BorrowedFd<'_>]) -> Result<(), LocalChannelError> {
         if entries.len() != fds.len() || fds.len() > MAX_FDS {
@@ -534,7 +548,31 @@ impl LocalChannel {
     }
 
     fn send_raw(&mut self, body: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), LocalChannelError> {
-        frame::send(&self.stream, &mut self.sealer, body, fds, deadline_after(self.timeout))
+        self.whole()?;
+        let sent = frame::send(&self.stream, &mut self.sealer, body, fds, deadline_after(self.timeout));
+        // The seal's position is spent whether or not the frame went whole.
+        if let Err(e) = &sent {
+            self.broken = Some(e.to_string());
+        }
+        sent
+    }
+
+    fn receive(&mut self, max: usize) -> Result<(Vec<u8>, Vec<OwnedFd>), LocalChannelError> {
+        self.whole()?;
+        let mut torn = false;
+        let received = frame::receive(&self.stream, &mut self.opener, max, deadline_after(self.timeout), &mut torn);
+        if let (Err(e), true) = (&received, torn) {
+            self.broken = Some(e.to_string());
+        }
+        received
+    }
+
+    /// Refuses a call on a channel an earlier failure left mid-frame.
+    fn whole(&self) -> Result<(), LocalChannelError> {
+        match &self.broken {
+            Some(earlier) => Err(LocalChannelError::Broken { earlier: earlier.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Receives one frame of descriptors, within the channel's timeout, expecting exactly the
@@ -545,10 +583,10 @@ impl LocalChannel {
     /// # Errors
     /// [`LocalChannelError::Record`], [`LocalChannelError::Unauthenticated`] as above;
     /// [`LocalChannelError::Timeout`] for a peer that sends nothing in time;
-    /// [`LocalChannelError::PeerClosed`].
+    /// [`LocalChannelError::PeerClosed`]; [`LocalChannelError::Broken`] after a failure that left
+    /// the channel mid-frame.
     pub fn recv_fds(&mut self, expected: &[FdKind]) -> Result<Vec<ReceivedFd>, LocalChannelError> {
-        let (body, fds) =
-            frame::receive(&self.stream, &mut self.opener, frame::MAX_BODY, deadline_after(self.timeout))?;
+        let (body, fds) = self.receive(frame::MAX_BODY)?;
         frame::match_expected(&body, fds, expected)
     }
 
@@ -571,7 +609,7 @@ impl LocalChannel {
     /// As [`recv_fds`](Self::recv_fds); a frame with descriptors is refused (they are closed).
     pub fn recv_bytes(&mut self, max: usize) -> Result<Vec<u8>, LocalChannelError> {
         let max = max.min(frame::MAX_BODY);
-        let (body, fds) = frame::receive(&self.stream, &mut self.opener, max, deadline_after(self.timeout))?;
+        let (body, fds) = self.receive(max)?;
         if !fds.is_empty() {
             return Err(LocalChannelError::Record {
                 what: format!("{} descriptor(s) with a frame that should carry none", fds.len()),

@@ -289,3 +289,43 @@ fn a_length_past_the_bound_is_refused_before_any_of_it_is_read() {
     assert!(start.elapsed() < Duration::from_secs(2), "refused at its length, not after waiting for the body");
     drop(guest);
 }
+
+#[test]
+fn a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole() {
+    let (mut host, mut guest) = pair(15);
+    host.timeout = Duration::from_millis(200);
+    // Nothing came: the channel stays whole.
+    assert!(matches!(host.recv_bytes(16), Err(LocalChannelError::Timeout { .. })));
+    guest.send_bytes(b"late").unwrap();
+    assert_eq!(host.recv_bytes(16).unwrap(), b"late");
+    // A frame cut off after its length: the receive times out mid-frame, and whatever comes
+    // next is not read as a frame (it would be misread as a forgery).
+    send_with_fds(&guest.stream, &10u32.to_le_bytes(), &[]);
+    let err = host.recv_bytes(16).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
+    send_with_fds(&guest.stream, &[0; 10 + crate::auth::SEAL], &[]);
+    guest.send_bytes(b"next").unwrap();
+    let err = host.recv_bytes(16).unwrap_err();
+    assert!(
+        matches!(err, LocalChannelError::Broken { ref earlier } if earlier.contains("within the timeout")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_send_that_failed_spends_its_seal_and_the_channel_takes_no_further_frame() {
+    let (_host, mut guest) = pair(16);
+    guest.timeout = Duration::from_millis(200);
+    // The host never reads: the socket's buffers fill, and a send times out.
+    let err = loop {
+        if let Err(e) = guest.send_bytes(&[7; 60 << 10]) {
+            break e;
+        }
+    };
+    assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
+    let err = guest.send_bytes(b"x").unwrap_err();
+    assert!(
+        matches!(err, LocalChannelError::Broken { ref earlier } if earlier.contains("within the timeout")),
+        "{err}"
+    );
+}
