@@ -207,6 +207,21 @@ declare -A catchers=(
   [same-host-by-boot-id-only]="one_host_needs_the_boot_id_and_the_name the_reach_table"
   [auto-ipc-before-transport]="each_setting_chooses_as_documented boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
   [ipc-build-unrefused]="boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
+  # The same-host channel against a lying or stopped peer: descriptors only with a frame's first
+  # bytes, a connect that never waits on a full queue, a block that is no memfd named.
+  [local-late-fds-kept]="descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed"
+  [local-connect-blocks]="a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout"
+  [block-not-memfd-unnamed]="a_block_that_is_no_memfd_is_refused_by_name"
+  [local-deadline-overflows]="a_timeout_without_end_waits_rather_than_overflows"
+  [local-ctrunc-unchecked]="more_descriptors_than_a_frame_holds_are_cut_short_refused_and_closed"
+  [local-length-unbounded]="a_length_past_the_bound_is_refused_before_any_of_it_is_read"
+  [local-bytes-frame-fds-kept]="a_record_of_other_kinds_or_count_is_refused_and_its_descriptors_closed"
+  [identity-bound-short]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
+  [identity-peers-unbounded]="the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none"
+  [ipc-export-fd-inherited]="an_exported_descriptor_is_close_on_exec"
+  [local-broken-not-kept]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole a_send_that_failed_spends_its_seal_and_the_channel_takes_no_further_frame"
+  [local-torn-unset]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
+  [local-clean-timeout-breaks]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -609,3 +624,18 @@ run plan-same-host-ignored src/pp/process_transport.rs "        if !HostIdentity
 run same-host-by-boot-id-only src/rendezvous/identity.rs "        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.hostname == other.hostname" "        !self.boot_id.is_empty() && self.boot_id == other.boot_id" lib
 run auto-ipc-before-transport src/pp/process_transport.rs "pub(crate) const IPC_TRANSPORT_BUILT: bool = false;" "pub(crate) const IPC_TRANSPORT_BUILT: bool = true;" lib
 run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BUILT => Err(" "            Some(b) if false => Err(" lib
+# The same-host channel against a lying or stopped peer: descriptors only with a frame's first
+# bytes, a connect that never waits on a full queue, a block that is no memfd named.
+run local-late-fds-kept src/local_channel/frame.rs "        if !read.is_empty() && fds.len() > before {" "        if false && fds.len() > before {" lib
+run local-connect-blocks src/local_channel/mod.rs "connect_and_knock_with(|_| connect_unix(path).map(UnixWire)" "connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire)" lib
+run block-not-memfd-unnamed src/local_channel/control_block.rs "            Err(rustix::io::Errno::INVAL) => {" "            Err(rustix::io::Errno::INVAL) if false => {" lib
+run local-deadline-overflows src/local_channel/mod.rs "    now.checked_add(timeout).unwrap_or_else(|| now + FOREVER)" "    now + timeout" lib
+run local-ctrunc-unchecked src/local_channel/frame.rs "        if received.flags.contains(ReturnFlags::CTRUNC) {" "        if false {" lib
+run local-length-unbounded src/local_channel/frame.rs "            if body > max_body {" "            if false {" lib
+run local-bytes-frame-fds-kept src/local_channel/mod.rs "        if !fds.is_empty() {" "        if false {" host
+run identity-bound-short src/rendezvous/identity.rs "4 * MAX_DEVICES);" "2 * MAX_DEVICES);" lib
+run identity-peers-unbounded src/rendezvous/identity.rs "            if device.peer_access.len() > MAX_DEVICES {" "            if false {" lib
+run ipc-export-fd-inherited src/safe/ipc/memory.rs "        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).map_err(" "        rustix::io::fcntl_getfd(&fd).map(drop).map_err("
+run local-broken-not-kept src/local_channel/mod.rs "        match &self.broken {" "        match &None::<String> {" lib
+run local-torn-unset src/local_channel/frame.rs "        *torn |= received.bytes > 0;" "        *torn |= false;" lib
+run local-clean-timeout-breaks src/local_channel/mod.rs "if let (Err(e), true) = (&received, torn) {" "if let (Err(e), _) = (&received, torn) {" lib

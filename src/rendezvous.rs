@@ -74,6 +74,9 @@ pub const MAX_WORLD: usize = 256;
 
 /// A reply carries every rank's address and contribution.
 const MAX_REPLY: usize = 64 << 20;
+// The largest member table (every rank at every bound: an address as text, at most 45 bytes,
+// its contribution and its identity, each length-prefixed) fits a reply.
+const _: () = assert!(MAX_WORLD * (3 * 4 + 45 + MAX_CONTRIBUTION + MAX_IDENTITY) <= MAX_REPLY);
 /// How long one connection to rank 0 has to deliver its whole hello (a rank sends it at once):
 /// a connection that is silent, or trickles bytes, is dropped then, and the rendezvous goes on.
 const HELLO_BUDGET: Duration = Duration::from_secs(2);

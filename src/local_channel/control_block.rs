@@ -24,7 +24,7 @@
 //! access fault), of another size, magic, version or slot count. The mapping lives as long as
 //! the value; the descriptor is kept so it can be passed again.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -134,7 +134,8 @@ impl ControlBlock {
     /// Maps the block passed as `fd`, expected to hold `slots` slots.
     ///
     /// # Errors
-    /// [`LocalChannelError::Block`] naming what is wrong: not sealed against shrinking and
+    /// [`LocalChannelError::Block`] naming what is wrong: a descriptor that is no memfd (naming
+    /// it and its file type: a socket, pipe, directory...), not sealed against shrinking and
     /// growing, another byte size than [`byte_size(slots)`](Self::byte_size), another magic,
     /// version or slot count. [`LocalChannelError::Io`] when it cannot be examined or mapped.
     pub fn open(fd: OwnedFd, slots: usize) -> Result<ControlBlock, LocalChannelError> {
@@ -144,7 +145,17 @@ impl ControlBlock {
             });
         }
         let io = |what: &'static str| move |e: rustix::io::Errno| LocalChannelError::io(what, e.into());
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(io("reading the control block's seals"))?;
+        let seals = match rustix::fs::fcntl_get_seals(&fd) {
+            Ok(seals) => seals,
+            // Only a memfd (or another shmem file) has seals: a socket, pipe, directory or file
+            // of another file system is none.
+            Err(rustix::io::Errno::INVAL) => {
+                return Err(LocalChannelError::Block {
+                    what: format!("descriptor {} is not a memfd ({})", fd.as_raw_fd(), file_type(&fd)),
+                });
+            }
+            Err(e) => return Err(io("reading the control block's seals")(e)),
+        };
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
             return Err(LocalChannelError::Block {
                 what: "its size is not sealed (it could shrink under the mapping)".into(),
@@ -247,6 +258,21 @@ impl ControlBlock {
     /// `side`'s heartbeat count.
     pub fn heartbeat(&self, side: Side) -> u64 {
         self.word(HEARTBEAT + side as usize).load(Ordering::Acquire)
+    }
+}
+
+/// What kind of file `fd` is, in words (for an error).
+fn file_type(fd: &OwnedFd) -> &'static str {
+    use rustix::fs::FileType;
+    match rustix::fs::fstat(fd).map(|stat| FileType::from_raw_mode(stat.st_mode)) {
+        Ok(FileType::Socket) => "a socket",
+        Ok(FileType::Fifo) => "a pipe",
+        Ok(FileType::Directory) => "a directory",
+        Ok(FileType::RegularFile) => "a regular file",
+        Ok(FileType::CharacterDevice) => "a character device",
+        Ok(FileType::BlockDevice) => "a block device",
+        Ok(FileType::Symlink) => "a symbolic link",
+        _ => "of an unknown type",
     }
 }
 

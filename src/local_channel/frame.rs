@@ -187,12 +187,14 @@ pub(super) fn send(
 /// Reads one frame by `deadline`: its body once its seal opens, and every descriptor that came
 /// with it (owned: dropping them closes them). A frame longer than `max_body`, with a seal that
 /// does not open, or whose descriptors the kernel had to cut short is an error, its descriptors
-/// closed.
+/// closed. `torn` is set once any byte of the frame is read (an error then leaves the stream
+/// mid-frame).
 pub(super) fn receive(
     stream: &UnixStream,
     opener: &mut Opener,
     max_body: usize,
     deadline: Instant,
+    torn: &mut bool,
 ) -> Result<(Vec<u8>, Vec<OwnedFd>), LocalChannelError> {
     let mut fds = Vec::new();
     let mut read = Vec::new();
@@ -207,6 +209,7 @@ pub(super) fn receive(
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let room = (want - read.len()).min(chunk.len());
+        let before = fds.len();
         let received = rustix::net::recvmsg(
             stream,
             &mut [IoSliceMut::new(&mut chunk[..room])],
@@ -225,8 +228,26 @@ pub(super) fn receive(
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(e) => return Err(LocalChannelError::io("reading a frame", e)),
         };
+        // Bytes of the frame are taken from here on: an error leaves the stream mid-frame.
+        *torn |= received.bytes > 0;
         if received.flags.contains(ReturnFlags::CTRUNC) {
-            return Err(LocalChannelError::Record { what: format!("more than {MAX_FDS} descriptors with one frame") });
+            return Err(LocalChannelError::Record {
+                what: format!(
+                    "descriptors cut short (more than {MAX_FDS} with one frame, or none left to this process)"
+                ),
+            });
+        }
+        // The descriptors ride on a frame's first bytes only: any that come later (a peer that
+        // attaches them to every byte of a long frame) are refused at once, so a frame never
+        // holds more than one message's worth (`MAX_FDS`) of this process's descriptors.
+        if !read.is_empty() && fds.len() > before {
+            return Err(LocalChannelError::Record {
+                what: format!(
+                    "{} descriptor(s) past the first bytes of a frame (byte {} of it)",
+                    fds.len() - before,
+                    read.len()
+                ),
+            });
         }
         if received.bytes == 0 {
             return Err(LocalChannelError::PeerClosed { what: "reading a frame".into() });

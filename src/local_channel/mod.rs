@@ -26,13 +26,14 @@
 //! directory cannot meet here (the connecting rank's wait ends in
 //! [`LocalChannelError::Timeout`]).
 //!
-//! Every wait is bounded by the caller's timeout: a peer that is slow, stops or dies gives
+//! Every wait is bounded by the caller's timeout (one too long for an `Instant`, such as
+//! `Duration::MAX`, is as good as none, never a panic): a peer that is slow, stops or dies gives
 //! [`LocalChannelError::Timeout`] or [`LocalChannelError::PeerClosed`], never a hang. Threading:
 //! a channel is used by one thread at a time (`&mut self`); the control block is shared freely.
 
 use std::fmt;
 use std::io::ErrorKind;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -125,6 +126,13 @@ pub enum LocalChannelError {
         /// What was wrong.
         what: String,
     },
+    /// An earlier call failed with a frame half read or written (or a seal's position spent):
+    /// the channel takes no further frame; drop it (the other rank sees it closed).
+    #[error("local channel: unusable since an earlier failure ({earlier}); drop it")]
+    Broken {
+        /// The earlier failure.
+        earlier: String,
+    },
 }
 
 impl LocalChannelError {
@@ -213,6 +221,35 @@ pub fn check_peer(peer: PeerCredentials, uid: u32) -> Result<PeerCredentials, Lo
         return Err(LocalChannelError::WrongUser { expected: uid, found: peer.uid, pid: peer.pid });
     }
     Ok(peer)
+}
+
+/// How far a timeout too long for an [`Instant`] reaches: as good as never.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The instant `timeout` from now; a timeout past what an [`Instant`] can hold
+/// (`Duration::MAX`, "no timeout") waits [`FOREVER`] rather than overflow.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(|| now + FOREVER)
+}
+
+/// Connects to the socket at `path` without waiting: a listener whose queue is full (it stopped
+/// accepting, or is flooded) is `WouldBlock` at once, which the caller retries within its
+/// deadline, where a blocking `connect` would wait for room without any bound.
+fn connect_unix(path: &Path) -> std::io::Result<UnixStream> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path)?;
+    let socket = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    // A Unix stream connects at once or not at all (never "in progress").
+    rustix::net::connect(&socket, &addr)?;
+    let stream = UnixStream::from(socket);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// Where the credentials of a connection come from: the kernel ([`peer_credentials`]); the
@@ -317,8 +354,7 @@ impl LocalListener {
         let mut admission =
             Admission::new(&listener, self.key.clone(), MAGIC, HANDSHAKE_BUDGET.min(timeout), MAX_PENDING, PURPOSE)
                 .map_err(io)?;
-        let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = deadline_after(timeout);
         let uid = own_uid();
         let mut other_users = Vec::new();
         let purpose_named = |read: &[u8]| Ok((read.len() >= PURPOSE).then_some(PURPOSE));
@@ -358,6 +394,7 @@ impl LocalListener {
                 sealer: Sealer::new(to_guest),
                 opener: Opener::new(from_guest),
                 timeout,
+                broken: None,
             });
         }
     }
@@ -385,8 +422,11 @@ impl Drop for LocalListener {
     }
 }
 
-/// An admitted channel to the other rank (either end). A call that fails may leave a frame half
-/// read or written: after any error, drop the channel (the other rank sees it closed).
+/// An admitted channel to the other rank (either end). A send that fails, or a receive that fails
+/// once any byte of its frame came, leaves the channel broken (a frame half read or written, a
+/// seal's position spent): every later call is [`LocalChannelError::Broken`] naming that
+/// failure, and the channel is to be dropped. A receive that timed out before any byte of a
+/// frame came leaves it whole.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -417,6 +457,8 @@ pub struct LocalChannel {
     sealer: Sealer,
     opener: Opener,
     timeout: Duration,
+    /// The failure that left the channel mid-frame, if one did.
+    broken: Option<String>,
 }
 
 impl LocalChannel {
@@ -444,19 +486,17 @@ impl LocalChannel {
         credentials: Credentials,
     ) -> Result<LocalChannel, LocalChannelError> {
         let key = access.key();
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let (mut stream, handshake) =
-            connect_and_knock_with(|_| UnixStream::connect(path).map(UnixWire), &key, MAGIC, deadline).map_err(
-                |e| {
-                    if e.timed_out() {
-                        LocalChannelError::Timeout {
-                            what: format!("listener at {} (or no handshake with it)", path.display()),
-                        }
-                    } else {
-                        LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
+            connect_and_knock_with(|_| connect_unix(path).map(UnixWire), &key, MAGIC, deadline).map_err(|e| {
+                if e.timed_out() {
+                    LocalChannelError::Timeout {
+                        what: format!("listener at {} (or no handshake with it)", path.display()),
                     }
-                },
-            )?;
+                } else {
+                    LocalChannelError::Unauthenticated { what: format!("the listener at {}: {e}", path.display()) }
+                }
+            })?;
         // Nothing past the handshake goes to a process of another user.
         let peer = (credentials)(&stream.0).map_err(|e| LocalChannelError::io("reading the peer's credentials", e))?;
         let peer = check_peer(peer, own_uid())?;
@@ -481,6 +521,7 @@ impl LocalChannel {
             sealer: Sealer::new(to_host),
             opener: Opener::new(from_host),
             timeout,
+            broken: None,
         })
     }
 
@@ -495,7 +536,7 @@ impl LocalChannel {
     /// # Errors
     /// [`LocalChannelError::Record`] for lists of different lengths or more than [`MAX_FDS`];
     /// [`LocalChannelError::Timeout`] or [`LocalChannelError::PeerClosed`] for a peer that does
-    /// not read.
+    /// not read; [`LocalChannelError::Broken`] after a failure that left the channel mid-frame.
     #[doc(alias = "SCM_RIGHTS")]
     pub fn send_fds(&mut self, entries: &[FdEntry], fds: &[BorrowedFd<'_>]) -> Result<(), LocalChannelError> {
         if entries.len() != fds.len() || fds.len() > MAX_FDS {
@@ -507,7 +548,31 @@ impl LocalChannel {
     }
 
     fn send_raw(&mut self, body: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), LocalChannelError> {
-        frame::send(&self.stream, &mut self.sealer, body, fds, Instant::now() + self.timeout)
+        self.whole()?;
+        let sent = frame::send(&self.stream, &mut self.sealer, body, fds, deadline_after(self.timeout));
+        // The seal's position is spent whether or not the frame went whole.
+        if let Err(e) = &sent {
+            self.broken = Some(e.to_string());
+        }
+        sent
+    }
+
+    fn receive(&mut self, max: usize) -> Result<(Vec<u8>, Vec<OwnedFd>), LocalChannelError> {
+        self.whole()?;
+        let mut torn = false;
+        let received = frame::receive(&self.stream, &mut self.opener, max, deadline_after(self.timeout), &mut torn);
+        if let (Err(e), true) = (&received, torn) {
+            self.broken = Some(e.to_string());
+        }
+        received
+    }
+
+    /// Refuses a call on a channel an earlier failure left mid-frame.
+    fn whole(&self) -> Result<(), LocalChannelError> {
+        match &self.broken {
+            Some(earlier) => Err(LocalChannelError::Broken { earlier: earlier.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Receives one frame of descriptors, within the channel's timeout, expecting exactly the
@@ -518,10 +583,10 @@ impl LocalChannel {
     /// # Errors
     /// [`LocalChannelError::Record`], [`LocalChannelError::Unauthenticated`] as above;
     /// [`LocalChannelError::Timeout`] for a peer that sends nothing in time;
-    /// [`LocalChannelError::PeerClosed`].
+    /// [`LocalChannelError::PeerClosed`]; [`LocalChannelError::Broken`] after a failure that left
+    /// the channel mid-frame.
     pub fn recv_fds(&mut self, expected: &[FdKind]) -> Result<Vec<ReceivedFd>, LocalChannelError> {
-        let (body, fds) =
-            frame::receive(&self.stream, &mut self.opener, frame::MAX_BODY, Instant::now() + self.timeout)?;
+        let (body, fds) = self.receive(frame::MAX_BODY)?;
         frame::match_expected(&body, fds, expected)
     }
 
@@ -544,7 +609,7 @@ impl LocalChannel {
     /// As [`recv_fds`](Self::recv_fds); a frame with descriptors is refused (they are closed).
     pub fn recv_bytes(&mut self, max: usize) -> Result<Vec<u8>, LocalChannelError> {
         let max = max.min(frame::MAX_BODY);
-        let (body, fds) = frame::receive(&self.stream, &mut self.opener, max, Instant::now() + self.timeout)?;
+        let (body, fds) = self.receive(max)?;
         if !fds.is_empty() {
             return Err(LocalChannelError::Record {
                 what: format!("{} descriptor(s) with a frame that should carry none", fds.len()),

@@ -162,3 +162,170 @@ fn the_block_layout_is_as_documented() {
     assert_eq!((word(64 + 128), word(72 + 128)), (11, 10));
     assert_eq!((block.filled(0), block.consumed(1)), (0, 0));
 }
+
+/// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2 * MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(fds.is_empty() || control.push(SendAncillaryMessage::ScmRights(fds)));
+    let sent = rustix::net::sendmsg(stream, &[std::io::IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL);
+    assert_eq!(sent.unwrap(), bytes.len());
+}
+
+#[test]
+fn descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed() {
+    let (mut host, guest) = pair(10);
+    host.timeout = Duration::from_secs(3);
+    let (mut read_a, write_a) = pipe();
+    let (mut read_b, write_b) = pipe();
+    // A frame of 100 bytes announced with one descriptor, then one byte of it with another,
+    // then nothing: a peer that would attach descriptors to every byte of a long frame.
+    send_with_fds(&guest.stream, &100u32.to_le_bytes(), &[write_a.as_fd()]);
+    send_with_fds(&guest.stream, &[1], &[write_b.as_fd()]);
+    drop((write_a, write_b));
+    let start = std::time::Instant::now();
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what.contains("past the first bytes")), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2), "refused as they came, not when the frame ended");
+    assert!(closed_everywhere(&mut read_a) && closed_everywhere(&mut read_b), "the received copies were closed");
+    drop(guest);
+}
+
+#[test]
+fn a_listener_whose_queue_is_full_costs_the_connecting_rank_only_its_timeout() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    // A peer that listens and never accepts, its queue full (it stopped, or is flooded).
+    let dir = std::env::temp_dir().join(format!("ppnrt-full-queue-{}", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("channel");
+    let addr = SocketAddrUnix::new(&path).unwrap();
+    let socket = |flags| rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None).unwrap();
+    let listener = socket(SocketFlags::CLOEXEC);
+    rustix::net::bind(&listener, &addr).unwrap();
+    rustix::net::listen(&listener, 0).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let stream = socket(SocketFlags::CLOEXEC | SocketFlags::NONBLOCK);
+        match rustix::net::connect(&stream, &addr) {
+            Ok(()) => queued.push(stream),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(queued.len() < 64, "the queue never filled");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let connecting = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(LocalChannel::connect(&connecting, &access(), 11, Duration::from_millis(300)));
+    });
+    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the connection gave up within its timeout");
+    assert!(matches!(result, Err(LocalChannelError::Timeout { .. })), "{result:?}");
+    drop((queued, listener));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_block_that_is_no_memfd_is_refused_by_name() {
+    let refused = |fd: OwnedFd, says: &str| {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let err = ControlBlock::open(fd, 1).unwrap_err();
+        let named = format!("descriptor {raw} is not a memfd ({says})");
+        assert!(matches!(err, LocalChannelError::Block { ref what } if what == &named), "{err}");
+    };
+    let (socket, _other) = UnixStream::pair().unwrap();
+    refused(socket.into(), "a socket");
+    let mut ends = [0; 2];
+    // SAFETY: `pipe2` writes two new descriptors into `ends`, each owned once just below.
+    assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are fresh descriptors of this process that nothing else owns.
+    let (pipe, _writer) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1]))
+    };
+    refused(pipe, "a pipe");
+    refused(std::fs::File::open(std::env::temp_dir()).unwrap().into(), "a directory");
+    refused(std::fs::File::open("/dev/null").unwrap().into(), "a character device");
+}
+
+#[test]
+fn a_timeout_without_end_waits_rather_than_overflows() {
+    let listener = LocalListener::bind(&access(), 12).unwrap();
+    let path = listener.path().to_path_buf();
+    let host = std::thread::spawn(move || listener.accept(Duration::MAX));
+    let mut guest = LocalChannel::connect(&path, &access(), 12, Duration::MAX).unwrap();
+    let mut host = host.join().unwrap().unwrap();
+    guest.send_bytes(b"no end").unwrap();
+    assert_eq!(host.recv_bytes(16).unwrap(), b"no end");
+    let (_read, write) = pipe();
+    host.send_fds(&[FdEntry { kind: FdKind::ControlBlock, bytes: 64, index: 0 }], &[write.as_fd()]).unwrap();
+    assert_eq!(guest.recv_fds(&[FdKind::ControlBlock]).unwrap().len(), 1);
+}
+
+#[test]
+fn more_descriptors_than_a_frame_holds_are_cut_short_refused_and_closed() {
+    let (mut host, guest) = pair(13);
+    let (mut read, write) = pipe();
+    let copies: Vec<OwnedFd> = (0..MAX_FDS + 4).map(|_| write.try_clone().unwrap()).collect();
+    let borrowed: Vec<_> = copies.iter().map(|fd| fd.as_fd()).collect();
+    send_with_fds(&guest.stream, &100u32.to_le_bytes(), &borrowed);
+    drop((write, copies));
+    let err = host.recv_fds(&[FdKind::SlotMemory]).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what.contains("cut short")), "{err}");
+    assert!(closed_everywhere(&mut read), "the descriptors that came were closed, the kernel closed the rest");
+    drop(guest);
+}
+
+#[test]
+fn a_length_past_the_bound_is_refused_before_any_of_it_is_read() {
+    let (mut host, guest) = pair(14);
+    host.timeout = Duration::from_secs(3);
+    let huge = u32::MAX.to_le_bytes();
+    send_with_fds(&guest.stream, &huge, &[]);
+    let start = std::time::Instant::now();
+    let err = host.recv_bytes(usize::MAX).unwrap_err();
+    let named = format!("a frame of {} bytes (at most {})", u32::MAX, frame::MAX_BODY);
+    assert!(matches!(err, LocalChannelError::Record { ref what } if what == &named), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2), "refused at its length, not after waiting for the body");
+    drop(guest);
+}
+
+#[test]
+fn a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole() {
+    let (mut host, mut guest) = pair(15);
+    host.timeout = Duration::from_millis(200);
+    // Nothing came: the channel stays whole.
+    assert!(matches!(host.recv_bytes(16), Err(LocalChannelError::Timeout { .. })));
+    guest.send_bytes(b"late").unwrap();
+    assert_eq!(host.recv_bytes(16).unwrap(), b"late");
+    // A frame cut off after its length: the receive times out mid-frame, and whatever comes
+    // next is not read as a frame (it would be misread as a forgery).
+    send_with_fds(&guest.stream, &10u32.to_le_bytes(), &[]);
+    let err = host.recv_bytes(16).unwrap_err();
+    assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
+    send_with_fds(&guest.stream, &[0; 10 + crate::auth::SEAL], &[]);
+    guest.send_bytes(b"next").unwrap();
+    let err = host.recv_bytes(16).unwrap_err();
+    assert!(
+        matches!(err, LocalChannelError::Broken { ref earlier } if earlier.contains("within the timeout")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_send_that_failed_spends_its_seal_and_the_channel_takes_no_further_frame() {
+    let (_host, mut guest) = pair(16);
+    guest.timeout = Duration::from_millis(200);
+    // The host never reads: the socket's buffers fill, and a send times out.
+    let err = loop {
+        if let Err(e) = guest.send_bytes(&[7; 60 << 10]) {
+            break e;
+        }
+    };
+    assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
+    let err = guest.send_bytes(b"x").unwrap_err();
+    assert!(
+        matches!(err, LocalChannelError::Broken { ref earlier } if earlier.contains("within the timeout")),
+        "{err}"
+    );
+}

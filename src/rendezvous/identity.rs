@@ -245,6 +245,31 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_identity_fits_its_bound_and_one_past_any_bound_is_none() {
+        let name = "n".repeat(MAX_NAME);
+        let peers: Vec<i32> = (0..MAX_DEVICES as i32).collect();
+        let device = |ordinal: i32| DeviceIdentity { ordinal, uuid: [ordinal as u8; 16], peer_access: peers.clone() };
+        let largest = RankIdentity {
+            host: HostIdentity { boot_id: name.clone(), hostname: name.clone() },
+            uid: u32::MAX,
+            devices: (0..MAX_DEVICES as i32).map(device).collect(),
+        };
+        let bytes = largest.encode().expect("within the bounds");
+        assert_eq!(bytes.len(), MAX_IDENTITY, "the bound is the largest identity's size");
+        assert_eq!(RankIdentity::decode(&bytes), Some(largest.clone()));
+        let mut long_name = largest.clone();
+        long_name.host.hostname.push('n');
+        assert_eq!(long_name.encode(), None, "a host name of {} bytes", MAX_NAME + 1);
+        let mut many_peers = largest.clone();
+        many_peers.devices[0].peer_access.push(0);
+        assert_eq!(many_peers.encode(), None, "{} peers", MAX_DEVICES + 1);
+        // Bytes that announce past a bound are none, whatever follows.
+        let mut over = bytes.clone();
+        over[..4].copy_from_slice(&(MAX_NAME as u32 + 1).to_le_bytes());
+        assert_eq!(RankIdentity::decode(&over), None);
+    }
+
+    #[test]
     fn one_host_needs_the_boot_id_and_the_name() {
         let here = sample().host;
         assert!(here.same_host(&here.clone()));

@@ -340,3 +340,19 @@ fn a_mapping_is_released_after_its_pending_uses() {
         assert_eq!(double.ipc_handles(), handles, "the export's handle is released with it");
     });
 }
+
+/// An exported descriptor reaches another process only when passed, never by inheritance across
+/// an `exec`: the double hands it out inheritable, as a driver may.
+#[test]
+fn an_exported_descriptor_is_close_on_exec() {
+    with_double("an_exported_descriptor_is_close_on_exec", |_double| {
+        let engine = Engine::new(0).unwrap();
+        let stream = CudaStream::new(engine.context()).unwrap();
+        let mem = ExportedMemory::<u32>::alloc(&stream, 1000).unwrap();
+        for _ in 0..2 {
+            let fd = mem.export_fd().unwrap();
+            let flags = rustix::io::fcntl_getfd(&fd).unwrap();
+            assert!(flags.contains(rustix::io::FdFlags::CLOEXEC), "{flags:?}");
+        }
+    });
+}

@@ -168,10 +168,12 @@ impl<T: DeviceRepr> ExportedMemory<T> {
 
     /// A new POSIX file descriptor for the allocation (each call makes another), owned by the
     /// caller: pass it to the importing process (`SCM_RIGHTS`) and close it. While open it is a
-    /// reference to the memory.
+    /// reference to the memory. It is close-on-exec: a program this process starts never
+    /// inherits it (whatever the driver handed out).
     ///
     /// # Errors
-    /// The driver's error (`CUDA_ERROR_NOT_SUPPORTED` where the platform cannot export).
+    /// The driver's error (`CUDA_ERROR_NOT_SUPPORTED` where the platform cannot export);
+    /// [`IpcError::NotShareable`] for a descriptor that cannot be made close-on-exec.
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<OwnedFd> {
         let _bound = self.slice.memory().owner().context().bind()?;
@@ -180,7 +182,13 @@ impl<T: DeviceRepr> ExportedMemory<T> {
         let fd = unsafe { raw::export_fd(self.handle)? };
         // SAFETY: the driver returned a new open descriptor that this process owns and nothing
         // else closes.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A capability reaches another process only when passed, never across an `exec`.
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).map_err(|_| IpcError::NotShareable {
+            what: "ExportedMemory::export_fd",
+            reason: "the driver's descriptor cannot be made close-on-exec",
+        })?;
+        Ok(fd)
     }
 
     /// A mutable view of the whole memory (a copy's or kernel's destination).
