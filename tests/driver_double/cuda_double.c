@@ -346,6 +346,18 @@ static int by_base_has_room(void) {
     return 1;
 }
 
+/* Enters `a` (its base set) in the list and the index find_alloc searches; 0 when out of room. */
+static int index_alloc(Alloc* a) {
+    if (!by_base_has_room()) return 0;
+    size_t at = first_above(a->base);
+    memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
+    by_base[at] = a;
+    n_by_base++;
+    a->next = allocs;
+    allocs = a;
+    return 1;
+}
+
 static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
     size_t size = bytes ? bytes : 1;
     /* Page-aligned: a legacy handle's export maps a memfd over the allocation's pages. */
@@ -358,18 +370,13 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
         free(mem);
         return NULL;
     }
-    size_t at = first_above((uintptr_t)mem);
-    memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
-    by_base[at] = a;
-    n_by_base++;
     a->base = (uintptr_t)mem;
     a->size = size;
     a->kind = kind;
     a->device = device;
     a->pooled = pooled;
     a->ipc_fd = -1;
-    a->next = allocs;
-    allocs = a;
+    index_alloc(a); /* room checked above */
     return a;
 }
 
