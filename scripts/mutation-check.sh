@@ -207,6 +207,13 @@ declare -A catchers=(
   [same-host-by-boot-id-only]="one_host_needs_the_boot_id_and_the_name the_reach_table"
   [auto-ipc-before-transport]="each_setting_chooses_as_documented boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
   [ipc-build-unrefused]="boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
+  [memops-wait-skipped]="a_flag_word_orders_two_processes"
+  [memops-release-ordered-as-write]="a_wait_on_a_dead_exporter_is_released_by_its_own_process"
+  [memops-signal-waits-for-marks]="a_wait_on_a_dead_exporter_is_released_by_its_own_process"
+  [memops-signal-noted-as-write]="a_later_write_still_waits_for_a_released_wait"
+  [memops-index-unchecked]="bad_flag_words_are_typed_errors"
+  [memops-support-unchecked]="bad_flag_words_are_typed_errors"
+  [memops-flush-unchecked]="bad_flag_words_are_typed_errors"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -609,3 +616,15 @@ run plan-same-host-ignored src/pp/process_transport.rs "        if !HostIdentity
 run same-host-by-boot-id-only src/rendezvous/identity.rs "        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.hostname == other.hostname" "        !self.boot_id.is_empty() && self.boot_id == other.boot_id" lib
 run auto-ipc-before-transport src/pp/process_transport.rs "pub(crate) const IPC_TRANSPORT_BUILT: bool = false;" "pub(crate) const IPC_TRANSPORT_BUILT: bool = true;" lib
 run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BUILT => Err(" "            Some(b) if false => Err(" lib
+# Stream memory operations: the wait-value that orders two processes, the write-value that
+# releases a wait without waiting for it (and stays a pending use), the index and the device's
+# support named in typed errors.
+run memops-wait-skipped src/safe/stream_memops.rs "            unsafe { raw::wait_value_64(self.raw(), word.device_ptr(), value, condition.flags()) }" "            Ok::<(), CudaError>(())"
+run memops-release-ordered-as-write src/safe/stream_memops.rs "        ordered(self, [(word.tracked(), Use::Signal)], || {" "        ordered(self, [(word.tracked(), Use::Write)], || {"
+run memops-signal-waits-for-marks src/safe/ordering/mod.rs "    if use_ == Use::Signal {
+        return Ok(());" "    if false {
+        return Ok(());"
+run memops-signal-noted-as-write src/safe/ordering/mod.rs "    let use_ = if use_ == Use::Signal { Use::Read } else { use_ };" "    let use_ = if use_ == Use::Signal { Use::Write } else { use_ };"
+run memops-index-unchecked src/safe/stream_memops.rs "    if index >= flag.len() {" "    if false {"
+run memops-support-unchecked src/safe/stream_memops.rs "    let missing = if !support.ops_64 {" "    let missing = if false {"
+run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !support.flush_remote_writes {" "    } else if false {"
