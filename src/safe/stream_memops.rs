@@ -99,6 +99,13 @@ impl MemOpsSupport {
 }
 
 /// The condition a [`wait_value_u64`](CudaStream::wait_value_u64) waits for.
+///
+/// ```
+/// use ppnrt::WaitCondition;
+/// // A step counter written by a peer device after its copy.
+/// let filled = WaitCondition::GEQ.flush_remote_writes();
+/// assert!(filled.flushes() && !WaitCondition::EQ.flushes());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitCondition {
     equal: bool,
