@@ -214,6 +214,7 @@ declare -A catchers=(
   [memops-index-unchecked]="bad_flag_words_are_typed_errors"
   [memops-support-unchecked]="bad_flag_words_are_typed_errors"
   [memops-flush-unchecked]="bad_flag_words_are_typed_errors"
+  [double-memop-wait-unchecked]="a_memop_on_freed_memory_is_a_violation_of_the_double"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -628,3 +629,4 @@ run memops-signal-noted-as-write src/safe/ordering/mod.rs "    let use_ = if use
 run memops-index-unchecked src/safe/stream_memops.rs "    if index >= flag.len() {" "    if false {"
 run memops-support-unchecked src/safe/stream_memops.rs "    let missing = if !support.ops_64 {" "    let missing = if false {"
 run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !support.flush_remote_writes {" "    } else if false {"
+run double-memop-wait-unchecked tests/driver_double/cuda_double_ipc.inc "    kernel_range(m->ctx, \"cuStreamWaitValue64\", m->addr, 8);" ""

@@ -260,3 +260,28 @@ fn child_without_memops() {
         expected("CudaStream::wait_value_u64")
     );
 }
+
+/// The double's own check, reached through the raw driver (the crate's release waits for every
+/// pending memory operation, so it never gets here): a wait-value and a write-value on freed
+/// memory are each a violation when they run, and the wait does not hold its stream.
+#[test]
+fn a_memop_on_freed_memory_is_a_violation_of_the_double() {
+    use crate::raw_driver::raw;
+    use ppnrt::DeviceSlice;
+    let Some((_serial, double)) = double::setup("a_memop_on_freed_memory_is_a_violation_of_the_double") else { return };
+    let engine = Engine::new(0).unwrap();
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let flags = engine.alloc_zeroed::<u64>(1).unwrap();
+    let addr = flags.device_ptr();
+    drop(flags);
+    engine.synchronize().unwrap();
+    let before = double.violations();
+    {
+        let _bound = engine.context().bind().unwrap();
+        raw!(cuStreamWaitValue64_v2(stream.raw(), addr, 1, 0));
+        raw!(cuStreamWriteValue64_v2(stream.raw(), addr, 1, 0));
+    }
+    assert!(idle_within(&stream, Duration::from_secs(10)), "a wait on freed memory held its stream");
+    assert_eq!(double.violations(), before + 2, "{}", double.last_violation());
+    assert!(double.last_violation().contains("freed memory"), "{}", double.last_violation());
+}
