@@ -222,6 +222,14 @@ declare -A catchers=(
   [local-broken-not-kept]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole a_send_that_failed_spends_its_seal_and_the_channel_takes_no_further_frame"
   [local-torn-unset]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
   [local-clean-timeout-breaks]="a_channel_left_mid_frame_takes_no_further_frame_and_a_clean_timeout_leaves_it_whole"
+  [memops-wait-skipped]="a_flag_word_orders_two_processes"
+  [memops-release-ordered-as-write]="a_wait_on_a_dead_exporter_is_released_by_its_own_process"
+  [memops-signal-waits-for-marks]="a_wait_on_a_dead_exporter_is_released_by_its_own_process"
+  [memops-signal-noted-as-write]="a_later_write_still_waits_for_a_released_wait"
+  [memops-index-unchecked]="bad_flag_words_are_typed_errors"
+  [memops-support-unchecked]="bad_flag_words_are_typed_errors"
+  [memops-flush-unchecked]="bad_flag_words_are_typed_errors"
+  [double-memop-wait-unchecked]="a_memop_on_freed_memory_is_a_violation_of_the_double"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -639,3 +647,16 @@ run ipc-export-fd-inherited src/safe/ipc/memory.rs "        rustix::io::fcntl_se
 run local-broken-not-kept src/local_channel/mod.rs "        match &self.broken {" "        match &None::<String> {" lib
 run local-torn-unset src/local_channel/frame.rs "        *torn |= received.bytes > 0;" "        *torn |= false;" lib
 run local-clean-timeout-breaks src/local_channel/mod.rs "if let (Err(e), true) = (&received, torn) {" "if let (Err(e), _) = (&received, torn) {" lib
+# Stream memory operations: the wait-value that orders two processes, the write-value that
+# releases a wait without waiting for it (and stays a pending use), the index and the device's
+# support named in typed errors.
+run memops-wait-skipped src/safe/stream_memops.rs "            unsafe { raw::wait_value_64(self.raw(), word.device_ptr(), value, condition.flags()) }" "            Ok::<(), CudaError>(())"
+run memops-release-ordered-as-write src/safe/stream_memops.rs "        ordered(self, [(word.tracked(), Use::Signal)], || {" "        ordered(self, [(word.tracked(), Use::Write)], || {"
+run memops-signal-waits-for-marks src/safe/ordering/mod.rs "    if use_ == Use::Signal {
+        return Ok(());" "    if false {
+        return Ok(());"
+run memops-signal-noted-as-write src/safe/ordering/mod.rs "    let use_ = if use_ == Use::Signal { Use::Read } else { use_ };" "    let use_ = if use_ == Use::Signal { Use::Write } else { use_ };"
+run memops-index-unchecked src/safe/stream_memops.rs "    if index >= flag.len() {" "    if false {"
+run memops-support-unchecked src/safe/stream_memops.rs "    let missing = if !support.ops_64 {" "    let missing = if false {"
+run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !support.flush_remote_writes {" "    } else if false {"
+run double-memop-wait-unchecked tests/driver_double/cuda_double_ipc.inc "    kernel_range(m->ctx, \"cuStreamWaitValue64\", m->addr, 8);" ""

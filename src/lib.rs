@@ -310,6 +310,7 @@ pub use safe::{
     BoundContext, BufferUse, BufferUses, ByValue, CaptureMode, Context, CudaEvent, CudaGraph, CudaSlice, CudaStream,
     CudaView, CudaViewMut, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DropError, ExportedMemory, Function,
     GraphExec, HelperKernels, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport, KernelArgList, KernelArgs,
-    KernelParam, LaunchConfig, LegacyImport, LegacyIpcHandle, MAX_KERNEL_PARAMS, Module, PeerInfo, PinnedHostBuffer,
-    StreamCapture, StreamOverride, ambient_stream, by_value, enable_peer_access, take_drop_errors,
+    KernelParam, LaunchConfig, LegacyImport, LegacyIpcHandle, MAX_KERNEL_PARAMS, MemOpsSupport, Module, PeerInfo,
+    PinnedHostBuffer, StreamCapture, StreamOverride, WaitCondition, ambient_stream, by_value, enable_peer_access,
+    take_drop_errors,
 };

@@ -3,7 +3,7 @@
 
 use super::driver_call;
 use crate::cuda_error::Result;
-use crate::sys::{CUevent, CUstream, CUstream_flags};
+use crate::sys::{CUdeviceptr, CUevent, CUstream, CUstream_flags};
 
 /// `cuStreamCreate` with `CU_STREAM_NON_BLOCKING` in the current context.
 ///
@@ -51,4 +51,26 @@ pub unsafe fn query(stream: CUstream) -> Result<bool> {
 #[inline]
 pub unsafe fn wait_event(stream: CUstream, event: CUevent) -> Result<()> {
     driver_call!(cuStreamWaitEvent(stream, event, 0))
+}
+
+/// `cuStreamWriteValue64_v2`: writes `value` to the 8 bytes at `addr` once the stream's earlier
+/// work is done.
+///
+/// # Safety
+/// - `stream` is live; `addr` is 8-byte aligned device memory the stream's device may write,
+///   live until the write has run.
+#[doc(alias = "cuStreamWriteValue64")]
+pub unsafe fn write_value_64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: u32) -> Result<()> {
+    driver_call!(cuStreamWriteValue64_v2(stream, addr, value, flags))
+}
+
+/// `cuStreamWaitValue64_v2`: later work on `stream` waits until the 8 bytes at `addr` meet the
+/// condition `flags` names against `value`.
+///
+/// # Safety
+/// - `stream` is live; `addr` is 8-byte aligned device memory the stream's device may read, live
+///   until the wait has run.
+#[doc(alias = "cuStreamWaitValue64")]
+pub unsafe fn wait_value_64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: u32) -> Result<()> {
+    driver_call!(cuStreamWaitValue64_v2(stream, addr, value, flags))
 }

@@ -137,6 +137,8 @@ impl CaptureState {
 
     /// Adds `memory` with `use_` to the footprint (a write supersedes a read).
     pub(crate) fn add(&self, memory: &Arc<DeviceMemory>, use_: Use) {
+        // A graph's launch orders its footprint as a whole: any write is a write there.
+        let use_ = if use_ == Use::Read { Use::Read } else { Use::Write };
         let mut recorded = self.lock();
         match recorded.footprint.iter_mut().find(|(held, _)| Arc::ptr_eq(held, memory)) {
             Some((_, held_use)) => {

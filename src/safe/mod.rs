@@ -36,6 +36,7 @@ pub(crate) mod ordering;
 mod peer;
 mod reaper;
 mod stream;
+mod stream_memops;
 
 pub(crate) use ambient::with_ambient_stream;
 pub use ambient::{StreamOverride, ambient_stream};
@@ -61,3 +62,4 @@ pub use module::{Function, Module};
 pub use peer::enable_peer_access;
 pub use stream::CudaStream;
 pub(crate) use stream::EnqueueGate;
+pub use stream_memops::{MemOpsSupport, WaitCondition};

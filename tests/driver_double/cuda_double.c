@@ -346,14 +346,16 @@ static int by_base_has_room(void) {
     return 1;
 }
 
-/* Puts `a` (its base set) into by_base, which must have room (by_base_has_room). Every
- * allocation the double makes, here or in the IPC emulation, goes through it: find_alloc sees only
- * what by_base holds. */
-static void index_alloc(Alloc* a) {
+/* Enters `a` (its base set) in the list and the index find_alloc searches; 0 when out of room. */
+static int index_alloc(Alloc* a) {
+    if (!by_base_has_room()) return 0;
     size_t at = first_above(a->base);
     memmove(&by_base[at + 1], &by_base[at], (n_by_base - at) * sizeof *by_base);
     by_base[at] = a;
     n_by_base++;
+    a->next = allocs;
+    allocs = a;
+    return 1;
 }
 
 static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
@@ -369,14 +371,12 @@ static Alloc* new_alloc(size_t bytes, int kind, int device, int pooled) {
         return NULL;
     }
     a->base = (uintptr_t)mem;
-    index_alloc(a);
     a->size = size;
     a->kind = kind;
     a->device = device;
     a->pooled = pooled;
     a->ipc_fd = -1;
-    a->next = allocs;
-    allocs = a;
+    index_alloc(a); /* room checked above */
     return a;
 }
 

@@ -3,8 +3,11 @@
 //! them from a POSIX descriptor passed over a Unix socket, the two processes' streams are
 //! ordered by interprocess events, an import outlives its exporter's process, and a probe says
 //! what a stream capture takes of an interprocess wait, a copy into an import and a record (the
-//! driver does not document it; the probe prints what it found). The importer runs on device 1
-//! where it is a peer of device 0, else on device 0 beside its exporter.
+//! driver does not document it; the probe prints what it found). Stream memory operations on an
+//! exported flag order the two processes too, and a wait on a flag whose exporter's process died
+//! is released by the waiting process itself; a probe says whether a capture takes them. The
+//! importer runs on device 1 where it is a peer of device 0, else on device 0 beside its
+//! exporter.
 
 use std::os::fd::AsFd;
 
@@ -13,7 +16,7 @@ use crate::common::say;
 use crate::ipc_fd::{accept, connect, finish, listen, read_line, recv_fd, send_fd, send_line, spawn_child};
 use ppnrt::{
     CaptureMode, CudaStream, Engine, ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport,
-    LegacyImport, LegacyIpcHandle,
+    LegacyImport, LegacyIpcHandle, MemOpsSupport, WaitCondition,
 };
 
 const CHILD_VAR: &str = "PPNRT_IPC_GPU_CHILD";
@@ -207,5 +210,196 @@ fn a_capture_of_interprocess_work_is_probed() {
             assert_eq!(engine.dtoh(&*mem).unwrap(), pattern(LEN, 21), "the graph's copy lands in the export");
             assert!(after.is_complete().unwrap());
         }
+    }
+}
+
+/// Stream memory operations order two processes on the device: the child (the sender, on the
+/// peer device where there is one) copies into this process's exported buffer behind 300 ms of
+/// device work and then writes "filled" = 1 into an exported flag; this process's stream waits
+/// for it (GEQ) and reads the bytes exact, then writes "consumed" = 1, which the child waits for.
+#[test]
+fn a_flag_word_orders_two_processes_on_a_gpu() {
+    let Some(gpus) = requires("a_flag_word_orders_two_processes_on_a_gpu", Needs::gpus(1)) else { return };
+    let engine = gpus.engine(0);
+    let support = MemOpsSupport::of(engine.device()).unwrap();
+    if !IpcSupport::of(engine.device()).unwrap().fd_export() || !support.ops_64 {
+        say(&format!("a_flag_word_orders_two_processes_on_a_gpu: device 0 offers {support:?}: nothing to order"));
+        return;
+    }
+    let sender = other_device(gpus.count());
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let mut data = ExportedMemory::<u32>::alloc(&stream, LEN).unwrap();
+    let mut flags = ExportedMemory::<u64>::alloc(&stream, 2).unwrap();
+    stream.memset_u32(&mut data.as_view_mut(), 0).unwrap();
+    stream.memset_bytes(&mut flags.as_view_mut(), 0).unwrap();
+    stream.synchronize().unwrap();
+    let (listener, path) = listen("gpu-memops");
+    let child = spawn_child("ipc_on_gpu::child_flag_sender_on_gpu", &path, &[(CHILD_VAR, "1"), (DEVICE_VAR, sender)]);
+    let mut sock = accept(&listener, &path);
+    send_fd(&sock, data.export_fd().unwrap().as_fd(), &(LEN as u64).to_le_bytes());
+    send_fd(&sock, flags.export_fd().unwrap().as_fd(), &2u64.to_le_bytes());
+    assert_eq!(read_line(&mut sock), "queued");
+    stream.wait_value_u64(&*flags, 0, 1, WaitCondition::GEQ).unwrap();
+    let mut got = vec![0u32; LEN];
+    stream.memcpy_dtoh(&*data, &mut got).unwrap();
+    assert_eq!(got, pattern(LEN, 41), "the sender's bytes, exact, after its flag");
+    stream.write_value_u64(&mut flags.as_view_mut(), 1, 1).unwrap();
+    assert_eq!(read_line(&mut sock), "consumed");
+    finish(child, "ipc_on_gpu::child_flag_sender_on_gpu");
+    assert_eq!(engine.dtoh(&*flags).unwrap(), [1, 1]);
+}
+
+#[test]
+#[ignore = "runs in a child process of a_flag_word_orders_two_processes_on_a_gpu"]
+fn child_flag_sender_on_gpu() {
+    let engine = child_engine();
+    let sock = connect();
+    let mut len = [0u8; 8];
+    let (data_fd, _) = recv_fd(&sock, &mut len);
+    let data_len = u64::from_le_bytes(len) as usize;
+    let (flags_fd, _) = recv_fd(&sock, &mut len);
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let mut data = ImportedMemory::<u32>::import(&stream, data_fd, data_len).unwrap();
+    let mut flags = ImportedMemory::<u64>::import(&stream, flags_fd, u64::from_le_bytes(len) as usize).unwrap();
+    let src = engine.htod(&pattern(data_len, 41)).unwrap();
+    engine.synchronize().unwrap();
+    // The copy and the flag come after 300 ms of device work on the copying stream.
+    {
+        let _on = ppnrt::StreamOverride::new(stream.clone()).unwrap();
+        engine.spin(300_000_000).unwrap();
+    }
+    stream.memcpy_dtod(&src, &mut data.as_view_mut()).unwrap();
+    stream.write_value_u64(&mut flags.as_view_mut(), 0, 1).unwrap();
+    stream.wait_value_u64(&*flags, 1, 1, WaitCondition::GEQ).unwrap();
+    let mut sock = sock;
+    send_line(&mut sock, "queued");
+    stream.synchronize().unwrap();
+    send_line(&mut sock, "consumed");
+}
+
+/// The exporter's process exits while this process's stream waits on the exporter's flag: this
+/// process releases the wait with a write-value from another stream; the stream's reads after
+/// the wait are of the mapping, which stays valid (compute-sanitizer's memcheck says so where it
+/// runs), and nothing hangs.
+#[test]
+fn a_wait_on_a_dead_exporter_is_released_on_a_gpu() {
+    let Some(gpus) = requires("a_wait_on_a_dead_exporter_is_released_on_a_gpu", Needs::gpus(1)) else { return };
+    let engine = gpus.engine(0);
+    let support = MemOpsSupport::of(engine.device()).unwrap();
+    if !IpcSupport::of(engine.device()).unwrap().fd_export() || !support.ops_64 {
+        say(&format!("a_wait_on_a_dead_exporter_is_released_on_a_gpu: device 0 offers {support:?}"));
+        return;
+    }
+    let exporter = other_device(gpus.count());
+    let (listener, path) = listen("gpu-memops-dead");
+    let child =
+        spawn_child("ipc_on_gpu::child_flag_exporter_on_gpu", &path, &[(CHILD_VAR, "1"), (DEVICE_VAR, exporter)]);
+    let mut sock = accept(&listener, &path);
+    let mut len = [0u8; 8];
+    let (data_fd, _) = recv_fd(&sock, &mut len);
+    let data_len = u64::from_le_bytes(len) as usize;
+    let (flags_fd, _) = recv_fd(&sock, &mut len);
+    let waiting = CudaStream::new(engine.context()).unwrap();
+    let data = ImportedMemory::<u32>::import(&waiting, data_fd, data_len).unwrap();
+    let mut flags = ImportedMemory::<u64>::import(&waiting, flags_fd, u64::from_le_bytes(len) as usize).unwrap();
+    let mut received = engine.alloc::<u32>(data_len).unwrap();
+    waiting.wait_value_u64(&*flags, 0, 1, WaitCondition::GEQ).unwrap();
+    waiting.memcpy_dtod(&*data, &mut received).unwrap();
+    send_line(&mut sock, "waiting");
+    finish(child, "ipc_on_gpu::child_flag_exporter_on_gpu");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!waiting.is_idle().unwrap(), "the wait held its stream");
+    let releasing = CudaStream::new(engine.context()).unwrap();
+    releasing.write_value_u64(&mut flags.as_view_mut(), 0, 1).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !waiting.is_idle().unwrap() {
+        if std::time::Instant::now() > deadline {
+            std::mem::forget((data, flags, received, waiting, releasing));
+            panic!("the write-value from another stream did not release the wait");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(engine.dtoh(&received).unwrap(), pattern(data_len, 51), "the dead exporter's bytes stay");
+    drop((data, flags));
+}
+
+#[test]
+#[ignore = "runs in a child process of a_wait_on_a_dead_exporter_is_released_on_a_gpu"]
+fn child_flag_exporter_on_gpu() {
+    let engine = child_engine();
+    let mut sock = connect();
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let mut data = ExportedMemory::<u32>::alloc(&stream, LEN).unwrap();
+    let mut flags = ExportedMemory::<u64>::alloc(&stream, 1).unwrap();
+    stream.memcpy_htod(&pattern(LEN, 51), &mut data.as_view_mut()).unwrap();
+    stream.memset_bytes(&mut flags.as_view_mut(), 0).unwrap();
+    stream.synchronize().unwrap();
+    send_fd(&sock, data.export_fd().unwrap().as_fd(), &(LEN as u64).to_le_bytes());
+    send_fd(&sock, flags.export_fd().unwrap().as_fd(), &1u64.to_le_bytes());
+    assert_eq!(read_line(&mut sock), "waiting");
+    drop((data, flags));
+}
+
+/// What a capture takes of a wait-value and a write-value (the crate refuses both on a
+/// capturing stream until a GPU says): captured through the raw driver on an exported flag,
+/// launched, and the flag read back. Printed, not asserted.
+#[test]
+fn a_capture_of_memops_is_probed() {
+    use ppnrt::DeviceSlice;
+    use ppnrt::sys::{CUgraph, CUgraphExec, CUresult, CUstreamCaptureMode};
+    let Some(gpus) = requires("a_capture_of_memops_is_probed", Needs::gpus(1)) else { return };
+    let engine = gpus.engine(0);
+    let support = MemOpsSupport::of(engine.device()).unwrap();
+    if !IpcSupport::of(engine.device()).unwrap().fd_export() || !support.ops_64 {
+        say(&format!("a_capture_of_memops_is_probed: device 0 offers {support:?}"));
+        return;
+    }
+    let stream = CudaStream::new(engine.context()).unwrap();
+    let mut flags = ExportedMemory::<u64>::alloc(&stream, 2).unwrap();
+    stream.memset_bytes(&mut flags.as_view_mut(), 0).unwrap();
+    stream.write_value_u64(&mut flags.as_view_mut(), 0, 3).unwrap();
+    stream.synchronize().unwrap();
+    let refused = stream.begin_capture(CaptureMode::ThreadLocal).map(|capture| {
+        let wait = stream.wait_value_u64(&*flags, 0, 1, WaitCondition::GEQ);
+        drop(capture.end());
+        wait
+    });
+    say(&format!("memops capture probe: the crate's wait-value in a capture: {refused:?}"));
+    let api = crate::raw_driver::api();
+    let _bound = engine.context().bind().unwrap();
+    let (raw_stream, word) = (stream.raw(), flags.device_ptr());
+    let call = |name: &str, code: CUresult| {
+        say(&format!("memops capture probe: {name}: {code:?}"));
+        code == CUresult::CUDA_SUCCESS
+    };
+    // SAFETY: a live stream of the bound context; the flags stay alive (`flags`) and the stream
+    // is synchronised before they drop.
+    unsafe {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        if !call("begin", api.cuStreamBeginCapture_v2.as_ref().unwrap()(raw_stream, mode)) {
+            return;
+        }
+        let waited = call("wait-value", api.cuStreamWaitValue64_v2.as_ref().unwrap()(raw_stream, word, 3, 0));
+        let wrote = call("write-value", api.cuStreamWriteValue64_v2.as_ref().unwrap()(raw_stream, word + 8, 9, 0));
+        let mut graph: CUgraph = std::ptr::null_mut();
+        let ended = call("end", api.cuStreamEndCapture.as_ref().unwrap()(raw_stream, &mut graph));
+        if !(ended && waited && wrote) {
+            if !graph.is_null() {
+                api.cuGraphDestroy.as_ref().unwrap()(graph);
+            }
+            return;
+        }
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        if call("instantiate", api.cuGraphInstantiateWithFlags.as_ref().unwrap()(&mut exec, graph, 0)) {
+            let launched = call("launch", api.cuGraphLaunch.as_ref().unwrap()(exec, raw_stream));
+            call("synchronize", api.cuStreamSynchronize.as_ref().unwrap()(raw_stream));
+            if launched {
+                drop(_bound);
+                assert_eq!(engine.dtoh(&*flags).unwrap(), [3, 9], "the graph's write-value lands");
+                say("memops capture probe: a graph holds a wait-value and a write-value");
+            }
+            api.cuGraphExecDestroy.as_ref().unwrap()(exec);
+        }
+        api.cuGraphDestroy.as_ref().unwrap()(graph);
     }
 }

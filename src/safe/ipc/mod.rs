@@ -62,7 +62,9 @@
 //!   `unsafe`: their callers promise the exporter outlives the import, which no process can check
 //!   of another. Only [`ImportedMemory`] stays sound when its exporter dies; ordering across
 //!   processes that must survive a dying peer goes through memory such an import maps (stream
-//!   memory operations on it), not through interprocess events.
+//!   memory operations on it: [`CudaStream::wait_value_u64`](crate::CudaStream::wait_value_u64),
+//!   released by this process's own [`write_value_u64`](crate::CudaStream::write_value_u64) when
+//!   the writer died), not through interprocess events.
 //!
 //! # What each handle exposes on a shared host
 //! - A POSIX file descriptor reaches only processes it is passed to (over a Unix socket whose

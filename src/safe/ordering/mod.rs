@@ -63,6 +63,12 @@ pub(crate) enum Use {
     Read,
     /// Writes it: waits for the last write and every read since.
     Write,
+    /// Writes one aligned word that other uses may overlap (a stream memory operation's
+    /// write-value, which releases the wait-values reading it): waits for nothing but its own
+    /// stream's earlier work (any wait for another stream's mark could be a wait for the very
+    /// wait-value it releases: a mark's event is recorded at the end of its stream), and is noted
+    /// like a read, so later writes and the release wait for it.
+    Signal,
 }
 
 /// Read marks a buffer keeps holding their streams: past this many, the older ones are detached
@@ -152,6 +158,16 @@ impl Mark {
         let stream = self.stream.as_ref().expect("a detached mark keeps its event");
         self.event = Some(stream.event_after_enqueued(None)?);
         Ok(())
+    }
+}
+
+/// The use that orders a buffer used both ways by one operation: either one when they agree or
+/// one is a read, else a write (which waits for everything a signal does, and more).
+fn stronger(a: Use, b: Use) -> Use {
+    match (a, b) {
+        (a, b) if a == b => a,
+        (Use::Read, other) | (other, Use::Read) => other,
+        _ => Use::Write,
     }
 }
 
@@ -330,7 +346,7 @@ impl Access {
         enqueue: impl FnOnce() -> Result<R, E>,
     ) -> Result<R, E> {
         if std::ptr::eq(a.0, b.0) {
-            let use_ = if a.1 == Use::Write || b.1 == Use::Write { Use::Write } else { Use::Read };
+            let use_ = stronger(a.1, b.1);
             return a.0.around(use_, stream, gate, enqueue);
         }
         let stream_id = stream.id();
@@ -378,9 +394,7 @@ impl Access {
         for (access, use_) in uses {
             match held.last_mut() {
                 Some((last, last_use, _)) if std::ptr::eq(*last, access) => {
-                    if use_ == Use::Write {
-                        *last_use = Use::Write;
-                    }
+                    *last_use = stronger(*last_use, use_);
                 }
                 _ => held.push((access, use_, access.lock())),
             }
@@ -500,6 +514,9 @@ impl HeldAccesses<'_> {
 /// [`Access::order`] on a locked state.
 #[inline]
 fn order_locked(state: &mut State, stream: &Arc<CudaStream>, use_: Use) -> Result<()> {
+    if use_ == Use::Signal {
+        return Ok(());
+    }
     // The usual case needs nothing: the last write on this stream, and no read to wait for.
     let write_here = state.write.as_ref().is_none_or(|mark| mark.is_on(stream));
     if write_here && (use_ == Use::Read || state.reads.is_empty()) {
@@ -532,6 +549,8 @@ fn note_locked(
     eager: bool,
     gate: Option<&EnqueueGate<'_>>,
 ) -> Result<()> {
+    // A signal stays a pending use like a read (see `Use::Signal`).
+    let use_ = if use_ == Use::Signal { Use::Read } else { use_ };
     // The usual case of a buffer that is not eager: its last write was on this stream, whose mark
     // then stands for this use too (for a write, the reads since were waited for by `order`).
     if !eager && state.reads.is_empty() {
@@ -609,7 +628,7 @@ fn note_marks(
             }
             write.as_mut().expect("set above")
         }
-        Use::Read => match write.as_mut().filter(|mark| mark.is_on(stream)) {
+        Use::Read | Use::Signal => match write.as_mut().filter(|mark| mark.is_on(stream)) {
             Some(mark) => mark,
             None => match reads.iter().position(|mark| mark.is_on(stream)) {
                 Some(at) => &mut reads[at],
