@@ -6,19 +6,20 @@ use super::*;
 /// One send or receive of a [`group`].
 ///
 /// ```no_run
+/// use ppnrt::Engine;
 /// use ppnrt::nccl::{NcclComm, P2p, group};
-/// # fn main() -> ppnrt::Result<()> {
-/// # let engine = ppnrt::Engine::new(0)?;
-/// # let comm: NcclComm = todo!();
+///
+/// fn exchange(engine: &Engine, comm: &NcclComm) -> ppnrt::Result<()> {
 /// let stream = engine.stream()?;
 /// let peer = 1 - comm.rank();
 /// let x = engine.htod(&[1.0f32; 256])?;
 /// let mut y = engine.alloc::<f32>(256)?;
 /// // Both ranks send and receive at once: one group, so neither waits for the other.
 /// // SAFETY: the peer sends and receives exactly 256 f32 too.
-/// let ops = unsafe { [P2p::send(&comm, &stream, &x, peer), P2p::recv(&comm, &stream, &mut y, peer)] };
+/// let ops = unsafe { [P2p::send(comm, &stream, &x, peer), P2p::recv(comm, &stream, &mut y, peer)] };
 /// group(&ops)?;
-/// # Ok(()) }
+/// Ok(())
+/// }
 /// ```
 #[derive(Debug)]
 pub enum P2p<'a> {
