@@ -261,6 +261,21 @@ pub enum PpError {
         /// The transport.
         transport: &'static str,
     },
+    /// A step larger than the slots of a boundary between two processes of one host (their
+    /// memory is mapped by both processes at build, and does not grow): raise the slots with
+    /// [`PpConfig::with_reserve_bytes`](crate::PpConfig::with_reserve_bytes) on the receiving
+    /// rank, or carry the boundary over NCCL.
+    #[error(
+        "boundary {boundary}: a step of {bytes} byte(s) does not fit its slots of {capacity} byte(s) (raise reserve_bytes on the receiving rank)"
+    )]
+    StepTooLarge {
+        /// The boundary.
+        boundary: usize,
+        /// The step's bytes.
+        bytes: usize,
+        /// The slots' capacity.
+        capacity: usize,
+    },
     /// The plan gave a boundary a transport this build cannot run yet (a boundary between ranks
     /// forced onto IPC with [`ProcessTransport::Ipc`](crate::ProcessTransport::Ipc) before the
     /// IPC transport is built): refused when the runtime is built.

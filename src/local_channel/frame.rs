@@ -47,6 +47,8 @@ pub enum FdKind {
     SlotMemory,
     /// The shared control block ([`ControlBlock`](super::ControlBlock)).
     ControlBlock,
+    /// A boundary's flag words in device memory, exported by the receiving rank.
+    Flags,
 }
 
 impl FdKind {
@@ -54,6 +56,7 @@ impl FdKind {
         match self {
             FdKind::SlotMemory => 1,
             FdKind::ControlBlock => 2,
+            FdKind::Flags => 3,
         }
     }
 
@@ -61,6 +64,7 @@ impl FdKind {
         match code {
             1 => Some(FdKind::SlotMemory),
             2 => Some(FdKind::ControlBlock),
+            3 => Some(FdKind::Flags),
             _ => None,
         }
     }

@@ -388,14 +388,20 @@ impl LocalListener {
                 continue;
             }
             let (from_guest, to_guest) = admitted.handshake.record_keys(&self.key, &purpose.to_le_bytes());
-            return Ok(LocalChannel {
+            let mut channel = LocalChannel {
                 stream: admitted.stream.0,
                 peer,
                 sealer: Sealer::new(to_guest),
                 opener: Opener::new(from_guest),
-                timeout,
+                timeout: deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10)),
                 broken: None,
-            });
+            };
+            // The guest's first frame says it read the answer whole: only then may this end
+            // send (a frame sent earlier would reach the guest inside the answer).
+            let ready = channel.recv_bytes(0)?;
+            debug_assert!(ready.is_empty(), "at most 0 bytes were asked");
+            channel.timeout = timeout;
+            return Ok(channel);
         }
     }
 }
@@ -515,14 +521,17 @@ impl LocalChannel {
             });
         }
         let (to_host, from_host) = handshake.record_keys(&key, &purpose.to_le_bytes());
-        Ok(LocalChannel {
+        let mut channel = LocalChannel {
             stream: stream.0,
             peer,
             sealer: Sealer::new(to_host),
             opener: Opener::new(from_host),
             timeout,
             broken: None,
-        })
+        };
+        // The answer was read whole: the listener may send from now on (see `accept`).
+        channel.send_bytes(&[])?;
+        Ok(channel)
     }
 
     /// The peer's process (its credentials, checked to be this process's user).

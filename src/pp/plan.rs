@@ -455,10 +455,14 @@ mod tests {
             line.ends_with("boundary 2: stage 2 (rank 1 dev 0) -> stage 3 (rank 2 dev 0) nccl (other host)"),
             "{line}"
         );
-        // Not built yet: auto keeps NCCL and says why.
+        // Without the IPC transport: auto keeps NCCL and says why.
+        let mut unbuilt = plan.clone();
+        unbuilt.choose_processes_named(&identities, ProcessTransport::Auto, names, false).unwrap();
+        assert_eq!(unbuilt.boundaries[1].transport, Transport::Nccl);
+        assert!(unbuilt.to_string().contains("nccl (same host, same device; ipc not built yet)"), "{unbuilt}");
+        // This build: as built.
         plan.choose_processes(&identities, ProcessTransport::Auto).unwrap();
-        assert_eq!(plan.boundaries[1].transport, Transport::Nccl);
-        assert!(plan.to_string().contains("nccl (same host, same device; ipc not built yet)"), "{plan}");
+        assert_eq!(plan.boundaries[1].transport, Transport::Ipc);
         assert!(plan.refuse_unbuilt().is_ok());
         // Forced NCCL; forced IPC where the ranks are on two hosts is an error naming the boundary.
         plan.choose_processes(&identities, ProcessTransport::Nccl).unwrap();
@@ -466,13 +470,12 @@ mod tests {
         let err = plan.clone().choose_processes(&identities, ProcessTransport::Ipc).unwrap_err();
         assert_eq!(err.setting, "setting");
         assert!(err.reason.contains("boundary 2 cannot use ipc: other host"), "{err}");
-        // Forced IPC where it works is chosen, and refused by a build without the transport.
+        // Forced IPC where it works is chosen, and this build runs it.
         let (mut two, identities) = three_ranks();
         two.boundaries.truncate(2);
         two.choose_processes(&identities, ProcessTransport::Ipc).unwrap();
         assert_eq!(two.boundaries[1].transport, Transport::Ipc);
-        let err = two.refuse_unbuilt().unwrap_err();
-        assert!(matches!(err, crate::error::PpError::TransportUnavailable { boundary: 1, .. }), "{err}");
+        assert_eq!(two.refuse_unbuilt(), Ok(()));
         // Fewer identities than ranks: a typed error, not an index out of bounds.
         assert!(plan.choose_processes(&identities[..1], ProcessTransport::Auto).is_err());
     }

@@ -26,7 +26,7 @@ use crate::rendezvous::{HostIdentity, RankIdentity};
 /// ranks on NCCL (its reason says IPC would apply), so nothing that runs today changes, and a
 /// forced `ipc` is refused when the runtime is built
 /// ([`PpError::TransportUnavailable`](crate::PpError::TransportUnavailable)).
-pub(crate) const IPC_TRANSPORT_BUILT: bool = false;
+pub(crate) const IPC_TRANSPORT_BUILT: bool = true;
 
 /// How boundaries between two ranks move data.
 ///

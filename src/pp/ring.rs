@@ -66,6 +66,10 @@ pub(super) struct Slots {
     received: u64,
     /// Whether the ring is filled from another rank (its steps are counted).
     inbound: bool,
+    /// Whether the slots' buffers were given at build and are never replaced (a boundary from
+    /// another rank of this host: the sender writes them through its own mapping of them, so a
+    /// lent slot is written again only once its guard gave it back, and a slot never grows).
+    fixed: bool,
     /// Buffers given back by in-place guards whose slot had been given another buffer meanwhile:
     /// the next write that meets a lent slot takes one instead of allocating (at most one per
     /// slot is kept).
@@ -115,7 +119,7 @@ impl SlotBuffer {
         }
     }
 
-    fn capacity(&self) -> usize {
+    pub(super) fn capacity(&self) -> usize {
         match self {
             SlotBuffer::Empty => 0,
             SlotBuffer::Device(buffer) => buffer.len(),
@@ -212,13 +216,35 @@ impl SlotRing {
                 Ok(slot)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SlotRing {
-            slots: Mutex::new(Slots { next: 0, slots, received: 0, inbound, spares: Vec::new(), on_taken: None }),
+        Ok(SlotRing::of(slots, inbound, false))
+    }
+
+    /// A ring filled from another rank whose slots are `buffers`, one per slot, fixed for the
+    /// ring's life (see [`Slots::fixed`]).
+    pub(super) fn with_fixed_buffers(buffers: Vec<Arc<CudaSlice<u8>>>) -> SlotRing {
+        let slots = buffers
+            .into_iter()
+            .map(|buffer| Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Device(buffer), step: 0 })
+            .collect();
+        SlotRing::of(slots, true, true)
+    }
+
+    fn of(slots: Vec<Slot>, inbound: bool, fixed: bool) -> SlotRing {
+        SlotRing {
+            slots: Mutex::new(Slots {
+                next: 0,
+                slots,
+                received: 0,
+                inbound,
+                fixed,
+                spares: Vec::new(),
+                on_taken: None,
+            }),
             changed: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             changes: AtomicU64::new(0),
             inbound,
-        })
+        }
     }
 
     /// Calls `hook` each time the RX stage takes a step (see [`TakenHook`]).
@@ -415,7 +441,11 @@ impl Slots {
     /// [`PpError::SlotState`] when it is not.
     pub(super) fn check_writable(&self, b: usize, k: usize, call: &'static str) -> Result<()> {
         let found = self.slots[k].state;
-        if writable(found) { Ok(()) } else { Err(not_free(b, k, call, found)) }
+        if writable(found) && !(self.fixed && found == SlotState::Lent) {
+            Ok(())
+        } else {
+            Err(not_free(b, k, call, found))
+        }
     }
 
     /// Checks that slot `k` of boundary `b` holds `n` elements of `T`, for `call` to receive it:
@@ -460,8 +490,12 @@ impl Slots {
     ) -> Result<&mut SlotBuffer> {
         self.check_writable(b, k, call)?;
         self.rehome_if_lent(k, bytes);
+        let fixed = self.fixed;
         let slot = &mut self.slots[k];
         if !slot.buffer.holds(bytes) {
+            if fixed {
+                return Err(too_large(b, bytes, slot.buffer.capacity()));
+            }
             home.grow(&mut slot.buffer, bytes)?;
         }
         Ok(&mut slot.buffer)
@@ -471,7 +505,7 @@ impl Slots {
     /// lent): a spare that holds `bytes` when there is one, else none (the caller grows it).
     /// Lent → free.
     fn rehome_if_lent(&mut self, k: usize, bytes: usize) {
-        if self.slots[k].state != SlotState::Lent {
+        if self.slots[k].state != SlotState::Lent || self.fixed {
             return;
         }
         let spare = self.spares.iter().position(|spare| spare.len() >= bytes).map(|at| self.spares.swap_remove(at));
@@ -579,7 +613,13 @@ impl Slots {
     /// Whether the next write's slot is writable by a writer that has waited `waited` for it (the
     /// receiver of a boundary from another rank waits for it; see [`LENT_GRACE`]).
     pub(super) fn next_writable(&self, waited: Duration) -> bool {
-        writable_after(self.slots[self.next].state, waited, LENT_GRACE)
+        let state = self.slots[self.next].state;
+        if self.fixed { state.is_free() } else { writable_after(state, waited, LENT_GRACE) }
+    }
+
+    /// Whether the slots' buffers are fixed (see [`Slots::fixed`]).
+    pub(super) fn fixed(&self) -> bool {
+        self.fixed
     }
 
     /// Takes slot `k`'s buffer (grown to `bytes` first) out for a capture of the step's graphs:
@@ -633,6 +673,11 @@ impl Slots {
             }
         }
     }
+}
+
+/// The error of a step of `bytes` bytes for a fixed slot of `capacity` bytes (see [`Slots::fixed`]).
+pub(super) fn too_large(b: usize, bytes: usize, capacity: usize) -> Error {
+    Error::Pipeline(PpError::StepTooLarge { boundary: b, bytes, capacity })
 }
 
 /// The error of `call` finding slot `slot` of boundary `b` not free for a write (`found`).

@@ -142,7 +142,7 @@ impl WaitCondition {
         self.flush
     }
 
-    fn flags(self) -> u32 {
+    pub(super) fn flags(self) -> u32 {
         let condition = if self.equal {
             CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ
         } else {
@@ -155,7 +155,7 @@ impl WaitCondition {
 
 /// Checks what every memory operation on `flag[index]` from `stream` needs, and returns a view
 /// of that one element.
-fn word<'a>(
+pub(super) fn word<'a>(
     what: &'static str,
     stream: &CudaStream,
     flag: CudaView<'a, u64>,

@@ -3,6 +3,7 @@
 //! in turn, in whichever rank makes it.
 
 use super::*;
+use ppnrt::ProcessTransport;
 
 /// How long a remote sweep's receive waits for its slot: far past the peer timeout, so that a
 /// receive that times out was stalled, not slow.
@@ -154,207 +155,233 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
         let n = 2048;
         let mut cases = 0;
         let mut unreached = Vec::new();
-        for swept in [RemoteSwept::Steady, RemoteSwept::NewLength, RemoteSwept::Captured, RemoteSwept::Teardown] {
-            for in_place in [false, true] {
-                if swept == RemoteSwept::Teardown && in_place {
-                    continue;
-                }
-                let what = format!("across ranks, {swept:?}{}", if in_place { " in place" } else { "" });
-                // Step t's length; the swept step is step WARM.
-                let len = |t: usize| match swept {
-                    RemoteSwept::NewLength if t == WARM => 3 * n,
-                    RemoteSwept::Captured if t == WARM - 1 || t == WARM => 3 * n,
-                    _ => n,
-                };
-                let data = |t: usize| -> Vec<u32> {
-                    (0..len(t) as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x7e1)).collect()
-                };
-                // Two ranks with their inputs made and WARM steps run.
-                let warm = || {
-                    let ranks = two_ranks(peer_timeout);
-                    let primary = Engine::new(0).unwrap();
-                    let (e0, e1) =
-                        (ranks.0.engine(0, &primary).unwrap().clone(), ranks.1.engine(1, &primary).unwrap().clone());
-                    let inputs: Vec<Option<CudaSlice<u32>>> = {
-                        let _stage = ranks.0.enter(0).unwrap();
-                        (0..WARM + 1 + AFTER).map(|t| Some(e0.htod(&data(t)).unwrap())).collect()
-                    };
-                    for (t, input) in inputs.iter().enumerate().take(WARM) {
-                        match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
-                            Swept::Delivered(values) => assert!(values == data(t), "{what}: warm step {t}"),
-                            other => panic!("{what}: warm step {t}: {other:?}"),
-                        }
+        for transport in [ProcessTransport::Nccl, ProcessTransport::Ipc] {
+            for swept in [RemoteSwept::Steady, RemoteSwept::NewLength, RemoteSwept::Captured, RemoteSwept::Teardown] {
+                for in_place in [false, true] {
+                    if swept == RemoteSwept::Teardown && in_place {
+                        continue;
                     }
-                    double.flush();
-                    // Each run starts with no context current: a failed restore of the current
-                    // context in an earlier run changes nothing here.
-                    raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-                    (ranks, e1, inputs)
-                };
-                // For the teardown swept: step WARM sent and its readback queued.
-                let last_step_queued = |ranks: &(PpNRt, PpNRt), inputs: &[Option<CudaSlice<u32>>]| {
-                    let slot = ranks.0.tx(0, inputs[WARM].as_ref().unwrap(), len(WARM)).unwrap();
-                    let received = ranks.1.rx_wait::<u32>(0, slot, len(WARM), REMOTE_RECEIVE_WAIT).unwrap();
-                    ranks.1.readback(received).unwrap()
-                };
-                // The teardown swept: the inputs freed, the readback dropped unread, both runtimes
-                // dropped; the errors the drops recorded.
-                let teardown = |ranks: (PpNRt, PpNRt), inputs: Vec<Option<CudaSlice<u32>>>, pending| -> Vec<Error> {
-                    drop(inputs);
-                    drop::<ppnrt::pp::PendingReadback<u32>>(pending);
-                    drop_ranks_within(ranks, drop_limit, &what)
-                };
-                // The calls of one swept operation, per entry point, in each library.
-                let count_calls = || {
-                    let (ranks, e1, inputs) = warm();
-                    let mut ranks = Some(ranks);
-                    let mut inputs = Some(inputs);
-                    let mut nccl_made = Vec::new();
-                    let mut pending = (swept == RemoteSwept::Teardown)
-                        .then(|| last_step_queued(ranks.as_ref().unwrap(), inputs.as_ref().unwrap()));
-                    let driver_made = double.calls_made_by(|| {
-                        nccl_made = nccl_calls_made_by(|| {
-                            if let Some(pending) = pending.take() {
-                                let errors = teardown(ranks.take().unwrap(), inputs.take().unwrap(), pending);
-                                assert!(errors.is_empty(), "{what}: {errors:?}");
-                            } else {
-                                let input = inputs.as_ref().unwrap()[WARM].as_ref().unwrap();
-                                let step = remote_step(ranks.as_ref().unwrap(), &e1, input, len(WARM), in_place);
-                                assert!(matches!(&step, Swept::Delivered(v) if *v == data(WARM)), "{what}: {step:?}");
-                            }
+                    let what =
+                        format!("across ranks over {transport}, {swept:?}{}", if in_place { " in place" } else { "" });
+                    // Step t's length; the swept step is step WARM.
+                    let len = |t: usize| match swept {
+                        RemoteSwept::NewLength if t == WARM => 3 * n,
+                        RemoteSwept::Captured if t == WARM - 1 || t == WARM => 3 * n,
+                        _ => n,
+                    };
+                    let data = |t: usize| -> Vec<u32> {
+                        (0..len(t) as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ ((t as u32) << 20 | 0x7e1)).collect()
+                    };
+                    // Two ranks with their inputs made and WARM steps run.
+                    let warm = || {
+                        let ranks = ranks::two_ranks_configured(peer_timeout, |_, config| {
+                            config.with_process_transport(transport)
                         });
-                    });
-                    drop(inputs);
-                    if let Some(ranks) = ranks {
-                        let errors = drop_ranks_within(ranks, drop_limit, &what);
-                        assert!(errors.is_empty(), "{what}: {errors:?}");
-                    }
-                    (driver_made, nccl_made)
-                };
-                // Counted twice, each entry point's fewer kept: the ranks' own threads (receivers,
-                // the watchdog) make some calls on their clocks, and a count that caught more of
-                // them than a run makes would sweep calls no run reaches.
-                let (driver_calls, nccl_calls) = {
-                    let (first, second) = (count_calls(), count_calls());
-                    (fewer_calls(first.0, &second.0), fewer_calls(first.1, &second.1))
-                };
-                assert!(
-                    nccl_calls.iter().any(|(entry, _)| entry == "ncclSend" || entry == "ncclCommDestroy"),
-                    "{what}: no NCCL call: {nccl_calls:?}"
-                );
-                let mut faults: Vec<(bool, String, u64)> =
-                    driver_calls.into_iter().map(|(e, c)| (false, e, c)).collect();
-                faults.extend(nccl_calls.into_iter().map(|(e, c)| (true, e, c)));
-                if swept == RemoteSwept::Steady && !in_place {
-                    faults.push((true, "ncclCommGetAsyncError".to_string(), 1));
-                }
-                cases += sweep_across_ranks(double, &faults, &what, &mut unreached, |injected| {
-                    let case = injected.case.clone();
-                    let (ranks, e1, mut inputs) = warm();
-                    // The errors calls returned, and those drops recorded.
-                    let mut errors: Vec<Error> = Vec::new();
-                    let mut drop_errors: Vec<Error> = Vec::new();
-                    // The watchdog's poll comes on its clock; the operation's calls are made
-                    // when it returns.
-                    let within = if injected.entry == "ncclCommGetAsyncError" {
-                        drop_limit
-                    } else {
-                        std::time::Duration::from_millis(100)
-                    };
-                    let reached = if swept == RemoteSwept::Teardown {
-                        let pending = last_step_queued(&ranks, &inputs);
-                        injected.arm();
-                        drop_errors.extend(teardown(ranks, inputs, pending));
-                        let (reached, recorded) = injected.disarm_if_reached_within(within);
-                        drop_errors.extend(recorded);
-                        reached
-                    } else {
-                        injected.arm();
-                        let input = inputs[WARM].as_ref().unwrap();
-                        let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
-                        let (reached, recorded) = injected.disarm_if_reached_within(within);
-                        // A failure on a clock (the watchdog's poll) may fail the link between
-                        // two calls; any other failure is met by a call.
-                        let on_a_clock = injected.entry == "ncclCommGetAsyncError";
-                        drop_errors.extend(recorded);
-                        inputs[WARM] = None;
-                        match outcome {
-                            Swept::Delivered(values) => assert!(values == data(WARM), "{case}: wrong values"),
-                            Swept::NotSent(e) | Swept::NotReadBack(e, None) => errors.push(e),
-                            Swept::NotReadBack(e, Some(again)) => {
-                                assert!(again == data(WARM), "{case}: the second wait gave wrong values");
-                                errors.push(e);
-                            }
-                            Swept::NotReceived(slot, e) => {
-                                let again = receive_and_read_back_within(
-                                    &ranks.1,
-                                    &e1,
-                                    slot,
-                                    len(WARM),
-                                    in_place,
-                                    Some(REMOTE_RECEIVE_WAIT),
-                                );
-                                match again {
-                                    Swept::Delivered(values) if !peer_failed(&e) => {
-                                        assert!(values == data(WARM), "{case}: the second receive: wrong values")
-                                    }
-                                    Swept::NotReceived(_, again) if peer_failed(&e) && peer_failed(&again) => {}
-                                    other => panic!("{case}: the receive failed with {e}; again: {other:?}"),
-                                }
-                                errors.push(e);
+                        let primary = Engine::new(0).unwrap();
+                        let (e0, e1) = (
+                            ranks.0.engine(0, &primary).unwrap().clone(),
+                            ranks.1.engine(1, &primary).unwrap().clone(),
+                        );
+                        let inputs: Vec<Option<CudaSlice<u32>>> = {
+                            let _stage = ranks.0.enter(0).unwrap();
+                            (0..WARM + 1 + AFTER).map(|t| Some(e0.htod(&data(t)).unwrap())).collect()
+                        };
+                        for (t, input) in inputs.iter().enumerate().take(WARM) {
+                            match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                                Swept::Delivered(values) => assert!(values == data(t), "{what}: warm step {t}"),
+                                other => panic!("{what}: warm step {t}: {other:?}"),
                             }
                         }
-                        // The next steps: delivered, or, once the link failed, `PeerFailed`.
-                        let mut link_failed = errors.iter().any(peer_failed);
-                        let saw_peer_failed = link_failed;
-                        for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
-                            match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
-                                Swept::Delivered(values) => {
-                                    assert!(!link_failed, "{case}: step {t} delivered after the link failed");
-                                    assert!(values == data(t), "{case}: step {t}: wrong values");
+                        double.flush();
+                        // Each run starts with no context current: a failed restore of the current
+                        // context in an earlier run changes nothing here.
+                        raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                        (ranks, e1, inputs)
+                    };
+                    // For the teardown swept: step WARM sent and its readback queued.
+                    let last_step_queued = |ranks: &(PpNRt, PpNRt), inputs: &[Option<CudaSlice<u32>>]| {
+                        let slot = ranks.0.tx(0, inputs[WARM].as_ref().unwrap(), len(WARM)).unwrap();
+                        let received = ranks.1.rx_wait::<u32>(0, slot, len(WARM), REMOTE_RECEIVE_WAIT).unwrap();
+                        ranks.1.readback(received).unwrap()
+                    };
+                    // The teardown swept: the inputs freed, the readback dropped unread, both runtimes
+                    // dropped; the errors the drops recorded.
+                    let teardown =
+                        |ranks: (PpNRt, PpNRt), inputs: Vec<Option<CudaSlice<u32>>>, pending| -> Vec<Error> {
+                            drop(inputs);
+                            drop::<ppnrt::pp::PendingReadback<u32>>(pending);
+                            drop_ranks_within(ranks, drop_limit, &what)
+                        };
+                    // The calls of one swept operation, per entry point, in each library.
+                    let count_calls = || {
+                        let (ranks, e1, inputs) = warm();
+                        let mut ranks = Some(ranks);
+                        let mut inputs = Some(inputs);
+                        let mut nccl_made = Vec::new();
+                        let mut pending = (swept == RemoteSwept::Teardown)
+                            .then(|| last_step_queued(ranks.as_ref().unwrap(), inputs.as_ref().unwrap()));
+                        let driver_made = double.calls_made_by(|| {
+                            nccl_made = nccl_calls_made_by(|| {
+                                if let Some(pending) = pending.take() {
+                                    let errors = teardown(ranks.take().unwrap(), inputs.take().unwrap(), pending);
+                                    assert!(errors.is_empty(), "{what}: {errors:?}");
+                                } else {
+                                    let input = inputs.as_ref().unwrap()[WARM].as_ref().unwrap();
+                                    let step = remote_step(ranks.as_ref().unwrap(), &e1, input, len(WARM), in_place);
+                                    assert!(
+                                        matches!(&step, Swept::Delivered(v) if *v == data(WARM)),
+                                        "{what}: {step:?}"
+                                    );
                                 }
-                                Swept::NotSent(e) | Swept::NotReceived(_, e) | Swept::NotReadBack(e, None)
-                                    if peer_failed(&e) =>
-                                {
-                                    link_failed = true;
+                            });
+                        });
+                        drop(inputs);
+                        if let Some(ranks) = ranks {
+                            let errors = drop_ranks_within(ranks, drop_limit, &what);
+                            assert!(errors.is_empty(), "{what}: {errors:?}");
+                        }
+                        (driver_made, nccl_made)
+                    };
+                    // Counted twice, each entry point's fewer kept: the ranks' own threads (receivers,
+                    // the watchdog) make some calls on their clocks, and a count that caught more of
+                    // them than a run makes would sweep calls no run reaches.
+                    let (driver_calls, nccl_calls) = {
+                        let (first, second) = (count_calls(), count_calls());
+                        (fewer_calls(first.0, &second.0), fewer_calls(first.1, &second.1))
+                    };
+                    if transport == ProcessTransport::Nccl {
+                        assert!(
+                            nccl_calls.iter().any(|(entry, _)| entry == "ncclSend" || entry == "ncclCommDestroy"),
+                            "{what}: no NCCL call: {nccl_calls:?}"
+                        );
+                    } else {
+                        // An IPC boundary moves its steps with the driver alone, between flag words.
+                        assert!(
+                            nccl_calls
+                                .iter()
+                                .all(|(entry, _)| !entry.starts_with("ncclSend") && !entry.starts_with("ncclRecv")),
+                            "{what}: {nccl_calls:?}"
+                        );
+                        assert!(
+                            swept == RemoteSwept::Teardown
+                                || driver_calls.iter().any(|(entry, _)| entry.starts_with("cuStreamWaitValue64")),
+                            "{what}: no flag wait: {driver_calls:?}"
+                        );
+                    }
+                    let mut faults: Vec<(bool, String, u64)> =
+                        driver_calls.into_iter().map(|(e, c)| (false, e, c)).collect();
+                    faults.extend(nccl_calls.into_iter().map(|(e, c)| (true, e, c)));
+                    if swept == RemoteSwept::Steady && !in_place && transport == ProcessTransport::Nccl {
+                        faults.push((true, "ncclCommGetAsyncError".to_string(), 1));
+                    }
+                    cases += sweep_across_ranks(double, &faults, &what, &mut unreached, |injected| {
+                        let case = injected.case.clone();
+                        let (ranks, e1, mut inputs) = warm();
+                        // The errors calls returned, and those drops recorded.
+                        let mut errors: Vec<Error> = Vec::new();
+                        let mut drop_errors: Vec<Error> = Vec::new();
+                        // The watchdog's poll comes on its clock; the operation's calls are made
+                        // when it returns.
+                        let within = if injected.entry == "ncclCommGetAsyncError" {
+                            drop_limit
+                        } else {
+                            std::time::Duration::from_millis(100)
+                        };
+                        let reached = if swept == RemoteSwept::Teardown {
+                            let pending = last_step_queued(&ranks, &inputs);
+                            injected.arm();
+                            drop_errors.extend(teardown(ranks, inputs, pending));
+                            let (reached, recorded) = injected.disarm_if_reached_within(within);
+                            drop_errors.extend(recorded);
+                            reached
+                        } else {
+                            injected.arm();
+                            let input = inputs[WARM].as_ref().unwrap();
+                            let outcome = remote_step(&ranks, &e1, input, len(WARM), in_place);
+                            let (reached, recorded) = injected.disarm_if_reached_within(within);
+                            // A failure on a clock (the watchdog's poll) may fail the link between
+                            // two calls; any other failure is met by a call.
+                            let on_a_clock = injected.entry == "ncclCommGetAsyncError";
+                            drop_errors.extend(recorded);
+                            inputs[WARM] = None;
+                            match outcome {
+                                Swept::Delivered(values) => assert!(values == data(WARM), "{case}: wrong values"),
+                                Swept::NotSent(e) | Swept::NotReadBack(e, None) => errors.push(e),
+                                Swept::NotReadBack(e, Some(again)) => {
+                                    assert!(again == data(WARM), "{case}: the second wait gave wrong values");
                                     errors.push(e);
                                 }
-                                other => panic!("{case}: step {t} after the failure: {other:?}"),
-                            }
-                        }
-                        assert!(
-                            saw_peer_failed || !link_failed || on_a_clock,
-                            "{case}: the link failed after a step that did not report it"
-                        );
-                        if link_failed {
-                            // Each rank's own account of the failure (the rank that failed first
-                            // says why; its peer, that the connection closed, which it learns
-                            // within milliseconds: until then a call of it may still succeed).
-                            let until = std::time::Instant::now() + drop_limit;
-                            let short = std::time::Duration::from_millis(1);
-                            let mut accounts = 0;
-                            while accounts < 2 && std::time::Instant::now() < until {
-                                accounts = 0;
-                                for account in [
-                                    ranks.1.rx_wait::<u32>(0, 0, n, short).err(),
-                                    ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).err(),
-                                ]
-                                .into_iter()
-                                .flatten()
-                                .filter(peer_failed)
-                                {
-                                    errors.push(account);
-                                    accounts += 1;
+                                Swept::NotReceived(slot, e) => {
+                                    let again = receive_and_read_back_within(
+                                        &ranks.1,
+                                        &e1,
+                                        slot,
+                                        len(WARM),
+                                        in_place,
+                                        Some(REMOTE_RECEIVE_WAIT),
+                                    );
+                                    match again {
+                                        Swept::Delivered(values) if !peer_failed(&e) => {
+                                            assert!(values == data(WARM), "{case}: the second receive: wrong values")
+                                        }
+                                        Swept::NotReceived(_, again) if peer_failed(&e) && peer_failed(&again) => {}
+                                        other => panic!("{case}: the receive failed with {e}; again: {other:?}"),
+                                    }
+                                    errors.push(e);
                                 }
                             }
-                            assert_eq!(accounts, 2, "{case}: a rank never learned that the link failed");
-                        }
-                        drop(inputs);
-                        drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
-                        reached
-                    };
-                    RanksRun { reached, errors, drop_errors }
-                });
+                            // The next steps: delivered, or, once the link failed, `PeerFailed`.
+                            let mut link_failed = errors.iter().any(peer_failed);
+                            let saw_peer_failed = link_failed;
+                            for (t, input) in inputs.iter().enumerate().skip(WARM + 1) {
+                                match remote_step(&ranks, &e1, input.as_ref().unwrap(), len(t), in_place) {
+                                    Swept::Delivered(values) => {
+                                        assert!(!link_failed, "{case}: step {t} delivered after the link failed");
+                                        assert!(values == data(t), "{case}: step {t}: wrong values");
+                                    }
+                                    Swept::NotSent(e) | Swept::NotReceived(_, e) | Swept::NotReadBack(e, None)
+                                        if peer_failed(&e) =>
+                                    {
+                                        link_failed = true;
+                                        errors.push(e);
+                                    }
+                                    other => panic!("{case}: step {t} after the failure: {other:?}"),
+                                }
+                            }
+                            assert!(
+                                saw_peer_failed || !link_failed || on_a_clock,
+                                "{case}: the link failed after a step that did not report it"
+                            );
+                            if link_failed {
+                                // Each rank's own account of the failure (the rank that failed first
+                                // says why; its peer, that the connection closed, which it learns
+                                // within milliseconds: until then a call of it may still succeed).
+                                let until = std::time::Instant::now() + drop_limit;
+                                let short = std::time::Duration::from_millis(1);
+                                let mut accounts = 0;
+                                while accounts < 2 && std::time::Instant::now() < until {
+                                    accounts = 0;
+                                    for account in [
+                                        ranks.1.rx_wait::<u32>(0, 0, n, short).err(),
+                                        ranks.0.tx(0, inputs[0].as_ref().unwrap(), n).err(),
+                                    ]
+                                    .into_iter()
+                                    .flatten()
+                                    .filter(peer_failed)
+                                    {
+                                        errors.push(account);
+                                        accounts += 1;
+                                    }
+                                }
+                                assert_eq!(accounts, 2, "{case}: a rank never learned that the link failed");
+                            }
+                            drop(inputs);
+                            drop_errors.extend(drop_ranks_within(ranks, drop_limit, &case));
+                            reached
+                        };
+                        RanksRun { reached, errors, drop_errors }
+                    });
+                }
             }
         }
         println!(
@@ -399,87 +426,106 @@ fn every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time()
                 other => panic!("{case}: the step after the setup: {other:?}"),
             }
         };
-        double.flush();
-        let _ = ppnrt::take_drop_errors();
-        // The calls of a setup, per entry point: the fewest of three setups (the waits for the
-        // other rank poll, as many times as the wait lasts).
-        let measured: Vec<Vec<(bool, String, u64)>> = (0..3)
-            .map(|_| {
-                let mut built = None;
-                let mut nccl_made = Vec::new();
-                let primary = Engine::new(0).unwrap();
-                let driver_made = double.calls_made_by(|| {
-                    nccl_made = nccl_calls_made_by(|| built = Some(try_two_ranks(&primary, peer_timeout)));
-                });
-                let (zero, one) = built.unwrap();
-                let ranks = (zero.unwrap(), one.unwrap());
-                step_delivers(&ranks, "a measured setup");
-                let errors = drop_ranks_within(ranks, bound, "a measured setup");
-                assert!(errors.is_empty(), "{errors:?}");
-                driver_made
-                    .into_iter()
-                    .map(|(e, c)| (false, e, c))
-                    .chain(nccl_made.into_iter().map(|(e, c)| (true, e, c)))
-                    .collect()
-            })
-            .collect();
-        let fewest = |in_nccl: bool, entry: &str| {
-            measured
+        for transport in [ProcessTransport::Nccl, ProcessTransport::Ipc] {
+            double.flush();
+            let _ = ppnrt::take_drop_errors();
+            // The calls of a setup, per entry point: the fewest of three setups (the waits for the
+            // other rank poll, as many times as the wait lasts).
+            let measured: Vec<Vec<(bool, String, u64)>> = (0..3)
+                .map(|_| {
+                    let mut built = None;
+                    let mut nccl_made = Vec::new();
+                    let primary = Engine::new(0).unwrap();
+                    let driver_made = double.calls_made_by(|| {
+                        nccl_made = nccl_calls_made_by(|| {
+                            built = Some(ranks::try_two_ranks_configured(&primary, peer_timeout, |_, config| {
+                                config.with_process_transport(transport)
+                            }))
+                        });
+                    });
+                    let (zero, one) = built.unwrap();
+                    let ranks = (zero.unwrap(), one.unwrap());
+                    step_delivers(&ranks, "a measured setup");
+                    let errors = drop_ranks_within(ranks, bound, "a measured setup");
+                    assert!(errors.is_empty(), "{errors:?}");
+                    driver_made
+                        .into_iter()
+                        .map(|(e, c)| (false, e, c))
+                        .chain(nccl_made.into_iter().map(|(e, c)| (true, e, c)))
+                        .collect()
+                })
+                .collect();
+            let fewest = |in_nccl: bool, entry: &str| {
+                measured
+                    .iter()
+                    .map(|calls| calls.iter().find(|(n, e, _)| *n == in_nccl && e == entry).map_or(0, |(_, _, c)| *c))
+                    .min()
+                    .unwrap()
+            };
+            let mut faults: Vec<(bool, String, u64)> = measured[0]
                 .iter()
-                .map(|calls| calls.iter().find(|(n, e, _)| *n == in_nccl && e == entry).map_or(0, |(_, _, c)| *c))
-                .min()
-                .unwrap()
-        };
-        let mut faults: Vec<(bool, String, u64)> = measured[0]
-            .iter()
-            .map(|(in_nccl, entry, _)| (*in_nccl, entry.clone(), fewest(*in_nccl, entry)))
-            .filter(|(_, _, calls)| *calls > 0)
-            .collect();
-        assert!(
-            faults.iter().any(|(in_nccl, entry, _)| *in_nccl && entry == "ncclCommInitRankConfig"),
-            "the setup made no NCCL join: {faults:?}"
-        );
-        faults.push((true, "ncclCommGetAsyncError".to_string(), 2));
-        let mut slowest = std::time::Duration::ZERO;
-        let mut unreached = Vec::new();
-        let cases = sweep_across_ranks(double, &faults, "setup across ranks", &mut unreached, |injected| {
-            let case = injected.case.clone();
-            // Each run starts with no context current: a failed restore of the current
-            // context in an earlier run changes nothing here.
-            raw!(cuCtxSetCurrent(std::ptr::null_mut()));
-            // The primary engine made before the failure: it is the caller's, not the setup's.
-            let primary = Engine::new(0).unwrap();
-            let started = std::time::Instant::now();
-            injected.arm();
-            let (zero, one) = try_two_ranks(&primary, peer_timeout);
-            let took = started.elapsed();
-            let (reached, mut drop_errors) = injected.disarm_if_reached_within(std::time::Duration::from_millis(100));
-            assert!(took < bound, "{case}: the setups took {took:?}");
-            slowest = slowest.max(took);
-            let mut errors = Vec::new();
-            match (zero, one) {
-                (Ok(zero), Ok(one)) => {
-                    let ranks = (zero, one);
-                    step_delivers(&ranks, &case);
-                    drop_errors.extend(drop_ranks_within(ranks, bound, &case));
-                }
-                (zero, one) => {
-                    for built in [zero, one] {
-                        match built {
-                            Ok(rt) => drop_errors.extend(drop_ranks_within(rt, bound, &case)),
-                            Err(e) => errors.push(e),
+                .map(|(in_nccl, entry, _)| (*in_nccl, entry.clone(), fewest(*in_nccl, entry)))
+                .filter(|(_, _, calls)| *calls > 0)
+                .collect();
+            if transport == ProcessTransport::Nccl {
+                assert!(
+                    faults.iter().any(|(in_nccl, entry, _)| *in_nccl && entry == "ncclCommInitRankConfig"),
+                    "the setup made no NCCL join: {faults:?}"
+                );
+                faults.push((true, "ncclCommGetAsyncError".to_string(), 2));
+            } else {
+                assert!(
+                    faults
+                        .iter()
+                        .any(|(in_nccl, entry, _)| !*in_nccl && entry.starts_with("cuMemExportToShareableHandle")),
+                    "the setup exported no slot: {faults:?}"
+                );
+            }
+            let mut slowest = std::time::Duration::ZERO;
+            let mut unreached = Vec::new();
+            let what = format!("setup across ranks over {transport}");
+            let cases = sweep_across_ranks(double, &faults, &what, &mut unreached, |injected| {
+                let case = injected.case.clone();
+                // Each run starts with no context current: a failed restore of the current
+                // context in an earlier run changes nothing here.
+                raw!(cuCtxSetCurrent(std::ptr::null_mut()));
+                // The primary engine made before the failure: it is the caller's, not the setup's.
+                let primary = Engine::new(0).unwrap();
+                let started = std::time::Instant::now();
+                injected.arm();
+                let (zero, one) = ranks::try_two_ranks_configured(&primary, peer_timeout, |_, config| {
+                    config.with_process_transport(transport)
+                });
+                let took = started.elapsed();
+                let (reached, mut drop_errors) =
+                    injected.disarm_if_reached_within(std::time::Duration::from_millis(100));
+                assert!(took < bound, "{case}: the setups took {took:?}");
+                slowest = slowest.max(took);
+                let mut errors = Vec::new();
+                match (zero, one) {
+                    (Ok(zero), Ok(one)) => {
+                        let ranks = (zero, one);
+                        step_delivers(&ranks, &case);
+                        drop_errors.extend(drop_ranks_within(ranks, bound, &case));
+                    }
+                    (zero, one) => {
+                        for built in [zero, one] {
+                            match built {
+                                Ok(rt) => drop_errors.extend(drop_ranks_within(rt, bound, &case)),
+                                Err(e) => errors.push(e),
+                            }
                         }
                     }
                 }
-            }
-            RanksRun { reached, errors, drop_errors }
-        });
-        println!(
-            "setup fault sweep across ranks: {cases} runs, each with one failing driver or NCCL call, the slowest \
-             {slowest:?}; {} of them did not reach it: {unreached:?}",
-            unreached.len()
-        );
-        assert!(unreached.len() * 10 <= cases, "the failure was not reached in too many runs");
+                RanksRun { reached, errors, drop_errors }
+            });
+            println!(
+                "setup fault sweep across ranks: {cases} runs, each with one failing driver or NCCL call, the slowest \
+                 {slowest:?}; {} of them did not reach it: {unreached:?}",
+                unreached.len()
+            );
+            assert!(unreached.len() * 10 <= cases, "the failure was not reached in too many runs");
+        }
     });
 }
 
@@ -502,7 +548,9 @@ fn a_readback_fed_by_a_failed_boundary_is_refused() {
             |t: u32| -> Vec<u32> { (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ (t << 20 | 0x3b)).collect() };
         let (mut refused, mut given) = (0, 0);
         for round in 0..12 {
-            let ranks = two_ranks(std::time::Duration::from_secs(3));
+            let ranks = ranks::two_ranks_configured(std::time::Duration::from_secs(3), |_, config| {
+                config.with_process_transport(ProcessTransport::Nccl)
+            });
             let primary = Engine::new(0).unwrap();
             let (e0, e1) = (ranks.0.engine(0, &primary).unwrap().clone(), ranks.1.engine(1, &primary).unwrap().clone());
             let inputs: Vec<CudaSlice<u32>> = {

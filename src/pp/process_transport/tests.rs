@@ -73,9 +73,9 @@ fn each_setting_chooses_as_documented() {
             assert!(err.reason.contains("boundary 4") && err.reason.contains(&reach.to_string()), "{err}");
         }
     }
-    // This build: auto stays on NCCL until the transport is built.
+    // This build has the IPC transport: auto takes it where the reach allows.
     let auto = choose(1, Reach::SameDevice, ProcessTransport::Auto, "s", IPC_TRANSPORT_BUILT);
-    assert_eq!(auto, Ok((false, TransportReason::IpcNotBuilt(Reach::SameDevice))));
+    assert_eq!(auto, Ok((true, TransportReason::Reach(Reach::SameDevice))));
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! A link between two ranks: its NCCL communicator, its failure record, the receiver's phase,
 //! and the receive graphs captured for its slots.
 
+use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::ipc::IpcFlags;
 use super::sender::{heartbeat_interval, silence};
 use super::wire::BackWriter;
 use crate::nccl::NcclComm;
@@ -72,7 +74,8 @@ pub(in crate::pp) struct Link {
     /// On how many steps a capture found the process's NCCL work still running within its wait
     /// (see [`capture_receive`]).
     pub(super) captures_missed: AtomicU32,
-    pub(in crate::pp) comm: NcclComm,
+    /// What moves the steps: the link's NCCL communicator, or the flag words of an IPC boundary.
+    pub(in crate::pp) carrier: Carrier,
     pub(super) failure: Arc<LinkFailure>,
     /// Every link of this rank: a link that fails fails the others first (see [`Link::fail`]).
     pub(super) rank_links: Arc<RankLinks>,
@@ -92,6 +95,14 @@ pub(in crate::pp) struct Link {
     /// the rank's other links ([`FaultPoint::ContainedFailure`]), or it waits before it is
     /// recorded ([`Fault::fail_delay`]).
     pub(super) fault: Fault,
+}
+
+/// What moves a link's steps.
+pub(in crate::pp) enum Carrier {
+    /// A two-rank NCCL communicator (the TX rank is its rank 0).
+    Nccl(NcclComm),
+    /// The RX rank's exported slots and flag words (see [`super::ipc`]).
+    Ipc(IpcFlags),
 }
 
 /// What a receiver thread is doing, since when: two atomics (the phase with its step, and the
@@ -188,6 +199,50 @@ pub(in crate::pp) struct Credit {
 /// abort's cleanup (which may wait for the whole device) would wait for a receive kernel of a
 /// link not yet aborted, and hold the driver while the next link's graphs are destroyed: the rank
 /// would hang.
+/// Ends the IPC links a failure stopped (`stopped`, each recorded as failed; see
+/// [`RankLinks`]). A flag word cannot be taken back once a stream is released towards it: when
+/// this rank releases its own wait for a step that never came, its stream runs on into its sends
+/// to the next ranks with whatever the slot held, and those arrive there whole. So the next ranks
+/// must know first, and so must theirs: each IPC link this rank sends on was shut down for writing
+/// when it stopped; this rank now waits (at most the link's peer timeout) until its peer closes
+/// the connection, which the peer does only once it recorded the failure and its own next ranks
+/// did the same. Then this rank closes its links from the ranks before it (telling them in turn)
+/// and releases its waits: the sends' waits for a free slot first, then the receives' waits.
+fn release_ipc(stopped: &[&Link]) {
+    let senders = stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender));
+    for link in senders.clone() {
+        wait_for_peer_close(&link.connection, link.timeout);
+    }
+    for link in stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender)) {
+        let _ = link.connection.shutdown(std::net::Shutdown::Both);
+    }
+    let receivers = stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender));
+    for link in senders.chain(receivers) {
+        if let Some(Err(e)) = link.ipc().map(IpcFlags::release) {
+            crate::safe::record_drop_error(e);
+        }
+    }
+}
+
+/// Reads `connection` (discarding what comes) until the peer closes it, fails, or `timeout`
+/// passes.
+fn wait_for_peer_close(connection: &TcpStream, timeout: Duration) {
+    let start = Instant::now();
+    let mut bytes = [0u8; 256];
+    let mut reader = connection;
+    while start.elapsed() < timeout {
+        if reader.set_read_timeout(Some(Duration::from_millis(10))).is_err() {
+            return;
+        }
+        match reader.read(&mut bytes) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(_) => return,
+        }
+    }
+}
+
 /// How long the aborts of a rank's other links are given to end before a failed link's abort
 /// begins (see [`RankLinks`]): each sets its communicator's abort flag at once; an abort still
 /// running after this waits on the device, and the failed link's abort must begin.
@@ -257,13 +312,18 @@ impl Link {
             .collect();
         // The other links' communicators first: their aborts set their flags before this link's
         // receive is cut short and its stream runs on into sends of theirs (see `RankLinks`).
-        let other_comms: Vec<&NcclComm> = others.iter().map(|link| &link.comm).collect();
-        for result in NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START) {
+        let other_comms: Vec<&NcclComm> = others.iter().filter_map(|link| link.nccl()).collect();
+        let own_comm: Vec<&NcclComm> = self.nccl().into_iter().collect();
+        for result in NcclComm::abort_first_then(&other_comms, &own_comm, OTHERS_ABORT_HEAD_START) {
             if let Err(e) = result {
                 crate::safe::record_drop_error(e);
             }
         }
         drop(kept);
+        let ipc: Vec<&Link> = stopped.iter().copied().filter(|link| link.ipc().is_some()).collect();
+        if !ipc.is_empty() {
+            release_ipc(&ipc);
+        }
     }
 
     /// Records `reason` as the link's failure and shuts its control connection down; false if
@@ -271,7 +331,15 @@ impl Link {
     fn stop_failed(&self, reason: String) -> bool {
         let stopped = self.stop(reason, true);
         if stopped {
-            let _ = self.connection.shutdown(std::net::Shutdown::Both);
+            // An IPC link's peer is told in the order `release_ipc` keeps.
+            let how = match self.ipc() {
+                None => Some(std::net::Shutdown::Both),
+                Some(flags) if flags.is_sender() => Some(std::net::Shutdown::Write),
+                Some(_) => None,
+            };
+            if let Some(how) = how {
+                let _ = self.connection.shutdown(how);
+            }
         }
         stopped
     }
@@ -289,6 +357,22 @@ impl Link {
         }
         let mut back = credit.back.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let _ = back.send_credit(&self.connection, taken);
+    }
+
+    /// The link's NCCL communicator, when NCCL carries it.
+    pub(in crate::pp) fn nccl(&self) -> Option<&NcclComm> {
+        match &self.carrier {
+            Carrier::Nccl(comm) => Some(comm),
+            Carrier::Ipc(_) => None,
+        }
+    }
+
+    /// The link's flag words, when it is an IPC boundary.
+    pub(in crate::pp) fn ipc(&self) -> Option<&IpcFlags> {
+        match &self.carrier {
+            Carrier::Ipc(flags) => Some(flags),
+            Carrier::Nccl(_) => None,
+        }
     }
 
     /// Records why the link stopped without aborting (a clean close).

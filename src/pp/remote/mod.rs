@@ -60,6 +60,7 @@
 
 use std::time::Duration;
 
+mod ipc;
 mod link;
 mod receiver;
 mod sender;

@@ -31,6 +31,9 @@ pub(in crate::pp) struct Inbound {
     /// A stream of the same device used only to capture receives into graphs, when allowed
     /// ([`PpConfig::with_nccl_recv_graphs`]).
     pub(in crate::pp) capture_stream: Option<Arc<CudaStream>>,
+    /// On an IPC boundary: the ring's slots, exported to the TX rank, which writes them through
+    /// its mappings (the ring keeps them for its life, see [`super::ipc`]).
+    pub(in crate::pp) exported_slots: Option<Vec<Arc<crate::safe::CudaSlice<u8>>>>,
 }
 
 impl Inbound {
@@ -254,7 +257,11 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Data(step) => {
                 let repeated = last_bytes == Some(step.bytes);
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
+                let number = step.step;
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
+                    if let Some(flags) = link.ipc() {
+                        return flags.receive(recv_stream, number, slot, dst).map_err(|reason| link.error_or(&reason));
+                    }
                     // SAFETY: the filler hands `recv` the slot's first `step.bytes` bytes (see
                     // `SlotFiller::fill`), the count of the sealed record the TX rank sends.
                     unsafe { receive_step(&link, recv_stream, capture_stream, slot, dst, repeated) }
@@ -300,10 +307,13 @@ pub(super) unsafe fn receive_step(
     dst: &mut CudaViewMut<'_, u8>,
     repeated: bool,
 ) -> Result<()> {
+    let Some(comm) = link.nccl() else {
+        return Err(link.error_or("an NCCL receive on a boundary NCCL does not carry"));
+    };
     let Some(capture_stream) = capture_stream else {
         // SAFETY: `dst` is exactly the bytes the TX rank's sealed record announced, which its
         // send moves (the caller's contract, `receive_step`'s).
-        return unsafe { Ok(link.comm.recv(recv_stream, dst, 0)?) };
+        return unsafe { Ok(comm.recv(recv_stream, dst, 0)?) };
     };
     let mut held = link.recv_graphs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(graphs) = held.as_mut() else {
@@ -313,7 +323,7 @@ pub(super) unsafe fn receive_step(
     if let Some(at) = graphs.iter().position(|graph| graph.slot == slot && graph.bytes == bytes) {
         if graphs[at].exec.writes(dst) {
             let exec = &mut graphs[at].exec;
-            link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
+            comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
             link.graph_receives.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -324,7 +334,7 @@ pub(super) unsafe fn receive_step(
     let exec = if repeated { unsafe { capture_receive(link, capture_stream, dst) }? } else { None };
     let Some(exec) = exec else {
         // SAFETY: as above.
-        return unsafe { Ok(link.comm.recv(recv_stream, dst, 0)?) };
+        return unsafe { Ok(comm.recv(recv_stream, dst, 0)?) };
     };
     if graphs.iter().filter(|graph| graph.slot == slot).count() >= RECV_GRAPHS_PER_SLOT {
         let oldest = graphs.iter().position(|graph| graph.slot == slot).expect("counted above");
@@ -332,7 +342,7 @@ pub(super) unsafe fn receive_step(
     }
     graphs.push(RecvGraph { slot, bytes, exec });
     let exec = &mut graphs.last_mut().expect("pushed above").exec;
-    link.comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
+    comm.posting_launch(recv_stream, || exec.launch(recv_stream))?;
     link.graph_receives.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
@@ -370,10 +380,11 @@ pub(super) unsafe fn capture_receive(
         }
         poll_pause(&mut polls);
     };
+    let Some(comm) = link.nccl() else { return Ok(None) };
     let capture = capture_stream.begin_capture(CaptureMode::Relaxed)?;
     // SAFETY: the capture is launched only for steps of exactly `dst`'s bytes (this function's
     // contract), which the TX rank's send moves.
-    let captured = unsafe { link.comm.recv(capture_stream, dst, 0) };
+    let captured = unsafe { comm.recv(capture_stream, dst, 0) };
     let graph = capture.end();
     captured?;
     Ok(graph?.instantiate().map(Some)?)

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use super::link::Link;
+use super::link::{Carrier, Link};
 use super::wire::{BackReader, check_type_name, encode_record};
 use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WATCH_PEEK};
 use crate::auth::Sealer;
@@ -15,7 +15,7 @@ use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{Fault, FaultPoint, Tamper};
 use crate::pp::timing::POLL;
-use crate::safe::{CudaStream, DeviceRepr, DeviceSlice};
+use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 
 /// The TX rank's end of a link.
 pub(in crate::pp) struct Sender {
@@ -49,6 +49,9 @@ pub(super) struct SendControl {
     /// The steps the RX rank's stage has taken, as far as its answers told ([`CREDIT`]).
     pub(super) credit: u64,
     pub(super) step: u64,
+    /// On an IPC boundary: this rank's mappings of the RX rank's slots (see [`super::ipc`]);
+    /// empty over NCCL.
+    pub(super) ipc_slots: Vec<CudaSlice<u8>>,
     /// Whether the close began (no `tx` after it).
     pub(super) closed: bool,
 }
@@ -162,6 +165,12 @@ impl Sender {
         }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
+        let slot = (step % self.n_slots as u64) as usize;
+        if let Some(capacity) = control.ipc_slots.get(slot).map(|mapped| mapped.len()) {
+            if view.byte_len() > capacity {
+                return Err(crate::pp::ring::too_large(self.link.boundary, view.byte_len(), capacity));
+            }
+        }
         let written = {
             let mut writer = self.writer();
             let record =
@@ -183,18 +192,28 @@ impl Sender {
             control.step += 1;
             return Ok((step % self.n_slots as u64) as usize);
         }
-        // SAFETY: the RX rank receives exactly the bytes of the record written above (n elements
-        // of `size_of::<T>()` bytes, sealed), which are `view`'s bytes.
-        if let Err(e) = unsafe { self.link.comm.send(&self.tx_stream, &view, 1) } {
+        let sent: Result<()> = match &self.link.carrier {
+            Carrier::Ipc(flags) => {
+                let mapped = &mut control.ipc_slots[slot];
+                match mapped.as_view_mut().slice_mut(..view.byte_len()) {
+                    Ok(mut dst) => flags.send(&self.tx_stream, step, view.into_bytes(), &mut dst),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            // SAFETY: the RX rank receives exactly the bytes of the record written above (n
+            // elements of `size_of::<T>()` bytes, sealed), which are `view`'s bytes.
+            Carrier::Nccl(comm) => unsafe { comm.send(&self.tx_stream, &view, 1) }.map_err(Into::into),
+        };
+        if let Err(e) = sent {
             // The send may or may not be queued, and its record is out: the link cannot be
             // trusted with another step, and the RX rank must not wait for this one.
             // A send that failed because the link failed meanwhile (its communicator aborted by
             // the watchdog or a receiver thread) reports that failure, as every later call does.
-            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            return Err(self.link.stopped().unwrap_or(e.into()));
+            self.link.fail(format!("the send of step {step} failed: {e}"));
+            return Err(self.link.stopped().unwrap_or(e));
         }
         control.step += 1;
-        Ok((step % self.n_slots as u64) as usize)
+        Ok(slot)
     }
 
     /// The record of `step` as the fault this link was built with makes it ([`Tamper`]): altered
@@ -438,7 +457,8 @@ impl Sender {
 /// The watchdog's look at NCCL: an asynchronous error fails the link. Skipped while another
 /// thread's call holds the communicator (the watchdog never waits on the calls it watches).
 pub(super) fn watch_comm(link: &Link) {
-    if let Err(e) = link.comm.async_error_if_idle() {
+    let Some(comm) = link.nccl() else { return };
+    if let Err(e) = comm.async_error_if_idle() {
         if !link.is_stopped() {
             link.fail(format!("NCCL reported: {e}"));
         }

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::HELLO_MAGIC;
-use super::link::{Credit, Link, LinkFailure, PhaseCell, RankLinks};
+use super::ipc;
+use super::link::{Carrier, Credit, Link, LinkFailure, PhaseCell, RankLinks};
 use super::receiver::Inbound;
 use super::sender::{ControlWriter, Heard, PEER_CLOSED, SendControl, Sender, silence_fails};
 use super::wire::{BackReader, BackWriter};
@@ -168,7 +169,9 @@ pub(in crate::pp) fn connect(
     let rank_links = Arc::new(RankLinks::default());
     // Communicators, in boundary order on every rank.
     let mut links = Links { senders: BTreeMap::new(), inbound: BTreeMap::new() };
-    for (i, b) in cross.iter().enumerate() {
+    for (i, met) in cross.iter().enumerate() {
+        // The boundary as the choice above left it (its transport and why).
+        let b = &plan.boundaries[met.boundary];
         let sending = b.tx_rank == rank;
         if !sending && b.rx_rank != rank {
             continue;
@@ -178,21 +181,38 @@ pub(in crate::pp) fn connect(
         let stage = if sending { b.boundary } else { b.boundary + 1 };
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
         let peer = if sending { b.rx_rank } else { b.tx_rank };
-        let (socket, forward, back) = if sending {
+        let (mut socket, forward, back) = if sending {
             outbound.remove(&b.boundary).expect("connected above")
         } else {
             inbound_sockets.remove(&b.boundary).expect("accepted above")
         };
         let watched = setup_watched(config);
-        let id = NcclUniqueId::from_bytes(id);
-        let nccl_rank = i32::from(!sending);
-        let comm = if watched {
-            let mut joining = setup_watch(&socket, "joining the NCCL communicator", timeout);
-            NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, || {
-                joining().map_err(|reason| Error::Pipeline(PpError::PeerFailed { boundary: b.boundary, peer, reason }))
-            })?
+        // An IPC boundary's slots and flags (see `ipc`): the TX rank's mappings, or the RX rank's
+        // exported slots for its ring.
+        let mut mapped_slots = Vec::new();
+        let mut exported_slots = None;
+        let carrier = if b.transport == Transport::Ipc {
+            if sending {
+                let taken = ipc::take(config, b, &mut socket, &local.stream)?;
+                mapped_slots = taken.slots;
+                Carrier::Ipc(taken.flags)
+            } else {
+                let offered = ipc::offer(config, b, &mut socket, &local.stream)?;
+                exported_slots = Some(offered.slots);
+                Carrier::Ipc(offered.flags)
+            }
         } else {
-            NcclComm::init_rank(&local.ctx, 2, &id, nccl_rank)?
+            let id = NcclUniqueId::from_bytes(id);
+            let nccl_rank = i32::from(!sending);
+            Carrier::Nccl(if watched {
+                let mut joining = setup_watch(&socket, "joining the NCCL communicator", timeout);
+                NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, || {
+                    joining()
+                        .map_err(|reason| Error::Pipeline(PpError::PeerFailed { boundary: b.boundary, peer, reason }))
+                })?
+            } else {
+                NcclComm::init_rank(&local.ctx, 2, &id, nccl_rank)?
+            })
         };
         let clone = |socket: &TcpStream| {
             socket.try_clone().map_err(|e| setup_error(b.boundary, peer, "cloning the connection", &e))
@@ -208,7 +228,7 @@ pub(in crate::pp) fn connect(
             recv_graphs,
             graph_receives: AtomicU64::new(0),
             captures_missed: AtomicU32::new(0),
-            comm,
+            carrier,
             failure: Arc::new(LinkFailure::new(b.boundary, peer)),
             rank_links: Arc::clone(&rank_links),
             connection: clone(&socket)?,
@@ -219,13 +239,19 @@ pub(in crate::pp) fn connect(
             fault: config.faults(),
         });
         rank_links.add(&link);
-        let probe = CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?;
+        // Over NCCL a probe proves the link (and makes NCCL connect now, not in the first step);
+        // an IPC boundary was proved by its setup.
+        let probe = match link.nccl() {
+            Some(_) => Some(CudaSlice::<u32>::alloc_persistent_eager(&local.stream, 4)?),
+            None => None,
+        };
         if sending {
             let watch = clone(&socket)?;
-            // The probe proves the link (and makes NCCL connect now, not in the first step).
-            // SAFETY: the RX rank's probe receive is of the same four `u32`s.
-            unsafe { link.comm.send(&local.stream, &probe, 1) }?;
-            wait_for_probe(&link, &local.stream, &socket, watched)?;
+            if let (Some(comm), Some(probe)) = (link.nccl(), &probe) {
+                // SAFETY: the RX rank's probe receive is of the same four `u32`s.
+                unsafe { comm.send(&local.stream, probe, 1) }?;
+                wait_for_probe(&link, &local.stream, &socket, watched)?;
+            }
             let writer = Mutex::new(ControlWriter {
                 socket: clone(&socket)?,
                 sealer: Sealer::new(forward),
@@ -237,6 +263,7 @@ pub(in crate::pp) fn connect(
                 back: BackReader { opener: Opener::new(back), pending: Vec::new() },
                 credit: 0,
                 step: 0,
+                ipc_slots: mapped_slots,
                 closed: false,
             });
             let sender = Sender {
@@ -253,14 +280,22 @@ pub(in crate::pp) fn connect(
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
             let recv_stream = CudaStream::new(&local.ctx)?;
-            let mut probe = probe;
-            // SAFETY: the TX rank's probe send is of the same four `u32`s.
-            unsafe { link.comm.recv(&recv_stream, &mut probe, 0) }?;
-            wait_for_probe(&link, &recv_stream, &socket, watched)?;
-            let capture_stream = if recv_graphs_allowed(config)? { Some(CudaStream::new(&local.ctx)?) } else { None };
+            if let (Some(comm), Some(mut probe)) = (link.nccl(), probe) {
+                // SAFETY: the TX rank's probe send is of the same four `u32`s.
+                unsafe { comm.recv(&recv_stream, &mut probe, 0) }?;
+                wait_for_probe(&link, &recv_stream, &socket, watched)?;
+            }
+            let capture_stream = if link.nccl().is_some() && recv_graphs_allowed(config)? {
+                Some(CudaStream::new(&local.ctx)?)
+            } else {
+                None
+            };
             let opener = Opener::new(forward);
             let back = back_writer.expect("made above for the RX rank");
-            links.inbound.insert(b.boundary, Inbound { link, socket, opener, back, recv_stream, capture_stream });
+            links.inbound.insert(
+                b.boundary,
+                Inbound { link, socket, opener, back, recv_stream, capture_stream, exported_slots },
+            );
         }
     }
     Ok(links)

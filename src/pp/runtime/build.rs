@@ -266,14 +266,16 @@ fn boundary_end(
     inbound_links: &mut Vec<(usize, Inbound)>,
 ) -> Result<BoundaryEnd> {
     let (tx, rx) = (&stages[bp.boundary], &stages[bp.boundary + 1]);
+    let mut exported_slots = None;
     let (tx_stream, rx, inbound) = match (tx, rx) {
         (Some(tx), Some(rx)) => (Arc::clone(&tx.stream), rx, None),
         (None, Some(rx)) => {
-            let inbound = links
+            let mut inbound = links
                 .and_then(|links| links.inbound.remove(&bp.boundary))
                 .expect("connect() links every boundary this rank receives");
             let stream = Arc::clone(&inbound.recv_stream);
             let link = Arc::clone(&inbound.link);
+            exported_slots = inbound.exported_slots.take();
             inbound_links.push((bp.boundary, inbound));
             (stream, rx, Some(link))
         }
@@ -286,7 +288,11 @@ fn boundary_end(
         (None, None) => return Ok(BoundaryEnd::Foreign),
     };
     let home = SlotHome { transport: bp.transport, tx_stream: &tx_stream, rx_stream: &rx.stream };
-    let ring = SlotRing::new(config.slots(), config.reserve_bytes(), inbound.is_some(), home)?;
+    let ring = match exported_slots {
+        // The slots the sending rank maps: fixed for the ring's life.
+        Some(slots) => SlotRing::with_fixed_buffers(slots),
+        None => SlotRing::new(config.slots(), config.reserve_bytes(), inbound.is_some(), home)?,
+    };
     if let Some(link) = &inbound {
         // A sending rank that waits for a free slot (`tx_wait`) learns when this stage takes one.
         // (The link holds nothing of the ring: a strong reference makes no cycle, and a take

@@ -47,10 +47,11 @@ impl SlotFiller for Boundary {
         // stage's `rx` of the other slots, and its bounded waits, go on meanwhile. This thread is
         // the ring's only writer; the slot is receiving (not free, not filled) until its receive
         // is posted, so that a capture of the step's graphs leaves it alone.
+        let fixed = ring.fixed();
         let (index, mut buffer, was) = ring.begin_receive(step.bytes);
         drop(ring);
         phase(Phase::Posting);
-        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
+        let posted = self.post_receive(&mut buffer, index, step.bytes, fixed, recv);
         let mut ring = self.ring.lock();
         let arrived = posted.is_ok().then_some((step.n, step.elem, step.bytes, step.step));
         ring.end_receive(index, buffer, was, arrived);
@@ -80,15 +81,19 @@ impl SlotFiller for Boundary {
 
 impl Boundary {
     /// Posts `recv` of `bytes` into slot `index`'s buffer `buffer` (taken out of the ring), grown
-    /// first if it is too small.
+    /// first if it is too small (refused for a ring whose buffers are `fixed`).
     fn post_receive(
         &self,
         buffer: &mut SlotBuffer,
         index: usize,
         bytes: usize,
+        fixed: bool,
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<()> {
         if !buffer.holds(bytes) {
+            if fixed {
+                return Err(crate::pp::ring::too_large(self.plan.boundary, bytes, buffer.capacity()));
+            }
             self.home().grow(buffer, bytes)?;
         }
         let _bound = self.tx_stream.context().bind_for_call()?;

@@ -166,6 +166,16 @@ impl<T: DeviceRepr> ExportedMemory<T> {
         Ok(ExportedMemory { slice, handle, mapped })
     }
 
+    /// The elements an allocation of at least `len` elements on `stream`'s device holds: `len`
+    /// rounded up to the allocation granularity (what [`alloc`](Self::alloc) maps anyway).
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc), before anything is allocated.
+    pub(crate) fn rounded_len(stream: &CudaStream, len: usize) -> Result<usize> {
+        let (_, mapped) = sizes::<T>("ExportedMemory::alloc", stream, len)?;
+        Ok(mapped / std::mem::size_of::<T>().max(1))
+    }
+
     /// A new POSIX file descriptor for the allocation (each call makes another), owned by the
     /// caller: pass it to the importing process (`SCM_RIGHTS`) and close it. While open it is a
     /// reference to the memory. It is close-on-exec: a program this process starts never
@@ -200,6 +210,13 @@ impl<T: DeviceRepr> ExportedMemory<T> {
     /// maps no more than this.
     pub fn mapped_bytes(&self) -> usize {
         self.mapped
+    }
+
+    /// The slice alone, once every descriptor the owner needs was exported: the memory lives
+    /// as long as the slice (its mapping holds the allocation), and no further descriptor can be
+    /// made of it.
+    pub(crate) fn into_slice(self) -> CudaSlice<T> {
+        self.slice
     }
 }
 
@@ -303,6 +320,11 @@ impl<T: DeviceRepr> ImportedMemory<T> {
     /// The bytes mapped (the element bytes rounded up to the allocation granularity).
     pub fn mapped_bytes(&self) -> usize {
         self.mapped
+    }
+
+    /// The slice alone: the mapping lives as long as the slice.
+    pub(crate) fn into_slice(self) -> CudaSlice<T> {
+        self.slice
     }
 }
 

@@ -75,10 +75,12 @@
 //!   was authenticated on, and prefer descriptors.
 
 mod event;
+mod flagged;
 mod legacy;
 mod memory;
 
 pub use event::{IpcEvent, IpcEventHandle};
+pub(crate) use flagged::FlagSteps;
 pub use legacy::{LegacyImport, LegacyIpcHandle};
 pub use memory::{ExportedMemory, ImportedMemory};
 

@@ -1,0 +1,113 @@
+//! The two halves of a boundary between processes whose order is carried by flag words in
+//! exported device memory: the sender's copy between a wait and a signal
+//! ([`CudaStream::flagged_copy`]) and the receiver's release-then-wait
+//! ([`CudaStream::flagged_receive`]), each one pass through the door, so the buffers' ordering
+//! inside each process is the crate's rule and the order between the processes is the flags'
+//! (see `stream_memops`: a write-value fences the stream's earlier writes before the value).
+
+use std::sync::Arc;
+
+use crate::cuda_error::{CudaError, Result};
+use crate::result::memory as raw_memory;
+use crate::result::stream as raw;
+use crate::safe::enqueue::ordered;
+use crate::safe::memory::{CudaView, CudaViewMut, DeviceSlice};
+use crate::safe::ordering::Use;
+use crate::safe::stream::CudaStream;
+use crate::safe::stream_memops::{WaitCondition, word};
+use crate::sys::CUstreamWriteValue_flags;
+
+/// Where a flagged operation waits and what it writes: `flags[wait_at]` must reach `wait_for`
+/// (cyclic `>=`), then `flags[signal_at]` is set to `signal`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlagSteps {
+    pub(crate) wait_at: usize,
+    pub(crate) wait_for: u64,
+    pub(crate) wait: WaitCondition,
+    pub(crate) signal_at: usize,
+    pub(crate) signal: u64,
+}
+
+impl CudaStream {
+    /// On this stream: waits until `flags[steps.wait_at] >= steps.wait_for` (the receiver freed
+    /// the slot), copies `src` into `dst` (the receiver's slot, mapped into this process), then
+    /// writes `flags[steps.signal_at] = steps.signal` (filled) after a fence. Ordered by the rule
+    /// as a read of `src`, a write of `dst` and a signal on `flags` (ordered by this stream only:
+    /// the flags are waited on by other streams and processes, see `stream_memops`).
+    ///
+    /// # Errors
+    /// [`CudaError::LengthMismatch`] unless the lengths agree; the word checks of
+    /// [`write_value_u64`](Self::write_value_u64); the driver's error.
+    pub(crate) fn flagged_copy(
+        self: &Arc<Self>,
+        src: CudaView<'_, u8>,
+        dst: &mut CudaViewMut<'_, u8>,
+        flags: &mut CudaViewMut<'_, u64>,
+        steps: FlagSteps,
+    ) -> Result<()> {
+        const WHAT: &str = "the boundary's flagged copy";
+        if src.len() != dst.len() {
+            return Err(CudaError::LengthMismatch { what: WHAT, expected: dst.len(), found: src.len() });
+        }
+        let all = flags.as_view();
+        let waited = word(WHAT, self, all, steps.wait_at, steps.wait.flushes())?.device_ptr();
+        let signalled = word(WHAT, self, all, steps.signal_at, false)?.device_ptr();
+        self.refuse_in_capture("a flagged copy (cuStreamWaitValue64, cuStreamWriteValue64)")?;
+        let to = dst.as_view();
+        let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), src.device_ptr(), src.byte_len(), self.raw());
+        ordered(self, [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (all.tracked(), Use::Signal)], || {
+            // SAFETY: both words are aligned elements of `flags`, device memory of this stream's
+            // device (checked by `word`); `src` and `dst` are valid for `bytes` bytes (lengths
+            // checked); every range is kept alive until this work has run by the ordering rule
+            // (each use is noted as pending).
+            unsafe {
+                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())?;
+                if bytes > 0 {
+                    raw_memory::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream)?;
+                }
+                raw::write_value_64(
+                    raw_stream,
+                    signalled,
+                    steps.signal,
+                    CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT.0,
+                )
+            }
+        })
+    }
+
+    /// On this stream: writes `flags[steps.signal_at] = steps.signal` (the slot is free for the
+    /// sender's copy), then holds this stream until `flags[steps.wait_at] >= steps.wait_for`
+    /// (the sender's copy into `dst` is done). Ordered by the rule as a write of `dst` (so it
+    /// waits for the slot's earlier reads in this process, and later reads wait for it) and a
+    /// signal on `flags`.
+    ///
+    /// # Errors
+    /// The word checks of [`wait_value_u64`](Self::wait_value_u64); the driver's error.
+    pub(crate) fn flagged_receive(
+        self: &Arc<Self>,
+        dst: &mut CudaViewMut<'_, u8>,
+        flags: &mut CudaViewMut<'_, u64>,
+        steps: FlagSteps,
+    ) -> Result<()> {
+        const WHAT: &str = "the boundary's flagged receive";
+        let all = flags.as_view();
+        let waited = word(WHAT, self, all, steps.wait_at, steps.wait.flushes())?.device_ptr();
+        let signalled = word(WHAT, self, all, steps.signal_at, false)?.device_ptr();
+        self.refuse_in_capture("a flagged receive (cuStreamWriteValue64, cuStreamWaitValue64)")?;
+        let to = dst.as_view();
+        let raw_stream = self.raw();
+        ordered(self, [(to.tracked(), Use::Write), (all.tracked(), Use::Signal)], || {
+            // SAFETY: both words are aligned elements of `flags`, device memory of this stream's
+            // device (checked by `word`), kept alive until this work has run by the ordering rule.
+            unsafe {
+                raw::write_value_64(
+                    raw_stream,
+                    signalled,
+                    steps.signal,
+                    CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT.0,
+                )?;
+                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())
+            }
+        })
+    }
+}
