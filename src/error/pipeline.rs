@@ -263,8 +263,8 @@ pub enum PpError {
     },
     /// A step larger than the slots of a boundary between two processes of one host (their
     /// memory is mapped by both processes at build, and does not grow): raise the slots with
-    /// [`PpConfig::with_reserve_bytes`](crate::PpConfig::with_reserve_bytes) on the receiving
-    /// rank, or carry the boundary over NCCL.
+    /// [`PpConfig::with_reserve_bytes`](crate::PpConfig::with_reserve_bytes) (`PPNRT_RESERVE_BYTES`)
+    /// on the receiving rank, or carry the boundary over NCCL.
     #[error(
         "boundary {boundary}: a step of {bytes} byte(s) does not fit its slots of {capacity} byte(s) (raise reserve_bytes on the receiving rank)"
     )]

@@ -22,6 +22,9 @@ pub const SLOTS_VAR: &str = "PPNRT_SLOTS";
 pub const TRANSPORT_VAR: &str = "PPNRT_TRANSPORT";
 /// Variable holding the transport of boundaries between ranks (`auto`, `ipc` or `nccl`).
 pub const PROCESS_TRANSPORT_VAR: &str = "PPNRT_PROCESS_TRANSPORT";
+/// Bytes reserved per slot at build ([`PpConfig::with_reserve_bytes`]); the capacity of an IPC
+/// boundary's slots.
+pub const RESERVE_BYTES_VAR: &str = "PPNRT_RESERVE_BYTES";
 /// Variable holding the stage→process map of a pipeline that spans processes (`0,0,1,1`).
 pub const RANKS_VAR: &str = "PPNRT_RANKS";
 /// Variable holding this process's rank.
@@ -75,7 +78,8 @@ impl PpConfig {
             read(RENDEZVOUS_VAR)?.as_deref(),
             read(PEER_TIMEOUT_VAR)?.as_deref(),
         )?
-        .parse_process_transport(read(PROCESS_TRANSPORT_VAR)?.as_deref())
+        .parse_process_transport(read(PROCESS_TRANSPORT_VAR)?.as_deref())?
+        .parse_reserve_bytes(read(RESERVE_BYTES_VAR)?.as_deref())
         .and_then(|config| Ok(config.with_job_access(JobAccess::from_env()?)))
     }
 
@@ -145,6 +149,18 @@ impl PpConfig {
             self.sources.process_transport = Sources::ENV.process_transport;
         }
         Ok(self)
+    }
+
+    /// Adds the bytes reserved per slot as [`from_env`](Self::from_env) reads them
+    /// (`PPNRT_RESERVE_BYTES`; `None` = unset): a whole number of bytes.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] on `PPNRT_RESERVE_BYTES` for a value that is not a whole number.
+    pub fn parse_reserve_bytes(self, text: Option<&str>) -> Result<PpConfig, ConfigError> {
+        match text {
+            Some(text) => Ok(self.with_reserve_bytes(parse_count(RESERVE_BYTES_VAR, text)?)),
+            None => Ok(self),
+        }
     }
 
     /// Parses the four settings as [`from_env`](Self::from_env) reads them (`None` = unset).

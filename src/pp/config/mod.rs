@@ -20,8 +20,8 @@ mod env;
 mod tests;
 
 pub use env::{
-    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR, STAGES_VAR,
-    TRANSPORT_VAR,
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, RESERVE_BYTES_VAR,
+    SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 
 /// The default of [`PEER_TIMEOUT_VAR`].
@@ -377,6 +377,9 @@ impl fmt::Display for PpConfig {
         }
         if self.process_transport != ProcessTransport::Auto {
             write!(f, " {PROCESS_TRANSPORT_VAR}={}", self.process_transport)?;
+        }
+        if self.reserve_bytes != 0 {
+            write!(f, " {RESERVE_BYTES_VAR}={}", self.reserve_bytes)?;
         }
         if self.peer_timeout != DEFAULT_PEER_TIMEOUT {
             write!(f, " {PEER_TIMEOUT_VAR}={}", self.peer_timeout.as_millis())?;

@@ -12,8 +12,8 @@ use crate::engine::Engine;
 use crate::error::ConfigError;
 use crate::error::CudaError;
 use crate::pp::config::{
-    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR, SLOTS_VAR,
-    STAGES_VAR, TRANSPORT_VAR,
+    DEVICES_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, PpConfig, RANK_VAR, RANKS_VAR, RENDEZVOUS_VAR,
+    RESERVE_BYTES_VAR, SLOTS_VAR, STAGES_VAR, TRANSPORT_VAR,
 };
 use crate::pp::error::{Error, Result};
 use crate::pp::pending_readback::ReadbackShared;
@@ -376,7 +376,7 @@ fn describe_env() -> String {
         None => format!("{name} unset"),
     });
     // The settings of a pipeline across processes, where set.
-    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR]
+    let processes = [RANKS_VAR, RANK_VAR, RENDEZVOUS_VAR, PEER_TIMEOUT_VAR, PROCESS_TRANSPORT_VAR, RESERVE_BYTES_VAR]
         .iter()
         .filter_map(|name| std::env::var_os(name).map(|value| format!("{name}={:?}", value.to_string_lossy())));
     core.chain(processes).collect::<Vec<_>>().join(" ")

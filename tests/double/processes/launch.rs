@@ -69,6 +69,8 @@ impl Launch<'_> {
                 if self.ignore_silence {
                     command.env(IGNORE_SILENCE_VAR, "1");
                 }
+                // Over NCCL unless the launch says otherwise (in `rank_env`, see `OVER_IPC`).
+                command.env("PPNRT_PROCESS_TRANSPORT", "nccl");
                 for (_, name, value) in self.rank_env.iter().filter(|(r, _, _)| *r == rank) {
                     command.env(name, value);
                 }
@@ -268,6 +270,15 @@ pub(crate) fn transports_used(dir: &Path) -> Vec<String> {
     found
 }
 
+/// The `rank_env` of a launch of two ranks over the IPC transport, with slots for the largest
+/// step of the pipeline modes (launches are over NCCL otherwise).
+pub(crate) const OVER_IPC: &[(usize, &str, &str)] = &[
+    (0, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+    (1, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+    (0, "PPNRT_RESERVE_BYTES", "1048576"),
+    (1, "PPNRT_RESERVE_BYTES", "1048576"),
+];
+
 /// The pipeline launch of `ranks` with a seed of its own.
 pub(crate) fn pipeline_launch(ranks: &[usize], slots: usize, steps: u64, sockets: bool) -> Launch<'_> {
     let seed = 0x5eed ^ (ranks.len() as u64 * 31 + slots as u64) ^ u64::from(sockets);
@@ -417,6 +428,7 @@ pub(crate) fn running_ranks(
     seed: u64,
     peer_timeout_ms: Option<u64>,
     ignore_silence: bool,
+    rank_env: &'static [(usize, &'static str, &'static str)],
 ) -> (Vec<Child>, PathBuf) {
     let dir = scratch(name);
     let launch = Launch {
@@ -424,6 +436,7 @@ pub(crate) fn running_ranks(
         seed,
         peer_timeout_ms,
         ignore_silence,
+        rank_env,
         ..pipeline_launch(&[0, 1, 0], 2, u64::MAX, false)
     };
     let mut children = launch.spawn(&dir, free_port());
@@ -451,8 +464,12 @@ pub(crate) fn peer_failure(output: &str, since: u64) -> Option<(Duration, String
 /// Runs ranks [0, 1, 0] in kill mode with a peer timeout of 2 s, stops rank 1 once they run,
 /// and waits at most 12 s for rank 0 to report a typed peer failure; returns how long after the
 /// stop it did, and its line (or the end of its output). Both ranks are killed afterwards.
-pub(crate) fn stop_a_rank(name: &str, ignore_silence: bool) -> (Option<Duration>, String) {
-    let (mut children, _dir) = running_ranks(name, 13, Some(2_000), ignore_silence);
+pub(crate) fn stop_a_rank(
+    name: &str,
+    ignore_silence: bool,
+    rank_env: &'static [(usize, &'static str, &'static str)],
+) -> (Option<Duration>, String) {
+    let (mut children, _dir) = running_ranks(name, 13, Some(2_000), ignore_silence, rank_env);
     let mut stopped = children.pop().unwrap();
     let status = Command::new("kill").args(["-STOP", &stopped.id().to_string()]).status().unwrap();
     assert!(status.success(), "{name}: kill -STOP failed");

@@ -131,6 +131,22 @@ fn two_processes_match_one_engine_bitwise() {
     assert_receives_captured(test);
 }
 
+/// Two processes over the IPC transport (the ranks on one host): every step of a 4-stage pipeline
+/// of 2,000 steps, and of 2 and 8 stages, bitwise equal to one engine's.
+#[test]
+fn two_processes_over_ipc_match_one_engine_bitwise() {
+    let test = "two_processes_over_ipc_match_one_engine_bitwise";
+    let Some(engine) = ready(test) else { return };
+    for (name, ranks, slots, steps) in [
+        ("ipc-4-contiguous", &[0, 0, 1, 1][..], 2, 2000),
+        ("ipc-2-stages", &[0, 1][..], 2, 500),
+        ("ipc-8-alternating", &[0, 1, 0, 1, 0, 1, 0, 1][..], 3, 300),
+    ] {
+        let launch = Launch { rank_env: OVER_IPC, ..pipeline_launch(ranks, slots, steps, false) };
+        assert_eq!(mismatches_against_reference(&engine, name, &launch), 0, "{name}: outputs differ from one engine's");
+    }
+}
+
 /// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ. Both
 /// runs use long device delays before each send (up to 1 ms), so the data lands well after the
 /// record that announces it.
@@ -326,7 +342,14 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     if ready(test).is_none() {
         return;
     }
-    let (mut children, dir) = running_ranks("kill", 9, None, false);
+    for (over, rank_env) in [("nccl", &[][..]), ("ipc", OVER_IPC)] {
+        killed_rank(test, over, rank_env);
+    }
+}
+
+/// [`a_killed_rank_is_a_typed_error_in_the_survivor`] over one transport.
+fn killed_rank(test: &str, over: &str, rank_env: &'static [(usize, &'static str, &'static str)]) {
+    let (mut children, dir) = running_ranks(&format!("kill-{over}"), 9, None, false, rank_env);
     let mut victim = children.pop().unwrap();
     victim.kill().unwrap(); // SIGKILL: no destructor, no goodbye
     let killed_at = unix_ms();
@@ -346,7 +369,7 @@ fn a_killed_rank_is_a_typed_error_in_the_survivor() {
     let Some((after, line)) = reported.filter(|_| ok) else {
         panic!("the survivor did not report a typed error:\n{output}");
     };
-    say(&format!("{test}: typed error {after:?} after the kill: {line}"));
+    say(&format!("{test} over {over}: typed error {after:?} after the kill: {line}"));
     assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the kill");
 }
 
@@ -361,11 +384,14 @@ fn a_stopped_rank_is_a_typed_error_in_the_survivor() {
     if ready(test).is_none() {
         return;
     }
-    let (after, line) = stop_a_rank("stop", false);
-    let after = after.unwrap_or_else(|| panic!("{test}: the survivor did not report the stopped rank: {line}"));
-    say(&format!("{test}: typed error {after:?} after the stop (peer timeout 2 s): {line}"));
-    assert!(after <= Duration::from_secs(10), "the typed error came {after:?} after the stop");
-    let (broken, line) = stop_a_rank("stop-no-liveness", true);
+    for (over, rank_env) in [("nccl", &[][..]), ("ipc", OVER_IPC)] {
+        let (after, line) = stop_a_rank(&format!("stop-{over}"), false, rank_env);
+        let after =
+            after.unwrap_or_else(|| panic!("{test} over {over}: the survivor did not report the stopped rank: {line}"));
+        say(&format!("{test} over {over}: typed error {after:?} after the stop (peer timeout 2 s): {line}"));
+        assert!(after <= Duration::from_secs(10), "over {over}: the typed error came {after:?} after the stop");
+    }
+    let (broken, line) = stop_a_rank("stop-no-liveness", true, &[]);
     say(&format!(
         "{test}: with the liveness check off: {}",
         broken.map_or("nothing in 12 s".into(), |d| format!("{d:?}: {line}"))
