@@ -41,7 +41,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use double::with_double;
-use ranks::{try_two_ranks, two_ranks};
+use ranks::two_ranks;
 use raw_driver::raw;
 
 use ppnrt::{
