@@ -205,8 +205,6 @@ declare -A catchers=(
   [block-seals-unchecked]="a_block_without_its_size_sealed_is_refused"
   [plan-same-host-ignored]="the_reach_table boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
   [same-host-by-boot-id-only]="one_host_needs_the_boot_id_and_the_name the_reach_table"
-  [auto-ipc-before-transport]="each_setting_chooses_as_documented boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
-  [ipc-build-unrefused]="boundaries_between_ranks_get_their_transport_and_reason_from_the_identities"
   # The same-host channel against a lying or stopped peer: descriptors only with a frame's first
   # bytes, a connect that never waits on a full queue, a block that is no memfd named.
   [local-late-fds-kept]="descriptors_past_a_frames_first_bytes_are_refused_at_once_and_closed"
@@ -230,6 +228,10 @@ declare -A catchers=(
   [memops-support-unchecked]="bad_flag_words_are_typed_errors"
   [memops-flush-unchecked]="bad_flag_words_are_typed_errors"
   [double-memop-wait-unchecked]="a_memop_on_freed_memory_is_a_violation_of_the_double"
+  [ipc-lent-slot-rewritten]="a_slot_read_in_place_is_not_written_again_until_its_guard_is_dropped"
+  [ipc-release-before-next-ranks-know]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
+  [ipc-size-checked-after-record]="a_step_larger_than_the_slots_is_refused_with_nothing_sent_and_the_boundary_goes_on"
+  [local-guest-ready-unawaited]="auto_takes_ipc_on_one_host_and_moves_every_step_exactly_through_the_driver_alone"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -630,8 +632,6 @@ run block-magic-unchecked src/local_channel/control_block.rs "        if magic !
 run block-seals-unchecked src/local_channel/control_block.rs "        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {" "        if false {" lib
 run plan-same-host-ignored src/pp/process_transport.rs "        if !HostIdentity::same_host(&tx.host, &rx.host) {" "        if false {" lib
 run same-host-by-boot-id-only src/rendezvous/identity.rs "        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.hostname == other.hostname" "        !self.boot_id.is_empty() && self.boot_id == other.boot_id" lib
-run auto-ipc-before-transport src/pp/process_transport.rs "pub(crate) const IPC_TRANSPORT_BUILT: bool = false;" "pub(crate) const IPC_TRANSPORT_BUILT: bool = true;" lib
-run ipc-build-unrefused src/pp/plan.rs "            Some(b) if !IPC_TRANSPORT_BUILT => Err(" "            Some(b) if false => Err(" lib
 # The same-host channel against a lying or stopped peer: descriptors only with a frame's first
 # bytes, a connect that never waits on a full queue, a block that is no memfd named.
 run local-late-fds-kept src/local_channel/frame.rs "        if !read.is_empty() && fds.len() > before {" "        if false && fds.len() > before {" lib
@@ -660,3 +660,11 @@ run memops-index-unchecked src/safe/stream_memops.rs "    if index >= flag.len()
 run memops-support-unchecked src/safe/stream_memops.rs "    let missing = if !support.ops_64 {" "    let missing = if false {"
 run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !support.flush_remote_writes {" "    } else if false {"
 run double-memop-wait-unchecked tests/driver_double/cuda_double_ipc.inc "    kernel_range(m->ctx, \"cuStreamWaitValue64\", m->addr, 8);" ""
+# The IPC boundary: a slot lent in place is not written until its guard drops (the sender writes
+# it through its own mapping), a failure releases this rank's waits only once the next ranks know,
+# a step too large for the slots is refused before its record goes out, and a local channel's
+# listener sends nothing before the guest has read the answer whole.
+run ipc-lent-slot-rewritten src/pp/ring.rs "        if self.fixed { state.is_free() } else { writable_after(state, waited, LENT_GRACE) }" "        if false { state.is_free() } else { writable_after(state, waited, LENT_GRACE) }"
+run ipc-release-before-next-ranks-know src/pp/remote/link.rs "        wait_for_peer_close(&link.connection, link.timeout);" ""
+run ipc-size-checked-after-record src/pp/remote/sender.rs "            if view.byte_len() > capacity {" "            if false {"
+run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready = channel.recv_bytes(0)?;" "            let ready: Vec<u8> = Vec::new();"
