@@ -276,9 +276,8 @@ pub enum PpError {
         /// The slots' capacity.
         capacity: usize,
     },
-    /// The plan gave a boundary a transport this build cannot run yet (a boundary between ranks
-    /// forced onto IPC with [`ProcessTransport::Ipc`](crate::ProcessTransport::Ipc) before the
-    /// IPC transport is built): refused when the runtime is built.
+    /// The plan gave a boundary a transport this build cannot run: refused when the runtime is
+    /// built. (This build runs every transport; kept for builds without one.)
     #[error("boundary {boundary}: the {transport} transport is not available in this build: {reason}")]
     TransportUnavailable {
         /// The boundary.

@@ -55,9 +55,9 @@ impl PpConfig {
     }
 
     /// Sets the transport of boundaries between ranks (`PPNRT_PROCESS_TRANSPORT`): `Auto` (IPC
-    /// where the two ranks share a host and reach each other's devices, else NCCL; NCCL until the
-    /// IPC transport is built), `Ipc` (a configuration error, naming the boundary, where it cannot
-    /// work) or `Nccl`. Every rank must set the same (the rendezvous compares it).
+    /// where the two ranks share a host and reach each other's devices, else NCCL), `Ipc` (a
+    /// configuration error, naming the boundary, where it cannot work) or `Nccl`. An IPC boundary's
+    /// slots do not grow: size them with [`with_reserve_bytes`](Self::with_reserve_bytes). Every rank must set the same (the rendezvous compares it).
     pub fn with_process_transport(mut self, transport: ProcessTransport) -> PpConfig {
         self.process_transport = transport;
         self.sources.process_transport = Sources::CODE.process_transport;

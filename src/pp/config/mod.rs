@@ -55,7 +55,8 @@ pub const MAX_SLOTS: usize = 64;
 /// | `PPNRT_TRANSPORT` | `auto`, `peer` (fail where peers cannot reach each other) or `staged` (every boundary through pinned host memory) | `auto` |
 /// | `PPNRT_RANKS` | comma-separated process rank per stage (`0,0,1,1`): a pipeline that spans processes or hosts | every stage in this process |
 /// | `PPNRT_RANK` | this process's rank | 0 |
-/// | `PPNRT_PROCESS_TRANSPORT` | boundaries between ranks: `auto` (IPC where two ranks share a host and reach each other's devices, else NCCL; NCCL until the IPC transport is built), `ipc` (fail where it cannot work) or `nccl` | `auto` |
+/// | `PPNRT_PROCESS_TRANSPORT` | boundaries between ranks: `auto` (IPC where two ranks share a host and reach each other's devices, else NCCL), `ipc` (fail where it cannot work) or `nccl` | `auto` |
+/// | `PPNRT_RESERVE_BYTES` | bytes reserved per slot at build; an IPC boundary's slots hold this much (rounded up to the allocation granularity) and do not grow | `0` |
 /// | `PPNRT_RENDEZVOUS` | rank 0's address, `host:port` (rank 0 listens there) | required with two or more ranks |
 /// | `PPNRT_PEER_TIMEOUT_MS` | bound on every wait for another process, and on its silence (a peer that shows no sign of life for longer fails its boundaries) | 60000 |
 /// | `PPNRT_JOB_SECRET` / `PPNRT_JOB_SECRET_FILE` | the secret every rank of the job proves (see [`JobAccess`], `SECURITY.md`); required across hosts; empty is an error; the file regular, ≤ 4,096 bytes, mode 600 | none: every rank on this host |
