@@ -231,7 +231,7 @@ declare -A catchers=(
   [ipc-lent-slot-rewritten]="a_slot_read_in_place_is_not_written_again_until_its_guard_is_dropped"
   [ipc-release-before-next-ranks-know]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [ipc-size-checked-after-record]="a_step_larger_than_the_slots_is_refused_with_nothing_sent_and_the_boundary_goes_on"
-  [local-guest-ready-unawaited]="auto_takes_ipc_on_one_host_and_moves_every_step_exactly_through_the_driver_alone"
+  [local-guest-ready-unawaited]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream every_failing_call_of_a_setup_across_ranks_is_a_typed_error_in_bounded_time"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
