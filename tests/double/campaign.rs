@@ -295,7 +295,14 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                         .with_rank(rank)
                         .with_rendezvous(&addr)
                         .with_peer_timeout(peer_timeout)
-                        .with_job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()));
+                        .with_job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()))
+                        // Every fault over both transports between ranks of one host: NCCL in
+                        // the even cycles of faults, IPC in the odd ones.
+                        .with_process_transport(if (run / 9) % 2 == 0 {
+                            ppnrt::ProcessTransport::Nccl
+                        } else {
+                            ppnrt::ProcessTransport::Ipc
+                        });
                     use ppnrt::pp::ProtocolFault;
                     let injected = match fault {
                         Fault::AnnounceOnly if rank == 0 => Some(ProtocolFault::AnnounceWithoutSend),
