@@ -176,3 +176,24 @@ fn a_peer_that_stops_or_goes_is_a_typed_error_in_bounded_time() {
     assert!(matches!(err, LocalChannelError::Timeout { .. }), "{err}");
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+/// The listener may send the moment `accept` returns: the guest has read the answer whole by
+/// then (its first frame, which `accept` waits for, says so), so a frame sent at once never
+/// reaches the guest inside the answer and fails its connect. Many connections, each answered
+/// and followed by a frame back to back.
+#[test]
+fn the_listener_may_send_as_soon_as_accept_returns() {
+    for purpose in 0..200u64 {
+        let listener = LocalListener::bind(&access(SECRET), purpose).unwrap();
+        let path = listener.path().to_path_buf();
+        let host = std::thread::spawn(move || {
+            let mut channel = listener.accept(Duration::from_secs(5)).unwrap();
+            channel.send_bytes(b"at once").unwrap();
+        });
+        let mut guest =
+            LocalChannel::connect(&path, &access(SECRET), purpose, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("connection {purpose}: {e}"));
+        assert_eq!(guest.recv_bytes(64).unwrap(), b"at once", "connection {purpose}");
+        host.join().unwrap();
+    }
+}
