@@ -190,9 +190,8 @@ fn the_listener_may_send_as_soon_as_accept_returns() {
             let mut channel = listener.accept(Duration::from_secs(5)).unwrap();
             channel.send_bytes(b"at once").unwrap();
         });
-        let mut guest =
-            LocalChannel::connect(&path, &access(SECRET), purpose, Duration::from_secs(5))
-                .unwrap_or_else(|e| panic!("connection {purpose}: {e}"));
+        let mut guest = LocalChannel::connect(&path, &access(SECRET), purpose, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connection {purpose}: {e}"));
         assert_eq!(guest.recv_bytes(64).unwrap(), b"at once", "connection {purpose}");
         host.join().unwrap();
     }
