@@ -27,8 +27,13 @@
 //! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases this
 //! side's waits from a stream of its own, writing [`RELEASED`] into every word this side waits on
 //! (the sender's `consumed`, the receiver's `filled`), after the rank's other links have stopped
-//! (see `link`): the slots of a failed link are then never trusted ([`PpError::PeerFailed`] on
-//! every later call and readback, as for an aborted NCCL link), and every stream drains.
+//! and the next ranks know (see `link`); then it writes [`RELEASED`] into every word the peer
+//! waits on, on the stream that wrote them, so that none of its writes still queued there lowers
+//! a word the peer released. The slots of a failed link are then never trusted
+//! ([`PpError::PeerFailed`] on every later call and readback, as for an aborted NCCL link), and
+//! every stream drains. The sending rank's copies queued behind its waits run once released:
+//! they may write a slot the receiving rank still reads, a slot lent in place included, whose
+//! contents are then those of a later step.
 //!
 //! Ownership: the RX rank owns the slots and the flags; the TX rank's mappings keep the memory
 //! alive after the RX rank dropped it or exited (CUDA's virtual memory management frees the
@@ -84,6 +89,9 @@ pub(in crate::pp) struct IpcFlags {
     /// On the RX side: each slot's device address, so a receive goes only into the exported
     /// memory the TX rank writes.
     slot_addresses: Vec<u64>,
+    /// The stream this side writes the peer's words on (the TX stage's stream, or the receive
+    /// stream), once a step was queued: a release writes them last there (see `release`).
+    queued_on: Mutex<Option<Arc<CudaStream>>>,
 }
 
 impl IpcFlags {
@@ -104,6 +112,14 @@ impl IpcFlags {
         self.flags.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Notes that this side queues its writes of the peer's words on `stream`.
+    fn queue_on(&self, stream: &Arc<CudaStream>) {
+        let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
+            *queued_on = Some(Arc::clone(stream));
+        }
+    }
+
     /// The TX side of step `step`: on `stream`, waits until the RX rank freed the slot, copies
     /// `src` into `dst` (the slot's mapping, exactly the step's bytes), marks the slot filled.
     pub(super) fn send(
@@ -122,6 +138,7 @@ impl IpcFlags {
             signal: step + 1,
         };
         let mut flags = self.lock();
+        self.queue_on(stream);
         Ok(stream.flagged_copy(src, dst, &mut flags.as_view_mut(), steps)?)
     }
 
@@ -148,18 +165,29 @@ impl IpcFlags {
             signal: step,
         };
         let mut flags = self.lock();
+        self.queue_on(stream);
         stream.flagged_receive(dst, &mut flags.as_view_mut(), steps).map_err(|e| e.to_string())
     }
 
-    /// Releases every wait of this side (see the module docs), from the release stream.
+    /// Releases every wait of this side (see the module docs), from the release stream; then
+    /// writes [`RELEASED`] into every word the peer waits on, on the stream this side wrote them
+    /// on: behind this side's writes still queued there, so none of those can lower a word the
+    /// peer released again (a write of `consumed[s] = k` queued behind this side's stage, run after
+    /// the peer's release, would hold the peer's copy of step `k + n` for ever).
     pub(super) fn release(&self) -> Result<()> {
         let mut flags = self.lock();
+        let (own, peers): (fn(&Self, usize) -> usize, fn(&Self, usize) -> usize) = match self.end {
+            End::Sender => (Self::consumed, |_, s| Self::filled(s)),
+            End::Receiver => (|_, s| Self::filled(s), Self::consumed),
+        };
         for s in 0..self.n_slots {
-            let at = match self.end {
-                End::Sender => self.consumed(s),
-                End::Receiver => Self::filled(s),
-            };
-            self.release.write_value_u64(&mut *flags, at, RELEASED)?;
+            self.release.write_value_u64(&mut *flags, own(self, s), RELEASED)?;
+        }
+        let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if let Some(stream) = queued_on {
+            for s in 0..self.n_slots {
+                stream.write_value_u64(&mut *flags, peers(self, s), RELEASED)?;
+            }
         }
         Ok(())
     }
@@ -257,6 +285,7 @@ pub(super) fn offer(
         release: CudaStream::new(stream.context())?,
         filled_wait,
         slot_addresses,
+        queued_on: Mutex::new(None),
     };
     Ok(Offered { flags, slots, _channel: channel })
 }
@@ -305,6 +334,7 @@ pub(super) fn take(
         release: CudaStream::new(stream.context())?,
         filled_wait: WaitCondition::GEQ,
         slot_addresses: Vec::new(),
+        queued_on: Mutex::new(None),
     };
     Ok(Taken { flags, slots, _channel: channel })
 }
