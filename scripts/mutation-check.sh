@@ -232,6 +232,8 @@ declare -A catchers=(
   [ipc-release-before-next-ranks-know]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [ipc-size-checked-after-record]="a_step_larger_than_the_slots_is_refused_with_nothing_sent_and_the_boundary_goes_on"
   [local-guest-ready-unawaited]="auto_takes_ipc_on_one_host_and_moves_every_step_exactly_through_the_driver_alone"
+  [ipc-downstream-unknown-at-abort]="a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_as_ok"
+  [ipc-release-lowered-by-late-write]="a_released_wait_stays_released_and_the_sending_rank_drains"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -668,3 +670,8 @@ run ipc-lent-slot-rewritten src/pp/ring.rs "        if self.fixed { state.is_fre
 run ipc-release-before-next-ranks-know src/pp/remote/link.rs "        wait_for_peer_close(&link.connection, link.timeout);" ""
 run ipc-size-checked-after-record src/pp/remote/sender.rs "            if view.byte_len() > capacity {" "            if false {"
 run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready = channel.recv_bytes(0)?;" "            let ready: Vec<u8> = Vec::new();"
+# The IPC boundary's failure order: a rank whose NCCL receive a failure cuts short waits for its
+# next ranks over IPC to know before the abort lets its stream run on; a release writes the
+# peer's words last on the stream that wrote them, so no write queued there lowers them again.
+run ipc-downstream-unknown-at-abort src/pp/remote/link.rs "        await_ipc_downstream(&stopped);" "        let _ = await_ipc_downstream;"
+run ipc-release-lowered-by-late-write src/pp/remote/ipc.rs "        if let Some(stream) = queued_on {" "        if let Some(stream) = queued_on.filter(|_| false) {"
