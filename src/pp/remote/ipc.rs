@@ -59,9 +59,9 @@ use crate::safe::{DeviceSlice, FlagSteps, MemOpsSupport};
 /// number (cyclic `>=`, steps far below 2^62) is met.
 pub(in crate::pp) const RELEASED: u64 = 1 << 62;
 
-/// The longest socket path the RX rank may name (a Unix socket's path is at most 108 bytes on
-/// Linux; a longer one is refused before it is read).
-const MAX_PATH: usize = 4096;
+/// The longest socket path the RX rank may name: a Unix socket's path is at most 108 bytes on
+/// Linux (`sun_path`); a longer one is refused before it is read.
+const MAX_PATH: usize = 108;
 
 /// The TX rank's request for the local channel's path.
 const ASK: u8 = 0x1c;
@@ -362,4 +362,57 @@ fn read_exact_by(socket: &mut TcpStream, bytes: &mut [u8], deadline: Option<Inst
         socket.set_read_timeout(Some(left.max(Duration::from_millis(1)))).and_then(|()| socket.read_exact(bytes));
     socket.set_read_timeout(None)?;
     read
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{ErrorKind, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::{MAX_PATH, read_path};
+
+    /// A connected pair on loopback: what the RX rank writes, what the TX rank reads.
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (tx, _) = listener.accept().unwrap();
+        (rx, tx)
+    }
+
+    fn named(len: u16, path: &[u8]) -> Vec<u8> {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.extend_from_slice(path);
+        bytes
+    }
+
+    /// The RX rank's path message as a lying or silent peer writes it: a path is read whole; an
+    /// empty one or one longer than a socket's path is refused at once, naming its length, without
+    /// waiting for its bytes; a peer that sends nothing, or fewer bytes than it announced, is given
+    /// up at the deadline.
+    #[test]
+    fn the_path_message_is_bounded_and_checked_before_it_is_read() {
+        let deadline = || Some(Instant::now() + Duration::from_millis(300));
+        let (mut rx, mut tx) = pair();
+        rx.write_all(&named(14, b"/tmp/x/channel")).unwrap();
+        assert_eq!(read_path(&mut tx, deadline()).unwrap(), std::path::PathBuf::from("/tmp/x/channel"));
+        for len in [0, MAX_PATH as u16 + 1, u16::MAX] {
+            let (mut rx, mut tx) = pair();
+            rx.write_all(&named(len, b"")).unwrap();
+            let start = Instant::now();
+            let err = read_path(&mut tx, Some(Instant::now() + Duration::from_secs(3))).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidData, "{len}: {err}");
+            assert!(err.to_string().contains(&format!("a path of {len} byte(s)")), "{err}");
+            assert!(start.elapsed() < Duration::from_secs(2), "{len}: refused after {:?}", start.elapsed());
+        }
+        for sent in [Vec::new(), named(20, b"/tmp")] {
+            let (mut rx, mut tx) = pair();
+            rx.write_all(&sent).unwrap();
+            let start = Instant::now();
+            let err = read_path(&mut tx, deadline()).unwrap_err();
+            assert!(matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{err}");
+            assert!(start.elapsed() < Duration::from_secs(5), "given up after {:?}", start.elapsed());
+            drop(rx);
+        }
+    }
 }
