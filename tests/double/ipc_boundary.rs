@@ -155,7 +155,7 @@ fn a_slot_lent_in_place_is_not_written_after_its_boundary_failed() {
         let timeout = Duration::from_millis(800);
         let primary = Engine::new(0).unwrap();
         let ranks = ranks::two_ranks_configured(timeout, |_, config| {
-            let at = config.n_slots() as u64;
+            let at = config.slots() as u64;
             config.with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(at))
         });
         let n_slots = ranks.0.n_slots();

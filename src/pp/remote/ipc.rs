@@ -176,17 +176,18 @@ impl IpcFlags {
     /// the peer's release, would hold the peer's copy of step `k + n` for ever).
     pub(super) fn release(&self) -> Result<()> {
         let mut flags = self.lock();
-        let (own, peers): (fn(&Self, usize) -> usize, fn(&Self, usize) -> usize) = match self.end {
-            End::Sender => (Self::consumed, |_, s| Self::filled(s)),
-            End::Receiver => (|_, s| Self::filled(s), Self::consumed),
+        // (the word this side waits on, the word the peer waits on) of slot `s`
+        let words = |s: usize| match self.end {
+            End::Sender => (self.consumed(s), Self::filled(s)),
+            End::Receiver => (Self::filled(s), self.consumed(s)),
         };
         for s in 0..self.n_slots {
-            self.release.write_value_u64(&mut *flags, own(self, s), RELEASED)?;
+            self.release.write_value_u64(&mut *flags, words(s).0, RELEASED)?;
         }
         let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if let Some(stream) = queued_on {
             for s in 0..self.n_slots {
-                stream.write_value_u64(&mut *flags, peers(self, s), RELEASED)?;
+                stream.write_value_u64(&mut *flags, words(s).1, RELEASED)?;
             }
         }
         Ok(())
