@@ -44,7 +44,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::local_channel::{FdEntry, FdKind, LocalChannel, LocalChannelError, LocalListener};
@@ -52,8 +52,9 @@ use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::plan::BoundaryPlan;
 use crate::pp::process_transport::{Reach, TransportReason};
+use crate::safe::memory::DeviceMemory;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
-use crate::safe::{DeviceSlice, FlagSteps, MemOpsSupport};
+use crate::safe::{FlagSteps, MemOpsSupport};
 
 /// What a side writes into the words it waits on when its link fails: every wait for a step
 /// number (cyclic `>=`, steps far below 2^62) is met.
@@ -86,9 +87,9 @@ pub(in crate::pp) struct IpcFlags {
     /// The condition of the RX side's wait for `filled` (flushing the peer device's writes where
     /// the copy comes from another device and this device can).
     filled_wait: WaitCondition,
-    /// On the RX side: each slot's device address, so a receive goes only into the exported
-    /// memory the TX rank writes.
-    slot_addresses: Vec<u64>,
+    /// On the RX side: each slot's allocation (not kept alive here), so a receive goes only into
+    /// the exported memory the TX rank writes.
+    slot_memory: Vec<Weak<DeviceMemory>>,
     /// The stream this side writes the peer's words on (the TX stage's stream, or the receive
     /// stream), once a step was queued: a release writes them last there (see `release`).
     queued_on: Mutex<Option<Arc<CudaStream>>>,
@@ -154,7 +155,9 @@ impl IpcFlags {
         if slot != (step % self.n_slots as u64) as usize {
             return Err(format!("step {step} was given slot {slot} of {}", self.n_slots));
         }
-        if self.slot_addresses.get(slot) != Some(&dst.as_view().device_ptr()) {
+        let exported =
+            self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(dst.memory())));
+        if !exported {
             return Err(format!("slot {slot}'s buffer is not the memory the sending rank maps"));
         }
         let steps = FlagSteps {
@@ -271,7 +274,7 @@ pub(super) fn offer(
     }
     drop(fds);
     let slots: Vec<Arc<CudaSlice<u8>>> = slots.into_iter().map(|slot| Arc::new(slot.into_slice())).collect();
-    let slot_addresses = slots.iter().map(|slot| slot.as_view().device_ptr()).collect();
+    let slot_memory = slots.iter().map(|slot| Arc::downgrade(slot.memory())).collect();
     let same_device = matches!(b.reason, TransportReason::Reach(Reach::SameDevice));
     let support = MemOpsSupport::of(stream.context().device())?;
     let filled_wait = if !same_device && support.flush_remote_writes {
@@ -285,7 +288,7 @@ pub(super) fn offer(
         end: End::Receiver,
         release: CudaStream::new(stream.context())?,
         filled_wait,
-        slot_addresses,
+        slot_memory,
         queued_on: Mutex::new(None),
     };
     Ok(Offered { flags, slots, _channel: channel })
@@ -334,7 +337,7 @@ pub(super) fn take(
         end: End::Sender,
         release: CudaStream::new(stream.context())?,
         filled_wait: WaitCondition::GEQ,
-        slot_addresses: Vec::new(),
+        slot_memory: Vec::new(),
         queued_on: Mutex::new(None),
     };
     Ok(Taken { flags, slots, _channel: channel })
