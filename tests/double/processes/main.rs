@@ -147,6 +147,38 @@ fn two_processes_over_ipc_match_one_engine_bitwise() {
     }
 }
 
+/// Graph mode across processes over the IPC transport: each rank's captured steps read the slots
+/// the other rank writes through its own mappings (a ring of fixed buffers, taken out for the
+/// capture and put back), captured at once, 300 ms late (rank 0's first steps fill rank 1's slots
+/// first, kept by its capture), interleaved with eager steps, and with a thread per stage: the
+/// outputs are bitwise one engine's.
+#[test]
+fn graph_mode_over_ipc_matches_one_engine_bitwise() {
+    const LATE_OVER_IPC: &[(usize, &str, &str)] = &[
+        (0, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+        (1, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+        (0, "PPNRT_RESERVE_BYTES", "1048576"),
+        (1, "PPNRT_RESERVE_BYTES", "1048576"),
+        (1, CAPTURE_DELAY_VAR, "300"),
+    ];
+    let test = "graph_mode_over_ipc_matches_one_engine_bitwise";
+    let Some(engine) = ready(test) else { return };
+    for (name, mode, ranks, slots, steps, rank_env) in [
+        ("ipc-graphs-2-stages", "graphs", &[0, 1][..], 2, 300, OVER_IPC),
+        ("ipc-graphs-4-alternating", "graphs", &[0, 1, 0, 1][..], 3, 200, OVER_IPC),
+        ("ipc-graphs-rx-captures-late", "graphs", &[0, 1][..], 2, 200, LATE_OVER_IPC),
+        ("ipc-graphs-interleaved-4-contiguous", "graphs-interleaved", &[0, 0, 1, 1][..], 2, 200, OVER_IPC),
+        ("ipc-graphs-threads-4-alternating", "graphs-threads", &[0, 1, 0, 1][..], 3, 200, OVER_IPC),
+    ] {
+        let launch = Launch { mode, rank_env, ..pipeline_launch(ranks, slots, steps, false) };
+        assert_eq!(
+            mismatches_against_reference(&engine, name, &launch),
+            0,
+            "{name}: graph steps differ from one engine's"
+        );
+    }
+}
+
 /// The check above can fail: with `rx` not waiting for the NCCL receive, outputs differ. Both
 /// runs use long device delays before each send (up to 1 ms), so the data lands well after the
 /// record that announces it.
