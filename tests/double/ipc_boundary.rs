@@ -3,7 +3,8 @@
 //! reach the next rank over IPC as whole; a wait released by a failure stays released, so the
 //! sending rank's stream drains; a slot lent in place and forgotten stops its boundary with a
 //! typed timeout, and both ranks' drops are bounded; what a failure lets the sending rank's
-//! queued copies write (an ignored test: a lent slot is written).
+//! queued copies write (an ignored test: a lent slot is written); how long a failure takes
+//! between two ranks that feed each other (an ignored test: the peer timeout).
 
 use crate::{double, ranks};
 
@@ -294,5 +295,50 @@ fn a_released_wait_stays_released_and_the_sending_rank_drains() {
             matches!(drained, Ok(Ok(()))),
             "rank 0's stream did not drain after the failure: {drained:?} (drops: {errors:?})"
         );
+    });
+}
+
+/// Two ranks that feed each other (stages on ranks [0, 1, 0], both boundaries IPC): rank 1 finds
+/// a forged record and fails; each rank's release then waits for the other to close its link
+/// (its next ranks must know first), and each closes only after its own wait: the failure ends,
+/// and the drops return, only at the peer timeout (3 s here; over NCCL, a few milliseconds).
+/// Every rank knew at once: both waits are for ranks that recorded the failure already.
+#[test]
+#[ignore = "each rank waits for the other's close until the peer timeout: the waits form a cycle"]
+fn a_failure_between_two_ranks_that_feed_each_other_ends_before_the_peer_timeout() {
+    with_double("a_failure_between_two_ranks_that_feed_each_other_ends_before_the_peer_timeout", |_| {
+        let timeout = Duration::from_secs(3);
+        let primary = Engine::new(0).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let build = |rank: usize| {
+            let config = ppnrt::PpConfig::with_devices(&[0, 1, 0])
+                .with_ranks(&[0, 1, 0])
+                .with_rank(rank)
+                .with_rendezvous(&addr)
+                .with_peer_timeout(timeout)
+                .with_process_transport(ppnrt::ProcessTransport::Ipc)
+                .with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(1));
+            PpNRt::new(config, &primary).unwrap()
+        };
+        let (zero, one) = std::thread::scope(|scope| {
+            let one = scope.spawn(|| build(1));
+            let zero = build(0);
+            (zero, one.join().unwrap())
+        });
+        let x = input(&zero, &primary, 1);
+        for _ in 0..2 {
+            zero.enter(0).and_then(|_stage| zero.tx(0, &x, N)).unwrap();
+        }
+        let start = std::time::Instant::now();
+        while !matches!(one.receiver_state(0), Ok(Some(ppnrt::pp::ReceiverState::Stopped))) {
+            assert!(start.elapsed() < timeout, "rank 1 did not fail the boundary");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(x);
+        let errors = crate::drop_ranks_within((zero, one), Duration::from_secs(30), "the ranks");
+        assert!(errors.iter().all(is_peer_failed), "{errors:?}");
+        let took = start.elapsed();
+        assert!(took < timeout / 2, "the failure ended after {took:?} (peer timeout {timeout:?})");
     });
 }
