@@ -232,6 +232,10 @@ declare -A catchers=(
   [ipc-release-before-next-ranks-know]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [ipc-size-checked-after-record]="a_step_larger_than_the_slots_is_refused_with_nothing_sent_and_the_boundary_goes_on"
   [local-guest-ready-unawaited]="the_listener_may_send_as_soon_as_accept_returns"
+  [ipc-downstream-unknown-at-abort]="a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_as_ok"
+  [ipc-release-lowered-by-late-write]="a_released_wait_stays_released_and_the_sending_rank_drains"
+  [ipc-path-length-unchecked]="the_path_message_is_bounded_and_checked_before_it_is_read"
+  [ipc-receive-unwaited]="graph_mode_over_ipc_matches_one_engine_bitwise two_processes_over_ipc_match_one_engine_bitwise"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -668,3 +672,14 @@ run ipc-lent-slot-rewritten src/pp/ring.rs "        if self.fixed { state.is_fre
 run ipc-release-before-next-ranks-know src/pp/remote/link.rs "        wait_for_peer_close(&link.connection, link.timeout);" ""
 run ipc-size-checked-after-record src/pp/remote/sender.rs "            if view.byte_len() > capacity {" "            if false {"
 run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready = channel.recv_bytes(0)?;" "            let ready: Vec<u8> = Vec::new();" host
+# The IPC boundary's failure order: a rank whose NCCL receive a failure cuts short waits for its
+# next ranks over IPC to know before the abort lets its stream run on; a release writes the
+# peer's words last on the stream that wrote them, so no write queued there lowers them again;
+# the receiving rank's socket path is refused unread when no socket can have it; a receive waits
+# for the sender's copy, in graph mode too.
+run ipc-downstream-unknown-at-abort src/pp/remote/link.rs "        await_ipc_downstream(&stopped);" "        let _ = await_ipc_downstream;"
+run ipc-release-lowered-by-late-write src/pp/remote/ipc.rs "        if let Some(stream) = queued_on {" "        if let Some(stream) = queued_on.filter(|_| false) {"
+run ipc-path-length-unchecked src/pp/remote/ipc.rs "    if len == 0 || len > MAX_PATH {" "    if false {" lib
+run ipc-receive-unwaited src/safe/ipc/flagged.rs "                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())
+            }" "                Ok::<(), CudaError>(())
+            }" processes

@@ -100,6 +100,15 @@ impl Double {
         unsafe { f() }
     }
 
+    /// Turns peer access between the devices off (`true`: no device reports it, as on a host
+    /// whose GPUs cannot reach each other) or back on, for what is built from now on. Call it once
+    /// the driver is initialised (an `Engine` made): its start reads `PPNRT_DOUBLE_NO_PEER`.
+    pub fn no_peer(&self, on: bool) {
+        let f: unsafe extern "C" fn(c_int) = self.symbol(b"ppnrt_double_no_peer\0");
+        // SAFETY: any integer is accepted.
+        unsafe { f(c_int::from(on)) }
+    }
+
     /// Accesses to freed or unallocated memory so far.
     pub fn violations(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.symbol(b"ppnrt_double_violations\0");

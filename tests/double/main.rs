@@ -86,6 +86,7 @@ mod cudarc_double;
 mod foreign;
 mod graphs_mode;
 mod ipc;
+mod ipc_boundary;
 mod ipc_memops;
 mod process_transport;
 mod protocol;

@@ -22,6 +22,7 @@
  *   return `code`; PPNRT_DOUBLE_FAIL="entry:nth[:code],..." does the same from the start.
  * - PPNRT_DOUBLE_NO_POOLS=1: devices without memory pools (cuMemAllocAsync is not supported).
  *   PPNRT_DOUBLE_NO_PEER=1: no peer access. PPNRT_DOUBLE_VERSION: the reported driver version.
+ *   ppnrt_double_no_peer(on) turns peer access off (on = 1) or back on while the double runs.
  *   PPNRT_DOUBLE_NO_IPC=1: no virtual memory management, descriptor export or IPC events.
  *   Built with -DPPNRT_DOUBLE_CUDA_12_4 it reports 12.4 and lacks the entry points that came
  *   later (cuEventElapsedTime_v2), as an older driver does.

@@ -27,8 +27,13 @@
 //! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases this
 //! side's waits from a stream of its own, writing [`RELEASED`] into every word this side waits on
 //! (the sender's `consumed`, the receiver's `filled`), after the rank's other links have stopped
-//! (see `link`): the slots of a failed link are then never trusted ([`PpError::PeerFailed`] on
-//! every later call and readback, as for an aborted NCCL link), and every stream drains.
+//! and the next ranks know (see `link`); then it writes [`RELEASED`] into every word the peer
+//! waits on, on the stream that wrote them, so that none of its writes still queued there lowers
+//! a word the peer released. The slots of a failed link are then never trusted
+//! ([`PpError::PeerFailed`] on every later call and readback, as for an aborted NCCL link), and
+//! every stream drains. The sending rank's copies queued behind its waits run once released:
+//! they may write a slot the receiving rank still reads, a slot lent in place included, whose
+//! contents are then those of a later step.
 //!
 //! Ownership: the RX rank owns the slots and the flags; the TX rank's mappings keep the memory
 //! alive after the RX rank dropped it or exited (CUDA's virtual memory management frees the
@@ -39,7 +44,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::local_channel::{FdEntry, FdKind, LocalChannel, LocalChannelError, LocalListener};
@@ -47,16 +52,17 @@ use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::plan::BoundaryPlan;
 use crate::pp::process_transport::{Reach, TransportReason};
+use crate::safe::memory::DeviceMemory;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
-use crate::safe::{DeviceSlice, FlagSteps, MemOpsSupport};
+use crate::safe::{FlagSteps, MemOpsSupport};
 
 /// What a side writes into the words it waits on when its link fails: every wait for a step
 /// number (cyclic `>=`, steps far below 2^62) is met.
 pub(in crate::pp) const RELEASED: u64 = 1 << 62;
 
-/// The longest socket path the RX rank may name (a Unix socket's path is at most 108 bytes on
-/// Linux; a longer one is refused before it is read).
-const MAX_PATH: usize = 4096;
+/// The longest socket path the RX rank may name: a Unix socket's path is at most 108 bytes on
+/// Linux (`sun_path`); a longer one is refused before it is read.
+const MAX_PATH: usize = 108;
 
 /// The TX rank's request for the local channel's path.
 const ASK: u8 = 0x1c;
@@ -81,9 +87,12 @@ pub(in crate::pp) struct IpcFlags {
     /// The condition of the RX side's wait for `filled` (flushing the peer device's writes where
     /// the copy comes from another device and this device can).
     filled_wait: WaitCondition,
-    /// On the RX side: each slot's device address, so a receive goes only into the exported
-    /// memory the TX rank writes.
-    slot_addresses: Vec<u64>,
+    /// On the RX side: each slot's allocation (not kept alive here), so a receive goes only into
+    /// the exported memory the TX rank writes.
+    slot_memory: Vec<Weak<DeviceMemory>>,
+    /// The stream this side writes the peer's words on (the TX stage's stream, or the receive
+    /// stream), once a step was queued: a release writes them last there (see `release`).
+    queued_on: Mutex<Option<Arc<CudaStream>>>,
 }
 
 impl IpcFlags {
@@ -104,6 +113,14 @@ impl IpcFlags {
         self.flags.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Notes that this side queues its writes of the peer's words on `stream`.
+    fn queue_on(&self, stream: &Arc<CudaStream>) {
+        let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
+            *queued_on = Some(Arc::clone(stream));
+        }
+    }
+
     /// The TX side of step `step`: on `stream`, waits until the RX rank freed the slot, copies
     /// `src` into `dst` (the slot's mapping, exactly the step's bytes), marks the slot filled.
     pub(super) fn send(
@@ -122,6 +139,7 @@ impl IpcFlags {
             signal: step + 1,
         };
         let mut flags = self.lock();
+        self.queue_on(stream);
         Ok(stream.flagged_copy(src, dst, &mut flags.as_view_mut(), steps)?)
     }
 
@@ -137,7 +155,9 @@ impl IpcFlags {
         if slot != (step % self.n_slots as u64) as usize {
             return Err(format!("step {step} was given slot {slot} of {}", self.n_slots));
         }
-        if self.slot_addresses.get(slot) != Some(&dst.as_view().device_ptr()) {
+        let exported =
+            self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(dst.memory())));
+        if !exported {
             return Err(format!("slot {slot}'s buffer is not the memory the sending rank maps"));
         }
         let steps = FlagSteps {
@@ -148,18 +168,30 @@ impl IpcFlags {
             signal: step,
         };
         let mut flags = self.lock();
+        self.queue_on(stream);
         stream.flagged_receive(dst, &mut flags.as_view_mut(), steps).map_err(|e| e.to_string())
     }
 
-    /// Releases every wait of this side (see the module docs), from the release stream.
+    /// Releases every wait of this side (see the module docs), from the release stream; then
+    /// writes [`RELEASED`] into every word the peer waits on, on the stream this side wrote them
+    /// on: behind this side's writes still queued there, so none of those can lower a word the
+    /// peer released again (a write of `consumed[s] = k` queued behind this side's stage, run after
+    /// the peer's release, would hold the peer's copy of step `k + n` for ever).
     pub(super) fn release(&self) -> Result<()> {
         let mut flags = self.lock();
+        // (the word this side waits on, the word the peer waits on) of slot `s`
+        let words = |s: usize| match self.end {
+            End::Sender => (self.consumed(s), Self::filled(s)),
+            End::Receiver => (Self::filled(s), self.consumed(s)),
+        };
         for s in 0..self.n_slots {
-            let at = match self.end {
-                End::Sender => self.consumed(s),
-                End::Receiver => Self::filled(s),
-            };
-            self.release.write_value_u64(&mut *flags, at, RELEASED)?;
+            self.release.write_value_u64(&mut *flags, words(s).0, RELEASED)?;
+        }
+        let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if let Some(stream) = queued_on {
+            for s in 0..self.n_slots {
+                stream.write_value_u64(&mut *flags, words(s).1, RELEASED)?;
+            }
         }
         Ok(())
     }
@@ -242,7 +274,7 @@ pub(super) fn offer(
     }
     drop(fds);
     let slots: Vec<Arc<CudaSlice<u8>>> = slots.into_iter().map(|slot| Arc::new(slot.into_slice())).collect();
-    let slot_addresses = slots.iter().map(|slot| slot.as_view().device_ptr()).collect();
+    let slot_memory = slots.iter().map(|slot| Arc::downgrade(slot.memory())).collect();
     let same_device = matches!(b.reason, TransportReason::Reach(Reach::SameDevice));
     let support = MemOpsSupport::of(stream.context().device())?;
     let filled_wait = if !same_device && support.flush_remote_writes {
@@ -256,7 +288,8 @@ pub(super) fn offer(
         end: End::Receiver,
         release: CudaStream::new(stream.context())?,
         filled_wait,
-        slot_addresses,
+        slot_memory,
+        queued_on: Mutex::new(None),
     };
     Ok(Offered { flags, slots, _channel: channel })
 }
@@ -304,7 +337,8 @@ pub(super) fn take(
         end: End::Sender,
         release: CudaStream::new(stream.context())?,
         filled_wait: WaitCondition::GEQ,
-        slot_addresses: Vec::new(),
+        slot_memory: Vec::new(),
+        queued_on: Mutex::new(None),
     };
     Ok(Taken { flags, slots, _channel: channel })
 }
@@ -332,4 +366,57 @@ fn read_exact_by(socket: &mut TcpStream, bytes: &mut [u8], deadline: Option<Inst
         socket.set_read_timeout(Some(left.max(Duration::from_millis(1)))).and_then(|()| socket.read_exact(bytes));
     socket.set_read_timeout(None)?;
     read
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{ErrorKind, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::{MAX_PATH, read_path};
+
+    /// A connected pair on loopback: what the RX rank writes, what the TX rank reads.
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (tx, _) = listener.accept().unwrap();
+        (rx, tx)
+    }
+
+    fn named(len: u16, path: &[u8]) -> Vec<u8> {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.extend_from_slice(path);
+        bytes
+    }
+
+    /// The RX rank's path message as a lying or silent peer writes it: a path is read whole; an
+    /// empty one or one longer than a socket's path is refused at once, naming its length, without
+    /// waiting for its bytes; a peer that sends nothing, or fewer bytes than it announced, is given
+    /// up at the deadline.
+    #[test]
+    fn the_path_message_is_bounded_and_checked_before_it_is_read() {
+        let deadline = || Some(Instant::now() + Duration::from_millis(300));
+        let (mut rx, mut tx) = pair();
+        rx.write_all(&named(14, b"/tmp/x/channel")).unwrap();
+        assert_eq!(read_path(&mut tx, deadline()).unwrap(), std::path::PathBuf::from("/tmp/x/channel"));
+        for len in [0, MAX_PATH as u16 + 1, u16::MAX] {
+            let (mut rx, mut tx) = pair();
+            rx.write_all(&named(len, b"")).unwrap();
+            let start = Instant::now();
+            let err = read_path(&mut tx, Some(Instant::now() + Duration::from_secs(3))).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidData, "{len}: {err}");
+            assert!(err.to_string().contains(&format!("a path of {len} byte(s)")), "{err}");
+            assert!(start.elapsed() < Duration::from_secs(2), "{len}: refused after {:?}", start.elapsed());
+        }
+        for sent in [Vec::new(), named(20, b"/tmp")] {
+            let (mut rx, mut tx) = pair();
+            rx.write_all(&sent).unwrap();
+            let start = Instant::now();
+            let err = read_path(&mut tx, deadline()).unwrap_err();
+            assert!(matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{err}");
+            assert!(start.elapsed() < Duration::from_secs(5), "given up after {:?}", start.elapsed());
+            drop(rx);
+        }
+    }
 }

@@ -183,6 +183,11 @@ pub(in crate::pp) struct Credit {
     pub(super) back: Arc<Mutex<BackWriter>>,
 }
 
+/// How long the aborts of a rank's other links are given to end before a failed link's abort
+/// begins (see [`RankLinks`]): each sets its communicator's abort flag at once; an abort still
+/// running after this waits on the device, and the failed link's abort must begin.
+const OTHERS_ABORT_HEAD_START: Duration = Duration::from_millis(100);
+
 /// The links of one rank. A rank's boundaries form one pipeline: when one link fails, what this
 /// rank sends on from then on may come from a receive the abort cut short, so every other link
 /// of the rank fails too, before the failing link's communicator is aborted (before any cut-short
@@ -198,56 +203,8 @@ pub(in crate::pp) struct Credit {
 /// whole before it learns of the failure). Only a head start, not one abort after the other: an
 /// abort's cleanup (which may wait for the whole device) would wait for a receive kernel of a
 /// link not yet aborted, and hold the driver while the next link's graphs are destroyed: the rank
-/// would hang.
-/// Ends the IPC links a failure stopped (`stopped`, each recorded as failed; see
-/// [`RankLinks`]). A flag word cannot be taken back once a stream is released towards it: when
-/// this rank releases its own wait for a step that never came, its stream runs on into its sends
-/// to the next ranks with whatever the slot held, and those arrive there whole. So the next ranks
-/// must know first, and so must theirs: each IPC link this rank sends on was shut down for writing
-/// when it stopped; this rank now waits (at most the link's peer timeout) until its peer closes
-/// the connection, which the peer does only once it recorded the failure and its own next ranks
-/// did the same. Then this rank closes its links from the ranks before it (telling them in turn)
-/// and releases its waits: the sends' waits for a free slot first, then the receives' waits.
-fn release_ipc(stopped: &[&Link]) {
-    let senders = stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender));
-    for link in senders.clone() {
-        wait_for_peer_close(&link.connection, link.timeout);
-    }
-    for link in stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender)) {
-        let _ = link.connection.shutdown(std::net::Shutdown::Both);
-    }
-    let receivers = stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender));
-    for link in senders.chain(receivers) {
-        if let Some(Err(e)) = link.ipc().map(IpcFlags::release) {
-            crate::safe::record_drop_error(e);
-        }
-    }
-}
-
-/// Reads `connection` (discarding what comes) until the peer closes it, fails, or `timeout`
-/// passes.
-fn wait_for_peer_close(connection: &TcpStream, timeout: Duration) {
-    let start = Instant::now();
-    let mut bytes = [0u8; 256];
-    let mut reader = connection;
-    while start.elapsed() < timeout {
-        if reader.set_read_timeout(Some(Duration::from_millis(10))).is_err() {
-            return;
-        }
-        match reader.read(&mut bytes) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-/// How long the aborts of a rank's other links are given to end before a failed link's abort
-/// begins (see [`RankLinks`]): each sets its communicator's abort flag at once; an abort still
-/// running after this waits on the device, and the failed link's abort must begin.
-const OTHERS_ABORT_HEAD_START: Duration = Duration::from_millis(100);
-
+/// would hang. Before any of this releases the rank's stream, the next ranks over IPC know
+/// ([`await_ipc_downstream`]); the IPC links' own waits are released last ([`release_ipc`]).
 #[derive(Default)]
 pub(in crate::pp) struct RankLinks {
     links: Mutex<Vec<std::sync::Weak<Link>>>,
@@ -281,6 +238,57 @@ impl RankLinks {
     }
 }
 
+/// Waits until the next ranks know of a failure that stopped `stopped` (each recorded as
+/// failed; see [`RankLinks`]), before anything lets this rank's stream run on. A flag word cannot
+/// be taken back once a stream is released towards it: once this rank's receive of a step that
+/// never came is released (its own wait on a flag word, or its NCCL communicator's abort), its
+/// stream runs on into its sends to the next ranks with whatever the slot held, and over IPC
+/// those arrive there whole. So the next ranks must know first, and so must theirs: each IPC link
+/// this rank sends on was shut down for writing when it stopped; this rank now waits (at most the
+/// link's peer timeout) until its peer closes the connection, which the peer does only once it
+/// recorded the failure and its own next ranks did the same.
+fn await_ipc_downstream(stopped: &[&Link]) {
+    for link in stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender)) {
+        wait_for_peer_close(&link.connection, link.timeout);
+    }
+}
+
+/// Ends the IPC links a failure stopped (`stopped`), once the next ranks know
+/// ([`await_ipc_downstream`]) and the communicators are aborted: closes this rank's links from
+/// the ranks before it (telling them in turn) and releases its waits, the sends' waits for a
+/// free slot first, then the receives' waits.
+fn release_ipc(stopped: &[&Link]) {
+    let senders = stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender));
+    for link in stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender)) {
+        let _ = link.connection.shutdown(std::net::Shutdown::Both);
+    }
+    let receivers = stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender));
+    for link in senders.chain(receivers) {
+        if let Some(Err(e)) = link.ipc().map(IpcFlags::release) {
+            crate::safe::record_drop_error(e);
+        }
+    }
+}
+
+/// Reads `connection` (discarding what comes) until the peer closes it, fails, or `timeout`
+/// passes.
+fn wait_for_peer_close(connection: &TcpStream, timeout: Duration) {
+    let start = Instant::now();
+    let mut bytes = [0u8; 256];
+    let mut reader = connection;
+    while start.elapsed() < timeout {
+        if reader.set_read_timeout(Some(Duration::from_millis(10))).is_err() {
+            return;
+        }
+        match reader.read(&mut bytes) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(_) => return,
+        }
+    }
+}
+
 impl Link {
     /// Fails the link (once): records `reason`, shuts the control connection down (the peer's
     /// link fails too, within milliseconds, whatever this side's reason), fails every other link
@@ -310,6 +318,9 @@ impl Link {
             .flatten()
             .map(|graph| graph.exec.destroy_keeping_memory())
             .collect();
+        // The next ranks over IPC know before this link's receive is released (see
+        // `await_ipc_downstream`): an IPC send behind it would deliver the cut-short step whole.
+        await_ipc_downstream(&stopped);
         // The other links' communicators first: their aborts set their flags before this link's
         // receive is cut short and its stream runs on into sends of theirs (see `RankLinks`).
         let other_comms: Vec<&NcclComm> = others.iter().filter_map(|link| link.nccl()).collect();
