@@ -145,18 +145,6 @@ fn two_processes_over_ipc_match_one_engine_bitwise() {
         let launch = Launch { rank_env: OVER_IPC, ..pipeline_launch(ranks, slots, steps, false) };
         assert_eq!(mismatches_against_reference(&engine, name, &launch), 0, "{name}: outputs differ from one engine's");
     }
-    // The check can fail: with `rx` not ordered after the flagged receive, behind long device
-    // delays before each send, outputs differ.
-    let broken = Launch {
-        broken: true,
-        max_delay_ns: Some(1_000_000),
-        rank_env: OVER_IPC,
-        ..pipeline_launch(&[0, 1], 2, 300, false)
-    };
-    assert!(
-        mismatches_against_reference(&engine, "ipc-broken-long-delays", &broken) > 0,
-        "rx without waiting for the flagged receive went unnoticed"
-    );
 }
 
 /// Graph mode across processes over the IPC transport: each rank's captured steps read the slots
