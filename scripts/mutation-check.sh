@@ -230,6 +230,8 @@ declare -A catchers=(
   [memops-support-unchecked]="bad_flag_words_are_typed_errors"
   [memops-flush-unchecked]="bad_flag_words_are_typed_errors"
   [double-memop-wait-unchecked]="a_memop_on_freed_memory_is_a_violation_of_the_double"
+  # The hot path: a buffer used twice by one operation, ordered for the stronger use.
+  [use-twice-weaker]="a_buffer_used_twice_is_ordered_for_the_stronger_use"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -660,3 +662,6 @@ run memops-index-unchecked src/safe/stream_memops.rs "    if index >= flag.len()
 run memops-support-unchecked src/safe/stream_memops.rs "    let missing = if !support.ops_64 {" "    let missing = if false {"
 run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !support.flush_remote_writes {" "    } else if false {"
 run double-memop-wait-unchecked tests/driver_double/cuda_double_ipc.inc "    kernel_range(m->ctx, \"cuStreamWaitValue64\", m->addr, 8);" ""
+# The hot path: a buffer used twice by one operation is ordered for the stronger use (a maximum
+# over the uses declared weakest first).
+run use-twice-weaker src/safe/ordering/mod.rs "    a.max(b)" "    a.min(b)" lib

@@ -56,19 +56,19 @@ use plain::plain_on;
 
 mod plain;
 
-/// How an operation uses a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How an operation uses a buffer, weakest first (see [`stronger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Use {
     /// Reads it: waits for the last write.
     Read,
-    /// Writes it: waits for the last write and every read since.
-    Write,
     /// Writes one aligned word that other uses may overlap (a stream memory operation's
     /// write-value, which releases the wait-values reading it): waits for nothing but its own
     /// stream's earlier work (any wait for another stream's mark could be a wait for the very
     /// wait-value it releases: a mark's event is recorded at the end of its stream), and is noted
     /// like a read, so later writes and the release wait for it.
     Signal,
+    /// Writes it: waits for the last write and every read since.
+    Write,
 }
 
 /// Read marks a buffer keeps holding their streams: past this many, the older ones are detached
@@ -162,13 +162,12 @@ impl Mark {
 }
 
 /// The use that orders a buffer used both ways by one operation: either one when they agree or
-/// one is a read, else a write (which waits for everything a signal does, and more).
+/// one is a read, else a write (which waits for everything a signal does, and more). The
+/// variants are declared weakest first (read, signal, write), so this is their maximum: no
+/// branch on the copy's path.
+#[inline(always)]
 fn stronger(a: Use, b: Use) -> Use {
-    match (a, b) {
-        (a, b) if a == b => a,
-        (Use::Read, other) | (other, Use::Read) => other,
-        _ => Use::Write,
-    }
+    a.max(b)
 }
 
 /// A buffer state's address: the order in which several are locked together.
@@ -655,5 +654,25 @@ fn note_marks(
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Use, stronger};
+
+    #[test]
+    fn a_buffer_used_twice_is_ordered_for_the_stronger_use() {
+        let all = [Use::Read, Use::Signal, Use::Write];
+        for a in all {
+            for b in all {
+                let expected = match (a, b) {
+                    (Use::Write, _) | (_, Use::Write) => Use::Write,
+                    (Use::Signal, _) | (_, Use::Signal) => Use::Signal,
+                    _ => Use::Read,
+                };
+                assert_eq!(stronger(a, b), expected, "{a:?} with {b:?}");
+            }
+        }
     }
 }
