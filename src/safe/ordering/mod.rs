@@ -56,19 +56,19 @@ use plain::plain_on;
 
 mod plain;
 
-/// How an operation uses a buffer, weakest first (see [`stronger`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// How an operation uses a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Use {
     /// Reads it: waits for the last write.
     Read,
+    /// Writes it: waits for the last write and every read since.
+    Write,
     /// Writes one aligned word that other uses may overlap (a stream memory operation's
     /// write-value, which releases the wait-values reading it): waits for nothing but its own
     /// stream's earlier work (any wait for another stream's mark could be a wait for the very
     /// wait-value it releases: a mark's event is recorded at the end of its stream), and is noted
     /// like a read, so later writes and the release wait for it.
     Signal,
-    /// Writes it: waits for the last write and every read since.
-    Write,
 }
 
 /// Read marks a buffer keeps holding their streams: past this many, the older ones are detached
@@ -162,12 +162,17 @@ impl Mark {
 }
 
 /// The use that orders a buffer used both ways by one operation: either one when they agree or
-/// one is a read, else a write (which waits for everything a signal does, and more). The
-/// variants are declared weakest first (read, signal, write), so this is their maximum: no
-/// branch on the copy's path.
-#[inline(always)]
+/// one is a read, else a write (which waits for everything a signal does, and more). Out of
+/// line: only a buffer given twice to one operation needs it, and the copy's path stays as it
+/// was without it.
+#[cold]
+#[inline(never)]
 fn stronger(a: Use, b: Use) -> Use {
-    a.max(b)
+    match (a, b) {
+        (a, b) if a == b => a,
+        (Use::Read, other) | (other, Use::Read) => other,
+        _ => Use::Write,
+    }
 }
 
 /// A buffer state's address: the order in which several are locked together.
