@@ -232,6 +232,12 @@ declare -A catchers=(
   [double-memop-wait-unchecked]="a_memop_on_freed_memory_is_a_violation_of_the_double"
   # The hot path: a buffer used twice by one operation, ordered for the stronger use.
   [use-twice-weaker]="a_buffer_used_twice_is_ordered_for_the_stronger_use"
+  # A ring's slot ordered by its own events: the copy in waits for the copy out and back; the
+  # events go over to the rule before the slot is lent or its buffer is replaced.
+  [own-write-unwaited]="an_eager_step_is_ordered_by_the_slots_own_events"
+  [own-read-unwaited]="an_eager_step_is_ordered_by_the_slots_own_events"
+  [lend-drops-own-events]="a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events"
+  [grow-drops-own-events]="a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -664,3 +670,14 @@ run memops-flush-unchecked src/safe/stream_memops.rs "    } else if flush && !su
 run double-memop-wait-unchecked tests/driver_double/cuda_double_ipc.inc "    kernel_range(m->ctx, \"cuStreamWaitValue64\", m->addr, 8);" ""
 # The hot path: a buffer used twice by one operation is ordered for the stronger use.
 run use-twice-weaker src/safe/ordering/mod.rs "        (Use::Read, other) | (other, Use::Read) => other," "        (Use::Read, _) | (_, Use::Read) => Use::Read," lib
+# A ring's slot ordered by its own events (src/safe/ordering/own.rs, src/pp/ring/slot.rs): the
+# copy in waits for the last copy out, the copy out for the copy in; the events are handed over
+# to the rule (not dropped) as the slot is lent and before its buffer is replaced.
+run own-write-unwaited src/safe/ordering/own.rs "        if self.read_since_write {" "        if false {" double
+run own-read-unwaited src/safe/ordering/own.rs "        if let Some(written) = &self.written {" "        if let Some(written) = self.written.as_ref().filter(|_| false) {" double
+run lend-drops-own-events src/pp/ring.rs "        self.slots[k].rule_orders();
+        let SlotBuffer::Device(buffer)" "        self.slots[k].order = None;
+        let SlotBuffer::Device(buffer)" double
+run grow-drops-own-events src/pp/ring/slot.rs "        self.rule_orders();
+        home.grow(" "        self.order = None;
+        home.grow(" double

@@ -34,7 +34,11 @@ use super::error::{PpError, SlotState};
 use super::plan::Transport;
 use super::timing::SPIN;
 use crate::pp::error::{Error, Result};
+use crate::safe::ordering::OwnOrder;
 use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
+
+mod slot;
+use slot::Slot;
 
 /// The smallest slot allocation, in bytes; slots grow in powers of two from here.
 pub(super) const MIN_SLOT_BYTES: usize = 4096;
@@ -78,19 +82,6 @@ pub(super) struct Slots {
 /// What a ring filled from another rank tells each time its RX stage takes a step: the steps
 /// taken so far. Called with the ring's lock held: it must not take the lock or wait.
 pub(super) type TakenHook = Arc<dyn Fn(u64) + Send + Sync>;
-
-/// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
-/// records its event on the TX stream right after the copy (the protocol's `ev_tx`), the copy out
-/// records its event on the RX stream right after that copy (`ev_rx`); the next copy out waits for
-/// the first (read after write), the next copy in for the second (write after read).
-struct Slot {
-    state: SlotState,
-    /// The bytes the slot was last filled with (its state names the element count and type).
-    bytes: usize,
-    buffer: SlotBuffer,
-    /// For a boundary from another rank: the step the slot was last filled with.
-    step: u64,
-}
 
 /// A slot's memory.
 pub(super) enum SlotBuffer {
@@ -205,9 +196,10 @@ impl SlotRing {
     pub(super) fn new(n_slots: usize, reserved: usize, inbound: bool, home: SlotHome<'_>) -> Result<SlotRing> {
         let slots = (0..n_slots)
             .map(|_| {
-                let mut slot = Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Empty, step: 0 };
+                let mut slot =
+                    Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Empty, order: None, step: 0 };
                 if reserved > 0 {
-                    home.grow(&mut slot.buffer, reserved)?;
+                    slot.grow(reserved, home, inbound)?;
                 }
                 Ok(slot)
             })
@@ -462,9 +454,36 @@ impl Slots {
         self.rehome_if_lent(k, bytes);
         let slot = &mut self.slots[k];
         if !slot.buffer.holds(bytes) {
-            home.grow(&mut slot.buffer, bytes)?;
+            slot.grow(bytes, home, self.inbound)?;
         }
         Ok(&mut slot.buffer)
+    }
+
+    /// Slot `k`'s buffer, with its own events while only the ring reaches it (see [`Slot`]): for
+    /// the ring's `tx` and `rx`, which order the buffer by them when they are there.
+    pub(super) fn ordered_buffer(&mut self, k: usize) -> (&mut SlotBuffer, Option<&mut OwnOrder>) {
+        let slot = &mut self.slots[k];
+        (&mut slot.buffer, slot.order.as_mut())
+    }
+
+    /// Drops the record of slot `k`'s read since its last write, so that the next write does not
+    /// wait for it. Only for deliberately broken protocols in hazard tests.
+    #[cfg(feature = "testing")]
+    pub(super) fn forget_read(&mut self, k: usize) {
+        match &mut self.slots[k].order {
+            Some(order) => order.forget_read(),
+            None => self.slots[k].buffer.access().forget_reads(),
+        }
+    }
+
+    /// Drops the record of slot `k`'s last write, so that the next read does not wait for it.
+    /// Only for deliberately broken protocols in hazard tests.
+    #[cfg(feature = "testing")]
+    pub(super) fn forget_write(&mut self, k: usize) {
+        match &mut self.slots[k].order {
+            Some(order) => order.forget_write(),
+            None => self.slots[k].buffer.access().forget_write(),
+        }
     }
 
     /// Gives slot `k`, when it is lent, a buffer of its own again (the guard keeps the one it was
@@ -496,6 +515,8 @@ impl Slots {
     /// Lends filled slot `k`'s buffer to an in-place guard: lent until
     /// [`give_back`](Self::give_back).
     pub(super) fn lend(&mut self, k: usize) -> Arc<CudaSlice<u8>> {
+        // The guard's reads, and whatever follows them, are ordered by the rule.
+        self.slots[k].rule_orders();
         let SlotBuffer::Device(buffer) = &self.slots[k].buffer else {
             unreachable!("a filled device-transport slot has a device buffer")
         };
@@ -550,6 +571,7 @@ impl Slots {
         let k = self.next;
         debug_assert!(writable(self.slots[k].state), "the receiver waits for a writable slot");
         self.rehome_if_lent(k, bytes);
+        self.slots[k].rule_orders();
         let buffer = std::mem::replace(&mut self.slots[k].buffer, SlotBuffer::Empty);
         let was = std::mem::replace(&mut self.slots[k].state, SlotState::Receiving);
         (k, buffer, was)
@@ -599,6 +621,8 @@ impl Slots {
             self.writable(b, k, "capture_step", bytes, home)?;
         }
         let slot = &mut self.slots[k];
+        // The graphs' uses of the buffer are ordered by the rule.
+        slot.rule_orders();
         let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
             unreachable!("a device-transport slot grown above has a device buffer")
         };

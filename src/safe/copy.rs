@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use super::element::DeviceRepr;
-use super::enqueue::{Tracked, ordered};
+use super::enqueue::{Tracked, ordered, ordered_owned};
 use super::host::PinnedHostBuffer;
 use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
-use super::ordering::Use;
-use super::stream::CudaStream;
+use super::ordering::{Owned, Use};
+use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
@@ -128,6 +128,49 @@ impl CudaStream {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream.
                 unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
+            },
+        )
+    }
+
+    /// [`memcpy_dtod`](Self::memcpy_dtod) of bytes, of which one side is a buffer its owner
+    /// orders (`owned`, see [`OwnOrder`](super::ordering::OwnOrder)), the other side ordered by
+    /// the rule; `gate` is this stream's enqueue gate, held by the caller, which saw the stream
+    /// not capturing. Pool memory of another device goes through `cuMemcpyPeerAsync`.
+    ///
+    /// # Errors
+    /// As [`memcpy_dtod`](Self::memcpy_dtod).
+    pub(crate) fn memcpy_dtod_owned(
+        self: &Arc<Self>,
+        gate: &EnqueueGate<'_>,
+        from: CudaView<'_, u8>,
+        to: CudaViewMut<'_, u8>,
+        owned: Owned<'_>,
+    ) -> Result<()> {
+        check_len("CudaStream::memcpy_dtod", to.len(), from.len())?;
+        if from.is_empty() {
+            return Ok(());
+        }
+        let foreign_pool = |pooled: bool, ordinal: i32| pooled && ordinal != self.ordinal();
+        let peer = foreign_pool(from.is_pooled(), from.ordinal()) || foreign_pool(to.is_pooled(), to.ordinal());
+        let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw());
+        let contexts = (to.memory().owner().context().raw(), from.owner().context().raw());
+        ordered_owned(
+            self,
+            gate,
+            from.tracked(),
+            to.tracked(),
+            owned,
+            #[inline(always)]
+            move || {
+                if peer {
+                    // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and
+                    // ordered on this stream; the contexts are the ranges' live primary contexts.
+                    unsafe { raw::memcpy_peer_async(dst_ptr, contexts.0, src_ptr, contexts.1, bytes, raw_stream) }
+                } else {
+                    // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and
+                    // ordered on this stream.
+                    unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
+                }
             },
         )
     }

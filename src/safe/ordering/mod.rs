@@ -52,8 +52,10 @@ use super::capture::{queries_allowed, refuse_in_capture};
 use super::event_pool::{PooledEvent, StreamEvent};
 use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
+pub(crate) use own::{OwnOrder, Owned};
 use plain::plain_on;
 
+mod own;
 mod plain;
 
 /// How an operation uses a buffer.
