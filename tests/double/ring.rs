@@ -642,7 +642,8 @@ fn a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events() {
 
 /// A slot that grows after eager steps frees its old buffer only after their copies: the ring
 /// hands the slot's own events over to the rule before the buffer goes (the double counts a copy
-/// that touches freed memory).
+/// that touches freed memory). A step received, and a step discarded whose copy in is still
+/// queued, then a larger step.
 #[test]
 fn a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies() {
     with_double("a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies", |_| {
@@ -652,18 +653,47 @@ fn a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies() {
             let e1 = rt.engine(1, &primary).unwrap().clone();
             let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
             let small = rt.rx::<u32>(0, slot, N).unwrap();
+            rt.tx(0, &input(&rt, &primary, 2), N).unwrap();
+            assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
             // Four times the bytes: the slot gets a larger buffer, the old one is freed.
             let x = {
                 let _stage = rt.enter(0).unwrap();
                 let engine = rt.engine(0, &primary).unwrap();
                 let mut x = engine.alloc::<u32>(4 * N).unwrap();
-                engine.fill_pattern(&mut x, 2).unwrap();
+                engine.fill_pattern(&mut x, 3).unwrap();
                 x
             };
             rt.tx(0, &x, 4 * N).unwrap();
             let large = rt.rx::<u32>(0, slot, 4 * N).unwrap();
             assert_eq!(e1.dtoh(&small).unwrap(), pattern(1, N), "{devices:?}");
-            assert_eq!(e1.dtoh(&large).unwrap(), pattern(2, 4 * N), "{devices:?}");
+            assert_eq!(e1.dtoh(&large).unwrap(), pattern(3, 4 * N), "{devices:?}");
+            rt.synchronize().unwrap();
+        }
+    });
+}
+
+/// A slot taken for the capture of step graphs right after an eager step (its copy out still
+/// queued) is written by the graphs' launch only after that copy out: the TX stream, run first,
+/// would otherwise overwrite the step before it is received.
+#[test]
+fn a_slot_captured_after_an_eager_step_is_written_after_its_copy_out() {
+    with_double("a_slot_captured_after_an_eager_step_is_written_after_its_copy_out", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+            let eager = rt.rx::<u32>(0, slot, N).unwrap();
+            let (source, mut output) = copy_step_buffers(&rt, &primary, 2);
+            let mut step =
+                rt.capture_step::<u32>(N, |stage| {
+                    if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
+                })
+                .unwrap();
+            step.launch().unwrap();
+            rt.stage_stream(0).unwrap().synchronize().unwrap();
+            assert_eq!(e1.dtoh(&eager).unwrap(), pattern(1, N), "{devices:?}: the graph overwrote the eager step");
+            assert_eq!(e1.dtoh(&output).unwrap(), pattern(2, N), "{devices:?}");
             rt.synchronize().unwrap();
         }
     });

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use super::{Access, Mark};
 use crate::cuda_error::Result;
+use crate::result::event as raw_event;
+use crate::result::stream as raw_stream;
 use crate::safe::event_pool::{PooledEvent, StreamEvent};
 use crate::safe::stream::CudaStream;
 
@@ -72,16 +74,19 @@ impl OwnOrder {
         std::ptr::eq(self.access, access)
     }
 
-    /// Runs `enqueue`, a write of the buffer on the writing stream `stream` (whose context is
-    /// bound and whose enqueue gate is held, the stream not capturing), after the last read, and
-    /// records the write's event after it. A failed record waits for `stream` on the host (see
-    /// [`CudaStream::settle`]): the write is then complete and no read needs to wait for it.
+    /// Runs `enqueue`, a write of the buffer on the writing stream `stream`, after the last read,
+    /// and
+    /// records the write's event after it. Only inside the enqueue of the door
+    /// ([`ordered_owned`](crate::safe::enqueue::ordered_owned)): `stream`'s context is bound
+    /// there and its enqueue gate held, the stream not capturing. A failed record waits for
+    /// `stream` on the host (see [`CudaStream::settle`]): the write is then complete and no read
+    /// needs to wait for it.
     #[inline]
     pub(crate) fn write<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.writer), "an owned buffer is written by its writing stream only");
         if self.read_since_write {
             if let Some(read) = &self.read {
-                stream.wait_pooled(read)?;
+                wait(stream, read)?;
             }
         }
         let result = enqueue()?;
@@ -90,13 +95,14 @@ impl OwnOrder {
         Ok(result)
     }
 
-    /// Runs `enqueue`, a read of the buffer on the reading stream `stream` (context bound, gate
-    /// held, not capturing), after the last write, and records the read's event after it.
+    /// Runs `enqueue`, a read of the buffer on the reading stream `stream`, after the last write,
+    /// and records the read's event after it; as [`write`](Self::write), only inside the door's
+    /// enqueue.
     #[inline]
     pub(crate) fn read<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.reader), "an owned buffer is read by its reading stream only");
         if let Some(written) = &self.written {
-            stream.wait_pooled(written)?;
+            wait(stream, written)?;
         }
         let result = enqueue()?;
         self.read_since_write = true;
@@ -145,15 +151,25 @@ impl OwnOrder {
     }
 }
 
-/// Records `event` (made from `stream`'s context's pool the first time) at the end of `stream`;
-/// on failure `event` is left empty.
-#[inline]
+/// Makes `stream` wait for `event` (of any context), with `stream`'s context bound by the door.
+#[inline(always)]
+fn wait(stream: &CudaStream, event: &PooledEvent) -> Result<()> {
+    // SAFETY: both handles are live while their wrappers (borrowed here) live; the stream's
+    // context is current (bound by the door around the enqueue this runs in).
+    unsafe { raw_stream::wait_event(stream.raw(), event.raw()) }
+}
+
+/// Records `event` (made from `stream`'s context's pool the first time) at the end of `stream`,
+/// with `stream`'s context bound by the door; on failure `event` is left empty.
+#[inline(always)]
 fn record(stream: &Arc<CudaStream>, event: &mut Option<PooledEvent>) -> Result<()> {
     let own = match event {
         Some(own) => own,
         None => event.insert(PooledEvent::take(stream.context())?),
     };
-    if let Err(e) = stream.record_pooled(own) {
+    // SAFETY: both handles are live and of one context (the event was taken from the stream's
+    // context's pool), which is current (bound by the door around the enqueue this runs in).
+    if let Err(e) = unsafe { raw_event::record(own.raw(), stream.raw()) } {
         *event = None;
         return Err(e);
     }
