@@ -345,10 +345,8 @@ run graph-launch-unnoted src/nccl/comm.rs "            self.in_flight.note(strea
 run in-flight-streams-kept src/nccl/posting.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
 # A step's slot state changes only once its copy is enqueued: a failed tx leaves the slot free,
 # a failed rx leaves it filled (to be received again). The fault sweep fails every call in turn.
-run tx-state-early src/pp/runtime.rs "                boundary.copy_into_slot(tx, src, dst)?;" "                let _ = boundary.copy_into_slot(tx, src, dst);"
-run rx-state-early src/pp/runtime.rs "            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?," "            SlotBuffer::Device(buffer) => {
-                let _ = boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst);
-            }"
+run tx-state-early src/pp/runtime.rs "                    Some(order) => boundary.copy_owned(tx, &gate, src, dst, Owned::Dst(order))?," "                    Some(order) => drop(boundary.copy_owned(tx, &gate, src, dst, Owned::Dst(order))),"
+run rx-state-early src/pp/runtime.rs "                boundary.copy_owned(rx, gate, buffer.as_view().slice(..bytes)?, dst, Owned::Src(order))?;" "                let _ = boundary.copy_owned(rx, gate, buffer.as_view().slice(..bytes)?, dst, Owned::Src(order));"
 # The ring (src/pp/ring.rs): an eager boundary call on a capturing stage stream is refused; a
 # lent slot is given another buffer rather than stopping the ring; a guard's buffer is kept as a
 # spare; a graph's output is read back while the graph holds it (tests/double/ring.rs).
@@ -596,8 +594,8 @@ run gate-sanitizes-whole-binaries scripts/gpu-gate.sh '    if [ -n "$modules" ];
 # body that carries a cfg of the testing feature is found by the source scan.
 run config-error-names-variable src/pp/config/mod.rs "                setting: sources.stages," "                setting: STAGES_VAR," lib
 run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();" "        if false && self.injected == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();"
+            ring.forget_read(k);" "        if false && self.injected == ProtocolFault::SkipRxWait {
+            ring.forget_read(k);"
 run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
         self.config.faults().before_tx(slot);" host
 # The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
