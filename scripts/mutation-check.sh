@@ -350,7 +350,7 @@ run rx-state-early src/pp/runtime.rs "                boundary.copy_owned(rx, ga
 # The ring (src/pp/ring.rs): an eager boundary call on a capturing stage stream is refused; a
 # lent slot is given another buffer rather than stopping the ring; a guard's buffer is kept as a
 # spare; a graph's output is read back while the graph holds it (tests/double/ring.rs).
-run tx-in-capture src/pp/runtime.rs '        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let _gate = tx.enqueue_gate();' double
+run tx-in-capture src/pp/runtime.rs '        let gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let gate = tx.enqueue_gate();' double
 run rx-in-capture src/pp/runtime.rs "        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;" "        let gate = { let _ = call; boundary.rx_stream.enqueue_gate() };" double
 run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::Lent
 }" "    state.is_free()

@@ -381,7 +381,8 @@ impl PpNRt {
                     None => boundary.copy_into_slot(tx, src, dst)?,
                 }
             }
-            (SlotBuffer::Host(buffer), _) => buffer.copy_from_device(tx, src)?,
+            (SlotBuffer::Host(buffer), Some(order)) => buffer.copy_from_device_owned(tx, &gate, src, order)?,
+            (SlotBuffer::Host(buffer), None) => buffer.copy_from_device(tx, src)?,
             (SlotBuffer::Empty, _) => unreachable!("writable() gave the slot a buffer of at least one byte"),
         }
         ring.filled(index, n, T::NAME, bytes);
@@ -478,7 +479,8 @@ impl PpNRt {
             (SlotBuffer::Device(buffer), None) => {
                 boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?;
             }
-            (SlotBuffer::Host(buffer), _) => buffer.copy_to_device(rx, dst)?,
+            (SlotBuffer::Host(buffer), Some(order)) => buffer.copy_to_device_owned(rx, gate, dst, order)?,
+            (SlotBuffer::Host(buffer), None) => buffer.copy_to_device(rx, dst)?,
             (SlotBuffer::Empty, _) => unreachable!("a filled slot has a buffer"),
         }
         ring.received(slot_index);

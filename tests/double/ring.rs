@@ -567,7 +567,7 @@ fn a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive() {
 }
 
 /// An eager step's copies are ordered by the slot's own events (the protocol's `ev_tx` and
-/// `ev_rx`), on a local boundary (copy engine and SM copies) and a peer one: the next copy into
+/// `ev_rx`), on a local boundary (copy engine and SM copies), a peer and a host-staged one: the next copy into
 /// the slot waits for the copy out of it (the TX stream, run first, would otherwise overwrite the
 /// step before it is received), and the copy out waits for the copy in (the RX stream, run first,
 /// would otherwise read the slot's earlier step). A protocol broken on purpose (no wait for the
@@ -577,9 +577,12 @@ fn an_eager_step_is_ordered_by_the_slots_own_events() {
     use ppnrt::pp::ProtocolFault;
     with_double("an_eager_step_is_ordered_by_the_slots_own_events", |_| {
         let primary = Engine::new(0).unwrap();
-        for (devices, sm) in [([0, 0], false), ([0, 0], true), ([0, 1], false)] {
+        for (devices, sm, staged) in
+            [([0, 0], false, false), ([0, 0], true, false), ([0, 1], false, false), ([0, 1], false, true)]
+        {
             for fault in [ProtocolFault::None, ProtocolFault::SkipRxWait, ProtocolFault::SkipTxWait] {
                 let config = PpConfig::with_devices(&devices).with_sm_copies(sm).with_slots(1).with_fault(fault);
+                let config = if staged { config.with_transport(ppnrt::TransportPolicy::Staged) } else { config };
                 let rt = PpNRt::new(config, &primary).unwrap();
                 let e1 = rt.engine(1, &primary).unwrap().clone();
                 // Write after read: step 2 is sent into the slot right after step 1's receive.
@@ -590,13 +593,13 @@ fn an_eager_step_is_ordered_by_the_slots_own_events() {
                 let first_kept = e1.dtoh(&first).unwrap() == pattern(1, N);
                 // Read after write: step 3 is received before its copy in ran.
                 let second = rt.rx::<u32>(0, slot, N).unwrap();
-                assert_eq!(e1.dtoh(&second).unwrap(), pattern(2, N), "{devices:?} sm {sm} {fault:?}");
+                assert_eq!(e1.dtoh(&second).unwrap(), pattern(2, N), "{devices:?} sm {sm} staged {staged} {fault:?}");
                 rt.tx(0, &input(&rt, &primary, 3), N).unwrap();
                 let third = rt.rx::<u32>(0, slot, N).unwrap();
                 rt.stage_stream(1).unwrap().synchronize().unwrap();
                 let third_read = e1.dtoh(&third).unwrap() == pattern(3, N);
                 let expected = (fault != ProtocolFault::SkipRxWait, fault != ProtocolFault::SkipTxWait);
-                assert_eq!((first_kept, third_read), expected, "{devices:?} sm {sm} {fault:?}");
+                assert_eq!((first_kept, third_read), expected, "{devices:?} sm {sm} staged {staged} {fault:?}");
                 drop((first, second, third));
                 rt.synchronize().unwrap();
             }
@@ -642,14 +645,16 @@ fn a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events() {
 
 /// A slot that grows after eager steps frees its old buffer only after their copies: the ring
 /// hands the slot's own events over to the rule before the buffer goes (the double counts a copy
-/// that touches freed memory). A step received, and a step discarded whose copy in is still
-/// queued, then a larger step.
+/// that touches freed memory), device and pinned slots alike. A step received, and a step
+/// discarded whose copy in is still queued, then a larger step.
 #[test]
 fn a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies() {
     with_double("a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies", |_| {
         let primary = Engine::new(0).unwrap();
-        for devices in [[0, 0], [0, 1]] {
-            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
+        for (devices, staged) in [([0, 0], false), ([0, 1], false), ([0, 1], true)] {
+            let config = PpConfig::with_devices(&devices).with_slots(1);
+            let config = if staged { config.with_transport(ppnrt::TransportPolicy::Staged) } else { config };
+            let rt = PpNRt::new(config, &primary).unwrap();
             let e1 = rt.engine(1, &primary).unwrap().clone();
             let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
             let small = rt.rx::<u32>(0, slot, N).unwrap();
@@ -665,8 +670,8 @@ fn a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies() {
             };
             rt.tx(0, &x, 4 * N).unwrap();
             let large = rt.rx::<u32>(0, slot, 4 * N).unwrap();
-            assert_eq!(e1.dtoh(&small).unwrap(), pattern(1, N), "{devices:?}");
-            assert_eq!(e1.dtoh(&large).unwrap(), pattern(3, 4 * N), "{devices:?}");
+            assert_eq!(e1.dtoh(&small).unwrap(), pattern(1, N), "{devices:?} staged {staged}");
+            assert_eq!(e1.dtoh(&large).unwrap(), pattern(3, 4 * N), "{devices:?} staged {staged}");
             rt.synchronize().unwrap();
         }
     });

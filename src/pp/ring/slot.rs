@@ -9,9 +9,9 @@ use crate::safe::ordering::OwnOrder;
 /// One slot of a ring. The copy into it records an event on the TX stream right after the copy
 /// (the protocol's `ev_tx`), the copy out records one on the RX stream right after that copy
 /// (`ev_rx`); the next copy out waits for the first (read after write), the next copy in for the
-/// second (write after read). A device buffer that only the ring's own `tx` and `rx` reach (in a
-/// ring filled by this rank, from its growth until it is lent, captured or replaced) keeps the
-/// two events itself (`order`); any other slot buffer is *eager* under the crate's ordering rule,
+/// second (write after read). A buffer that only the ring's own `tx` and `rx` reach (in a ring
+/// filled by this rank, from its growth until it is lent, captured or replaced) keeps the two
+/// events itself (`order`); any other slot buffer is *eager* under the crate's ordering rule,
 /// whose marks then hold them.
 pub(super) struct Slot {
     pub(super) state: SlotState,
@@ -29,18 +29,25 @@ impl Slot {
     /// Hands the buffer's own events over to the rule (see [`OwnOrder::hand_over`]): from now on
     /// the rule orders every use of it (it is about to be lent, captured, replaced or freed).
     pub(super) fn rule_orders(&mut self) {
-        if let (Some(order), SlotBuffer::Device(buffer)) = (self.order.take(), &self.buffer) {
-            order.hand_over(buffer.access());
+        match (self.order.take(), &self.buffer) {
+            (Some(order), SlotBuffer::Device(buffer)) => order.hand_over(buffer.access()),
+            (Some(order), SlotBuffer::Host(buffer)) => order.hand_over(buffer.access()),
+            _ => {}
         }
     }
 
     /// Replaces the buffer with one of at least `bytes` (see [`SlotHome::grow`]); in a ring
-    /// filled by this rank, a device buffer is then ordered by the slot's own events.
+    /// filled by this rank, the buffer is then ordered by the slot's own events.
     pub(super) fn grow(&mut self, bytes: usize, home: SlotHome<'_>, inbound: bool) -> Result<()> {
         self.rule_orders();
         home.grow(&mut self.buffer, bytes)?;
-        if let (false, SlotBuffer::Device(buffer)) = (inbound, &self.buffer) {
-            self.order = Some(OwnOrder::new(buffer.access(), home.tx_stream, home.rx_stream));
+        let access = match &self.buffer {
+            SlotBuffer::Device(buffer) => buffer.access(),
+            SlotBuffer::Host(buffer) => buffer.access(),
+            SlotBuffer::Empty => return Ok(()),
+        };
+        if !inbound {
+            self.order = Some(OwnOrder::new(access, home.tx_stream, home.rx_stream));
         }
         Ok(())
     }
