@@ -96,7 +96,8 @@ pub(super) enum SlotBuffer {
 }
 
 impl SlotBuffer {
-    /// The buffer's ordering state (the protocol's events live there).
+    /// The buffer's ordering state (the protocol's events live there once the slot's own are
+    /// handed over, see [`Slot`]).
     #[cfg(feature = "testing")]
     pub(super) fn access(&self) -> &crate::safe::ordering::Access {
         match self {
