@@ -4,6 +4,7 @@
 
 use super::{SlotBuffer, SlotHome};
 use crate::pp::error::{Result, SlotState};
+use crate::safe::DeviceSlice;
 use crate::safe::ordering::OwnOrder;
 
 /// One slot of a ring. The copy into it records an event on the TX stream right after the copy
@@ -41,10 +42,12 @@ impl Slot {
     pub(super) fn grow(&mut self, bytes: usize, home: SlotHome<'_>, inbound: bool) -> Result<()> {
         self.rule_orders();
         home.grow(&mut self.buffer, bytes)?;
+        // A fresh buffer whose allocation is complete: not pool memory, allocated in a stream's
+        // order (its first write would have to wait for that stream).
         let access = match &self.buffer {
-            SlotBuffer::Device(buffer) => buffer.access(),
+            SlotBuffer::Device(buffer) if !buffer.is_pooled() => buffer.access(),
             SlotBuffer::Host(buffer) => buffer.access(),
-            SlotBuffer::Empty => return Ok(()),
+            SlotBuffer::Device(_) | SlotBuffer::Empty => return Ok(()),
         };
         if !inbound {
             self.order = Some(OwnOrder::new(access, home.tx_stream, home.rx_stream));

@@ -75,8 +75,7 @@ impl OwnOrder {
     }
 
     /// Runs `enqueue`, a write of the buffer on the writing stream `stream`, after the last read,
-    /// and
-    /// records the write's event after it. Only inside the enqueue of the door
+    /// and records the write's event after it. Only inside the enqueue of the door
     /// ([`ordered_owned`](crate::safe::enqueue::ordered_owned)): `stream`'s context is bound
     /// there and its enqueue gate held, the stream not capturing. A failed record waits for
     /// `stream` on the host (see [`CudaStream::settle`]): the write is then complete and no read
