@@ -236,6 +236,14 @@ declare -A catchers=(
   [ipc-release-lowered-by-late-write]="a_released_wait_stays_released_and_the_sending_rank_drains"
   [ipc-path-length-unchecked]="the_path_message_is_bounded_and_checked_before_it_is_read"
   [ipc-receive-unwaited]="graph_mode_over_ipc_matches_one_engine_bitwise two_processes_over_ipc_match_one_engine_bitwise"
+  # The hot path: a buffer used twice by one operation, ordered for the stronger use.
+  [use-twice-weaker]="a_buffer_used_twice_is_ordered_for_the_stronger_use"
+  # A ring's slot ordered by its own events: the copy in waits for the copy out and back; the
+  # events go over to the rule before the slot is lent or its buffer is replaced.
+  [own-write-unwaited]="an_eager_step_is_ordered_by_the_slots_own_events"
+  [own-read-unwaited]="an_eager_step_is_ordered_by_the_slots_own_events"
+  [lend-drops-own-events]="a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events"
+  [grow-drops-own-events]="a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -343,14 +351,12 @@ run graph-launch-unnoted src/nccl/comm.rs "            self.in_flight.note(strea
 run in-flight-streams-kept src/nccl/posting.rs "const IN_FLIGHT_STREAMS: usize = 8;" "const IN_FLIGHT_STREAMS: usize = 1000;" nccl
 # A step's slot state changes only once its copy is enqueued: a failed tx leaves the slot free,
 # a failed rx leaves it filled (to be received again). The fault sweep fails every call in turn.
-run tx-state-early src/pp/runtime.rs "                boundary.copy_into_slot(tx, src, dst)?;" "                let _ = boundary.copy_into_slot(tx, src, dst);"
-run rx-state-early src/pp/runtime.rs "            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?," "            SlotBuffer::Device(buffer) => {
-                let _ = boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst);
-            }"
+run tx-state-early src/pp/runtime.rs "                    Some(order) => boundary.copy_owned(tx, &gate, src, dst, Owned::Dst(order))?," "                    Some(order) => drop(boundary.copy_owned(tx, &gate, src, dst, Owned::Dst(order))),"
+run rx-state-early src/pp/runtime.rs "                boundary.copy_owned(rx, gate, buffer.as_view().slice(..bytes)?, dst, Owned::Src(order))?;" "                let _ = boundary.copy_owned(rx, gate, buffer.as_view().slice(..bytes)?, dst, Owned::Src(order));"
 # The ring (src/pp/ring.rs): an eager boundary call on a capturing stage stream is refused; a
 # lent slot is given another buffer rather than stopping the ring; a guard's buffer is kept as a
 # spare; a graph's output is read back while the graph holds it (tests/double/ring.rs).
-run tx-in-capture src/pp/runtime.rs '        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let _gate = tx.enqueue_gate();' double
+run tx-in-capture src/pp/runtime.rs '        let gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;' '        let gate = tx.enqueue_gate();' double
 run rx-in-capture src/pp/runtime.rs "        let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;" "        let gate = { let _ = call; boundary.rx_stream.enqueue_gate() };" double
 run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::Lent
 }" "    state.is_free()
@@ -594,8 +600,8 @@ run gate-sanitizes-whole-binaries scripts/gpu-gate.sh '    if [ -n "$modules" ];
 # body that carries a cfg of the testing feature is found by the source scan.
 run config-error-names-variable src/pp/config/mod.rs "                setting: sources.stages," "                setting: STAGES_VAR," lib
 run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();" "        if false && self.injected == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();"
+            ring.forget_read(k);" "        if false && self.injected == ProtocolFault::SkipRxWait {
+            ring.forget_read(k);"
 run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
         self.config.faults().before_tx(slot);" host
 # The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
@@ -683,3 +689,16 @@ run ipc-path-length-unchecked src/pp/remote/ipc.rs "    if len == 0 || len > MAX
 run ipc-receive-unwaited src/safe/ipc/flagged.rs "                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())
             }" "                Ok::<(), CudaError>(())
             }" processes
+# The hot path: a buffer used twice by one operation is ordered for the stronger use.
+run use-twice-weaker src/safe/ordering/mod.rs "        (Use::Read, other) | (other, Use::Read) => other," "        (Use::Read, _) | (_, Use::Read) => Use::Read," lib
+# A ring's slot ordered by its own events (src/safe/ordering/own.rs, src/pp/ring/slot.rs): the
+# copy in waits for the last copy out, the copy out for the copy in; the events are handed over
+# to the rule (not dropped) as the slot is lent and before its buffer is replaced.
+run own-write-unwaited src/safe/ordering/own.rs "        if self.read_since_write {" "        if false {" double
+run own-read-unwaited src/safe/ordering/own.rs "        if let Some(written) = &self.written {" "        if let Some(written) = self.written.as_ref().filter(|_| false) {" double
+run lend-drops-own-events src/pp/ring.rs "        self.slots[k].rule_orders();
+        let SlotBuffer::Device(buffer)" "        self.slots[k].order = None;
+        let SlotBuffer::Device(buffer)" double
+run grow-drops-own-events src/pp/ring/slot.rs "        self.rule_orders();
+        home.grow(" "        self.order = None;
+        home.grow(" double

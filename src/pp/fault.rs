@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use super::ring::{SlotBuffer, Slots};
+#[cfg(feature = "testing")]
+use super::ring::SlotBuffer;
+use super::ring::Slots;
 
 /// The exit status of a rank that exits before it joins a communicator on purpose
 /// ([`ProtocolFault::ExitBeforeCommJoin`]).
@@ -164,21 +166,21 @@ impl Fault {
         (self.injected != ProtocolFault::None).then_some(self.injected)
     }
 
-    /// An eager `tx` into `slot` does not wait for the slot's previous reads
+    /// An eager `tx` into `ring`'s slot `k` does not wait for the slot's previous reads
     /// ([`ProtocolFault::SkipRxWait`]).
     #[inline(always)]
-    pub(crate) fn before_tx(self, slot: &SlotBuffer) {
+    pub(crate) fn before_tx(self, ring: &mut Slots, k: usize) {
         if self.injected == ProtocolFault::SkipRxWait {
-            slot.access().forget_reads();
+            ring.forget_read(k);
         }
     }
 
     /// An eager `rx` of `ring`'s slot `k` does not wait for the slot's write
     /// ([`ProtocolFault::SkipTxWait`]).
     #[inline(always)]
-    pub(crate) fn before_rx(self, ring: &Slots, k: usize) {
+    pub(crate) fn before_rx(self, ring: &mut Slots, k: usize) {
         if self.injected == ProtocolFault::SkipTxWait {
-            ring.buffer(k).access().forget_write();
+            ring.forget_write(k);
         }
     }
 
@@ -237,11 +239,11 @@ impl Fault {
 
     /// An eager `tx`'s hook: nothing.
     #[inline(always)]
-    pub(crate) fn before_tx(self, _slot: &SlotBuffer) {}
+    pub(crate) fn before_tx(self, _ring: &mut Slots, _k: usize) {}
 
     /// An eager `rx`'s hook: nothing.
     #[inline(always)]
-    pub(crate) fn before_rx(self, _ring: &Slots, _k: usize) {}
+    pub(crate) fn before_rx(self, _ring: &mut Slots, _k: usize) {}
 
     /// A graph launch's hook: nothing.
     #[inline(always)]

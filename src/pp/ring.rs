@@ -31,10 +31,16 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::error::{PpError, SlotState};
-use super::plan::Transport;
+
 use super::timing::SPIN;
 use crate::pp::error::{Error, Result};
-use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
+use crate::safe::ordering::OwnOrder;
+use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
+
+mod home;
+mod slot;
+pub(super) use home::SlotHome;
+use slot::Slot;
 
 /// The smallest slot allocation, in bytes; slots grow in powers of two from here.
 pub(super) const MIN_SLOT_BYTES: usize = 4096;
@@ -83,19 +89,6 @@ pub(super) struct Slots {
 /// taken so far. Called with the ring's lock held: it must not take the lock or wait.
 pub(super) type TakenHook = Arc<dyn Fn(u64) + Send + Sync>;
 
-/// One slot of a ring. Its buffer is *eager* under the crate's ordering rule: the copy into it
-/// records its event on the TX stream right after the copy (the protocol's `ev_tx`), the copy out
-/// records its event on the RX stream right after that copy (`ev_rx`); the next copy out waits for
-/// the first (read after write), the next copy in for the second (write after read).
-struct Slot {
-    state: SlotState,
-    /// The bytes the slot was last filled with (its state names the element count and type).
-    bytes: usize,
-    buffer: SlotBuffer,
-    /// For a boundary from another rank: the step the slot was last filled with.
-    step: u64,
-}
-
 /// A slot's memory.
 pub(super) enum SlotBuffer {
     /// No buffer yet (or taken out while a receive from another rank is posted into it).
@@ -109,7 +102,8 @@ pub(super) enum SlotBuffer {
 }
 
 impl SlotBuffer {
-    /// The buffer's ordering state (the protocol's events live there).
+    /// The buffer's ordering state (the protocol's events live there once the slot's own are
+    /// handed over, see [`Slot`]).
     #[cfg(feature = "testing")]
     pub(super) fn access(&self) -> &crate::safe::ordering::Access {
         match self {
@@ -143,54 +137,6 @@ pub(super) const LENT_GRACE: Duration = Duration::from_secs(1);
 /// writable by time, which signals no one).
 const LONGEST_SLEEP: Duration = Duration::from_millis(100);
 
-/// Where a ring's slot buffers live and who owns them: what a slot needs to grow.
-#[derive(Clone, Copy)]
-pub(super) struct SlotHome<'a> {
-    /// The boundary's transport.
-    pub(super) transport: Transport,
-    /// The stream that writes the slots.
-    pub(super) tx_stream: &'a Arc<CudaStream>,
-    /// The stream that reads them.
-    pub(super) rx_stream: &'a Arc<CudaStream>,
-}
-
-impl SlotHome<'_> {
-    /// Replaces `slot`'s buffer with one of at least `bytes` (a power of two, ≥ 4 KiB), owned by
-    /// the RX stream, or, for a boundary from another rank, by its receive stream (that
-    /// boundary's TX stream). The slot is free, and no copy in flight ever sees a freed buffer: a
-    /// pooled buffer's free is ordered after its last writer and reader; any other's last writer
-    /// and reader are waited for first.
-    ///
-    /// A boundary from another rank takes pooled memory: its slots grow while NCCL's kernels are
-    /// in flight, each waiting for its peer, and `cuMemAlloc`/`cuMemFree` may wait for the whole
-    /// device (NCCL warns that such a call can deadlock communicators used at once), where the
-    /// stream-ordered allocation and free do not. Its receive stream is never captured. Slots
-    /// reached by peers' copies stay `cuMemAlloc` memory.
-    pub(super) fn grow(&self, slot: &mut SlotBuffer, bytes: usize) -> Result<()> {
-        let owner = if self.transport == Transport::Nccl { self.tx_stream } else { self.rx_stream };
-        // Every copy into and out of an old buffer that is not pooled has completed before it
-        // goes (its drop would wait too, but could not report an error).
-        match slot {
-            SlotBuffer::Device(buffer) if buffer.is_pooled() => {}
-            SlotBuffer::Empty => {}
-            SlotBuffer::Device(buffer) => buffer.synchronize()?,
-            SlotBuffer::Host(buffer) => buffer.synchronize()?,
-        }
-        let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
-        *slot = SlotBuffer::Empty;
-        *slot = match self.transport {
-            Transport::Local | Transport::Peer | Transport::Ipc => {
-                SlotBuffer::Device(Arc::new(CudaSlice::alloc_persistent_eager(owner, capacity)?))
-            }
-            Transport::Nccl => SlotBuffer::Device(Arc::new(CudaSlice::alloc_eager(owner, capacity)?)),
-            Transport::HostStaged => {
-                SlotBuffer::Host(Box::new(PinnedHostBuffer::new_eager(owner.context(), capacity)?))
-            }
-        };
-        Ok(())
-    }
-}
-
 /// Whether a write may take a slot in `state`: free, or lent (the write gives the slot another
 /// buffer, see the [module docs](self)).
 fn writable(state: SlotState) -> bool {
@@ -209,9 +155,10 @@ impl SlotRing {
     pub(super) fn new(n_slots: usize, reserved: usize, inbound: bool, home: SlotHome<'_>) -> Result<SlotRing> {
         let slots = (0..n_slots)
             .map(|_| {
-                let mut slot = Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Empty, step: 0 };
+                let mut slot =
+                    Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Empty, order: None, step: 0 };
                 if reserved > 0 {
-                    home.grow(&mut slot.buffer, reserved)?;
+                    slot.grow(reserved, home, inbound)?;
                 }
                 Ok(slot)
             })
@@ -224,7 +171,14 @@ impl SlotRing {
     pub(super) fn with_fixed_buffers(buffers: Vec<Arc<CudaSlice<u8>>>) -> SlotRing {
         let slots = buffers
             .into_iter()
-            .map(|buffer| Slot { state: SlotState::NeverFilled, bytes: 0, buffer: SlotBuffer::Device(buffer), step: 0 })
+            // Filled from another rank: ordered by the rule alone (no events of their own).
+            .map(|buffer| Slot {
+                state: SlotState::NeverFilled,
+                bytes: 0,
+                buffer: SlotBuffer::Device(buffer),
+                order: None,
+                step: 0,
+            })
             .collect();
         SlotRing::of(slots, true, true)
     }
@@ -496,9 +450,36 @@ impl Slots {
             if fixed {
                 return Err(too_large(b, bytes, slot.buffer.capacity()));
             }
-            home.grow(&mut slot.buffer, bytes)?;
+            slot.grow(bytes, home, self.inbound)?;
         }
         Ok(&mut slot.buffer)
+    }
+
+    /// Slot `k`'s buffer, with its own events while only the ring reaches it (see [`Slot`]): for
+    /// the ring's `tx` and `rx`, which order the buffer by them when they are there.
+    pub(super) fn ordered_buffer(&mut self, k: usize) -> (&mut SlotBuffer, Option<&mut OwnOrder>) {
+        let slot = &mut self.slots[k];
+        (&mut slot.buffer, slot.order.as_mut())
+    }
+
+    /// Drops the record of slot `k`'s read since its last write, so that the next write does not
+    /// wait for it. Only for deliberately broken protocols in hazard tests.
+    #[cfg(feature = "testing")]
+    pub(super) fn forget_read(&mut self, k: usize) {
+        match &mut self.slots[k].order {
+            Some(order) => order.forget_read(),
+            None => self.slots[k].buffer.access().forget_reads(),
+        }
+    }
+
+    /// Drops the record of slot `k`'s last write, so that the next read does not wait for it.
+    /// Only for deliberately broken protocols in hazard tests.
+    #[cfg(feature = "testing")]
+    pub(super) fn forget_write(&mut self, k: usize) {
+        match &mut self.slots[k].order {
+            Some(order) => order.forget_write(),
+            None => self.slots[k].buffer.access().forget_write(),
+        }
     }
 
     /// Gives slot `k`, when it is lent, a buffer of its own again (the guard keeps the one it was
@@ -530,6 +511,8 @@ impl Slots {
     /// Lends filled slot `k`'s buffer to an in-place guard: lent until
     /// [`give_back`](Self::give_back).
     pub(super) fn lend(&mut self, k: usize) -> Arc<CudaSlice<u8>> {
+        // The guard's reads, and whatever follows them, are ordered by the rule.
+        self.slots[k].rule_orders();
         let SlotBuffer::Device(buffer) = &self.slots[k].buffer else {
             unreachable!("a filled device-transport slot has a device buffer")
         };
@@ -584,6 +567,7 @@ impl Slots {
         let k = self.next;
         debug_assert!(writable(self.slots[k].state), "the receiver waits for a writable slot");
         self.rehome_if_lent(k, bytes);
+        self.slots[k].rule_orders();
         let buffer = std::mem::replace(&mut self.slots[k].buffer, SlotBuffer::Empty);
         let was = std::mem::replace(&mut self.slots[k].state, SlotState::Receiving);
         (k, buffer, was)
@@ -639,6 +623,8 @@ impl Slots {
             self.writable(b, k, "capture_step", bytes, home)?;
         }
         let slot = &mut self.slots[k];
+        // The graphs' uses of the buffer are ordered by the rule.
+        slot.rule_orders();
         let SlotBuffer::Device(buffer) = std::mem::replace(&mut slot.buffer, SlotBuffer::Empty) else {
             unreachable!("a device-transport slot grown above has a device buffer")
         };

@@ -15,17 +15,16 @@ use parking_lot::MutexGuard;
 
 use super::error::{PpError, ReceiverState};
 use super::pending_readback::ReadbackShared;
-use super::plan::{BoundaryPlan, Plan, Transport};
+use super::plan::{BoundaryPlan, Plan};
 use super::remote::{Link, Receiver, Sender, Watchdog};
-use super::ring::{SlotBuffer, SlotHome, SlotRing, Slots};
+use super::ring::{SlotBuffer, SlotRing, Slots};
 use crate::engine::Engine;
 use crate::error::CudaError;
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, Result};
 use crate::safe::EnqueueGate;
-use crate::safe::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, StreamOverride,
-};
+use crate::safe::ordering::Owned;
+use crate::safe::{CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DeviceSlice, DeviceSliceMut, StreamOverride};
 
 /// The pipeline-parallel N-stage transport runtime. See the [module docs](crate::pp).
 ///
@@ -104,6 +103,7 @@ struct Boundary {
     inbound: Option<Arc<Link>>,
 }
 
+mod boundary;
 mod build;
 mod inbound;
 mod readback;
@@ -363,22 +363,26 @@ impl PpNRt {
         let tx = &boundary.tx_stream;
         // No capture of the stage's stream: a captured copy would run at the graph's launch, not
         // now, and the slot would say filled with nothing in it. (`capture_step` captures steps.)
-        let _gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;
-        let slot = ring.writable(b, index, "tx", bytes, boundary.home())?;
+        let gate = tx.enqueue_gate_uncaptured("PpNRt::tx")?;
+        ring.writable(b, index, "tx", bytes, boundary.home())?;
         // One binding for the whole call (the copy and its event record find it current).
         let _bound = tx.context().bind_for_call()?;
         let src = x.as_view().slice(..n)?.into_bytes();
-        self.config.faults().before_tx(slot);
-        match slot {
-            SlotBuffer::Device(buffer) => {
+        self.config.faults().before_tx(&mut ring, index);
+        match ring.ordered_buffer(index) {
+            (SlotBuffer::Device(buffer), order) => {
                 // A writable slot is not lent (a lent one was given another buffer): the buffer
                 // is not shared.
                 let buffer = Arc::get_mut(buffer).expect("a writable slot's buffer is not shared");
                 let dst = buffer.as_view_mut().slice_mut(..bytes)?;
-                boundary.copy_into_slot(tx, src, dst)?;
+                match order {
+                    Some(order) => boundary.copy_owned(tx, &gate, src, dst, Owned::Dst(order))?,
+                    None => boundary.copy_into_slot(tx, src, dst)?,
+                }
             }
-            SlotBuffer::Host(buffer) => buffer.copy_from_device(tx, src)?,
-            SlotBuffer::Empty => unreachable!("writable() gave the slot a buffer of at least one byte"),
+            (SlotBuffer::Host(buffer), Some(order)) => buffer.copy_from_device_owned(tx, &gate, src, order)?,
+            (SlotBuffer::Host(buffer), None) => buffer.copy_from_device(tx, src)?,
+            (SlotBuffer::Empty, _) => unreachable!("writable() gave the slot a buffer of at least one byte"),
         }
         ring.filled(index, n, T::NAME, bytes);
         drop(ring);
@@ -446,30 +450,37 @@ impl PpNRt {
         n: usize,
         wait: Option<Duration>,
     ) -> Result<CudaSlice<T>> {
-        let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx")?;
+        let (boundary, mut ring, gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx")?;
         let rx = &boundary.rx_stream;
         let _bound = rx.context().bind_for_call()?;
         let mut out = CudaSlice::<T>::alloc(rx, n)?;
-        Self::receive_into(boundary, &mut ring, slot_index, out.as_view_mut().into_bytes())?;
+        Self::receive_into(boundary, &mut ring, &gate, slot_index, out.as_view_mut().into_bytes())?;
         drop(ring);
         boundary.ring.wake_sleepers();
         Ok(out)
     }
 
     /// Copies the filled slot `slot_index` of `boundary` (locked, checked) into `dst` on the RX
-    /// stream, and marks it received.
+    /// stream (`gate`: its enqueue gate, seen uncaptured), and marks it received.
     fn receive_into(
         boundary: &Boundary,
         ring: &mut MutexGuard<'_, Slots>,
+        gate: &EnqueueGate<'_>,
         slot_index: usize,
         dst: CudaViewMut<'_, u8>,
     ) -> Result<()> {
         let rx = &boundary.rx_stream;
         let bytes = dst.len();
-        match ring.buffer(slot_index) {
-            SlotBuffer::Device(buffer) => boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?,
-            SlotBuffer::Host(buffer) => buffer.copy_to_device(rx, dst)?,
-            SlotBuffer::Empty => unreachable!("a filled slot has a buffer"),
+        match ring.ordered_buffer(slot_index) {
+            (SlotBuffer::Device(buffer), Some(order)) => {
+                boundary.copy_owned(rx, gate, buffer.as_view().slice(..bytes)?, dst, Owned::Src(order))?;
+            }
+            (SlotBuffer::Device(buffer), None) => {
+                boundary.copy_within_device(rx, buffer.as_view().slice(..bytes)?, dst)?;
+            }
+            (SlotBuffer::Host(buffer), Some(order)) => buffer.copy_to_device_owned(rx, gate, dst, order)?,
+            (SlotBuffer::Host(buffer), None) => buffer.copy_to_device(rx, dst)?,
+            (SlotBuffer::Empty, _) => unreachable!("a filled slot has a buffer"),
         }
         ring.received(slot_index);
         Ok(())
@@ -519,9 +530,9 @@ impl PpNRt {
             .into());
         }
         let n = dst.len();
-        let (boundary, mut ring, _gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx_into")?;
+        let (boundary, mut ring, gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx_into")?;
         let _bound = boundary.rx_stream.context().bind_for_call()?;
-        Self::receive_into(boundary, &mut ring, slot_index, dst.as_view_mut().into_bytes())?;
+        Self::receive_into(boundary, &mut ring, &gate, slot_index, dst.as_view_mut().into_bytes())?;
         drop(ring);
         boundary.ring.wake_sleepers();
         Ok(())
@@ -562,7 +573,7 @@ impl PpNRt {
         // Taken after the wait (a capture of the stream may begin and end meanwhile) and held
         // until the copy is enqueued.
         let gate = boundary.rx_stream.enqueue_gate_uncaptured(call)?;
-        self.config.faults().before_rx(&ring, slot_index);
+        self.config.faults().before_rx(&mut ring, slot_index);
         Ok((boundary, ring, gate))
     }
 
@@ -613,50 +624,6 @@ impl PpNRt {
             stream.synchronize()?;
         }
         Ok(())
-    }
-}
-
-impl Boundary {
-    /// Where the ring's slot buffers live, to grow them.
-    fn home(&self) -> SlotHome<'_> {
-        SlotHome { transport: self.plan.transport, tx_stream: &self.tx_stream, rx_stream: &self.rx_stream }
-    }
-
-    /// The error of the failed link from the TX stage's rank, if this boundary has one that
-    /// failed.
-    fn link_failure(&self) -> Option<Error> {
-        self.inbound.as_ref().and_then(|link| link.stopped())
-    }
-
-    /// Enqueues a copy within the RX device on `stream` (a stream of that device): the SM copy
-    /// kernel when the boundary may use it, up to [`SM_COPY_MAX_BYTES`], with both addresses
-    /// 16-byte aligned; else the copy engine.
-    fn copy_within_device(
-        &self,
-        stream: &Arc<CudaStream>,
-        src: CudaView<'_, u8>,
-        dst: CudaViewMut<'_, u8>,
-    ) -> crate::error::CudaResult<()> {
-        if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16) {
-            self.rx_engine.helper_kernels()?.copy_bytes(stream, src, dst)
-        } else {
-            stream.memcpy_dtod(&src, &mut { dst })
-        }
-    }
-
-    /// Enqueues the copy of `tx` into a slot of this (device-transport) boundary on `stream`, the
-    /// TX stage's stream: within the device for a local boundary, across devices for a peer one.
-    fn copy_into_slot(
-        &self,
-        stream: &Arc<CudaStream>,
-        src: CudaView<'_, u8>,
-        dst: CudaViewMut<'_, u8>,
-    ) -> crate::error::CudaResult<()> {
-        if self.plan.transport == Transport::Local {
-            self.copy_within_device(stream, src, dst)
-        } else {
-            stream.memcpy_dtod(&src, &mut { dst })
-        }
     }
 }
 

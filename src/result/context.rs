@@ -41,7 +41,7 @@ pub unsafe fn set_current(ctx: CUcontext) -> Result<()> {
 /// # Errors
 /// The driver's error.
 #[doc(alias = "cuCtxGetCurrent")]
-#[inline]
+#[inline(always)]
 pub fn get_current() -> Result<CUcontext> {
     let mut ctx: CUcontext = std::ptr::null_mut();
     driver_call!(cuCtxGetCurrent(&mut ctx))?;

@@ -138,13 +138,21 @@ impl Context {
 
     /// [`bind`](Self::bind) outside a call scope of this context: asks the driver. A switch to
     /// this context suspends the thread's call scope of another context (no longer current) and
-    /// resumes a suspended scope of this one ([`note_current`]).
-    #[inline(never)]
+    /// resumes a suspended scope of this one ([`note_current`]). The query inline, the switch out
+    /// of line: a thread that has the context current already (a stage's, bound around its
+    /// loop) pays for the query alone.
+    #[inline(always)]
     fn make_current(&self) -> Result<BoundContext<'_>> {
         let previous = raw::get_current()?;
         if previous == self.raw {
             return Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData });
         }
+        self.switch_from(previous)
+    }
+
+    /// [`make_current`](Self::make_current) when `previous` is current, not this context.
+    #[inline(never)]
+    fn switch_from(&self, previous: CUcontext) -> Result<BoundContext<'_>> {
         // SAFETY: self.raw is retained for as long as self lives.
         unsafe { raw::set_current(self.raw)? };
         note_current(self.raw);

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use super::element::DeviceRepr;
-use super::enqueue::{Tracked, ordered};
+use super::enqueue::{Tracked, ordered, ordered_owned};
 use super::host::PinnedHostBuffer;
 use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
-use super::ordering::Use;
-use super::stream::CudaStream;
+use super::ordering::{OwnOrder, Owned, Use};
+use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
@@ -128,6 +128,49 @@ impl CudaStream {
                 // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and ordered
                 // on this stream.
                 unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
+            },
+        )
+    }
+
+    /// [`memcpy_dtod`](Self::memcpy_dtod) of bytes, of which one side is a buffer its owner
+    /// orders (`owned`, see [`OwnOrder`](super::ordering::OwnOrder)), the other side ordered by
+    /// the rule; `gate` is this stream's enqueue gate, held by the caller, which saw the stream
+    /// not capturing. Pool memory of another device goes through `cuMemcpyPeerAsync`.
+    ///
+    /// # Errors
+    /// As [`memcpy_dtod`](Self::memcpy_dtod).
+    pub(crate) fn memcpy_dtod_owned(
+        self: &Arc<Self>,
+        gate: &EnqueueGate<'_>,
+        from: CudaView<'_, u8>,
+        to: CudaViewMut<'_, u8>,
+        owned: Owned<'_>,
+    ) -> Result<()> {
+        check_len("CudaStream::memcpy_dtod", to.len(), from.len())?;
+        if from.is_empty() {
+            return Ok(());
+        }
+        let foreign_pool = |pooled: bool, ordinal: i32| pooled && ordinal != self.ordinal();
+        let peer = foreign_pool(from.is_pooled(), from.ordinal()) || foreign_pool(to.is_pooled(), to.ordinal());
+        let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), from.device_ptr(), from.byte_len(), self.raw());
+        let contexts = (to.memory().owner().context().raw(), from.owner().context().raw());
+        ordered_owned(
+            self,
+            gate,
+            from.tracked(),
+            to.tracked(),
+            owned,
+            #[inline(always)]
+            move || {
+                if peer {
+                    // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and
+                    // ordered on this stream; the contexts are the ranges' live primary contexts.
+                    unsafe { raw::memcpy_peer_async(dst_ptr, contexts.0, src_ptr, contexts.1, bytes, raw_stream) }
+                } else {
+                    // SAFETY: both ranges are valid for byte_len bytes (lengths checked) and
+                    // ordered on this stream.
+                    unsafe { raw::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream) }
+                }
             },
         )
     }
@@ -305,6 +348,75 @@ impl<T: DeviceRepr> PinnedHostBuffer<T> {
                 unsafe { raw::memcpy_htod_async(dst.device_ptr(), self.host_ptr().cast(), dst.len(), stream.raw()) }
             },
         )
+    }
+}
+
+impl PinnedHostBuffer<u8> {
+    /// [`copy_from_device`](Self::copy_from_device) into this buffer, ordered by its owner
+    /// (`order`, see [`OwnOrder`](super::ordering::OwnOrder)), from `src`, ordered by the rule;
+    /// `gate` is `stream`'s enqueue gate, held by the caller, which saw the stream not capturing.
+    ///
+    /// # Errors
+    /// As [`copy_from_device`](Self::copy_from_device).
+    pub(crate) fn copy_from_device_owned(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        src: CudaView<'_, u8>,
+        order: &mut OwnOrder,
+    ) -> Result<()> {
+        let what = "PinnedHostBuffer::copy_from_device";
+        if src.len() > self.len() {
+            return Err(CudaError::OutOfBounds { what, start: 0, end: src.len(), len: self.len() });
+        }
+        check_same_device(
+            "PinnedHostBuffer::copy_from_device: src must be on the stream's device",
+            stream,
+            src.ordinal(),
+        )?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let (host, device, bytes, raw_stream) = (self.host_ptr().cast(), src.device_ptr(), src.len(), stream.raw());
+        ordered_owned(stream, gate, src.tracked(), Tracked::Host(self.access()), Owned::Dst(order), move || {
+            // SAFETY: the buffer holds at least `bytes` bytes (checked) and stays allocated and
+            // untouched by the host until the copy completes (its owner's events, handed over to
+            // its state before it goes); src is valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_dtoh_async(host, device, bytes, raw_stream) }
+        })
+    }
+
+    /// [`copy_to_device`](Self::copy_to_device) out of this buffer, ordered by its owner
+    /// (`order`), into `dst`, ordered by the rule; `gate` as for
+    /// [`copy_from_device_owned`](Self::copy_from_device_owned).
+    ///
+    /// # Errors
+    /// As [`copy_to_device`](Self::copy_to_device).
+    pub(crate) fn copy_to_device_owned(
+        &self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        dst: CudaViewMut<'_, u8>,
+        order: &mut OwnOrder,
+    ) -> Result<()> {
+        let what = "PinnedHostBuffer::copy_to_device";
+        if dst.len() > self.len() {
+            return Err(CudaError::OutOfBounds { what, start: 0, end: dst.len(), len: self.len() });
+        }
+        check_same_device(
+            "PinnedHostBuffer::copy_to_device: dst must be on the stream's device",
+            stream,
+            dst.ordinal(),
+        )?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let (device, host, bytes, raw_stream) = (dst.device_ptr(), self.host_ptr().cast(), dst.len(), stream.raw());
+        ordered_owned(stream, gate, Tracked::Host(self.access()), dst.tracked(), Owned::Src(order), move || {
+            // SAFETY: the buffer holds at least `bytes` bytes (checked) and is not written by the
+            // host until the copy completes; dst is valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_htod_async(device, host, bytes, raw_stream) }
+        })
     }
 }
 

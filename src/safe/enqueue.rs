@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::element::DeviceRepr;
 use super::memory::{CudaView, CudaViewMut, DeviceMemory};
-use super::ordering::{Access, Use};
-use super::stream::{CudaStream, refuse_on};
+use super::ordering::{Access, Owned, Use};
+use super::stream::{CudaStream, EnqueueGate, refuse_on};
 use crate::cuda_error::{CudaError, Result};
 
 /// A buffer an operation touches, as the ordering rule sees it.
@@ -63,6 +63,33 @@ where
     I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
 {
     ordered_with(stream, uses, true, enqueue)
+}
+
+/// [`ordered`] for a copy from `src` to `dst` of which one side is a buffer its owner orders
+/// (`owned`, see [`OwnOrder`](super::ordering::OwnOrder)): the other side passes the door as
+/// usual, the owned one is ordered by its events around `enqueue`. `gate` is `stream`'s enqueue
+/// gate, held by the caller, which saw the stream not capturing under it: an owned buffer's
+/// events are recorded outside any capture.
+#[inline(always)]
+pub(crate) fn ordered_owned<R>(
+    stream: &Arc<CudaStream>,
+    gate: &EnqueueGate<'_>,
+    src: Tracked<'_>,
+    dst: Tracked<'_>,
+    owned: Owned<'_>,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    assert!(gate.holds(stream) && !stream.is_capturing(), "an owned buffer is used outside a capture, under the gate");
+    match owned {
+        Owned::Src(order) => {
+            assert!(order.orders(src.access()), "the owned side is the buffer its order orders");
+            ordered(stream, [(dst, Use::Write)], || order.read(stream, enqueue))
+        }
+        Owned::Dst(order) => {
+            assert!(order.orders(dst.access()), "the owned side is the buffer its order orders");
+            ordered(stream, [(src, Use::Read)], || order.write(stream, enqueue))
+        }
+    }
 }
 
 /// [`ordered_with`] for work whose own error is of a layer above (an NCCL call's): the rule's

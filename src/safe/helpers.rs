@@ -12,12 +12,12 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::context::Context;
-use super::enqueue::ordered;
+use super::enqueue::{ordered, ordered_owned};
 use super::launch::{KernelArgs, LaunchConfig};
 use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
 use super::module::{Function, Module};
-use super::ordering::Use;
-use super::stream::CudaStream;
+use super::ordering::{Owned, Use};
+use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
 use crate::kernels;
 
@@ -154,6 +154,63 @@ impl HelperKernels {
                 // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
                 // are of one device (checked above), the memory is ordered on the stream (by
                 // `ordered`, around this call).
+                unsafe { stream.launch_ordered(&self.copy_bytes, &config, &mut params) }
+            },
+        )
+    }
+}
+
+impl HelperKernels {
+    /// [`copy_bytes`](Self::copy_bytes) of which one side is a buffer its owner orders (`owned`,
+    /// see [`OwnOrder`](super::ordering::OwnOrder)), the other side ordered by the rule; `gate`
+    /// is `stream`'s enqueue gate, held by the caller, which saw the stream not capturing. Memory
+    /// of another device than `stream`'s goes through the copy engine
+    /// ([`CudaStream::memcpy_dtod_owned`]).
+    ///
+    /// # Errors
+    /// As [`copy_bytes`](Self::copy_bytes).
+    pub(crate) fn copy_bytes_owned(
+        &self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        src: CudaView<'_, u8>,
+        dst: CudaViewMut<'_, u8>,
+        owned: Owned<'_>,
+    ) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
+        }
+        let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
+        if (src_ptr | dst_ptr) % 16 != 0 {
+            let address = if src_ptr % 16 != 0 { src_ptr } else { dst_ptr };
+            return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
+        }
+        let device = stream.ordinal();
+        if self.copy_bytes.ordinal() != device || src.ordinal() != device || dst.ordinal() != device {
+            return stream.memcpy_dtod_owned(gate, src, dst, owned);
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes = src.len();
+        let (mut n16, mut tail) = ((bytes / 16) as u64, (bytes % 16) as u64);
+        let config = LaunchConfig::for_elements(bytes / 16 + 1, self.max_blocks);
+        let (mut dst_ptr, mut src_ptr) = (dst_ptr, src_ptr);
+        let mut params: [*mut c_void; 4] =
+            [(&raw mut dst_ptr).cast(), (&raw mut src_ptr).cast(), (&raw mut n16).cast(), (&raw mut tail).cast()];
+        ordered_owned(
+            stream,
+            gate,
+            src.tracked(),
+            dst.tracked(),
+            owned,
+            #[inline(always)]
+            || {
+                // SAFETY: the parameters match ppnrt_copy_bytes(uint4* dst, const uint4* src,
+                // uint64_t n16, uint64_t tail), which copies n16 * 16 + tail = bytes bytes within
+                // both ranges (equal lengths, 16-byte aligned: checked); function, stream and memory
+                // are of one device (checked above), the memory is ordered on the stream (the
+                // owned side by its events, the other by the rule: `ordered_owned`, around this).
                 unsafe { stream.launch_ordered(&self.copy_bytes, &config, &mut params) }
             },
         )

@@ -565,3 +565,141 @@ fn a_tx_wait_longer_than_the_peer_timeout_keeps_the_link_alive() {
         assert_eq!(receive(1).unwrap(), pattern(203, N), "step 3");
     });
 }
+
+/// An eager step's copies are ordered by the slot's own events (the protocol's `ev_tx` and
+/// `ev_rx`), on a local boundary (copy engine and SM copies), a peer and a host-staged one: the next copy into
+/// the slot waits for the copy out of it (the TX stream, run first, would otherwise overwrite the
+/// step before it is received), and the copy out waits for the copy in (the RX stream, run first,
+/// would otherwise read the slot's earlier step). A protocol broken on purpose (no wait for the
+/// read, no wait for the write) is caught the same way.
+#[test]
+fn an_eager_step_is_ordered_by_the_slots_own_events() {
+    use ppnrt::pp::ProtocolFault;
+    with_double("an_eager_step_is_ordered_by_the_slots_own_events", |_| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, sm, staged) in
+            [([0, 0], false, false), ([0, 0], true, false), ([0, 1], false, false), ([0, 1], false, true)]
+        {
+            for fault in [ProtocolFault::None, ProtocolFault::SkipRxWait, ProtocolFault::SkipTxWait] {
+                let config = PpConfig::with_devices(&devices).with_sm_copies(sm).with_slots(1).with_fault(fault);
+                let config = if staged { config.with_transport(ppnrt::TransportPolicy::Staged) } else { config };
+                let rt = PpNRt::new(config, &primary).unwrap();
+                let e1 = rt.engine(1, &primary).unwrap().clone();
+                // Write after read: step 2 is sent into the slot right after step 1's receive.
+                let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+                let first = rt.rx::<u32>(0, slot, N).unwrap();
+                rt.tx(0, &input(&rt, &primary, 2), N).unwrap();
+                rt.stage_stream(0).unwrap().synchronize().unwrap();
+                let first_kept = e1.dtoh(&first).unwrap() == pattern(1, N);
+                // Read after write: step 3 is received before its copy in ran.
+                let second = rt.rx::<u32>(0, slot, N).unwrap();
+                assert_eq!(e1.dtoh(&second).unwrap(), pattern(2, N), "{devices:?} sm {sm} staged {staged} {fault:?}");
+                rt.tx(0, &input(&rt, &primary, 3), N).unwrap();
+                let third = rt.rx::<u32>(0, slot, N).unwrap();
+                rt.stage_stream(1).unwrap().synchronize().unwrap();
+                let third_read = e1.dtoh(&third).unwrap() == pattern(3, N);
+                let expected = (fault != ProtocolFault::SkipRxWait, fault != ProtocolFault::SkipTxWait);
+                assert_eq!((first_kept, third_read), expected, "{devices:?} sm {sm} staged {staged} {fault:?}");
+                drop((first, second, third));
+                rt.synchronize().unwrap();
+            }
+        }
+    });
+}
+
+/// A slot lent in place right after its eager copy in is read after that copy: the ring hands
+/// the slot's own events over to the rule as it lends the slot, so the guard's reads (on the RX
+/// stream, run first here) wait for the TX stream's copy; and the next copy in, once the guard
+/// is gone, waits for those reads (the TX stream, run first, would otherwise overwrite them).
+#[test]
+fn a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events() {
+    with_double("a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            let rx_stream = rt.stage_stream(1).unwrap().clone();
+            // A warm slot: one eager step through its own events first.
+            let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+            drop(rt.rx::<u32>(0, slot, N).unwrap());
+            rt.tx(0, &input(&rt, &primary, 2), N).unwrap();
+            let received = rt.rx_in_place::<u32>(0, slot, N).unwrap();
+            let mut copy = CudaSlice::<u32>::alloc(&rx_stream, N).unwrap();
+            rx_stream.memcpy_dtod(&received.view().unwrap(), &mut copy).unwrap();
+            assert_eq!(e1.dtoh(&copy).unwrap(), pattern(2, N), "{devices:?}: the guard read before the copy in");
+            e1.spin(500_000).unwrap();
+            rx_stream.memcpy_dtod(&received.view().unwrap(), &mut copy).unwrap();
+            drop(received);
+            rt.tx(0, &input(&rt, &primary, 3), N).unwrap();
+            rt.stage_stream(0).unwrap().synchronize().unwrap();
+            assert_eq!(
+                e1.dtoh(&copy).unwrap(),
+                pattern(2, N),
+                "{devices:?}: the next copy in overtook the guard's read"
+            );
+            assert_eq!(e1.dtoh(&rt.rx::<u32>(0, slot, N).unwrap()).unwrap(), pattern(3, N), "{devices:?}");
+            rt.synchronize().unwrap();
+        }
+    });
+}
+
+/// A slot that grows after eager steps frees its old buffer only after their copies: the ring
+/// hands the slot's own events over to the rule before the buffer goes (the double counts a copy
+/// that touches freed memory), device and pinned slots alike. A step received, and a step
+/// discarded whose copy in is still queued, then a larger step.
+#[test]
+fn a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies() {
+    with_double("a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies", |_| {
+        let primary = Engine::new(0).unwrap();
+        for (devices, staged) in [([0, 0], false), ([0, 1], false), ([0, 1], true)] {
+            let config = PpConfig::with_devices(&devices).with_slots(1);
+            let config = if staged { config.with_transport(ppnrt::TransportPolicy::Staged) } else { config };
+            let rt = PpNRt::new(config, &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+            let small = rt.rx::<u32>(0, slot, N).unwrap();
+            rt.tx(0, &input(&rt, &primary, 2), N).unwrap();
+            assert_eq!(rt.discard_unreceived(0).unwrap(), 1);
+            // Four times the bytes: the slot gets a larger buffer, the old one is freed.
+            let x = {
+                let _stage = rt.enter(0).unwrap();
+                let engine = rt.engine(0, &primary).unwrap();
+                let mut x = engine.alloc::<u32>(4 * N).unwrap();
+                engine.fill_pattern(&mut x, 3).unwrap();
+                x
+            };
+            rt.tx(0, &x, 4 * N).unwrap();
+            let large = rt.rx::<u32>(0, slot, 4 * N).unwrap();
+            assert_eq!(e1.dtoh(&small).unwrap(), pattern(1, N), "{devices:?} staged {staged}");
+            assert_eq!(e1.dtoh(&large).unwrap(), pattern(3, 4 * N), "{devices:?} staged {staged}");
+            rt.synchronize().unwrap();
+        }
+    });
+}
+
+/// A slot taken for the capture of step graphs right after an eager step (its copy out still
+/// queued) is written by the graphs' launch only after that copy out: the TX stream, run first,
+/// would otherwise overwrite the step before it is received.
+#[test]
+fn a_slot_captured_after_an_eager_step_is_written_after_its_copy_out() {
+    with_double("a_slot_captured_after_an_eager_step_is_written_after_its_copy_out", |_| {
+        let primary = Engine::new(0).unwrap();
+        for devices in [[0, 0], [0, 1]] {
+            let rt = PpNRt::new(PpConfig::with_devices(&devices).with_slots(1), &primary).unwrap();
+            let e1 = rt.engine(1, &primary).unwrap().clone();
+            let slot = rt.tx(0, &input(&rt, &primary, 1), N).unwrap();
+            let eager = rt.rx::<u32>(0, slot, N).unwrap();
+            let (source, mut output) = copy_step_buffers(&rt, &primary, 2);
+            let mut step =
+                rt.capture_step::<u32>(N, |stage| {
+                    if stage.stage() == 0 { stage.tx(&source) } else { stage.rx_into(&mut output) }
+                })
+                .unwrap();
+            step.launch().unwrap();
+            rt.stage_stream(0).unwrap().synchronize().unwrap();
+            assert_eq!(e1.dtoh(&eager).unwrap(), pattern(1, N), "{devices:?}: the graph overwrote the eager step");
+            assert_eq!(e1.dtoh(&output).unwrap(), pattern(2, N), "{devices:?}");
+            rt.synchronize().unwrap();
+        }
+    });
+}

@@ -52,8 +52,10 @@ use super::capture::{queries_allowed, refuse_in_capture};
 use super::event_pool::{PooledEvent, StreamEvent};
 use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
+pub(crate) use own::{OwnOrder, Owned};
 use plain::plain_on;
 
+mod own;
 mod plain;
 
 /// How an operation uses a buffer.
@@ -162,7 +164,11 @@ impl Mark {
 }
 
 /// The use that orders a buffer used both ways by one operation: either one when they agree or
-/// one is a read, else a write (which waits for everything a signal does, and more).
+/// one is a read, else a write (which waits for everything a signal does, and more). Out of
+/// line: only a buffer given twice to one operation needs it, and the copy's path stays as it
+/// was without it.
+#[cold]
+#[inline(never)]
 fn stronger(a: Use, b: Use) -> Use {
     match (a, b) {
         (a, b) if a == b => a,
@@ -655,5 +661,25 @@ fn note_marks(
         // Its event, if any, was recorded before this use: made again when next needed.
         mark.event = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Use, stronger};
+
+    #[test]
+    fn a_buffer_used_twice_is_ordered_for_the_stronger_use() {
+        let all = [Use::Read, Use::Signal, Use::Write];
+        for a in all {
+            for b in all {
+                let expected = match (a, b) {
+                    (Use::Write, _) | (_, Use::Write) => Use::Write,
+                    (Use::Signal, _) | (_, Use::Signal) => Use::Signal,
+                    _ => Use::Read,
+                };
+                assert_eq!(stronger(a, b), expected, "{a:?} with {b:?}");
+            }
+        }
     }
 }
