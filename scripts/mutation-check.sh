@@ -319,16 +319,16 @@ run setup-peer-closed src/pp/remote/setup.rs "        Ok(read) => Ok(read == 0),
 # and its bounded waits go on while the posting is held up).
 run post-unlocked src/pp/runtime/inbound.rs "        drop(ring);
         phase(Phase::Posting);
-        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);
+        let posted = self.post_receive(&mut buffer, index, step.bytes, fixed, recv);
         let mut ring = self.ring.lock();" "        phase(Phase::Posting);
-        let posted = self.post_receive(&mut buffer, index, step.bytes, recv);" processes
+        let posted = self.post_receive(&mut buffer, index, step.bytes, fixed, recv);" processes
 # No receive is captured while another NCCL call of the process posts (the NCCL double refuses
 # such a pair).
 run posting-apart src/nccl/posting.rs "    let _shared = POSTING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     post()" "    post()" processes
 # A slot of a boundary from another rank is the receive stream's memory (its growth leaves a
 # capture of the RX stage's stream alone).
-run slot-owner src/pp/ring.rs "        let owner = if self.transport == Transport::Nccl { self.tx_stream } else { self.rx_stream };" "        let owner = self.rx_stream;" processes
+run slot-owner src/pp/ring/home.rs "        let owner = if self.transport == Transport::Nccl { self.tx_stream } else { self.rx_stream };" "        let owner = self.rx_stream;" processes
 # A call a non-blocking communicator completes in the background is waited for (and bounded).
 run nccl-settle src/nccl/comm.rs "        let Some(bound) = self.background_bound.filter(|_| result == ncclResult_t::ncclInProgress) else {" "        let Some(bound) = None::<Duration> else {" nccl
 # NCCL's abort is waited for at most its bound (the caller is not kept by an abort that hangs).
@@ -425,7 +425,7 @@ run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, J
 # whole (tests/double/ring.rs).
 # A failing link aborts the rank's other links first (a head start): else the send queued behind
 # its cut-short receive can reach the next rank whole before that rank learns of the failure.
-run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &[&self.comm], OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&[&self.comm], &other_comms, Duration::ZERO)" double
+run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &own_comm, OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&own_comm, &other_comms, Duration::ZERO)" double
 run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" double
 # tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/double/ring.rs).
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" double
@@ -602,8 +602,8 @@ run config-error-names-variable src/pp/config/mod.rs "                setting: s
 run fault-seam-inert src/pp/fault.rs "        if self.injected == ProtocolFault::SkipRxWait {
             ring.forget_read(k);" "        if false && self.injected == ProtocolFault::SkipRxWait {
             ring.forget_read(k);"
-run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(slot);" "        #[cfg(feature = \"testing\")]
-        self.config.faults().before_tx(slot);" host
+run testing-cfg-in-body src/pp/runtime.rs "        self.config.faults().before_tx(&mut ring, index);" "        #[cfg(feature = \"testing\")]
+        self.config.faults().before_tx(&mut ring, index);" host
 # The plan's refusals name the setting as the caller gave it (src/pp/config/tests.rs).
 run plan-error-names-call src/pp/config/mod.rs "            transport: self.sources.transport," "            transport: \"PpConfig::with_transport\"," lib
 # Memory shared between processes: an import larger than the export and a size of 0 are typed

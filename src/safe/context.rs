@@ -53,6 +53,9 @@ pub struct Context {
     /// Contexts whose memory this one's kernels may reach (peer access enabled both ways). Weak:
     /// an entry counts only while its context lives (and keeps its primary context retained).
     peers: Mutex<Vec<Weak<Context>>>,
+    /// The device's support of 64-bit stream memory operations and of remote-write flushes,
+    /// queried once (`stream_memops` reads it for every operation).
+    mem_ops: std::sync::OnceLock<(bool, bool)>,
 }
 
 // SAFETY: a CUcontext handle may be bound and used from any thread; the driver serialises what
@@ -92,6 +95,7 @@ impl Context {
             pools: false,
             events: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
+            mem_ops: std::sync::OnceLock::new(),
         };
         ctx.pools = device.memory_pools_supported()?;
         if ctx.pools {
@@ -252,6 +256,11 @@ impl Context {
     /// The device.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The cell of the device's stream-memory-operation support (see `stream_memops`).
+    pub(crate) fn mem_ops_cell(&self) -> &std::sync::OnceLock<(bool, bool)> {
+        &self.mem_ops
     }
 
     /// The device's ordinal.

@@ -116,14 +116,7 @@ impl HelperKernels {
     /// [`CudaError::LengthMismatch`] unless the lengths agree; [`CudaError::Misaligned`] unless both
     /// addresses are 16-byte aligned; as [`CudaStream::launch`].
     pub fn copy_bytes(&self, stream: &Arc<CudaStream>, src: CudaView<'_, u8>, dst: CudaViewMut<'_, u8>) -> Result<()> {
-        if src.len() != dst.len() {
-            return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
-        }
-        let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
-        if (src_ptr | dst_ptr) % 16 != 0 {
-            let address = if src_ptr % 16 != 0 { src_ptr } else { dst_ptr };
-            return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
-        }
+        let (src_ptr, dst_ptr) = check_copy_bytes(&src, &dst)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -177,14 +170,7 @@ impl HelperKernels {
         dst: CudaViewMut<'_, u8>,
         owned: Owned<'_>,
     ) -> Result<()> {
-        if src.len() != dst.len() {
-            return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
-        }
-        let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
-        if (src_ptr | dst_ptr) % 16 != 0 {
-            let address = if src_ptr % 16 != 0 { src_ptr } else { dst_ptr };
-            return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
-        }
+        let (src_ptr, dst_ptr) = check_copy_bytes(&src, &dst)?;
         let device = stream.ordinal();
         if self.copy_bytes.ordinal() != device || src.ordinal() != device || dst.ordinal() != device {
             return stream.memcpy_dtod_owned(gate, src, dst, owned);
@@ -334,4 +320,22 @@ impl ToyModel {
         // updates x[i] in place for i < n = x's length, and nothing else.
         unsafe { stream.launch(&self.layer, config, (x.as_view_mut(), len, step, layer)) }
     }
+}
+
+/// What the SM copy kernel needs of its two ranges (both copies through it check here): equal
+/// lengths, both addresses 16-byte aligned.
+/// Returns the two addresses.
+fn check_copy_bytes(
+    src: &CudaView<'_, u8>,
+    dst: &CudaViewMut<'_, u8>,
+) -> Result<(crate::sys::CUdeviceptr, crate::sys::CUdeviceptr)> {
+    if src.len() != dst.len() {
+        return Err(CudaError::LengthMismatch { what: "copy_bytes", expected: dst.len(), found: src.len() });
+    }
+    let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
+    if (src_ptr | dst_ptr) % 16 != 0 {
+        let address = if src_ptr % 16 != 0 { src_ptr } else { dst_ptr };
+        return Err(CudaError::Misaligned { what: "copy_bytes", address, align: 16 });
+    }
+    Ok((src_ptr, dst_ptr))
 }

@@ -27,6 +27,9 @@ use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
 
+mod mapping;
+pub(crate) use mapping::ReleaseMapping;
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -135,15 +138,6 @@ pub(crate) struct DeviceMemory {
     /// Memory mapped from an export (`ipc`): released by this, not freed, after every use.
     mapping: Option<Box<dyn ReleaseMapping>>,
     access: Access,
-}
-
-/// How a mapping of shared memory (`ipc`: an export or an import) is given back, instead of a
-/// free: its drop waits on the host for every use, then calls `release` once.
-pub(crate) trait ReleaseMapping: Send + Sync + std::fmt::Debug {
-    /// Unmaps the memory at `ptr` and releases what backs it.
-    /// # Safety
-    /// - Called once, after every use of the memory has completed, with its context bound.
-    unsafe fn release(&mut self, ptr: CUdeviceptr) -> Result<()>;
 }
 
 impl DeviceMemory {
@@ -369,23 +363,6 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// goes too.
     pub unsafe fn from_foreign(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>) -> CudaSlice<T> {
         Self::of_memory(ptr, len, stream, true, true, false)
-    }
-
-    /// A slice of the mapping at `ptr`, owned by `stream`; released by `mapping` after every
-    /// use. Kernels of other devices do not reach it (as pool memory).
-    /// # Safety
-    /// - `ptr` is mapped readable and writable for `stream`'s device for `len` elements of `T`
-    ///   until `mapping` releases it (nothing else does); no other slice covers it.
-    pub(crate) unsafe fn from_mapping(
-        ptr: CUdeviceptr,
-        len: usize,
-        stream: &Arc<CudaStream>,
-        mapping: Box<dyn ReleaseMapping>,
-        eager: bool,
-    ) -> CudaSlice<T> {
-        let mut slice = Self::of_memory(ptr, len, stream, true, false, eager);
-        Arc::get_mut(&mut slice.mem).expect("a new slice's memory is its own").mapping = Some(mapping);
-        slice
     }
 
     /// [`from_foreign`](Self::from_foreign) of memory lent for a scope only: no stream capture
@@ -708,26 +685,4 @@ impl Drop for DeviceMemory {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_are_checked() {
-        assert_eq!(bounds("t", &(2..5), 8).unwrap(), (2, 5));
-        assert_eq!(bounds("t", &(..), 8).unwrap(), (0, 8));
-        assert_eq!(bounds("t", &(3..=3), 8).unwrap(), (3, 4));
-        assert_eq!(
-            bounds("t", &(4..9), 8).unwrap_err(),
-            CudaError::OutOfBounds { what: "t", start: 4, end: 9, len: 8 }
-        );
-        #[allow(clippy::reversed_empty_ranges)]
-        let reversed = 5..2;
-        assert!(bounds("t", &reversed, 8).is_err());
-    }
-
-    #[test]
-    fn byte_sizes_do_not_overflow_silently() {
-        assert_eq!(byte_size::<u32>("t", 10).unwrap(), 40);
-        assert!(matches!(byte_size::<u64>("t", usize::MAX / 2), Err(CudaError::SizeOverflow { elem_size: 8, .. })));
-    }
-}
+mod tests;

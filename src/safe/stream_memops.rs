@@ -153,6 +153,18 @@ impl WaitCondition {
     }
 }
 
+/// What `stream`'s device supports, queried once per context (a step's flagged copy would
+/// otherwise ask the driver twice per word).
+fn support_of(stream: &CudaStream) -> Result<MemOpsSupport> {
+    let cell = stream.context().mem_ops_cell();
+    if let Some(&(ops_64, flush_remote_writes)) = cell.get() {
+        return Ok(MemOpsSupport { ops_64, flush_remote_writes });
+    }
+    let support = MemOpsSupport::of(stream.context().device())?;
+    let _ = cell.set((support.ops_64, support.flush_remote_writes));
+    Ok(support)
+}
+
 /// Checks what every memory operation on `flag[index]` from `stream` needs, and returns a view
 /// of that one element.
 pub(super) fn word<'a>(
@@ -166,7 +178,7 @@ pub(super) fn word<'a>(
         return Err(CudaError::OutOfBounds { what, start: index, end: index.saturating_add(1), len: flag.len() });
     }
     let device = stream.context().device();
-    let support = MemOpsSupport::of(device)?;
+    let support = support_of(stream)?;
     let missing = if !support.ops_64 {
         Some(OPS_64)
     } else if flush && !support.flush_remote_writes {
