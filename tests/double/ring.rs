@@ -375,16 +375,26 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
         }
         let timeout = Duration::from_millis(800);
         let mut outcomes = Vec::new();
-        for (contained, late) in [(false, false), (true, false), (false, true)] {
-            if late {
-                // SAFETY: as above.
-                unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "60") };
+        // Over NCCL (the aborts' order) and over IPC (the releases' order), each case in turn.
+        let cases = [(false, false), (true, false), (false, true)];
+        let transports = [ppnrt::ProcessTransport::Nccl, ppnrt::ProcessTransport::Ipc];
+        for (transport, (contained, late)) in transports.into_iter().flat_map(|t| cases.map(|c| (t, c))) {
+            // SAFETY: as above.
+            unsafe {
+                if late {
+                    std::env::set_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS", "60");
+                } else {
+                    std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS");
+                }
             }
-            let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| match rank {
-                0 => config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
-                1 if contained => config.with_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
-                2 if late => config.with_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
-                _ => config,
+            let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| {
+                let config = config.with_process_transport(transport);
+                match rank {
+                    0 => config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
+                    1 if contained => config.with_fault(ppnrt::pp::ProtocolFault::ContainedFailure),
+                    2 if late => config.with_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
+                    _ => config,
+                }
             });
             let primary = Engine::new(0).unwrap();
             let x = input(&ranks[0], &primary, 11);
@@ -435,22 +445,32 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
             std::env::remove_var("PPNRT_NCCL_DOUBLE_SEND_ABORT_DELAY_MS");
         }
-        match &outcomes[0] {
-            Err(e) if is_peer_failed(e) => {}
-            other => panic!("rank 2's readback of a step cut short upstream: {other:?}"),
-        }
-        match &outcomes[1] {
-            Ok(values) => assert_ne!(values, &pattern(11, N), "the step was never sent, yet its values arrived"),
-            other => panic!("with the failure contained, rank 2 was expected to read back stale bytes: {other:?}"),
-        }
-        match &outcomes[2] {
-            Err(e) if is_peer_failed(e) => {}
-            Ok(values) => panic!(
-                "aborts late: rank 2 read a step cut short upstream back as Ok ({} values, the first {:?})",
-                values.len(),
-                &values[..values.len().min(4)]
-            ),
-            other => panic!("aborts late: rank 2's readback of a step cut short upstream: {other:?}"),
+        for (transport, outcomes) in transports.iter().zip(outcomes.chunks(cases.len())) {
+            match &outcomes[0] {
+                Err(e) if is_peer_failed(e) => {}
+                other => panic!("over {transport}: rank 2's readback of a step cut short upstream: {other:?}"),
+            }
+            match &outcomes[1] {
+                Ok(values) => assert_ne!(
+                    values,
+                    &pattern(11, N),
+                    "over {transport}: the step was never sent, yet its values arrived"
+                ),
+                other => panic!(
+                    "over {transport}: with the failure contained, rank 2 was expected to read back stale bytes: {other:?}"
+                ),
+            }
+            match &outcomes[2] {
+                Err(e) if is_peer_failed(e) => {}
+                Ok(values) => panic!(
+                    "over {transport}, aborts late: rank 2 read a step cut short upstream back as Ok ({} values, the first {:?})",
+                    values.len(),
+                    &values[..values.len().min(4)]
+                ),
+                other => {
+                    panic!("over {transport}, aborts late: rank 2's readback of a step cut short upstream: {other:?}")
+                }
+            }
         }
     });
 }
