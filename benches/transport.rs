@@ -50,6 +50,8 @@ mod host_model;
 mod process_graphs;
 #[path = "transport/processes.rs"]
 mod processes;
+#[path = "transport/raw_ipc.rs"]
+mod raw_ipc;
 
 use boundary::*;
 use host_costs::*;

@@ -19,13 +19,16 @@ use ppnrt::{CudaSlice, Engine, PpConfig, PpNRt};
 
 use super::{Gpus, median, say};
 
+#[path = "processes_one_gpu.rs"]
+mod one_gpu;
+
 const ROLE_VAR: &str = "PPNRT_BENCH_PROCESS_ROLE";
 /// The transport between the ranks.
 const TRANSPORT_VAR: &str = "PPNRT_PROCESS_TRANSPORT";
 /// Set for ranks that receive by NCCL's call instead of captured graphs.
 const NO_RECV_GRAPHS_VAR: &str = "PPNRT_BENCH_NO_RECV_GRAPHS";
-const SMALL: usize = 8192; // 32 KiB of f32
-const LARGE: usize = 16 << 20; // 64 MiB of f32
+pub(super) const SMALL: usize = 8192; // 32 KiB of f32
+pub(super) const LARGE: usize = 16 << 20; // 64 MiB of f32
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Figures of one transport, in µs (throughput in GB/s).
@@ -244,6 +247,22 @@ fn send_recv_costs(
 pub(crate) fn run_role() -> bool {
     let Ok(role) = std::env::var(ROLE_VAR) else { return false };
     let primary = Engine::new(0).unwrap();
+    if let Some(workload) = role.strip_prefix("raw-ipc-") {
+        // The raw two-process IPC loop (no pipeline): see `raw_ipc`.
+        let print = |key: &str, value: Option<f64>| {
+            if let Some(value) = value {
+                println!("RESULT {key} {value}");
+            }
+        };
+        if workload == "hop" {
+            print("hop", super::raw_ipc::hop(&primary));
+        } else {
+            let (step, gbs) = super::raw_ipc::stream(&primary);
+            print("step", step);
+            print("gbs", gbs);
+        }
+        return true;
+    }
     if role == "raw" {
         let [(send, recv, hop), (nb_send, nb_recv, nb_hop)] = raw_nccl(&primary);
         for (key, value) in [
@@ -370,7 +389,7 @@ fn figures_of(results: &[(String, f64)]) -> Figures {
 
 pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
     if gpus.engines.len() == 1 {
-        one_gpu(gpus, report);
+        one_gpu::one_gpu(gpus, report);
         return;
     }
     if gpus.engines.len() < 2 || !gpus.peers {
@@ -544,106 +563,6 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
     );
     println!("{line}");
     let _ = writeln!(report, "{line}");
-    for (name, measured, met) in targets {
-        let line = format!("| {name} | {measured} | {} |", if met { "yes" } else { "NO" });
-        println!("TARGET {line}");
-        let _ = writeln!(report, "{line}");
-    }
-}
-
-/// The boundary between two processes on one GPU (the machine has one): the in-process boundary
-/// within the GPU ([0, 0] stages) and the IPC boundary between two processes sharing it alternate
-/// in rounds; the NCCL boundary between them (over its socket transport: NCCL refuses two ranks
-/// on one GPU otherwise) runs once. Two processes on one GPU share it by time-slicing between
-/// their contexts (no MPS), which an in-process boundary never pays: the ratios include it.
-fn one_gpu(gpus: &Gpus, report: &mut String) {
-    let primary = &gpus.engines[0];
-    let in_process = || {
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 0, 0]).with_slots(2), primary).unwrap();
-        let hop = hop(&rt, primary).unwrap();
-        drop(rt);
-        let rt = PpNRt::new(PpConfig::with_devices(&[0, 0]).with_slots(2), primary).unwrap();
-        let (tx, rx, step, gbs) = stream(&rt, primary);
-        Figures {
-            tx: tx.unwrap(),
-            rx: rx.unwrap(),
-            hop,
-            step: step.unwrap(),
-            large_gbs: gbs.unwrap(),
-            ..Figures::default()
-        }
-    };
-    let shared = Nccl { sockets: false, no_graph_mixing: false, recv_graphs: true, shared_gpu: true };
-    let across = |transport: &str, nccl: Nccl| {
-        let env = [(TRANSPORT_VAR, transport)];
-        let mut results = ranks("hop", "0,1,0", nccl, &env);
-        results.extend(ranks("stream", "0,1", nccl, &env));
-        figures_of(&results)
-    };
-    let rounds: Vec<(Figures, Figures)> = (0..ROUNDS).map(|_| (in_process(), across("ipc", shared))).collect();
-    let nccl = ppnrt::nccl::nccl().is_ok().then(|| across("nccl", Nccl { sockets: true, ..shared }));
-    let _ = writeln!(
-        report,
-        "\n### Boundary between two processes on one GPU (IPC, NCCL) beside the in-process boundary\n"
-    );
-    let _ = writeln!(
-        report,
-        "| boundary | host tx (µs) | host rx (µs) | tx + rx (µs) | isolated hop 32 KiB (µs) | pipelined step 32 KiB (µs) | 64 MiB (GB/s) |"
-    );
-    let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    let mut rows: Vec<(String, Figures)> = Vec::new();
-    for (r, (in_round, ipc_round)) in rounds.iter().enumerate() {
-        rows.push((format!("round {}: in-process, one GPU", r + 1), *in_round));
-        rows.push((format!("round {}: IPC, two processes on the GPU", r + 1), *ipc_round));
-    }
-    if let Some(f) = nccl {
-        rows.push(("NCCL (sockets), two processes on the GPU".into(), f));
-    }
-    for (name, f) in &rows {
-        let line = format!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.1} |",
-            f.tx,
-            f.rx,
-            f.tx + f.rx,
-            f.hop,
-            f.step,
-            f.large_gbs
-        );
-        println!("{line}");
-        let _ = writeln!(report, "{line}");
-    }
-    let _ = writeln!(report);
-    let per_round = |ratio: &dyn Fn(&Figures, &Figures) -> f64| -> (f64, String) {
-        let mut ratios: Vec<f64> = rounds.iter().map(|(a, b)| ratio(a, b)).collect();
-        let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
-        (median(&mut ratios), listed)
-    };
-    let (hop_ratio, hop_rounds) = per_round(&|a, b| b.hop / a.hop);
-    let (gbs, gbs_rounds) = per_round(&|a, b| b.large_gbs / a.large_gbs);
-    let (tx_extra, tx_rounds) = per_round(&|a, b| b.tx - a.tx);
-    let (step_ratio, step_rounds) = per_round(&|a, b| b.step / a.step);
-    let targets = [
-        (
-            "IPC, one GPU: 32 KiB isolated hop ≤ 1.10× the in-process hop (time-slicing included)".to_string(),
-            format!("{hop_ratio:.2}× in the median round (rounds {hop_rounds}×)"),
-            hop_ratio <= 1.10,
-        ),
-        (
-            "IPC, one GPU: 64 MiB boundary ≥ 0.97× in-process".to_string(),
-            format!("{gbs:.3}× in the median round (rounds {gbs_rounds}×)"),
-            gbs >= 0.97,
-        ),
-        (
-            "IPC, one GPU: host tx ≤ in-process tx + 1 µs".to_string(),
-            format!("+{tx_extra:.2} µs in the median round (rounds +{tx_rounds} µs)"),
-            tx_extra <= 1.0,
-        ),
-        (
-            "IPC, one GPU: pipelined 32 KiB step (no target)".to_string(),
-            format!("{step_ratio:.2}× in-process in the median round (rounds {step_rounds}×)"),
-            true,
-        ),
-    ];
     for (name, measured, met) in targets {
         let line = format!("| {name} | {measured} | {} |", if met { "yes" } else { "NO" });
         println!("TARGET {line}");

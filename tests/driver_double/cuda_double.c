@@ -96,6 +96,7 @@ typedef struct Alloc {
     int shared;
     int ipc_fd;      /* the memfd of an allocation whose legacy handle was taken, or -1 */
     int legacy_refs; /* opens of a legacy handle in this process (an import) */
+    int registered;  /* the caller's pages, registered (cuMemHostRegister): never poisoned or freed */
     struct Alloc* next;
 } Alloc;
 
