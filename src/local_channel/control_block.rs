@@ -250,6 +250,35 @@ impl ControlBlock {
         self.slot_word(slot, CONSUMED).store(step, Ordering::Release);
     }
 
+    /// The index of slot `slot`'s "filled" word among the block's 64-bit words.
+    pub(crate) fn filled_word(&self, slot: usize) -> usize {
+        assert!(slot < self.slots, "slot {slot} of a block of {} slot(s)", self.slots);
+        (LINE + LINE * slot) / WORD + FILLED
+    }
+
+    /// The index of slot `slot`'s "consumed" word among the block's 64-bit words.
+    pub(crate) fn consumed_word(&self, slot: usize) -> usize {
+        assert!(slot < self.slots, "slot {slot} of a block of {} slot(s)", self.slots);
+        (LINE + LINE * slot) / WORD + CONSUMED
+    }
+
+    /// Raises slot `slot`'s "consumed" word to `step`, never lowering it (an atomic maximum, so
+    /// a larger value written meanwhile by either process stays).
+    pub(crate) fn raise_consumed(&self, slot: usize, step: u64) {
+        self.slot_word(slot, CONSUMED).fetch_max(step, Ordering::AcqRel);
+    }
+
+    /// Raises slot `slot`'s "filled" word to `step`, never lowering it.
+    pub(crate) fn raise_filled(&self, slot: usize, step: u64) {
+        self.slot_word(slot, FILLED).fetch_max(step, Ordering::AcqRel);
+    }
+
+    /// The mapping's first byte (page-aligned, [`byte_len`](Self::byte_len) bytes, alive as long
+    /// as `self`): for registering it with the driver.
+    pub(crate) fn as_mut_ptr(&self) -> *mut std::ffi::c_void {
+        self.base.as_ptr().cast()
+    }
+
     /// Raises `side`'s heartbeat (a sign of life the other side watches).
     pub fn beat(&self, side: Side) {
         self.word(HEARTBEAT + side as usize).fetch_add(1, Ordering::Release);

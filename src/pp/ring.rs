@@ -601,6 +601,16 @@ impl Slots {
         if self.fixed { state.is_free() } else { writable_after(state, waited, LENT_GRACE) }
     }
 
+    /// In a ring of fixed buffers, the next write's slot and its buffer when the slot is free now
+    /// (the receiver of a boundary from another rank frees it for the sender ahead of the step).
+    pub(super) fn next_free_fixed(&self) -> Option<(usize, &CudaSlice<u8>)> {
+        let slot = &self.slots[self.next];
+        match &slot.buffer {
+            SlotBuffer::Device(buffer) if self.fixed && slot.state.is_free() => Some((self.next, buffer)),
+            _ => None,
+        }
+    }
+
     /// Whether the slots' buffers are fixed (see [`Slots::fixed`]).
     pub(super) fn fixed(&self) -> bool {
         self.fixed

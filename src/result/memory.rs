@@ -102,6 +102,39 @@ pub unsafe fn free_host(ptr: *mut c_void) -> Result<()> {
     driver_call!(cuMemFreeHost(ptr))
 }
 
+/// `cuMemHostRegister_v2`: pins `bytes` of host memory at `ptr` (page-locked, mapped for every
+/// device with `CU_MEMHOSTREGISTER_DEVICEMAP`, for every context with
+/// `CU_MEMHOSTREGISTER_PORTABLE`).
+///
+/// # Safety
+/// - `ptr` is mapped for `bytes` bytes until [`host_unregister`] (which must come first).
+#[doc(alias = "cuMemHostRegister")]
+pub unsafe fn host_register(ptr: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    driver_call!(cuMemHostRegister_v2(ptr, bytes, flags))
+}
+
+/// `cuMemHostUnregister`.
+///
+/// # Safety
+/// - `ptr` was registered by [`host_register`], is unregistered once, and no pending work uses
+///   it.
+#[doc(alias = "cuMemHostUnregister")]
+pub unsafe fn host_unregister(ptr: *mut c_void) -> Result<()> {
+    driver_call!(cuMemHostUnregister(ptr))
+}
+
+/// `cuMemHostGetDevicePointer_v2`: the device address of registered (or pinned) host memory in
+/// the current context.
+///
+/// # Errors
+/// The driver's error (`CUDA_ERROR_INVALID_VALUE` for memory that is not registered).
+#[doc(alias = "cuMemHostGetDevicePointer")]
+pub fn host_device_pointer(ptr: *mut c_void) -> Result<CUdeviceptr> {
+    let mut device: CUdeviceptr = 0;
+    driver_call!(cuMemHostGetDevicePointer_v2(&mut device, ptr, 0))?;
+    Ok(device)
+}
+
 /// `cuMemcpyAsync`: `bytes` between two unified addresses (any devices, or pinned host), on
 /// `stream`.
 ///

@@ -53,8 +53,8 @@ pub use graph::{CudaGraph, GraphExec, StreamCapture};
 pub use helpers::TestKernels;
 pub use helpers::{HelperKernels, ToyModel};
 pub use host::PinnedHostBuffer;
-pub(crate) use ipc::FlagSteps;
 pub use ipc::{ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport, LegacyImport, LegacyIpcHandle};
+pub(crate) use ipc::{FlagSteps, register_control_block};
 pub use launch::{
     BufferUse, BufferUses, ByValue, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, by_value,
 };

@@ -1,7 +1,7 @@
 //! The IPC boundary against what a caller or a peer rank may do (ranks as threads of this
 //! process, through the doubles): a failure upstream carried by NCCL never lets a step cut short
-//! reach the next rank over IPC as whole; a wait released by a failure stays released, so the
-//! sending rank's stream drains; a slot lent in place and forgotten stops its boundary with a
+//! reach the next rank over IPC as whole; a failure releases the sending rank's waits for a
+//! free slot, so its stream drains; a slot lent in place and forgotten stops its boundary with a
 //! typed timeout, and both ranks' drops are bounded; what a failure lets the sending rank's
 //! queued copies write (an ignored test: a lent slot is written); how long a failure takes
 //! between two ranks that feed each other (an ignored test: the peer timeout).
@@ -56,8 +56,8 @@ impl Drop for NoPeer<'_> {
 /// rank 2, which reads it back. Rank 1's NCCL abort cuts its receive short, and its stream runs
 /// on into the IPC send queued behind it: that send must not copy the cut-short slot into rank
 /// 2's and mark it filled before rank 2 knows of the failure. Rank 2 is slow to fail its links
-/// (400 ms, [`ProtocolFault::SlowToFail`](ppnrt::pp::ProtocolFault::SlowToFail)): its readback
-/// must be refused with `PeerFailed`, never return the cut-short step as `Ok`.
+/// (400 ms, [`ProtocolFault::SlowToFail`](ppnrt::pp::ProtocolFault::SlowToFail)): its receive or
+/// its readback must be refused with `PeerFailed`, never return the cut-short step as `Ok`.
 #[test]
 fn a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_as_ok() {
     with_double("a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_as_ok", |double| {
@@ -95,20 +95,24 @@ fn a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_
                 one.tx(1, &received, N).map(|_| ())
             })
         };
-        let pending = {
-            let _stage = two.enter(2).unwrap();
-            let received = two.rx_wait::<u32>(1, 0, N, wait).unwrap();
-            two.readback(received).unwrap()
-        };
+        // Rank 2 takes the step (an IPC receive returns once the copy is in, so this waits) and
+        // reads it back.
+        let (read, readback) = std::sync::mpsc::channel();
+        {
+            let two = Arc::clone(&two);
+            std::thread::spawn(move || {
+                let values = two.enter(2).and_then(|_stage| {
+                    let received = two.rx_wait::<u32>(1, 0, N, wait)?;
+                    two.readback(received)?.wait().map(<[u32]>::to_vec)
+                });
+                let _ = read.send(values);
+            });
+        }
         // Rank 0 goes: rank 1 fails its boundary from it within the peer timeout.
         let (done, dropped) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             drop(zero);
             let _ = done.send(());
-        });
-        let (read, readback) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = read.send(pending.wait().map(<[u32]>::to_vec));
         });
         let outcome = readback.recv_timeout(Duration::from_secs(10)).expect("rank 2's readback returned");
         dropped.recv_timeout(Duration::from_secs(10)).expect("rank 0's drop returned");
@@ -240,46 +244,34 @@ fn a_forgotten_guard_stops_its_slot_and_both_drops_are_bounded() {
     });
 }
 
-/// Both ranks release their waits when the boundary fails, and a release must stay released:
-/// the receiving rank's stream may still hold its writes of `consumed` for steps it had posted
-/// (behind its stage's reads of the slot), and one that runs after the sending rank wrote its
-/// release lowers the word again. The sending rank's copies of steps past it then wait for ever:
-/// its stream never drains, and its drop hangs. Two slots; rank 0's stage runs late (a gate) and
-/// sends steps 0 to 4 (its record of step 3 forged); rank 1's stage runs late too while it takes
-/// step 0, so its receive of step 2 (which writes `consumed[0] = 2`) is queued behind that take
-/// when rank 1 finds the forged record and the boundary fails in both ranks.
+/// The sending rank's stream waits for a slot the receiving rank has not freed (its stage took
+/// nothing) when the boundary fails: the release raises every `consumed` word past any step (an
+/// atomic maximum, never lowered by a later store), the waits are met and the sending rank's
+/// stream drains. Two slots; rank 0's stage runs late (a gate) and sends steps 0 to 4 (its record
+/// of step 2 forged): steps 0 and 1 find their slots free, steps 2 to 4 wait on the device; rank
+/// 1 receives steps 0 and 1 once the gate opens, then finds the forged record and fails.
 #[test]
 fn a_released_wait_stays_released_and_the_sending_rank_drains() {
     with_double("a_released_wait_stays_released_and_the_sending_rank_drains", |double| {
         static TX_GATE: AtomicBool = AtomicBool::new(false);
-        static RX_GATE: AtomicBool = AtomicBool::new(false);
         TX_GATE.store(false, Ordering::SeqCst);
-        RX_GATE.store(false, Ordering::SeqCst);
         let timeout = Duration::from_millis(800);
         let primary = Engine::new(0).unwrap();
         let ranks = ranks::two_ranks_configured(timeout, |_, config| {
-            config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(3))
+            config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(2))
         });
         let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
         double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
         for input in &inputs {
             ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, N)).unwrap();
         }
-        let taken = {
-            let _stage = ranks.1.enter(1).unwrap();
-            double.gate(ranks.1.stage_stream(1).unwrap(), &RX_GATE);
-            ranks.1.rx_wait::<u32>(0, 0, N, Duration::from_secs(5)).unwrap()
-        };
+        std::thread::sleep(Duration::from_millis(100));
+        TX_GATE.store(true, Ordering::SeqCst);
         let start = std::time::Instant::now();
         while !matches!(ranks.1.receiver_state(0), Ok(Some(ppnrt::pp::ReceiverState::Stopped))) {
             assert!(start.elapsed() < 4 * timeout, "rank 1 did not fail the boundary");
             std::thread::sleep(Duration::from_millis(20));
         }
-        // Rank 0 learns it and releases its waits.
-        std::thread::sleep(Duration::from_millis(300));
-        RX_GATE.store(true, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(100));
-        TX_GATE.store(true, Ordering::SeqCst);
         let (zero, one) = ranks;
         let drained = {
             let stream = Arc::clone(zero.stage_stream(0).unwrap());
@@ -289,7 +281,6 @@ fn a_released_wait_stays_released_and_the_sending_rank_drains() {
             });
             finished.recv_timeout(Duration::from_secs(5))
         };
-        drop(taken);
         let errors = crate::drop_ranks_within((inputs, zero, one), Duration::from_secs(15), "the ranks");
         assert!(
             matches!(drained, Ok(Ok(()))),

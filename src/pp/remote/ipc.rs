@@ -9,36 +9,49 @@
 //! them. The slots' capacity is fixed then (the configuration's `reserve_bytes`, rounded up to
 //! the allocation granularity): a larger step is [`PpError::StepTooLarge`].
 //!
-//! One step `k` in slot `s = k mod n` (flag words `filled[s]` and `consumed[s]`):
+//! The flag words live in host memory both ranks map: the RX rank's control block (a sealed
+//! memfd, see [`crate::local_channel::ControlBlock`]), passed with the slots and registered with
+//! the driver by each rank, so that a stream writes a word and the other rank's host reads it.
+//! Neither rank's stream waits for the other rank's stream: on one GPU shared by two processes,
+//! a stream that waits on a word only the other process's stream will write holds the GPU for
+//! its time slice, one slice per step.
+//!
+//! One step `k` in slot `s = k mod n` (words `filled[s]` and `consumed[s]`; `consumed[s] >= k`
+//! says the slot is free for step `k`):
 //! - `tx` (TX rank) writes the step's record on the control connection (as over NCCL), then
-//!   enqueues on the TX stage's stream: wait until `consumed[s] >= k`, copy into the slot, write
-//!   `filled[s] = k + 1` (after a fence: whoever sees the value sees the copy);
+//!   enqueues on the TX stage's stream: the copy into the slot and `filled[s] = k + 1` (after a
+//!   fence: whoever sees the value sees the copy). Only when its host finds `consumed[s] < k`
+//!   (the RX rank has not freed the slot yet) does the stream first wait for the word, which the
+//!   RX rank's host stores.
 //! - the RX rank's receiver thread reads the record, waits until the ring's slot is free (the RX
-//!   stage took step `k - n`), and enqueues on the receive stream, ordered by the crate's rule as a
-//!   write of the slot (after the slot's earlier reads in this process): write `consumed[s] = k`,
-//!   then wait until `filled[s] >= k + 1`. The slot is filled in the ring, and `rx` orders itself
-//!   after the receive stream, as for NCCL.
+//!   stage took step `k - n`) and every read of it in this process has completed (on the host),
+//!   stores `consumed[s] = k`, and waits on the host until `filled[s] >= k + 1`; then the slot is
+//!   filled in the ring. Where the copy came from another device, the receive stream first
+//!   flushes what reached this device (a wait met at once, `CU_STREAM_WAIT_VALUE_FLUSH`) and
+//!   `rx` orders itself after it. While it waits the thread watches the link: a stop, the peer's
+//!   end of the connection closed, or its heartbeat in the block still for longer than the peer
+//!   timeout, fail the step.
 //!
 //! So the sender's copy never overwrites a slot the RX stage still reads, and the RX stage never
 //! reads a slot before the copy is in it. No interprocess event is used: an opened event is
 //! undefined behaviour once its exporter destroyed it (which its exit does), while a flag word
 //! lives in memory every mapping keeps alive.
 //!
-//! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases this
-//! side's waits from a stream of its own, writing [`RELEASED`] into every word this side waits on
-//! (the sender's `consumed`, the receiver's `filled`), after the rank's other links have stopped
-//! and the next ranks know (see `link`); then it writes [`RELEASED`] into every word the peer
-//! waits on, on the stream that wrote them, so that none of its writes still queued there lowers
-//! a word the peer released. The slots of a failed link are then never trusted
-//! ([`PpError::PeerFailed`] on every later call and readback, as for an aborted NCCL link), and
-//! every stream drains. The sending rank's copies queued behind its waits run once released:
-//! they may write a slot the receiving rank still reads, a slot lent in place included, whose
-//! contents are then those of a later step.
+//! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases the TX
+//! rank's stream waits: [`RELEASED`] is raised into every `consumed` word by whichever side
+//! fails (an atomic maximum on the host, never lowered), after the rank's other links have
+//! stopped and the next ranks know (see `link`); the TX rank also writes [`RELEASED`] into every
+//! `filled` word on the stream that wrote them, behind its writes still queued there. A receiver
+//! thread waiting on the host stops with the link and fills nothing. The slots of a failed link
+//! are then never trusted ([`PpError::PeerFailed`] on every later call and readback, as for an
+//! aborted NCCL link), and every stream drains. The sending rank's copies queued behind its waits
+//! run once released: they may write a slot the receiving rank still reads, a slot lent in place
+//! included, whose contents are then those of a later step.
 //!
-//! Ownership: the RX rank owns the slots and the flags; the TX rank's mappings keep the memory
-//! alive after the RX rank dropped it or exited (CUDA's virtual memory management frees the
-//! physical memory only when its last mapping goes), so a copy or wait already queued by the
-//! survivor touches live memory whatever its peer did.
+//! Ownership: the RX rank owns the slots and the control block; the TX rank's mappings keep the
+//! memory alive after the RX rank dropped it or exited (CUDA's virtual memory management frees
+//! the physical memory only when its last mapping goes; a memfd lives while a mapping does), so a
+//! copy or wait already queued by the survivor touches live memory whatever its peer did.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -47,14 +60,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::local_channel::{FdEntry, FdKind, LocalChannel, LocalChannelError, LocalListener};
+use crate::local_channel::{ControlBlock, FdEntry, FdKind, LocalChannel, LocalChannelError, LocalListener, Side};
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::plan::BoundaryPlan;
 use crate::pp::process_transport::{Reach, TransportReason};
+use crate::pp::timing::{POLL, SPIN};
 use crate::safe::memory::DeviceMemory;
+use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
-use crate::safe::{FlagSteps, MemOpsSupport};
+use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
 
 /// What a side writes into the words it waits on when its link fails: every wait for a step
 /// number (cyclic `>=`, steps far below 2^62) is met.
@@ -67,6 +82,9 @@ const MAX_PATH: usize = 108;
 /// The TX rank's request for the local channel's path.
 const ASK: u8 = 0x1c;
 
+/// A receiver thread's sleep between two looks at a `filled` word, once it has spun for [`SPIN`].
+const NAP: Duration = Duration::from_micros(20);
+
 /// Which end of the boundary a link's flags serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -74,55 +92,61 @@ enum End {
     Receiver,
 }
 
-/// A link's flag words (`filled[s]` at `s`, `consumed[s]` at `n + s`), and the stream that
-/// releases this side's waits on them when the link fails.
+/// A link's flag words: the control block both ranks map, and this process's registration of it.
 pub(in crate::pp) struct IpcFlags {
-    /// The words, mapped into this process (the RX rank's export or the TX rank's import).
-    flags: Mutex<CudaSlice<u64>>,
+    block: Arc<ControlBlock>,
+    /// The block's words as this process's streams reach them (registered host memory).
+    words: Mutex<CudaSlice<u64>>,
     n_slots: usize,
     end: End,
-    /// A stream of this side's device that nothing else uses: the release is ordered behind no
-    /// wait of the link.
-    release: Arc<CudaStream>,
-    /// The condition of the RX side's wait for `filled` (flushing the peer device's writes where
-    /// the copy comes from another device and this device can).
-    filled_wait: WaitCondition,
+    /// On the RX side, where the copy comes from another device and this device can: the receive
+    /// stream flushes what reached the device before the stage reads the slot.
+    flush_arrivals: bool,
     /// On the RX side: each slot's allocation (not kept alive here), so a receive goes only into
     /// the exported memory the TX rank writes.
     slot_memory: Vec<Weak<DeviceMemory>>,
-    /// The stream this side writes the peer's words on (the TX stage's stream, or the receive
-    /// stream), once a step was queued: a release writes them last there (see `release`).
+    /// On the TX side, the stream this side writes `filled` on, once a step was queued: a release
+    /// writes them last there (see `release`).
     queued_on: Mutex<Option<Arc<CudaStream>>>,
 }
 
+/// How a receiver thread's wait for a step's copy watches its link: `Err` with the reason ends
+/// the wait (the link stopped, the peer's end closed, the runtime stopping).
+pub(super) type Watch<'a> = &'a mut dyn FnMut() -> std::result::Result<(), String>;
+
 impl IpcFlags {
-    fn filled(s: usize) -> usize {
-        s
+    fn new(block: Arc<ControlBlock>, words: CudaSlice<u64>, end: End) -> IpcFlags {
+        IpcFlags {
+            n_slots: block.slots(),
+            block,
+            words: Mutex::new(words),
+            end,
+            flush_arrivals: false,
+            slot_memory: Vec::new(),
+            queued_on: Mutex::new(None),
+        }
     }
 
-    fn consumed(&self, s: usize) -> usize {
-        self.n_slots + s
-    }
-
-    /// Whether these are the TX rank's flags (it waits on `consumed`).
+    /// Whether these are the TX rank's flags (its stream may wait on `consumed`).
     pub(super) fn is_sender(&self) -> bool {
         self.end == End::Sender
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CudaSlice<u64>> {
-        self.flags.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.words.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Notes that this side queues its writes of the peer's words on `stream`.
-    fn queue_on(&self, stream: &Arc<CudaStream>) {
-        let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
-            *queued_on = Some(Arc::clone(stream));
+    /// A sign of life of the TX rank, which the RX rank's receiver thread watches while it waits
+    /// for a copy (called with each sign of life on the connection).
+    pub(super) fn beat(&self) {
+        if self.is_sender() {
+            self.block.beat(Side::Sender);
         }
     }
 
-    /// The TX side of step `step`: on `stream`, waits until the RX rank freed the slot, copies
-    /// `src` into `dst` (the slot's mapping, exactly the step's bytes), marks the slot filled.
+    /// The TX side of step `step`: on `stream`, copies `src` into `dst` (the slot's mapping,
+    /// exactly the step's bytes), after a wait until the RX rank freed the slot unless it has
+    /// already, and marks the slot filled.
     pub(super) fn send(
         &self,
         stream: &Arc<CudaStream>,
@@ -131,26 +155,37 @@ impl IpcFlags {
         dst: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
         let s = (step % self.n_slots as u64) as usize;
+        let freed = self.block.consumed(s) >= step;
         let steps = FlagSteps {
-            wait_at: self.consumed(s),
+            wait_at: self.block.consumed_word(s),
             wait_for: step,
-            wait: WaitCondition::GEQ,
-            signal_at: Self::filled(s),
+            wait: (!freed).then_some(WaitCondition::GEQ),
+            signal_at: self.block.filled_word(s),
             signal: step + 1,
         };
-        let mut flags = self.lock();
-        self.queue_on(stream);
-        Ok(stream.flagged_copy(src, dst, &mut flags.as_view_mut(), steps)?)
+        let mut words = self.lock();
+        {
+            let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
+                *queued_on = Some(Arc::clone(stream));
+            }
+        }
+        Ok(stream.flagged_copy(src, dst, &mut words.as_view_mut(), steps)?)
     }
 
-    /// The RX side of step `step` into slot `slot`'s bytes `dst`: on `stream`, frees the slot for
-    /// the TX rank's copy and holds the stream until it is in.
+    /// The RX side of step `step` into slot `slot`'s bytes `dst`: once every read of the slot in
+    /// this process has completed (on the host), frees it for the TX rank's copy and waits on the host until
+    /// the copy is in, watching the link with `watch` (and the TX rank's heartbeat: silent for
+    /// longer than `timeout`, the wait fails). Where the copy came from another device, `stream`
+    /// flushes it before the slot is read.
     pub(super) fn receive(
         &self,
         stream: &Arc<CudaStream>,
         step: u64,
         slot: usize,
         dst: &mut CudaViewMut<'_, u8>,
+        timeout: Duration,
+        watch: Watch<'_>,
     ) -> std::result::Result<(), String> {
         if slot != (step % self.n_slots as u64) as usize {
             return Err(format!("step {step} was given slot {slot} of {}", self.n_slots));
@@ -160,37 +195,98 @@ impl IpcFlags {
         if !exported {
             return Err(format!("slot {slot}'s buffer is not the memory the sending rank maps"));
         }
-        let steps = FlagSteps {
-            wait_at: Self::filled(slot),
-            wait_for: step + 1,
-            wait: self.filled_wait,
-            signal_at: self.consumed(slot),
-            signal: step,
-        };
-        let mut flags = self.lock();
-        self.queue_on(stream);
-        stream.flagged_receive(dst, &mut flags.as_view_mut(), steps).map_err(|e| e.to_string())
+        let access = dst.memory().access();
+        self.await_host(timeout, watch, || {
+            access.is_complete("the IPC boundary's receive", Use::Write).map_err(|e| e.to_string())
+        })?;
+        self.block.raise_consumed(slot, step);
+        self.await_host(timeout, watch, || {
+            let filled = self.block.filled(slot);
+            if filled >= RELEASED {
+                return Err("the sending rank released the slot: its end of the boundary failed".into());
+            }
+            Ok(filled > step)
+        })?;
+        if self.flush_arrivals {
+            let words = self.lock();
+            stream
+                .flush_arrival(dst, words.as_view(), self.block.filled_word(slot), step + 1)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
-    /// Releases every wait of this side (see the module docs), from the release stream; then
-    /// writes [`RELEASED`] into every word the peer waits on, on the stream this side wrote them
-    /// on: behind this side's writes still queued there, so none of those can lower a word the
-    /// peer released again (a write of `consumed[s] = k` queued behind this side's stage, run after
-    /// the peer's release, would hold the peer's copy of step `k + n` for ever).
-    pub(super) fn release(&self) -> Result<()> {
-        let mut flags = self.lock();
-        // (the word this side waits on, the word the peer waits on) of slot `s`
-        let words = |s: usize| match self.end {
-            End::Sender => (self.consumed(s), Self::filled(s)),
-            End::Receiver => (Self::filled(s), self.consumed(s)),
-        };
-        for s in 0..self.n_slots {
-            self.release.write_value_u64(&mut *flags, words(s).0, RELEASED)?;
+    /// Frees slot `slot`, whose buffer is `buffer`, for step `step` ahead of the step's record,
+    /// when the slot is the step's and every read of it in this process has completed (a look
+    /// that never blocks): the TX rank's copy of the step then finds it free. Returns whether it
+    /// did (a slot it could not free now is freed by [`receive`](Self::receive) at the latest).
+    pub(super) fn free_ahead(&self, step: u64, slot: usize, buffer: &CudaSlice<u8>) -> bool {
+        let ours = slot == (step % self.n_slots as u64) as usize
+            && self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(buffer.memory())));
+        let read =
+            ours && buffer.memory().access().is_complete("the IPC boundary's receive", Use::Write).unwrap_or(false);
+        if read {
+            self.block.raise_consumed(slot, step);
         }
-        let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        if let Some(stream) = queued_on {
-            for s in 0..self.n_slots {
-                stream.write_value_u64(&mut *flags, words(s).1, RELEASED)?;
+        read
+    }
+
+    /// Waits on the host until `done` says so: spinning first (what it waits for is likely
+    /// near), then in short sleeps; every [`POLL`] it asks `watch` and checks the TX rank's
+    /// heartbeat (still for longer than `timeout`: the peer is silent, the wait fails).
+    fn await_host(
+        &self,
+        timeout: Duration,
+        watch: Watch<'_>,
+        mut done: impl FnMut() -> std::result::Result<bool, String>,
+    ) -> std::result::Result<(), String> {
+        let start = Instant::now();
+        let mut checked = start;
+        let (mut beat, mut beat_seen) = (self.block.heartbeat(Side::Sender), start);
+        while !done()? {
+            let now = Instant::now();
+            if now.duration_since(checked) >= POLL {
+                checked = now;
+                watch()?;
+                let heartbeat = self.block.heartbeat(Side::Sender);
+                if heartbeat != beat {
+                    (beat, beat_seen) = (heartbeat, now);
+                } else if now.duration_since(beat_seen) > timeout {
+                    return Err(super::sender::silence(now.duration_since(beat_seen)));
+                }
+            }
+            if now.duration_since(start) < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(NAP);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the TX rank's stream waits (see the module docs): [`RELEASED`] raised into every
+    /// `consumed` word on the host; on the TX side, also written into every `filled` word on the
+    /// stream that wrote them, behind this side's writes still queued there (so none of those
+    /// lowers it), and on the RX side raised into them on the host (this side's own waits, which
+    /// also end with the link).
+    pub(super) fn release(&self) -> Result<()> {
+        for s in 0..self.n_slots {
+            self.block.raise_consumed(s, RELEASED);
+        }
+        match self.end {
+            End::Receiver => {
+                for s in 0..self.n_slots {
+                    self.block.raise_filled(s, RELEASED);
+                }
+            }
+            End::Sender => {
+                let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+                if let Some(stream) = queued_on {
+                    let mut words = self.lock();
+                    for s in 0..self.n_slots {
+                        stream.write_value_u64(&mut *words, self.block.filled_word(s), RELEASED)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -254,15 +350,17 @@ pub(super) fn offer(
     let mut channel = listener.accept(timeout).map_err(channel_failed(b, peer, "the local channel"))?;
 
     let n_slots = config.slots();
-    let mut flags = ExportedMemory::<u64>::alloc_with(stream, 2 * n_slots, true)?;
-    stream.memset_bytes(&mut flags.as_view_mut(), 0)?;
-    stream.synchronize()?;
+    let block = ControlBlock::create(n_slots).map_err(channel_failed(b, peer, "the control block"))?;
+    // Every slot is free for its first step (`consumed[s] = s`).
+    for s in 0..n_slots {
+        block.raise_consumed(s, s as u64);
+    }
     let capacity = ExportedMemory::<u8>::rounded_len(stream, config.reserve_bytes().max(1))?;
     let slots = (0..n_slots)
         .map(|_| ExportedMemory::<u8>::alloc_with(stream, capacity, true))
         .collect::<crate::cuda_error::Result<Vec<_>>>()?;
-    let mut fds = vec![flags.export_fd()?];
-    let mut entries = vec![FdEntry { kind: FdKind::Flags, bytes: (2 * n_slots * 8) as u64, index: 0 }];
+    let mut fds = vec![block.fd().try_clone_to_owned().map_err(|e| failed(b, peer, "passing the control block", &e))?];
+    let mut entries = vec![FdEntry { kind: FdKind::ControlBlock, bytes: block.byte_len() as u64, index: 0 }];
     for (s, slot) in slots.iter().enumerate() {
         fds.push(slot.export_fd()?);
         entries.push(FdEntry { kind: FdKind::SlotMemory, bytes: capacity as u64, index: s as u32 });
@@ -274,23 +372,13 @@ pub(super) fn offer(
     }
     drop(fds);
     let slots: Vec<Arc<CudaSlice<u8>>> = slots.into_iter().map(|slot| Arc::new(slot.into_slice())).collect();
-    let slot_memory = slots.iter().map(|slot| Arc::downgrade(slot.memory())).collect();
+    let block = Arc::new(block);
+    let words = register_control_block(stream, Arc::clone(&block))?;
     let same_device = matches!(b.reason, TransportReason::Reach(Reach::SameDevice));
     let support = MemOpsSupport::of(stream.context().device())?;
-    let filled_wait = if !same_device && support.flush_remote_writes {
-        WaitCondition::GEQ.flush_remote_writes()
-    } else {
-        WaitCondition::GEQ
-    };
-    let flags = IpcFlags {
-        flags: Mutex::new(flags.into_slice()),
-        n_slots,
-        end: End::Receiver,
-        release: CudaStream::new(stream.context())?,
-        filled_wait,
-        slot_memory,
-        queued_on: Mutex::new(None),
-    };
+    let mut flags = IpcFlags::new(block, words, End::Receiver);
+    flags.flush_arrivals = !same_device && support.flush_remote_writes;
+    flags.slot_memory = slots.iter().map(|slot| Arc::downgrade(slot.memory())).collect();
     Ok(Offered { flags, slots, _channel: channel })
 }
 
@@ -309,19 +397,21 @@ pub(super) fn take(
     let mut channel = LocalChannel::connect(&path, config.job_access(), b.boundary as u64, timeout)
         .map_err(channel_failed(b, peer, "connecting the local channel"))?;
     let n_slots = config.slots();
-    let mut expected = vec![FdKind::Flags];
+    let mut expected = vec![FdKind::ControlBlock];
     expected.extend(std::iter::repeat_n(FdKind::SlotMemory, n_slots));
     let mut received = Vec::with_capacity(expected.len());
     for kinds in expected.chunks(crate::local_channel::MAX_FDS) {
         received.extend(channel.recv_fds(kinds).map_err(channel_failed(b, peer, "receiving the slots"))?);
     }
     let mut received = received.into_iter();
-    let flag_fd = received.next().expect("the kinds were matched");
-    if flag_fd.entry.bytes != (2 * n_slots * 8) as u64 {
-        let why = format!("{} byte(s) of flags for {n_slots} slot(s)", flag_fd.entry.bytes);
-        return Err(failed(b, peer, "the receiving rank's flags", &why));
-    }
-    let flags = ImportedMemory::<u64>::import_with(stream, flag_fd.fd, 2 * n_slots, true)?.into_slice();
+    let block_fd = received.next().expect("the kinds were matched");
+    // The block is checked whole (its seals, size, magic, version and slot count) before it is
+    // mapped for use.
+    let block = Arc::new(ControlBlock::open(block_fd.fd, n_slots).map_err(channel_failed(
+        b,
+        peer,
+        "the receiving rank's control block",
+    ))?);
     let mut slots = Vec::with_capacity(n_slots);
     for (s, slot) in received.enumerate() {
         let bytes = usize::try_from(slot.entry.bytes).unwrap_or(usize::MAX);
@@ -331,15 +421,8 @@ pub(super) fn take(
         }
         slots.push(ImportedMemory::<u8>::import_with(stream, slot.fd, bytes, true)?.into_slice());
     }
-    let flags = IpcFlags {
-        flags: Mutex::new(flags),
-        n_slots,
-        end: End::Sender,
-        release: CudaStream::new(stream.context())?,
-        filled_wait: WaitCondition::GEQ,
-        slot_memory: Vec::new(),
-        queued_on: Mutex::new(None),
-    };
+    let words = register_control_block(stream, Arc::clone(&block))?;
+    let flags = IpcFlags::new(block, words, End::Sender);
     Ok(Taken { flags, slots, _channel: channel })
 }
 

@@ -3,20 +3,21 @@
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::link::{CAPTURE_SETTLE_WAIT, CAPTURE_WAITS, Link, Phase, RECV_GRAPHS_PER_SLOT, RecvGraph};
-use super::sender::watch_comm;
+use super::sender::{PEER_CLOSED, watch_comm};
 use super::wire::{BackWriter, Record, read_record};
 use super::{ALIVE, DONE, MAX_TYPE_NAME, RECORD_HEAD};
 use crate::auth::Opener;
 use crate::nccl::{PostingAlone, poll_pause};
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::timing::{POLL, SPIN};
-use crate::safe::{CaptureMode, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
+use crate::safe::{CaptureMode, CudaSlice, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
 
 /// The RX rank's end of a link, before its receiver thread starts.
 pub(in crate::pp) struct Inbound {
@@ -91,6 +92,10 @@ pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
         stop: &AtomicBool,
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool>;
+    /// Calls `free` with the next step's slot and its buffer, under the ring's lock, when the
+    /// ring's buffers are fixed and that slot is free already (an IPC receiver frees it for the
+    /// sender before the step's record comes).
+    fn free_ahead(&self, free: &mut dyn FnMut(usize, &CudaSlice<u8>));
     /// Wakes every thread waiting on the ring (the link stopped).
     fn wake(&self);
     /// The steps the RX stage has taken so far.
@@ -166,6 +171,16 @@ pub(super) fn drain_within(
     }
 }
 
+/// Whether the peer's end of `socket` is closed (shut down for writing, or its process gone),
+/// whatever unread bytes it sent before: a look that never blocks.
+fn peer_hung_up(socket: &TcpStream) -> bool {
+    let mut look = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid `pollfd` of a descriptor `socket` keeps open for the call; a timeout of 0
+    // never blocks.
+    let ready = unsafe { libc::poll(&mut look, 1, 0) };
+    ready > 0 && look.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
     let link = Arc::clone(&inbound.link);
     let mut pending = Vec::with_capacity(RECORD_HEAD + MAX_TYPE_NAME + crate::auth::SEAL);
@@ -180,6 +195,8 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
     // When the TX rank was last heard from (or this thread last came back from waiting for a
     // slot, when it read nothing).
     let mut heard = Instant::now();
+    // Over IPC: the step whose slot this thread freed for the sender ahead of its record.
+    let mut freed_ahead: Option<u64> = None;
     let outcome: std::result::Result<(), String> = loop {
         if stop.load(Ordering::SeqCst) || link.is_stopped() {
             break Ok(());
@@ -187,6 +204,17 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         if last_poll.elapsed() >= POLL {
             watch_comm(&link);
             last_poll = Instant::now();
+        }
+        if let Some(flags) = link.ipc() {
+            // The next step's slot is freed for the sender as soon as the RX stage took it and
+            // read it, not when the step's record comes: the sender's copy then need not wait.
+            if freed_ahead != Some(expected) {
+                let mut freed = false;
+                filler.free_ahead(&mut |slot, buffer| freed = flags.free_ahead(expected, slot, buffer));
+                if freed {
+                    freed_ahead = Some(expected);
+                }
+            }
         }
         let spinning = spin_until.is_some_and(|until| Instant::now() < until);
         if spinning != nonblocking {
@@ -257,10 +285,24 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Data(step) => {
                 let repeated = last_bytes == Some(step.bytes);
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
+                let socket = &inbound.socket;
                 let number = step.step;
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
                     if let Some(flags) = link.ipc() {
-                        return flags.receive(recv_stream, number, slot, dst).map_err(|reason| link.error_or(&reason));
+                        // While the copy is awaited: the runtime's stop, the link's, and the peer's
+                        // end of the connection closed end the wait (its silence, the flags').
+                        let mut watch = || {
+                            if stop.load(Ordering::SeqCst) {
+                                return Err("the runtime stopped".to_string());
+                            }
+                            if link.is_stopped() {
+                                return Err("the boundary stopped".to_string());
+                            }
+                            if peer_hung_up(socket) { Err(PEER_CLOSED.to_string()) } else { Ok(()) }
+                        };
+                        return flags
+                            .receive(recv_stream, number, slot, dst, link.timeout, &mut watch)
+                            .map_err(|reason| link.error_or(&reason));
                     }
                     // SAFETY: the filler hands `recv` the slot's first `step.bytes` bytes (see
                     // `SlotFiller::fill`), the count of the sealed record the TX rank sends.

@@ -387,6 +387,10 @@ impl Sender {
         if self.link.is_stopped() {
             return;
         }
+        // Over IPC, the RX rank's receiver thread watches this beat while it waits for a copy.
+        if let Some(flags) = self.link.ipc() {
+            flags.beat();
+        }
         match self.look() {
             Ok(()) => watch_comm(&self.link),
             Err(reason) => self.link.fail(reason),

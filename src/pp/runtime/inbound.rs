@@ -11,7 +11,7 @@ use crate::pp::error::Result;
 use crate::pp::remote::{Announced, Phase, SlotFiller};
 use crate::pp::ring::SlotBuffer;
 use crate::pp::timing;
-use crate::safe::CudaViewMut;
+use crate::safe::{CudaSlice, CudaViewMut};
 
 impl SlotFiller for Boundary {
     fn fill(
@@ -68,6 +68,13 @@ impl SlotFiller for Boundary {
         drop(ring);
         self.ring.wake_sleepers();
         Ok(true)
+    }
+
+    fn free_ahead(&self, free: &mut dyn FnMut(usize, &CudaSlice<u8>)) {
+        let ring = self.ring.lock();
+        if let Some((index, buffer)) = ring.next_free_fixed() {
+            free(index, buffer);
+        }
     }
 
     fn wake(&self) {

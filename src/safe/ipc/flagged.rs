@@ -1,9 +1,10 @@
-//! The two halves of a boundary between processes whose order is carried by flag words in
-//! exported device memory: the sender's copy between a wait and a signal
-//! ([`CudaStream::flagged_copy`]) and the receiver's release-then-wait
-//! ([`CudaStream::flagged_receive`]), each one pass through the door, so the buffers' ordering
-//! inside each process is the crate's rule and the order between the processes is the flags'
-//! (see `stream_memops`: a write-value fences the stream's earlier writes before the value).
+//! The stream's part of a boundary between processes whose order is carried by flag words two
+//! processes share: the sender's copy, after a wait when the slot was not free yet, then a signal
+//! ([`CudaStream::flagged_copy`]), and, where the copy came from another device, the receiver's
+//! flush of what reached its device before the signal ([`CudaStream::flush_arrival`]); each one
+//! pass through the door, so the buffers' ordering inside each process is the crate's rule and
+//! the order between the processes is the flags' (see `stream_memops`: a write-value fences the
+//! stream's earlier writes before the value).
 
 use std::sync::Arc;
 
@@ -17,23 +18,24 @@ use crate::safe::stream::CudaStream;
 use crate::safe::stream_memops::{WaitCondition, word};
 use crate::sys::CUstreamWriteValue_flags;
 
-/// Where a flagged operation waits and what it writes: `flags[wait_at]` must reach `wait_for`
-/// (cyclic `>=`), then `flags[signal_at]` is set to `signal`.
+/// Where a flagged copy waits (when it must) and what it writes: `flags[wait_at]` must reach
+/// `wait_for` (cyclic `>=`) unless `wait` is `None`, then `flags[signal_at]` is set to `signal`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FlagSteps {
     pub(crate) wait_at: usize,
     pub(crate) wait_for: u64,
-    pub(crate) wait: WaitCondition,
+    pub(crate) wait: Option<WaitCondition>,
     pub(crate) signal_at: usize,
     pub(crate) signal: u64,
 }
 
 impl CudaStream {
     /// On this stream: waits until `flags[steps.wait_at] >= steps.wait_for` (the receiver freed
-    /// the slot), copies `src` into `dst` (the receiver's slot, mapped into this process), then
-    /// writes `flags[steps.signal_at] = steps.signal` (filled) after a fence. Ordered by the rule
-    /// as a read of `src`, a write of `dst` and a signal on `flags` (ordered by this stream only:
-    /// the flags are waited on by other streams and processes, see `stream_memops`).
+    /// the slot; no wait when `steps.wait` is `None`: the caller saw it freed), copies `src` into
+    /// `dst` (the receiver's slot, mapped into this process), then writes
+    /// `flags[steps.signal_at] = steps.signal` (filled) after a fence. Ordered by the rule as a
+    /// read of `src`, a write of `dst` and a signal on `flags` (ordered by this stream only: the
+    /// flags are read by other streams and processes, see `stream_memops`).
     ///
     /// # Errors
     /// [`CudaError::LengthMismatch`] unless the lengths agree; the word checks of
@@ -50,18 +52,23 @@ impl CudaStream {
             return Err(CudaError::LengthMismatch { what: WHAT, expected: dst.len(), found: src.len() });
         }
         let all = flags.as_view();
-        let waited = word(WHAT, self, all, steps.wait_at, steps.wait.flushes())?.device_ptr();
+        let waited = match steps.wait {
+            Some(wait) => Some((word(WHAT, self, all, steps.wait_at, wait.flushes())?.device_ptr(), wait)),
+            None => None,
+        };
         let signalled = word(WHAT, self, all, steps.signal_at, false)?.device_ptr();
         self.refuse_in_capture("a flagged copy (cuStreamWaitValue64, cuStreamWriteValue64)")?;
         let to = dst.as_view();
         let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), src.device_ptr(), src.byte_len(), self.raw());
         ordered(self, [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (all.tracked(), Use::Signal)], || {
-            // SAFETY: both words are aligned elements of `flags`, device memory of this stream's
-            // device (checked by `word`); `src` and `dst` are valid for `bytes` bytes (lengths
-            // checked); every range is kept alive until this work has run by the ordering rule
-            // (each use is noted as pending).
+            // SAFETY: both words are aligned elements of `flags`, memory of this stream's device
+            // (checked by `word`); `src` and `dst` are valid for `bytes` bytes (lengths checked);
+            // every range is kept alive until this work has run by the ordering rule (each use is
+            // noted as pending).
             unsafe {
-                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())?;
+                if let Some((waited, wait)) = waited {
+                    raw::wait_value_64(raw_stream, waited, steps.wait_for, wait.flags())?;
+                }
                 if bytes > 0 {
                     raw_memory::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream)?;
                 }
@@ -75,39 +82,32 @@ impl CudaStream {
         })
     }
 
-    /// On this stream: writes `flags[steps.signal_at] = steps.signal` (the slot is free for the
-    /// sender's copy), then holds this stream until `flags[steps.wait_at] >= steps.wait_for`
-    /// (the sender's copy into `dst` is done). Ordered by the rule as a write of `dst` (so it
-    /// waits for the slot's earlier reads in this process, and later reads wait for it) and a
-    /// signal on `flags`.
+    /// On this stream, once the host saw `flags[at] >= value` (the sender's signal after its copy
+    /// into `dst` from another device): a wait for it that is met at once and flushes the writes
+    /// that reached this device before it (`CU_STREAM_WAIT_VALUE_FLUSH`), so the work after it
+    /// sees the copy whole. Ordered by the rule as a write of `dst` (later reads of the slot wait
+    /// for it) and a read of `flags`.
     ///
     /// # Errors
-    /// The word checks of [`wait_value_u64`](Self::wait_value_u64); the driver's error.
-    pub(crate) fn flagged_receive(
+    /// The word checks of [`wait_value_u64`](Self::wait_value_u64) (a device without the flush
+    /// is refused by name); the driver's error.
+    pub(crate) fn flush_arrival(
         self: &Arc<Self>,
         dst: &mut CudaViewMut<'_, u8>,
-        flags: &mut CudaViewMut<'_, u64>,
-        steps: FlagSteps,
+        flags: CudaView<'_, u64>,
+        at: usize,
+        value: u64,
     ) -> Result<()> {
-        const WHAT: &str = "the boundary's flagged receive";
-        let all = flags.as_view();
-        let waited = word(WHAT, self, all, steps.wait_at, steps.wait.flushes())?.device_ptr();
-        let signalled = word(WHAT, self, all, steps.signal_at, false)?.device_ptr();
-        self.refuse_in_capture("a flagged receive (cuStreamWriteValue64, cuStreamWaitValue64)")?;
+        const WHAT: &str = "the boundary's flush of an arrival";
+        let wait = WaitCondition::GEQ.flush_remote_writes();
+        let waited = word(WHAT, self, flags, at, true)?.device_ptr();
+        self.refuse_in_capture("a flush of an arrival (cuStreamWaitValue64)")?;
         let to = dst.as_view();
         let raw_stream = self.raw();
-        ordered(self, [(to.tracked(), Use::Write), (all.tracked(), Use::Signal)], || {
-            // SAFETY: both words are aligned elements of `flags`, device memory of this stream's
-            // device (checked by `word`), kept alive until this work has run by the ordering rule.
-            unsafe {
-                raw::write_value_64(
-                    raw_stream,
-                    signalled,
-                    steps.signal,
-                    CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT.0,
-                )?;
-                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())
-            }
+        ordered(self, [(to.tracked(), Use::Write), (flags.tracked(), Use::Read)], || {
+            // SAFETY: the word is an aligned element of `flags`, memory of this stream's device
+            // (checked by `word`), kept alive until this work has run by the ordering rule.
+            unsafe { raw::wait_value_64(raw_stream, waited, value, wait.flags()) }
         })
     }
 }

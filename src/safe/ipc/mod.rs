@@ -76,11 +76,13 @@
 
 mod event;
 mod flagged;
+mod host_words;
 mod legacy;
 mod memory;
 
 pub use event::{IpcEvent, IpcEventHandle};
 pub(crate) use flagged::FlagSteps;
+pub(crate) use host_words::register_control_block;
 pub use legacy::{LegacyImport, LegacyIpcHandle};
 pub use memory::{ExportedMemory, ImportedMemory};
 
