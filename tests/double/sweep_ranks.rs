@@ -255,7 +255,8 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                             "{what}: no NCCL call: {nccl_calls:?}"
                         );
                     } else {
-                        // An IPC boundary moves its steps with the driver alone, between flag words.
+                        // An IPC boundary moves its steps with the driver alone, and signals them
+                        // through flag words.
                         assert!(
                             nccl_calls
                                 .iter()
@@ -264,8 +265,8 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                         );
                         assert!(
                             swept == RemoteSwept::Teardown
-                                || driver_calls.iter().any(|(entry, _)| entry.starts_with("cuStreamWaitValue64")),
-                            "{what}: no flag wait: {driver_calls:?}"
+                                || driver_calls.iter().any(|(entry, _)| entry.starts_with("cuStreamWriteValue64")),
+                            "{what}: no flag written: {driver_calls:?}"
                         );
                     }
                     let mut faults: Vec<(bool, String, u64)> =

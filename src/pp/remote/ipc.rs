@@ -220,15 +220,20 @@ impl IpcFlags {
     /// when the slot is the step's and every read of it in this process has completed (a look
     /// that never blocks): the TX rank's copy of the step then finds it free. Returns whether it
     /// did (a slot it could not free now is freed by [`receive`](Self::receive) at the latest).
-    pub(super) fn free_ahead(&self, step: u64, slot: usize, buffer: &CudaSlice<u8>) -> bool {
+    ///
+    /// # Errors
+    /// The driver's error from the look at the slot's reads.
+    pub(super) fn free_ahead(&self, step: u64, slot: usize, buffer: &CudaSlice<u8>) -> crate::cuda_error::Result<bool> {
         let ours = slot == (step % self.n_slots as u64) as usize
             && self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(buffer.memory())));
-        let read =
-            ours && buffer.memory().access().is_complete("the IPC boundary's receive", Use::Write).unwrap_or(false);
-        if read {
+        if !ours {
+            return Ok(false);
+        }
+        let read = buffer.memory().access().is_complete("the IPC boundary's receive", Use::Write);
+        if read.as_ref().is_ok_and(|&read| read) {
             self.block.raise_consumed(slot, step);
         }
-        read
+        Ok(read?)
     }
 
     /// Waits on the host until `done` says so: spinning first (what it waits for is likely

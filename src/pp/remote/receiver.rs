@@ -209,10 +209,14 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             // The next step's slot is freed for the sender as soon as the RX stage took it and
             // read it, not when the step's record comes: the sender's copy then need not wait.
             if freed_ahead != Some(expected) {
-                let mut freed = false;
+                let mut freed: crate::cuda_error::Result<bool> = Ok(false);
                 filler.free_ahead(&mut |slot, buffer| freed = flags.free_ahead(expected, slot, buffer));
-                if freed {
-                    freed_ahead = Some(expected);
+                match freed {
+                    Ok(true) => freed_ahead = Some(expected),
+                    Ok(false) => {}
+                    // Not the step's failure: its receive frees the slot again (and fails with
+                    // the driver's error if it fails there too). Recorded, as no call reports it.
+                    Err(e) => crate::safe::record_drop_error(e),
                 }
             }
         }

@@ -19,17 +19,32 @@ use crate::sys::CUdeviceptr;
 /// `CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP`: every context reaches the words.
 const REGISTER_FLAGS: u32 = 0x1 | 0x2;
 
-/// A registered control block: unregistered by the slice's release, after every use.
+/// A registered control block: unregistered by the slice's release, after every use. Dropped
+/// without its release (a slice whose uses could not be waited for is not freed), it keeps the
+/// block mapped for good: the device may still write into the pages, which must stay this
+/// process's and registered.
 #[derive(Debug)]
 struct Registration {
-    block: Arc<ControlBlock>,
+    block: Option<Arc<ControlBlock>>,
 }
 
 impl ReleaseMapping for Registration {
     unsafe fn release(&mut self, _ptr: CUdeviceptr) -> Result<()> {
+        let Some(block) = self.block.as_ref() else { return Ok(()) };
         // SAFETY: the block's mapping was registered once by `register_control_block`, and no use
         // of it is pending (the caller's contract); the block is still mapped (held here).
-        unsafe { raw_memory::host_unregister(self.block.as_mut_ptr()) }
+        unsafe { raw_memory::host_unregister(block.as_mut_ptr()) }?;
+        self.block = None;
+        Ok(())
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            // Not unregistered: never unmapped either (see the type's docs).
+            std::mem::forget(block);
+        }
     }
 }
 
@@ -56,7 +71,7 @@ pub(crate) fn register_control_block(stream: &Arc<CudaStream>, block: Arc<Contro
             return Err(e);
         }
     };
-    let release = Box::new(Registration { block });
+    let release = Box::new(Registration { block: Some(block) });
     // SAFETY: `device` addresses the block's `bytes` bytes (a whole number of words) for this
     // context until the release unregisters them, which only the slice's drop calls; the range
     // was registered here once, so no other slice covers it.
