@@ -233,9 +233,12 @@ declare -A catchers=(
   [ipc-size-checked-after-record]="a_step_larger_than_the_slots_is_refused_with_nothing_sent_and_the_boundary_goes_on"
   [local-guest-ready-unawaited]="the_listener_may_send_as_soon_as_accept_returns"
   [ipc-downstream-unknown-at-abort]="a_step_cut_short_over_nccl_upstream_never_reaches_an_ipc_boundary_downstream_as_ok"
-  [ipc-release-lowered-by-late-write]="a_released_wait_stays_released_and_the_sending_rank_drains"
+  [ipc-release-leaves-consumed]="a_released_wait_stays_released_and_the_sending_rank_drains"
   [ipc-path-length-unchecked]="the_path_message_is_bounded_and_checked_before_it_is_read"
-  [ipc-receive-unwaited]="graph_mode_over_ipc_matches_one_engine_bitwise two_processes_over_ipc_match_one_engine_bitwise"
+  [ipc-receive-unwaited]="auto_takes_ipc_on_one_host_and_moves_every_step_exactly_through_the_driver_alone"
+  [ipc-freed-before-reads]="a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
+  [ipc-freed-ahead-before-reads]="a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
+  [ipc-slot-marks-unsettled]="a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
   # The hot path: a buffer used twice by one operation, ordered for the stronger use.
   [use-twice-weaker]="a_buffer_used_twice_is_ordered_for_the_stronger_use"
   # A ring's slot ordered by its own events: the copy in waits for the copy out and back; the
@@ -684,11 +687,14 @@ run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready 
 # the receiving rank's socket path is refused unread when no socket can have it; a receive waits
 # for the sender's copy, in graph mode too.
 run ipc-downstream-unknown-at-abort src/pp/remote/link.rs "        await_ipc_downstream(&stopped);" "        let _ = await_ipc_downstream;"
-run ipc-release-lowered-by-late-write src/pp/remote/ipc.rs "        if let Some(stream) = queued_on {" "        if let Some(stream) = queued_on.filter(|_| false) {"
+run ipc-release-leaves-consumed src/pp/remote/ipc.rs "            self.block.raise_consumed(s, RELEASED);" "            let _ = (s, RELEASED);"
 run ipc-path-length-unchecked src/pp/remote/ipc.rs "    if len == 0 || len > MAX_PATH {" "    if false {" lib
-run ipc-receive-unwaited src/safe/ipc/flagged.rs "                raw::wait_value_64(raw_stream, waited, steps.wait_for, steps.wait.flags())
-            }" "                Ok::<(), CudaError>(())
-            }" processes
+run ipc-receive-unwaited src/pp/remote/ipc.rs "            Ok(filled > step)" "            Ok(true)"
+# The IPC receiver frees a slot for the sender only once its reads completed, at the step's record
+# and ahead of it; the slots' first uses wait for nothing of the stage's stream.
+run ipc-freed-before-reads src/pp/remote/ipc.rs "            access.is_complete(\"the IPC boundary's receive\", Use::Write).map_err(|e| e.to_string())" "            Ok::<bool, String>(true)"
+run ipc-freed-ahead-before-reads src/pp/remote/ipc.rs "        if read.as_ref().is_ok_and(|&read| read) {" "        if true {"
+run ipc-slot-marks-unsettled src/pp/remote/ipc.rs "        slot.memory().access().wait_on_host(\"the IPC boundary's setup\", Use::Write)?;" "        let _ = slot;"
 # The hot path: a buffer used twice by one operation is ordered for the stronger use.
 run use-twice-weaker src/safe/ordering/mod.rs "        (Use::Read, other) | (other, Use::Read) => other," "        (Use::Read, _) | (_, Use::Read) => Use::Read," lib
 # A ring's slot ordered by its own events (src/safe/ordering/own.rs, src/pp/ring/slot.rs): the

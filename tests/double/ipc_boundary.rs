@@ -244,6 +244,50 @@ fn a_forgotten_guard_stops_its_slot_and_both_drops_are_bounded() {
     });
 }
 
+/// A slot is freed for the sending rank only once every read of it in the receiving rank has
+/// completed: rank 1's stage runs late (a gate) while it takes steps 0 and 1 (its copies out of
+/// the two slots queued behind the gate), and rank 0 sends steps 2 and 3 into the same slots at
+/// once. Rank 1 frees neither slot, ahead of the step's record or at it, before its copies ran:
+/// each taken step reads back whole, and so do steps 2 and 3.
+#[test]
+fn a_slot_is_freed_for_the_sender_only_once_its_reads_completed() {
+    with_double("a_slot_is_freed_for_the_sender_only_once_its_reads_completed", |double| {
+        static RX_GATE: AtomicBool = AtomicBool::new(false);
+        RX_GATE.store(false, Ordering::SeqCst);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_secs(5), |_, config| config.with_slots(2));
+        assert_eq!(ranks.0.plan().boundaries[0].transport, Transport::Ipc, "{}", ranks.0.plan());
+        let inputs: Vec<CudaSlice<u32>> = (0..4).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        let send = |t: usize| ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N)).unwrap();
+        let wait = Duration::from_secs(5);
+        let take = |t: usize| ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, t % 2, N, wait)).unwrap();
+        let read = |y: CudaSlice<u32>| {
+            ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)).unwrap()
+        };
+        send(0);
+        send(1);
+        double.gate(ranks.1.stage_stream(1).unwrap(), &RX_GATE);
+        let taken = [take(0), take(1)];
+        send(2);
+        send(3);
+        // Long enough for rank 1's receiver to see both records and both slots free in its ring.
+        std::thread::sleep(Duration::from_millis(300));
+        RX_GATE.store(true, Ordering::SeqCst);
+        for (t, y) in taken.into_iter().enumerate() {
+            assert!(
+                read(y) == pattern(100 + t as u32, N),
+                "step {t} was overwritten before its copy out of the slot ran"
+            );
+        }
+        for t in 2..4 {
+            assert!(read(take(t)) == pattern(100 + t as u32, N), "step {t}: wrong values");
+        }
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
 /// The sending rank's stream waits for a slot the receiving rank has not freed (its stage took
 /// nothing) when the boundary fails: the release raises every `consumed` word past any step (an
 /// atomic maximum, never lowered by a later store), the waits are met and the sending rank's

@@ -377,6 +377,12 @@ pub(super) fn offer(
     }
     drop(fds);
     let slots: Vec<Arc<CudaSlice<u8>>> = slots.into_iter().map(|slot| Arc::new(slot.into_slice())).collect();
+    // The slots' first uses are the receiver's, which look on the host for every earlier use:
+    // none is left from their allocation (an unsettled one would stand for the whole stage
+    // stream, and a slot's first receive would wait for whatever the stage runs meanwhile).
+    for slot in &slots {
+        slot.memory().access().wait_on_host("the IPC boundary's setup", Use::Write)?;
+    }
     let block = Arc::new(block);
     let words = register_control_block(stream, Arc::clone(&block))?;
     let same_device = matches!(b.reason, TransportReason::Reach(Reach::SameDevice));
