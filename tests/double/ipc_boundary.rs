@@ -244,6 +244,39 @@ fn a_forgotten_guard_stops_its_slot_and_both_drops_are_bounded() {
     });
 }
 
+/// A receive over IPC returns only once the sending rank's copy is in the slot: rank 0's stage
+/// runs late (a gate), so its copy of step 0 waits; rank 1's `rx_wait` waits for it (it returns
+/// after the gate opens, not before), and the step reads back whole.
+#[test]
+fn a_receive_returns_only_once_the_senders_copy_is_in() {
+    with_double("a_receive_returns_only_once_the_senders_copy_is_in", |double| {
+        static TX_GATE: AtomicBool = AtomicBool::new(false);
+        TX_GATE.store(false, Ordering::SeqCst);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_secs(5), |_, config| config.with_slots(2));
+        assert_eq!(ranks.0.plan().boundaries[0].transport, Transport::Ipc, "{}", ranks.0.plan());
+        let x = step_input(&ranks.0, &primary, 0);
+        ranks.0.stage_stream(0).unwrap().synchronize().unwrap();
+        double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
+        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
+        let opened = std::time::Instant::now() + Duration::from_millis(300);
+        let gate = std::thread::spawn(move || {
+            std::thread::sleep(opened.saturating_duration_since(std::time::Instant::now()));
+            TX_GATE.store(true, Ordering::SeqCst);
+        });
+        let values = ranks.1.enter(1).and_then(|_stage| {
+            let y = ranks.1.rx_wait::<u32>(0, 0, N, Duration::from_secs(5))?;
+            assert!(std::time::Instant::now() >= opened, "the receive returned before the sender's copy could run");
+            ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)
+        });
+        gate.join().unwrap();
+        assert!(values.unwrap() == pattern(100, N), "step 0: wrong values");
+        drop(x);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
 /// A slot is freed for the sending rank only once every read of it in the receiving rank has
 /// completed: rank 1's stage runs late (a gate) while it takes steps 0 and 1 (its copies out of
 /// the two slots queued behind the gate), and rank 0 sends steps 2 and 3 into the same slots at
@@ -268,6 +301,8 @@ fn a_slot_is_freed_for_the_sender_only_once_its_reads_completed() {
         send(1);
         double.gate(ranks.1.stage_stream(1).unwrap(), &RX_GATE);
         let taken = [take(0), take(1)];
+        // Rank 1's receiver looks at the freed slots before the next records come (at each poll).
+        std::thread::sleep(Duration::from_millis(100));
         send(2);
         send(3);
         // Long enough for rank 1's receiver to see both records and both slots free in its ring.
