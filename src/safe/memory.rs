@@ -29,6 +29,8 @@ use crate::sys::CUdeviceptr;
 
 mod mapping;
 pub(crate) use mapping::ReleaseMapping;
+mod retire;
+pub(crate) use retire::Retired;
 
 mod sealed {
     pub trait Sealed {}

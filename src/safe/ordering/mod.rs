@@ -55,6 +55,7 @@ use crate::cuda_error::{CudaError, Result};
 pub(crate) use own::{OwnOrder, Owned};
 use plain::plain_on;
 
+mod hand;
 mod own;
 mod plain;
 
