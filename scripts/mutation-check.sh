@@ -296,7 +296,7 @@ run launch-own-args-unordered src/safe/launch/mod.rs "                        se
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/safe/memory/retire.rs "        mem.stream = Arc::clone(stream);" ""
+run readback-free-on-readback-stream src/safe/memory/retire.rs "        std::mem::swap(&mut mem.stream, &mut self.stream);" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports

@@ -394,6 +394,7 @@ impl PinnedHostBuffer<u8> {
     ///
     /// # Errors
     /// As [`copy_from_device`](Self::copy_from_device).
+    #[inline]
     pub(crate) fn copy_from_retired_owned<T: DeviceRepr>(
         &mut self,
         stream: &Arc<CudaStream>,

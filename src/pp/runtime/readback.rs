@@ -142,7 +142,11 @@ impl PpNRt {
     ) -> Result<Box<ReadbackBuffer>> {
         let reused = {
             let mut ring = self.readbacks.ring.lock();
-            ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
+            // The last given back first (the usual one of a size read back step after step).
+            match ring.last() {
+                Some(host) if host.len() >= bytes => ring.pop(),
+                _ => ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at)),
+            }
         };
         let stream = &self.readback;
         let gate = stream.enqueue_gate_uncaptured("PpNRt::readback")?;

@@ -24,6 +24,7 @@ impl Access {
     /// `stream`'s context that the caller keeps (taken from the pool the first time) and that is
     /// recorded at the end of the writing stream, under its enqueue gate, while it is not
     /// capturing; any other state through the rule's marks.
+    #[inline]
     pub(crate) fn hand_to(&mut self, stream: &Arc<CudaStream>, spare: &mut Option<PooledEvent>) -> Result<()> {
         let eager = self.eager;
         if *self.plain.get_mut() == stream.id() {
@@ -69,7 +70,9 @@ impl Access {
                 return ordered;
             }
         }
-        state.reads.clear();
+        if !state.reads.is_empty() {
+            state.reads.clear();
+        }
         state.write = Some(Mark::new(stream));
         *self.plain.get_mut() = plain_on(state, eager);
         Ok(())
