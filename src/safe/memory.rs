@@ -241,6 +241,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_pooled(stream, len, true)
     }
 
+    #[inline]
     fn alloc_pooled(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         if !stream.context().memory_pools_supported() {
             return Self::alloc_plain(stream, len, eager);
@@ -311,12 +312,14 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_plain(stream, len, true)
     }
 
+    #[inline]
     fn new(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>, pooled: bool, eager: bool) -> CudaSlice<T> {
         Self::of_memory(ptr, len, stream, pooled, false, eager)
     }
 
     /// A slice of the whole of the memory at `ptr`, owned by `stream`, whose allocation (or, for
     /// `foreign` memory, the owner's pending work) is its last write.
+    #[inline]
     fn of_memory(
         ptr: CUdeviceptr,
         len: usize,
