@@ -228,6 +228,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// # Errors
     /// [`CudaError::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
+    #[inline]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
         Self::alloc_pooled(stream, len, false)
     }
@@ -241,7 +242,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_pooled(stream, len, true)
     }
 
-    #[inline]
+    #[inline(always)]
     fn alloc_pooled(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         if !stream.context().memory_pools_supported() {
             return Self::alloc_plain(stream, len, eager);
@@ -319,7 +320,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
 
     /// A slice of the whole of the memory at `ptr`, owned by `stream`, whose allocation (or, for
     /// `foreign` memory, the owner's pending work) is its last write.
-    #[inline]
+    #[inline(always)]
     fn of_memory(
         ptr: CUdeviceptr,
         len: usize,
