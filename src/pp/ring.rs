@@ -209,6 +209,7 @@ impl SlotRing {
     /// Locks the ring. A panic while the lock was held cannot leave a slot half-updated (each
     /// transition changes the state last), so the ring is consistent whenever the lock is free
     /// (the lock does not poison).
+    #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock()
     }
@@ -512,6 +513,7 @@ impl Slots {
     }
 
     /// Slot `k` was copied out (by `rx` or a graph's launch): free again.
+    #[inline]
     pub(super) fn received(&mut self, k: usize) {
         self.slots[k].state = SlotState::Received;
         self.took(k);

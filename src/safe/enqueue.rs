@@ -83,11 +83,21 @@ pub(crate) fn ordered_owned<R>(
     match owned {
         Owned::Src(order) => {
             assert!(order.orders(src.access()), "the owned side is the buffer its order orders");
-            ordered(stream, [(dst, Use::Write)], || order.read(stream, enqueue))
+            ordered(
+                stream,
+                [(dst, Use::Write)],
+                #[inline(always)]
+                || order.read(stream, enqueue),
+            )
         }
         Owned::Dst(order) => {
             assert!(order.orders(dst.access()), "the owned side is the buffer its order orders");
-            ordered(stream, [(src, Use::Read)], || order.write(stream, enqueue))
+            ordered(
+                stream,
+                [(src, Use::Read)],
+                #[inline(always)]
+                || order.write(stream, enqueue),
+            )
         }
     }
 }
