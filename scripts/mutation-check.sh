@@ -251,6 +251,7 @@ declare -A catchers=(
   [readback-ready-too-soon]="readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-unwaited]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-unrecorded]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
+  [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -714,9 +715,10 @@ run grow-drops-own-events src/pp/ring/slot.rs "        self.rule_orders();
 # The readback ring's pinned buffers ordered by their own event (src/pp/pending_readback.rs,
 # src/safe/ordering/own.rs): `try_get` gives the values only once the copy's event completed; a
 # given buffer's state handed to the readback stream (src/safe/ordering/hand.rs): the stream
-# waits for the step's write, recorded for it on the stage stream; a pinned buffer's bytes read as
-# values after the copy into them.
+# waits for the step's write, recorded for it on the stage stream (never into that stream's
+# capture); a pinned buffer's bytes read as values after the copy into them.
 run pinned-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
 run readback-ready-too-soon src/safe/ordering/own.rs "            Some(written) => written.is_complete()," "            Some(_) => Ok(true),"
 run readback-handed-unwaited src/safe/ordering/hand.rs "                        raw_stream::wait_event(stream.raw(), event.raw())?;" ""
 run readback-handed-unrecorded src/safe/ordering/hand.rs "                        raw_event::record(event.raw(), writer.raw())?;" ""
+run readback-handed-into-capture src/safe/ordering/hand.rs "                if writer.is_capturing() {" "                if false {"

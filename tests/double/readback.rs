@@ -54,3 +54,32 @@ fn a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy() {
         assert_eq!(double.violations(), 0, "{}", double.last_violation());
     });
 }
+
+/// A readback made while the stage stream that wrote its buffer is being captured waits for that
+/// write through the capture's own event: an event recorded on the stage stream now would land in
+/// the graph, not on the stream, and the copy (run first by the double) would read the buffer
+/// before the write.
+#[test]
+fn a_readback_while_its_writer_is_captured_waits_for_the_write() {
+    with_double("a_readback_while_its_writer_is_captured_waits_for_the_write", |_| {
+        let primary = Engine::new(0).unwrap();
+        let rt = PpNRt::new(PpConfig::with_devices(&[0, 1]), &primary).unwrap();
+        let e = rt.engine(1, &primary).unwrap().clone();
+        let stage = rt.stage_stream(1).unwrap().clone();
+        let n = 2048;
+        for seed in [5u32, 6] {
+            let logits = {
+                let _last = rt.enter(1).unwrap();
+                let mut logits = e.alloc::<u32>(n).unwrap();
+                e.fill_pattern(&mut logits, seed).unwrap();
+                logits
+            };
+            let capture = stage.begin_capture(ppnrt::CaptureMode::Relaxed).unwrap();
+            let pending = rt.readback(logits).unwrap();
+            drop(capture.end());
+            let expected: Vec<u32> = (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect();
+            assert_eq!(pending.wait().unwrap(), &expected[..], "step {seed}");
+        }
+        rt.synchronize().unwrap();
+    });
+}
