@@ -624,6 +624,7 @@ fn release_to_owner(access: &mut Access, owner: &Arc<CudaStream>) -> Result<()> 
 }
 
 impl Drop for DeviceMemory {
+    #[inline]
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
