@@ -85,7 +85,7 @@ impl OwnOrder {
     /// there and its enqueue gate held, the stream not capturing. A failed record waits for
     /// `stream` on the host (see [`CudaStream::settle`]): the write is then complete and no read
     /// needs to wait for it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn write<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.writer), "an owned buffer is written by its writing stream only");
         if self.read_since_write {
@@ -118,7 +118,7 @@ impl OwnOrder {
     /// Runs `enqueue`, a read of the buffer on the reading stream `stream`, after the last write,
     /// and records the read's event after it; as [`write`](Self::write), only inside the door's
     /// enqueue.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.reader), "an owned buffer is read by its reading stream only");
         if let Some(written) = &self.written {
