@@ -247,6 +247,14 @@ declare -A catchers=(
   [own-read-unwaited]="an_eager_step_is_ordered_by_the_slots_own_events"
   [lend-drops-own-events]="a_slot_lent_in_place_is_ordered_by_the_rule_from_its_own_events"
   [grow-drops-own-events]="a_slot_grown_after_eager_steps_frees_its_buffer_after_their_copies"
+  # The readback ring's pinned buffers ordered by their own event (host reads wait for it), the
+  # given buffer's state handed to the readback stream (its copy waits for the step's write), and
+  # a pinned buffer's values read after the copy into it.
+  [pinned-values-unwaited]="pinned_bytes_read_as_values_wait_for_the_copy_into_them"
+  [readback-ready-too-soon]="readbacks_arrive_and_never_hold_up_the_stage_stream"
+  [readback-handed-unwaited]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
+  [readback-handed-unrecorded]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
+  [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -292,7 +300,7 @@ run launch-own-args-unordered src/safe/launch/mod.rs "                        se
 run guards src/safe/ambient.rs "                stack.remove(at);" "                stack.truncate(at);"
 run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previous), scope: None, _ctx: PhantomData })" "        Ok(BoundContext { restore: None, scope: None, _ctx: PhantomData })"
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
-run readback-free-on-readback-stream src/pp/runtime/readback.rs "        match source.set_stream(&self.readback) {" "        match Ok::<(), CudaError>(()) {"
+run readback-free-on-readback-stream src/safe/memory/retire.rs "        std::mem::swap(&mut mem.stream, &mut self.stream);" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
 run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
@@ -365,7 +373,9 @@ run lent-blocks-ring src/pp/ring.rs "    state.is_free() || state == SlotState::
 }" "    state.is_free()
 }" double
 run spares-dropped src/pp/ring.rs "        if Arc::strong_count(&lent) == 1 && self.spares.len() < self.slots.len() {" "        if false {" double
-run readback-held-by-graph src/pp/runtime/readback.rs "            Ok(()) | Err(CudaError::HeldByGraph { .. }) => {}" "            Ok(()) => {}" double
+run readback-held-by-graph src/pp/runtime/readback.rs "            Err(source) => {" "            Err(_) => return Err(CudaError::HeldByGraph { what: \"PpNRt::readback\" }.into()),
+            #[allow(unreachable_patterns)]
+            Err(source) => {" double
 # A stage's count moves only once its graph was launched: a failed launch leaves the stage where
 # it was, for `launch_stage` to finish the step (the graph fault sweep).
 run graph-launch-advance-early src/pp/runtime/step_graph/launch.rs "            self.launch_on(stage, s, k, input, output)?;
@@ -486,7 +496,7 @@ run list-made-uses-dropped src/safe/launch/list.rs "            ListEntry::Made 
 run list-deferred-uses-dropped src/safe/launch/list.rs "            ListEntry::Deferred { param, .. } => param.buffer_use()," "            ListEntry::Deferred { .. } => None,"
 run list-write-as-read src/safe/launch/param.rs "                list.push_memory(written.memory(), written.device_ptr(), Use::Write);" "                list.push_memory(written.memory(), written.device_ptr(), Use::Read);"
 # A readback's values given before its copy completed.
-run readback-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
+run readback-values-unwaited src/safe/ordering/own.rs "            Some(written) => written.synchronize()," "            Some(_) => Ok(()),"
 run call-scope-not-suspended src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { held } else { scope.get() });"
 run call-scope-not-resumed src/safe/context.rs "            scope.set(if held == now { held } else { suspended(held) });" "            scope.set(if held == now { scope.get() } else { suspended(held) });"
 run call-scope-resumed-only-on-restore src/safe/context.rs "                Ok(()) => note_current(previous)," "                Ok(()) => if CALL_SCOPE.with(Cell::get) == suspended(previous) { note_current(previous) },"
@@ -708,3 +718,13 @@ run lend-drops-own-events src/pp/ring.rs "        self.slots[k].rule_orders();
 run grow-drops-own-events src/pp/ring/slot.rs "        self.rule_orders();
         home.grow(" "        self.order = None;
         home.grow(" double
+# The readback ring's pinned buffers ordered by their own event (src/pp/pending_readback.rs,
+# src/safe/ordering/own.rs): `try_get` gives the values only once the copy's event completed; a
+# given buffer's state handed to the readback stream (src/safe/ordering/hand.rs): the stream
+# waits for the step's write, recorded for it on the stage stream (never into that stream's
+# capture); a pinned buffer's bytes read as values after the copy into them.
+run pinned-values-unwaited src/safe/host.rs '        self.access.wait_on_host("PinnedHostBuffer::as_slice_of", Use::Read)?;' ''
+run readback-ready-too-soon src/safe/ordering/own.rs "            Some(written) => written.is_complete()," "            Some(_) => Ok(true),"
+run readback-handed-unwaited src/safe/ordering/hand.rs "                        raw_stream::wait_event(stream.raw(), event.raw())?;" ""
+run readback-handed-unrecorded src/safe/ordering/hand.rs "                        raw_event::record(event.raw(), writer.raw())?;" ""
+run readback-handed-into-capture src/safe/ordering/hand.rs "                if writer.is_capturing() {" "                if false {"

@@ -21,10 +21,104 @@ use parking_lot::Mutex;
 
 use super::remote::LinkFailure;
 use crate::pp::error::Result;
-use crate::safe::{CudaSlice, DeviceRepr, PinnedHostBuffer};
+use crate::safe::memory::Retired;
+use crate::safe::ordering::OwnOrder;
+use crate::safe::{CudaSlice, CudaStream, DeviceRepr, EnqueueGate, PinnedHostBuffer};
 
 /// Pinned buffers kept for reuse; more than this many idle ones are freed.
 pub(super) const MAX_IDLE_READBACK_BUFFERS: usize = 16;
+
+/// A pinned buffer of the readback ring, ordered by its own event while only the ring's protocol
+/// reaches it (see [`OwnOrder`]): written only by the runtime's readback stream, one copy per
+/// readback, and read only by the host, through its readback's [`wait`](PendingReadback::wait) or
+/// [`try_get`](PendingReadback::try_get), which wait for the last copy's event. A copy into it
+/// waits for nothing else: the host's reads of the last readback end before the buffer is back in
+/// the ring (they borrow that readback), and the copies before it ran on the same stream. The
+/// event goes over to the buffer's own ordering state before the buffer is freed.
+pub(super) struct ReadbackBuffer {
+    host: PinnedHostBuffer<u8>,
+    /// Always `Some` but in `Drop`, which hands it over.
+    order: Option<OwnOrder>,
+}
+
+impl ReadbackBuffer {
+    /// A buffer of `bytes` bytes, written by `stream`.
+    pub(super) fn new(stream: &Arc<CudaStream>, bytes: usize) -> Result<Box<ReadbackBuffer>> {
+        let mut buffer =
+            Box::new(ReadbackBuffer { host: PinnedHostBuffer::new_eager(stream.context(), bytes)?, order: None });
+        // Boxed first: the order names the buffer's ordering state by its address.
+        buffer.order = Some(OwnOrder::new(buffer.host.access(), stream, stream));
+        Ok(buffer)
+    }
+
+    /// The capacity in bytes.
+    pub(super) fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Copies `src` into the buffer on `stream`, the ring's (`gate`: its enqueue gate, seen
+    /// uncaptured), ordered by the buffer's own event; `src` is ordered by the rule.
+    pub(super) fn copy_from(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        src: crate::safe::CudaView<'_, u8>,
+    ) -> crate::error::CudaResult<()> {
+        let order = self.order.as_mut().expect("a ring buffer keeps its order until dropped");
+        self.host.copy_from_device_owned(stream, gate, src, order)
+    }
+
+    /// Copies the whole of `src`, given up for its last read on `stream` (see [`Retired`]), into
+    /// the buffer, as [`copy_from`](Self::copy_from).
+    pub(super) fn copy_from_retired<T: DeviceRepr>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        src: &mut Retired<T>,
+    ) -> crate::error::CudaResult<()> {
+        let order = self.order.as_mut().expect("a ring buffer keeps its order until dropped");
+        self.host.copy_from_retired_owned(stream, gate, src, order)
+    }
+
+    /// The first `len` `T`s, once the last copy into the buffer has completed (blocks until then).
+    fn values<T: DeviceRepr>(&self, len: usize) -> Result<&[T]> {
+        let order = self.order.as_ref().expect("a ring buffer keeps its order until dropped");
+        order.wait_written_on_host("PendingReadback::wait")?;
+        Ok(self.host.as_slice_of::<T>(len)?)
+    }
+
+    /// Whether the last copy into the buffer has completed (does not block).
+    fn is_ready(&self) -> Result<bool> {
+        let order = self.order.as_ref().expect("a ring buffer keeps its order until dropped");
+        Ok(order.is_written_complete("PendingReadback::try_get")?)
+    }
+}
+
+impl Drop for ReadbackBuffer {
+    fn drop(&mut self) {
+        // The buffer's free waits for the last copy into it, through its own state.
+        if let Some(order) = self.order.take() {
+            order.hand_over(self.host.access());
+        }
+    }
+}
+
+impl std::fmt::Debug for ReadbackBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadbackBuffer").field("len", &self.host.len()).finish_non_exhaustive()
+    }
+}
+
+/// The device buffer a readback holds until its copy is done (freed on the readback stream).
+#[derive(Debug)]
+pub(super) enum ReadbackSource<T: DeviceRepr> {
+    /// The caller's, kept by the caller ([`readback_of`](crate::PpNRt::readback_of)).
+    Kept,
+    /// Given, read under the rule (a graph holds it, or it is not pool memory).
+    Given(#[allow(dead_code, reason = "held for its drop only")] CudaSlice<T>),
+    /// Given up for its last read (see [`Retired`]).
+    Retired(#[allow(dead_code, reason = "held for its drop only")] Retired<T>),
+}
 
 /// What the runtime's readbacks share: its ring of idle pinned buffers, and the failure records of
 /// this rank's links to other ranks, whose failure a readback's values must not outlive.
@@ -32,14 +126,14 @@ pub(super) struct ReadbackShared {
     /// Boxed: a buffer moves in and out of the ring, and with a readback, as one pointer (not
     /// some 180 bytes with its ordering state).
     #[allow(clippy::vec_box)]
-    pub(super) ring: Mutex<Vec<Box<PinnedHostBuffer<u8>>>>,
+    pub(super) ring: Mutex<Vec<Box<ReadbackBuffer>>>,
     pub(super) links: Vec<Arc<LinkFailure>>,
 }
 
 impl ReadbackShared {
     /// Puts an idle pinned buffer back in the ring, unless the ring holds
     /// [`MAX_IDLE_READBACK_BUFFERS`] already (then it is freed).
-    pub(super) fn give_back(&self, host: Box<PinnedHostBuffer<u8>>) {
+    pub(super) fn give_back(&self, host: Box<ReadbackBuffer>) {
         let mut ring = self.ring.lock();
         if ring.len() < MAX_IDLE_READBACK_BUFFERS {
             ring.push(host);
@@ -74,27 +168,26 @@ impl std::fmt::Debug for ReadbackShared {
 /// ```
 #[derive(Debug)]
 pub struct PendingReadback<T: DeviceRepr> {
-    host: Option<Box<PinnedHostBuffer<u8>>>,
+    host: Option<Box<ReadbackBuffer>>,
     len: usize,
     /// The device buffer given by [`readback`](crate::PpNRt::readback), alive until the copy is
-    /// done; its free is ordered on the readback stream. `None` for
-    /// [`readback_of`](crate::PpNRt::readback_of), whose buffer stays the caller's.
-    _source: Option<CudaSlice<T>>,
+    /// done; its free is ordered on the readback stream.
+    _source: ReadbackSource<T>,
     shared: Arc<ReadbackShared>,
     _marker: PhantomData<T>,
 }
 
 impl<T: DeviceRepr> PendingReadback<T> {
     pub(super) fn new(
-        host: Box<PinnedHostBuffer<u8>>,
+        host: Box<ReadbackBuffer>,
         len: usize,
-        source: Option<CudaSlice<T>>,
+        source: ReadbackSource<T>,
         shared: Arc<ReadbackShared>,
     ) -> Self {
         PendingReadback { host: Some(host), len, _source: source, shared, _marker: PhantomData }
     }
 
-    fn host(&self) -> &PinnedHostBuffer<u8> {
+    fn host(&self) -> &ReadbackBuffer {
         self.host.as_ref().expect("the buffer is taken only by Drop")
     }
 
@@ -118,7 +211,7 @@ impl<T: DeviceRepr> PendingReadback<T> {
     /// flight at a failure are lost). A link fails before its abort begins, so values whose copy
     /// completed before that are given.
     pub fn wait(&self) -> Result<&[T]> {
-        let values = self.host().as_slice_of::<T>(self.len)?;
+        let values = self.host().values::<T>(self.len)?;
         self.links_up()?;
         Ok(values)
     }

@@ -209,6 +209,7 @@ impl SlotRing {
     /// Locks the ring. A panic while the lock was held cannot leave a slot half-updated (each
     /// transition changes the state last), so the ring is consistent whenever the lock is free
     /// (the lock does not poison).
+    #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock()
     }
@@ -393,6 +394,7 @@ impl Slots {
 
     /// Checks that slot `k` of boundary `b` may be written by `call` (free, or lent):
     /// [`PpError::SlotState`] when it is not.
+    #[inline]
     pub(super) fn check_writable(&self, b: usize, k: usize, call: &'static str) -> Result<()> {
         let found = self.slots[k].state;
         if writable(found) && !(self.fixed && found == SlotState::Lent) {
@@ -434,6 +436,7 @@ impl Slots {
     /// guard keeps the old one) and is free from then on; the buffer is grown to `bytes` when it
     /// is smaller. The state says *filled* only after [`filled`](Self::filled): a failed write
     /// leaves the slot free.
+    #[inline(always)]
     pub(super) fn writable(
         &mut self,
         b: usize,
@@ -485,10 +488,16 @@ impl Slots {
     /// Gives slot `k`, when it is lent, a buffer of its own again (the guard keeps the one it was
     /// lent): a spare that holds `bytes` when there is one, else none (the caller grows it).
     /// Lent → free.
+    #[inline]
     fn rehome_if_lent(&mut self, k: usize, bytes: usize) {
-        if self.slots[k].state != SlotState::Lent || self.fixed {
-            return;
+        if self.slots[k].state == SlotState::Lent && !self.fixed {
+            self.rehome(k, bytes);
         }
+    }
+
+    /// [`rehome_if_lent`](Self::rehome_if_lent) for a lent slot.
+    #[cold]
+    fn rehome(&mut self, k: usize, bytes: usize) {
         let spare = self.spares.iter().position(|spare| spare.len() >= bytes).map(|at| self.spares.swap_remove(at));
         self.slots[k].buffer = spare.map_or(SlotBuffer::Empty, SlotBuffer::Device);
         self.slots[k].state = SlotState::Received;
@@ -496,6 +505,7 @@ impl Slots {
 
     /// Slot `k` was written with `n` elements of the type named `elem`, `bytes` in all: filled,
     /// and the ring moves on to the next slot.
+    #[inline(always)]
     pub(super) fn filled(&mut self, k: usize, n: usize, elem: &'static str, bytes: usize) {
         self.slots[k].bytes = bytes;
         self.slots[k].state = SlotState::Filled { n, elem };
@@ -503,6 +513,7 @@ impl Slots {
     }
 
     /// Slot `k` was copied out (by `rx` or a graph's launch): free again.
+    #[inline]
     pub(super) fn received(&mut self, k: usize) {
         self.slots[k].state = SlotState::Received;
         self.took(k);

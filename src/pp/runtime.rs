@@ -341,6 +341,7 @@ impl PpNRt {
         self.tx_impl(b, x, n, Some(timeout))
     }
 
+    #[inline]
     fn tx_impl<T: DeviceRepr, S: DeviceSlice<T>>(
         &self,
         b: usize,
@@ -443,6 +444,7 @@ impl PpNRt {
         self.rx_impl(b, slot_index, n, Some(timeout))
     }
 
+    #[inline]
     fn rx_impl<T: DeviceRepr>(
         &self,
         b: usize,
@@ -462,6 +464,7 @@ impl PpNRt {
 
     /// Copies the filled slot `slot_index` of `boundary` (locked, checked) into `dst` on the RX
     /// stream (`gate`: its enqueue gate, seen uncaptured), and marks it received.
+    #[inline]
     fn receive_into(
         boundary: &Boundary,
         ring: &mut MutexGuard<'_, Slots>,
@@ -543,6 +546,7 @@ impl PpNRt {
     /// enqueue gate, taken after the wait and checked uncaptured for `call`: a captured receive
     /// would run at the graph's launch, reading whatever the slot holds then, while the slot says
     /// received now. (`capture_step` captures steps.)
+    #[inline]
     fn receivable<T: DeviceRepr>(
         &self,
         b: usize,

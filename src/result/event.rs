@@ -31,7 +31,7 @@ pub unsafe fn destroy(event: CUevent) -> Result<()> {
 /// # Safety
 /// - `event` and `stream` are live and belong to the same context.
 #[doc(alias = "cuEventRecord")]
-#[inline]
+#[inline(always)]
 pub unsafe fn record(event: CUevent, stream: CUstream) -> Result<()> {
     driver_call!(cuEventRecord(event, stream))
 }

@@ -34,6 +34,7 @@ pub unsafe fn free(ptr: CUdeviceptr) -> Result<()> {
 /// # Safety
 /// - `stream` is live; the memory may be used only by work ordered after this call on it.
 #[doc(alias = "cuMemAllocAsync")]
+#[inline]
 pub unsafe fn alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
     let mut ptr: CUdeviceptr = 0;
     driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream))?;
@@ -46,6 +47,7 @@ pub unsafe fn alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr>
 /// - `ptr` came from [`alloc_async`], is freed once, `stream` is live, and all work using `ptr`
 ///   is ordered before this call on `stream`.
 #[doc(alias = "cuMemFreeAsync")]
+#[inline]
 pub unsafe fn free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
     driver_call!(cuMemFreeAsync(ptr, stream))
 }

@@ -48,7 +48,7 @@ pub unsafe fn query(stream: CUstream) -> Result<bool> {
 /// # Safety
 /// - `stream` and `event` are live.
 #[doc(alias = "cuStreamWaitEvent")]
-#[inline]
+#[inline(always)]
 pub unsafe fn wait_event(stream: CUstream, event: CUevent) -> Result<()> {
     driver_call!(cuStreamWaitEvent(stream, event, 0))
 }

@@ -13,9 +13,9 @@
 use std::sync::Arc;
 
 use super::element::DeviceRepr;
-use super::enqueue::{Tracked, ordered, ordered_owned};
+use super::enqueue::{Tracked, ordered, ordered_owned, ordered_retired_owned};
 use super::host::PinnedHostBuffer;
-use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut};
+use super::memory::{CudaView, CudaViewMut, DeviceSlice, DeviceSliceMut, Retired};
 use super::ordering::{OwnOrder, Owned, Use};
 use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
@@ -382,6 +382,41 @@ impl PinnedHostBuffer<u8> {
             // SAFETY: the buffer holds at least `bytes` bytes (checked) and stays allocated and
             // untouched by the host until the copy completes (its owner's events, handed over to
             // its state before it goes); src is valid; both are ordered on `stream`.
+            unsafe { raw::memcpy_dtoh_async(host, device, bytes, raw_stream) }
+        })
+    }
+
+    /// [`copy_from_device_owned`](Self::copy_from_device_owned) of the whole of `src`, a slice
+    /// given up for its last read on `stream`, which frees it after (see
+    /// [`Retired`](super::memory::Retired)): the slice's state is handed to `stream`, which
+    /// waits for its uses and stands for the copy's read (see
+    /// [`OwnOrder::write_from_handed`]).
+    ///
+    /// # Errors
+    /// As [`copy_from_device`](Self::copy_from_device).
+    #[inline]
+    pub(crate) fn copy_from_retired_owned<T: DeviceRepr>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        gate: &EnqueueGate<'_>,
+        src: &mut Retired<T>,
+        order: &mut OwnOrder,
+    ) -> Result<()> {
+        assert!(Arc::ptr_eq(stream, src.stream()), "a retired slice is read on the stream that frees it");
+        let (device, bytes, access) = src.read_parts();
+        if bytes > self.len() {
+            let what = "PinnedHostBuffer::copy_from_device";
+            return Err(CudaError::OutOfBounds { what, start: 0, end: bytes, len: self.len() });
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (host, raw_stream) = (self.host_ptr().cast(), stream.raw());
+        ordered_retired_owned(stream, gate, access, Tracked::Host(self.access()), order, move || {
+            // SAFETY: the buffer holds at least `bytes` bytes (checked) and stays allocated and
+            // untouched by the host until the copy completes (its owner's events, handed over to
+            // its state before it goes); src is valid for `bytes` bytes, of the stream's device,
+            // and freed on `stream` after the copy; both are ordered on `stream`.
             unsafe { raw::memcpy_dtoh_async(host, device, bytes, raw_stream) }
         })
     }

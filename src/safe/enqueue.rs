@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::element::DeviceRepr;
 use super::memory::{CudaView, CudaViewMut, DeviceMemory};
-use super::ordering::{Access, Owned, Use};
+use super::ordering::{Access, OwnOrder, Owned, Use};
 use super::stream::{CudaStream, EnqueueGate, refuse_on};
 use crate::cuda_error::{CudaError, Result};
 
@@ -83,13 +83,44 @@ pub(crate) fn ordered_owned<R>(
     match owned {
         Owned::Src(order) => {
             assert!(order.orders(src.access()), "the owned side is the buffer its order orders");
-            ordered(stream, [(dst, Use::Write)], || order.read(stream, enqueue))
+            ordered(
+                stream,
+                [(dst, Use::Write)],
+                #[inline(always)]
+                || order.read(stream, enqueue),
+            )
         }
         Owned::Dst(order) => {
             assert!(order.orders(dst.access()), "the owned side is the buffer its order orders");
-            ordered(stream, [(src, Use::Read)], || order.write(stream, enqueue))
+            ordered(
+                stream,
+                [(src, Use::Read)],
+                #[inline(always)]
+                || order.write(stream, enqueue),
+            )
         }
     }
+}
+
+/// [`ordered_owned`] for a copy into a buffer its owner orders (`order`, the copy's `dst`) from
+/// the memory of a slice given up for its last read on `stream` (`src`, its ordering state held
+/// exclusively: see [`Retired`](super::memory::Retired)): `src`'s state is handed to `stream`
+/// (see [`OwnOrder::write_from_handed`]), which waits for its uses and stands for the copy's
+/// read, so the read is not noted apart. `gate` as for [`ordered_owned`].
+#[inline(always)]
+pub(crate) fn ordered_retired_owned<R>(
+    stream: &Arc<CudaStream>,
+    gate: &EnqueueGate<'_>,
+    src: &mut Access,
+    dst: Tracked<'_>,
+    order: &mut OwnOrder,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    assert!(gate.holds(stream) && !stream.is_capturing(), "an owned buffer is used outside a capture, under the gate");
+    assert!(order.orders(dst.access()), "the owned side is the buffer its order orders");
+    // One binding for the wait, the copy and the event record.
+    let _bound = stream.context().bind_for_call()?;
+    order.write_from_handed(stream, src, enqueue)
 }
 
 /// [`ordered_with`] for work whose own error is of a layer above (an NCCL call's): the rule's

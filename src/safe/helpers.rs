@@ -162,6 +162,7 @@ impl HelperKernels {
     ///
     /// # Errors
     /// As [`copy_bytes`](Self::copy_bytes).
+    #[inline(always)]
     pub(crate) fn copy_bytes_owned(
         &self,
         stream: &Arc<CudaStream>,

@@ -29,6 +29,8 @@ use crate::sys::CUdeviceptr;
 
 mod mapping;
 pub(crate) use mapping::ReleaseMapping;
+mod retire;
+pub(crate) use retire::Retired;
 
 mod sealed {
     pub trait Sealed {}
@@ -226,6 +228,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// # Errors
     /// [`CudaError::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
+    #[inline]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
         Self::alloc_pooled(stream, len, false)
     }
@@ -239,6 +242,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_pooled(stream, len, true)
     }
 
+    #[inline(always)]
     fn alloc_pooled(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         if !stream.context().memory_pools_supported() {
             return Self::alloc_plain(stream, len, eager);
@@ -309,12 +313,14 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_plain(stream, len, true)
     }
 
+    #[inline]
     fn new(ptr: CUdeviceptr, len: usize, stream: &Arc<CudaStream>, pooled: bool, eager: bool) -> CudaSlice<T> {
         Self::of_memory(ptr, len, stream, pooled, false, eager)
     }
 
     /// A slice of the whole of the memory at `ptr`, owned by `stream`, whose allocation (or, for
     /// `foreign` memory, the owner's pending work) is its last write.
+    #[inline(always)]
     fn of_memory(
         ptr: CUdeviceptr,
         len: usize,
@@ -618,6 +624,7 @@ fn release_to_owner(access: &mut Access, owner: &Arc<CudaStream>) -> Result<()> 
 }
 
 impl Drop for DeviceMemory {
+    #[inline]
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;

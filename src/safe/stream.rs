@@ -247,7 +247,7 @@ impl CudaStream {
     /// allocation inside a receive) costs no atomic operation: the outer hold, which drops after
     /// it (holds are scoped, the inner in a callee), keeps the gate. Holds of other streams count
     /// as usual.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn enqueue_gate(&self) -> EnqueueGate<'_> {
         let me: *const CudaStream = self;
         let outer = GATE_HELD.try_with(Cell::get).ok();

@@ -90,6 +90,7 @@ mod ipc_boundary;
 mod ipc_memops;
 mod process_transport;
 mod protocol;
+mod readback;
 mod ring;
 mod rule;
 mod scenarios;

@@ -44,6 +44,7 @@ impl Boundary {
     /// of it; `gate`: its enqueue gate, seen uncaptured): as
     /// [`copy_within_device`](Self::copy_within_device) within the RX device, else the copy
     /// engine.
+    #[inline(always)]
     pub(super) fn copy_owned(
         &self,
         stream: &Arc<CudaStream>,

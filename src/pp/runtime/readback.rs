@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use super::PpNRt;
-use crate::error::CudaError;
+use crate::error::{CudaError, CudaResult};
 use crate::pp::error::Result;
-use crate::pp::pending_readback::PendingReadback;
+use crate::pp::pending_readback::{PendingReadback, ReadbackBuffer, ReadbackSource};
 use crate::pp::ring::MIN_SLOT_BYTES;
-use crate::safe::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, DeviceSlice, PinnedHostBuffer};
+use crate::safe::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, DeviceSlice, EnqueueGate};
 
 impl PpNRt {
     /// Records a fresh completion event on the last stage's stream (call after the step's final
@@ -81,14 +81,27 @@ impl PpNRt {
     /// # Errors
     /// [`CudaError::WrongDevice`](crate::CudaError::WrongDevice) when `source` is not on the last stage's device; the driver's
     /// error (a pinned allocation the first time a size is read back).
-    pub fn readback<T: DeviceRepr>(&self, mut source: CudaSlice<T>) -> Result<PendingReadback<T>> {
-        let host = self.start_readback("PpNRt::readback: the buffer must be on the last stage's device", &source)?;
-        match source.set_stream(&self.readback) {
-            // A graph holds the memory and frees it last: the slice's drop frees nothing.
-            Ok(()) | Err(CudaError::HeldByGraph { .. }) => {}
-            Err(e) => return Err(e.into()),
+    pub fn readback<T: DeviceRepr>(&self, source: CudaSlice<T>) -> Result<PendingReadback<T>> {
+        self.check_readback_source("PpNRt::readback: the buffer must be on the last stage's device", &source)?;
+        let (len, shared) = (source.len(), Arc::clone(&self.readbacks));
+        match source.retire(&self.readback) {
+            // The memory's only handle: freed on the readback stream, whose copy waits for the
+            // step's write and then stands for the copy's read and the free (see `Retired`).
+            Ok(mut retired) => {
+                let host = self.start_readback(len * std::mem::size_of::<T>(), |host, stream, gate| {
+                    host.copy_from_retired(stream, gate, &mut retired)
+                })?;
+                Ok(PendingReadback::new(host, len, ReadbackSource::Retired(retired), shared))
+            }
+            // A graph holds the memory and frees it last, after the copy as every free: the copy
+            // is a read under the rule.
+            Err(source) => {
+                let host = self.start_readback(source.byte_len(), |host, stream, gate| {
+                    host.copy_from(stream, gate, source.as_view().into_bytes())
+                })?;
+                Ok(PendingReadback::new(host, len, ReadbackSource::Given(source), shared))
+            }
         }
-        Ok(PendingReadback::new(host, source.len(), Some(source), Arc::clone(&self.readbacks)))
     }
 
     /// Deferred readback of a buffer the caller keeps (the last stage's output buffer of captured
@@ -101,37 +114,50 @@ impl PpNRt {
     /// # Errors
     /// As [`readback`](Self::readback).
     pub fn readback_of<T: DeviceRepr, S: DeviceSlice<T>>(&self, source: &S) -> Result<PendingReadback<T>> {
-        let host = self.start_readback("PpNRt::readback_of: the buffer must be on the last stage's device", source)?;
-        Ok(PendingReadback::new(host, source.len(), None, Arc::clone(&self.readbacks)))
+        self.check_readback_source("PpNRt::readback_of: the buffer must be on the last stage's device", source)?;
+        let host = self.start_readback(source.byte_len(), |host, stream, gate| {
+            host.copy_from(stream, gate, source.as_view().into_bytes())
+        })?;
+        Ok(PendingReadback::new(host, source.len(), ReadbackSource::Kept, Arc::clone(&self.readbacks)))
     }
 
-    /// Checks `source` (`what` names the call and the rule, for the error of a buffer of another
-    /// device), takes a pinned buffer from the ring (or allocates one) and enqueues the copy on
-    /// the readback stream. On error the pinned buffer is given back to the ring (freed when the
-    /// ring is full).
-    fn start_readback<T: DeviceRepr, S: DeviceSlice<T>>(
-        &self,
-        what: &'static str,
-        source: &S,
-    ) -> Result<Box<PinnedHostBuffer<u8>>> {
+    /// Checks that `source` is on the last stage's device (`what` names the call and the rule,
+    /// for the error).
+    fn check_readback_source<T: DeviceRepr, S: DeviceSlice<T>>(&self, what: &'static str, source: &S) -> Result<()> {
         let device = self.stage(self.stages.len() - 1)?.engine.ordinal();
         if source.ordinal() != device {
             return Err(CudaError::WrongDevice { what, expected: device, found: source.ordinal() }.into());
         }
-        let bytes = source.len() * std::mem::size_of::<T>();
+        Ok(())
+    }
+
+    /// Takes a pinned buffer of at least `bytes` from the ring (or allocates one) and enqueues
+    /// `copy` into it on the readback stream, whose enqueue gate is held (refused while the
+    /// stream is captured). On error the pinned buffer is given back to the ring (freed when the
+    /// ring is full).
+    fn start_readback(
+        &self,
+        bytes: usize,
+        copy: impl FnOnce(&mut ReadbackBuffer, &Arc<CudaStream>, &EnqueueGate<'_>) -> CudaResult<()>,
+    ) -> Result<Box<ReadbackBuffer>> {
         let reused = {
             let mut ring = self.readbacks.ring.lock();
-            ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at))
+            // The last given back first (the usual one of a size read back step after step).
+            match ring.last() {
+                Some(host) if host.len() >= bytes => ring.pop(),
+                _ => ring.iter().position(|host| host.len() >= bytes).map(|at| ring.swap_remove(at)),
+            }
         };
+        let stream = &self.readback;
+        let gate = stream.enqueue_gate_uncaptured("PpNRt::readback")?;
         let mut host = match reused {
             Some(host) => host,
             None => {
                 let capacity = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SLOT_BYTES);
-                Box::new(PinnedHostBuffer::new_eager(self.readback.context(), capacity)?)
+                ReadbackBuffer::new(stream, capacity)?
             }
         };
-        let copied = host.copy_from_device(&self.readback, source.as_view().into_bytes());
-        if let Err(e) = copied {
+        if let Err(e) = copy(&mut host, stream, &gate) {
             self.readbacks.give_back(host);
             return Err(e.into());
         }

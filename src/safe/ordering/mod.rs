@@ -55,6 +55,7 @@ use crate::cuda_error::{CudaError, Result};
 pub(crate) use own::{OwnOrder, Owned};
 use plain::plain_on;
 
+mod hand;
 mod own;
 mod plain;
 
@@ -266,6 +267,7 @@ impl Drop for Locked<'_> {
 impl Access {
     /// A buffer just allocated in stream order on `owner` (its allocation is the last write), or
     /// with no pending use (`None`).
+    #[inline]
     pub(crate) fn new(owner: Option<&Arc<CudaStream>>, eager: bool) -> Access {
         let state = State { write: owner.map(Mark::new), reads: SmallVec::new() };
         let plain = AtomicU64::new(plain_on(&state, eager));

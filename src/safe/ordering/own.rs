@@ -16,6 +16,7 @@ use super::{Access, Mark};
 use crate::cuda_error::Result;
 use crate::result::event as raw_event;
 use crate::result::stream as raw_stream;
+use crate::safe::capture::refuse_in_capture;
 use crate::safe::event_pool::{PooledEvent, StreamEvent};
 use crate::safe::stream::CudaStream;
 
@@ -36,6 +37,9 @@ pub(crate) struct OwnOrder {
     read: Option<PooledEvent>,
     /// Whether a read came after the last write: the next write waits for `read`.
     read_since_write: bool,
+    /// An event of the writer's context for the waits of writes from a handed source (see
+    /// [`write_from_handed`](Self::write_from_handed)), recorded on the source's last writer.
+    spare: Option<PooledEvent>,
 }
 
 // SAFETY: `access` is only compared, never dereferenced; the events and streams are `Send` and
@@ -65,6 +69,7 @@ impl OwnOrder {
             written: None,
             read: None,
             read_since_write: false,
+            spare: None,
         }
     }
 
@@ -80,7 +85,7 @@ impl OwnOrder {
     /// there and its enqueue gate held, the stream not capturing. A failed record waits for
     /// `stream` on the host (see [`CudaStream::settle`]): the write is then complete and no read
     /// needs to wait for it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn write<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.writer), "an owned buffer is written by its writing stream only");
         if self.read_since_write {
@@ -94,10 +99,26 @@ impl OwnOrder {
         Ok(result)
     }
 
+    /// [`write`](Self::write) from `src`, the ordering state of a source that nothing but
+    /// `stream` uses from now on, held exclusively (a slice given up for its last read, see
+    /// [`Retired`](crate::safe::memory::Retired)): the source's state is handed to `stream` first
+    /// ([`Access::hand_to`], through this order's spare event), which orders the write after the
+    /// source's uses and records the write's read of it with them, as one use of `stream`'s.
+    #[inline]
+    pub(crate) fn write_from_handed<R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        src: &mut Access,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        src.hand_to(stream, &mut self.spare)?;
+        self.write(stream, enqueue)
+    }
+
     /// Runs `enqueue`, a read of the buffer on the reading stream `stream`, after the last write,
     /// and records the read's event after it; as [`write`](Self::write), only inside the door's
     /// enqueue.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read<R>(&mut self, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         assert!(Arc::ptr_eq(stream, &self.reader), "an owned buffer is read by its reading stream only");
         if let Some(written) = &self.written {
@@ -107,6 +128,29 @@ impl OwnOrder {
         self.read_since_write = true;
         stream.settle(record(stream, &mut self.read))?;
         Ok(result)
+    }
+
+    /// Blocks the host until the last write has completed, for a buffer that the host reads (a
+    /// readback's pinned buffer, whose `reader` stream reads nothing); refused as `call` on a
+    /// capturing thread. The host's reads end before the owner's next write (they borrow what
+    /// the owner lends), so no write waits for them.
+    pub(crate) fn wait_written_on_host(&self, call: &'static str) -> Result<()> {
+        refuse_in_capture(|| None, call)?;
+        match &self.written {
+            Some(written) => written.synchronize(),
+            // No write yet, or a failed record whose stream was waited for (see `write`).
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the last write has completed, without blocking (as
+    /// [`wait_written_on_host`](Self::wait_written_on_host)).
+    pub(crate) fn is_written_complete(&self, call: &'static str) -> Result<bool> {
+        refuse_in_capture(|| None, call)?;
+        match &self.written {
+            Some(written) => written.is_complete(),
+            None => Ok(true),
+        }
     }
 
     /// Hands the buffer's ordering over to its `access`, the buffer's own (the rule orders every
