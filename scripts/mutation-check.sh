@@ -410,8 +410,8 @@ run graph-stage-check-late src/pp/runtime/step_graph/launch.rs "        if let S
 # receiver waits for a step that never comes); a receiver thread whose failed receive leaves the
 # link up.
 run drop-unreported-link src/pp/runtime/build.rs "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()) {" "        for failure in self.readbacks.links.iter().filter_map(|link| link.unreported()).filter(|_| false) {"
-run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the NCCL send of step {step} failed: {e}"));
-            return Err(self.link.stopped().unwrap_or(e.into()));' '            return Err(e.into());'
+run send-failure-keeps-link src/pp/remote/sender.rs '            self.link.fail(format!("the send of step {step} failed: {e}"));
+            return Err(self.link.stopped().unwrap_or(e));' '            return Err(e);'
 run receive-failure-keeps-link src/pp/remote/receiver.rs '                    Err(e) => break Err(format!("receiving step {}: {e}", step.step)),' '                    Err(_) => break Ok(()),'
 # A readback given although a boundary of its rank failed (its receive may have been cut short).
 run readback-after-failure src/pp/pending_readback.rs "        match self.shared.links.iter().find(|link| link.aborted()) {" "        match self.shared.links.iter().find(|link| link.aborted() && false) {"
