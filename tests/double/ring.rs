@@ -468,8 +468,10 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
                 ),
                 // Over IPC rank 1's receive waits on the host for the copy, so the step that never
                 // came is never forwarded: even with the failure contained, rank 2 receives nothing.
-                (Err(e), ppnrt::ProcessTransport::Ipc)
-                    if matches!(e, Error::Pipeline(PpError::Timeout { found: ppnrt::SlotState::NeverFilled, .. })) => {}
+                (
+                    Err(Error::Pipeline(PpError::Timeout { found: ppnrt::SlotState::NeverFilled, .. })),
+                    ppnrt::ProcessTransport::Ipc,
+                ) => {}
                 (other, _) => panic!(
                     "over {transport}: with the failure contained, rank 2 was expected to read back stale bytes \
                      (NCCL) or to receive nothing (IPC): {other:?}"

@@ -233,7 +233,7 @@ impl IpcFlags {
         if read.as_ref().is_ok_and(|&read| read) {
             self.block.raise_consumed(slot, step);
         }
-        Ok(read?)
+        read
     }
 
     /// Waits on the host until `done` says so: spinning first (what it waits for is likely
