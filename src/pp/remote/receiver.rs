@@ -3,7 +3,6 @@
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -174,11 +173,11 @@ pub(super) fn drain_within(
 /// Whether the peer's end of `socket` is closed (shut down for writing, or its process gone),
 /// whatever unread bytes it sent before: a look that never blocks.
 fn peer_hung_up(socket: &TcpStream) -> bool {
-    let mut look = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
-    // SAFETY: one valid `pollfd` of a descriptor `socket` keeps open for the call; a timeout of 0
-    // never blocks.
-    let ready = unsafe { libc::poll(&mut look, 1, 0) };
-    ready > 0 && look.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut look = [PollFd::new(socket, PollFlags::RDHUP)];
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let ready = rustix::event::poll(&mut look, Some(&now)).unwrap_or(0);
+    ready > 0 && look[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
 pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: &AtomicBool) {
