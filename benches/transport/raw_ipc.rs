@@ -1,9 +1,10 @@
 //! The raw two-process IPC loop: the same workloads as the processes table (the isolated hop over
 //! stages [0, 1, 0], the pipelined step at 32 KiB, the stream of 64 MiB steps) made by two
-//! processes with the driver's calls alone, no pipeline: each rank exports its inbound slots
+//! processes with the driver's calls alone, no pipeline. Each rank exports its inbound slots
 //! (`cuMemCreate`, POSIX descriptors over the local channel) and two flag words per slot
 //! (`filled[s]`, `consumed[s]`), the other maps them, and a step is a copy into the peer's slot
-//! between two flag operations. Two places for the flag words, chosen by [`FLAGS_VAR`]:
+//! between two flag operations; as in the table, the receiver copies the step out of its slot
+//! into a buffer of its own (what `rx` returns), and its stream frees the slot after that copy. Two places for the flag words, chosen by [`FLAGS_VAR`]:
 //! - `device`: exported device memory; both sides wait on the device (`cuStreamWaitValue64`);
 //! - `host`: a page of a memfd both processes map and register (`cuMemHostRegister`); the GPU
 //!   writes the words (`cuStreamWriteValue64`) and each side waits for them on the host, so no
@@ -219,11 +220,18 @@ impl Rank {
         self.outbound.write(stream, filled(s), k + 1);
     }
 
-    /// Step `k` in this rank's slot: waits until it is filled; returns the slot's address.
-    fn receive(&self, k: u64) -> CUdeviceptr {
+    /// Step `k` in this rank's slot: waits until it is filled.
+    fn receive(&self, k: u64) {
         let s = (k % SLOTS as u64) as usize;
         self.inbound.wait(self.stream.raw(), filled(s), k + 1);
-        self.inbound_slots + (s * SLOT_BYTES) as CUdeviceptr
+    }
+
+    /// On the stream: copies `bytes` of step `k`'s slot into `dst`, as the pipeline's `rx` copies
+    /// a step out of its slot into the stage's own buffer.
+    fn copy_out(&self, k: u64, dst: CUdeviceptr, bytes: usize) {
+        let s = (k % SLOTS as u64) as usize;
+        let src = self.inbound_slots + (s * SLOT_BYTES) as CUdeviceptr;
+        raw!(cuMemcpyAsync(dst, src, bytes, self.stream.raw()));
     }
 
     /// After the stream's reads of step `k`'s slot: free it for step `k + SLOTS`.
@@ -251,23 +259,25 @@ pub(super) fn hop(primary: &Engine) -> Option<f64> {
     let rank = setup(primary, on_host);
     let first = std::env::var("PPNRT_RANK").unwrap() == "0";
     let x = source(primary, SMALL_BYTES);
+    // Rank 0's own buffer for the step that comes back (what `rx` returns).
+    let y = source(primary, SMALL_BYTES);
     let mut halves = Vec::new();
     for t in 0..330u64 {
         if first {
             let start = Instant::now();
             rank.send(t, x.device_ptr(), SMALL_BYTES);
             rank.receive(t);
-            if !on_host {
-                rank.synchronize();
-            }
+            rank.copy_out(t, y.device_ptr(), SMALL_BYTES);
             rank.release(t);
+            rank.synchronize();
             if t >= 30 {
                 halves.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
         } else {
-            let slot = rank.receive(t);
-            rank.send(t, slot, SMALL_BYTES);
+            rank.receive(t);
+            rank.copy_out(t, y.device_ptr(), SMALL_BYTES);
             rank.release(t);
+            rank.send(t, y.device_ptr(), SMALL_BYTES);
         }
     }
     rank.synchronize();
@@ -281,6 +291,8 @@ pub(super) fn stream(primary: &Engine) -> (Option<f64>, Option<f64>) {
     let rank = setup(primary, on_host);
     let sends = std::env::var("PPNRT_RANK").unwrap() == "0";
     let x = source(primary, SLOT_BYTES);
+    // The receiver's own buffer each step is copied into (what `rx` returns).
+    let y = source(primary, SLOT_BYTES);
     let mut t = 0u64;
     let mut run = |bytes: usize, steps: usize| -> Option<f64> {
         let mut first = None;
@@ -289,6 +301,7 @@ pub(super) fn stream(primary: &Engine) -> (Option<f64>, Option<f64>) {
                 rank.send(t, x.device_ptr(), bytes);
             } else {
                 rank.receive(t);
+                rank.copy_out(t, y.device_ptr(), bytes);
                 rank.release(t);
                 if k == 4 {
                     rank.synchronize();
