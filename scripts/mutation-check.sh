@@ -255,6 +255,8 @@ declare -A catchers=(
   [readback-handed-unwaited]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-unrecorded]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
+  # A failure releases the flag words at a value every cyclic stream wait meets (a lie past 2^63 included).
+  [ipc-release-keeps-lie]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -728,3 +730,8 @@ run readback-ready-too-soon src/safe/ordering/own.rs "            Some(written) 
 run readback-handed-unwaited src/safe/ordering/hand.rs "                        raw_stream::wait_event(stream.raw(), event.raw())?;" ""
 run readback-handed-unrecorded src/safe/ordering/hand.rs "                        raw_event::record(event.raw(), writer.raw())?;" ""
 run readback-handed-into-capture src/safe/ordering/hand.rs "                if writer.is_capturing() {" "                if false {"
+# A failure releases the flag words at a value every stream wait meets (cyclic `>=`): a word a
+# lying peer took past 2^63 is set back, not kept by an atomic maximum.
+run ipc-release-keeps-lie src/local_channel/control_block.rs "    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
+        (!(value..1 << 63).contains(&found)).then_some(value)
+    });" "    word.fetch_max(value, Ordering::AcqRel);" double

@@ -268,9 +268,15 @@ impl ControlBlock {
         self.slot_word(slot, CONSUMED).fetch_max(step, Ordering::AcqRel);
     }
 
-    /// Raises slot `slot`'s "filled" word to `step`, never lowering it.
-    pub(crate) fn raise_filled(&self, slot: usize, step: u64) {
-        self.slot_word(slot, FILLED).fetch_max(step, Ordering::AcqRel);
+    /// Releases slot `slot`'s "consumed" word at `value` (below `2^63`): afterwards every
+    /// stream's wait for a step up to `value` on it is met (see [`release_word`]).
+    pub(crate) fn release_consumed(&self, slot: usize, value: u64) {
+        release_word(self.slot_word(slot, CONSUMED), value);
+    }
+
+    /// Releases slot `slot`'s "filled" word at `value`, as [`release_consumed`](Self::release_consumed).
+    pub(crate) fn release_filled(&self, slot: usize, value: u64) {
+        release_word(self.slot_word(slot, FILLED), value);
     }
 
     /// The mapping's first byte (page-aligned, [`byte_len`](Self::byte_len) bytes, alive as long
@@ -288,6 +294,18 @@ impl ControlBlock {
     pub fn heartbeat(&self, side: Side) -> u64 {
         self.word(HEARTBEAT + side as usize).load(Ordering::Acquire)
     }
+}
+
+/// Sets `word` so that a stream's wait for any step up to `value` (`value < 2^63`) is met: a
+/// stream compares cyclically (`(word - step) as i64 >= 0`), so a word the other process took to
+/// `2^63` or past (`u64::MAX`, say) is below every step there, and an atomic maximum would keep
+/// it. A word in `value..2^63` is kept (it meets every such wait and never goes down); any other
+/// becomes `value`.
+fn release_word(word: &AtomicU64, value: u64) {
+    debug_assert!(value < 1 << 63, "a release value of {value:#x} is below step 0 for a stream");
+    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
+        (!(value..1 << 63).contains(&found)).then_some(value)
+    });
 }
 
 /// What kind of file `fd` is, in words (for an error).

@@ -1,0 +1,101 @@
+//! The IPC boundary's flag words against a peer that lies: any process of the user may open the
+//! receiving rank's control block (its memfd, through `/proc/<pid>/fd`) with the public
+//! [`ControlBlock::open`] and write any value into it. Ranks as threads of this process, through
+//! the doubles (whose stream waits compare cyclically, as the driver's).
+
+use crate::{double, ranks};
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use double::with_double;
+use ppnrt::local_channel::ControlBlock;
+use ppnrt::{CudaSlice, Engine};
+
+const N: usize = 2048;
+
+/// The inodes of this process's open control blocks, each with one descriptor's path.
+fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let path = entry.path();
+        let is_block =
+            std::fs::read_link(&path).is_ok_and(|target| target.to_string_lossy().starts_with("/memfd:ppnrt-control"));
+        if let (true, Ok(meta)) = (is_block, std::fs::metadata(&path)) {
+            found.push((meta.ino(), path));
+        }
+    }
+    found
+}
+
+/// Step `t`'s values on rank 0's stage.
+fn step_input(rt: &ppnrt::PpNRt, primary: &Engine, t: u32) -> CudaSlice<u32> {
+    let _stage = rt.enter(0).unwrap();
+    let engine = rt.engine(0, primary).unwrap();
+    let mut x = engine.alloc::<u32>(N).unwrap();
+    engine.fill_pattern(&mut x, 100 + t).unwrap();
+    x
+}
+
+/// A receiving rank that lies in its `consumed` words: once the sending rank's stream waits on
+/// the device for slots not freed yet (its stage runs late, a gate), the liar writes `u64::MAX`
+/// into them, a value below every step for the stream's cyclic comparison. The boundary then
+/// fails (a forged record); the failure's release must still meet the waits (a word taken past
+/// `2^63` is set back to the release value, not kept by an atomic maximum), and the sending
+/// rank's stream drains.
+#[test]
+fn a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure() {
+    with_double(
+        "a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure",
+        |double| {
+            static TX_GATE: AtomicBool = AtomicBool::new(false);
+            TX_GATE.store(false, Ordering::SeqCst);
+            let timeout = Duration::from_millis(800);
+            let primary = Engine::new(0).unwrap();
+            let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+            let ranks = ranks::two_ranks_configured(timeout, |_, config| {
+                config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(2))
+            });
+            let (_, path) = control_blocks()
+                .into_iter()
+                .find(|(ino, _)| !before.contains(ino))
+                .expect("the boundary's control block is open in this process");
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            let liar = ControlBlock::open(file.into(), 2).unwrap();
+            let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
+            double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
+            for input in &inputs {
+                ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, N)).unwrap();
+            }
+            // Steps 2 to 4 found their slots not freed: their waits are queued on rank 0's stream.
+            for slot in 0..2 {
+                liar.publish_consumed(slot, u64::MAX);
+            }
+            TX_GATE.store(true, Ordering::SeqCst);
+            let start = std::time::Instant::now();
+            while !matches!(ranks.1.receiver_state(0), Ok(Some(ppnrt::pp::ReceiverState::Stopped))) {
+                assert!(start.elapsed() < 4 * timeout, "rank 1 did not fail the boundary");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let (zero, one) = ranks;
+            // Rank 0 fails its end too (the peer's end closed), and releases.
+            drop(one);
+            let drained = {
+                let stream = Arc::clone(zero.stage_stream(0).unwrap());
+                let (done, finished) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let _ = done.send(stream.synchronize());
+                });
+                finished.recv_timeout(Duration::from_secs(5))
+            };
+            let errors = crate::drop_ranks_within((inputs, zero, liar), Duration::from_secs(15), "the ranks");
+            assert!(
+                matches!(drained, Ok(Ok(()))),
+                "rank 0's stream did not drain after the failure: {drained:?} (drops: {errors:?})"
+            );
+        },
+    );
+}
