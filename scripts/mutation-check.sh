@@ -257,6 +257,7 @@ declare -A catchers=(
   [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
   # A failure releases the flag words at a value every cyclic stream wait meets (a lie past 2^63 included).
   [ipc-release-keeps-lie]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure"
+  [config-slots-past-block]="more_slots_than_a_control_block_holds_are_a_config_error"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -735,3 +736,5 @@ run readback-handed-into-capture src/safe/ordering/hand.rs "                if w
 run ipc-release-keeps-lie src/local_channel/control_block.rs "    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
         (!(value..1 << 63).contains(&found)).then_some(value)
     });" "    word.fetch_max(value, Ordering::AcqRel);" double
+# More slots than a control block holds are the configuration's typed error, not a failed setup.
+run config-slots-past-block src/pp/config/mod.rs "        if self.slots == 0 || self.slots > MAX_SLOTS {" "        if self.slots == 0 {" double

@@ -99,3 +99,31 @@ fn a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_a
         },
     );
 }
+
+/// A ring of more slots than a control block holds is a configuration error naming the setting
+/// and the value, on both ranks, before any boundary is set up (never a peer failure of the IPC
+/// setup); the block itself refuses that many slots by name too.
+#[test]
+fn more_slots_than_a_control_block_holds_are_a_config_error() {
+    with_double("more_slots_than_a_control_block_holds_are_a_config_error", |_| {
+        let too_many = ControlBlock::MAX_SLOTS + 1;
+        let refused = ControlBlock::create(too_many).unwrap_err();
+        assert!(refused.to_string().contains(&format!("{too_many} slot(s)")), "{refused}");
+        let primary = Engine::new(0).unwrap();
+        let (zero, one) = ranks::try_two_ranks_configured(&primary, Duration::from_millis(800), |_, config| {
+            config.with_slots(too_many).with_process_transport(ppnrt::ProcessTransport::Ipc)
+        });
+        for (rank, built) in [zero, one].into_iter().enumerate() {
+            match built {
+                Err(ppnrt::Error::Config(e)) => {
+                    assert_eq!(
+                        (e.setting, e.value.as_str()),
+                        ("PpConfig::with_slots", too_many.to_string().as_str()),
+                        "rank {rank}: {e}"
+                    );
+                }
+                other => panic!("rank {rank}: {} slots gave {:?}", too_many, other.map(|_| ())),
+            }
+        }
+    });
+}

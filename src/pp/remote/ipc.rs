@@ -77,6 +77,9 @@ use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
 /// number (cyclic `>=`, steps far below 2^62) is met.
 pub(in crate::pp) const RELEASED: u64 = 1 << 62;
 
+// A ring of the configuration's slots fits a control block (more are refused by the configuration).
+static_assertions::const_assert!(crate::pp::config::MAX_SLOTS <= ControlBlock::MAX_SLOTS);
+
 /// The longest socket path the RX rank may name: a Unix socket's path is at most 108 bytes on
 /// Linux (`sun_path`); a longer one is refused before it is read.
 const MAX_PATH: usize = 108;
