@@ -258,6 +258,8 @@ declare -A catchers=(
   # A failure releases the flag words at a value every cyclic stream wait meets (a lie past 2^63 included).
   [ipc-release-keeps-lie]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure"
   [config-slots-past-block]="more_slots_than_a_control_block_holds_are_a_config_error"
+  [ipc-lent-freed-ahead-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
+  [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -738,3 +740,7 @@ run ipc-release-keeps-lie src/local_channel/control_block.rs "    let _ = word.f
     });" "    word.fetch_max(value, Ordering::AcqRel);" double
 # More slots than a control block holds are the configuration's typed error, not a failed setup.
 run config-slots-past-block src/pp/config/mod.rs "        if self.slots == 0 || self.slots > MAX_SLOTS {" "        if self.slots == 0 {" double
+# A slot lent in place is freed for the sender (ahead of the record, or at it) only once the
+# reads made through the lend completed.
+run ipc-lent-freed-ahead-before-reads src/pp/remote/ipc.rs "        if read.as_ref().is_ok_and(|&read| read) {" "        if true {"
+run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_complete(\"the IPC boundary's receive\", Use::Write).map_err(|e| e.to_string())" "            Ok::<bool, String>(true)"

@@ -31,6 +31,10 @@ fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
     found
 }
 
+fn pattern(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect()
+}
+
 /// Step `t`'s values on rank 0's stage.
 fn step_input(rt: &ppnrt::PpNRt, primary: &Engine, t: u32) -> CudaSlice<u32> {
     let _stage = rt.enter(0).unwrap();
@@ -125,5 +129,45 @@ fn more_slots_than_a_control_block_holds_are_a_config_error() {
                 other => panic!("rank {rank}: {} slots gave {:?}", too_many, other.map(|_| ())),
             }
         }
+    });
+}
+
+/// A slot lent in place is freed for the sending rank, ahead of the step's record or at it, only
+/// once the reads made through the lend have completed, also after the guard was dropped: rank
+/// 1's stage copies out of the lent slot behind a gate and drops the guard; rank 0 sends the
+/// steps that come back to the slot at once. The copy out reads the lent step, and the later
+/// step arrives whole.
+#[test]
+fn a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed() {
+    with_double("a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed", |double| {
+        static RX_GATE: AtomicBool = AtomicBool::new(false);
+        RX_GATE.store(false, Ordering::SeqCst);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_secs(5), |_, config| config.with_slots(2));
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let inputs: Vec<CudaSlice<u32>> = (0..3).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        let send = |t: usize| ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N)).unwrap();
+        let wait = Duration::from_secs(5);
+        let stage1 = ranks.1.enter(1).unwrap();
+        let slot = send(0);
+        let guard = ranks.1.rx_in_place_wait::<u32>(0, slot, N, wait).unwrap();
+        let mut held = e1.alloc::<u32>(N).unwrap();
+        double.gate(ranks.1.stage_stream(1).unwrap(), &RX_GATE);
+        e1.dtod(&guard.view().unwrap(), &mut held).unwrap();
+        drop(guard);
+        send(1);
+        send(2);
+        // Long enough for rank 1's receiver to see both records and the lent slot free in its ring.
+        std::thread::sleep(Duration::from_millis(300));
+        RX_GATE.store(true, Ordering::SeqCst);
+        assert!(e1.dtoh(&held).unwrap() == pattern(100, N), "the lent step was overwritten before its read ran");
+        for t in 1..3 {
+            let y = ranks.1.rx_wait::<u32>(0, t % 2, N, wait).unwrap();
+            assert!(e1.dtoh(&y).unwrap() == pattern(100 + t as u32, N), "step {t}: wrong values");
+        }
+        drop(stage1);
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
     });
 }
