@@ -171,3 +171,77 @@ fn a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed(
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// A receiving rank that keeps lying (`u64::MAX` written into its `consumed` words again and
+/// again, after the failure's release too) keeps the sending rank's stream waiting for good: the
+/// GPU's wait is the peer's to end. The sending rank's drop must still return within a bound
+/// (leaking what that stream still uses), with the failure typed.
+///
+/// Not so today: the drop synchronizes every stream of the rank, and frees the mapping of the
+/// peer's slot only once the queued copy into it has run, both without a bound. Bounding them
+/// needs a stream wait that no peer can hold after a failure (a word only this rank writes) or
+/// drops that give up and leak; the test ends the lie itself once it has measured the drop.
+#[test]
+#[ignore = "the drop of a rank whose stream waits on a word a lying peer holds waits for the peer"]
+fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
+    with_double("a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop", |double| {
+        static TX_GATE: AtomicBool = AtomicBool::new(false);
+        static LYING: AtomicBool = AtomicBool::new(true);
+        TX_GATE.store(false, Ordering::SeqCst);
+        LYING.store(true, Ordering::SeqCst);
+        let timeout = Duration::from_millis(800);
+        let primary = Engine::new(0).unwrap();
+        let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+        let ranks = ranks::two_ranks_configured(timeout, |_, config| {
+            config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(2))
+        });
+        let (_, path) = control_blocks()
+            .into_iter()
+            .find(|(ino, _)| !before.contains(ino))
+            .expect("the boundary's control block is open in this process");
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let liar = Arc::new(ControlBlock::open(file.into(), 2).unwrap());
+        let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
+        for input in &inputs {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, N)).unwrap();
+        }
+        let lying = std::thread::spawn({
+            let liar = Arc::clone(&liar);
+            move || {
+                while LYING.load(Ordering::SeqCst) {
+                    for slot in 0..2 {
+                        liar.publish_consumed(slot, u64::MAX);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        });
+        TX_GATE.store(true, Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        while !matches!(ranks.1.receiver_state(0), Ok(Some(ppnrt::pp::ReceiverState::Stopped))) {
+            assert!(start.elapsed() < 4 * timeout, "rank 1 did not fail the boundary");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (zero, one) = ranks;
+        drop(one);
+        let start = std::time::Instant::now();
+        let (done, finished) = std::sync::mpsc::channel();
+        let dropping = std::thread::spawn(move || {
+            drop((inputs, zero));
+            let _ = done.send(ppnrt::take_drop_errors());
+        });
+        let dropped = finished.recv_timeout(4 * timeout);
+        let took = start.elapsed();
+        // The lie ends (the words released as the crate releases them), so a drop still waiting
+        // returns and nothing of this test outlives it.
+        LYING.store(false, Ordering::SeqCst);
+        lying.join().unwrap();
+        for slot in 0..2 {
+            liar.publish_consumed(slot, 1 << 62);
+        }
+        dropping.join().unwrap();
+        let errors = dropped.unwrap_or_else(|_| panic!("rank 0's drop took over {took:?} (peer timeout {timeout:?})"));
+        assert!(!errors.is_empty(), "rank 0's drop reported nothing of its stream left waiting");
+    });
+}
