@@ -702,7 +702,7 @@ run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready 
 # the receiving rank's socket path is refused unread when no socket can have it; a receive waits
 # for the sender's copy, in graph mode too.
 run ipc-downstream-unknown-at-abort src/pp/remote/link.rs "        await_ipc_downstream(&stopped);" "        let _ = await_ipc_downstream;"
-run ipc-release-leaves-consumed src/pp/remote/ipc.rs "            self.block.raise_consumed(s, RELEASED);" "            let _ = (s, RELEASED);"
+run ipc-release-leaves-consumed src/pp/remote/ipc.rs "            self.block.release_consumed(s, RELEASED);" "            let _ = (s, RELEASED);"
 run ipc-path-length-unchecked src/pp/remote/ipc.rs "    if len == 0 || len > MAX_PATH {" "    if false {" lib
 run ipc-receive-unwaited src/pp/remote/ipc.rs "            Ok(filled > step)" "            Ok(true)"
 # The IPC receiver frees a slot for the sender only once its reads completed, at the step's record
