@@ -260,6 +260,7 @@ declare -A catchers=(
   [config-slots-past-block]="more_slots_than_a_control_block_holds_are_a_config_error"
   [ipc-lent-freed-ahead-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
+  [ipc-sender-heartbeat-silent]="a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -744,3 +745,6 @@ run config-slots-past-block src/pp/config/mod.rs "        if self.slots == 0 || 
 # reads made through the lend completed.
 run ipc-lent-freed-ahead-before-reads src/pp/remote/ipc.rs "        if read.as_ref().is_ok_and(|&read| read) {" "        if true {"
 run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_complete(\"the IPC boundary's receive\", Use::Write).map_err(|e| e.to_string())" "            Ok::<bool, String>(true)"
+# A live sending rank's heartbeat in the control block keeps a receive waiting on the host for
+# its late copy alive past the peer timeout.
+run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat();" "            let _ = flags;"

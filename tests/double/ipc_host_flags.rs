@@ -245,3 +245,35 @@ fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
         assert!(!errors.is_empty(), "rank 0's drop reported nothing of its stream left waiting");
     });
 }
+
+/// A receive that waits on the host for a copy the sending rank's stage runs late (a gate held
+/// for several peer timeouts) is not failed while the sending rank lives: its watchdog's
+/// heartbeat in the block shows it alive (the connection is not read meanwhile), whatever other
+/// links the sending rank has (here none). The step then arrives whole.
+#[test]
+fn a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy() {
+    with_double("a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy", |double| {
+        static TX_GATE: AtomicBool = AtomicBool::new(false);
+        TX_GATE.store(false, Ordering::SeqCst);
+        let timeout = Duration::from_millis(200);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
+        let x = step_input(&ranks.0, &primary, 0);
+        ranks.0.stage_stream(0).unwrap().synchronize().unwrap();
+        double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
+        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
+        let gate = std::thread::spawn(move || {
+            std::thread::sleep(5 * timeout);
+            TX_GATE.store(true, Ordering::SeqCst);
+        });
+        let values = ranks.1.enter(1).and_then(|_stage| {
+            let y = ranks.1.rx_wait::<u32>(0, 0, N, Duration::from_secs(10))?;
+            ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)
+        });
+        gate.join().unwrap();
+        assert!(values.as_ref().is_ok_and(|v| *v == pattern(100, N)), "step 0: {:?}", values.map(|v| v.len()));
+        drop(x);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
