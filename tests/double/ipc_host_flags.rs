@@ -255,7 +255,7 @@ fn a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy() {
     with_double("a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy", |double| {
         static TX_GATE: AtomicBool = AtomicBool::new(false);
         TX_GATE.store(false, Ordering::SeqCst);
-        let timeout = Duration::from_millis(200);
+        let timeout = Duration::from_millis(500);
         let primary = Engine::new(0).unwrap();
         let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
         let x = step_input(&ranks.0, &primary, 0);
@@ -263,7 +263,7 @@ fn a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy() {
         double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
         ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
         let gate = std::thread::spawn(move || {
-            std::thread::sleep(5 * timeout);
+            std::thread::sleep(3 * timeout);
             TX_GATE.store(true, Ordering::SeqCst);
         });
         let values = ranks.1.enter(1).and_then(|_stage| {
