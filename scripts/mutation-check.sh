@@ -261,6 +261,7 @@ declare -A catchers=(
   [ipc-lent-freed-ahead-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-sender-heartbeat-silent]="a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy"
+  [ipc-filled-release-unchecked]="a_filled_word_lied_past_the_release_fails_the_receive_typed"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -748,3 +749,5 @@ run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_comp
 # A live sending rank's heartbeat in the control block keeps a receive waiting on the host for
 # its late copy alive past the peer timeout.
 run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat();" "            let _ = flags;"
+# A `filled` word at or past the release value fails the receive; it is never read as filled.
+run ipc-filled-release-unchecked src/pp/remote/ipc.rs "            if filled >= RELEASED {" "            if false {"

@@ -1,7 +1,13 @@
-//! The IPC boundary's flag words against a peer that lies: any process of the user may open the
-//! receiving rank's control block (its memfd, through `/proc/<pid>/fd`) with the public
-//! [`ControlBlock::open`] and write any value into it. Ranks as threads of this process, through
-//! the doubles (whose stream waits compare cyclically, as the driver's).
+//! The IPC boundary's flag words (the receiving rank's control block, both ranks' host waits)
+//! against what a peer or a caller may do, ranks as threads of this process, through the doubles
+//! (whose stream waits compare cyclically, as the driver's). A lying peer: any process of the
+//! user may open the receiving rank's control block (its memfd, through `/proc/<pid>/fd`) with the
+//! public [`ControlBlock::open`] and write any value into it; a `consumed` word lied past every
+//! step is set back by a failure's release, a `filled` word lied past the release value fails the
+//! receive, and a peer that keeps lying holds the sending rank's drop (an ignored test). A caller:
+//! a slot lent in place is freed for the sender only once the reads through the lend completed,
+//! more slots than a block holds are a configuration error, and a receive outlasts the peer
+//! timeout while the sending rank's heartbeat shows it alive.
 
 use crate::{double, ranks};
 
@@ -275,5 +281,40 @@ fn a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy() {
         drop(x);
         let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
         assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// A `filled` word lied past the release value (`u64::MAX`) while a receive waits for the
+/// sending rank's copy (its stage runs late, a gate) is the link's failure, typed: the receive
+/// never returns the slot as filled.
+#[test]
+fn a_filled_word_lied_past_the_release_fails_the_receive_typed() {
+    with_double("a_filled_word_lied_past_the_release_fails_the_receive_typed", |double| {
+        static TX_GATE: AtomicBool = AtomicBool::new(false);
+        TX_GATE.store(false, Ordering::SeqCst);
+        let timeout = Duration::from_millis(800);
+        let primary = Engine::new(0).unwrap();
+        let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+        let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
+        let (_, path) = control_blocks()
+            .into_iter()
+            .find(|(ino, _)| !before.contains(ino))
+            .expect("the boundary's control block is open in this process");
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let liar = ControlBlock::open(file.into(), 2).unwrap();
+        let x = step_input(&ranks.0, &primary, 0);
+        ranks.0.stage_stream(0).unwrap().synchronize().unwrap();
+        double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
+        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap();
+        liar.publish_filled(0, u64::MAX);
+        let received = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 0, N, Duration::from_secs(5)));
+        TX_GATE.store(true, Ordering::SeqCst);
+        assert!(
+            matches!(received, Err(ppnrt::Error::Pipeline(ppnrt::PpError::PeerFailed { .. }))),
+            "a receive with its filled word lied past the release: {:?}",
+            received.map(|y| y.len())
+        );
+        drop(x);
+        let _ = crate::drop_ranks_within((ranks, liar), Duration::from_secs(15), "the ranks");
     });
 }
