@@ -37,6 +37,17 @@ fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
     found
 }
 
+/// The control block of `slots` slots opened in this process since `before` was listed, mapped
+/// again as another process of the user maps it (through `/proc/<pid>/fd`).
+fn opened_as_peer(before: &HashSet<u64>, slots: usize) -> ControlBlock {
+    let (_, path) = control_blocks()
+        .into_iter()
+        .find(|(ino, _)| !before.contains(ino))
+        .expect("the boundary's control block is open in this process");
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    ControlBlock::open(file.into(), slots).unwrap()
+}
+
 fn pattern(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u64).map(|i| ppnrt::kernels::pattern(seed, i)).collect()
 }
@@ -69,12 +80,7 @@ fn a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_a
             let ranks = ranks::two_ranks_configured(timeout, |_, config| {
                 config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(2))
             });
-            let (_, path) = control_blocks()
-                .into_iter()
-                .find(|(ino, _)| !before.contains(ino))
-                .expect("the boundary's control block is open in this process");
-            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-            let liar = ControlBlock::open(file.into(), 2).unwrap();
+            let liar = opened_as_peer(&before, 2);
             let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
             double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
             for input in &inputs {
@@ -201,12 +207,7 @@ fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
         let ranks = ranks::two_ranks_configured(timeout, |_, config| {
             config.with_slots(2).with_fault(ppnrt::pp::ProtocolFault::ForgeRecordAt(2))
         });
-        let (_, path) = control_blocks()
-            .into_iter()
-            .find(|(ino, _)| !before.contains(ino))
-            .expect("the boundary's control block is open in this process");
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let liar = Arc::new(ControlBlock::open(file.into(), 2).unwrap());
+        let liar = Arc::new(opened_as_peer(&before, 2));
         let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
         double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
         for input in &inputs {
@@ -296,12 +297,7 @@ fn a_filled_word_lied_past_the_release_fails_the_receive_typed() {
         let primary = Engine::new(0).unwrap();
         let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
         let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
-        let (_, path) = control_blocks()
-            .into_iter()
-            .find(|(ino, _)| !before.contains(ino))
-            .expect("the boundary's control block is open in this process");
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let liar = ControlBlock::open(file.into(), 2).unwrap();
+        let liar = opened_as_peer(&before, 2);
         let x = step_input(&ranks.0, &primary, 0);
         ranks.0.stage_stream(0).unwrap().synchronize().unwrap();
         double.gate(ranks.0.stage_stream(0).unwrap(), &TX_GATE);
