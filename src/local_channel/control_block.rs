@@ -10,11 +10,11 @@
 //! | 8 | version ([`ControlBlock::VERSION`], low 32 bits) and slot count (high 32 bits) |
 //! | 16 | the heartbeat of side [`Side::Receiver`] (a count it raises while alive) |
 //! | 24 | the heartbeat of side [`Side::Sender`] |
-//! | 64 + 64·s | slot `s`: the last step whose "filled" event was recorded |
-//! | 72 + 64·s | slot `s`: the last step whose "consumed" event was recorded |
+//! | 64 + 64·s | slot `s`: "filled", one past the last step copied in (by the sender's stream) |
+//! | 72 + 64·s | slot `s`: "consumed", the step the slot is free for (raised by the receiver) |
 //!
-//! A step number is written (release) only after the event record it announces was enqueued:
-//! a wait enqueued after reading it (acquire) binds to that record or a later one.
+//! A word is stored with release ordering (a stream's write, after a fence) and loaded with
+//! acquire ordering: whoever sees a value sees what it announces.
 //!
 //! Safety model: the other process may write any value into the block at any time, so the
 //! block is only ever read and written through atomics (no `&mut`, no plain loads), and every
@@ -229,23 +229,22 @@ impl ControlBlock {
         self.bytes
     }
 
-    /// The last step announced filled in `slot` (0: none yet). Panics for a slot past the block.
+    /// Slot `slot`'s "filled" word (0: nothing copied in yet). Panics for a slot past the block.
     pub fn filled(&self, slot: usize) -> u64 {
         self.slot_word(slot, FILLED).load(Ordering::Acquire)
     }
 
-    /// Announces that the "filled" event of `step` in `slot` was recorded (call after the
-    /// record was enqueued).
+    /// Stores `step` into slot `slot`'s "filled" word (a plain store: it may lower the word).
     pub fn publish_filled(&self, slot: usize, step: u64) {
         self.slot_word(slot, FILLED).store(step, Ordering::Release);
     }
 
-    /// The last step announced consumed in `slot` (0: none yet).
+    /// Slot `slot`'s "consumed" word (0 when the block is created).
     pub fn consumed(&self, slot: usize) -> u64 {
         self.slot_word(slot, CONSUMED).load(Ordering::Acquire)
     }
 
-    /// Announces that the "consumed" event of `step` in `slot` was recorded.
+    /// Stores `step` into slot `slot`'s "consumed" word (a plain store: it may lower the word).
     pub fn publish_consumed(&self, slot: usize, step: u64) {
         self.slot_word(slot, CONSUMED).store(step, Ordering::Release);
     }
