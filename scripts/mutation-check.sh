@@ -255,6 +255,13 @@ declare -A catchers=(
   [readback-handed-unwaited]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-unrecorded]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
+  # A failure releases the flag words at a value every cyclic stream wait meets (a lie past 2^63 included).
+  [ipc-release-keeps-lie]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure"
+  [config-slots-past-block]="more_slots_than_a_control_block_holds_are_a_config_error"
+  [ipc-lent-freed-ahead-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
+  [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
+  [ipc-sender-heartbeat-silent]="a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy"
+  [ipc-filled-release-unchecked]="a_filled_word_lied_past_the_release_fails_the_receive_typed"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -697,7 +704,7 @@ run local-guest-ready-unawaited src/local_channel/mod.rs "            let ready 
 # the receiving rank's socket path is refused unread when no socket can have it; a receive waits
 # for the sender's copy, in graph mode too.
 run ipc-downstream-unknown-at-abort src/pp/remote/link.rs "        await_ipc_downstream(&stopped);" "        let _ = await_ipc_downstream;"
-run ipc-release-leaves-consumed src/pp/remote/ipc.rs "            self.block.raise_consumed(s, RELEASED);" "            let _ = (s, RELEASED);"
+run ipc-release-leaves-consumed src/pp/remote/ipc.rs "            self.block.release_consumed(s, RELEASED);" "            let _ = (s, RELEASED);"
 run ipc-path-length-unchecked src/pp/remote/ipc.rs "    if len == 0 || len > MAX_PATH {" "    if false {" lib
 run ipc-receive-unwaited src/pp/remote/ipc.rs "            Ok(filled > step)" "            Ok(true)"
 # The IPC receiver frees a slot for the sender only once its reads completed, at the step's record
@@ -728,3 +735,19 @@ run readback-ready-too-soon src/safe/ordering/own.rs "            Some(written) 
 run readback-handed-unwaited src/safe/ordering/hand.rs "                        raw_stream::wait_event(stream.raw(), event.raw())?;" ""
 run readback-handed-unrecorded src/safe/ordering/hand.rs "                        raw_event::record(event.raw(), writer.raw())?;" ""
 run readback-handed-into-capture src/safe/ordering/hand.rs "                if writer.is_capturing() {" "                if false {"
+# A failure releases the flag words at a value every stream wait meets (cyclic `>=`): a word a
+# lying peer took past 2^63 is set back, not kept by an atomic maximum.
+run ipc-release-keeps-lie src/local_channel/control_block.rs "    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
+        (!(value..1 << 63).contains(&found)).then_some(value)
+    });" "    word.fetch_max(value, Ordering::AcqRel);" double
+# More slots than a control block holds are the configuration's typed error, not a failed setup.
+run config-slots-past-block src/pp/config/mod.rs "        if self.slots == 0 || self.slots > MAX_SLOTS {" "        if self.slots == 0 {" double
+# A slot lent in place is freed for the sender (ahead of the record, or at it) only once the
+# reads made through the lend completed.
+run ipc-lent-freed-ahead-before-reads src/pp/remote/ipc.rs "        if read.as_ref().is_ok_and(|&read| read) {" "        if true {"
+run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_complete(\"the IPC boundary's receive\", Use::Write).map_err(|e| e.to_string())" "            Ok::<bool, String>(true)"
+# A live sending rank's heartbeat in the control block keeps a receive waiting on the host for
+# its late copy alive past the peer timeout.
+run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat();" "            let _ = flags;"
+# A `filled` word at or past the release value fails the receive; it is never read as filled.
+run ipc-filled-release-unchecked src/pp/remote/ipc.rs "            if filled >= RELEASED {" "            if false {"

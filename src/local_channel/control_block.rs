@@ -10,11 +10,11 @@
 //! | 8 | version ([`ControlBlock::VERSION`], low 32 bits) and slot count (high 32 bits) |
 //! | 16 | the heartbeat of side [`Side::Receiver`] (a count it raises while alive) |
 //! | 24 | the heartbeat of side [`Side::Sender`] |
-//! | 64 + 64·s | slot `s`: the last step whose "filled" event was recorded |
-//! | 72 + 64·s | slot `s`: the last step whose "consumed" event was recorded |
+//! | 64 + 64·s | slot `s`: "filled", one past the last step copied in (by the sender's stream) |
+//! | 72 + 64·s | slot `s`: "consumed", the step the slot is free for (raised by the receiver) |
 //!
-//! A step number is written (release) only after the event record it announces was enqueued:
-//! a wait enqueued after reading it (acquire) binds to that record or a later one.
+//! A word is stored with release ordering (a stream's write, after a fence) and loaded with
+//! acquire ordering: whoever sees a value sees what it announces.
 //!
 //! Safety model: the other process may write any value into the block at any time, so the
 //! block is only ever read and written through atomics (no `&mut`, no plain loads), and every
@@ -229,23 +229,22 @@ impl ControlBlock {
         self.bytes
     }
 
-    /// The last step announced filled in `slot` (0: none yet). Panics for a slot past the block.
+    /// Slot `slot`'s "filled" word (0: nothing copied in yet). Panics for a slot past the block.
     pub fn filled(&self, slot: usize) -> u64 {
         self.slot_word(slot, FILLED).load(Ordering::Acquire)
     }
 
-    /// Announces that the "filled" event of `step` in `slot` was recorded (call after the
-    /// record was enqueued).
+    /// Stores `step` into slot `slot`'s "filled" word (a plain store: it may lower the word).
     pub fn publish_filled(&self, slot: usize, step: u64) {
         self.slot_word(slot, FILLED).store(step, Ordering::Release);
     }
 
-    /// The last step announced consumed in `slot` (0: none yet).
+    /// Slot `slot`'s "consumed" word (0 when the block is created).
     pub fn consumed(&self, slot: usize) -> u64 {
         self.slot_word(slot, CONSUMED).load(Ordering::Acquire)
     }
 
-    /// Announces that the "consumed" event of `step` in `slot` was recorded.
+    /// Stores `step` into slot `slot`'s "consumed" word (a plain store: it may lower the word).
     pub fn publish_consumed(&self, slot: usize, step: u64) {
         self.slot_word(slot, CONSUMED).store(step, Ordering::Release);
     }
@@ -268,9 +267,15 @@ impl ControlBlock {
         self.slot_word(slot, CONSUMED).fetch_max(step, Ordering::AcqRel);
     }
 
-    /// Raises slot `slot`'s "filled" word to `step`, never lowering it.
-    pub(crate) fn raise_filled(&self, slot: usize, step: u64) {
-        self.slot_word(slot, FILLED).fetch_max(step, Ordering::AcqRel);
+    /// Releases slot `slot`'s "consumed" word at `value` (below `2^63`): afterwards every
+    /// stream's wait for a step up to `value` on it is met (see [`release_word`]).
+    pub(crate) fn release_consumed(&self, slot: usize, value: u64) {
+        release_word(self.slot_word(slot, CONSUMED), value);
+    }
+
+    /// Releases slot `slot`'s "filled" word at `value`, as [`release_consumed`](Self::release_consumed).
+    pub(crate) fn release_filled(&self, slot: usize, value: u64) {
+        release_word(self.slot_word(slot, FILLED), value);
     }
 
     /// The mapping's first byte (page-aligned, [`byte_len`](Self::byte_len) bytes, alive as long
@@ -288,6 +293,18 @@ impl ControlBlock {
     pub fn heartbeat(&self, side: Side) -> u64 {
         self.word(HEARTBEAT + side as usize).load(Ordering::Acquire)
     }
+}
+
+/// Sets `word` so that a stream's wait for any step up to `value` (`value < 2^63`) is met: a
+/// stream compares cyclically (`(word - step) as i64 >= 0`), so a word the other process took to
+/// `2^63` or past (`u64::MAX`, say) is below every step there, and an atomic maximum would keep
+/// it. A word in `value..2^63` is kept (it meets every such wait and never goes down); any other
+/// becomes `value`.
+fn release_word(word: &AtomicU64, value: u64) {
+    debug_assert!(value < 1 << 63, "a release value of {value:#x} is below step 0 for a stream");
+    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
+        (!(value..1 << 63).contains(&found)).then_some(value)
+    });
 }
 
 /// What kind of file `fd` is, in words (for an error).

@@ -87,6 +87,7 @@ mod foreign;
 mod graphs_mode;
 mod ipc;
 mod ipc_boundary;
+mod ipc_host_flags;
 mod ipc_memops;
 mod process_transport;
 mod protocol;

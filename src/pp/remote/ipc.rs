@@ -39,7 +39,9 @@
 //!
 //! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases the TX
 //! rank's stream waits: [`RELEASED`] is raised into every `consumed` word by whichever side
-//! fails (an atomic maximum on the host, never lowered), after the rank's other links have
+//! fails (on the host: a word below it is raised and one already at or past it stays, except one a
+//! lying peer took to `2^63` or past, below every step for a stream's cyclic comparison, which is
+//! set back to it), after the rank's other links have
 //! stopped and the next ranks know (see `link`); the TX rank also writes [`RELEASED`] into every
 //! `filled` word on the stream that wrote them, behind its writes still queued there. A receiver
 //! thread waiting on the host stops with the link and fills nothing. The slots of a failed link
@@ -74,6 +76,9 @@ use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
 /// What a side writes into the words it waits on when its link fails: every wait for a step
 /// number (cyclic `>=`, steps far below 2^62) is met.
 pub(in crate::pp) const RELEASED: u64 = 1 << 62;
+
+// A ring of the configuration's slots fits a control block (more are refused by the configuration).
+static_assertions::const_assert!(crate::pp::config::MAX_SLOTS <= ControlBlock::MAX_SLOTS);
 
 /// The longest socket path the RX rank may name: a Unix socket's path is at most 108 bytes on
 /// Linux (`sun_path`); a longer one is refused before it is read.
@@ -269,19 +274,20 @@ impl IpcFlags {
         Ok(())
     }
 
-    /// Releases the TX rank's stream waits (see the module docs): [`RELEASED`] raised into every
-    /// `consumed` word on the host; on the TX side, also written into every `filled` word on the
+    /// Releases the TX rank's stream waits (see the module docs): every `consumed` word released
+    /// at [`RELEASED`] on the host (so that every stream wait on it is met, whatever the peer
+    /// wrote there); on the TX side, also written into every `filled` word on the
     /// stream that wrote them, behind this side's writes still queued there (so none of those
-    /// lowers it), and on the RX side raised into them on the host (this side's own waits, which
+    /// lowers it), and on the RX side released at it on the host (this side's own waits, which
     /// also end with the link).
     pub(super) fn release(&self) -> Result<()> {
         for s in 0..self.n_slots {
-            self.block.raise_consumed(s, RELEASED);
+            self.block.release_consumed(s, RELEASED);
         }
         match self.end {
             End::Receiver => {
                 for s in 0..self.n_slots {
-                    self.block.raise_filled(s, RELEASED);
+                    self.block.release_filled(s, RELEASED);
                 }
             }
             End::Sender => {
