@@ -102,41 +102,57 @@ fn hop(rt: &PpNRt, primary: &Engine) -> Option<f64> {
     (!halves.is_empty()).then(|| median(&mut halves))
 }
 
-/// Stages [0, 1]: host costs (the receiver sleeps before each `rx`, so the data is there), then
-/// the pipelined step at 32 KiB and the throughput at 64 MiB, timed on the receiver. Returns
-/// (tx µs, rx µs, step µs, GB/s) for what this process runs.
+/// Which host cost a run of the stream workload measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cost {
+    Tx,
+    Rx,
+}
+
+/// Stages [0, 1]: host costs (`tx` with the sender the slower side, then `rx` with the receiver
+/// the slower side, so neither waits for the other), then the pipelined step at 32 KiB and the
+/// throughput at 64 MiB, timed on the receiver. Returns (tx µs, rx µs, step µs, GB/s) for what
+/// this process runs.
 fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
     let (sends, receives) = (rt.owns_stage(0), rt.owns_stage(1));
     let small = if sends { Some(source(rt, primary, SMALL)) } else { None };
     let large = if sends { Some(source(rt, primary, LARGE)) } else { None };
     let (mut tx_costs, mut rx_costs) = (Vec::new(), Vec::new());
     let mut t = 0;
-    let mut run = |n: usize, steps: usize, host_costs: bool, t: &mut usize| -> Option<f64> {
+    // Busy, not asleep: a thread woken from sleep pays for cold caches.
+    let pause = |us: u64| {
+        let until = Instant::now() + Duration::from_micros(us);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    };
+    let mut run = |n: usize, steps: usize, costs: Option<Cost>, t: &mut usize| -> Option<f64> {
         let mut first = None;
         for k in 0..steps {
             if sends {
+                // Measuring `tx`, the sender is the slower side: each `tx` finds the pipeline idle,
+                // never a queue the sender filled ahead of the receiver.
+                if costs == Some(Cost::Tx) {
+                    pause(300);
+                }
                 let x = if n == SMALL { small.as_ref() } else { large.as_ref() }.unwrap();
                 let _scope = rt.enter(0).unwrap();
                 let start = Instant::now();
                 rt.tx(0, x, n).unwrap();
-                if host_costs {
+                if costs == Some(Cost::Tx) {
                     tx_costs.push(start.elapsed().as_secs_f64() * 1e6);
                 }
             }
             if receives {
-                if host_costs {
-                    // The receiver is slower than the sender, so its `rx` never waits for data;
-                    // the same pause in one process keeps the comparison fair. Busy, not asleep:
-                    // a thread woken from sleep pays for cold caches.
-                    let until = Instant::now() + Duration::from_micros(150);
-                    while Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
+                // Measuring `rx`, the receiver is the slower side, so its `rx` never waits for
+                // data; the same pauses in one process keep the comparison fair.
+                if costs == Some(Cost::Rx) {
+                    pause(300);
                 }
                 let _scope = rt.enter(1).unwrap();
                 let start = Instant::now();
                 let y = rt.rx_wait::<f32>(0, slot_of(rt, *t), n, WAIT).unwrap();
-                if host_costs {
+                if costs == Some(Cost::Rx) {
                     rx_costs.push(start.elapsed().as_secs_f64() * 1e6);
                 }
                 drop(y);
@@ -150,9 +166,10 @@ fn stream(rt: &PpNRt, primary: &Engine) -> (Option<f64>, Option<f64>, Option<f64
         rt.synchronize().unwrap();
         first.map(|first| first.elapsed().as_secs_f64() * 1e6 / (steps - 5) as f64)
     };
-    run(SMALL, 1000, true, &mut t);
-    let step = run(SMALL, 2000, false, &mut t);
-    let large_step = run(LARGE, 45, false, &mut t);
+    run(SMALL, 500, Some(Cost::Tx), &mut t);
+    run(SMALL, 500, Some(Cost::Rx), &mut t);
+    let step = run(SMALL, 2000, None, &mut t);
+    let large_step = run(LARGE, 45, None, &mut t);
     let gbs = large_step.map(|us| (LARGE * 4) as f64 / (us * 1e3));
     let tx = (!tx_costs.is_empty()).then(|| median(&mut tx_costs));
     let rx = (!rx_costs.is_empty()).then(|| median(&mut rx_costs));
@@ -448,7 +465,7 @@ pub(crate) fn processes(gpus: &Gpus, report: &mut String) {
         "| boundary | host tx (µs) | host rx (µs) | tx + rx (µs) | isolated hop 32 KiB (µs) | pipelined step 32 KiB (µs) | 64 MiB (GB/s) | receives through graphs |"
     );
     let _ = writeln!(report, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    let stream_steps = 1000 + 2000 + 45;
+    let stream_steps = 500 + 500 + 2000 + 45;
     let mut rows: Vec<(String, Figures)> = Vec::new();
     for (r, (in_round, nccl_round)) in rounds.iter().enumerate() {
         rows.push((format!("round {}: in-process peer", r + 1), *in_round));
