@@ -413,10 +413,20 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
                     one.tx(1, &received, N).map(|_| ())
                 })
             };
-            // Rank 2 takes the step (over IPC the receive returns once the copy is in, so this
-            // waits) and reads it back.
+            // Rank 2 takes the step and reads it back. Over NCCL the receive returns once posted:
+            // the readback is queued before rank 0 goes, as an engine that ran ahead would have
+            // it. Over IPC the receive returns once the copy is in, so it waits on a thread.
             let (read, readback) = std::sync::mpsc::channel();
-            {
+            if transport == ppnrt::ProcessTransport::Nccl {
+                let pending = {
+                    let _stage = two.enter(2).unwrap();
+                    let received = two.rx_wait::<u32>(1, 0, N, wait).unwrap();
+                    two.readback(received).unwrap()
+                };
+                std::thread::spawn(move || {
+                    let _ = read.send(pending.wait().map(<[u32]>::to_vec));
+                });
+            } else {
                 let two = std::sync::Arc::clone(&two);
                 std::thread::spawn(move || {
                     let values = two.enter(2).and_then(|_stage| {
@@ -425,11 +435,6 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
                     });
                     let _ = read.send(values);
                 });
-            }
-            if transport == ppnrt::ProcessTransport::Nccl {
-                // Over NCCL the receive returns once posted: rank 2's readback is queued before
-                // rank 0 goes, as an engine that ran ahead would have it.
-                std::thread::sleep(Duration::from_millis(100));
             }
             // Rank 0 goes: rank 1 fails its boundary from it within the peer timeout.
             let (done, dropped) = std::sync::mpsc::channel();
