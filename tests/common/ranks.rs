@@ -39,31 +39,44 @@ pub fn try_two_ranks_configured(
     configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
 ) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
     for attempt in 1.. {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let build = |rank: usize| {
-            let config = PpConfig::with_devices(&[0, 1])
-                .with_ranks(&[0, 1])
-                .with_rank(rank)
-                .with_rendezvous(&addr)
-                .with_peer_timeout(peer_timeout);
-            PpNRt::new(configure(rank, config), primary)
-        };
-        let built = std::thread::scope(|scope| {
-            let one = scope.spawn(|| build(1));
-            match build(0) {
-                Err(Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. })) if attempt < 3 => {
-                    let _ = one.join();
-                    None
-                }
-                zero => Some((zero, one.join().unwrap())),
-            }
-        });
-        if let Some(ranks) = built {
-            return ranks;
+        let (zero, one) = try_two_ranks_once(primary, peer_timeout, &configure);
+        if !(attempt < 3 && zero.as_ref().is_err_and(port_taken)) {
+            return (zero, one);
         }
     }
     unreachable!("the loop returns")
+}
+
+/// One try of [`try_two_ranks_configured`], on a port the system handed out and this function
+/// closed again: when a connection took it meanwhile, rank 0's setup is the typed `Address`
+/// error ([`port_taken`]) and rank 1's whatever its wait for the rendezvous ended with. A caller
+/// that counts what the setups did (a fault sweep) makes such a run again.
+pub fn try_two_ranks_once(
+    primary: &Engine,
+    peer_timeout: std::time::Duration,
+    configure: &(impl Fn(usize, PpConfig) -> PpConfig + Sync),
+) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let build = |rank: usize| {
+        let config = PpConfig::with_devices(&[0, 1])
+            .with_ranks(&[0, 1])
+            .with_rank(rank)
+            .with_rendezvous(&addr)
+            .with_peer_timeout(peer_timeout);
+        PpNRt::new(configure(rank, config), primary)
+    };
+    std::thread::scope(|scope| {
+        let one = scope.spawn(|| build(1));
+        let zero = build(0);
+        (zero, one.join().unwrap())
+    })
+}
+
+/// Whether `error` is rank 0's failure to host the rendezvous on its port (taken by another
+/// socket between [`try_two_ranks_once`]'s probe and its bind).
+pub fn port_taken(error: &Error) -> bool {
+    matches!(error, Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. }))
 }
 
 /// One rank per stage of a pipeline of `devices.len()` stages (stage `s` on `devices[s]`, in rank
@@ -93,8 +106,7 @@ pub fn chain_of_ranks(
             all.extend(others.into_iter().map(|other| other.join().unwrap()));
             all
         });
-        if attempt < 3 && matches!(built[0], Err(Error::Rendezvous(ppnrt::rendezvous::RendezvousError::Address { .. })))
-        {
+        if attempt < 3 && built[0].as_ref().is_err_and(port_taken) {
             continue;
         }
         return built
