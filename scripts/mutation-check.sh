@@ -262,6 +262,13 @@ declare -A catchers=(
   [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-sender-heartbeat-silent]="a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy"
   [ipc-filled-release-unchecked]="a_filled_word_lied_past_the_release_fails_the_receive_typed"
+  # Steps announced in the control block: used, a line written only once its step was taken,
+  # a sleeping receiver woken on the connection, the connection's records kept in order.
+  [ipc-block-unused]="steps_of_one_type_are_announced_in_the_control_block_and_a_new_type_on_the_connection"
+  [ipc-announce-over-untaken-line]="a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full"
+  [ipc-asleep-not-woken]="a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block"
+  [ipc-connection-before-block]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
+  [ipc-held-after-later-steps]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -751,3 +758,21 @@ run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_comp
 run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat();" "            let _ = flags;"
 # A `filled` word at or past the release value fails the receive; it is never read as filled.
 run ipc-filled-release-unchecked src/pp/remote/ipc.rs "            if filled >= RELEASED {" "            if false {"
+# Over IPC a step of the previous step's type is announced in the control block: the sender uses
+# it, writes a line only once the receiver took the step it held, wakes a receiver asleep on its
+# connection; the receiver keeps a record of the connection after the block's steps before it.
+run ipc-block-unused src/pp/remote/ipc.rs "        let free = step < self.block.announcements_taken().saturating_add(ControlBlock::ANNOUNCEMENTS as u64);" "        let free = false;"
+run ipc-announce-over-untaken-line src/pp/remote/ipc.rs "        let free = step < self.block.announcements_taken().saturating_add(ControlBlock::ANNOUNCEMENTS as u64);" "        let free = true;"
+run ipc-asleep-not-woken src/pp/remote/sender.rs "                if flags.receiver_asleep() {" "                if false {"
+run ipc-connection-before-block src/pp/remote/inbox.rs "        if names_step(&record).is_some_and(|named| named > expected) {" "        if false {" lib
+run ipc-held-after-later-steps src/pp/remote/inbox.rs "        let record = match self.deferred.take() {
+            Some(record) => record,
+            None => {
+                if let Some(n) = block(expected) {
+                    return self.step_in_block(expected, n).map(Some);
+                }" "        if let Some(n) = block(expected) {
+            return self.step_in_block(expected, n).map(Some);
+        }
+        let record = match self.deferred.take() {
+            Some(record) => record,
+            None => {" lib

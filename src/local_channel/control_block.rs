@@ -10,11 +10,20 @@
 //! | 8 | version ([`ControlBlock::VERSION`], low 32 bits) and slot count (high 32 bits) |
 //! | 16 | the heartbeat of side [`Side::Receiver`] (a count it raises while alive) |
 //! | 24 | the heartbeat of side [`Side::Sender`] |
+//! | 32 | announcements taken: one past the last step whose announcement the receiver took |
+//! | 40 | 1 while the receiver sleeps on its connection rather than watching the block |
 //! | 64 + 64·s | slot `s`: "filled", one past the last step copied in (by the sender's stream) |
 //! | 72 + 64·s | slot `s`: "consumed", the step the slot is free for (raised by the receiver) |
+//! | 64·(1 + slots + a) | announcement line `a`: one past the step it announces (0: none) |
+//! | 64·(1 + slots + a) + 8 | announcement line `a`: the step's element count |
 //!
-//! A word is stored with release ordering (a stream's write, after a fence) and loaded with
-//! acquire ordering: whoever sees a value sees what it announces.
+//! Step `k`'s announcement goes into line `k mod` [`ANNOUNCEMENTS`](ControlBlock::ANNOUNCEMENTS),
+//! written by the sender only once the receiver took step `k - ANNOUNCEMENTS`'s (the count at 32
+//! says so): its count first, then its step. A word is stored with release ordering (a stream's
+//! write, after a fence) and loaded with acquire ordering: whoever sees a value sees what it
+//! announces. The sleep word and the announcement's step are each stored, then the other read,
+//! with sequentially consistent fences between: a sender that announces while the receiver falls
+//! asleep either sees it asleep (and wakes it over the connection) or is seen by its last look.
 //!
 //! Safety model: the other process may write any value into the block at any time, so the
 //! block is only ever read and written through atomics (no `&mut`, no plain loads), and every
@@ -89,20 +98,27 @@ static_assertions::assert_impl_all!(ControlBlock: Send, Sync);
 const WORD: usize = 8;
 const LINE: usize = 64;
 const HEARTBEAT: usize = 2;
+const ANNOUNCEMENTS_TAKEN: usize = 4;
+const RECEIVER_ASLEEP: usize = 5;
 const FILLED: usize = 0;
 const CONSUMED: usize = 1;
+const ANNOUNCED_STEP: usize = 0;
+const ANNOUNCED_COUNT: usize = 1;
 
 impl ControlBlock {
     /// The block's magic.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PPNRTCB1");
     /// The layout's version.
-    pub const VERSION: u32 = 1;
+    pub const VERSION: u32 = 2;
     /// The most slots a block holds (as many as a ring may have).
     pub const MAX_SLOTS: usize = 64;
+    /// The announcement lines: how many steps the sender may announce in the block ahead of the
+    /// receiver's takes.
+    pub const ANNOUNCEMENTS: usize = 32;
 
     /// The byte size of a block of `slots` slots.
     pub const fn byte_size(slots: usize) -> usize {
-        LINE + LINE * slots
+        LINE + LINE * slots + LINE * Self::ANNOUNCEMENTS
     }
 
     /// Creates a block of `slots` slots (a sealed memfd), every counter 0, mapped.
@@ -282,6 +298,65 @@ impl ControlBlock {
     /// as `self`): for registering it with the driver.
     pub(crate) fn as_mut_ptr(&self) -> *mut std::ffi::c_void {
         self.base.as_ptr().cast()
+    }
+
+    fn announcement_word(&self, step: u64, field: usize) -> &AtomicU64 {
+        let line = (step % Self::ANNOUNCEMENTS as u64) as usize;
+        self.word((LINE + LINE * self.slots + LINE * line) / WORD + field)
+    }
+
+    /// Announces step `step` of `count` elements in its line (the count, then the step), where
+    /// the receiver finds it with [`announced`](Self::announced). The sender writes a line only
+    /// once [`announcements_taken`](Self::announcements_taken) shows the receiver took the step
+    /// it held before (`step < taken + ANNOUNCEMENTS`).
+    ///
+    /// ```
+    /// use ppnrt::local_channel::ControlBlock;
+    ///
+    /// let block = ControlBlock::create(2)?;
+    /// assert_eq!(block.announced(0), None);
+    /// block.announce(0, 1024);
+    /// assert_eq!(block.announced(0), Some(1024));
+    /// // Step 32 shares step 0's line: not announced until written there.
+    /// assert_eq!(block.announced(ControlBlock::ANNOUNCEMENTS as u64), None);
+    /// # Ok::<(), ppnrt::local_channel::LocalChannelError>(())
+    /// ```
+    pub fn announce(&self, step: u64, count: u64) {
+        self.announcement_word(step, ANNOUNCED_COUNT).store(count, Ordering::Relaxed);
+        self.announcement_word(step, ANNOUNCED_STEP).store(step.wrapping_add(1), Ordering::Release);
+    }
+
+    /// The element count of step `step`'s announcement, when its line holds it (`None` when it
+    /// holds another step's or none). A value the other process wrote: data, never trusted.
+    pub fn announced(&self, step: u64) -> Option<u64> {
+        let held = self.announcement_word(step, ANNOUNCED_STEP).load(Ordering::Acquire);
+        (held == step.wrapping_add(1)).then(|| self.announcement_word(step, ANNOUNCED_COUNT).load(Ordering::Relaxed))
+    }
+
+    /// One past the last step whose announcement the receiver took (0 when none).
+    pub fn announcements_taken(&self) -> u64 {
+        self.word(ANNOUNCEMENTS_TAKEN).load(Ordering::Acquire)
+    }
+
+    /// Records that the receiver took the announcements of every step up to `step` (an atomic
+    /// maximum): their lines may be written again.
+    pub fn take_announcements(&self, step: u64) {
+        self.word(ANNOUNCEMENTS_TAKEN).fetch_max(step.wrapping_add(1), Ordering::AcqRel);
+    }
+
+    /// Marks the receiver asleep on its connection (or awake again), then fences: a later look at
+    /// an announcement sees any the sender made before it looked at this word (see the module
+    /// docs).
+    pub fn set_receiver_asleep(&self, asleep: bool) {
+        self.word(RECEIVER_ASLEEP).store(u64::from(asleep), Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Whether the receiver sleeps on its connection, after a fence: called by the sender once it
+    /// announced a step, which it then also signals over the connection when so.
+    pub fn receiver_asleep(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.word(RECEIVER_ASLEEP).load(Ordering::SeqCst) != 0
     }
 
     /// Raises `side`'s heartbeat (a sign of life the other side watches).

@@ -130,37 +130,46 @@ fn sealed(bytes: usize, words: &[u64]) -> OwnedFd {
 #[test]
 fn a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused() {
     let shape = |version: u64, slots: u64| version | (slots << 32);
-    let good = [ControlBlock::MAGIC, shape(1, 2)];
+    let good = [ControlBlock::MAGIC, shape(2, 2)];
     let block = ControlBlock::open(sealed(ControlBlock::byte_size(2), &good), 2).unwrap();
-    assert_eq!((block.slots(), block.byte_len()), (2, 192));
+    assert_eq!((block.slots(), block.byte_len()), (2, 192 + 64 * ControlBlock::ANNOUNCEMENTS));
     let refused = |fd: OwnedFd, slots: usize, says: &str| {
         let err = ControlBlock::open(fd, slots).unwrap_err();
         assert!(matches!(err, LocalChannelError::Block { ref what } if what.contains(says)), "{err} lacks {says}");
     };
-    refused(sealed(ControlBlock::byte_size(2) - 64, &good), 2, "128 bytes, 192 expected");
-    refused(sealed(ControlBlock::byte_size(2), &[0x1234, shape(1, 2)]), 2, "magic");
-    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(2, 2)]), 2, "version 2");
-    refused(sealed(ControlBlock::byte_size(3), &[ControlBlock::MAGIC, shape(1, 2)]), 3, "2 slot(s), 3 expected");
+    refused(sealed(ControlBlock::byte_size(2) - 64, &good), 2, "2176 bytes, 2240 expected");
+    refused(sealed(ControlBlock::byte_size(2), &[0x1234, shape(2, 2)]), 2, "magic");
+    // A block of the first layout (no announcement lines), sized as this one.
+    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(1, 2)]), 2, "version 1, 2 expected");
+    refused(sealed(ControlBlock::byte_size(3), &[ControlBlock::MAGIC, shape(2, 2)]), 3, "2 slot(s), 3 expected");
     assert!(ControlBlock::create(0).is_err() && ControlBlock::create(ControlBlock::MAX_SLOTS + 1).is_err());
 }
 
 #[test]
 fn the_block_layout_is_as_documented() {
-    assert_eq!(ControlBlock::byte_size(1), 128);
+    assert_eq!(ControlBlock::byte_size(1), 128 + 64 * 32);
     let block = ControlBlock::create(3).unwrap();
     block.publish_filled(2, 11);
     block.publish_consumed(2, 10);
     block.beat(Side::Receiver);
     block.beat(Side::Sender);
     block.beat(Side::Sender);
+    block.announce(33, 700);
+    block.take_announcements(30);
+    block.set_receiver_asleep(true);
     let mut bytes = vec![0u8; block.byte_len()];
     rustix::io::pread(block.fd(), &mut bytes, 0).unwrap();
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
     assert_eq!(word(0), ControlBlock::MAGIC);
-    assert_eq!(word(8), 1 | (3 << 32));
+    assert_eq!(word(8), 2 | (3 << 32));
     assert_eq!((word(16), word(24)), (1, 2));
+    assert_eq!((word(32), word(40)), (31, 1));
     assert_eq!((word(64 + 128), word(72 + 128)), (11, 10));
+    // Step 33 in announcement line 1 (after the header line and three slot lines).
+    assert_eq!((word(64 * (1 + 3 + 1)), word(64 * (1 + 3 + 1) + 8)), (34, 700));
     assert_eq!((block.filled(0), block.consumed(1)), (0, 0));
+    assert_eq!((block.announced(33), block.announced(1), block.announcements_taken()), (Some(700), None, 31));
+    assert!(block.receiver_asleep());
 }
 
 /// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).

@@ -144,6 +144,19 @@ impl PpNRt {
         })
     }
 
+    /// How many steps boundary `b` received announced in the IPC control block rather than on
+    /// the control connection: 0 unless this rank receives `b` from another rank over IPC.
+    ///
+    /// # Errors
+    /// [`PpError::BoundaryOutOfRange`].
+    #[cfg(feature = "testing")]
+    pub fn block_announcements(&self, b: usize) -> Result<u64> {
+        Ok(match self.end(b)? {
+            BoundaryEnd::Ring(ring) => ring.inbound.as_ref().map_or(0, |link| link.block_announcements()),
+            BoundaryEnd::Send(_) | BoundaryEnd::Foreign => 0,
+        })
+    }
+
     /// Slots per boundary ring.
     pub fn n_slots(&self) -> usize {
         self.config.slots()

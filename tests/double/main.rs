@@ -86,6 +86,7 @@ mod cudarc_double;
 mod foreign;
 mod graphs_mode;
 mod ipc;
+mod ipc_announcements;
 mod ipc_boundary;
 mod ipc_host_flags;
 mod ipc_memops;

@@ -59,6 +59,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,8 @@ pub(in crate::pp) struct IpcFlags {
     /// On the TX side, the stream this side writes `filled` on, once a step was queued: a release
     /// writes them last there (see `release`).
     queued_on: Mutex<Option<Arc<CudaStream>>>,
+    /// On the RX side: the steps taken from announcements in the block.
+    block_announcements: AtomicU64,
 }
 
 /// How a receiver thread's wait for a step's copy watches its link: `Err` with the reason ends
@@ -129,6 +132,7 @@ impl IpcFlags {
             flush_arrivals: false,
             slot_memory: Vec::new(),
             queued_on: Mutex::new(None),
+            block_announcements: AtomicU64::new(0),
         }
     }
 
@@ -176,6 +180,44 @@ impl IpcFlags {
             }
         }
         Ok(stream.flagged_copy(src, dst, &mut words.as_view_mut(), steps)?)
+    }
+
+    /// The TX side's announcement of step `step` of `n` elements in the control block, made when
+    /// its line is free (the RX rank took the step it held); returns whether it was.
+    pub(super) fn announce(&self, step: u64, n: u64) -> bool {
+        let free = step < self.block.announcements_taken().saturating_add(ControlBlock::ANNOUNCEMENTS as u64);
+        if free {
+            self.block.announce(step, n);
+        }
+        free
+    }
+
+    /// Whether the RX rank's receiver thread sleeps on the connection (the TX side then wakes it
+    /// there after an announcement in the block).
+    pub(super) fn receiver_asleep(&self) -> bool {
+        self.block.receiver_asleep()
+    }
+
+    /// The RX side: the element count of step `step`'s announcement in the control block, taken
+    /// (its line free for the TX side again), when the block holds it.
+    pub(super) fn take_announcement(&self, step: u64) -> Option<u64> {
+        let n = self.block.announced(step)?;
+        self.block.take_announcements(step);
+        self.block_announcements.fetch_add(1, Ordering::Relaxed);
+        Some(n)
+    }
+
+    /// The RX side: how many steps were taken from announcements in the block.
+    #[cfg(feature = "testing")]
+    pub(super) fn block_announcements(&self) -> u64 {
+        self.block_announcements.load(Ordering::Relaxed)
+    }
+
+    /// The RX side: marks the receiver thread asleep on the connection, or awake (see
+    /// [`ControlBlock::set_receiver_asleep`]); a look at the block for the next announcement
+    /// follows the first.
+    pub(super) fn sleep_on_connection(&self, asleep: bool) {
+        self.block.set_receiver_asleep(asleep);
     }
 
     /// The RX side of step `step` into slot `slot`'s bytes `dst`: once every read of the slot in

@@ -407,6 +407,12 @@ impl Link {
         self.graph_receives.load(Ordering::Relaxed)
     }
 
+    /// On the RX side of an IPC boundary: the steps announced in the control block (0 over NCCL).
+    #[cfg(feature = "testing")]
+    pub(in crate::pp) fn block_announcements(&self) -> u64 {
+        self.ipc().map_or(0, super::ipc::IpcFlags::block_announcements)
+    }
+
     /// The typed error of a stopped link, if it stopped, for a caller: the failure counts as
     /// reported.
     pub(in crate::pp) fn stopped(&self) -> Option<Error> {

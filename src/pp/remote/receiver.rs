@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::inbox::Inbox;
 use super::link::{CAPTURE_SETTLE_WAIT, CAPTURE_WAITS, Link, Phase, RECV_GRAPHS_PER_SLOT, RecvGraph};
 use super::sender::{PEER_CLOSED, watch_comm};
 use super::wire::{BackWriter, Record, read_record};
@@ -196,6 +197,8 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
     let mut heard = Instant::now();
     // Over IPC: the step whose slot this thread freed for the sender ahead of its record.
     let mut freed_ahead: Option<u64> = None;
+    // Over IPC: the steps announced in the control block, and the connection's records, in order.
+    let mut inbox = Inbox::default();
     let outcome: std::result::Result<(), String> = loop {
         if stop.load(Ordering::SeqCst) || link.is_stopped() {
             break Ok(());
@@ -226,7 +229,22 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             }
             nonblocking = spinning;
         }
-        let record = match read_record(&mut inbound.socket, &mut pending, &mut inbound.opener) {
+        // Over IPC the TX rank announces most steps in the control block: the next step's
+        // announcement there comes before any record of the connection (which the TX rank wrote
+        // after it). A thread about to sleep on the connection says so first, then looks: the TX
+        // rank then wakes it there (see `ipc`).
+        let flags = link.ipc();
+        let asleep = !spinning && flags.is_some();
+        if let (true, Some(flags)) = (asleep, flags) {
+            flags.sleep_on_connection(true);
+        }
+        let read = inbox.next(expected, &mut |step| flags.and_then(|flags| flags.take_announcement(step)), &mut || {
+            read_record(&mut inbound.socket, &mut pending, &mut inbound.opener)
+        });
+        if let (true, Some(flags)) = (asleep, flags) {
+            flags.sleep_on_connection(false);
+        }
+        let record = match read {
             Ok(Some(record)) => record,
             Ok(None) => {
                 if spinning {
@@ -247,7 +265,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Err(reason) => break Err(reason),
         };
         heard = Instant::now();
-        if matches!(record, Record::Alive) {
+        if matches!(record, Record::Alive | Record::Wake) {
             continue;
         }
         if let Record::Waiting { step } = record {
@@ -281,7 +299,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Close { steps } => {
                 break Err(format!("the close names {steps} step(s), {expected} were announced"));
             }
-            Record::Alive | Record::Waiting { .. } => unreachable!("handled above"),
+            Record::Alive | Record::Wake | Record::Waiting { .. } => unreachable!("handled above"),
             Record::Data(step) if step.step != expected => {
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::link::{Carrier, Link};
 use super::wire::{BackReader, check_type_name, encode_record};
-use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WATCH_PEEK};
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WAKE, WATCH_PEEK};
 use crate::auth::Sealer;
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
@@ -54,6 +54,9 @@ pub(super) struct SendControl {
     pub(super) ipc_slots: Vec<CudaSlice<u8>>,
     /// Whether the close began (no `tx` after it).
     pub(super) closed: bool,
+    /// The element type (name, byte size) of the last step announced over the connection: a
+    /// step of the same type may be announced in the control block of an IPC boundary.
+    pub(super) last_elem: Option<(&'static str, usize)>,
 }
 
 /// The writing end of a TX rank's control connection (see [`Sender::writer`]).
@@ -171,20 +174,8 @@ impl Sender {
                 return Err(crate::pp::ring::too_large(self.link.boundary, view.byte_len(), capacity));
             }
         }
-        let written = {
-            let mut writer = self.writer();
-            let record =
-                encode_record(&mut writer.sealer, DATA, step, n as u64, std::mem::size_of::<T>() as u64, T::NAME);
-            let record = match self.fault.tamper(step) {
-                None => record,
-                Some(tamper) => match self.tampered(&mut writer, tamper, step, record) {
-                    Some(record) => record,
-                    None => return Err(self.link.stopped().expect("failed by the tampering")),
-                },
-            };
-            writer.write_sealed(&record)
-        };
-        if let Err(e) = written {
+        let elem = (T::NAME, std::mem::size_of::<T>());
+        if let Err(e) = self.announce(&mut control, step, n as u64, elem) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
@@ -214,6 +205,44 @@ impl Sender {
         }
         control.step += 1;
         Ok(slot)
+    }
+
+    /// Announces step `step` of `n` elements of `elem` (name, byte size) to the RX rank. Over IPC,
+    /// a step of the previous step's element type goes into the control block's announcement
+    /// line when the RX rank took the one it held (no system call, no seal: the block is shared
+    /// with the peer alone), and a [`WAKE`] record follows on the connection only when the RX
+    /// rank's receiver thread sleeps on it. Otherwise (over NCCL, the first step and each change
+    /// of type, a full block, a record tampered with on purpose) the sealed record goes over the
+    /// connection.
+    fn announce(
+        &self,
+        control: &mut SendControl,
+        step: u64,
+        n: u64,
+        elem: (&'static str, usize),
+    ) -> std::io::Result<()> {
+        let tamper = self.fault.tamper(step);
+        if let Carrier::Ipc(flags) = &self.link.carrier {
+            if tamper.is_none() && control.last_elem == Some(elem) && flags.announce(step, n) {
+                if flags.receiver_asleep() {
+                    self.writer().write(WAKE, step, 0, 0, "")?;
+                }
+                return Ok(());
+            }
+        }
+        let mut writer = self.writer();
+        let record = encode_record(&mut writer.sealer, DATA, step, n, elem.1 as u64, elem.0);
+        let record = match tamper {
+            None => record,
+            Some(tamper) => match self.tampered(&mut writer, tamper, step, record) {
+                Some(record) => record,
+                // The link failed already, with the reason every call reports.
+                None => return Err(std::io::Error::other("the record was cut short on purpose")),
+            },
+        };
+        writer.write_sealed(&record)?;
+        control.last_elem = Some(elem);
+        Ok(())
     }
 
     /// The record of `step` as the fault this link was built with makes it ([`Tamper`]): altered

@@ -265,6 +265,7 @@ pub(in crate::pp) fn connect(
                 step: 0,
                 ipc_slots: mapped_slots,
                 closed: false,
+                last_elem: None,
             });
             let sender = Sender {
                 link,

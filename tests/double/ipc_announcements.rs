@@ -1,0 +1,145 @@
+//! The IPC boundary's announcements (ranks as threads of this process, through the doubles): a
+//! step of the previous step's element type is announced in the receiving rank's control block,
+//! a step of a new type, or one past the block's lines the receiving rank has not taken yet, on
+//! the control connection; either way the receiving rank takes every step in order, bitwise; and
+//! a receiver thread asleep on its connection is woken there when a step is announced in the
+//! block, not at its next poll.
+
+use crate::{double, ranks};
+
+use std::time::{Duration, Instant};
+
+use double::with_double;
+use ppnrt::local_channel::ControlBlock;
+use ppnrt::{DeviceRepr, Engine, PpNRt, Transport};
+
+const N: usize = 1024;
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Step `t`'s values, as `T`, from 32-bit pattern words.
+fn values<T: From<u16>>(t: u32) -> Vec<T> {
+    (0..N as u64).map(|i| T::from(ppnrt::kernels::pattern(t, i) as u16)).collect()
+}
+
+/// Rank 0 sends `x` (`N` elements) on its boundary.
+fn send<T: DeviceRepr>(ranks: &(PpNRt, PpNRt), x: &ppnrt::CudaSlice<T>) {
+    ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, x, N)).unwrap();
+}
+
+/// Rank 1 takes step `t` (slot `t % 2`) and reads it back.
+fn take<T: DeviceRepr + Copy>(ranks: &(PpNRt, PpNRt), t: usize) -> Vec<T> {
+    ranks
+        .1
+        .enter(1)
+        .and_then(|_stage| {
+            let y = ranks.1.rx_wait::<T>(0, t % 2, N, WAIT)?;
+            ranks.1.readback(y)?.wait().map(<[T]>::to_vec)
+        })
+        .unwrap_or_else(|e| panic!("step {t}: {e}"))
+}
+
+/// Two ranks over IPC, two slots.
+fn ipc_ranks() -> (PpNRt, PpNRt) {
+    let ranks = ranks::two_ranks_configured(WAIT, |_, config| config.with_slots(2));
+    assert_eq!(ranks.0.plan().boundaries[0].transport, Transport::Ipc, "{}", ranks.0.plan());
+    ranks
+}
+
+/// Steps one at a time, of `u32` (steps 0 to 9), `i32` (10 to 15), `u32` again (16 to 23): each
+/// arrives bitwise, and every step but the first of each type was announced in the block (21 of
+/// 24). With the sender's block left unused (mutation `ipc-block-unused`), none is.
+#[test]
+fn steps_of_one_type_are_announced_in_the_control_block_and_a_new_type_on_the_connection() {
+    with_double("steps_of_one_type_are_announced_in_the_control_block_and_a_new_type_on_the_connection", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        for t in 0..24u32 {
+            let _stage = ranks.0.enter(0).unwrap();
+            if (10..16).contains(&t) {
+                let x = e0.htod(&values::<i32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<i32>(&ranks, t as usize) == values::<i32>(t), "step {t}: wrong values");
+            } else {
+                let x = e0.htod(&values::<u32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+            }
+        }
+        assert_eq!(ranks.1.block_announcements(0).unwrap(), 21);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// Rank 0 sends 60 steps before rank 1's stage takes any (its stream waits for each slot on the
+/// device): the block's lines fill up (rank 1's receiver takes steps 1 and 2, then waits for a
+/// free slot), so the later steps are announced on the connection. Rank 1 then takes all 60,
+/// bitwise, the block's steps first in their order. With a line written before rank 1 took the
+/// step it held (mutation `ipc-announce-over-untaken-line`), step 3's announcement is lost.
+#[test]
+fn a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full() {
+    with_double("a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let steps = 60;
+        let inputs: Vec<_> = (0..steps)
+            .map(|t| {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(t)).unwrap()
+            })
+            .collect();
+        for x in &inputs {
+            send(&ranks, x);
+        }
+        for t in 0..steps {
+            assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+        }
+        let in_block = ranks.1.block_announcements(0).unwrap();
+        let lines = ControlBlock::ANNOUNCEMENTS as u64;
+        assert!(
+            (lines - 1..=lines + 2).contains(&in_block),
+            "{in_block} step(s) announced in the block, {} to {} expected",
+            lines - 1,
+            lines + 2
+        );
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// Steps 3 ms apart, so that rank 1's receiver thread has stopped spinning and sleeps on its
+/// connection (bounded by its 10 ms poll) when each is announced in the block: the sender wakes
+/// it there, and the median step arrives well before the next poll would have found it. With the
+/// wake left out (mutation `ipc-asleep-not-woken`), each step waits for the poll (7 ms or so).
+#[test]
+fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block() {
+    with_double("a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let mut took = Vec::new();
+        let steps = 25;
+        for t in 0..steps {
+            let x = {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(t)).unwrap()
+            };
+            std::thread::sleep(Duration::from_millis(3));
+            let start = Instant::now();
+            send(&ranks, &x);
+            let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, t as usize % 2, N, WAIT)).unwrap();
+            took.push(start.elapsed());
+            let got = ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)).unwrap();
+            assert!(got == values::<u32>(t), "step {t}: wrong values");
+        }
+        assert!(ranks.1.block_announcements(0).unwrap() >= steps as u64 - 1);
+        took.sort();
+        let median = took[took.len() / 2];
+        assert!(median < Duration::from_millis(4), "the median step took {median:?} to arrive: {took:?}");
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
