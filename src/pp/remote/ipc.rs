@@ -18,12 +18,18 @@
 //!
 //! One step `k` in slot `s = k mod n` (words `filled[s]` and `consumed[s]`; `consumed[s] >= k`
 //! says the slot is free for step `k`):
-//! - `tx` (TX rank) writes the step's record on the control connection (as over NCCL), then
-//!   enqueues on the TX stage's stream: the copy into the slot and `filled[s] = k + 1` (after a
-//!   fence: whoever sees the value sees the copy). Only when its host finds `consumed[s] < k`
-//!   (the RX rank has not freed the slot yet) does the stream first wait for the word, which the
-//!   RX rank's host stores.
-//! - the RX rank's receiver thread reads the record, waits until the ring's slot is free (the RX
+//! - `tx` (TX rank) announces the step: a step of the previous step's element type in the
+//!   block's announcement line `k mod ANNOUNCEMENTS` (its element count, then `k + 1`), once the
+//!   RX rank took the step that line held; the first step, each change of type, and a step that
+//!   finds its line not yet taken go on the control connection as a sealed record, as over NCCL.
+//!   An announcement in the block costs no system call; when the RX rank's receiver thread
+//!   sleeps on the connection (it says so in the block, then looks once more), a `WAKE` record
+//!   follows there. Then `tx` enqueues on the TX stage's stream: the copy into the slot and
+//!   `filled[s] = k + 1` (after a fence: whoever sees the value sees the copy). Only when its
+//!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
+//!   wait for the word, which the RX rank's host stores.
+//! - the RX rank's receiver thread takes the step's announcement (the block's first, then the
+//!   connection's, in the TX rank's order: see `inbox`), waits until the ring's slot is free (the RX
 //!   stage took step `k - n`) and every read of it in this process has completed (on the host),
 //!   stores `consumed[s] = k`, and waits on the host until `filled[s] >= k + 1`; then the slot is
 //!   filled in the ring. Where the copy came from another device, the receive stream first
