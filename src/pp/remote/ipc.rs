@@ -228,32 +228,27 @@ impl IpcFlags {
 
     /// The RX side of step `step` into slot `slot`'s bytes `dst`: once every read of the slot in
     /// this process has completed (on the host), frees it for the TX rank's copy and waits on the host until
-    /// the copy is in, watching the link with `watch` (and the TX rank's heartbeat: silent for
-    /// longer than `timeout`, the wait fails). Where the copy came from another device, `stream`
-    /// flushes it before the slot is read.
+    /// the copy is in, watching the link with `watch` (and the TX rank's heartbeat, by the link's
+    /// silence rule: `silent_too_long(last_beat)` says why the wait fails). Where the copy came
+    /// from another device, `stream` flushes it before the slot is read.
     pub(super) fn receive(
         &self,
         stream: &Arc<CudaStream>,
         step: u64,
         slot: usize,
         dst: &mut CudaViewMut<'_, u8>,
-        timeout: Duration,
+        silent_too_long: &dyn Fn(Instant) -> Option<String>,
         watch: Watch<'_>,
     ) -> std::result::Result<(), String> {
-        if slot != (step % self.n_slots as u64) as usize {
-            return Err(format!("step {step} was given slot {slot} of {}", self.n_slots));
-        }
-        let exported =
-            self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(dst.memory())));
-        if !exported {
-            return Err(format!("slot {slot}'s buffer is not the memory the sending rank maps"));
+        if let Err(why) = self.check_slot(step, slot, dst.memory()) {
+            return Err(why.to_string());
         }
         let access = dst.memory().access();
-        self.await_host(timeout, watch, || {
+        self.await_host(silent_too_long, watch, || {
             access.is_complete("the IPC boundary's receive", Use::Write).map_err(|e| e.to_string())
         })?;
         self.block.raise_consumed(slot, step);
-        self.await_host(timeout, watch, || {
+        self.await_host(silent_too_long, watch, || {
             let filled = self.block.filled(slot);
             if filled >= RELEASED {
                 return Err("the sending rank released the slot: its end of the boundary failed".into());
@@ -277,9 +272,7 @@ impl IpcFlags {
     /// # Errors
     /// The driver's error from the look at the slot's reads.
     pub(super) fn free_ahead(&self, step: u64, slot: usize, buffer: &CudaSlice<u8>) -> crate::cuda_error::Result<bool> {
-        let ours = slot == (step % self.n_slots as u64) as usize
-            && self.slot_memory.get(slot).is_some_and(|memory| Weak::ptr_eq(memory, &Arc::downgrade(buffer.memory())));
-        if !ours {
+        if self.check_slot(step, slot, buffer.memory()).is_err() {
             return Ok(false);
         }
         let read = buffer.memory().access().is_complete("the IPC boundary's receive", Use::Write);
@@ -289,12 +282,26 @@ impl IpcFlags {
         read
     }
 
+    /// Whether slot `slot` is step `step`'s, and `memory` the exported allocation the TX rank
+    /// writes into it (the receive's and the look ahead's one check); `Err` says which is not.
+    fn check_slot(&self, step: u64, slot: usize, memory: &Arc<DeviceMemory>) -> std::result::Result<(), SlotMismatch> {
+        if slot != (step % self.n_slots as u64) as usize {
+            return Err(SlotMismatch::NotTheSteps { step, slot, n_slots: self.n_slots });
+        }
+        let exported = self.slot_memory.get(slot).is_some_and(|held| Weak::ptr_eq(held, &Arc::downgrade(memory)));
+        if !exported {
+            return Err(SlotMismatch::NotExported { slot });
+        }
+        Ok(())
+    }
+
     /// Waits on the host until `done` says so: spinning first (what it waits for is likely
     /// near), then in short sleeps; every [`POLL`] it asks `watch` and checks the TX rank's
-    /// heartbeat (still for longer than `timeout`: the peer is silent, the wait fails).
+    /// heartbeat (`silent_too_long(last_beat)`: the link's silence rule says the peer is silent,
+    /// the wait fails).
     fn await_host(
         &self,
-        timeout: Duration,
+        silent_too_long: &dyn Fn(Instant) -> Option<String>,
         watch: Watch<'_>,
         mut done: impl FnMut() -> std::result::Result<bool, String>,
     ) -> std::result::Result<(), String> {
@@ -309,8 +316,8 @@ impl IpcFlags {
                 let heartbeat = self.block.heartbeat(Side::Sender);
                 if heartbeat != beat {
                     (beat, beat_seen) = (heartbeat, now);
-                } else if now.duration_since(beat_seen) > timeout {
-                    return Err(super::sender::silence(now.duration_since(beat_seen)));
+                } else if let Some(reason) = silent_too_long(beat_seen) {
+                    return Err(reason);
                 }
             }
             if now.duration_since(start) < SPIN {
@@ -349,6 +356,26 @@ impl IpcFlags {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a slot handed to the RX side is not the one the TX rank writes for a step.
+#[derive(Debug)]
+enum SlotMismatch {
+    NotTheSteps { step: u64, slot: usize, n_slots: usize },
+    NotExported { slot: usize },
+}
+
+impl std::fmt::Display for SlotMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotMismatch::NotTheSteps { step, slot, n_slots } => {
+                write!(f, "step {step} was given slot {slot} of {n_slots}")
+            }
+            SlotMismatch::NotExported { slot } => {
+                write!(f, "slot {slot}'s buffer is not the memory the sending rank maps")
+            }
+        }
     }
 }
 

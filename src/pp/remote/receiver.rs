@@ -102,6 +102,11 @@ pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
     fn taken(&self) -> u64;
 }
 
+/// How often, at most, a receiver thread over IPC looks whether the next step's slot can be freed
+/// for the sender ahead of its announcement (each look locks the ring and queries the slot's
+/// reads).
+const FREE_LOOK: Duration = Duration::from_micros(10);
+
 /// The receiver thread of one inbound link.
 pub(in crate::pp) struct Receiver {
     pub(super) stop: Arc<AtomicBool>,
@@ -195,8 +200,10 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
     // When the TX rank was last heard from (or this thread last came back from waiting for a
     // slot, when it read nothing).
     let mut heard = Instant::now();
-    // Over IPC: the step whose slot this thread freed for the sender ahead of its record.
+    // Over IPC: the step whose slot this thread freed for the sender ahead of its record, and when
+    // it last looked (a ring lock and an event query, at most every FREE_LOOK while spinning).
     let mut freed_ahead: Option<u64> = None;
+    let mut free_looked: Option<Instant> = None;
     // Over IPC: the steps announced in the control block, and the connection's records, in order.
     let mut inbox = Inbox::default();
     let outcome: std::result::Result<(), String> = loop {
@@ -210,7 +217,8 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         if let Some(flags) = link.ipc() {
             // The next step's slot is freed for the sender as soon as the RX stage took it and
             // read it, not when the step's record comes: the sender's copy then need not wait.
-            if freed_ahead != Some(expected) {
+            if freed_ahead != Some(expected) && free_looked.is_none_or(|at| at.elapsed() >= FREE_LOOK) {
+                free_looked = Some(Instant::now());
                 let mut freed: crate::cuda_error::Result<bool> = Ok(false);
                 filler.free_ahead(&mut |slot, buffer| freed = flags.free_ahead(expected, slot, buffer));
                 match freed {
@@ -322,7 +330,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                             if peer_hung_up(socket) { Err(PEER_CLOSED.to_string()) } else { Ok(()) }
                         };
                         return flags
-                            .receive(recv_stream, number, slot, dst, link.timeout, &mut watch)
+                            .receive(recv_stream, number, slot, dst, &|beat| link.silent_too_long(beat), &mut watch)
                             .map_err(|reason| link.error_or(&reason));
                     }
                     // SAFETY: the filler hands `recv` the slot's first `step.bytes` bytes (see
