@@ -256,7 +256,6 @@ declare -A catchers=(
   [readback-handed-unrecorded]="a_given_up_buffer_is_read_after_its_step_and_freed_after_the_copy readbacks_arrive_and_never_hold_up_the_stage_stream"
   [readback-handed-into-capture]="a_readback_while_its_writer_is_captured_waits_for_the_write"
   # A failure releases the flag words at a value every cyclic stream wait meets (a lie past 2^63 included).
-  [ipc-release-keeps-lie]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure"
   [config-slots-past-block]="more_slots_than_a_control_block_holds_are_a_config_error"
   [ipc-lent-freed-ahead-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
@@ -269,6 +268,11 @@ declare -A catchers=(
   [ipc-asleep-not-woken]="a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block"
   [ipc-connection-before-block]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
   [ipc-held-after-later-steps]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
+  # The sending stream waits on gate words of its own rank, raised from the block up to the step
+  # waited for, step by step, and released by a failure.
+  [ipc-gate-unclamped]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop"
+  [ipc-gate-to-last-want-only]="a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
+  [ipc-gates-unreleased]="a_released_wait_stays_released_and_the_sending_rank_drains a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -742,11 +746,6 @@ run readback-ready-too-soon src/safe/ordering/own.rs "            Some(written) 
 run readback-handed-unwaited src/safe/ordering/hand.rs "                        raw_stream::wait_event(stream.raw(), event.raw())?;" ""
 run readback-handed-unrecorded src/safe/ordering/hand.rs "                        raw_event::record(event.raw(), writer.raw())?;" ""
 run readback-handed-into-capture src/safe/ordering/hand.rs "                if writer.is_capturing() {" "                if false {"
-# A failure releases the flag words at a value every stream wait meets (cyclic `>=`): a word a
-# lying peer took past 2^63 is set back, not kept by an atomic maximum.
-run ipc-release-keeps-lie src/local_channel/control_block.rs "    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |found| {
-        (!(value..1 << 63).contains(&found)).then_some(value)
-    });" "    word.fetch_max(value, Ordering::AcqRel);" double
 # More slots than a control block holds are the configuration's typed error, not a failed setup.
 run config-slots-past-block src/pp/config/mod.rs "        if self.slots == 0 || self.slots > MAX_SLOTS {" "        if self.slots == 0 {" double
 # A slot lent in place is freed for the sender (ahead of the record, or at it) only once the
@@ -776,3 +775,9 @@ run ipc-held-after-later-steps src/pp/remote/inbox.rs "        let record = matc
         let record = match self.deferred.take() {
             Some(record) => record,
             None => {" lib
+# The sending rank's stream waits for a free slot on gate words only its own host writes: each
+# raised from the peer's block no further than the step waited for in its slot, through every
+# step queued there, and released by a failure.
+run ipc-gate-unclamped src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = self.block.consumed(slot);"
+run ipc-gate-to-last-want-only src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = if self.block.consumed(slot) >= last { last } else { 0 };"
+run ipc-gates-unreleased src/pp/remote/gates.rs "            self.shared.gates.word(slot).fetch_max(RELEASED, Ordering::AcqRel);" "            let _ = slot;"

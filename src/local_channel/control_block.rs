@@ -271,12 +271,6 @@ impl ControlBlock {
         (LINE + LINE * slot) / WORD + FILLED
     }
 
-    /// The index of slot `slot`'s "consumed" word among the block's 64-bit words.
-    pub(crate) fn consumed_word(&self, slot: usize) -> usize {
-        assert!(slot < self.slots, "slot {slot} of a block of {} slot(s)", self.slots);
-        (LINE + LINE * slot) / WORD + CONSUMED
-    }
-
     /// Raises slot `slot`'s "consumed" word to `step`, never lowering it (an atomic maximum, so
     /// a larger value written meanwhile by either process stays).
     pub(crate) fn raise_consumed(&self, slot: usize, step: u64) {

@@ -3,8 +3,9 @@
 //! (whose stream waits compare cyclically, as the driver's). A lying peer: any process of the
 //! user may open the receiving rank's control block (its memfd, through `/proc/<pid>/fd`) with the
 //! public [`ControlBlock::open`] and write any value into it; a `consumed` word lied past every
-//! step is set back by a failure's release, a `filled` word lied past the release value fails the
-//! receive, and a peer that keeps lying holds the sending rank's drop (an ignored test). A caller:
+//! step does not keep the sending rank's stream waiting after a failure, nor does a peer that
+//! keeps lying (the stream waits on words only its own rank writes), and a `filled` word lied past
+//! the release value fails the receive. A caller:
 //! a slot lent in place is freed for the sender only once the reads through the lend completed,
 //! more slots than a block holds are a configuration error, and a receive outlasts the peer
 //! timeout while the sending rank's heartbeat shows it alive.
@@ -63,10 +64,10 @@ fn step_input(rt: &ppnrt::PpNRt, primary: &Engine, t: u32) -> CudaSlice<u32> {
 
 /// A receiving rank that lies in its `consumed` words: once the sending rank's stream waits on
 /// the device for slots not freed yet (its stage runs late, a gate), the liar writes `u64::MAX`
-/// into them, a value below every step for the stream's cyclic comparison. The boundary then
-/// fails (a forged record); the failure's release must still meet the waits (a word taken past
-/// `2^63` is set back to the release value, not kept by an atomic maximum), and the sending
-/// rank's stream drains.
+/// into them, a value below every step for a stream's cyclic comparison. The boundary then fails
+/// (a forged record); the sending rank's stream must still drain: its gates take the block's
+/// value only up to the step waited for (mutation `ipc-gate-unclamped`: a gate at `u64::MAX`
+/// stays below every step, and the release's maximum keeps it there).
 #[test]
 fn a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure() {
     with_double(
@@ -185,16 +186,13 @@ fn a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed(
 }
 
 /// A receiving rank that keeps lying (`u64::MAX` written into its `consumed` words again and
-/// again, after the failure's release too) keeps the sending rank's stream waiting for good: the
-/// GPU's wait is the peer's to end. The sending rank's drop must still return within a bound
-/// (leaking what that stream still uses), with the failure typed.
-///
-/// Not so today: the drop synchronizes every stream of the rank, and frees the mapping of the
-/// peer's slot only once the queued copy into it has run, both without a bound. Bounding them
-/// needs a stream wait that no peer can hold after a failure (a word only this rank writes) or
-/// drops that give up and leak; the test ends the lie itself once it has measured the drop.
+/// again, after the failure's release too) cannot keep the sending rank's stream waiting: that
+/// stream waits only on gate words of the sending rank's own (private memory no other process
+/// reaches), which its forwarder raises from the block and the failure's release sets for good.
+/// The sending rank's drop returns within the peer timeout, every failure typed. With the
+/// stream waiting on the peer's `consumed` word instead (mutation `ipc-tx-waits-on-peer-word`),
+/// the drop waits as long as the lie lasts.
 #[test]
-#[ignore = "the drop of a rank whose stream waits on a word a lying peer holds waits for the peer"]
 fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
     with_double("a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop", |double| {
         static TX_GATE: AtomicBool = AtomicBool::new(false);
@@ -236,7 +234,7 @@ fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
         let (done, finished) = std::sync::mpsc::channel();
         let dropping = std::thread::spawn(move || {
             drop((inputs, zero));
-            let _ = done.send(ppnrt::take_drop_errors());
+            let _ = done.send(crate::typed_drop_errors());
         });
         let dropped = finished.recv_timeout(4 * timeout);
         let took = start.elapsed();
@@ -249,7 +247,10 @@ fn a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop() {
         }
         dropping.join().unwrap();
         let errors = dropped.unwrap_or_else(|_| panic!("rank 0's drop took over {took:?} (peer timeout {timeout:?})"));
-        assert!(!errors.is_empty(), "rank 0's drop reported nothing of its stream left waiting");
+        assert!(
+            !errors.is_empty() && errors.iter().all(crate::sweep_ranks::peer_failed),
+            "the failure is not reported typed: {errors:?}"
+        );
     });
 }
 

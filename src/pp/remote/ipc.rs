@@ -27,7 +27,9 @@
 //!   follows there. Then `tx` enqueues on the TX stage's stream: the copy into the slot and
 //!   `filled[s] = k + 1` (after a fence: whoever sees the value sees the copy). Only when its
 //!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
-//!   wait for the word, which the RX rank's host stores.
+//!   wait, and then on a gate word of the TX rank's own, which its forwarding thread raises once
+//!   the RX rank's host stored `consumed[s] >= k` (see `gates`): no other process can hold the
+//!   TX rank's stream.
 //! - the RX rank's receiver thread takes the step's announcement (the block's first, then the
 //!   connection's, in the TX rank's order: see `inbox`), waits until the ring's slot is free (the RX
 //!   stage took step `k - n`) and every read of it in this process has completed (on the host),
@@ -44,12 +46,12 @@
 //! lives in memory every mapping keeps alive.
 //!
 //! Failure: a link that fails (the peer died, hung, lied, or closed its end) releases the TX
-//! rank's stream waits: [`RELEASED`] is raised into every `consumed` word by whichever side
-//! fails (on the host: a word below it is raised and one already at or past it stays, except one a
-//! lying peer took to `2^63` or past, below every step for a stream's cyclic comparison, which is
-//! set back to it), after the rank's other links have
-//! stopped and the next ranks know (see `link`); the TX rank also writes [`RELEASED`] into every
-//! `filled` word on the stream that wrote them, behind its writes still queued there. A receiver
+//! rank's stream waits, after the rank's other links have stopped and the next ranks know (see
+//! `link`): the TX rank sets its gates to [`RELEASED`] (whatever the peer writes into its block,
+//! the stream drains) and writes [`RELEASED`] into every `filled` word on the stream that wrote
+//! them, behind its writes still queued there; the RX rank sets every `consumed` word where every
+//! wait for a step is met (the TX rank's forwarder then opens its gates before it learns of the
+//! failure) and every `filled` word, for its own host waits. A receiver
 //! thread waiting on the host stops with the link and fills nothing. The slots of a failed link
 //! are then never trusted ([`PpError::PeerFailed`] on every later call and readback, as for an
 //! aborted NCCL link), and every stream drains. The sending rank's copies queued behind its waits
@@ -79,6 +81,8 @@ use crate::safe::memory::DeviceMemory;
 use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
 use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
+
+use super::gates::Gates;
 
 /// What a side writes into the words it waits on when its link fails: every wait for a step
 /// number (cyclic `>=`, steps far below 2^62) is met.
@@ -122,6 +126,9 @@ pub(in crate::pp) struct IpcFlags {
     queued_on: Mutex<Option<Arc<CudaStream>>>,
     /// On the RX side: the steps taken from announcements in the block.
     block_announcements: AtomicU64,
+    /// On the TX side: the words its stream waits on for a free slot, which only this rank writes
+    /// (see `gates`).
+    gates: Option<Gates>,
 }
 
 /// How a receiver thread's wait for a step's copy watches its link: `Err` with the reason ends
@@ -139,6 +146,7 @@ impl IpcFlags {
             slot_memory: Vec::new(),
             queued_on: Mutex::new(None),
             block_announcements: AtomicU64::new(0),
+            gates: None,
         }
     }
 
@@ -170,22 +178,29 @@ impl IpcFlags {
         dst: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
         let s = (step % self.n_slots as u64) as usize;
-        let freed = self.block.consumed(s) >= step;
+        let Some(gates) = self.gates.as_ref() else {
+            unreachable!("only the sending side's flags send, and they have gates (see `take`)")
+        };
+        let freed = gates.free_or_wanted(s, step);
         let steps = FlagSteps {
-            wait_at: self.block.consumed_word(s),
+            wait_at: s,
             wait_for: step,
             wait: (!freed).then_some(WaitCondition::GEQ),
             signal_at: self.block.filled_word(s),
             signal: step + 1,
         };
         let mut words = self.lock();
-        {
-            let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
-                *queued_on = Some(Arc::clone(stream));
-            }
+        self.note_queued_on(stream);
+        let gate_words = gates.words();
+        Ok(stream.flagged_copy(src, dst, gate_words.as_view(), &mut words.as_view_mut(), steps)?)
+    }
+
+    /// Notes `stream` as the one this side writes `filled` on (a release writes them last there).
+    fn note_queued_on(&self, stream: &Arc<CudaStream>) {
+        let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !queued_on.as_ref().is_some_and(|queued| Arc::ptr_eq(queued, stream)) {
+            *queued_on = Some(Arc::clone(stream));
         }
-        Ok(stream.flagged_copy(src, dst, &mut words.as_view_mut(), steps)?)
     }
 
     /// The TX side's announcement of step `step` of `n` elements in the control block, made when
@@ -329,23 +344,25 @@ impl IpcFlags {
         Ok(())
     }
 
-    /// Releases the TX rank's stream waits (see the module docs): every `consumed` word released
-    /// at [`RELEASED`] on the host (so that every stream wait on it is met, whatever the peer
-    /// wrote there); on the TX side, also written into every `filled` word on the
-    /// stream that wrote them, behind this side's writes still queued there (so none of those
-    /// lowers it), and on the RX side released at it on the host (this side's own waits, which
-    /// also end with the link).
+    /// Releases the TX rank's stream waits (see the module docs). On the TX side: every gate set
+    /// at [`RELEASED`] (words only this rank writes, so the stream's waits end whatever the peer
+    /// writes), and [`RELEASED`] written into every `filled` word on the stream that wrote them,
+    /// behind this side's writes still queued there (so none of those lowers it). On the RX side:
+    /// every `consumed` word released at [`RELEASED`] on the host (the TX rank's forwarder then
+    /// opens its gates), and every `filled` word (this side's own waits, which also end with the
+    /// link).
     pub(super) fn release(&self) -> Result<()> {
-        for s in 0..self.n_slots {
-            self.block.release_consumed(s, RELEASED);
-        }
         match self.end {
             End::Receiver => {
                 for s in 0..self.n_slots {
+                    self.block.release_consumed(s, RELEASED);
                     self.block.release_filled(s, RELEASED);
                 }
             }
             End::Sender => {
+                if let Some(gates) = &self.gates {
+                    gates.release();
+                }
                 let queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
                 if let Some(stream) = queued_on {
                     let mut words = self.lock();
@@ -514,7 +531,10 @@ pub(super) fn take(
         slots.push(ImportedMemory::<u8>::import_with(stream, slot.fd, bytes, true)?.into_slice());
     }
     let words = register_control_block(stream, Arc::clone(&block))?;
-    let flags = IpcFlags::new(block, words, End::Sender);
+    let gates = Gates::new(b.boundary, stream, Arc::clone(&block), n_slots)
+        .map_err(|e| failed(b, peer, "the sending rank's gate words", &e))?;
+    let mut flags = IpcFlags::new(block, words, End::Sender);
+    flags.gates = Some(gates);
     Ok(Taken { flags, slots, _channel: channel })
 }
 

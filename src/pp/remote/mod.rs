@@ -60,6 +60,7 @@
 
 use std::time::Duration;
 
+mod gates;
 mod inbox;
 mod ipc;
 mod link;

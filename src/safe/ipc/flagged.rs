@@ -18,8 +18,8 @@ use crate::safe::stream::CudaStream;
 use crate::safe::stream_memops::{WaitCondition, word};
 use crate::sys::CUstreamWriteValue_flags;
 
-/// Where a flagged copy waits (when it must) and what it writes: `flags[wait_at]` must reach
-/// `wait_for` (cyclic `>=`) unless `wait` is `None`, then `flags[signal_at]` is set to `signal`.
+/// Where a flagged copy waits (when it must) and what it writes: `waits[wait_at]` must reach
+/// `wait_for` (cyclic `>=`) unless `wait` is `None`, then `signals[signal_at]` is set to `signal`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FlagSteps {
     pub(crate) wait_at: usize,
@@ -30,12 +30,12 @@ pub(crate) struct FlagSteps {
 }
 
 impl CudaStream {
-    /// On this stream: waits until `flags[steps.wait_at] >= steps.wait_for` (the receiver freed
-    /// the slot; no wait when `steps.wait` is `None`: the caller saw it freed), copies `src` into
-    /// `dst` (the receiver's slot, mapped into this process), then writes
-    /// `flags[steps.signal_at] = steps.signal` (filled) after a fence. Ordered by the rule as a
-    /// read of `src`, a write of `dst` and a signal on `flags` (ordered by this stream only: the
-    /// flags are read by other streams and processes, see `stream_memops`).
+    /// On this stream: waits until `waits[steps.wait_at] >= steps.wait_for` (the slot is free;
+    /// no wait when `steps.wait` is `None`: the caller saw it free), copies `src` into `dst` (the
+    /// receiver's slot, mapped into this process), then writes `signals[steps.signal_at] =
+    /// steps.signal` (filled) after a fence. Ordered by the rule as a read of `src`, a write of
+    /// `dst`, a read of `waits` (when it waits) and a signal on `signals` (ordered by this stream
+    /// only: the words are read by other streams and processes, see `stream_memops`).
     ///
     /// # Errors
     /// [`CudaError::LengthMismatch`] unless the lengths agree; the word checks of
@@ -44,27 +44,31 @@ impl CudaStream {
         self: &Arc<Self>,
         src: CudaView<'_, u8>,
         dst: &mut CudaViewMut<'_, u8>,
-        flags: &mut CudaViewMut<'_, u64>,
+        waits: CudaView<'_, u64>,
+        signals: &mut CudaViewMut<'_, u64>,
         steps: FlagSteps,
     ) -> Result<()> {
         const WHAT: &str = "the boundary's flagged copy";
         if src.len() != dst.len() {
             return Err(CudaError::LengthMismatch { what: WHAT, expected: dst.len(), found: src.len() });
         }
-        let all = flags.as_view();
         let waited = match steps.wait {
-            Some(wait) => Some((word(WHAT, self, all, steps.wait_at, wait.flushes())?.device_ptr(), wait)),
+            Some(wait) => Some((word(WHAT, self, waits, steps.wait_at, wait.flushes())?.device_ptr(), wait)),
             None => None,
         };
-        let signalled = word(WHAT, self, all, steps.signal_at, false)?.device_ptr();
+        let signalled_words = signals.as_view();
+        let signalled = word(WHAT, self, signalled_words, steps.signal_at, false)?.device_ptr();
         self.refuse_in_capture("a flagged copy (cuStreamWaitValue64, cuStreamWriteValue64)")?;
         let to = dst.as_view();
         let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), src.device_ptr(), src.byte_len(), self.raw());
-        ordered(self, [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (all.tracked(), Use::Signal)], || {
-            // SAFETY: both words are aligned elements of `flags`, memory of this stream's device
-            // (checked by `word`); `src` and `dst` are valid for `bytes` bytes (lengths checked);
-            // every range is kept alive until this work has run by the ordering rule (each use is
-            // noted as pending).
+        let uses = [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (signalled_words.tracked(), Use::Signal)]
+            .into_iter()
+            .chain(waited.map(|_| (waits.tracked(), Use::Read)));
+        ordered(self, uses, || {
+            // SAFETY: both words are aligned elements of their slices, memory this stream's
+            // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
+            // (lengths checked); every range is kept alive until this work has run by the
+            // ordering rule (each use is noted as pending).
             unsafe {
                 if let Some((waited, wait)) = waited {
                     raw::wait_value_64(raw_stream, waited, steps.wait_for, wait.flags())?;

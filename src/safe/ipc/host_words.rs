@@ -6,8 +6,14 @@
 //! What one process's stream writes there (`cuStreamWriteValue64`, after a fence), the other
 //! process's host reads with an atomic load, and the other way round: neither side's stream ever
 //! waits for the other process's stream, only for a word a host stores.
+//!
+//! Words only this process reaches ([`PrivateWords`]: anonymous private memory, in no file
+//! another process could open) are registered the same way: a stream that waits on them waits
+//! for this process's host alone, so no other process can hold the wait.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use crate::cuda_error::Result;
 use crate::local_channel::ControlBlock;
@@ -19,32 +25,117 @@ use crate::sys::CUdeviceptr;
 /// `CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP`: every context reaches the words.
 const REGISTER_FLAGS: u32 = 0x1 | 0x2;
 
-/// A registered control block: unregistered by the slice's release, after every use. Dropped
-/// without its release (a slice whose uses could not be waited for is not freed), it keeps the
-/// block mapped for good: the device may still write into the pages, which must stay this
-/// process's and registered.
+/// Host pages that live as long as the value and may be registered with the driver.
+trait HostPages: Send + Sync + std::fmt::Debug {
+    /// The first byte (page-aligned).
+    fn first_byte(&self) -> *mut std::ffi::c_void;
+    /// The byte size (a whole number of pages and of words).
+    fn bytes(&self) -> usize;
+}
+
+impl HostPages for ControlBlock {
+    fn first_byte(&self) -> *mut std::ffi::c_void {
+        self.as_mut_ptr()
+    }
+    fn bytes(&self) -> usize {
+        self.byte_len()
+    }
+}
+
+/// Registered pages: unregistered by the slice's release, after every use. Dropped without its
+/// release (a slice whose uses could not be waited for is not freed), it keeps the pages mapped
+/// for good: the device may still write into them, which must stay this process's and
+/// registered.
 #[derive(Debug)]
 struct Registration {
-    block: Option<Arc<ControlBlock>>,
+    pages: Option<Arc<dyn HostPages>>,
 }
 
 impl ReleaseMapping for Registration {
     unsafe fn release(&mut self, _ptr: CUdeviceptr) -> Result<()> {
-        let Some(block) = self.block.as_ref() else { return Ok(()) };
-        // SAFETY: the block's mapping was registered once by `register_control_block`, and no use
-        // of it is pending (the caller's contract); the block is still mapped (held here).
-        unsafe { raw_memory::host_unregister(block.as_mut_ptr()) }?;
-        self.block = None;
+        let Some(pages) = self.pages.as_ref() else { return Ok(()) };
+        // SAFETY: the pages were registered once by `register`, and no use of them is pending
+        // (the caller's contract); they are still mapped (held here).
+        unsafe { raw_memory::host_unregister(pages.first_byte()) }?;
+        self.pages = None;
         Ok(())
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
+        if let Some(pages) = self.pages.take() {
             // Not unregistered: never unmapped either (see the type's docs).
-            std::mem::forget(block);
+            std::mem::forget(pages);
         }
+    }
+}
+
+/// Words of anonymous private memory (whole pages), reached only by this process's host through
+/// atomics and by its streams once registered ([`register_private_words`]); zero when made.
+#[derive(Debug)]
+pub(crate) struct PrivateWords {
+    base: NonNull<AtomicU64>,
+    bytes: usize,
+    words: usize,
+}
+
+// SAFETY: the pages are reached only through atomics (`&AtomicU64`), which any thread may use at
+// once; the mapping belongs to the value and is unmapped once, by its drop.
+unsafe impl Send for PrivateWords {}
+// SAFETY: as for `Send`: every access is atomic.
+unsafe impl Sync for PrivateWords {}
+
+impl PrivateWords {
+    /// `words` zeroed words (at least one page).
+    ///
+    /// # Errors
+    /// The kernel's refusal of the mapping (`ENOMEM`), or `InvalidInput` for a count whose bytes
+    /// overflow.
+    pub(crate) fn new(words: usize) -> std::io::Result<PrivateWords> {
+        let page = rustix::param::page_size();
+        let bytes =
+            words.max(1).checked_mul(8).and_then(|bytes| bytes.checked_next_multiple_of(page)).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{words} words overflow"))
+            })?;
+        // SAFETY: a fresh anonymous private mapping chosen by the kernel (no fixed address, so
+        // nothing of this process is replaced), `bytes` long, unmapped once by `drop`.
+        let at = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                bytes,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }?;
+        let base = NonNull::new(at.cast::<AtomicU64>()).expect("mmap returns no null mapping");
+        Ok(PrivateWords { base, bytes, words })
+    }
+
+    /// Word `at`. Panics past the words asked for.
+    pub(crate) fn word(&self, at: usize) -> &AtomicU64 {
+        assert!(at < self.words, "word {at} of {}", self.words);
+        // SAFETY: the mapping is page-aligned and holds `words` words (`at` checked above),
+        // lives as long as `self`, and is only ever reached through atomics, by this process's
+        // host and (once registered) its streams.
+        unsafe { &*self.base.as_ptr().add(at) }
+    }
+}
+
+impl HostPages for PrivateWords {
+    fn first_byte(&self) -> *mut std::ffi::c_void {
+        self.base.as_ptr().cast()
+    }
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for PrivateWords {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `new`, of `bytes` bytes, unmapped once; no borrow of it
+        // outlives `self`, and a registration holds `self` until it unregistered the pages.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.bytes) };
     }
 }
 
@@ -57,10 +148,23 @@ impl Drop for Registration {
 /// driver's error (a block registered already in this process is
 /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
 pub(crate) fn register_control_block(stream: &Arc<CudaStream>, block: Arc<ControlBlock>) -> Result<CudaSlice<u64>> {
-    stream.refuse_in_capture("registering a control block (cuMemHostRegister)")?;
+    register(stream, block)
+}
+
+/// Registers `words` in `stream`'s context, as [`register_control_block`] does a block: the
+/// slice's first `words`' count of elements are its words (the rest of the page past them).
+///
+/// # Errors
+/// As [`register_control_block`].
+pub(crate) fn register_private_words(stream: &Arc<CudaStream>, words: Arc<PrivateWords>) -> Result<CudaSlice<u64>> {
+    register(stream, words)
+}
+
+fn register(stream: &Arc<CudaStream>, pages: Arc<dyn HostPages>) -> Result<CudaSlice<u64>> {
+    stream.refuse_in_capture("registering host flag words (cuMemHostRegister)")?;
     let _bound = stream.context().bind()?;
-    let (ptr, bytes) = (block.as_mut_ptr(), block.byte_len());
-    // SAFETY: the block's mapping is `bytes` long and stays mapped as long as `block`, which the
+    let (ptr, bytes) = (pages.first_byte(), pages.bytes());
+    // SAFETY: the pages are `bytes` long and stay mapped as long as `pages`, which the
     // registration holds until it unregisters the range.
     unsafe { raw_memory::host_register(ptr, bytes, REGISTER_FLAGS)? };
     let device = match raw_memory::host_device_pointer(ptr) {
@@ -71,8 +175,8 @@ pub(crate) fn register_control_block(stream: &Arc<CudaStream>, block: Arc<Contro
             return Err(e);
         }
     };
-    let release = Box::new(Registration { block: Some(block) });
-    // SAFETY: `device` addresses the block's `bytes` bytes (a whole number of words) for this
+    let release = Box::new(Registration { pages: Some(pages) });
+    // SAFETY: `device` addresses the pages' `bytes` bytes (a whole number of words) for this
     // context until the release unregisters them, which only the slice's drop calls; the range
     // was registered here once, so no other slice covers it.
     Ok(unsafe { CudaSlice::from_mapping(device, bytes / 8, stream, release, true) })

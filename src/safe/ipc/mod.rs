@@ -82,7 +82,7 @@ mod memory;
 
 pub use event::{IpcEvent, IpcEventHandle};
 pub(crate) use flagged::FlagSteps;
-pub(crate) use host_words::register_control_block;
+pub(crate) use host_words::{PrivateWords, register_control_block, register_private_words};
 pub use legacy::{LegacyImport, LegacyIpcHandle};
 pub use memory::{ExportedMemory, ImportedMemory};
 

@@ -1,0 +1,179 @@
+//! The sending rank's gate words of an IPC boundary: its stream waits for a slot to be free on a
+//! word only this rank's host writes (anonymous private memory, registered with the driver, in
+//! no file another process could open), and a forwarding thread raises that word once the
+//! receiving rank has freed the slot in its control block. So no other process can hold the
+//! stream's wait: a failure releases the gates, and the stream drains, whatever the peer writes
+//! into its block meanwhile.
+//!
+//! Protocol, for step `k` in slot `s`: `tx` looks at the block's `consumed[s]`; freed already, the
+//! copy is queued with no wait. Otherwise it records that slot `s` waits for step `k` (`wanted`),
+//! queues a wait for `gate[s] >= k` before the copy, and wakes the forwarder when it sleeps (the
+//! sleep word, then one more look, as the receiver's: no lost wake-up). The forwarder raises
+//! `gate[s]` to `consumed[s]`, never past the last step waited for in the slot (the stream's
+//! waits there, for `k`, `k - n`, ..., are met in order) and never lower (an atomic maximum);
+//! with waits pending it spins, then naps; with none it sleeps until woken (at most [`POLL`]). A
+//! release sets every gate to [`RELEASED`] and stops the forwarder.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::ipc::RELEASED;
+use crate::local_channel::ControlBlock;
+use crate::pp::timing::{POLL, SPIN};
+use crate::safe::{CudaSlice, CudaStream, PrivateWords, register_private_words};
+
+/// The forwarder's sleep between two looks at the block, once it has spun for [`SPIN`].
+const NAP: Duration = Duration::from_micros(20);
+
+/// What the sending side and its forwarding thread share.
+struct Shared {
+    /// `gate[s]` is word `s`.
+    gates: Arc<PrivateWords>,
+    /// Per slot, one past the step the stream waits for there (0: none yet).
+    wanted: Vec<AtomicU64>,
+    /// The receiving rank's block, whose `consumed` words say which slots it freed.
+    block: Arc<ControlBlock>,
+    sleeping: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Raises each gate to what the block shows freed, up to the last step waited for in its
+    /// slot (the stream's waits there are for that step and the earlier ones, in order); returns
+    /// whether a wait is still pending.
+    fn forward(&self) -> bool {
+        let mut pending = false;
+        for (slot, wanted) in self.wanted.iter().enumerate() {
+            let Some(last) = wanted.load(Ordering::Acquire).checked_sub(1) else { continue };
+            let gate = self.gates.word(slot);
+            if gate.load(Ordering::Acquire) >= last {
+                continue;
+            }
+            let freed = self.block.consumed(slot).min(last);
+            let raised = gate.fetch_max(freed, Ordering::AcqRel).max(freed);
+            pending |= raised < last;
+        }
+        pending
+    }
+
+    /// The forwarding thread's loop (see the module docs).
+    fn run(&self) {
+        let mut pending_since: Option<Instant> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            if self.forward() {
+                let since = *pending_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(NAP);
+                }
+                continue;
+            }
+            pending_since = None;
+            // Asleep under the lock, which a waker takes to notify: a want recorded after the
+            // look below finds the sleep word set and wakes this thread.
+            let guard = self.lock();
+            self.sleeping.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.forward() && !self.stop.load(Ordering::Acquire) {
+                let _ = self.wake.wait_timeout(guard, POLL);
+            }
+            self.sleeping.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A sending rank's gates for one IPC boundary, with their forwarding thread.
+pub(super) struct Gates {
+    shared: Arc<Shared>,
+    /// The gates as the sending stream reaches them (registered).
+    words: Mutex<CudaSlice<u64>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gates {
+    /// Gates for `slots` slots of boundary `boundary`, registered in `stream`'s context, fed from
+    /// `block`; starts the forwarding thread.
+    ///
+    /// # Errors
+    /// Why the words could not be mapped, registered, or the thread started.
+    pub(super) fn new(
+        boundary: usize,
+        stream: &Arc<CudaStream>,
+        block: Arc<ControlBlock>,
+        slots: usize,
+    ) -> std::result::Result<Gates, String> {
+        let gates = Arc::new(PrivateWords::new(slots).map_err(|e| format!("mapping the gate words: {e}"))?);
+        let words = register_private_words(stream, Arc::clone(&gates)).map_err(|e| e.to_string())?;
+        let shared = Arc::new(Shared {
+            gates,
+            wanted: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            block,
+            sleeping: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let thread = std::thread::Builder::new()
+            .name(format!("ppnrt-gates-b{boundary}"))
+            .spawn({
+                let shared = Arc::clone(&shared);
+                move || shared.run()
+            })
+            .map_err(|e| format!("starting the gates' thread: {e}"))?;
+        Ok(Gates { shared, words: Mutex::new(words), thread: Some(thread) })
+    }
+
+    /// Whether slot `slot` is free for step `step` now (the block says so: the copy needs no
+    /// wait); otherwise records the wait, which the forwarder ends by raising the slot's gate.
+    pub(super) fn free_or_wanted(&self, slot: usize, step: u64) -> bool {
+        let shared = &*self.shared;
+        if shared.block.consumed(slot) >= step {
+            return true;
+        }
+        shared.wanted[slot].store(step + 1, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if shared.sleeping.load(Ordering::SeqCst) {
+            let _guard = shared.lock();
+            shared.wake.notify_one();
+        }
+        false
+    }
+
+    /// The gates as the sending stream reaches them (`gate[s]` is element `s`), locked.
+    pub(super) fn words(&self) -> MutexGuard<'_, CudaSlice<u64>> {
+        self.words.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sets every gate to [`RELEASED`] (every stream wait on them is met, for good) and stops the
+    /// forwarder.
+    pub(super) fn release(&self) {
+        for slot in 0..self.shared.wanted.len() {
+            self.shared.gates.word(slot).fetch_max(RELEASED, Ordering::AcqRel);
+        }
+        self.stop();
+    }
+
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _guard = self.shared.lock();
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Gates {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
