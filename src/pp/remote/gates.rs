@@ -19,10 +19,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::ipc::RELEASED;
 use crate::local_channel::ControlBlock;
 use crate::pp::timing::{POLL, SPIN};
 use crate::safe::{CudaSlice, CudaStream, PrivateWords, register_private_words};
+
+/// What a side writes into the words it waits on when its link fails (the sending side's gates,
+/// the receiving side's words in its block): every wait for a step number (cyclic `>=`, steps far
+/// below 2^62) is met.
+pub(super) const RELEASED: u64 = 1 << 62;
 
 /// The forwarder's sleep between two looks at the block, once it has spun for [`SPIN`].
 const NAP: Duration = Duration::from_micros(20);

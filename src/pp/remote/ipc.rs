@@ -82,11 +82,7 @@ use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
 use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
 
-use super::gates::Gates;
-
-/// What a side writes into the words it waits on when its link fails: every wait for a step
-/// number (cyclic `>=`, steps far below 2^62) is met.
-pub(in crate::pp) const RELEASED: u64 = 1 << 62;
+use super::gates::{Gates, RELEASED};
 
 // A ring of the configuration's slots fits a control block (more are refused by the configuration).
 static_assertions::const_assert!(crate::pp::config::MAX_SLOTS <= ControlBlock::MAX_SLOTS);
