@@ -175,7 +175,10 @@ impl Gates {
 
 impl Drop for Gates {
     fn drop(&mut self) {
-        self.stop();
+        // The boundary is over: a wait still queued on a gate (none is, after a clean close or
+        // a failure's release) is met, so that the stream drains and the words' release, which
+        // waits for every use of them, returns.
+        self.release();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
