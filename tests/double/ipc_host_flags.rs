@@ -316,3 +316,47 @@ fn a_filled_word_lied_past_the_release_fails_the_receive_typed() {
         let _ = crate::drop_ranks_within((ranks, liar), Duration::from_secs(15), "the ranks");
     });
 }
+
+/// The sending rank's forwarder, asleep while no wait is pending, is woken by a step that must
+/// wait for its slot: with one slot, each step `k` is sent while rank 1 still holds step `k - 1`
+/// lent in place (the forwarder idle for 25 ms before), then the lend is dropped, and the step
+/// arrives soon after, well before the forwarder's next poll (10 ms) would have found the slot
+/// freed. Every step arrives whole. With the wake left out (mutation `ipc-forwarder-not-woken`),
+/// each step waits for that poll.
+#[test]
+fn a_sleeping_forwarder_is_woken_by_a_step_that_waits_for_its_slot() {
+    with_double("a_sleeping_forwarder_is_woken_by_a_step_that_waits_for_its_slot", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_secs(5), |_, config| config.with_slots(1));
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let steps = 26;
+        let inputs: Vec<CudaSlice<u32>> = (0..steps).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        let send = |t: usize| ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N)).unwrap();
+        let wait = Duration::from_secs(5);
+        let stage1 = ranks.1.enter(1).unwrap();
+        send(0);
+        let mut guard = ranks.1.rx_in_place_wait::<u32>(0, 0, N, wait).unwrap();
+        let mut took = Vec::new();
+        for t in 1..steps as usize {
+            assert!(e1.dtoh(&guard.view().unwrap()).unwrap() == pattern(100 + t as u32 - 1, N), "step {}", t - 1);
+            std::thread::sleep(Duration::from_millis(25));
+            send(t);
+            let start = std::time::Instant::now();
+            drop(guard);
+            guard = ranks.1.rx_in_place_wait::<u32>(0, 0, N, wait).unwrap();
+            took.push(start.elapsed());
+        }
+        assert!(e1.dtoh(&guard.view().unwrap()).unwrap() == pattern(100 + steps - 1, N), "the last step");
+        drop(guard);
+        took.sort();
+        let median = took[took.len() / 2];
+        assert!(
+            median < Duration::from_micros(2500),
+            "the median step took {median:?} after its slot was freed: {took:?}"
+        );
+        drop(stage1);
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
