@@ -66,8 +66,7 @@ fn step_input(rt: &ppnrt::PpNRt, primary: &Engine, t: u32) -> CudaSlice<u32> {
 /// the device for slots not freed yet (its stage runs late, a gate), the liar writes `u64::MAX`
 /// into them, a value below every step for a stream's cyclic comparison. The boundary then fails
 /// (a forged record); the sending rank's stream must still drain: its gates take the block's
-/// value only up to the step waited for (mutation `ipc-gate-unclamped`: a gate at `u64::MAX`
-/// stays below every step, and the release's maximum keeps it there).
+/// value only up to the step waited for, and a failure releases them.
 #[test]
 fn a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure() {
     with_double(
