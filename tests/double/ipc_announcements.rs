@@ -143,3 +143,47 @@ fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// A `tx_wait` whose wait for a free slot went on the connection announces its step there too,
+/// after that wait's record: rank 1 reads the connection in order, and takes the block's step
+/// first. The scene, sixteen times: rank 1's stage takes steps 0 to 2 (its take of step 2
+/// answers an earlier wait), rank 0 at once sends step 3 (rank 1's receiver then spins, looking
+/// at the block before the connection) and `tx_wait`s step 4: it asks on the connection, reads
+/// the earlier answer, finds the slot free.
+/// Every step arrives whole. With step 4 announced in the block all the same (mutation
+/// `ipc-block-after-waiting`), rank 1 takes it before the wait's record and fails the boundary
+/// ("a wait for a free slot for step 4 where step 5 was due").
+#[test]
+fn a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too() {
+    with_double("a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too", |_| {
+        let primary = Engine::new(0).unwrap();
+        for round in 0..16 {
+            let ranks = ipc_ranks();
+            let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+            let inputs: Vec<_> = (0..5u32)
+                .map(|t| {
+                    let _stage = ranks.0.enter(0).unwrap();
+                    e0.htod(&values::<u32>(100 * round + t)).unwrap()
+                })
+                .collect();
+            let send_waiting = |t: usize| {
+                ranks.0.enter(0).and_then(|_stage| ranks.0.tx_wait(0, &inputs[t], N, WAIT)).unwrap();
+            };
+            send(&ranks, &inputs[0]);
+            send(&ranks, &inputs[1]);
+            for t in 0..2 {
+                assert!(take::<u32>(&ranks, t) == values::<u32>(100 * round + t as u32), "round {round}: step {t}");
+            }
+            send_waiting(2);
+            assert!(take::<u32>(&ranks, 2) == values::<u32>(100 * round + 2), "round {round}: step 2");
+            send(&ranks, &inputs[3]);
+            send_waiting(4);
+            for t in 3..5 {
+                assert!(take::<u32>(&ranks, t) == values::<u32>(100 * round + t as u32), "round {round}: step {t}");
+            }
+            drop(inputs);
+            let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+            assert!(errors.is_empty(), "round {round}: {errors:?}");
+        }
+    });
+}
