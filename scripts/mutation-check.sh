@@ -273,6 +273,8 @@ declare -A catchers=(
   [ipc-gate-unclamped]="a_consumed_word_lied_past_every_step_does_not_keep_the_sending_rank_waiting_after_a_failure a_peer_that_keeps_lying_cannot_hang_the_sending_ranks_drop"
   [ipc-gate-to-last-want-only]="a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
   [ipc-gates-unreleased]="a_released_wait_stays_released_and_the_sending_rank_drains a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
+  [ipc-forwarder-not-woken]="a_sleeping_forwarder_is_woken_by_a_step_that_waits_for_its_slot"
+  [ipc-block-after-waiting]="a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -294,10 +296,21 @@ PY
   if [ "$test" = lib ]; then target=(--lib); else target=(--test "$test"); fi
   # `host` runs the example executables (its `examples` tests): they are built from the mutated
   # tree first.
-  log=$(if [ "$test" = host ]; then cargo build --examples 2>&1 || exit 0; fi; cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1)
+  # The tests run under a bound (MUTATION_TEST_TIMEOUT seconds, default 300): a mutation that
+  # makes them hang is caught by the hang, and the test processes left are killed.
+  bound=${MUTATION_TEST_TIMEOUT:-300}
+  log=$(if [ "$test" = host ]; then cargo build --examples 2>&1 || exit 0; fi
+        cargo test ${features:+--features "$features"} "${target[@]}" --no-run 2>&1 || exit 0
+        timeout "$bound" cargo test ${features:+--features "$features"} "${target[@]}" -- "${filters[@]}" 2>&1
+        if [ $? -eq 124 ]; then echo "MUTATION-TIMED-OUT"; fi)
+  if echo "$log" | grep -q "^MUTATION-TIMED-OUT$"; then
+    pkill -f "$CARGO_TARGET_DIR/debug/deps/$test-" 2> /dev/null || true
+  fi
   out=$(echo "$log" | grep -E "^test .*FAILED$")
   if [ -n "$out" ]; then
     echo "CAUGHT $name:"; echo "$out" | sed 's/^/    /'
+  elif echo "$log" | grep -q "^MUTATION-TIMED-OUT$"; then
+    echo "CAUGHT $name: (its tests hung; stopped after $bound s)"
   elif echo "$log" | grep -q -E "^error(\[E[0-9]+\])?: "; then
     echo "BROKEN $name (the mutated code does not build):"; echo "$log" | grep -E -m 2 -A 4 "^error" | sed 's/^/    /'
   elif [ ${#filters[@]} -gt 0 ] && ! echo "$log" | grep -q -E "^running [1-9][0-9]* tests?$"; then
@@ -781,3 +794,6 @@ run ipc-held-after-later-steps src/pp/remote/inbox.rs "        let record = matc
 run ipc-gate-unclamped src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = self.block.consumed(slot);"
 run ipc-gate-to-last-want-only src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = if self.block.consumed(slot) >= last { last } else { 0 };"
 run ipc-gates-unreleased src/pp/remote/gates.rs "            self.shared.gates.word(slot).fetch_max(RELEASED, Ordering::AcqRel);" "            let _ = slot;"
+run ipc-forwarder-not-woken src/pp/remote/gates.rs "        if shared.sleeping.load(Ordering::SeqCst) {" "        if false {"
+# A step whose tx_wait asked on the connection is announced there, after that record.
+run ipc-block-after-waiting src/pp/remote/sender.rs "            if !asked && tamper.is_none()" "            if tamper.is_none()"
