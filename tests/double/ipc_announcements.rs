@@ -143,3 +143,46 @@ fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// A `tx_wait` that times out leaves its `WAITING` record for step 3 on the connection, unread
+/// while rank 1's receiver thread waits for a free slot for step 2; the `tx` of step 3 that
+/// follows is announced in the block, which the receiver thread looks at first and takes step 3
+/// from. The wait read afterwards names a step already taken: stale (the wait ended), not a lie.
+/// Rank 1 then takes every step, bitwise, and the boundary closes cleanly. With the stale wait
+/// taken for a step out of order (mutation `ipc-stale-wait-fails`), the link fails after step 3.
+#[test]
+fn a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure() {
+    with_double("a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let inputs: Vec<_> = (0..6u32)
+            .map(|t| {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(t)).unwrap()
+            })
+            .collect();
+        for x in &inputs[..3] {
+            send(&ranks, x);
+        }
+        // Rank 1's receiver thread took steps 0 to 2 and waits for slot 0 (its stage took none).
+        std::thread::sleep(Duration::from_millis(200));
+        let refused = ranks.0.enter(0).and_then(|_stage| ranks.0.tx_wait(0, &inputs[3], N, Duration::from_millis(50)));
+        assert!(
+            matches!(refused, Err(ppnrt::Error::Pipeline(ppnrt::PpError::Timeout { .. }))),
+            "the wait for step 3: {refused:?}"
+        );
+        send(&ranks, &inputs[3]);
+        for t in 0..4u32 {
+            assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+        }
+        for t in 4..6u32 {
+            send(&ranks, &inputs[t as usize]);
+            assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+        }
+        assert!(ranks.1.block_announcements(0).unwrap() >= 3, "step 3 was not announced in the block");
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
