@@ -186,3 +186,34 @@ fn a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_fail
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// A sender that changes the element type at every step for more steps than the block has lines
+/// (each on the connection: `u32` and `i32` in turn, steps 0 to 32), then keeps one type (`u32`,
+/// steps 33 to 44): the steps taken on the connection count as taken for the block's lines too,
+/// so every step of the one type is announced in the block again, and each arrives bitwise. With
+/// only the block's steps counted (mutation `ipc-connection-steps-untaken`), every later step
+/// stays on the connection.
+#[test]
+fn steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps() {
+    with_double("steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let alternating = ControlBlock::ANNOUNCEMENTS as u32 + 1;
+        for t in 0..alternating + 12 {
+            let _stage = ranks.0.enter(0).unwrap();
+            if t < alternating && t % 2 == 1 {
+                let x = e0.htod(&values::<i32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<i32>(&ranks, t as usize) == values::<i32>(t), "step {t}: wrong values");
+            } else {
+                let x = e0.htod(&values::<u32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+            }
+        }
+        assert_eq!(ranks.1.block_announcements(0).unwrap(), 12, "the steps of one type after the changes");
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}

@@ -213,6 +213,14 @@ impl IpcFlags {
         Some(n)
     }
 
+    /// The RX side: records that step `step` was taken, in order, from either source (a step of
+    /// the connection too: the block's lines of the steps up to it hold nothing the RX side will
+    /// look at again, and the TX side may write them; counting only the block's steps would keep
+    /// the TX side on the connection for good once the block's lines' worth of steps went there).
+    pub(super) fn took(&self, step: u64) {
+        self.block.take_announcements(step);
+    }
+
     /// The RX side: how many steps were taken from announcements in the block.
     #[cfg(feature = "testing")]
     pub(super) fn block_announcements(&self) -> u64 {

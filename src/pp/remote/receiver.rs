@@ -319,6 +319,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }
             Record::Data(step) => {
+                if let Some(flags) = link.ipc() {
+                    flags.took(step.step);
+                }
                 let repeated = last_bytes == Some(step.bytes);
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
                 let socket = &inbound.socket;
