@@ -273,6 +273,9 @@ declare -A catchers=(
   [ipc-stale-wait-fails]="a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure"
   # A step taken from the connection frees the block's lines before it.
   [ipc-connection-steps-untaken]="steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps"
+  # A step in the block takes the type of the connection's last step before it, and rx checks it.
+  [ipc-type-from-held-record]="a_held_step_of_a_new_type_leaves_the_type_of_the_blocks_steps_before_it"
+  [ipc-block-type-first-only]="a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -792,3 +795,14 @@ run ipc-connection-steps-untaken src/pp/remote/ipc.rs "        self.block.take_a
     }
 
     /// The RX side: how many steps"
+# A step announced in the control block has the type of the connection's last step before it in
+# the sender's order (not of a later one read meanwhile, not the first one's for good), and `rx`
+# of another type refuses it.
+run ipc-type-from-held-record src/pp/remote/inbox.rs "        // A record naming a later step came after the announcements of the steps before it.
+        if names_step" "        if let Record::Data(step) = &record {
+            self.last_elem = Some((step.elem, (step.bytes / step.n.max(1)) as u64));
+        }
+        if names_step" lib
+run ipc-block-type-first-only src/pp/remote/inbox.rs "        if let Record::Data(step) = &record {
+            self.last_elem" "        if let (Record::Data(step), None) = (&record, self.last_elem) {
+            self.last_elem"

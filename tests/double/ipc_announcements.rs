@@ -217,3 +217,42 @@ fn steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps() {
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// `rx` checks the element type of a step announced in the block as it does one of the
+/// connection's: steps 0 (`u32`) and 1 (`i32`) on the connection, step 2 (`i32`) in the block;
+/// step 2 taken as `u32` (the same byte size) is [`PpError::RxTypeMismatch`] naming both types,
+/// and taken as `i32` it reads bitwise. With the block's steps given the first step's type for
+/// good (mutation `ipc-block-type-first-only`), step 2 would be read as `u32`, `Ok`.
+#[test]
+fn a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type() {
+    with_double("a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let (zero, one, two) = {
+            let _stage = ranks.0.enter(0).unwrap();
+            (
+                e0.htod(&values::<u32>(0)).unwrap(),
+                e0.htod(&values::<i32>(1)).unwrap(),
+                e0.htod(&values::<i32>(2)).unwrap(),
+            )
+        };
+        send(&ranks, &zero);
+        assert!(take::<u32>(&ranks, 0) == values::<u32>(0), "step 0: wrong values");
+        send(&ranks, &one);
+        assert!(take::<i32>(&ranks, 1) == values::<i32>(1), "step 1: wrong values");
+        send(&ranks, &two);
+        let refused = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 0, N, WAIT).map(|_| ()));
+        assert!(
+            matches!(
+                refused,
+                Err(ppnrt::Error::Pipeline(ppnrt::PpError::RxTypeMismatch { requested: "u32", sent: "i32", .. }))
+            ),
+            "step 2 taken as u32: {refused:?}"
+        );
+        assert!(take::<i32>(&ranks, 2) == values::<i32>(2), "step 2: wrong values");
+        assert_eq!(ranks.1.block_announcements(0).unwrap(), 1, "step 2 was announced in the block");
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}

@@ -172,6 +172,38 @@ mod tests {
         assert_eq!(seen(inbox.next(5, &mut |step| block.take(step), &mut || Ok(None)).unwrap()), "none");
     }
 
+    /// A step of a new type on the connection, read while the block's step before it was still
+    /// to be taken (the receiver's first look came before its announcement): the block's step
+    /// keeps the type of the steps before it, and only the steps from the new one on take the
+    /// new type. With the type taken from a record as soon as it is read (mutation
+    /// `ipc-type-from-held-record`), the block's step would take the later step's type.
+    #[test]
+    fn a_held_step_of_a_new_type_leaves_the_type_of_the_blocks_steps_before_it() {
+        let block = Block::default();
+        let mut connection = vec![data(0, 256, "u32", 4), data(2, 100, "f16", 2)];
+        connection.reverse();
+        let mut inbox = Inbox::default();
+        let mut order = Vec::new();
+        for expected in 0..4u64 {
+            let record = inbox
+                .next(expected, &mut |step| block.take(step), &mut || {
+                    let record = connection.pop();
+                    // The TX rank announced step 1 in the block, then step 2 (of a new type) on
+                    // the connection: the receiver's first look was before both.
+                    if matches!(&record, Some(Record::Data(step)) if step.step == 2) {
+                        block.announce(1, 512);
+                    }
+                    Ok(record)
+                })
+                .unwrap();
+            order.push(seen(record));
+            if expected == 2 {
+                block.announce(3, 30);
+            }
+        }
+        assert_eq!(order, ["data 0 256x4 u32", "data 1 512x4 u32", "data 2 100x2 f16", "data 3 30x2 f16"]);
+    }
+
     /// What a lying or broken TX rank writes into the block: a step before any type crossed the
     /// connection, a step of no element, a count whose bytes overflow. Each is the reason the
     /// link fails, naming the step and what is wrong.
