@@ -276,6 +276,9 @@ declare -A catchers=(
   # A step in the block takes the type of the connection's last step before it, and rx checks it.
   [ipc-type-from-held-record]="a_held_step_of_a_new_type_leaves_the_type_of_the_blocks_steps_before_it"
   [ipc-block-type-first-only]="a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type"
+  # A count lied into the block: of no element, or past the slots, fails the boundary typed.
+  [ipc-block-count-unchecked]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
+  [ipc-block-step-past-slot-grown]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -806,3 +809,7 @@ run ipc-type-from-held-record src/pp/remote/inbox.rs "        // A record naming
 run ipc-block-type-first-only src/pp/remote/inbox.rs "        if let Record::Data(step) = &record {
             self.last_elem" "        if let (Record::Data(step), None) = (&record, self.last_elem) {
             self.last_elem"
+# A count a lying peer writes into the control block is checked as a sealed record's: no element
+# fails the boundary, and a step past the slots (fixed over IPC) is refused, never grown into.
+run ipc-block-count-unchecked src/pp/remote/inbox.rs "            .filter(|&bytes| bytes > 0)" "            .filter(|_| true)"
+run ipc-block-step-past-slot-grown src/pp/runtime/inbound.rs "            if fixed {" "            if false {"

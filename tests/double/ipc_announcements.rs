@@ -256,3 +256,47 @@ fn a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type() {
         assert!(errors.is_empty(), "{errors:?}");
     });
 }
+
+/// A lying peer (any process of the user, through `/proc/<pid>/fd`) announces step 1 in the
+/// receiving rank's control block before the sending rank does, with a count of no element, one
+/// whose bytes overflow, or one past the slots' capacity: the receiving rank takes none of them
+/// as a step. Its boundary fails at once, typed, naming the count (or the bytes and the
+/// capacity), and `rx` of step 1 is that failure, never `Ok`. With the count of a step in the
+/// block unchecked (mutation `ipc-block-count-unchecked`), or a step past a fixed slot grown
+/// instead of refused (`ipc-block-step-past-slot-grown`), the failure is another or none.
+#[test]
+fn a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed() {
+    with_double("a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed", |_| {
+        let primary = Engine::new(0).unwrap();
+        let past_the_slot = (1u64 << 24) + 1;
+        for (count, says) in [
+            (0, "step 1: 0 element(s) of 4 byte(s) (u32) in the control block".to_string()),
+            (u64::MAX, format!("step 1: {} element(s) of 4 byte(s) (u32) in the control block", u64::MAX)),
+            (past_the_slot, format!("a step of {} byte(s) does not fit its slots", past_the_slot * 4)),
+        ] {
+            let before: std::collections::HashSet<u64> =
+                crate::ipc_host_flags::control_blocks().into_iter().map(|(ino, _)| ino).collect();
+            let ranks = ipc_ranks();
+            let liar = crate::ipc_host_flags::opened_as_peer(&before, 2);
+            let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+            let x = {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(0)).unwrap()
+            };
+            send(&ranks, &x);
+            assert!(take::<u32>(&ranks, 0) == values::<u32>(0), "step 0: wrong values");
+            liar.announce(1, count);
+            let start = Instant::now();
+            let taken = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 1, N, WAIT).map(|_| ()));
+            let took = start.elapsed();
+            match &taken {
+                Err(e @ ppnrt::Error::Pipeline(ppnrt::PpError::PeerFailed { .. })) => {
+                    assert!(e.to_string().contains(&says), "count {count}: {e} does not say {says:?}");
+                }
+                other => panic!("count {count}: step 1 taken as {other:?}"),
+            }
+            assert!(took < Duration::from_secs(2), "count {count}: the failure took {took:?}");
+            crate::drop_ranks_within((ranks, x, liar), Duration::from_secs(15), "the ranks");
+        }
+    });
+}
