@@ -279,6 +279,8 @@ declare -A catchers=(
   # A count lied into the block: of no element, or past the slots, fails the boundary typed.
   [ipc-block-count-unchecked]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
   [ipc-block-step-past-slot-grown]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
+  # A receiver that keeps finding its steps in the block still reads the connection's signs of life.
+  [ipc-connection-unread-while-behind]="a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -813,3 +815,8 @@ run ipc-block-type-first-only src/pp/remote/inbox.rs "        if let Record::Dat
 # fails the boundary, and a step past the slots (fixed over IPC) is refused, never grown into.
 run ipc-block-count-unchecked src/pp/remote/inbox.rs "            .filter(|&bytes| bytes > 0)" "            .filter(|_| true)"
 run ipc-block-step-past-slot-grown src/pp/runtime/inbound.rs "            if fixed {" "            if false {"
+# Over IPC the receiver reads the connection every poll interval, without waiting, even while it
+# keeps finding its steps in the control block: the sender's signs of life never fill it.
+run ipc-connection-unread-while-behind src/pp/remote/receiver.rs "            if link.ipc().is_some() {
+                let mode = " "            if false {
+                let mode = "

@@ -300,3 +300,77 @@ fn a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary
         }
     });
 }
+
+/// The most bytes any TCP socket of this process holds unread (its receive queue, as
+/// `/proc/self/net/tcp` and `tcp6` show it).
+fn most_unread_bytes() -> u64 {
+    let ours: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|target| target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        .collect();
+    let mut most = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            // sl, local, remote, state, tx_queue:rx_queue, tr:when, retransmits, uid, timeout, inode
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(queues), Some(inode)) = (fields.get(4), fields.get(9)) else { continue };
+            if inode.parse::<u64>().is_ok_and(|inode| ours.contains(&inode)) {
+                let unread = queues.split(':').nth(1).and_then(|rx| u64::from_str_radix(rx, 16).ok());
+                most = most.max(unread.unwrap_or(0));
+            }
+        }
+    }
+    most
+}
+
+/// Rank 0 stays four steps ahead of rank 1's stage (two slots) for three seconds: rank 1's
+/// receiver thread always finds its next step announced in the block, and no step of the
+/// connection is there to read, while rank 0 shows it is alive there (a sign of life every 50 ms,
+/// for a peer timeout of 500 ms). Those are read as they come: no socket of the process holds
+/// more than a few records unread. (Left unread, they fill the connection's buffers, about 4 MB
+/// on loopback, and rank 0's next write then times out and fails a healthy boundary: after about
+/// a day of steps at the default peer timeout, minutes at the smallest.) With the connection read
+/// only when the block holds no step (mutation `ipc-connection-unread-while-behind`), they pile
+/// up.
+#[test]
+fn a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life() {
+    with_double("a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_millis(500), |_, config| config.with_slots(2));
+        assert_eq!(ranks.0.plan().boundaries[0].transport, Transport::Ipc, "{}", ranks.0.plan());
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let input = |t: usize| {
+            let _stage = ranks.0.enter(0).unwrap();
+            e0.htod(&values::<u32>(t as u32)).unwrap()
+        };
+        let ahead = 4;
+        let mut in_flight = std::collections::VecDeque::new();
+        for t in 0..ahead {
+            let x = input(t);
+            send(&ranks, &x);
+            in_flight.push_back(x);
+        }
+        let start = Instant::now();
+        let mut t = 0;
+        while start.elapsed() < Duration::from_secs(3) {
+            assert!(take::<u32>(&ranks, t) == values::<u32>(t as u32), "step {t}: wrong values");
+            in_flight.pop_front();
+            let x = input(t + ahead);
+            send(&ranks, &x);
+            in_flight.push_back(x);
+            t += 1;
+        }
+        let unread = most_unread_bytes();
+        for t in t..t + ahead {
+            assert!(take::<u32>(&ranks, t) == values::<u32>(t as u32), "step {t}: wrong values");
+        }
+        assert!(ranks.1.block_announcements(0).unwrap() + 1 >= t as u64, "the steps were not announced in the block");
+        assert!(unread < 1000, "a socket of the process holds {unread} bytes unread after {t} steps");
+        drop(in_flight);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}

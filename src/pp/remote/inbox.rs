@@ -61,6 +61,29 @@ impl Inbox {
         Ok(Some(record))
     }
 
+    /// Takes what `read` finds on the connection now (`Ok(None)`: nothing whole there), while no
+    /// record is held back: signs of life and wakes are dropped, the first record naming a step
+    /// is held back for [`next`](Self::next), which gives it in its place in the order. Returns
+    /// whether anything came. A receiver that keeps finding its steps in the block reads the
+    /// connection only so: left unread, the TX rank's signs of life would fill it.
+    pub(super) fn drain(
+        &mut self,
+        read: &mut dyn FnMut() -> std::result::Result<Option<Record>, String>,
+    ) -> std::result::Result<bool, String> {
+        let mut heard = false;
+        while self.deferred.is_none() {
+            match read()? {
+                None => break,
+                Some(Record::Alive | Record::Wake) => heard = true,
+                Some(record) => {
+                    self.deferred = Some(record);
+                    heard = true;
+                }
+            }
+        }
+        Ok(heard)
+    }
+
     /// Step `step` of `n` elements, announced in the block.
     fn step_in_block(&self, step: u64, n: u64) -> std::result::Result<Record, String> {
         let Some((elem, elem_size)) = self.last_elem else {
