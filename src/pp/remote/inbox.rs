@@ -8,6 +8,12 @@
 //! step's announcement, which the first look missed) waits until the block's steps before it were
 //! taken. A step in the block has the element type of the last step announced on the connection
 //! (the TX rank puts only such steps there).
+//!
+//! Two consequences of looking at the block first: a receiver that keeps finding its steps there
+//! never needs the connection, so it also reads it every poll interval without waiting
+//! ([`Inbox::drain`]: the TX rank's signs of life would otherwise fill it); and a `WAITING` record
+//! the TX rank wrote before it announced the step in the block (a `tx_wait` that timed out) may be
+//! read after that step was taken: stale, dropped by the receiver.
 
 use super::receiver::Announced;
 use super::wire::Record;

@@ -29,7 +29,8 @@
 //!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
 //!   wait for the word, which the RX rank's host stores.
 //! - the RX rank's receiver thread takes the step's announcement (the block's first, then the
-//!   connection's, in the TX rank's order: see `inbox`), waits until the ring's slot is free (the RX
+//!   connection's, in the TX rank's order: see `inbox`; a step taken from either frees the block's
+//!   lines up to it for the TX rank), waits until the ring's slot is free (the RX
 //!   stage took step `k - n`) and every read of it in this process has completed (on the host),
 //!   stores `consumed[s] = k`, and waits on the host until `filled[s] >= k + 1`; then the slot is
 //!   filled in the ring. Where the copy came from another device, the receive stream first
