@@ -299,13 +299,6 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             continue;
         }
         if let Record::Waiting { step } = record {
-            // Over IPC, a wait the TX rank asked for before it announced the step in the block
-            // (a `tx_wait` that timed out, or a second ask its answers crossed) may be read after
-            // the block's step was taken (the block is looked at first): its wait ended, nothing
-            // to answer.
-            if step < expected && link.ipc().is_some() {
-                continue;
-            }
             if step != expected {
                 break Err(format!("a wait for a free slot for step {step} where step {expected} was due"));
             }
