@@ -148,8 +148,11 @@ fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block
 /// while rank 1's receiver thread waits for a free slot for step 2; the `tx` of step 3 that
 /// follows is announced in the block, which the receiver thread looks at first and takes step 3
 /// from. The wait read afterwards names a step already taken: stale (the wait ended), not a lie.
-/// Rank 1 then takes every step, bitwise, and the boundary closes cleanly. With the stale wait
-/// taken for a step out of order (mutation `ipc-stale-wait-fails`), the link fails after step 3.
+/// Rank 1 then takes every step, bitwise, and the boundary closes cleanly. With stale waits passed
+/// on and the connection read only when the block holds no step (mutations `ipc-stale-wait-fails`
+/// and `ipc-connection-unread-while-behind` together), the link fails after step 3; the read every
+/// poll interval alone mostly takes the wait before step 3 here, so the first mutation alone is
+/// caught by `Inbox`'s unit test `a_wait_read_after_the_block_gave_its_step_is_stale`.
 #[test]
 fn a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure() {
     with_double("a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure", |_| {
