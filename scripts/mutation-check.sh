@@ -274,7 +274,19 @@ declare -A catchers=(
   [ipc-gate-to-last-want-only]="a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full a_slot_is_freed_for_the_sender_only_once_its_reads_completed"
   [ipc-gates-unreleased]="a_released_wait_stays_released_and_the_sending_rank_drains a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
   [ipc-forwarder-not-woken]="a_sleeping_forwarder_is_woken_by_a_step_that_waits_for_its_slot"
-  [ipc-block-after-waiting]="a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too"
+  # A wait for a step already taken from the control block is stale, not a failure.
+  [ipc-stale-wait-fails]="a_wait_read_after_the_block_gave_its_step_is_stale"
+  [ipc-stale-wait-fails-across-ranks]="a_wait_answered_early_and_read_after_its_step_is_stale"
+  # A step taken from the connection frees the block's lines before it.
+  [ipc-connection-steps-untaken]="steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps"
+  # A step in the block takes the type of the connection's last step before it, and rx checks it.
+  [ipc-type-from-held-record]="a_held_step_of_a_new_type_leaves_the_type_of_the_blocks_steps_before_it"
+  [ipc-block-type-first-only]="a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type"
+  # A count lied into the block: of no element, or past the slots, fails the boundary typed.
+  [ipc-block-count-unchecked]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
+  [ipc-block-step-past-slot-grown]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
+  # A receiver that keeps finding its steps in the block still reads the connection's signs of life.
+  [ipc-connection-unread-while-behind]="a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -795,5 +807,38 @@ run ipc-gate-unclamped src/pp/remote/gates.rs "            let freed = self.bloc
 run ipc-gate-to-last-want-only src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = if self.block.consumed(slot) >= last { last } else { 0 };"
 run ipc-gates-unreleased src/pp/remote/gates.rs "            self.shared.gates.word(slot).fetch_max(RELEASED, Ordering::AcqRel);" "            let _ = slot;"
 run ipc-forwarder-not-woken src/pp/remote/gates.rs "        if shared.sleeping.load(Ordering::SeqCst) {" "        if false {"
-# A step whose tx_wait asked on the connection is announced there, after that record.
-run ipc-block-after-waiting src/pp/remote/sender.rs "            if !asked && tamper.is_none()" "            if tamper.is_none()"
+# Over IPC a wait the sender asked for before it announced the step in the control block, read
+# after the block's step was taken, is stale: the link goes on.
+run ipc-stale-wait-fails src/pp/remote/inbox.rs "        if matches!(record, Record::Waiting { step } if step < self.from_block) {" "        if matches!(record, Record::Waiting { step } if step < self.from_block && false) {" lib
+# A step taken from the connection counts as taken for the control block's lines: a sender back
+# to one type after a line's worth of steps on the connection announces in the block again.
+run ipc-connection-steps-untaken src/pp/remote/ipc.rs "        self.block.take_announcements(step);
+    }
+
+    /// The RX side: how many steps" "        let _ = step;
+    }
+
+    /// The RX side: how many steps"
+# A step announced in the control block has the type of the connection's last step before it in
+# the sender's order (not of a later one read meanwhile, not the first one's for good), and `rx`
+# of another type refuses it.
+run ipc-type-from-held-record src/pp/remote/inbox.rs "        // A record naming a later step came after the announcements of the steps before it.
+        if names_step" "        if let Record::Data(step) = &record {
+            self.last_elem = Some((step.elem, (step.bytes / step.n.max(1)) as u64));
+        }
+        if names_step" lib
+run ipc-block-type-first-only src/pp/remote/inbox.rs "        if let Record::Data(step) = &record {
+            self.last_elem" "        if let (Record::Data(step), None) = (&record, self.last_elem) {
+            self.last_elem"
+# A count a lying peer writes into the control block is checked as a sealed record's: no element
+# fails the boundary, and a step past the slots (fixed over IPC) is refused, never grown into.
+run ipc-block-count-unchecked src/pp/remote/inbox.rs "            .filter(|&bytes| bytes > 0)" "            .filter(|_| true)"
+run ipc-block-step-past-slot-grown src/pp/runtime/inbound.rs "            if fixed {" "            if false {"
+# Over IPC the receiver reads the connection every poll interval, without waiting, even while it
+# keeps finding its steps in the control block: the sender's signs of life never fill it.
+run ipc-connection-unread-while-behind src/pp/remote/receiver.rs "            if link.ipc().is_some() {
+                let mode = " "            if false {
+                let mode = "
+# The same through two ranks: a tx_wait answered by an earlier answer, its record read after the
+# step it waited for came from the block.
+run ipc-stale-wait-fails-across-ranks src/pp/remote/inbox.rs "        if matches!(record, Record::Waiting { step } if step < self.from_block) {" "        if matches!(record, Record::Waiting { step } if step < self.from_block && false) {"

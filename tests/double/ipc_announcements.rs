@@ -144,18 +144,18 @@ fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block
     });
 }
 
-/// A `tx_wait` whose wait for a free slot went on the connection announces its step there too,
-/// after that wait's record: rank 1 reads the connection in order, and takes the block's step
-/// first. The scene, sixteen times: rank 1's stage takes steps 0 to 2 (its take of step 2
-/// answers an earlier wait), rank 0 at once sends step 3 (rank 1's receiver then spins, looking
-/// at the block before the connection) and `tx_wait`s step 4: it asks on the connection, reads
-/// the earlier answer, finds the slot free.
-/// Every step arrives whole. With step 4 announced in the block all the same (mutation
-/// `ipc-block-after-waiting`), rank 1 takes it before the wait's record and fails the boundary
-/// ("a wait for a free slot for step 4 where step 5 was due").
+/// A `tx_wait` whose wait for a free slot was answered by an earlier answer announces its step in
+/// the block while its wait's record is still on the connection: rank 1 takes the step from the
+/// block first, and the wait, read after it, is stale, not a failure. The scene, sixteen times:
+/// rank 1's stage takes steps 0 to 2 (its take of step 2 answers an earlier wait), rank 0 at once
+/// sends step 3 (rank 1's receiver then spins, looking at the block before the connection) and
+/// `tx_wait`s step 4: it asks on the connection, reads the earlier answer, finds the slot free.
+/// Every step arrives whole. With the stale wait taken for a failure (mutation
+/// `ipc-stale-wait-fails`), rank 1 fails the boundary ("a wait for a free slot for step 4 where
+/// step 5 was due").
 #[test]
-fn a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too() {
-    with_double("a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too", |_| {
+fn a_wait_answered_early_and_read_after_its_step_is_stale() {
+    with_double("a_wait_answered_early_and_read_after_its_step_is_stale", |_| {
         let primary = Engine::new(0).unwrap();
         for round in 0..16 {
             let ranks = ipc_ranks();
@@ -185,5 +185,238 @@ fn a_step_whose_wait_for_a_slot_went_on_the_connection_is_announced_there_too() 
             let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
             assert!(errors.is_empty(), "round {round}: {errors:?}");
         }
+    });
+}
+/// A `tx_wait` that times out leaves its `WAITING` record for step 3 on the connection, unread
+/// while rank 1's receiver thread waits for a free slot for step 2; the `tx` of step 3 that
+/// follows is announced in the block, which the receiver thread looks at first and takes step 3
+/// from. The wait read afterwards names a step already taken: stale (the wait ended), not a lie.
+/// Rank 1 then takes every step, bitwise, and the boundary closes cleanly. With stale waits passed
+/// on and the connection read only when the block holds no step (mutations `ipc-stale-wait-fails`
+/// and `ipc-connection-unread-while-behind` together), the link fails after step 3; the read every
+/// poll interval alone mostly takes the wait before step 3 here, so the first mutation alone is
+/// caught by `Inbox`'s unit test `a_wait_read_after_the_block_gave_its_step_is_stale`.
+#[test]
+fn a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure() {
+    with_double("a_wait_that_timed_out_before_its_step_went_into_the_block_is_stale_not_a_failure", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let inputs: Vec<_> = (0..6u32)
+            .map(|t| {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(t)).unwrap()
+            })
+            .collect();
+        for x in &inputs[..3] {
+            send(&ranks, x);
+        }
+        // Rank 1's receiver thread took steps 0 to 2 and waits for slot 0 (its stage took none).
+        std::thread::sleep(Duration::from_millis(200));
+        let refused = ranks.0.enter(0).and_then(|_stage| ranks.0.tx_wait(0, &inputs[3], N, Duration::from_millis(50)));
+        assert!(
+            matches!(refused, Err(ppnrt::Error::Pipeline(ppnrt::PpError::Timeout { .. }))),
+            "the wait for step 3: {refused:?}"
+        );
+        send(&ranks, &inputs[3]);
+        for t in 0..4u32 {
+            assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+        }
+        for t in 4..6u32 {
+            send(&ranks, &inputs[t as usize]);
+            assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+        }
+        assert!(ranks.1.block_announcements(0).unwrap() >= 3, "step 3 was not announced in the block");
+        drop(inputs);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// A sender that changes the element type at every step for more steps than the block has lines
+/// (each on the connection: `u32` and `i32` in turn, steps 0 to 32), then keeps one type (`u32`,
+/// steps 33 to 44): the steps taken on the connection count as taken for the block's lines too,
+/// so every step of the one type is announced in the block again, and each arrives bitwise. With
+/// only the block's steps counted (mutation `ipc-connection-steps-untaken`), every later step
+/// stays on the connection.
+#[test]
+fn steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps() {
+    with_double("steps_taken_on_the_connection_free_the_blocks_lines_for_the_next_steps", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let alternating = ControlBlock::ANNOUNCEMENTS as u32 + 1;
+        for t in 0..alternating + 12 {
+            let _stage = ranks.0.enter(0).unwrap();
+            if t < alternating && t % 2 == 1 {
+                let x = e0.htod(&values::<i32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<i32>(&ranks, t as usize) == values::<i32>(t), "step {t}: wrong values");
+            } else {
+                let x = e0.htod(&values::<u32>(t)).unwrap();
+                send(&ranks, &x);
+                assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+            }
+        }
+        assert_eq!(ranks.1.block_announcements(0).unwrap(), 12, "the steps of one type after the changes");
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// `rx` checks the element type of a step announced in the block as it does one of the
+/// connection's: steps 0 (`u32`) and 1 (`i32`) on the connection, step 2 (`i32`) in the block;
+/// step 2 taken as `u32` (the same byte size) is [`PpError::RxTypeMismatch`] naming both types,
+/// and taken as `i32` it reads bitwise. With the block's steps given the first step's type for
+/// good (mutation `ipc-block-type-first-only`), step 2 would be read as `u32`, `Ok`.
+#[test]
+fn a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type() {
+    with_double("a_step_announced_in_the_block_is_refused_to_an_rx_of_another_type", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let (zero, one, two) = {
+            let _stage = ranks.0.enter(0).unwrap();
+            (
+                e0.htod(&values::<u32>(0)).unwrap(),
+                e0.htod(&values::<i32>(1)).unwrap(),
+                e0.htod(&values::<i32>(2)).unwrap(),
+            )
+        };
+        send(&ranks, &zero);
+        assert!(take::<u32>(&ranks, 0) == values::<u32>(0), "step 0: wrong values");
+        send(&ranks, &one);
+        assert!(take::<i32>(&ranks, 1) == values::<i32>(1), "step 1: wrong values");
+        send(&ranks, &two);
+        let refused = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 0, N, WAIT).map(|_| ()));
+        assert!(
+            matches!(
+                refused,
+                Err(ppnrt::Error::Pipeline(ppnrt::PpError::RxTypeMismatch { requested: "u32", sent: "i32", .. }))
+            ),
+            "step 2 taken as u32: {refused:?}"
+        );
+        assert!(take::<i32>(&ranks, 2) == values::<i32>(2), "step 2: wrong values");
+        assert_eq!(ranks.1.block_announcements(0).unwrap(), 1, "step 2 was announced in the block");
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// A lying peer (any process of the user, through `/proc/<pid>/fd`) announces step 1 in the
+/// receiving rank's control block before the sending rank does, with a count of no element, one
+/// whose bytes overflow, or one past the slots' capacity: the receiving rank takes none of them
+/// as a step. Its boundary fails at once, typed, naming the count (or the bytes and the
+/// capacity), and `rx` of step 1 is that failure, never `Ok`. With the count of a step in the
+/// block unchecked (mutation `ipc-block-count-unchecked`), or a step past a fixed slot grown
+/// instead of refused (`ipc-block-step-past-slot-grown`), the failure is another or none.
+#[test]
+fn a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed() {
+    with_double("a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed", |_| {
+        let primary = Engine::new(0).unwrap();
+        let past_the_slot = (1u64 << 24) + 1;
+        for (count, says) in [
+            (0, "step 1: 0 element(s) of 4 byte(s) (u32) in the control block".to_string()),
+            (u64::MAX, format!("step 1: {} element(s) of 4 byte(s) (u32) in the control block", u64::MAX)),
+            (past_the_slot, format!("a step of {} byte(s) does not fit its slots", past_the_slot * 4)),
+        ] {
+            let before: std::collections::HashSet<u64> =
+                crate::ipc_host_flags::control_blocks().into_iter().map(|(ino, _)| ino).collect();
+            let ranks = ipc_ranks();
+            let liar = crate::ipc_host_flags::opened_as_peer(&before, 2);
+            let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+            let x = {
+                let _stage = ranks.0.enter(0).unwrap();
+                e0.htod(&values::<u32>(0)).unwrap()
+            };
+            send(&ranks, &x);
+            assert!(take::<u32>(&ranks, 0) == values::<u32>(0), "step 0: wrong values");
+            liar.announce(1, count);
+            let start = Instant::now();
+            let taken = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 1, N, WAIT).map(|_| ()));
+            let took = start.elapsed();
+            match &taken {
+                Err(e @ ppnrt::Error::Pipeline(ppnrt::PpError::PeerFailed { .. })) => {
+                    assert!(e.to_string().contains(&says), "count {count}: {e} does not say {says:?}");
+                }
+                other => panic!("count {count}: step 1 taken as {other:?}"),
+            }
+            assert!(took < Duration::from_secs(2), "count {count}: the failure took {took:?}");
+            crate::drop_ranks_within((ranks, x, liar), Duration::from_secs(15), "the ranks");
+        }
+    });
+}
+
+/// The most bytes any TCP socket of this process holds unread (its receive queue, as
+/// `/proc/self/net/tcp` and `tcp6` show it).
+fn most_unread_bytes() -> u64 {
+    let ours: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|target| target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        .collect();
+    let mut most = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            // sl, local, remote, state, tx_queue:rx_queue, tr:when, retransmits, uid, timeout, inode
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(queues), Some(inode)) = (fields.get(4), fields.get(9)) else { continue };
+            if inode.parse::<u64>().is_ok_and(|inode| ours.contains(&inode)) {
+                let unread = queues.split(':').nth(1).and_then(|rx| u64::from_str_radix(rx, 16).ok());
+                most = most.max(unread.unwrap_or(0));
+            }
+        }
+    }
+    most
+}
+
+/// Rank 0 stays four steps ahead of rank 1's stage (two slots) for three seconds: rank 1's
+/// receiver thread always finds its next step announced in the block, and no step of the
+/// connection is there to read, while rank 0 shows it is alive there (a sign of life every 50 ms,
+/// for a peer timeout of 500 ms). Those are read as they come: no socket of the process holds
+/// more than a few records unread. (Left unread, they fill the connection's buffers, about 4 MB
+/// on loopback, and rank 0's next write then times out and fails a healthy boundary: after about
+/// a day of steps at the default peer timeout, minutes at the smallest.) With the connection read
+/// only when the block holds no step (mutation `ipc-connection-unread-while-behind`), they pile
+/// up.
+#[test]
+fn a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life() {
+    with_double("a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life", |_| {
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(Duration::from_millis(500), |_, config| config.with_slots(2));
+        assert_eq!(ranks.0.plan().boundaries[0].transport, Transport::Ipc, "{}", ranks.0.plan());
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        let input = |t: usize| {
+            let _stage = ranks.0.enter(0).unwrap();
+            e0.htod(&values::<u32>(t as u32)).unwrap()
+        };
+        let ahead = 4;
+        let mut in_flight = std::collections::VecDeque::new();
+        for t in 0..ahead {
+            let x = input(t);
+            send(&ranks, &x);
+            in_flight.push_back(x);
+        }
+        let start = Instant::now();
+        let mut t = 0;
+        while start.elapsed() < Duration::from_secs(3) {
+            assert!(take::<u32>(&ranks, t) == values::<u32>(t as u32), "step {t}: wrong values");
+            in_flight.pop_front();
+            let x = input(t + ahead);
+            send(&ranks, &x);
+            in_flight.push_back(x);
+            t += 1;
+        }
+        let unread = most_unread_bytes();
+        for t in t..t + ahead {
+            assert!(take::<u32>(&ranks, t) == values::<u32>(t as u32), "step {t}: wrong values");
+        }
+        assert!(ranks.1.block_announcements(0).unwrap() + 1 >= t as u64, "the steps were not announced in the block");
+        assert!(unread < 1000, "a socket of the process holds {unread} bytes unread after {t} steps");
+        drop(in_flight);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
     });
 }

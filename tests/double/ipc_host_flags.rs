@@ -25,7 +25,7 @@ use ppnrt::{CudaSlice, Engine};
 const N: usize = 2048;
 
 /// The inodes of this process's open control blocks, each with one descriptor's path.
-fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
+pub(crate) fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
         let path = entry.path();
@@ -40,7 +40,7 @@ fn control_blocks() -> Vec<(u64, std::path::PathBuf)> {
 
 /// The control block of `slots` slots opened in this process since `before` was listed, mapped
 /// again as another process of the user maps it (through `/proc/<pid>/fd`).
-fn opened_as_peer(before: &HashSet<u64>, slots: usize) -> ControlBlock {
+pub(crate) fn opened_as_peer(before: &HashSet<u64>, slots: usize) -> ControlBlock {
     let (_, path) = control_blocks()
         .into_iter()
         .find(|(ino, _)| !before.contains(ino))

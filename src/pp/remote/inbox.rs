@@ -8,6 +8,12 @@
 //! step's announcement, which the first look missed) waits until the block's steps before it were
 //! taken. A step in the block has the element type of the last step announced on the connection
 //! (the TX rank puts only such steps there).
+//!
+//! Two consequences of looking at the block first: a receiver that keeps finding its steps there
+//! never needs the connection, so it also reads it every poll interval without waiting
+//! ([`Inbox::drain`]: the TX rank's signs of life would otherwise fill it); and a `WAITING` record
+//! the TX rank wrote before it announced the step in the block (a `tx_wait` that timed out) may be
+//! read after that step was taken: stale, dropped ([`Inbox::next`]).
 
 use super::receiver::Announced;
 use super::wire::Record;
@@ -21,6 +27,8 @@ pub(super) struct Inbox {
     /// A record of the connection read while earlier steps' announcements in the block were
     /// still to be taken.
     deferred: Option<Record>,
+    /// One past the last step taken from the block (0: none yet).
+    from_block: u64,
 }
 
 impl Inbox {
@@ -28,8 +36,11 @@ impl Inbox {
     /// the one it names were taken; else step `expected`'s announcement in the block when `block`
     /// takes one (`block(step)`: the element count of `step`'s announcement, taken, or `None`);
     /// else one `read` from the connection (`Ok(None)`: none yet), held back when it names a later
-    /// step and `block` now has step `expected` (announced before it). `Err` with the reason the
-    /// link fails: a step of the block before any type crossed the connection, or of no byte.
+    /// step and `block` now has step `expected` (announced before it). A wait for a step the block
+    /// gave already is stale and dropped (`Ok(None)`): the TX rank wrote it before it announced
+    /// the step there (a `tx_wait` that timed out, or a second ask its answers crossed), and the
+    /// block was looked at first. `Err` with the reason the link fails: a step of the block before
+    /// any type crossed the connection, or of no byte.
     pub(super) fn next(
         &mut self,
         expected: u64,
@@ -48,6 +59,9 @@ impl Inbox {
                 }
             }
         };
+        if matches!(record, Record::Waiting { step } if step < self.from_block) {
+            return Ok(None);
+        }
         // A record naming a later step came after the announcements of the steps before it.
         if names_step(&record).is_some_and(|named| named > expected) {
             if let Some(n) = block(expected) {
@@ -61,8 +75,31 @@ impl Inbox {
         Ok(Some(record))
     }
 
+    /// Takes what `read` finds on the connection now (`Ok(None)`: nothing whole there), while no
+    /// record is held back: signs of life and wakes are dropped, the first record naming a step
+    /// is held back for [`next`](Self::next), which gives it in its place in the order. Returns
+    /// whether anything came. A receiver that keeps finding its steps in the block reads the
+    /// connection only so: left unread, the TX rank's signs of life would fill it.
+    pub(super) fn drain(
+        &mut self,
+        read: &mut dyn FnMut() -> std::result::Result<Option<Record>, String>,
+    ) -> std::result::Result<bool, String> {
+        let mut heard = false;
+        while self.deferred.is_none() {
+            match read()? {
+                None => break,
+                Some(Record::Alive | Record::Wake) => heard = true,
+                Some(record) => {
+                    self.deferred = Some(record);
+                    heard = true;
+                }
+            }
+        }
+        Ok(heard)
+    }
+
     /// Step `step` of `n` elements, announced in the block.
-    fn step_in_block(&self, step: u64, n: u64) -> std::result::Result<Record, String> {
+    fn step_in_block(&mut self, step: u64, n: u64) -> std::result::Result<Record, String> {
         let Some((elem, elem_size)) = self.last_elem else {
             return Err(format!(
                 "step {step} announced in the control block before any step's type crossed the connection"
@@ -75,6 +112,7 @@ impl Inbox {
             .ok_or_else(|| {
             format!("step {step}: {n} element(s) of {elem_size} byte(s) ({elem}) in the control block")
         })?;
+        self.from_block = step + 1;
         Ok(Record::Data(Announced { step, n: bytes / elem_size as usize, elem, bytes }))
     }
 }
@@ -170,6 +208,74 @@ mod tests {
         block.announce(4, 3);
         assert_eq!(seen(inbox.next(4, &mut |step| block.take(step), &mut || Ok(None)).unwrap()), "data 4 3x2 f16");
         assert_eq!(seen(inbox.next(5, &mut |step| block.take(step), &mut || Ok(None)).unwrap()), "none");
+    }
+
+    /// A step of a new type on the connection, read while the block's step before it was still
+    /// to be taken (the receiver's first look came before its announcement): the block's step
+    /// keeps the type of the steps before it, and only the steps from the new one on take the
+    /// new type. With the type taken from a record as soon as it is read (mutation
+    /// `ipc-type-from-held-record`), the block's step would take the later step's type.
+    #[test]
+    fn a_held_step_of_a_new_type_leaves_the_type_of_the_blocks_steps_before_it() {
+        let block = Block::default();
+        let mut connection = vec![data(0, 256, "u32", 4), data(2, 100, "f16", 2)];
+        connection.reverse();
+        let mut inbox = Inbox::default();
+        let mut order = Vec::new();
+        for expected in 0..4u64 {
+            let record = inbox
+                .next(expected, &mut |step| block.take(step), &mut || {
+                    let record = connection.pop();
+                    // The TX rank announced step 1 in the block, then step 2 (of a new type) on
+                    // the connection: the receiver's first look was before both.
+                    if matches!(&record, Some(Record::Data(step)) if step.step == 2) {
+                        block.announce(1, 512);
+                    }
+                    Ok(record)
+                })
+                .unwrap();
+            order.push(seen(record));
+            if expected == 2 {
+                block.announce(3, 30);
+            }
+        }
+        assert_eq!(order, ["data 0 256x4 u32", "data 1 512x4 u32", "data 2 100x2 f16", "data 3 30x2 f16"]);
+    }
+
+    /// A wait the TX rank wrote on the connection for step 3 before it announced step 3 in the
+    /// block (its `tx_wait` timed out, then a `tx` sent the step), read only after the block gave
+    /// step 3 (the receiver looks there first): dropped as stale, and the next record comes in
+    /// order; where the block gave no step, a wait read late is still passed on. With stale waits passed on
+    /// (mutation `ipc-stale-wait-fails`), the receiver would fail the link on a wait for step 3
+    /// while step 4 is due.
+    #[test]
+    fn a_wait_read_after_the_block_gave_its_step_is_stale() {
+        let block = Block::default();
+        let mut connection = vec![data(0, 8, "u32", 4), Record::Waiting { step: 3 }, Record::Close { steps: 5 }];
+        connection.reverse();
+        let mut inbox = Inbox::default();
+        let mut read = || Ok(connection.pop());
+        assert_eq!(seen(inbox.next(0, &mut |step| block.take(step), &mut read).unwrap()), "data 0 8x4 u32");
+        for step in 1..=4 {
+            block.announce(step, 8);
+        }
+        let mut order = Vec::new();
+        for expected in 1..=5u64 {
+            loop {
+                let record = seen(inbox.next(expected, &mut |step| block.take(step), &mut read).unwrap());
+                let done = record != "none";
+                if done {
+                    order.push(record);
+                    break;
+                }
+            }
+        }
+        assert_eq!(order, ["data 1 8x4 u32", "data 2 8x4 u32", "data 3 8x4 u32", "data 4 8x4 u32", "close 5"]);
+        // Where the block gave no step, a wait read late is passed on (the receiver refuses it).
+        let mut inbox = Inbox::default();
+        let mut connection = vec![Record::Waiting { step: 0 }, data(0, 8, "u32", 4)];
+        assert_eq!(seen(inbox.next(0, &mut |_| None, &mut || Ok(connection.pop())).unwrap()), "data 0 8x4 u32");
+        assert_eq!(seen(inbox.next(1, &mut |_| None, &mut || Ok(connection.pop())).unwrap()), "waiting 0");
     }
 
     /// What a lying or broken TX rank writes into the block: a step before any type crossed the

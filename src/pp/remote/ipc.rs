@@ -31,7 +31,8 @@
 //!   the RX rank's host stored `consumed[s] >= k` (see `gates`): no other process can hold the
 //!   TX rank's stream.
 //! - the RX rank's receiver thread takes the step's announcement (the block's first, then the
-//!   connection's, in the TX rank's order: see `inbox`), waits until the ring's slot is free (the RX
+//!   connection's, in the TX rank's order: see `inbox`; a step taken from either frees the block's
+//!   lines up to it for the TX rank), waits until the ring's slot is free (the RX
 //!   stage took step `k - n`) and every read of it in this process has completed (on the host),
 //!   stores `consumed[s] = k`, and waits on the host until `filled[s] >= k + 1`; then the slot is
 //!   filled in the ring. Where the copy came from another device, the receive stream first
@@ -222,6 +223,14 @@ impl IpcFlags {
         self.block.take_announcements(step);
         self.block_announcements.fetch_add(1, Ordering::Relaxed);
         Some(n)
+    }
+
+    /// The RX side: records that step `step` was taken, in order, from either source (a step of
+    /// the connection too: the block's lines of the steps up to it hold nothing the RX side will
+    /// look at again, and the TX side may write them; counting only the block's steps would keep
+    /// the TX side on the connection for good once the block's lines' worth of steps went there).
+    pub(super) fn took(&self, step: u64) {
+        self.block.take_announcements(step);
     }
 
     /// The RX side: how many steps were taken from announcements in the block.

@@ -213,6 +213,28 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         if last_poll.elapsed() >= POLL {
             watch_comm(&link);
             last_poll = Instant::now();
+            // Over IPC a thread that keeps finding its steps in the block reads the connection
+            // here, without waiting: the TX rank's signs of life (and wakes) never pile up there
+            // (a full connection would make its writes time out and fail the link).
+            if link.ipc().is_some() {
+                let mode = |socket: &TcpStream, nonblocking: bool| {
+                    socket
+                        .set_nonblocking(nonblocking)
+                        .map_err(|e| format!("switching the connection's blocking mode failed: {e}"))
+                };
+                let drained = if nonblocking { Ok(()) } else { mode(&inbound.socket, true) }.and_then(|()| {
+                    inbox.drain(&mut || read_record(&mut inbound.socket, &mut pending, &mut inbound.opener))
+                });
+                let restored = if nonblocking { Ok(()) } else { mode(&inbound.socket, false) };
+                match (drained, restored) {
+                    (Ok(heard_now), Ok(())) => {
+                        if heard_now {
+                            heard = Instant::now();
+                        }
+                    }
+                    (Err(reason), _) | (_, Err(reason)) => break Err(reason),
+                }
+            }
         }
         if let Some(flags) = link.ipc() {
             // The next step's slot is freed for the sender as soon as the RX stage took it and
@@ -312,6 +334,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }
             Record::Data(step) => {
+                if let Some(flags) = link.ipc() {
+                    flags.took(step.step);
+                }
                 let repeated = last_bytes == Some(step.bytes);
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
                 let socket = &inbound.socket;

@@ -163,12 +163,9 @@ impl Sender {
         if control.closed {
             return Err(self.link.stopped_or("the boundary was closed"));
         }
-        // A step whose wait for a free slot went on the connection is announced there too, after
-        // that wait's record (the RX rank reads the connection in order).
-        let asked = match wait {
-            Some(timeout) => self.wait_for_credit(&mut control, timeout)?,
-            None => false,
-        };
+        if let Some(timeout) = wait {
+            self.wait_for_credit(&mut control, timeout)?;
+        }
         let view = x.as_view().slice(..n)?;
         let step = control.step;
         let slot = (step % self.n_slots as u64) as usize;
@@ -178,7 +175,7 @@ impl Sender {
             }
         }
         let elem = (T::NAME, std::mem::size_of::<T>());
-        if let Err(e) = self.announce(&mut control, step, n as u64, elem, asked) {
+        if let Err(e) = self.announce(&mut control, step, n as u64, elem) {
             self.link.fail(format!("writing step {step}'s record failed: {e}"));
             return Err(self.link.stopped().expect("failed above"));
         }
@@ -215,19 +212,19 @@ impl Sender {
     /// line when the RX rank took the one it held (no system call, no seal: the block is shared
     /// with the peer alone), and a [`WAKE`] record follows on the connection only when the RX
     /// rank's receiver thread sleeps on it. Otherwise (over NCCL, the first step and each change
-    /// of type, a full block, a step whose wait for a free slot was `asked` on the connection, a
-    /// record tampered with on purpose) the sealed record goes over the connection.
+    /// of type, a full block, a record tampered with on purpose) the sealed record goes over the
+    /// connection. (A wait for a free slot asked on the connection may then be read after its
+    /// step: the RX rank takes it as stale, see `inbox`.)
     fn announce(
         &self,
         control: &mut SendControl,
         step: u64,
         n: u64,
         elem: (&'static str, usize),
-        asked: bool,
     ) -> std::io::Result<()> {
         let tamper = self.fault.tamper(step);
         if let Carrier::Ipc(flags) = &self.link.carrier {
-            if !asked && tamper.is_none() && control.last_elem == Some(elem) && flags.announce(step, n) {
+            if tamper.is_none() && control.last_elem == Some(elem) && flags.announce(step, n) {
                 if flags.receiver_asleep() {
                     self.writer().write(WAKE, step, 0, 0, "")?;
                 }
@@ -274,9 +271,8 @@ impl Sender {
     /// Waits, at most `timeout`, until the RX rank's stage has taken enough steps for this one
     /// to find a free slot there; reads the connection for the answers meanwhile (the
     /// watchdog leaves the reading to it while the lock is held, and goes on sending this rank's
-    /// signs of life and checking the peer's, which these reads record). Returns whether a
-    /// [`WAITING`] record went out.
-    fn wait_for_credit(&self, control: &mut SendControl, timeout: Duration) -> Result<bool> {
+    /// signs of life and checking the peer's, which these reads record).
+    fn wait_for_credit(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
         let waited = self.wait_for_credit_reading(control, timeout);
         // The reads above set the connection's read timeout, which the watchdog's peeks share:
         // theirs again.
@@ -286,13 +282,12 @@ impl Sender {
         waited
     }
 
-    fn wait_for_credit_reading(&self, control: &mut SendControl, timeout: Duration) -> Result<bool> {
+    fn wait_for_credit_reading(&self, control: &mut SendControl, timeout: Duration) -> Result<()> {
         let n_slots = self.n_slots as u64;
         let start = Instant::now();
         // Answers to the last WAITING: the first comes at once, the next at the stage's next take,
         // which frees the slot; should that still leave none free, it is asked again.
         let mut asked = false;
-        let mut asked_ever = false;
         let mut answers = 0u32;
         while control.step >= control.credit + n_slots {
             let waited = start.elapsed();
@@ -313,7 +308,6 @@ impl Sender {
                     return Err(self.link.stopped().expect("failed above"));
                 }
                 asked = true;
-                asked_ever = true;
                 answers = 0;
             }
             let left = (timeout - waited).min(POLL).max(Duration::from_micros(100));
@@ -348,7 +342,7 @@ impl Sender {
             }
             self.link.check()?;
         }
-        Ok(asked_ever)
+        Ok(())
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, SendControl> {
