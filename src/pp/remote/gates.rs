@@ -152,6 +152,19 @@ impl Gates {
         false
     }
 
+    /// Whether a stream wait recorded by [`free_or_wanted`](Self::free_or_wanted) may still be
+    /// unmet: a slot's gate below the last step waited for there. Once every copy queued has run
+    /// (the receiving rank saw each one), none is.
+    pub(super) fn waits_pending(&self) -> bool {
+        let shared = &*self.shared;
+        shared.wanted.iter().enumerate().any(|(slot, wanted)| {
+            wanted
+                .load(Ordering::Acquire)
+                .checked_sub(1)
+                .is_some_and(|last| shared.gates.word(slot).load(Ordering::Acquire) < last)
+        })
+    }
+
     /// The gates as the sending stream reaches them (`gate[s]` is element `s`), locked.
     pub(super) fn words(&self) -> MutexGuard<'_, CudaSlice<u64>> {
         self.words.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
