@@ -5,7 +5,9 @@
 //! public [`ControlBlock::open`] and write any value into it; a `consumed` word lied past every
 //! step does not keep the sending rank's stream waiting after a failure, nor does a peer that
 //! keeps lying (the stream waits on words only its own rank writes), and a `filled` word lied past
-//! the release value fails the receive. A caller:
+//! the release value fails the receive, and a receiving rank that confirms the close while a
+//! copy still waits for its slot fails the close, never holding the sending rank's drop. A
+//! caller:
 //! a slot lent in place is freed for the sender only once the reads through the lend completed,
 //! more slots than a block holds are a configuration error, and a receive outlasts the peer
 //! timeout while the sending rank's heartbeat shows it alive.

@@ -12,7 +12,9 @@
 //! `gate[s]` to `consumed[s]`, never past the last step waited for in the slot (the stream's
 //! waits there, for `k`, `k - n`, ..., are met in order) and never lower (an atomic maximum);
 //! with waits pending it spins, then naps; with none it sleeps until woken (at most [`POLL`]). A
-//! release sets every gate to [`RELEASED`] and stops the forwarder.
+//! release sets every gate to [`RELEASED`] and stops the forwarder. A close that the receiving
+//! rank confirms while a wait is still pending ([`Gates::waits_pending`]: an honest peer confirms
+//! only once every copy ran) is a lie, and fails the link, which releases the gates.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
