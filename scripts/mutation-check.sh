@@ -287,6 +287,10 @@ declare -A catchers=(
   [ipc-block-step-past-slot-grown]="a_count_lied_into_the_block_of_no_element_or_past_the_slot_fails_the_boundary_typed"
   # A receiver that keeps finding its steps in the block still reads the connection's signs of life.
   [ipc-connection-unread-while-behind]="a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of_life"
+  # The gate words are not copied into a forked child (no copy-on-write moves the host's stores).
+  [ipc-gates-copied-on-fork]="private_words_are_not_copied_into_a_forked_child"
+  # A close confirmed while a copy still waits on a gate is a lie: failed, the gates released.
+  [ipc-lying-close-trusted]="a_close_confirmed_while_a_copy_waits_for_its_slot_cannot_hang_the_sending_ranks_drop"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -842,3 +846,9 @@ run ipc-connection-unread-while-behind src/pp/remote/receiver.rs "            if
 # The same through two ranks: a tx_wait answered by an earlier answer, its record read after the
 # step it waited for came from the block.
 run ipc-stale-wait-fails-across-ranks src/pp/remote/inbox.rs "        if matches!(record, Record::Waiting { step } if step < self.from_block) {" "        if matches!(record, Record::Waiting { step } if step < self.from_block && false) {"
+# The gate words are not copied into a forked child: a copy-on-write page would move the host's
+# stores away from the page the driver registered.
+run ipc-gates-copied-on-fork src/safe/ipc/host_words.rs "        unsafe { rustix::mm::madvise(at, bytes, rustix::mm::Advice::LinuxDontFork) }?;" "        let _ = at;" lib
+# A close confirmed while a copy still waits on a gate is a lying peer's: failed, so the gates
+# are released and the sending stream drains.
+run ipc-lying-close-trusted src/pp/remote/sender.rs "            Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending()) => self.link.fail(" "            Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending() && false) => self.link.fail("

@@ -60,6 +60,10 @@ pub enum ProtocolFault {
     /// machine's threads that read a shut connection or a silent peer late): meanwhile its calls
     /// and readbacks find the links up.
     SlowToFail(u64),
+    /// Over IPC, this rank's receiver takes each step without freeing its slot for the sender
+    /// and without waiting for its copy, and then confirms the sender's close: a receiving rank
+    /// that lies about having received every step.
+    ReceiveWithoutFreeing,
 }
 
 /// The fault a configuration injects: a [`ProtocolFault`] with the `testing` feature, nothing
@@ -86,6 +90,9 @@ pub(crate) enum FaultPoint {
     AnnounceWithoutSend,
     /// A failed link fails none of the rank's other links ([`ProtocolFault::ContainedFailure`]).
     ContainedFailure,
+    /// An IPC receive neither frees its slot nor waits for the copy
+    /// ([`ProtocolFault::ReceiveWithoutFreeing`]).
+    ReceiveWithoutFreeing,
 }
 
 /// How a `tx` to another rank tampers with its record of a step (see [`Fault::tamper`]).
@@ -122,6 +129,7 @@ impl Fault {
                 FaultPoint::UnwatchedSetup => ProtocolFault::UnwatchedSetup,
                 FaultPoint::AnnounceWithoutSend => ProtocolFault::AnnounceWithoutSend,
                 FaultPoint::ContainedFailure => ProtocolFault::ContainedFailure,
+                FaultPoint::ReceiveWithoutFreeing => ProtocolFault::ReceiveWithoutFreeing,
             }
     }
 
@@ -156,7 +164,8 @@ impl Fault {
             | ProtocolFault::ForgeRecordAt(_)
             | ProtocolFault::ReplayRecordAt(_)
             | ProtocolFault::TruncateRecordAt(_)
-            | ProtocolFault::SlowToFail(_) => Fault::default(),
+            | ProtocolFault::SlowToFail(_)
+            | ProtocolFault::ReceiveWithoutFreeing => Fault::default(),
             _ => self,
         }
     }

@@ -5,7 +5,9 @@
 //! public [`ControlBlock::open`] and write any value into it; a `consumed` word lied past every
 //! step does not keep the sending rank's stream waiting after a failure, nor does a peer that
 //! keeps lying (the stream waits on words only its own rank writes), and a `filled` word lied past
-//! the release value fails the receive. A caller:
+//! the release value fails the receive, and a receiving rank that confirms the close while a
+//! copy still waits for its slot fails the close, never holding the sending rank's drop. A
+//! caller:
 //! a slot lent in place is freed for the sender only once the reads through the lend completed,
 //! more slots than a block holds are a configuration error, and a receive outlasts the peer
 //! timeout while the sending rank's heartbeat shows it alive.
@@ -357,5 +359,53 @@ fn a_sleeping_forwarder_is_woken_by_a_step_that_waits_for_its_slot() {
         drop(inputs);
         let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
         assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// A receiving rank that lies about having received every step (its receiver takes each step
+/// without freeing its slot or waiting for the copy, then confirms the close) cannot keep the
+/// sending rank's drop waiting: rank 0's stream still waits on a gate for a slot never freed when
+/// the confirmation comes, which an honest peer never sends before every copy ran; the close is
+/// failed (typed), the gates released, and the drop returns within the peer timeout. Taking the
+/// confirmation as a clean close (mutation `ipc-lying-close-trusted`) leaves the stream waiting
+/// for good.
+#[test]
+fn a_close_confirmed_while_a_copy_waits_for_its_slot_cannot_hang_the_sending_ranks_drop() {
+    with_double("a_close_confirmed_while_a_copy_waits_for_its_slot_cannot_hang_the_sending_ranks_drop", |_| {
+        let timeout = Duration::from_millis(800);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
+            let config = config.with_slots(2);
+            if rank == 1 { config.with_fault(ppnrt::pp::ProtocolFault::ReceiveWithoutFreeing) } else { config }
+        });
+        let inputs: Vec<CudaSlice<u32>> = (0..5).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        for input in &inputs {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, N)).unwrap();
+        }
+        // Rank 1 takes every step (none of its slots freed): steps 2 to 4 wait on rank 0's gates.
+        for t in 0..5 {
+            let taken = ranks
+                .1
+                .enter(1)
+                .and_then(|_stage| ranks.1.rx_wait::<u32>(0, t % 2, N, Duration::from_secs(5)).map(drop));
+            assert!(taken.is_ok(), "rank 1's step {t}: {taken:?}");
+        }
+        let (zero, one) = ranks;
+        let start = std::time::Instant::now();
+        let (done, finished) = std::sync::mpsc::channel();
+        let dropping = std::thread::spawn(move || {
+            drop((inputs, zero));
+            let _ = done.send(crate::typed_drop_errors());
+        });
+        let dropped = finished.recv_timeout(4 * timeout);
+        let took = start.elapsed();
+        // A drop still waiting is left behind (its thread ends with the test process).
+        let errors = dropped.unwrap_or_else(|_| panic!("rank 0's drop took over {took:?} (peer timeout {timeout:?})"));
+        dropping.join().unwrap();
+        assert!(
+            !errors.is_empty() && errors.iter().all(crate::sweep_ranks::peer_failed),
+            "the lie is not reported typed: {errors:?}"
+        );
+        let _ = crate::drop_ranks_within(one, Duration::from_secs(15), "rank 1");
     });
 }

@@ -12,7 +12,9 @@
 //! `gate[s]` to `consumed[s]`, never past the last step waited for in the slot (the stream's
 //! waits there, for `k`, `k - n`, ..., are met in order) and never lower (an atomic maximum);
 //! with waits pending it spins, then naps; with none it sleeps until woken (at most [`POLL`]). A
-//! release sets every gate to [`RELEASED`] and stops the forwarder.
+//! release sets every gate to [`RELEASED`] and stops the forwarder. A close that the receiving
+//! rank confirms while a wait is still pending ([`Gates::waits_pending`]: an honest peer confirms
+//! only once every copy ran) is a lie, and fails the link, which releases the gates.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -150,6 +152,19 @@ impl Gates {
             shared.wake.notify_one();
         }
         false
+    }
+
+    /// Whether a stream wait recorded by [`free_or_wanted`](Self::free_or_wanted) may still be
+    /// unmet: a slot's gate below the last step waited for there. Once every copy queued has run
+    /// (the receiving rank saw each one), none is.
+    pub(super) fn waits_pending(&self) -> bool {
+        let shared = &*self.shared;
+        shared.wanted.iter().enumerate().any(|(slot, wanted)| {
+            wanted
+                .load(Ordering::Acquire)
+                .checked_sub(1)
+                .is_some_and(|last| shared.gates.word(slot).load(Ordering::Acquire) < last)
+        })
     }
 
     /// The gates as the sending stream reaches them (`gate[s]` is element `s`), locked.

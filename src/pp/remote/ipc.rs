@@ -192,6 +192,13 @@ impl IpcFlags {
         Ok(stream.flagged_copy(src, dst, gate_words.as_view(), &mut words.as_view_mut(), steps)?)
     }
 
+    /// The TX side: whether its stream may still wait for a free slot (a gate below the step it
+    /// waits for). After the RX side confirmed that it received every step, none may: a wait
+    /// still pending is one that peer would never end.
+    pub(super) fn waits_pending(&self) -> bool {
+        self.gates.as_ref().is_some_and(Gates::waits_pending)
+    }
+
     /// Notes `stream` as the one this side writes `filled` on (a release writes them last there).
     fn note_queued_on(&self, stream: &Arc<CudaStream>) {
         let mut queued_on = self.queued_on.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

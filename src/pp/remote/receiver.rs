@@ -16,6 +16,7 @@ use super::{ALIVE, DONE, MAX_TYPE_NAME, RECORD_HEAD};
 use crate::auth::Opener;
 use crate::nccl::{PostingAlone, poll_pause};
 use crate::pp::error::{Error, PpError, Result};
+use crate::pp::fault::FaultPoint;
 use crate::pp::timing::{POLL, SPIN};
 use crate::safe::{CaptureMode, CudaSlice, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
 
@@ -342,6 +343,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 let socket = &inbound.socket;
                 let number = step.step;
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
+                    if link.ipc().is_some() && link.fault.at(FaultPoint::ReceiveWithoutFreeing) {
+                        return Ok(());
+                    }
                     if let Some(flags) = link.ipc() {
                         // While the copy is awaited: the runtime's stop, the link's, and the peer's
                         // end of the connection closed end the wait (its silence, the flags').

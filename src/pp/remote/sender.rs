@@ -397,6 +397,12 @@ impl Sender {
             }
         });
         match answer {
+            // A peer that confirms the close while this rank's stream still waits for one of its
+            // slots lied (every copy ran before an honest peer's confirmation): failed, so that
+            // the gates are released and the stream drains.
+            Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending()) => self.link.fail(
+                format!("the peer confirmed the close after {step} step(s) while a copy still waited for its slot"),
+            ),
             Ok(DONE) => {
                 self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
             }

@@ -8,8 +8,9 @@
 //! waits for the other process's stream, only for a word a host stores.
 //!
 //! Words only this process reaches ([`PrivateWords`]: anonymous private memory, in no file
-//! another process could open) are registered the same way: a stream that waits on them waits
-//! for this process's host alone, so no other process can hold the wait.
+//! another process could open, nor copied into a child on `fork`) are registered the same way: a
+//! stream that waits on them waits for this process's host alone, so no other process can hold
+//! the wait, and it reads the page that host stores into even after a fork.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -109,7 +110,13 @@ impl PrivateWords {
             )
         }?;
         let base = NonNull::new(at.cast::<AtomicU64>()).expect("mmap returns no null mapping");
-        Ok(PrivateWords { base, bytes, words })
+        let words = PrivateWords { base, bytes, words };
+        // Not copied into a child on `fork`: a private page shared copy-on-write would move this
+        // process to a fresh copy at its host's next store, while the registration (and every
+        // stream wait on a word) keeps reading the old page, whose word never rises again.
+        // SAFETY: the mapping made above, `bytes` long; the advice changes no byte of it.
+        unsafe { rustix::mm::madvise(at, bytes, rustix::mm::Advice::LinuxDontFork) }?;
+        Ok(words)
     }
 
     /// Word `at`. Panics past the words asked for.
@@ -180,4 +187,30 @@ fn register(stream: &Arc<CudaStream>, pages: Arc<dyn HostPages>) -> Result<CudaS
     // context until the release unregisters them, which only the slice's drop calls; the range
     // was registered here once, so no other slice covers it.
     Ok(unsafe { CudaSlice::from_mapping(device, bytes / 8, stream, release, true) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrivateWords;
+
+    /// The kernel's flags (`VmFlags` in `/proc/self/smaps`) of the mapping that starts at `at`.
+    fn vm_flags(at: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{at:x}-");
+        let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&start));
+        assert!(lines.next().is_some(), "no mapping starts at {at:#x}");
+        let flags = lines.find_map(|line| line.strip_prefix("VmFlags:")).expect("the mapping's VmFlags");
+        flags.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// The words stay this process's own page across a `fork` (`dc`: not copied into the child),
+    /// so no copy-on-write moves this process's stores away from the page the driver registered
+    /// (a stream would then wait on a word that never rises).
+    #[test]
+    fn private_words_are_not_copied_into_a_forked_child() {
+        let words = PrivateWords::new(4).unwrap();
+        words.word(3).store(7, std::sync::atomic::Ordering::SeqCst);
+        let flags = vm_flags(words.base.as_ptr() as usize);
+        assert!(flags.iter().any(|flag| flag == "dc"), "the words' mapping is copied on fork: {flags:?}");
+    }
 }
