@@ -50,7 +50,8 @@ pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> 
     Ok(function)
 }
 
-/// `cuLaunchKernel`.
+/// `cuLaunchKernel`. The dimensions are read where the call is made (by reference: a launch's
+/// configuration is then read after the driver's entry point, not held across its lookup).
 ///
 /// # Safety
 /// - `function` and `stream` are live and of the same context.
@@ -62,9 +63,9 @@ pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> 
 #[inline(always)]
 pub unsafe fn launch_kernel(
     function: CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    shared_mem_bytes: u32,
+    grid: &(u32, u32, u32),
+    block: &(u32, u32, u32),
+    shared_mem_bytes: &u32,
     stream: CUstream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
@@ -76,7 +77,7 @@ pub unsafe fn launch_kernel(
         block.0,
         block.1,
         block.2,
-        shared_mem_bytes,
+        *shared_mem_bytes,
         stream,
         params.as_mut_ptr(),
         std::ptr::null_mut(),
