@@ -262,6 +262,11 @@ declare -A catchers=(
   [ipc-lent-freed-before-reads]="a_slot_lent_in_place_is_freed_only_once_the_reads_through_the_lend_completed"
   [ipc-sender-heartbeat-silent]="a_receive_waits_past_the_peer_timeout_for_a_live_senders_late_copy"
   [ipc-filled-release-unchecked]="a_filled_word_lied_past_the_release_fails_the_receive_typed"
+  # The eager hot path's shortcuts.
+  [owned-copy-source-unordered]="any_program_of_a_boundary_delivers_each_step_as_sent a_step_is_received_into_the_engines_own_buffer an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways a_failed_record_in_a_warm_ring_leaves_it_ordered"
+  [owned-copy-destination-unordered]="a_step_is_received_into_the_engines_own_buffer"
+  [plain-claim-seen-unchecked]="a_claim_after_a_look_holds_only_while_the_tag_still_names_the_stream_unclaimed"
+  [pool-fallback-under-gate]="devices_without_memory_pools_fall_back_to_plain_allocations"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -751,3 +756,24 @@ run ipc-lent-freed-before-reads src/pp/remote/ipc.rs "            access.is_comp
 run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat();" "            let _ = flags;"
 # A `filled` word at or past the release value fails the receive; it is never read as filled.
 run ipc-filled-release-unchecked src/pp/remote/ipc.rs "            if filled >= RELEASED {" "            if false {"
+# The eager hot path's shortcuts: an owned slot copy orders its other side under the caller's
+# gate (the door's second look skipped, not the ordering); the SM copy of an owned slot leaves
+# memory and kernels of other devices to the copy engine (its one device check); streams and
+# kernels keep their device ordinal; a claim after a look claims only a tag that still names the
+# stream, unclaimed.
+run owned-copy-source-unordered src/safe/enqueue.rs "            src.access().around(
+                Use::Read," "            Access::new(None, false).around(
+                Use::Read," double
+run owned-copy-destination-unordered src/safe/enqueue.rs "            dst.access().around(
+                Use::Write," "            Access::new(None, false).around(
+                Use::Write," double
+run owned-sm-copy-across-devices src/safe/helpers.rs "            || self.copy_bytes.ordinal() != device
+            || src.ordinal() != device
+            || dst.ordinal() != device
+" "" double
+run stream-ordinal-stale src/safe/stream.rs "            ordinal: ctx.ordinal()," "            ordinal: 0," double
+run kernel-ordinal-stale src/safe/module/mod.rs "ordinal: self.ctx.ordinal()," "ordinal: 0," double
+run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
+            .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .ok()" "        Some(self.plain.swap(stream_id | PLAIN_CLAIMED, Ordering::Acquire))" lib
+run pool-fallback-under-gate src/safe/memory.rs "        if !pools {" "        if false {" double

@@ -248,7 +248,8 @@ impl<T: DeviceRepr> CudaSlice<T> {
     #[inline(always)]
     pub(crate) fn alloc_under(stream: &Arc<CudaStream>, gate: &EnqueueGate<'_>, len: usize) -> Result<CudaSlice<T>> {
         assert!(gate.holds(stream) && !stream.is_capturing(), "an allocation under a gate outside a capture");
-        if !stream.context().memory_pools_supported() {
+        let pools = stream.context().memory_pools_supported();
+        if !pools {
             return Self::alloc_plain(stream, len, false);
         }
         let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
