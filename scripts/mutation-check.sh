@@ -267,6 +267,9 @@ declare -A catchers=(
   [owned-copy-destination-unordered]="a_step_is_received_into_the_engines_own_buffer"
   [plain-claim-seen-unchecked]="a_claim_after_a_look_holds_only_while_the_tag_still_names_the_stream_unclaimed"
   [pool-fallback-under-gate]="devices_without_memory_pools_fall_back_to_plain_allocations"
+  [owned-sm-copy-across-devices]="any_program_of_a_boundary_delivers_each_step_as_sent a_failed_tx_leaves_no_copy_in_flight one_thread_per_stage_matches_one_thread"
+  [stream-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it"
+  [kernel-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it buffers_are_ordered_across_streams_without_a_join one_thread_per_stage_matches_one_thread"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
