@@ -50,8 +50,7 @@ pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> 
     Ok(function)
 }
 
-/// `cuLaunchKernel`. The dimensions are read where the call is made (by reference: a launch's
-/// configuration is then read after the driver's entry point, not held across its lookup).
+/// `cuLaunchKernel`.
 ///
 /// # Safety
 /// - `function` and `stream` are live and of the same context.
@@ -62,6 +61,24 @@ pub unsafe fn get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> 
 #[doc(alias = "cuLaunchKernel")]
 #[inline(always)]
 pub unsafe fn launch_kernel(
+    function: CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: the caller's contract, unchanged.
+    unsafe { launch_kernel_dims(function, &grid, &block, &shared_mem_bytes, stream, params) }
+}
+
+/// [`launch_kernel`] with the dimensions by reference: read where the call is made (a launch's
+/// configuration is then read after the driver's entry point, not held across its lookup).
+///
+/// # Safety
+/// As [`launch_kernel`].
+#[inline(always)]
+pub(crate) unsafe fn launch_kernel_dims(
     function: CUfunction,
     grid: &(u32, u32, u32),
     block: &(u32, u32, u32),

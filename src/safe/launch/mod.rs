@@ -117,7 +117,7 @@ impl CudaStream {
     ) -> Result<()> {
         // SAFETY: the caller meets the contract above; function and stream are live (borrowed).
         unsafe {
-            raw::launch_kernel(
+            raw::launch_kernel_dims(
                 function.raw(),
                 &config.grid,
                 &config.block,
