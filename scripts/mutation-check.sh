@@ -291,6 +291,14 @@ declare -A catchers=(
   [ipc-gates-copied-on-fork]="private_words_are_not_copied_into_a_forked_child"
   # A close confirmed while a copy still waits on a gate is a lie: failed, the gates released.
   [ipc-lying-close-trusted]="a_close_confirmed_while_a_copy_waits_for_its_slot_cannot_hang_the_sending_ranks_drop"
+  # The eager hot path's shortcuts.
+  [owned-copy-source-unordered]="any_program_of_a_boundary_delivers_each_step_as_sent a_step_is_received_into_the_engines_own_buffer an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways a_failed_record_in_a_warm_ring_leaves_it_ordered"
+  [owned-copy-destination-unordered]="a_step_is_received_into_the_engines_own_buffer"
+  [plain-claim-seen-unchecked]="a_claim_after_a_look_holds_only_while_the_tag_still_names_the_stream_unclaimed"
+  [pool-fallback-under-gate]="devices_without_memory_pools_fall_back_to_plain_allocations"
+  [owned-sm-copy-across-devices]="any_program_of_a_boundary_delivers_each_step_as_sent a_failed_tx_leaves_no_copy_in_flight one_thread_per_stage_matches_one_thread"
+  [stream-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it"
+  [kernel-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it buffers_are_ordered_across_streams_without_a_join one_thread_per_stage_matches_one_thread"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -852,3 +860,24 @@ run ipc-gates-copied-on-fork src/safe/ipc/host_words.rs "        unsafe { rustix
 # A close confirmed while a copy still waits on a gate is a lying peer's: failed, so the gates
 # are released and the sending stream drains.
 run ipc-lying-close-trusted src/pp/remote/sender.rs "            Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending()) => self.link.fail(" "            Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending() && false) => self.link.fail("
+# The eager hot path's shortcuts: an owned slot copy orders its other side under the caller's
+# gate (the door's second look skipped, not the ordering); the SM copy of an owned slot leaves
+# memory and kernels of other devices to the copy engine (its one device check); streams and
+# kernels keep their device ordinal; a claim after a look claims only a tag that still names the
+# stream, unclaimed.
+run owned-copy-source-unordered src/safe/enqueue.rs "            src.access().around(
+                Use::Read," "            Access::new(None, false).around(
+                Use::Read," double
+run owned-copy-destination-unordered src/safe/enqueue.rs "            dst.access().around(
+                Use::Write," "            Access::new(None, false).around(
+                Use::Write," double
+run owned-sm-copy-across-devices src/safe/helpers.rs "            || self.copy_bytes.ordinal() != device
+            || src.ordinal() != device
+            || dst.ordinal() != device
+" "" double
+run stream-ordinal-stale src/safe/stream.rs "            ordinal: ctx.ordinal()," "            ordinal: 0," double
+run kernel-ordinal-stale src/safe/module/mod.rs "ordinal: self.ctx.ordinal()," "ordinal: 0," double
+run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
+            .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .ok()" "        Some(self.plain.swap(stream_id | PLAIN_CLAIMED, Ordering::Acquire))" lib
+run pool-fallback-under-gate src/safe/memory.rs "        if !pools {" "        if false {" double

@@ -17,6 +17,7 @@
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::cuda_error::{CudaError, DriverError, DriverVersion, LoadAttempt, LoadError, Result};
 use crate::sys::{CUresult, DriverApi};
@@ -40,6 +41,10 @@ pub struct Driver {
 
 static DRIVER: OnceLock<std::result::Result<Driver, LoadError>> = OnceLock::new();
 
+/// The driver in [`DRIVER`] once it loaded (null before, and for good after a failed load): every
+/// driver call reads it, one load and one test instead of the once-cell's state and the outcome's.
+static LOADED: AtomicPtr<Driver> = AtomicPtr::new(std::ptr::null_mut());
+
 /// The process's driver, loaded and initialised on first use.
 ///
 /// # Errors
@@ -47,8 +52,25 @@ static DRIVER: OnceLock<std::result::Result<Driver, LoadError>> = OnceLock::new(
 /// the same error on every call.
 #[inline]
 pub fn driver() -> Result<&'static Driver> {
+    // Acquire: the driver's fields, written before its address was published, are seen.
+    let loaded = LOADED.load(Ordering::Acquire);
+    if !loaded.is_null() {
+        // SAFETY: `LOADED` is only ever set to the address of the `Driver` inside `DRIVER`'s
+        // outcome (`load_once`), a static that is set once and never dropped or moved.
+        return Ok(unsafe { &*loaded });
+    }
+    load_once()
+}
+
+/// [`driver`] before [`LOADED`] is set: loads the driver once (or finds it loaded, or failed).
+#[cold]
+#[inline(never)]
+fn load_once() -> Result<&'static Driver> {
     match DRIVER.get_or_init(|| Driver::load(&default_candidates())) {
-        Ok(driver) => Ok(driver),
+        Ok(driver) => {
+            LOADED.store(std::ptr::from_ref(driver).cast_mut(), Ordering::Release);
+            Ok(driver)
+        }
         Err(e) => Err(CudaError::Load(e.clone())),
     }
 }

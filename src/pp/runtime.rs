@@ -468,7 +468,8 @@ impl PpNRt {
         let (boundary, mut ring, gate) = self.receivable::<T>(b, slot_index, n, wait, "PpNRt::rx")?;
         let rx = &boundary.rx_stream;
         let _bound = rx.context().bind_for_call()?;
-        let mut out = CudaSlice::<T>::alloc(rx, n)?;
+        // Under the copy's gate: the stream was seen uncaptured there.
+        let mut out = CudaSlice::<T>::alloc_under(rx, &gate, n)?;
         Self::receive_into(boundary, &mut ring, &gate, slot_index, out.as_view_mut().into_bytes())?;
         drop(ring);
         boundary.ring.wake_sleepers();

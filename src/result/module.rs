@@ -68,6 +68,24 @@ pub unsafe fn launch_kernel(
     stream: CUstream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
+    // SAFETY: the caller's contract, unchanged.
+    unsafe { launch_kernel_dims(function, &grid, &block, &shared_mem_bytes, stream, params) }
+}
+
+/// [`launch_kernel`] with the dimensions by reference: read where the call is made (a launch's
+/// configuration is then read after the driver's entry point, not held across its lookup).
+///
+/// # Safety
+/// As [`launch_kernel`].
+#[inline(always)]
+pub(crate) unsafe fn launch_kernel_dims(
+    function: CUfunction,
+    grid: &(u32, u32, u32),
+    block: &(u32, u32, u32),
+    shared_mem_bytes: &u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
     driver_call!(cuLaunchKernel(
         function,
         grid.0,
@@ -76,7 +94,7 @@ pub unsafe fn launch_kernel(
         block.0,
         block.1,
         block.2,
-        shared_mem_bytes,
+        *shared_mem_bytes,
         stream,
         params.as_mut_ptr(),
         std::ptr::null_mut(),

@@ -80,21 +80,27 @@ pub(crate) fn ordered_owned<R>(
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     assert!(gate.holds(stream) && !stream.is_capturing(), "an owned buffer is used outside a capture, under the gate");
+    // One binding for the waits, the copy and the event records. The caller's gate stands for
+    // the door's: the stream was seen uncaptured under it, so the other side is ordered by the
+    // rule at once (the door's look at the capture and its gate again would be the same).
+    let _bound = stream.context().bind_for_call()?;
     match owned {
         Owned::Src(order) => {
             assert!(order.orders(src.access()), "the owned side is the buffer its order orders");
-            ordered(
+            dst.access().around(
+                Use::Write,
                 stream,
-                [(dst, Use::Write)],
+                gate,
                 #[inline(always)]
                 || order.read(stream, enqueue),
             )
         }
         Owned::Dst(order) => {
             assert!(order.orders(dst.access()), "the owned side is the buffer its order orders");
-            ordered(
+            src.access().around(
+                Use::Read,
                 stream,
-                [(src, Use::Read)],
+                gate,
                 #[inline(always)]
                 || order.write(stream, enqueue),
             )

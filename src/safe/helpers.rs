@@ -156,12 +156,13 @@ impl HelperKernels {
 impl HelperKernels {
     /// [`copy_bytes`](Self::copy_bytes) of which one side is a buffer its owner orders (`owned`,
     /// see [`OwnOrder`](super::ordering::OwnOrder)), the other side ordered by the rule; `gate`
-    /// is `stream`'s enqueue gate, held by the caller, which saw the stream not capturing. Memory
-    /// of another device than `stream`'s goes through the copy engine
-    /// ([`CudaStream::memcpy_dtod_owned`]).
+    /// is `stream`'s enqueue gate, held by the caller, which saw the stream not capturing. What
+    /// the SMs of `stream`'s device cannot copy (memory of another device, a kernel of another
+    /// device, an address not 16-byte aligned, lengths that differ) goes to the copy engine
+    /// ([`CudaStream::memcpy_dtod_owned`], which checks the lengths).
     ///
     /// # Errors
-    /// As [`copy_bytes`](Self::copy_bytes).
+    /// As [`CudaStream::memcpy_dtod_owned`].
     #[inline(always)]
     pub(crate) fn copy_bytes_owned(
         &self,
@@ -171,9 +172,14 @@ impl HelperKernels {
         dst: CudaViewMut<'_, u8>,
         owned: Owned<'_>,
     ) -> Result<()> {
-        let (src_ptr, dst_ptr) = check_copy_bytes(&src, &dst)?;
         let device = stream.ordinal();
-        if self.copy_bytes.ordinal() != device || src.ordinal() != device || dst.ordinal() != device {
+        let (src_ptr, dst_ptr) = (src.device_ptr(), dst.device_ptr());
+        if src.len() != dst.len()
+            || (src_ptr | dst_ptr) % 16 != 0
+            || self.copy_bytes.ordinal() != device
+            || src.ordinal() != device
+            || dst.ordinal() != device
+        {
             return stream.memcpy_dtod_owned(gate, src, dst, owned);
         }
         if src.is_empty() {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::capture::free_blocked;
 use super::element::DeviceRepr;
 use super::ordering::{Access, Use};
-use super::stream::CudaStream;
+use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw;
 use crate::sys::CUdeviceptr;
@@ -242,6 +242,20 @@ impl<T: DeviceRepr> CudaSlice<T> {
         Self::alloc_pooled(stream, len, true)
     }
 
+    /// [`alloc`](Self::alloc) under `gate`, `stream`'s enqueue gate, held by the caller, which saw
+    /// the stream not capturing under it (a receive's output buffer, allocated under the gate of
+    /// the copy that fills it): no second look at the capture.
+    #[inline(always)]
+    pub(crate) fn alloc_under(stream: &Arc<CudaStream>, gate: &EnqueueGate<'_>, len: usize) -> Result<CudaSlice<T>> {
+        assert!(gate.holds(stream) && !stream.is_capturing(), "an allocation under a gate outside a capture");
+        let pools = stream.context().memory_pools_supported();
+        if !pools {
+            return Self::alloc_plain(stream, len, false);
+        }
+        let bytes = byte_size::<T>("CudaSlice::alloc", len)?;
+        Self::alloc_async_bytes(stream, bytes, len, false)
+    }
+
     #[inline(always)]
     fn alloc_pooled(stream: &Arc<CudaStream>, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         if !stream.context().memory_pools_supported() {
@@ -254,6 +268,13 @@ impl<T: DeviceRepr> CudaSlice<T> {
             // allocated before the capture.
             stream.refuse_in_capture("CudaSlice::alloc on a capturing stream")?;
         }
+        Self::alloc_async_bytes(stream, bytes, len, eager)
+    }
+
+    /// The stream-ordered allocation of `bytes` (`len` elements) on `stream`, whose enqueue gate
+    /// the caller holds, seen uncaptured.
+    #[inline(always)]
+    fn alloc_async_bytes(stream: &Arc<CudaStream>, bytes: usize, len: usize, eager: bool) -> Result<CudaSlice<T>> {
         let ptr = if bytes == 0 {
             0
         } else {

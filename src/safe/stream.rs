@@ -57,6 +57,8 @@ pub struct CudaStream {
     gate: AtomicUsize,
     /// This wrapper's identity, never given to another: see [`id`](Self::id).
     id: u64,
+    /// The context's device ordinal, kept beside the handle: every launch and copy compares it.
+    ordinal: i32,
     /// What keeps an adopted stream alive ([`adopt_owned`](Self::adopt_owned)): the other
     /// library's handle of it, released only after the wrapper's last use.
     keep_alive: Option<Box<dyn Any + Send + Sync>>,
@@ -194,6 +196,7 @@ impl CudaStream {
             capture: Mutex::new(None),
             gate: AtomicUsize::new(0),
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            ordinal: ctx.ordinal(),
             keep_alive: None,
             lends: AtomicUsize::new(0),
         }
@@ -478,8 +481,9 @@ impl CudaStream {
     }
 
     /// The stream's device ordinal.
+    #[inline]
     pub fn ordinal(&self) -> i32 {
-        self.ctx.ordinal()
+        self.ordinal
     }
 
     /// The raw handle (valid while `self` lives).

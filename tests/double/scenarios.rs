@@ -271,6 +271,41 @@ pub(crate) fn run_child(name: &str, library: &std::path::Path, env: &[(&str, &st
 /// Devices without memory pools: stream-ordered allocations fall back to `cuMemAlloc`, and the
 /// pipeline works.
 #[test]
+fn streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it() {
+    with_double("streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it", |_| {
+        let engines = [Engine::new(0).unwrap(), Engine::new(1).unwrap()];
+        let kernels = engines.each_ref().map(|engine| {
+            ppnrt::Module::load_ptx(engine.context(), "helpers", ppnrt::kernels::HELPERS_PTX)
+                .unwrap()
+                .function("ppnrt_copy_bytes")
+                .unwrap()
+        });
+        for (ordinal, (engine, kernel)) in engines.iter().zip(&kernels).enumerate() {
+            let ordinal = ordinal as i32;
+            assert_eq!(engine.default_stream().ordinal(), ordinal, "device {ordinal}'s default stream");
+            assert_eq!(
+                CudaStream::new(engine.context()).unwrap().ordinal(),
+                ordinal,
+                "a new stream of device {ordinal}"
+            );
+            assert_eq!(kernel.ordinal(), ordinal, "a kernel of device {ordinal}");
+        }
+        // Device 0's kernel on device 1's stream is refused before anything is enqueued, naming
+        // both devices; device 1's own kernel runs there.
+        let stream = engines[1].default_stream();
+        let mut dst = engines[1].alloc::<u32>(4).unwrap();
+        let src = engines[1].htod(&[1u32, 2, 3, 4]).unwrap();
+        let config = ppnrt::LaunchConfig::for_elements(1, 1);
+        // SAFETY: ppnrt_copy_bytes(dst, src, n16, tail) copies one 16-byte word: both hold 16 bytes.
+        let refused = unsafe { stream.launch(&kernels[0], config, (&mut dst, &src, 1u64, 0u64)) }.unwrap_err();
+        assert!(matches!(refused, CudaError::WrongDevice { expected: 1, found: 0, .. }), "{refused}");
+        // SAFETY: as above.
+        unsafe { stream.launch(&kernels[1], config, (&mut dst, &src, 1u64, 0u64)) }.unwrap();
+        assert_eq!(engines[1].dtoh(&dst).unwrap(), [1, 2, 3, 4]);
+    });
+}
+
+#[test]
 fn devices_without_memory_pools_fall_back_to_plain_allocations() {
     with_double("devices_without_memory_pools_fall_back_to_plain_allocations", |double| {
         run_child("scenarios::child_without_pools", &double.path, &[("PPNRT_DOUBLE_NO_POOLS", "1")]);

@@ -42,8 +42,9 @@ impl Boundary {
     /// Enqueues a copy of which one side is a slot buffer ordered by its own events (`owned`),
     /// the other ordered by the rule, on `stream` (the TX stream into the slot, the RX stream out
     /// of it; `gate`: its enqueue gate, seen uncaptured): as
-    /// [`copy_within_device`](Self::copy_within_device) within the RX device, else the copy
-    /// engine.
+    /// [`copy_within_device`](Self::copy_within_device) within the RX device (the SM copy checks
+    /// the devices and the alignment itself, and leaves any other copy to the copy engine), else
+    /// the copy engine.
     #[inline(always)]
     pub(super) fn copy_owned(
         &self,
@@ -53,9 +54,7 @@ impl Boundary {
         dst: CudaViewMut<'_, u8>,
         owned: Owned<'_>,
     ) -> crate::error::CudaResult<()> {
-        let within = stream.ordinal() == self.plan.rx_device && src.ordinal() == dst.ordinal();
-        if within && self.sm_copies && src.len() <= SM_COPY_MAX_BYTES && src.is_aligned_to(16) && dst.is_aligned_to(16)
-        {
+        if self.sm_copies && src.len() <= SM_COPY_MAX_BYTES {
             self.rx_engine.helper_kernels()?.copy_bytes_owned(stream, gate, src, dst, owned)
         } else {
             stream.memcpy_dtod_owned(gate, src, dst, owned)

@@ -117,7 +117,14 @@ impl CudaStream {
     ) -> Result<()> {
         // SAFETY: the caller meets the contract above; function and stream are live (borrowed).
         unsafe {
-            raw::launch_kernel(function.raw(), config.grid, config.block, config.shared_mem_bytes, self.raw(), params)
+            raw::launch_kernel_dims(
+                function.raw(),
+                &config.grid,
+                &config.block,
+                &config.shared_mem_bytes,
+                self.raw(),
+                params,
+            )
         }
     }
 

@@ -156,7 +156,9 @@ impl Module {
         let _bound = self.ctx.bind()?;
         // SAFETY: self.raw is live while self lives.
         match unsafe { raw::get_function(self.raw, &c_name) } {
-            Ok(raw) => Ok(Function { module: Arc::clone(self), raw, name: name.to_string() }),
+            Ok(raw) => {
+                Ok(Function { _module: Arc::clone(self), raw, ordinal: self.ctx.ordinal(), name: name.to_string() })
+            }
             Err(CudaError::Driver(e)) if e.code == crate::sys::CUresult::CUDA_ERROR_NOT_FOUND => Err(not_found()),
             Err(e) => Err(e),
         }
@@ -213,8 +215,11 @@ impl Drop for Module {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Function {
-    module: Arc<Module>,
+    /// Keeps the module loaded while the function lives.
+    _module: Arc<Module>,
     raw: CUfunction,
+    /// The module's device ordinal, kept beside the handle: every launch compares it.
+    ordinal: i32,
     name: String,
 }
 
@@ -230,8 +235,9 @@ impl Function {
     }
 
     /// The device ordinal of the module.
+    #[inline]
     pub fn ordinal(&self) -> i32 {
-        self.module.ctx.ordinal()
+        self.ordinal
     }
 
     /// The raw handle, valid while this `Function` (which keeps its module loaded) lives.

@@ -360,8 +360,9 @@ impl Access {
         let stream_id = stream.id();
         match (a.0.looks_plain_for(stream_id), b.0.looks_plain_for(stream_id)) {
             (true, true) => {
-                if let Some(_claim_a) = a.0.claim_plain(stream_id) {
-                    if let Some(_claim_b) = b.0.claim_plain(stream_id) {
+                // Both tags were seen naming the stream just now: the claims alone.
+                if let Some(_claim_a) = a.0.claim_plain_seen(stream_id) {
+                    if let Some(_claim_b) = b.0.claim_plain_seen(stream_id) {
                         // Nothing to wait for, nothing to note for either (see `Access::plain`).
                         return enqueue();
                     }
@@ -373,7 +374,9 @@ impl Access {
                 // waiting for a lock (whoever holds the plain buffer's lock may be waiting for
                 // the other's, and would wait for the claim).
                 let mut state = other.lock();
-                if let Some(_claim) = plain.claim_plain(stream_id) {
+                // Seen naming the stream before the lock: the claim alone (it fails if the tag
+                // changed meanwhile).
+                if let Some(_claim) = plain.claim_plain_seen(stream_id) {
                     return state.around(other_use, stream, gate, enqueue);
                 }
             }

@@ -86,6 +86,14 @@ impl Access {
         if !self.looks_plain_for(stream_id) {
             return None;
         }
+        self.claim_plain_seen(stream_id)
+    }
+
+    /// [`claim_plain`](Self::claim_plain) once [`looks_plain_for`](Self::looks_plain_for) saw the
+    /// tag name `stream_id`: no second look, the claim alone (which holds only while the tag still
+    /// names that stream, unclaimed).
+    #[inline]
+    pub(super) fn claim_plain_seen(&self, stream_id: u64) -> Option<PlainClaim<'_>> {
         self.plain
             .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
             .ok()
@@ -118,6 +126,21 @@ mod tests {
         drop(claim);
         assert_eq!(access.plain.load(Ordering::SeqCst), 7, "the claim gives the tag back as it was");
         assert!(access.claim_plain(7).is_some());
+    }
+
+    #[test]
+    fn a_claim_after_a_look_holds_only_while_the_tag_still_names_the_stream_unclaimed() {
+        let access = tagged();
+        assert!(access.looks_plain_for(7));
+        let claim = access.claim_plain_seen(7).expect("the tag's stream claims it after its look");
+        assert_eq!(access.plain.load(Ordering::SeqCst), 7 | PLAIN_CLAIMED);
+        assert!(access.claim_plain_seen(7).is_none(), "a tag claimed since the look is not claimed twice");
+        drop(claim);
+        assert!(access.claim_plain_seen(8).is_none(), "another stream's work takes the locked path");
+        // Taken down since the look (a lock holder changes the state): no claim.
+        access.plain.store(0, Ordering::SeqCst);
+        assert!(access.claim_plain_seen(7).is_none(), "a tag taken down since the look is not claimed");
+        assert_eq!(access.plain.load(Ordering::SeqCst), 0, "a failed claim leaves the tag as it is");
     }
 
     #[test]
