@@ -357,7 +357,7 @@ run context src/safe/context.rs "        Ok(BoundContext { restore: Some(previou
 run settle src/safe/stream.rs "        if result.is_err() {" "        if false && result.is_err() {"
 run readback-free-on-readback-stream src/safe/memory/retire.rs "        std::mem::swap(&mut mem.stream, &mut self.stream);" ""
 run older-entry-names src/loader.rs "    if api.cuEventElapsedTime_v2.is_ok() {" "    if true {"
-run pool-fallback src/safe/memory.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
+run pool-fallback src/safe/memory/alloc.rs "        if !stream.context().memory_pools_supported() {" "        if false {"
 # Not listed: growing a slot waits for its last copies twice over (an explicit wait that reports
 # errors, and the old buffer's drop), so undoing either alone changes nothing a test can see.
 # Graphs: the launch orders the captured footprint; the footprint keeps its memory alive; frees
@@ -880,4 +880,4 @@ run kernel-ordinal-stale src/safe/module/mod.rs "ordinal: self.ctx.ordinal()," "
 run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
             .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
             .ok()" "        Some(self.plain.swap(stream_id | PLAIN_CLAIMED, Ordering::Acquire))" lib
-run pool-fallback-under-gate src/safe/memory.rs "        if !pools {" "        if false {" double
+run pool-fallback-under-gate src/safe/memory/alloc.rs "        if !pools {" "        if false {" double
