@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::local_channel::ControlBlock;
 use crate::pp::timing::{POLL, SPIN};
-use crate::safe::{CudaSlice, CudaStream, PrivateWords, register_private_words};
+use crate::safe::{CudaSlice, PrivateWords};
 
 /// What a side writes into the words it waits on when its link fails (the sending side's gates,
 /// the receiving side's words in its block): every wait for a step number (cyclic `>=`, steps far
@@ -106,19 +106,19 @@ pub(super) struct Gates {
 }
 
 impl Gates {
-    /// Gates for `slots` slots of boundary `boundary`, registered in `stream`'s context, fed from
-    /// `block`; starts the forwarding thread.
+    /// Gates for boundary `boundary`, one per slot: `gates` (zeroed) as this process's host
+    /// reaches them and `words`, their registration in the sending stream's context; fed from
+    /// `block`. Starts the forwarding thread.
     ///
     /// # Errors
-    /// Why the words could not be mapped, registered, or the thread started.
+    /// Why the thread could not be started.
     pub(super) fn new(
         boundary: usize,
-        stream: &Arc<CudaStream>,
+        gates: Arc<PrivateWords>,
+        words: CudaSlice<u64>,
         block: Arc<ControlBlock>,
         slots: usize,
-    ) -> std::result::Result<Gates, String> {
-        let gates = Arc::new(PrivateWords::new(slots).map_err(|e| format!("mapping the gate words: {e}"))?);
-        let words = register_private_words(stream, Arc::clone(&gates)).map_err(|e| e.to_string())?;
+    ) -> std::io::Result<Gates> {
         let shared = Arc::new(Shared {
             gates,
             wanted: (0..slots).map(|_| AtomicU64::new(0)).collect(),
@@ -128,13 +128,10 @@ impl Gates {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
         });
-        let thread = std::thread::Builder::new()
-            .name(format!("ppnrt-gates-b{boundary}"))
-            .spawn({
-                let shared = Arc::clone(&shared);
-                move || shared.run()
-            })
-            .map_err(|e| format!("starting the gates' thread: {e}"))?;
+        let thread = std::thread::Builder::new().name(format!("ppnrt-gates-b{boundary}")).spawn({
+            let shared = Arc::clone(&shared);
+            move || shared.run()
+        })?;
         Ok(Gates { shared, words: Mutex::new(words), thread: Some(thread) })
     }
 

@@ -81,7 +81,7 @@ use crate::pp::timing::{POLL, SPIN};
 use crate::safe::memory::DeviceMemory;
 use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
-use crate::safe::{FlagSteps, MemOpsSupport, register_control_block};
+use crate::safe::{FlagSteps, MemOpsSupport, PrivateWords, register_control_block, register_private_words};
 
 use super::gates::{Gates, RELEASED};
 
@@ -543,8 +543,11 @@ pub(super) fn take(
         slots.push(ImportedMemory::<u8>::import_with(stream, slot.fd, bytes, true)?.into_slice());
     }
     let words = register_control_block(stream, Arc::clone(&block))?;
-    let gates = Gates::new(b.boundary, stream, Arc::clone(&block), n_slots)
-        .map_err(|e| failed(b, peer, "the sending rank's gate words", &e))?;
+    let gate_words =
+        Arc::new(PrivateWords::new(n_slots).map_err(|e| failed(b, peer, "mapping the sending rank's gate words", &e))?);
+    let registered = register_private_words(stream, Arc::clone(&gate_words))?;
+    let gates = Gates::new(b.boundary, gate_words, registered, Arc::clone(&block), n_slots)
+        .map_err(|e| failed(b, peer, "starting the gates' thread", &e))?;
     let mut flags = IpcFlags::new(block, words, End::Sender);
     flags.gates = Some(gates);
     Ok(Taken { flags, slots, _channel: channel })
