@@ -17,7 +17,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// this is [`alloc_persistent`](Self::alloc_persistent).
     ///
     /// # Errors
-    /// [`CudaError::SizeOverflow`]; the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
+    /// [`CudaError::SizeOverflow`](crate::CudaError::SizeOverflow); the driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAllocAsync")]
     #[inline]
     pub fn alloc(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
@@ -81,7 +81,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
     /// reach it), owned by `stream`. The contents are unspecified (any bit pattern, valid for `T`).
     ///
     /// # Errors
-    /// [`CudaError::SizeOverflow`]; the driver's error.
+    /// [`CudaError::SizeOverflow`](crate::CudaError::SizeOverflow); the driver's error.
     #[doc(alias = "cuMemAlloc")]
     pub fn alloc_persistent(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
         Self::alloc_plain(stream, len, false)
