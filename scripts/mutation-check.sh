@@ -30,6 +30,9 @@ export CARGO_TARGET_DIR=$repo/target/mutation
 # The tests that caught each mutation when every mutation ran its whole test binary
 # (2026-12-02): name filters, as `cargo test` takes them.
 declare -A catchers=(
+  [ipc-job-needs-nccl]="an_ipc_only_job_runs_without_nccl"
+  [nccl-id-seal-unchecked]="nccl_id"
+  [setup-read-stretched]="nccl_id"
   [pinned-htod]="pinned_sources_are_read_before_htod_returns"
   [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
@@ -508,7 +511,16 @@ run arg-list-overlapping src/safe/launch/list.rs "        self.end = at + layout
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" double
 # A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
-run unable-rank-silent src/pp/remote/setup.rs "        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" "        (m.bytes.first() == Some(&UNABLE) && false).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))" processes
+run unable-rank-silent src/pp/remote/setup.rs "        let b = over_nccl(r).filter(|_| m.bytes[2] == NCCL_UNUSABLE)?;" "        let b = over_nccl(r).filter(|_| false)?;" processes
+# An IPC-only job needs no NCCL: a rank without NCCL fails only where the plan gives one of its
+# boundaries NCCL (tests/processes).
+run ipc-job-needs-nccl src/pp/remote/setup.rs "    if let (Err(e), Some(_)) = (usable, over_nccl(rank)) {" "    if let (Err(e), Some(_)) = (usable, Some(())) {" processes
+# The NCCL id travels sealed on the control connection: an id whose seal is not checked is
+# believed (src/pp/remote/setup/nccl_id.rs's unit test).
+run nccl-id-seal-unchecked src/pp/remote/setup/nccl_id.rs "    if !opener.open(bytes, seal) {" "    if false && !opener.open(bytes, seal) {" lib
+# A connection read of the setup is bounded as a whole: a peer that trickles its bytes does not
+# stretch it (src/pp/remote/wire.rs; the NCCL id's unit test).
+run setup-read-stretched src/pp/remote/wire.rs "        if left.is_zero() {" "        if false {" lib
 # The plain path (an operation on the one stream a buffer's state records takes no lock): a tag
 # put up while reads are recorded, or while the mark has an event, lets a write skip its waits; a
 # lock that does not wait out a claim records events before the claimed work.

@@ -64,7 +64,7 @@
 //! the physical memory only when its last mapping goes; a memfd lives while a mapping does), so a
 //! copy or wait already queued by the survivor touches live memory whatever its peer did.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -84,6 +84,7 @@ use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, 
 use crate::safe::{FlagSteps, MemOpsSupport, PrivateWords, register_control_block, register_private_words};
 
 use super::gates::{Gates, RELEASED};
+use super::wire::read_exact_by;
 
 // A ring of the configuration's slots fits a control block (more are refused by the configuration).
 static_assertions::const_assert!(crate::pp::config::MAX_SLOTS <= ControlBlock::MAX_SLOTS);
@@ -565,17 +566,6 @@ fn read_path(socket: &mut TcpStream, deadline: Option<Instant>) -> std::io::Resu
     let mut path = vec![0u8; len];
     read_exact_by(socket, &mut path, deadline)?;
     Ok(PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(path)))
-}
-
-/// Fills `bytes` from `socket` by `deadline` (`None`: no bound); the socket's read timeout is
-/// none again afterwards, whatever happened.
-fn read_exact_by(socket: &mut TcpStream, bytes: &mut [u8], deadline: Option<Instant>) -> std::io::Result<()> {
-    let left =
-        deadline.map_or(Duration::from_secs(3600), |deadline| deadline.saturating_duration_since(Instant::now()));
-    let read =
-        socket.set_read_timeout(Some(left.max(Duration::from_millis(1)))).and_then(|()| socket.read_exact(bytes));
-    socket.set_read_timeout(None)?;
-    read
 }
 
 #[cfg(test)]

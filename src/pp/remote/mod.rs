@@ -47,9 +47,11 @@
 //! A link that fails fails the rank's other links first ([`RankLinks`]), so what this rank
 //! forwards after a receive the abort cut short never reaches the next rank as whole.
 //!
-//! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and hands out
-//! one NCCL unique id per cross-rank boundary; TX ranks connect to RX ranks (while a thread of
-//! the rank admits the connections of its inbound boundaries); the communicators
+//! Setup ([`connect`]): a rendezvous at rank 0 gathers every rank's listening port and whether
+//! it can load NCCL, and every rank chooses each boundary's transport from that same table; TX
+//! ranks connect to RX ranks (while a thread of the rank admits the connections of its inbound
+//! boundaries); on each NCCL boundary the RX rank makes the NCCL unique id and hands it to the TX
+//! rank on the admitted connection, sealed (`setup/nccl_id.rs`); the communicators
 //! are initialised in boundary order (every rank in the same order, so none waits on another
 //! cycle); and each link moves one small message to prove it before the runtime is returned.
 //! Every wait of the setup for another rank is bounded by the peer timeout, and the waits for

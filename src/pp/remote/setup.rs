@@ -15,7 +15,7 @@ use super::receiver::Inbound;
 use super::sender::{ControlWriter, Heard, PEER_CLOSED, SendControl, Sender, silence_fails};
 use super::wire::{BackReader, BackWriter};
 use crate::auth::{Admission, JobKey, Opener, Sealer, connect_and_knock, write_by};
-use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, NcclUniqueId, nccl, poll_pause};
+use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, nccl, poll_pause};
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{EXIT_BEFORE_COMM_JOIN, FaultPoint};
@@ -36,13 +36,14 @@ pub(in crate::pp) struct LocalStage {
     pub(in crate::pp) stream: Arc<CudaStream>,
 }
 
-/// A rank's contribution to the rendezvous starts with this byte when it can run its boundaries
-/// (its listening port and, from rank 0, the NCCL ids follow)...
-const READY: u8 = 1;
-/// ... and with this one when it cannot (the reason follows, at most [`MAX_UNABLE_REASON`] bytes).
-const UNABLE: u8 = 0;
-/// The longest reason a rank that cannot run its boundaries gives the others.
-const MAX_UNABLE_REASON: usize = 1024;
+/// A rank's contribution to the rendezvous: its listening port (two bytes, little-endian), then
+/// whether it can run NCCL boundaries ([`NCCL_USABLE`]), or not ([`NCCL_UNUSABLE`], the reason
+/// following, at most [`MAX_UNUSABLE_REASON`] bytes). A rank needs NCCL only where the plan gives
+/// one of its boundaries NCCL, which every rank learns from the same table.
+const NCCL_USABLE: u8 = 1;
+const NCCL_UNUSABLE: u8 = 0;
+/// The longest reason a rank without NCCL gives the others.
+const MAX_UNUSABLE_REASON: usize = 1024;
 
 /// Joins the other ranks of `config` (see the module docs), this rank reporting `identity` (its
 /// host, user and devices), chooses the transport of each boundary between ranks from every
@@ -79,56 +80,51 @@ pub(in crate::pp) fn connect(
     };
     let listener = TcpListener::bind(SocketAddr::new(interface, 0)).map_err(unbindable)?;
     let port = listener.local_addr().map_err(unbindable)?.port();
-    // A rank that cannot run its boundaries (no usable NCCL) still meets the others and says so:
-    // they fail at once, naming it, instead of waiting out the peer timeout for it.
+    // A rank without a usable NCCL still meets the others and says so: where the plan then gives
+    // one of its boundaries NCCL, every rank fails at once, naming it, instead of waiting out the
+    // peer timeout for it; an IPC-only job never needs NCCL.
     let usable = crate::nccl::nccl().map(|_| ());
-    let mut contribution = Vec::new();
+    let mut contribution = port.to_le_bytes().to_vec();
     match &usable {
-        Ok(()) => {
-            contribution.push(READY);
-            contribution.extend_from_slice(&port.to_le_bytes());
-            if rank == 0 {
-                for _ in &cross {
-                    contribution.extend_from_slice(&NcclUniqueId::new()?.to_bytes());
-                }
-            }
-        }
+        Ok(()) => contribution.push(NCCL_USABLE),
         Err(e) => {
-            contribution.push(UNABLE);
+            contribution.push(NCCL_UNUSABLE);
             let reason = e.to_string();
-            contribution.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_UNABLE_REASON)]);
+            contribution.extend_from_slice(&reason.as_bytes()[..reason.len().min(MAX_UNUSABLE_REASON)]);
         }
     }
-    let members = rendezvous.exchange_as(identity, &contribution);
-    // This rank's own cause first, whatever the rendezvous gave.
-    usable?;
-    let members = members?;
+    let members = rendezvous.exchange_as(identity, &contribution)?;
+    let first_boundary = cross.first().map_or(0, |b| b.boundary);
+    let malformed = |reason: String| Error::Pipeline(PpError::PeerFailed { boundary: first_boundary, peer: 0, reason });
+    if let Some(short) = members.iter().position(|m| m.bytes.len() < 3 || m.bytes[2] > NCCL_USABLE) {
+        return Err(malformed(format!("rank {short} contributed no listening port and NCCL flag")));
+    }
     // Every rank computes the same choices from the same member table.
     let identities: Vec<RankIdentity> = members.iter().map(|m| m.identity.clone()).collect();
     plan.choose_processes_named(&identities, config.process_transport(), config.setting_names(), IPC_TRANSPORT_BUILT)?;
     plan.refuse_unbuilt()?;
-    let first_boundary = cross.first().map_or(0, |b| b.boundary);
-    if let Some((peer, reason)) = members.iter().enumerate().find_map(|(r, m)| {
-        (m.bytes.first() == Some(&UNABLE)).then(|| (r, String::from_utf8_lossy(&m.bytes[1..]).into_owned()))
+    let over_nccl = |r: usize| {
+        cross
+            .iter()
+            .map(|met| &plan.boundaries[met.boundary])
+            .find(|b| b.transport == Transport::Nccl && (b.tx_rank == r || b.rx_rank == r))
+    };
+    // This rank's own cause first: it has an NCCL boundary and no NCCL.
+    if let (Err(e), Some(_)) = (usable, over_nccl(rank)) {
+        return Err(e.into());
+    }
+    if let Some((b, peer, reason)) = members.iter().enumerate().find_map(|(r, m)| {
+        let b = over_nccl(r).filter(|_| m.bytes[2] == NCCL_UNUSABLE)?;
+        Some((b.boundary, r, String::from_utf8_lossy(&m.bytes[3..]).into_owned()))
     }) {
-        let boundary =
-            cross.iter().find(|b| b.tx_rank == peer || b.rx_rank == peer).map_or(first_boundary, |b| b.boundary);
         return Err(Error::Pipeline(PpError::PeerFailed {
-            boundary,
+            boundary: b,
             peer,
-            reason: format!("rank {peer} cannot run its boundaries: {reason}"),
+            reason: format!("rank {peer} cannot run its NCCL boundaries: {reason}"),
         }));
     }
-    let malformed = |reason: String| Error::Pipeline(PpError::PeerFailed { boundary: first_boundary, peer: 0, reason });
-    if let Some(short) = members.iter().position(|m| m.bytes.len() < 3 || m.bytes[0] != READY) {
-        return Err(malformed(format!("rank {short} contributed no listening port")));
-    }
-    let ids = &members[0].bytes[3..];
-    if ids.len() != cross.len() * NcclUniqueId::BYTES {
-        return Err(malformed(format!("rank 0 handed out {} id bytes for {} boundaries", ids.len(), cross.len())));
-    }
     let address_of =
-        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[1], members[r].bytes[2]]));
+        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[0], members[r].bytes[1]]));
 
     // Control connections, each authenticated both ways: the inbound ones are admitted on a
     // thread of their own while this one connects the outbound ones (two ranks may each send to
@@ -169,15 +165,13 @@ pub(in crate::pp) fn connect(
     let rank_links = Arc::new(RankLinks::default());
     // Communicators, in boundary order on every rank.
     let mut links = Links { senders: BTreeMap::new(), inbound: BTreeMap::new() };
-    for (i, met) in cross.iter().enumerate() {
+    for met in &cross {
         // The boundary as the choice above left it (its transport and why).
         let b = &plan.boundaries[met.boundary];
         let sending = b.tx_rank == rank;
         if !sending && b.rx_rank != rank {
             continue;
         }
-        let id: &[u8; NcclUniqueId::BYTES] =
-            ids[i * NcclUniqueId::BYTES..(i + 1) * NcclUniqueId::BYTES].try_into().expect("sliced to the id's size");
         let stage = if sending { b.boundary } else { b.boundary + 1 };
         let local = stages[stage].as_ref().expect("this rank runs its boundary's stage");
         let peer = if sending { b.rx_rank } else { b.tx_rank };
@@ -186,12 +180,16 @@ pub(in crate::pp) fn connect(
         } else {
             inbound_sockets.remove(&b.boundary).expect("accepted above")
         };
+        // The keys' first use on the way back may be the NCCL id: the RX rank's answers continue
+        // from there.
+        let (mut back_sealer, mut back_opener) = (Sealer::new(back.clone()), Opener::new(back.clone()));
         let watched = setup_watched(config);
         // An IPC boundary's slots and flags (see `ipc`): the TX rank's mappings, or the RX rank's
         // exported slots for its ring.
         let mut mapped_slots = Vec::new();
         let mut exported_slots = None;
         let carrier = if b.transport == Transport::Ipc {
+            exit_if_faulted_before_join(config);
             if sending {
                 let taken = ipc::take(config, b, &mut socket, &local.stream)?;
                 mapped_slots = taken.slots;
@@ -202,7 +200,12 @@ pub(in crate::pp) fn connect(
                 Carrier::Ipc(offered.flags)
             }
         } else {
-            let id = NcclUniqueId::from_bytes(id);
+            let id = if sending {
+                nccl_id::take(b, &mut socket, &mut back_opener, timeout)?
+            } else {
+                nccl_id::offer(b, &mut socket, &mut back_sealer, timeout)?
+            };
+            exit_if_faulted_before_join(config);
             let nccl_rank = i32::from(!sending);
             Carrier::Nccl(if watched {
                 let mut joining = setup_watch(&socket, "joining the NCCL communicator", timeout);
@@ -220,8 +223,8 @@ pub(in crate::pp) fn connect(
         let recv_graphs = Mutex::new(Some(Vec::new()));
         // On the RX rank: its sealed answers to the TX rank (the receiver thread's, the
         // watchdog's and the stage's credits).
-        let back_writer = (!sending)
-            .then(|| Arc::new(Mutex::new(BackWriter { sealer: Sealer::new(back.clone()), unsent: Vec::new() })));
+        let back_writer =
+            (!sending).then(|| Arc::new(Mutex::new(BackWriter { sealer: back_sealer, unsent: Vec::new() })));
         let link = Arc::new(Link {
             boundary: b.boundary,
             peer,
@@ -260,7 +263,7 @@ pub(in crate::pp) fn connect(
             });
             let control = Mutex::new(SendControl {
                 socket,
-                back: BackReader { opener: Opener::new(back), pending: Vec::new() },
+                back: BackReader { opener: back_opener, pending: Vec::new() },
                 credit: 0,
                 step: 0,
                 ipc_slots: mapped_slots,
@@ -321,13 +324,18 @@ pub(super) fn mixing_support_off(value: Option<&str>) -> bool {
 
 /// Whether the setup's waits for NCCL are bounded and watch the peer (always, except with the
 /// setup broken on purpose: [`ProtocolFault::UnwatchedSetup`](crate::pp::ProtocolFault), tests
-/// only). With [`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault) this rank exits
-/// here, before it joins its first communicator (tests only).
+/// only).
 pub(super) fn setup_watched(config: &PpConfig) -> bool {
+    !config.faults().at(FaultPoint::UnwatchedSetup)
+}
+
+/// With [`ProtocolFault::ExitBeforeCommJoin`](crate::pp::ProtocolFault) this rank exits here,
+/// where it would join its first boundary's carrier: its NCCL communicator (the id already
+/// handed over), or its IPC mappings (tests only).
+fn exit_if_faulted_before_join(config: &PpConfig) {
     if config.faults().at(FaultPoint::ExitBeforeCommJoin) {
         std::process::exit(EXIT_BEFORE_COMM_JOIN);
     }
-    !config.faults().at(FaultPoint::UnwatchedSetup)
 }
 
 /// A check for a wait of the setup for NCCL (`what`): why the wait ends, when the peer closed
@@ -498,5 +506,6 @@ pub(super) fn accept_inbound(
 }
 
 mod fingerprint;
+mod nccl_id;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::receiver::Announced;
 use super::sender::PEER_CLOSED;
@@ -212,4 +213,39 @@ pub(super) fn intern(name: &str) -> Option<&'static str> {
     let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
     known.push(leaked);
     Some(leaked)
+}
+
+/// Fills `bytes` from `socket` by `deadline` (`None`: no bound), the whole read bounded (a peer
+/// that trickles its bytes does not stretch it: each read waits only for what is left); the
+/// socket's read timeout is none again afterwards, whatever happened.
+pub(super) fn read_exact_by(
+    socket: &mut TcpStream,
+    bytes: &mut [u8],
+    deadline: Option<Instant>,
+) -> std::io::Result<()> {
+    let mut filled = 0;
+    let read = loop {
+        if filled == bytes.len() {
+            break Ok(());
+        }
+        let left = deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            break Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!("{filled} of {} byte(s) by the deadline", bytes.len()),
+            ));
+        }
+        if let Err(e) = socket.set_read_timeout(Some(left.max(Duration::from_millis(1)))) {
+            break Err(e);
+        }
+        match socket.read(&mut bytes[filled..]) {
+            Ok(0) => break Err(ErrorKind::UnexpectedEof.into()),
+            Ok(read) => filled += read,
+            // A read that timed out: the deadline is looked at again.
+            Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => break Err(e),
+        }
+    };
+    socket.set_read_timeout(None)?;
+    read
 }

@@ -472,7 +472,7 @@ fn a_rank_without_nccl_fails_the_others_setup_at_once() {
         let results = launch.run(&dir, Duration::from_secs(25));
         let took = start.elapsed();
         let other = 1 - without;
-        let told = format!("rank {without} cannot run its boundaries");
+        let told = format!("rank {without} cannot run its NCCL boundaries");
         assert!(
             results[other].1.contains("CHILD-PEER-FAILED") && results[other].1.contains(&told),
             "{test}: rank {other} was not told that rank {without} has no NCCL:\n{}",
@@ -486,6 +486,30 @@ fn a_rank_without_nccl_fails_the_others_setup_at_once() {
         say(&format!("{test}: rank {without} without NCCL: both ranks failed, typed, in {took:?}"));
         assert!(took < Duration::from_secs(15), "{test}: the ranks took {took:?} (peer timeout 30 s)");
     }
+}
+
+/// A job whose boundaries all go over IPC needs no NCCL: with no NCCL to load on either rank
+/// (`PPNRT_LIBNCCL_PATH` naming nothing), two ranks run a 4-stage pipeline bitwise equal to one
+/// engine's. A setup that demanded NCCL of every rank (or made NCCL ids before the transports
+/// were chosen) fails both ranks here.
+#[test]
+fn an_ipc_only_job_runs_without_nccl() {
+    const IPC_WITHOUT_NCCL: &[(usize, &str, &str)] = &[
+        (0, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+        (1, "PPNRT_PROCESS_TRANSPORT", "ipc"),
+        (0, "PPNRT_RESERVE_BYTES", "1048576"),
+        (1, "PPNRT_RESERVE_BYTES", "1048576"),
+        (0, "PPNRT_LIBNCCL_PATH", "/nonexistent/ppnrt-test/libnccl.so.2"),
+        (1, "PPNRT_LIBNCCL_PATH", "/nonexistent/ppnrt-test/libnccl.so.2"),
+    ];
+    let test = "an_ipc_only_job_runs_without_nccl";
+    let Some(engine) = ready(test) else { return };
+    let launch = Launch { rank_env: IPC_WITHOUT_NCCL, ..pipeline_launch(&[0, 0, 1, 1], 2, 300, false) };
+    assert_eq!(
+        mismatches_against_reference(&engine, "ipc-without-nccl", &launch),
+        0,
+        "{test}: outputs differ from one engine's"
+    );
 }
 
 #[test]
