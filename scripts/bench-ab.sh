@@ -14,7 +14,15 @@ rounds=$1 out=$2
 shift 2
 mkdir -p "$out"
 tables=${PPNRT_BENCH_TABLES:-comparison}
+# BENCH_AB_BUDGET_S (seconds, default none): no round starts that would end past it, judged by
+# the longest round so far (a call with a time limit keeps its finished rounds and its summary).
+budget=${BENCH_AB_BUDGET_S:-0} began=$(date +%s) longest=0
 for round in $(seq 1 "$rounds"); do
+  if [ "$budget" -gt 0 ] && [ $(( $(date +%s) - began + longest )) -gt "$budget" ]; then
+    echo "round $round not started: the budget of $budget s would be passed (longest round $longest s)"
+    break
+  fi
+  round_began=$(date +%s)
   for pair in "$@"; do
     name=${pair%%=*} binary=${pair#*=}
     start=$(date +%s)
@@ -22,6 +30,7 @@ for round in $(seq 1 "$rounds"); do
       "$binary" --bench zzz_none > "$out/$name.round$round.log" 2>&1 || echo "$name round $round: exit $?"
     echo "$name round $round: $(( $(date +%s) - start )) s"
   done
+  longest=$(( $(date +%s) - round_began > longest ? $(date +%s) - round_began : longest ))
 done
 python3 - "$out" "$rounds" "$@" <<'PY'
 import re, sys
@@ -35,6 +44,10 @@ for name in pairs:
             continue
         for m in re.finditer(r"^\| ([^|]+) \| ([\d.]+) (µs|GB/s) \| ([\d.]+) (?:µs|GB/s) \| ([\d.]+) \|$", text, re.M):
             rows.setdefault(m.group(1).strip(), {}).setdefault(name, []).append((float(m.group(2)), float(m.group(4)), float(m.group(5))))
+        # The `copies` table: "| a -> b size | safe | raw | raw / safe | ..." (µs per copy).
+        for m in re.finditer(r"^\| (\d+ -> \d+ [^|]+?) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|", text, re.M):
+            c, w = float(m.group(2)), float(m.group(3))
+            rows.setdefault(f"copy back to back {m.group(1).strip()} (µs per copy)", {}).setdefault(name, []).append((c, w, c / w))
         # The `graphs` table: each S's crate rows beside the raw rows they are measured against.
         graphs = {}
         for m in re.finditer(r"^\| S = (\d+): ([^|]+?) \| ([\d.]+) µs \| ([\d.]+) µs \| ([\d.]+) µs \| ([\d.]+) µs \|$", text, re.M):

@@ -3,7 +3,7 @@
 # time-slice between their contexts), and under MPS (the contexts' work runs side by side), so the
 # share of the time-slicing in the gap to the in-process boundary is measured, not guessed.
 # Runs the bench executable of gpu-bundle/ (scripts/build-gpu-bundle.sh); writes
-# $OUT/bench-processes{,-mps}.md (or ./bench-logs/). The MPS daemon is started with pipe and log
+# $OUT/bench-processes{,-mps}.md (or ./bench-logs/); BENCH_MPS=0 skips the MPS run. The MPS daemon is started with pipe and log
 # folders of its own and stopped again, whatever happened.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ run() { # name, then the environment's additions
   echo "bench $name: rc=$?"; grep -E "^\| (round|NCCL)|^TARGET" "$out/bench-$name.log"
 }
 run processes
+if [ "${BENCH_MPS:-1}" = 0 ]; then
+  echo "SKIPPED the MPS run: BENCH_MPS=0"; exit 0
+fi
 if ! command -v nvidia-cuda-mps-control > /dev/null; then
   echo "SKIPPED the MPS run: nvidia-cuda-mps-control is not installed"; exit 0
 fi

@@ -115,6 +115,23 @@ pub struct BoundaryPlan {
     pub reason: TransportReason,
 }
 
+#[cfg(test)]
+impl BoundaryPlan {
+    /// Boundary `boundary` between rank 0 (TX) and rank 1 (RX), both on device 0, over NCCL: the
+    /// setup's unit tests' boundary.
+    pub(crate) fn nccl_between_ranks_for_tests(boundary: usize) -> BoundaryPlan {
+        BoundaryPlan {
+            boundary,
+            tx_device: 0,
+            rx_device: 0,
+            tx_rank: 0,
+            rx_rank: 1,
+            transport: Transport::Nccl,
+            reason: crate::pp::process_transport::TransportReason::NotMet,
+        }
+    }
+}
+
 /// The transports of every boundary, printable for logs.
 ///
 /// ```

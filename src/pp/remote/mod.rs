@@ -117,7 +117,6 @@ mod tests {
     use crate::auth::{JobAccess, JobSecret, Opener, Sealer};
     use crate::pp::config::PpConfig;
     use crate::pp::error::{Error, PpError, ReceiverState};
-    use crate::pp::plan::Transport;
     use crate::pp::timing::POLL;
 
     /// A connected pair on loopback; the reader's reads time out after 20 ms.
@@ -330,15 +329,7 @@ mod tests {
     fn a_boundary_listener_admits_only_the_jobs_sender() {
         let job = JobAccess::Secret(JobSecret::new("a job secret for the tests").unwrap()).key();
         let intruder = JobAccess::Secret(JobSecret::new("an intruder's guess at one").unwrap()).key();
-        let plan = |boundary| crate::pp::plan::BoundaryPlan {
-            boundary,
-            tx_device: 0,
-            rx_device: 0,
-            tx_rank: 0,
-            rx_rank: 1,
-            transport: Transport::Nccl,
-            reason: crate::pp::process_transport::TransportReason::NotMet,
-        };
+        let plan = crate::pp::plan::BoundaryPlan::nccl_between_ranks_for_tests;
         let cross = vec![plan(0), plan(1)];
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();

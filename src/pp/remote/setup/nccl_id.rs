@@ -79,18 +79,10 @@ mod tests {
     use crate::auth::{JobAccess, JobKey, JobSecret, Opener, Sealer};
     use crate::nccl::NcclUniqueId;
     use crate::pp::error::{Error, PpError};
-    use crate::pp::plan::{BoundaryPlan, Transport};
+    use crate::pp::plan::BoundaryPlan;
 
     fn plan() -> BoundaryPlan {
-        BoundaryPlan {
-            boundary: 3,
-            tx_device: 0,
-            rx_device: 0,
-            tx_rank: 0,
-            rx_rank: 1,
-            transport: Transport::Nccl,
-            reason: crate::pp::process_transport::TransportReason::NotMet,
-        }
+        BoundaryPlan::nccl_between_ranks_for_tests(3)
     }
 
     fn key(secret: &str) -> JobKey {

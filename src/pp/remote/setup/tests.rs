@@ -8,15 +8,7 @@ use super::*;
 use crate::auth::{JobAccess, JobSecret};
 
 fn plan(boundary: usize) -> crate::pp::plan::BoundaryPlan {
-    crate::pp::plan::BoundaryPlan {
-        boundary,
-        tx_device: 0,
-        rx_device: 0,
-        tx_rank: 0,
-        rx_rank: 1,
-        transport: Transport::Nccl,
-        reason: crate::pp::process_transport::TransportReason::NotMet,
-    }
+    crate::pp::plan::BoundaryPlan::nccl_between_ranks_for_tests(boundary)
 }
 
 fn job() -> JobKey {
