@@ -33,6 +33,7 @@ declare -A catchers=(
   [ipc-job-needs-nccl]="an_ipc_only_job_runs_without_nccl"
   [nccl-id-seal-unchecked]="nccl_id"
   [setup-read-stretched]="nccl_id"
+  [gates-spin-once]="the_forwarder_spins_again_after_each_raise"
   [pinned-htod]="pinned_sources_are_read_before_htod_returns"
   [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
@@ -268,7 +269,8 @@ declare -A catchers=(
   # a sleeping receiver woken on the connection, the connection's records kept in order.
   [ipc-block-unused]="steps_of_one_type_are_announced_in_the_control_block_and_a_new_type_on_the_connection"
   [ipc-announce-over-untaken-line]="a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full"
-  [ipc-asleep-not-woken]="a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block"
+  [ipc-asleep-not-woken]="a_receiver_asleep_is_woken_by_a_step_announced_in_the_block_or_on_the_connection"
+  [ipc-record-not-woken]="a_receiver_asleep_is_woken_by_a_step_announced_in_the_block_or_on_the_connection"
   [ipc-connection-before-block]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
   [ipc-held-after-later-steps]="records_of_the_connection_wait_for_the_steps_announced_before_them_in_the_block"
   # The sending stream waits on gate words of its own rank, raised from the block up to the step
@@ -521,6 +523,9 @@ run nccl-id-seal-unchecked src/pp/remote/setup/nccl_id.rs "    if !opener.open(b
 # A connection read of the setup is bounded as a whole: a peer that trickles its bytes does not
 # stretch it (src/pp/remote/wire.rs; the NCCL id's unit test).
 run setup-read-stretched src/pp/remote/wire.rs "        if left.is_zero() {" "        if false {" lib
+# The sending rank's gate forwarder spins again after each gate it raises (a pipelined boundary
+# always has a wait pending; a forwarder that only spun once napped on every step).
+run gates-spin-once src/pp/remote/gates.rs "    if forwarded.raised || spinning_since.is_none() {" "    if spinning_since.is_none() {" lib
 # The plain path (an operation on the one stream a buffer's state records takes no lock): a tag
 # put up while reads are recorded, or while the mark has an event, lets a write skip its waits; a
 # lock that does not wait out a claim records events before the claimed work.
@@ -807,11 +812,12 @@ run ipc-sender-heartbeat-silent src/pp/remote/sender.rs "            flags.beat(
 # A `filled` word at or past the release value fails the receive; it is never read as filled.
 run ipc-filled-release-unchecked src/pp/remote/ipc.rs "            if filled >= RELEASED {" "            if false {"
 # Over IPC a step of the previous step's type is announced in the control block: the sender uses
-# it, writes a line only once the receiver took the step it held, wakes a receiver asleep on its
-# connection; the receiver keeps a record of the connection after the block's steps before it.
+# it, writes a line only once the receiver took the step it held, wakes a sleeping receiver (after
+# an announcement and after each record); the receiver keeps a record of the connection after the block's steps before it.
 run ipc-block-unused src/pp/remote/ipc.rs "        let free = step < self.block.announcements_taken().saturating_add(ControlBlock::ANNOUNCEMENTS as u64);" "        let free = false;"
 run ipc-announce-over-untaken-line src/pp/remote/ipc.rs "        let free = step < self.block.announcements_taken().saturating_add(ControlBlock::ANNOUNCEMENTS as u64);" "        let free = true;"
-run ipc-asleep-not-woken src/pp/remote/sender.rs "                if flags.receiver_asleep() {" "                if false {"
+run ipc-asleep-not-woken src/pp/remote/sender.rs "                flags.wake_receiver();" "" double
+run ipc-record-not-woken src/pp/remote/sender.rs "        if let Some(block) = &self.wakes {" "        if let Some(block) = None::<&Arc<ControlBlock>> {" double
 run ipc-connection-before-block src/pp/remote/inbox.rs "        if names_step(&record).is_some_and(|named| named > expected) {" "        if false {" lib
 run ipc-held-after-later-steps src/pp/remote/inbox.rs "        let record = match self.deferred.take() {
             Some(record) => record,

@@ -11,7 +11,7 @@
 //! | 16 | the heartbeat of side [`Side::Receiver`] (a count it raises while alive) |
 //! | 24 | the heartbeat of side [`Side::Sender`] |
 //! | 32 | announcements taken: one past the last step whose announcement the receiver took |
-//! | 40 | 1 while the receiver sleeps on its connection rather than watching the block |
+//! | 40 | the sleep word (32 bits; the word's other half unused): 1 while the receiver sleeps (a futex wait on it) rather than watching the block |
 //! | 64 + 64·s | slot `s`: "filled", one past the last step copied in (by the sender's stream) |
 //! | 72 + 64·s | slot `s`: "consumed", the step the slot is free for (raised by the receiver) |
 //! | 64·(1 + slots + a) | announcement line `a`: one past the step it announces (0: none) |
@@ -23,7 +23,10 @@
 //! write, after a fence) and loaded with acquire ordering: whoever sees a value sees what it
 //! announces. The sleep word and the announcement's step are each stored, then the other read,
 //! with sequentially consistent fences between: a sender that announces while the receiver falls
-//! asleep either sees it asleep (and wakes it over the connection) or is seen by its last look.
+//! asleep either sees it asleep (and wakes it: the word back to 0, then a futex wake, so a wake
+//! that comes before the receiver's wait begins ends that wait at once) or is seen by its last
+//! look. The futex is the shared kind (the mapping is the same memory in both processes), so a
+//! wake costs the sender one system call and no record.
 //!
 //! Safety model: the other process may write any value into the block at any time, so the
 //! block is only ever read and written through atomics (no `&mut`, no plain loads), and every
@@ -35,7 +38,8 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
@@ -109,7 +113,7 @@ impl ControlBlock {
     /// The block's magic.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PPNRTCB1");
     /// The layout's version.
-    pub const VERSION: u32 = 2;
+    pub const VERSION: u32 = 3;
     /// The most slots a block holds (as many as a ring may have).
     pub const MAX_SLOTS: usize = 64;
     /// The announcement lines: how many steps the sender may announce in the block ahead of the
@@ -338,19 +342,53 @@ impl ControlBlock {
         self.word(ANNOUNCEMENTS_TAKEN).fetch_max(step.wrapping_add(1), Ordering::AcqRel);
     }
 
-    /// Marks the receiver asleep on its connection (or awake again), then fences: a later look at
-    /// an announcement sees any the sender made before it looked at this word (see the module
-    /// docs).
+    /// The sleep word: the first half of its 64-bit field, a futex word.
+    fn sleep_word(&self) -> &AtomicU32 {
+        let field = self.word(RECEIVER_ASLEEP);
+        // SAFETY: the field is an 8-aligned word inside the mapping (checked by `word`), so its
+        // first four bytes are a 4-aligned `u32` there; they are only ever reached as this
+        // `AtomicU32` (by this process and, through the same layout version, by the other), and
+        // the mapping lives as long as `self`.
+        unsafe { &*std::ptr::from_ref(field).cast::<AtomicU32>() }
+    }
+
+    /// Marks the receiver asleep (or awake again), then fences: a later look at an announcement
+    /// sees any the sender made before it looked at this word (see the module docs).
     pub fn set_receiver_asleep(&self, asleep: bool) {
-        self.word(RECEIVER_ASLEEP).store(u64::from(asleep), Ordering::SeqCst);
+        self.sleep_word().store(u32::from(asleep), Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
-    /// Whether the receiver sleeps on its connection, after a fence: called by the sender once it
-    /// announced a step, which it then also signals over the connection when so.
+    /// Whether the receiver is marked asleep, after a fence.
     pub fn receiver_asleep(&self) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.word(RECEIVER_ASLEEP).load(Ordering::SeqCst) != 0
+        self.sleep_word().load(Ordering::SeqCst) != 0
+    }
+
+    /// The receiver, marked asleep and having found nothing in its last look: sleeps until the
+    /// sender wakes it ([`wake_receiver`](Self::wake_receiver)) or for `timeout`, whichever
+    /// comes first (at once if a wake came since it was marked asleep). It stays marked asleep:
+    /// mark it awake after. A spurious wake (a signal, a peer that wakes for nothing) only ends
+    /// the sleep early.
+    pub fn sleep_while_asleep(&self, timeout: Duration) {
+        let timeout = rustix::fs::Timespec {
+            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: timeout.subsec_nanos().into(),
+        };
+        let _ =
+            rustix::thread::futex::wait(self.sleep_word(), rustix::thread::futex::Flags::empty(), 1, Some(&timeout));
+    }
+
+    /// The sender, after a fence following what it published: wakes the receiver if it is marked
+    /// asleep (the mark back to 0 first, so a wake that comes before the receiver's wait ends
+    /// it at once); returns whether it did.
+    pub fn wake_receiver(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let woke = self.sleep_word().compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+        if woke {
+            let _ = rustix::thread::futex::wake(self.sleep_word(), rustix::thread::futex::Flags::empty(), 1);
+        }
+        woke
     }
 
     /// Raises `side`'s heartbeat (a sign of life the other side watches).

@@ -130,7 +130,7 @@ fn sealed(bytes: usize, words: &[u64]) -> OwnedFd {
 #[test]
 fn a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused() {
     let shape = |version: u64, slots: u64| version | (slots << 32);
-    let good = [ControlBlock::MAGIC, shape(2, 2)];
+    let good = [ControlBlock::MAGIC, shape(u64::from(ControlBlock::VERSION), 2)];
     let block = ControlBlock::open(sealed(ControlBlock::byte_size(2), &good), 2).unwrap();
     assert_eq!((block.slots(), block.byte_len()), (2, 192 + 64 * ControlBlock::ANNOUNCEMENTS));
     let refused = |fd: OwnedFd, slots: usize, says: &str| {
@@ -139,9 +139,11 @@ fn a_block_of_the_wrong_size_magic_version_or_slot_count_is_refused() {
     };
     refused(sealed(ControlBlock::byte_size(2) - 64, &good), 2, "2176 bytes, 2240 expected");
     refused(sealed(ControlBlock::byte_size(2), &[0x1234, shape(2, 2)]), 2, "magic");
-    // A block of the first layout (no announcement lines), sized as this one.
-    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(1, 2)]), 2, "version 1, 2 expected");
-    refused(sealed(ControlBlock::byte_size(3), &[ControlBlock::MAGIC, shape(2, 2)]), 3, "2 slot(s), 3 expected");
+    // Blocks of the earlier layouts (no announcement lines; a sleep word woken over the
+    // connection), sized as this one.
+    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(1, 2)]), 2, "version 1, 3 expected");
+    refused(sealed(ControlBlock::byte_size(2), &[ControlBlock::MAGIC, shape(2, 2)]), 2, "version 2, 3 expected");
+    refused(sealed(ControlBlock::byte_size(3), &[ControlBlock::MAGIC, shape(3, 2)]), 3, "2 slot(s), 3 expected");
     assert!(ControlBlock::create(0).is_err() && ControlBlock::create(ControlBlock::MAX_SLOTS + 1).is_err());
 }
 
@@ -161,7 +163,7 @@ fn the_block_layout_is_as_documented() {
     rustix::io::pread(block.fd(), &mut bytes, 0).unwrap();
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
     assert_eq!(word(0), ControlBlock::MAGIC);
-    assert_eq!(word(8), 2 | (3 << 32));
+    assert_eq!(word(8), 3 | (3 << 32));
     assert_eq!((word(16), word(24)), (1, 2));
     assert_eq!((word(32), word(40)), (31, 1));
     assert_eq!((word(64 + 128), word(72 + 128)), (11, 10));
@@ -170,6 +172,44 @@ fn the_block_layout_is_as_documented() {
     assert_eq!((block.filled(0), block.consumed(1)), (0, 0));
     assert_eq!((block.announced(33), block.announced(1), block.announcements_taken()), (Some(700), None, 31));
     assert!(block.receiver_asleep());
+}
+
+/// The receiver's sleep on the block's sleep word, through two mappings of one block (as the two
+/// ranks have): a wake from the other mapping ends it long before its timeout, a wake that came
+/// before the sleep began ends it at once, a sender finds no one to wake when the receiver is
+/// awake, and with no wake the sleep lasts its timeout.
+#[test]
+fn a_receiver_asleep_on_the_block_is_woken_through_the_other_mapping() {
+    use std::time::{Duration, Instant};
+    let receiver = ControlBlock::create(2).unwrap();
+    let sender = ControlBlock::open(receiver.fd().try_clone_to_owned().unwrap(), 2).unwrap();
+    assert!(!sender.wake_receiver(), "a wake with the receiver awake");
+    std::thread::scope(|scope| {
+        receiver.set_receiver_asleep(true);
+        let sleeping = scope.spawn(|| {
+            let start = Instant::now();
+            receiver.sleep_while_asleep(Duration::from_secs(20));
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(sender.receiver_asleep());
+        assert!(sender.wake_receiver());
+        let slept = sleeping.join().unwrap();
+        assert!(slept < Duration::from_secs(5), "the woken sleep lasted {slept:?}");
+    });
+    // Woken before it slept: the sleep ends at once.
+    receiver.set_receiver_asleep(true);
+    assert!(sender.wake_receiver());
+    let start = Instant::now();
+    receiver.sleep_while_asleep(Duration::from_secs(20));
+    assert!(start.elapsed() < Duration::from_secs(5), "a wake before the sleep was lost");
+    // No wake: the timeout.
+    receiver.set_receiver_asleep(true);
+    let start = Instant::now();
+    receiver.sleep_while_asleep(Duration::from_millis(30));
+    assert!(start.elapsed() >= Duration::from_millis(25), "the sleep ended early: {:?}", start.elapsed());
+    receiver.set_receiver_asleep(false);
+    assert!(!sender.receiver_asleep());
 }
 
 /// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).

@@ -110,13 +110,16 @@ fn a_sender_far_ahead_announces_on_the_connection_once_the_block_is_full() {
     });
 }
 
-/// Steps 3 ms apart, so that rank 1's receiver thread has stopped spinning and sleeps on its
-/// connection (bounded by its 10 ms poll) when each is announced in the block: the sender wakes
-/// it there, and the median step arrives well before the next poll would have found it. With the
-/// wake left out (mutation `ipc-asleep-not-woken`), each step waits for the poll (7 ms or so).
+/// Steps 3 ms apart, so that rank 1's receiver thread has stopped spinning and sleeps on the
+/// block's sleep word (bounded by its 10 ms poll) when each is announced in the block: the sender
+/// wakes it (a futex wake), and the median step arrives well before the next poll would have
+/// found it. Then steps of alternating types, which go on the connection: the sender wakes the
+/// sleeping thread after each record too. With the wake after an announcement left out
+/// (mutation `ipc-asleep-not-woken`) or after a record (`ipc-record-not-woken`), each such step
+/// waits for the poll (7 ms or so).
 #[test]
-fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block() {
-    with_double("a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block", |_| {
+fn a_receiver_asleep_is_woken_by_a_step_announced_in_the_block_or_on_the_connection() {
+    with_double("a_receiver_asleep_is_woken_by_a_step_announced_in_the_block_or_on_the_connection", |_| {
         let primary = Engine::new(0).unwrap();
         let ranks = ipc_ranks();
         let e0 = ranks.0.engine(0, &primary).unwrap().clone();
@@ -139,6 +142,44 @@ fn a_receiver_asleep_on_its_connection_is_woken_by_a_step_announced_in_the_block
         took.sort();
         let median = took[took.len() / 2];
         assert!(median < Duration::from_millis(4), "the median step took {median:?} to arrive: {took:?}");
+        // Steps of alternating types: each on the connection.
+        let in_block = ranks.1.block_announcements(0).unwrap();
+        let mut took = Vec::new();
+        for t in steps..2 * steps {
+            std::thread::sleep(Duration::from_millis(3));
+            let start = Instant::now();
+            let slot = t as usize % 2;
+            let equal = if t % 2 == 0 {
+                let x = {
+                    let _stage = ranks.0.enter(0).unwrap();
+                    e0.htod(&values::<u32>(t)).unwrap()
+                };
+                send(&ranks, &x);
+                let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, slot, N, WAIT)).unwrap();
+                took.push(start.elapsed());
+                ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)).unwrap()
+                    == values::<u32>(t)
+            } else {
+                let x = {
+                    let _stage = ranks.0.enter(0).unwrap();
+                    e0.htod(&values::<i32>(t)).unwrap()
+                };
+                send(&ranks, &x);
+                let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<i32>(0, slot, N, WAIT)).unwrap();
+                took.push(start.elapsed());
+                ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[i32]>::to_vec)).unwrap()
+                    == values::<i32>(t)
+            };
+            assert!(equal, "step {t}: wrong values");
+        }
+        assert_eq!(
+            ranks.1.block_announcements(0).unwrap(),
+            in_block,
+            "a step of a new type was announced in the block"
+        );
+        took.sort();
+        let median = took[took.len() / 2];
+        assert!(median < Duration::from_millis(4), "the median step on the connection took {median:?}: {took:?}");
         let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
         assert!(errors.is_empty(), "{errors:?}");
     });

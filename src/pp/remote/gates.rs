@@ -11,7 +11,10 @@
 //! sleep word, then one more look, as the receiver's: no lost wake-up). The forwarder raises
 //! `gate[s]` to `consumed[s]`, never past the last step waited for in the slot (the stream's
 //! waits there, for `k`, `k - n`, ..., are met in order) and never lower (an atomic maximum);
-//! with waits pending it spins, then naps; with none it sleeps until woken (at most [`POLL`]). A
+//! with waits pending it spins while gates keep rising (each raise starts the spin again: a
+//! pipelined boundary always has a wait pending, and a forwarder that only napped after its first
+//! [`SPIN`] added a nap to every step), naps once none rose for [`SPIN`], and with none pending
+//! sleeps until woken (at most [`POLL`]). A
 //! release sets every gate to [`RELEASED`] and stops the forwarder. A close that the receiving
 //! rank confirms while a wait is still pending ([`Gates::waits_pending`]: an honest peer confirms
 //! only once every copy ran) is a lie, and fails the link, which releases the gates.
@@ -53,10 +56,9 @@ impl Shared {
     }
 
     /// Raises each gate to what the block shows freed, up to the last step waited for in its
-    /// slot (the stream's waits there are for that step and the earlier ones, in order); returns
-    /// whether a wait is still pending.
-    fn forward(&self) -> bool {
-        let mut pending = false;
+    /// slot (the stream's waits there are for that step and the earlier ones, in order).
+    fn forward(&self) -> Forwarded {
+        let mut forwarded = Forwarded { pending: false, raised: false };
         for (slot, wanted) in self.wanted.iter().enumerate() {
             let Some(last) = wanted.load(Ordering::Acquire).checked_sub(1) else { continue };
             let gate = self.gates.word(slot);
@@ -64,37 +66,66 @@ impl Shared {
                 continue;
             }
             let freed = self.block.consumed(slot).min(last);
-            let raised = gate.fetch_max(freed, Ordering::AcqRel).max(freed);
-            pending |= raised < last;
+            let before = gate.fetch_max(freed, Ordering::AcqRel);
+            forwarded.raised |= freed > before;
+            forwarded.pending |= before.max(freed) < last;
         }
-        pending
+        forwarded
     }
 
     /// The forwarding thread's loop (see the module docs).
     fn run(&self) {
-        let mut pending_since: Option<Instant> = None;
+        crate::pp::timing::sleep_finely();
+        // Since when the forwarder spins: the first look that found a wait pending, or the last
+        // that raised a gate.
+        let mut spinning_since: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
-            if self.forward() {
-                let since = *pending_since.get_or_insert_with(Instant::now);
-                if since.elapsed() < SPIN {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::sleep(NAP);
+            let forwarded = self.forward();
+            if forwarded.pending {
+                match next_move(forwarded, &mut spinning_since, Instant::now()) {
+                    Move::Spin => std::hint::spin_loop(),
+                    Move::Nap => std::thread::sleep(NAP),
                 }
                 continue;
             }
-            pending_since = None;
+            spinning_since = None;
             // Asleep under the lock, which a waker takes to notify: a want recorded after the
             // look below finds the sleep word set and wakes this thread.
             let guard = self.lock();
             self.sleeping.store(true, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            if !self.forward() && !self.stop.load(Ordering::Acquire) {
+            if !self.forward().pending && !self.stop.load(Ordering::Acquire) {
                 let _ = self.wake.wait_timeout(guard, POLL);
             }
             self.sleeping.store(false, Ordering::SeqCst);
         }
     }
+}
+
+/// What one look of the forwarder at the block did.
+#[derive(Debug, Clone, Copy)]
+struct Forwarded {
+    /// A stream wait is still unmet.
+    pending: bool,
+    /// A gate rose.
+    raised: bool,
+}
+
+/// The forwarder's move while a wait is pending.
+#[derive(Debug, PartialEq, Eq)]
+enum Move {
+    Spin,
+    Nap,
+}
+
+/// With a wait pending after `forwarded`: spin while the last raise (or the first pending look),
+/// kept in `spinning_since`, is less than [`SPIN`] before `now`, else nap.
+fn next_move(forwarded: Forwarded, spinning_since: &mut Option<Instant>, now: Instant) -> Move {
+    if forwarded.raised || spinning_since.is_none() {
+        *spinning_since = Some(now);
+    }
+    let since = spinning_since.expect("set above");
+    if now.saturating_duration_since(since) < SPIN { Move::Spin } else { Move::Nap }
 }
 
 /// A sending rank's gates for one IPC boundary, with their forwarding thread.
@@ -193,6 +224,36 @@ impl Drop for Gates {
         self.release();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Forwarded, Move, SPIN, next_move};
+
+    /// The forwarder spins while gates keep rising, however long waits have been pending (a
+    /// pipelined boundary always has one), and naps only once none rose for the spin's length.
+    #[test]
+    fn the_forwarder_spins_again_after_each_raise() {
+        let start = Instant::now();
+        let pending = Forwarded { pending: true, raised: false };
+        let raised = Forwarded { pending: true, raised: true };
+        let mut since = None;
+        assert_eq!(next_move(pending, &mut since, start), Move::Spin);
+        assert_eq!(next_move(pending, &mut since, start + SPIN / 2), Move::Spin);
+        assert_eq!(next_move(pending, &mut since, start + SPIN + Duration::from_micros(1)), Move::Nap);
+        // A gate rose: spinning again, for a whole spin from the raise, and again after the next.
+        let raise = start + 3 * SPIN;
+        assert_eq!(next_move(raised, &mut since, raise), Move::Spin);
+        assert_eq!(next_move(pending, &mut since, raise + SPIN - Duration::from_micros(1)), Move::Spin);
+        assert_eq!(next_move(pending, &mut since, raise + SPIN + Duration::from_micros(1)), Move::Nap);
+        for k in 1..100u32 {
+            let at = raise + SPIN * 2 * k;
+            assert_eq!(next_move(raised, &mut since, at), Move::Spin);
+            assert_eq!(next_move(pending, &mut since, at + SPIN * 9 / 10), Move::Spin, "raise {k}");
         }
     }
 }

@@ -88,7 +88,7 @@ impl Inbox {
         while self.deferred.is_none() {
             match read()? {
                 None => break,
-                Some(Record::Alive | Record::Wake) => heard = true,
+                Some(Record::Alive) => heard = true,
                 Some(record) => {
                     self.deferred = Some(record);
                     heard = true;
@@ -124,7 +124,7 @@ fn names_step(record: &Record) -> Option<u64> {
         Record::Data(step) => Some(step.step),
         Record::Waiting { step } => Some(*step),
         Record::Close { steps } => Some(*steps),
-        Record::Alive | Record::Wake => None,
+        Record::Alive => None,
     }
 }
 
@@ -159,7 +159,6 @@ mod tests {
             Some(Record::Waiting { step }) => format!("waiting {step}"),
             Some(Record::Close { steps }) => format!("close {steps}"),
             Some(Record::Alive) => "alive".into(),
-            Some(Record::Wake) => "wake".into(),
             None => "none".into(),
         }
     }

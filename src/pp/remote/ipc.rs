@@ -23,8 +23,9 @@
 //!   RX rank took the step that line held; the first step, each change of type, and a step that
 //!   finds its line not yet taken go on the control connection as a sealed record, as over NCCL.
 //!   An announcement in the block costs no system call; when the RX rank's receiver thread
-//!   sleeps on the connection (it says so in the block, then looks once more), a `WAKE` record
-//!   follows there. Then `tx` enqueues on the TX stage's stream: the copy into the slot and
+//!   sleeps (it says so in the block's sleep word, then looks once more at the block and the
+//!   connection, then waits on the word as a futex), the TX rank wakes it (one futex wake, no
+//!   record), as after every record it writes on the connection. Then `tx` enqueues on the TX stage's stream: the copy into the slot and
 //!   `filled[s] = k + 1` (after a fence: whoever sees the value sees the copy). Only when its
 //!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
 //!   wait, and then on a gate word of the TX rank's own, which its forwarding thread raises once
@@ -218,10 +219,16 @@ impl IpcFlags {
         free
     }
 
-    /// Whether the RX rank's receiver thread sleeps on the connection (the TX side then wakes it
-    /// there after an announcement in the block).
-    pub(super) fn receiver_asleep(&self) -> bool {
-        self.block.receiver_asleep()
+    /// The TX side, after an announcement in the block (or a record on the connection): wakes the
+    /// RX rank's receiver thread if it sleeps (see [`ControlBlock::wake_receiver`]).
+    pub(super) fn wake_receiver(&self) {
+        self.block.wake_receiver();
+    }
+
+    /// The control block, for the TX side's writer of records (which wakes the receiver after
+    /// each).
+    pub(super) fn block(&self) -> Arc<ControlBlock> {
+        Arc::clone(&self.block)
     }
 
     /// The RX side: the element count of step `step`'s announcement in the control block, taken
@@ -247,11 +254,17 @@ impl IpcFlags {
         self.block_announcements.load(Ordering::Relaxed)
     }
 
-    /// The RX side: marks the receiver thread asleep on the connection, or awake (see
-    /// [`ControlBlock::set_receiver_asleep`]); a look at the block for the next announcement
-    /// follows the first.
-    pub(super) fn sleep_on_connection(&self, asleep: bool) {
+    /// The RX side: marks the receiver thread asleep, or awake (see
+    /// [`ControlBlock::set_receiver_asleep`]); a look at the block and the connection follows
+    /// the first, then, when it found nothing, [`sleep`](Self::sleep).
+    pub(super) fn mark_asleep(&self, asleep: bool) {
         self.block.set_receiver_asleep(asleep);
+    }
+
+    /// The RX side, marked asleep, having found nothing: sleeps until the TX side wakes it or for
+    /// `timeout` (see [`ControlBlock::sleep_while_asleep`]).
+    pub(super) fn sleep(&self, timeout: Duration) {
+        self.block.sleep_while_asleep(timeout);
     }
 
     /// The RX side of step `step` into slot `slot`'s bytes `dst`: once every read of the slot in

@@ -95,9 +95,6 @@ const WAITING: u8 = 5;
 /// The RX rank's answer to [`WAITING`]: how many steps its stage has taken (a `u64` follows),
 /// sent at once and again when its stage next takes one.
 const CREDIT: u8 = 6;
-/// The TX rank's record over IPC: a step is announced in the control block, and the RX rank's
-/// receiver thread sleeps on the connection (see `ipc`).
-const WAKE: u8 = 7;
 /// A record: kind, three reserved bytes, the name's length (u32), step (u64), n (u64), the
 /// element's size in bytes (u64), the element type's name, then the record's seal.
 const RECORD_HEAD: usize = 32;
@@ -179,7 +176,7 @@ mod tests {
             Record::Data(step) => {
                 assert_eq!((step.step, step.n, step.elem, step.bytes), (7, 1000, "f32", 4000));
             }
-            Record::Close { .. } | Record::Alive | Record::Wake | Record::Waiting { .. } => panic!("expected data"),
+            Record::Close { .. } | Record::Alive | Record::Waiting { .. } => panic!("expected data"),
         }
         let mut three = encode_record(&mut sealer, DATA, 8, 3, 2, "bf16");
         three.extend(encode_record(&mut sealer, ALIVE, 0, 0, 0, ""));

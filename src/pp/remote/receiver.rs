@@ -123,7 +123,10 @@ impl Receiver {
             .name(format!("ppnrt-rx-b{}", link.boundary))
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || receive_loop(inbound, &*filler, &stop)
+                move || {
+                    crate::pp::timing::sleep_finely();
+                    receive_loop(inbound, &*filler, &stop)
+                }
             })
             .map_err(|e| io_error(&link, "starting the receiver thread", &e))?;
         Ok(Receiver { stop, thread: Some(thread) })
@@ -254,26 +257,30 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             }
         }
         let spinning = spin_until.is_some_and(|until| Instant::now() < until);
-        if spinning != nonblocking {
-            if let Err(e) = inbound.socket.set_nonblocking(spinning) {
+        let flags = link.ipc();
+        // Over IPC the connection is never waited on: the thread sleeps on the block's sleep word.
+        if (spinning || flags.is_some()) != nonblocking {
+            if let Err(e) = inbound.socket.set_nonblocking(!nonblocking) {
                 break Err(format!("switching the connection's blocking mode failed: {e}"));
             }
-            nonblocking = spinning;
+            nonblocking = !nonblocking;
         }
         // Over IPC the TX rank announces most steps in the control block: the next step's
         // announcement there comes before any record of the connection (which the TX rank wrote
-        // after it). A thread about to sleep on the connection says so first, then looks: the TX
-        // rank then wakes it there (see `ipc`).
-        let flags = link.ipc();
+        // after it). A thread about to sleep says so in the block first, then looks at both: the
+        // TX rank, after an announcement or a record, then wakes it (see `ipc`).
         let asleep = !spinning && flags.is_some();
         if let (true, Some(flags)) = (asleep, flags) {
-            flags.sleep_on_connection(true);
+            flags.mark_asleep(true);
         }
         let read = inbox.next(expected, &mut |step| flags.and_then(|flags| flags.take_announcement(step)), &mut || {
             read_record(&mut inbound.socket, &mut pending, &mut inbound.opener)
         });
         if let (true, Some(flags)) = (asleep, flags) {
-            flags.sleep_on_connection(false);
+            if matches!(read, Ok(None)) {
+                flags.sleep(POLL);
+            }
+            flags.mark_asleep(false);
         }
         let record = match read {
             Ok(Some(record)) => record,
@@ -296,7 +303,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Err(reason) => break Err(reason),
         };
         heard = Instant::now();
-        if matches!(record, Record::Alive | Record::Wake) {
+        if matches!(record, Record::Alive) {
             continue;
         }
         if let Record::Waiting { step } = record {
@@ -330,7 +337,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             Record::Close { steps } => {
                 break Err(format!("the close names {steps} step(s), {expected} were announced"));
             }
-            Record::Alive | Record::Wake | Record::Waiting { .. } => unreachable!("handled above"),
+            Record::Alive | Record::Waiting { .. } => unreachable!("handled above"),
             Record::Data(step) if step.step != expected => {
                 break Err(format!("step {} announced where step {expected} was due", step.step));
             }

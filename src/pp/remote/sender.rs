@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::link::{Carrier, Link};
 use super::wire::{BackReader, check_type_name, encode_record};
-use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WAKE, WATCH_PEEK};
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, WAITING, WATCH_PEEK};
 use crate::auth::Sealer;
+use crate::local_channel::ControlBlock;
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{Fault, FaultPoint, Tamper};
@@ -69,6 +70,9 @@ pub(super) struct ControlWriter {
     /// Whether the close record went out (nothing follows it, no sign of life either; the
     /// watchdog reads this without `control`).
     pub(super) closed: bool,
+    /// Over IPC, the RX rank's control block: its receiver thread, when it sleeps, is woken after
+    /// each record (it sleeps on the block's sleep word, not on the connection).
+    pub(super) wakes: Option<Arc<ControlBlock>>,
 }
 
 impl ControlWriter {
@@ -82,6 +86,9 @@ impl ControlWriter {
     pub(super) fn write_sealed(&mut self, record: &[u8]) -> std::io::Result<()> {
         self.socket.write_all(record)?;
         self.written = Instant::now();
+        if let Some(block) = &self.wakes {
+            block.wake_receiver();
+        }
         Ok(())
     }
 }
@@ -210,8 +217,8 @@ impl Sender {
     /// Announces step `step` of `n` elements of `elem` (name, byte size) to the RX rank. Over IPC,
     /// a step of the previous step's element type goes into the control block's announcement
     /// line when the RX rank took the one it held (no system call, no seal: the block is shared
-    /// with the peer alone), and a [`WAKE`] record follows on the connection only when the RX
-    /// rank's receiver thread sleeps on it. Otherwise (over NCCL, the first step and each change
+    /// with the peer alone), and the RX rank's receiver thread is woken if it sleeps (a futex
+    /// wake, no record). Otherwise (over NCCL, the first step and each change
     /// of type, a full block, a record tampered with on purpose) the sealed record goes over the
     /// connection. (A wait for a free slot asked on the connection may then be read after its
     /// step: the RX rank takes it as stale, see `inbox`.)
@@ -225,9 +232,7 @@ impl Sender {
         let tamper = self.fault.tamper(step);
         if let Carrier::Ipc(flags) = &self.link.carrier {
             if tamper.is_none() && control.last_elem == Some(elem) && flags.announce(step, n) {
-                if flags.receiver_asleep() {
-                    self.writer().write(WAKE, step, 0, 0, "")?;
-                }
+                flags.wake_receiver();
                 return Ok(());
             }
         }

@@ -260,6 +260,7 @@ pub(in crate::pp) fn connect(
                 sealer: Sealer::new(forward),
                 written: Instant::now(),
                 closed: false,
+                wakes: link.ipc().map(ipc::IpcFlags::block),
             });
             let control = Mutex::new(SendControl {
                 socket,

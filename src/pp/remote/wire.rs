@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::receiver::Announced;
 use super::sender::PEER_CLOSED;
-use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, MAX_TYPE_NAME, RECORD_HEAD, WAITING, WAKE};
+use super::{ALIVE, CLOSE, CREDIT, DATA, DONE, MAX_TYPE_NAME, RECORD_HEAD, WAITING};
 use crate::auth::{Opener, SEAL, Sealer};
 use crate::pp::error::{Error, PpError, Result};
 
@@ -19,9 +19,6 @@ pub(super) enum Record {
         steps: u64,
     },
     Alive,
-    /// Over IPC: a step is announced in the control block, and the RX rank's receiver thread
-    /// sleeps on the connection.
-    Wake,
     /// A `tx_wait` of the TX rank waits for a free slot for step `step`.
     Waiting {
         step: u64,
@@ -86,7 +83,6 @@ pub(super) fn read_record(
                     }
                     CLOSE => Record::Close { steps: step },
                     ALIVE => Record::Alive,
-                    WAKE => Record::Wake,
                     WAITING => Record::Waiting { step },
                     other => return Err(format!("a record of unknown kind {other}")),
                 };
