@@ -304,6 +304,9 @@ declare -A catchers=(
   [owned-sm-copy-across-devices]="any_program_of_a_boundary_delivers_each_step_as_sent a_failed_tx_leaves_no_copy_in_flight one_thread_per_stage_matches_one_thread"
   [stream-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it"
   [kernel-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it buffers_are_ordered_across_streams_without_a_join one_thread_per_stage_matches_one_thread"
+  # A malformed rendezvous contribution names the rank that sent it and its bad flag.
+  [contribution-malformed-blamed-on-rank-0]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
+  [contribution-flag-unbounded]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -899,3 +902,8 @@ run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
             .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
             .ok()" "        Some(self.plain.swap(stream_id | PLAIN_CLAIMED, Ordering::Acquire))" lib
 run pool-fallback-under-gate src/safe/memory/alloc.rs "        if !pools {" "        if false {" double
+# A malformed rendezvous contribution fails the setup naming the rank that sent it (not rank 0)
+# and its bad value; a flag neither 0 nor 1 is malformed, not read as "unusable".
+run contribution-malformed-blamed-on-rank-0 src/pp/remote/setup.rs "    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))" "    let _ = (boundary, peer);
+    Err(Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason }))" lib
+run contribution-flag-unbounded src/pp/remote/setup.rs "        Some(&flag) if flag > NCCL_USABLE => {" "        Some(&flag) if flag > NCCL_USABLE && false => {" lib
