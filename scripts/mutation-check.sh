@@ -307,6 +307,9 @@ declare -A catchers=(
   # A malformed rendezvous contribution names the rank that sent it and its bad flag.
   [contribution-malformed-blamed-on-rank-0]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
   [contribution-flag-unbounded]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
+  # The sender's wake reaches the receiver whoever else waits on the sleep word.
+  [sleep-word-wake-one]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
+  [sleep-word-wake-count-unsigned]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -907,3 +910,7 @@ run pool-fallback-under-gate src/safe/memory/alloc.rs "        if !pools {" "   
 run contribution-malformed-blamed-on-rank-0 src/pp/remote/setup.rs "    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))" "    let _ = (boundary, peer);
     Err(Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason }))" lib
 run contribution-flag-unbounded src/pp/remote/setup.rs "        Some(&flag) if flag > NCCL_USABLE => {" "        Some(&flag) if flag > NCCL_USABLE && false => {" lib
+# The sender's wake wakes every waiter on the sleep word: a stranger waiting there first does not
+# take the receiver's wake (a count of 1, or u32::MAX, which the kernel reads as -1, wakes one).
+run sleep-word-wake-one src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = 1;" lib
+run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = u32::MAX;" lib
