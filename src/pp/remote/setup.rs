@@ -334,11 +334,8 @@ fn check_contributions(contributions: &[&[u8]], cross: &[crate::pp::plan::Bounda
     }) else {
         return Ok(());
     };
-    let boundary = cross
-        .iter()
-        .find(|b| b.tx_rank == peer || b.rx_rank == peer)
-        .or(cross.first())
-        .map_or(0, |b| b.boundary);
+    let boundary =
+        cross.iter().find(|b| b.tx_rank == peer || b.rx_rank == peer).or(cross.first()).map_or(0, |b| b.boundary);
     Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))
 }
 
