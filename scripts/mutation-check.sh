@@ -310,6 +310,8 @@ declare -A catchers=(
   # The sender's wake reaches the receiver whoever else waits on the sleep word.
   [sleep-word-wake-one]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
   [sleep-word-wake-count-unsigned]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
+  # The receiver's sleep on the sleep word is bounded whatever a peer writes there.
+  [sleep-word-sleep-unbounded]="a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -914,3 +916,6 @@ run contribution-flag-unbounded src/pp/remote/setup.rs "        Some(&flag) if f
 # take the receiver's wake (a count of 1, or u32::MAX, which the kernel reads as -1, wakes one).
 run sleep-word-wake-one src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = 1;" lib
 run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = u32::MAX;" lib
+# The receiver's sleep on the sleep word is bounded: a peer that keeps writing the word (so no
+# wake reaches the receiver) cannot hold a step past the poll.
+run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::thread::futex::Flags::empty(), 1, Some(&timeout));" "rustix::thread::futex::Flags::empty(), 1, None.filter(|_: &&rustix::fs::Timespec| timeout.tv_sec < 0));" double
