@@ -304,6 +304,14 @@ declare -A catchers=(
   [owned-sm-copy-across-devices]="any_program_of_a_boundary_delivers_each_step_as_sent a_failed_tx_leaves_no_copy_in_flight one_thread_per_stage_matches_one_thread"
   [stream-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it"
   [kernel-ordinal-stale]="streams_and_kernels_report_their_devices_ordinal_and_a_launch_checks_it buffers_are_ordered_across_streams_without_a_join one_thread_per_stage_matches_one_thread"
+  # A malformed rendezvous contribution names the rank that sent it and its bad flag.
+  [contribution-malformed-blamed-on-rank-0]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
+  [contribution-flag-unbounded]="a_malformed_contribution_fails_the_setup_naming_its_rank_and_value"
+  # The sender's wake reaches the receiver whoever else waits on the sleep word.
+  [sleep-word-wake-one]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
+  [sleep-word-wake-count-unsigned]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
+  # The receiver's sleep on the sleep word is bounded whatever a peer writes there.
+  [sleep-word-sleep-unbounded]="a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -899,3 +907,15 @@ run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
             .compare_exchange(stream_id, stream_id | PLAIN_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
             .ok()" "        Some(self.plain.swap(stream_id | PLAIN_CLAIMED, Ordering::Acquire))" lib
 run pool-fallback-under-gate src/safe/memory/alloc.rs "        if !pools {" "        if false {" double
+# A malformed rendezvous contribution fails the setup naming the rank that sent it (not rank 0)
+# and its bad value; a flag neither 0 nor 1 is malformed, not read as "unusable".
+run contribution-malformed-blamed-on-rank-0 src/pp/remote/setup.rs "    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))" "    let _ = (boundary, peer);
+    Err(Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason }))" lib
+run contribution-flag-unbounded src/pp/remote/setup.rs "        Some(&flag) if flag > NCCL_USABLE => {" "        Some(&flag) if flag > NCCL_USABLE && false => {" lib
+# The sender's wake wakes every waiter on the sleep word: a stranger waiting there first does not
+# take the receiver's wake (a count of 1, or u32::MAX, which the kernel reads as -1, wakes one).
+run sleep-word-wake-one src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = 1;" lib
+run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = u32::MAX;" lib
+# The receiver's sleep on the sleep word is bounded: a peer that keeps writing the word (so no
+# wake reaches the receiver) cannot hold a step past the poll.
+run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::thread::futex::Flags::empty(), 1, Some(&timeout));" "rustix::thread::futex::Flags::empty(), 1, None.filter(|_: &&rustix::fs::Timespec| timeout.tv_sec < 0));" double

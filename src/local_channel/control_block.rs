@@ -104,6 +104,8 @@ const LINE: usize = 64;
 const HEARTBEAT: usize = 2;
 const ANNOUNCEMENTS_TAKEN: usize = 4;
 const RECEIVER_ASLEEP: usize = 5;
+/// A futex wake's count for every waiter.
+const WAKE_ALL: u32 = i32::MAX as u32;
 const FILLED: usize = 0;
 const CONSUMED: usize = 1;
 const ANNOUNCED_STEP: usize = 0;
@@ -381,12 +383,16 @@ impl ControlBlock {
 
     /// The sender, after a fence following what it published: wakes the receiver if it is marked
     /// asleep (the mark back to 0 first, so a wake that comes before the receiver's wait ends
-    /// it at once); returns whether it did.
+    /// it at once); returns whether it did. Every waiter on the word is woken: the receiver's
+    /// thread is the only one of the pair, and a stranger that maps the block and waits there
+    /// first cannot take the receiver's wake (a wake of one goes to the first queued).
     pub fn wake_receiver(&self) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
         let woke = self.sleep_word().compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok();
         if woke {
-            let _ = rustix::thread::futex::wake(self.sleep_word(), rustix::thread::futex::Flags::empty(), 1);
+            // The kernel reads the count as a signed int: `i32::MAX` is "all" (`u32::MAX` would
+            // read as -1, waking one).
+            let _ = rustix::thread::futex::wake(self.sleep_word(), rustix::thread::futex::Flags::empty(), WAKE_ALL);
         }
         woke
     }

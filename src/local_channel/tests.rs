@@ -212,6 +212,32 @@ fn a_receiver_asleep_on_the_block_is_woken_through_the_other_mapping() {
     assert!(!sender.receiver_asleep());
 }
 
+/// A stranger (any process of the user may map the block) waiting on the sleep word before the
+/// receiver does cannot absorb the sender's wake: every waiter is woken, the receiver with it,
+/// long before its timeout (a wake of one waiter went to the first queued, the stranger).
+#[test]
+fn a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake() {
+    use std::time::Instant;
+    let receiver = ControlBlock::create(2).unwrap();
+    let other = || ControlBlock::open(receiver.fd().try_clone_to_owned().unwrap(), 2).unwrap();
+    let (sender, stranger) = (other(), other());
+    receiver.set_receiver_asleep(true);
+    std::thread::scope(|scope| {
+        let stranger = scope.spawn(|| stranger.sleep_while_asleep(Duration::from_secs(4)));
+        std::thread::sleep(Duration::from_millis(100));
+        let sleeping = scope.spawn(|| {
+            let start = Instant::now();
+            receiver.sleep_while_asleep(Duration::from_secs(4));
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(sender.wake_receiver());
+        let slept = sleeping.join().unwrap();
+        assert!(slept < Duration::from_secs(2), "the receiver slept {slept:?}: its wake went to the stranger");
+        stranger.join().unwrap();
+    });
+}
+
 /// Writes `bytes` with `fds` attached, as a lying peer would (no frame, no seal).
 fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};

@@ -2,8 +2,9 @@
 //! step of the previous step's element type is announced in the receiving rank's control block,
 //! a step of a new type, or one past the block's lines the receiving rank has not taken yet, on
 //! the control connection; either way the receiving rank takes every step in order, bitwise; and
-//! a receiver thread asleep on its connection is woken there when a step is announced in the
-//! block, not at its next poll.
+//! a receiver thread asleep on the block's sleep word is woken when a step is announced in the
+//! block or on the connection, not at its next poll (and, whatever a peer writes into the word,
+//! finds each step by its poll).
 
 use crate::{double, ranks};
 
@@ -457,6 +458,66 @@ fn a_receiver_that_keeps_finding_its_steps_in_the_block_still_reads_the_signs_of
         assert!(ranks.1.block_announcements(0).unwrap() + 1 >= t as u64, "the steps were not announced in the block");
         assert!(unread < 1000, "a socket of the process holds {unread} bytes unread after {t} steps");
         drop(in_flight);
+        let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
+        assert!(errors.is_empty(), "{errors:?}");
+    });
+}
+
+/// Any process of the user may write the receiving rank's sleep word: one that keeps writing
+/// 0, 2 and `u32::MAX` into it (no wake ever reaches the receiver then, the sender's swap from 1
+/// failing) cannot make the receiver miss a step past its bounded sleep: every step arrives,
+/// bitwise, each within 2 s (its poll is 10 ms), and the ranks drop in time. With the sleep
+/// unbounded (mutation `sleep-word-sleep-unbounded`), a step is never found.
+#[test]
+fn a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll() {
+    use std::collections::HashSet;
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    with_double("a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll", |_| {
+        let before: HashSet<u64> = crate::ipc_host_flags::control_blocks().into_iter().map(|(ino, _)| ino).collect();
+        let primary = Engine::new(0).unwrap();
+        let ranks = ipc_ranks();
+        let (_, path) = crate::ipc_host_flags::control_blocks()
+            .into_iter()
+            .find(|(ino, _)| !before.contains(ino))
+            .expect("the boundary's control block is open in this process");
+        let peer = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        let stop = AtomicBool::new(false);
+        let e0 = ranks.0.engine(0, &primary).unwrap().clone();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for value in [0u32, 2, u32::MAX].into_iter().cycle() {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    // The sleep word: the first four bytes at offset 40.
+                    peer.write_all_at(&value.to_le_bytes(), 40).unwrap();
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            });
+            // The writer stops however this thread leaves the scope (a failed step included).
+            struct Stop<'a>(&'a AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+            let _stop = Stop(&stop);
+            let mut took = Vec::new();
+            for t in 0..30u32 {
+                let x = {
+                    let _stage = ranks.0.enter(0).unwrap();
+                    e0.htod(&values::<u32>(t)).unwrap()
+                };
+                std::thread::sleep(Duration::from_millis(3));
+                let start = Instant::now();
+                send(&ranks, &x);
+                assert!(take::<u32>(&ranks, t as usize) == values::<u32>(t), "step {t}: wrong values");
+                took.push(start.elapsed());
+            }
+            let slowest = took.iter().max().unwrap();
+            assert!(*slowest < Duration::from_secs(2), "a step took {slowest:?} to arrive: {took:?}");
+        });
         let errors = crate::drop_ranks_within(ranks, Duration::from_secs(15), "the ranks");
         assert!(errors.is_empty(), "{errors:?}");
     });

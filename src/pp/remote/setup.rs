@@ -95,10 +95,8 @@ pub(in crate::pp) fn connect(
     }
     let members = rendezvous.exchange_as(identity, &contribution)?;
     let first_boundary = cross.first().map_or(0, |b| b.boundary);
-    let malformed = |reason: String| Error::Pipeline(PpError::PeerFailed { boundary: first_boundary, peer: 0, reason });
-    if let Some(short) = members.iter().position(|m| m.bytes.len() < 3 || m.bytes[2] > NCCL_USABLE) {
-        return Err(malformed(format!("rank {short} contributed no listening port and NCCL flag")));
-    }
+    let contributions: Vec<&[u8]> = members.iter().map(|m| m.bytes.as_slice()).collect();
+    check_contributions(&contributions, &cross)?;
     // Every rank computes the same choices from the same member table.
     let identities: Vec<RankIdentity> = members.iter().map(|m| m.identity.clone()).collect();
     plan.choose_processes_named(&identities, config.process_transport(), config.setting_names(), IPC_TRANSPORT_BUILT)?;
@@ -321,6 +319,24 @@ pub(super) fn recv_graphs_allowed(config: &PpConfig) -> Result<bool> {
 /// integer; 0 is off).
 pub(super) fn mixing_support_off(value: Option<&str>) -> bool {
     value.is_some_and(|text| text.trim().parse::<i64>() == Ok(0))
+}
+
+/// Every rank's rendezvous contribution is a listening port and an NCCL flag of 0 or 1 (see
+/// [`NCCL_USABLE`]); the first that is not fails the setup naming that rank (the peer of its
+/// first boundary between ranks in `cross`) and the bad value: its length, or its flag.
+fn check_contributions(contributions: &[&[u8]], cross: &[crate::pp::plan::BoundaryPlan]) -> Result<()> {
+    let Some((peer, reason)) = contributions.iter().enumerate().find_map(|(r, bytes)| match bytes.get(2) {
+        None => Some((r, format!("rank {r} contributed {} byte(s): no listening port and NCCL flag", bytes.len()))),
+        Some(&flag) if flag > NCCL_USABLE => {
+            Some((r, format!("rank {r} contributed the NCCL flag {flag:#04x} (0: unusable, 1: usable)")))
+        }
+        Some(_) => None,
+    }) else {
+        return Ok(());
+    };
+    let boundary =
+        cross.iter().find(|b| b.tx_rank == peer || b.rx_rank == peer).or(cross.first()).map_or(0, |b| b.boundary);
+    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))
 }
 
 /// Whether the setup's waits for NCCL are bounded and watch the peer (always, except with the

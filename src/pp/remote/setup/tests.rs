@@ -82,3 +82,31 @@ fn a_sending_rank_whose_connection_is_closed_unanswered_tries_again() {
         sender.join().unwrap().map(|_| ()).unwrap();
     });
 }
+
+/// A malformed rendezvous contribution (too short for the port and the NCCL flag, or a flag
+/// neither 0 nor 1) fails the setup naming the rank that sent it, at its own boundary, and the
+/// bad value; three bytes, any reason bytes after the flag (not UTF-8 either) are well formed.
+#[test]
+fn a_malformed_contribution_fails_the_setup_naming_its_rank_and_value() {
+    // Boundary 4 between ranks 1 and 2, boundary 5 between ranks 2 and 3.
+    let between = |boundary, tx_rank, rx_rank| crate::pp::plan::BoundaryPlan { tx_rank, rx_rank, ..plan(boundary) };
+    let cross = [between(4, 1, 2), between(5, 2, 3)];
+    let fine: &[u8] = &[0x10, 0x27, 1];
+    let unusable: &[u8] = &[0x10, 0x27, 0, 0xff, 0xfe, b'x'];
+    check_contributions(&[fine, &[0x10, 0x27, 0], unusable, fine], &cross).unwrap();
+    let refused = |contributions: &[&[u8]]| match check_contributions(contributions, &cross) {
+        Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason })) => (boundary, peer, reason),
+        other => panic!("not PeerFailed: {other:?}"),
+    };
+    let (boundary, peer, reason) = refused(&[fine, fine, fine, &[0x10, 0x27, 2]]);
+    assert_eq!((boundary, peer), (5, 3), "{reason}");
+    assert!(reason.contains("rank 3") && reason.contains("0x02"), "{reason}");
+    let (boundary, peer, reason) = refused(&[fine, fine, &[0x10, 0x27, 0xff, b'x'], fine]);
+    assert_eq!((boundary, peer), (4, 2), "{reason}");
+    assert!(reason.contains("0xff"), "{reason}");
+    for short in [&[][..], &[0x10][..], &[0x10, 0x27][..]] {
+        let (boundary, peer, reason) = refused(&[fine, short, fine, fine]);
+        assert_eq!((boundary, peer), (4, 1), "{reason}");
+        assert!(reason.contains(&format!("{} byte(s)", short.len())), "{reason}");
+    }
+}
