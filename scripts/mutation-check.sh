@@ -521,7 +521,7 @@ run arg-list-overlapping src/safe/launch/list.rs "        self.end = at + layout
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
 run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" double
 # A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
-run unable-rank-silent src/pp/remote/setup.rs "        let b = over_nccl(r).filter(|_| m.bytes[2] == NCCL_UNUSABLE)?;" "        let b = over_nccl(r).filter(|_| false)?;" processes
+run unable-rank-silent src/pp/remote/setup.rs "        let reason = c.without_nccl.as_ref()?;" "        let reason = c.without_nccl.as_ref().filter(|_| false)?;" processes
 # An IPC-only job needs no NCCL: a rank without NCCL fails only where the plan gives one of its
 # boundaries NCCL (tests/processes).
 run ipc-job-needs-nccl src/pp/remote/setup.rs "    if let (Err(e), Some(_)) = (usable, over_nccl(rank)) {" "    if let (Err(e), Some(_)) = (usable, Some(())) {" processes
@@ -909,9 +909,8 @@ run plain-claim-seen-unchecked src/safe/ordering/plain.rs "        self.plain
 run pool-fallback-under-gate src/safe/memory/alloc.rs "        if !pools {" "        if false {" double
 # A malformed rendezvous contribution fails the setup naming the rank that sent it (not rank 0)
 # and its bad value; a flag neither 0 nor 1 is malformed, not read as "unusable".
-run contribution-malformed-blamed-on-rank-0 src/pp/remote/setup.rs "    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))" "    let _ = (boundary, peer);
-    Err(Error::Pipeline(PpError::PeerFailed { boundary: cross.first().map_or(0, |b| b.boundary), peer: 0, reason }))" lib
-run contribution-flag-unbounded src/pp/remote/setup.rs "        Some(&flag) if flag > NCCL_USABLE => {" "        Some(&flag) if flag > NCCL_USABLE && false => {" lib
+run contribution-malformed-blamed-on-rank-0 src/pp/remote/setup.rs "                Error::Pipeline(PpError::PeerFailed { boundary, peer, reason })" "                Error::Pipeline(PpError::PeerFailed { boundary: boundary - boundary + cross.first().map_or(0, |b| b.boundary), peer: peer - peer, reason })" lib
+run contribution-flag-unbounded src/pp/remote/setup.rs "        [low, high, NCCL_UNUSABLE, ref reason @ ..] => Ok(Contribution {" "        [low, high, _, ref reason @ ..] => Ok(Contribution {" lib
 # The sender's wake wakes every waiter on the sleep word: a stranger waiting there first does not
 # take the receiver's wake (a count of 1, or u32::MAX, which the kernel reads as -1, wakes one).
 run sleep-word-wake-one src/local_channel/control_block.rs "const WAKE_ALL: u32 = i32::MAX as u32;" "const WAKE_ALL: u32 = 1;" lib

@@ -388,7 +388,11 @@ impl ControlBlock {
     /// first cannot take the receiver's wake (a wake of one goes to the first queued).
     pub fn wake_receiver(&self) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
-        let woke = self.sleep_word().compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+        // A plain look first: a step to an awake receiver (the common case) takes no locked
+        // read-modify-write of the line the receiver writes.
+        let word = self.sleep_word();
+        let woke =
+            word.load(Ordering::SeqCst) == 1 && word.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok();
         if woke {
             // The kernel reads the count as a signed int: `i32::MAX` is "all" (`u32::MAX` would
             // read as -1, waking one).

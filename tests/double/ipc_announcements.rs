@@ -39,6 +39,24 @@ fn take<T: DeviceRepr + Copy>(ranks: &(PpNRt, PpNRt), t: usize) -> Vec<T> {
         .unwrap_or_else(|e| panic!("step {t}: {e}"))
 }
 
+/// Rank 0 sends step `t` of `T` (`N` elements); rank 1 takes it (slot `t % 2`): when it arrived,
+/// and whether it holds the step's values.
+fn send_and_take<T: DeviceRepr + Copy + From<u16> + PartialEq>(
+    ranks: &(PpNRt, PpNRt),
+    e0: &Engine,
+    t: u32,
+) -> (Instant, bool) {
+    let x = {
+        let _stage = ranks.0.enter(0).unwrap();
+        e0.htod(&values::<T>(t)).unwrap()
+    };
+    send(ranks, &x);
+    let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<T>(0, t as usize % 2, N, WAIT)).unwrap();
+    let arrived = Instant::now();
+    let got = ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[T]>::to_vec)).unwrap();
+    (arrived, got == values::<T>(t))
+}
+
 /// Two ranks over IPC, two slots.
 fn ipc_ranks() -> (PpNRt, PpNRt) {
     let ranks = ranks::two_ranks_configured(WAIT, |_, config| config.with_slots(2));
@@ -149,28 +167,9 @@ fn a_receiver_asleep_is_woken_by_a_step_announced_in_the_block_or_on_the_connect
         for t in steps..2 * steps {
             std::thread::sleep(Duration::from_millis(3));
             let start = Instant::now();
-            let slot = t as usize % 2;
-            let equal = if t % 2 == 0 {
-                let x = {
-                    let _stage = ranks.0.enter(0).unwrap();
-                    e0.htod(&values::<u32>(t)).unwrap()
-                };
-                send(&ranks, &x);
-                let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, slot, N, WAIT)).unwrap();
-                took.push(start.elapsed());
-                ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[u32]>::to_vec)).unwrap()
-                    == values::<u32>(t)
-            } else {
-                let x = {
-                    let _stage = ranks.0.enter(0).unwrap();
-                    e0.htod(&values::<i32>(t)).unwrap()
-                };
-                send(&ranks, &x);
-                let y = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<i32>(0, slot, N, WAIT)).unwrap();
-                took.push(start.elapsed());
-                ranks.1.enter(1).and_then(|_stage| ranks.1.readback(y)?.wait().map(<[i32]>::to_vec)).unwrap()
-                    == values::<i32>(t)
-            };
+            let (arrived, equal) =
+                if t % 2 == 0 { send_and_take::<u32>(&ranks, &e0, t) } else { send_and_take::<i32>(&ranks, &e0, t) };
+            took.push(arrived - start);
             assert!(equal, "step {t}: wrong values");
         }
         assert_eq!(

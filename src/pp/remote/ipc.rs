@@ -25,7 +25,8 @@
 //!   An announcement in the block costs no system call; when the RX rank's receiver thread
 //!   sleeps (it says so in the block's sleep word, then looks once more at the block and the
 //!   connection, then waits on the word as a futex), the TX rank wakes it (one futex wake, no
-//!   record), as after every record it writes on the connection. Then `tx` enqueues on the TX stage's stream: the copy into the slot and
+//!   record), as after every record it writes on the connection. Then `tx` enqueues on the TX
+//!   stage's stream: the copy into the slot and
 //!   `filled[s] = k + 1` (after a fence: whoever sees the value sees the copy). Only when its
 //!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
 //!   wait, and then on a gate word of the TX rank's own, which its forwarding thread raises once

@@ -96,7 +96,7 @@ pub(in crate::pp) fn connect(
     let members = rendezvous.exchange_as(identity, &contribution)?;
     let first_boundary = cross.first().map_or(0, |b| b.boundary);
     let contributions: Vec<&[u8]> = members.iter().map(|m| m.bytes.as_slice()).collect();
-    check_contributions(&contributions, &cross)?;
+    let contributions = parse_contributions(&contributions, &cross)?;
     // Every rank computes the same choices from the same member table.
     let identities: Vec<RankIdentity> = members.iter().map(|m| m.identity.clone()).collect();
     plan.choose_processes_named(&identities, config.process_transport(), config.setting_names(), IPC_TRANSPORT_BUILT)?;
@@ -111,9 +111,9 @@ pub(in crate::pp) fn connect(
     if let (Err(e), Some(_)) = (usable, over_nccl(rank)) {
         return Err(e.into());
     }
-    if let Some((b, peer, reason)) = members.iter().enumerate().find_map(|(r, m)| {
-        let b = over_nccl(r).filter(|_| m.bytes[2] == NCCL_UNUSABLE)?;
-        Some((b.boundary, r, String::from_utf8_lossy(&m.bytes[3..]).into_owned()))
+    if let Some((b, peer, reason)) = contributions.iter().enumerate().find_map(|(r, c)| {
+        let reason = c.without_nccl.as_ref()?;
+        over_nccl(r).map(|b| (b.boundary, r, reason))
     }) {
         return Err(Error::Pipeline(PpError::PeerFailed {
             boundary: b,
@@ -121,8 +121,7 @@ pub(in crate::pp) fn connect(
             reason: format!("rank {peer} cannot run its NCCL boundaries: {reason}"),
         }));
     }
-    let address_of =
-        |r: usize| SocketAddr::new(members[r].addr, u16::from_le_bytes([members[r].bytes[0], members[r].bytes[1]]));
+    let address_of = |r: usize| SocketAddr::new(members[r].addr, contributions[r].port);
 
     // Control connections, each authenticated both ways: the inbound ones are admitted on a
     // thread of their own while this one connects the outbound ones (two ranks may each send to
@@ -321,22 +320,43 @@ pub(super) fn mixing_support_off(value: Option<&str>) -> bool {
     value.is_some_and(|text| text.trim().parse::<i64>() == Ok(0))
 }
 
-/// Every rank's rendezvous contribution is a listening port and an NCCL flag of 0 or 1 (see
-/// [`NCCL_USABLE`]); the first that is not fails the setup naming that rank (the peer of its
-/// first boundary between ranks in `cross`) and the bad value: its length, or its flag.
-fn check_contributions(contributions: &[&[u8]], cross: &[crate::pp::plan::BoundaryPlan]) -> Result<()> {
-    let Some((peer, reason)) = contributions.iter().enumerate().find_map(|(r, bytes)| match bytes.get(2) {
-        None => Some((r, format!("rank {r} contributed {} byte(s): no listening port and NCCL flag", bytes.len()))),
-        Some(&flag) if flag > NCCL_USABLE => {
-            Some((r, format!("rank {r} contributed the NCCL flag {flag:#04x} (0: unusable, 1: usable)")))
-        }
-        Some(_) => None,
-    }) else {
-        return Ok(());
+/// A rank's rendezvous contribution, read.
+#[derive(Debug)]
+struct Contribution {
+    /// The port of its boundaries' listener.
+    port: u16,
+    /// Why it cannot load NCCL, when it cannot.
+    without_nccl: Option<String>,
+}
+
+/// Reads every rank's rendezvous contribution: a listening port and an NCCL flag of 0 or 1 (see
+/// [`NCCL_USABLE`]), the reason after a 0. The first that is not so fails the setup naming that
+/// rank (the peer of its first boundary between ranks in `cross`) and the bad value: its length,
+/// or its flag.
+fn parse_contributions(contributions: &[&[u8]], cross: &[crate::pp::plan::BoundaryPlan]) -> Result<Vec<Contribution>> {
+    let read = |r: usize, bytes: &[u8]| match *bytes {
+        [low, high, NCCL_USABLE, ..] => Ok(Contribution { port: u16::from_le_bytes([low, high]), without_nccl: None }),
+        [low, high, NCCL_UNUSABLE, ref reason @ ..] => Ok(Contribution {
+            port: u16::from_le_bytes([low, high]),
+            without_nccl: Some(String::from_utf8_lossy(reason).into_owned()),
+        }),
+        [_, _, flag, ..] => Err(format!("rank {r} contributed the NCCL flag {flag:#04x} (0: unusable, 1: usable)")),
+        _ => Err(format!("rank {r} contributed {} byte(s): no listening port and NCCL flag", bytes.len())),
     };
-    let boundary =
-        cross.iter().find(|b| b.tx_rank == peer || b.rx_rank == peer).or(cross.first()).map_or(0, |b| b.boundary);
-    Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason }))
+    contributions
+        .iter()
+        .enumerate()
+        .map(|(peer, bytes)| {
+            read(peer, bytes).map_err(|reason| {
+                let boundary = cross
+                    .iter()
+                    .find(|b| b.tx_rank == peer || b.rx_rank == peer)
+                    .or(cross.first())
+                    .map_or(0, |b| b.boundary);
+                Error::Pipeline(PpError::PeerFailed { boundary, peer, reason })
+            })
+        })
+        .collect()
 }
 
 /// Whether the setup's waits for NCCL are bounded and watch the peer (always, except with the

@@ -93,8 +93,11 @@ fn a_malformed_contribution_fails_the_setup_naming_its_rank_and_value() {
     let cross = [between(4, 1, 2), between(5, 2, 3)];
     let fine: &[u8] = &[0x10, 0x27, 1];
     let unusable: &[u8] = &[0x10, 0x27, 0, 0xff, 0xfe, b'x'];
-    check_contributions(&[fine, &[0x10, 0x27, 0], unusable, fine], &cross).unwrap();
-    let refused = |contributions: &[&[u8]]| match check_contributions(contributions, &cross) {
+    let read = parse_contributions(&[fine, &[0x10, 0x27, 0], unusable, fine], &cross).unwrap();
+    assert_eq!(read[0].port, 0x2710);
+    assert!(read[0].without_nccl.is_none() && read[1].without_nccl.as_deref() == Some(""));
+    assert!(read[2].without_nccl.as_deref().is_some_and(|reason| reason.ends_with('x')));
+    let refused = |contributions: &[&[u8]]| match parse_contributions(contributions, &cross) {
         Err(Error::Pipeline(PpError::PeerFailed { boundary, peer, reason })) => (boundary, peer, reason),
         other => panic!("not PeerFailed: {other:?}"),
     };
