@@ -38,7 +38,10 @@ declare -A catchers=(
   [launch-own-args-unordered]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [arg-list-unaligned]="every_parameter_reaches_the_launch_as_its_c_value"
   [arg-list-overlapping]="every_parameter_reaches_the_launch_as_its_c_value"
-  [abort-failed-link-first]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream"
+  [abort-failed-link-first]="a_step_cut_short_upstream_is_never_read_back_as_ok_downstream a_step_cut_short_when_the_sending_boundary_fails_first_is_never_read_back_as_ok"
+  [abort-others-first]="a_step_cut_short_when_the_sending_boundary_fails_first_is_never_read_back_as_ok"
+  [close-confirmed-undrained]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
+  [stop-leaves-receives-pending]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
   [copy-with-sms]="copy_with_sms_refuses_memory_its_sms_cannot_reach failed_joins_back_into_the_owner_leave_no_work_in_flight"
   [guards]="stream_overrides_drop_in_any_order"
   [context]="a_boundary_step_makes_the_protocols_driver_calls_and_no_more a_failed_record_in_a_warm_ring_leaves_it_ordered a_failed_rx_can_be_retried a_failed_tx_leaves_no_copy_in_flight"
@@ -506,7 +509,12 @@ run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, J
 # whole (tests/double/ring.rs).
 # A failing link aborts the rank's other links first (a head start): else the send queued behind
 # its cut-short receive can reach the next rank whole before that rank learns of the failure.
-run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&other_comms, &own_comm, OTHERS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&own_comm, &other_comms, Duration::ZERO)" double
+run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&comms(true), &comms(false), SENDS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&comms(false), &comms(true), Duration::ZERO)" double
+run abort-others-first src/pp/remote/link.rs "stopped.iter().filter(|link| link.sends == sends)" "stopped.iter().filter(|link| !std::ptr::eq(*link, self) == sends)" double
+run close-confirmed-undrained src/pp/remote/receiver.rs "                if let Err(e) = drain_within(&inbound.recv_stream, link.timeout, stop) {
+                    break Err(format!(\"the receives did not complete after the close: {e}\"));
+                }" "                let _ = drain_within(&inbound.recv_stream, link.timeout, stop);" double
+run stop-leaves-receives-pending src/pp/remote/receiver.rs "        if link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {" "        if true || link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {" double
 run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" double
 # tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/double/ring.rs).
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" double
@@ -519,7 +527,7 @@ run arg-list-unaligned src/safe/launch/list.rs "        let at = (self.end + lay
 run arg-list-overlapping src/safe/launch/list.rs "        self.end = at + layout.size();" "        self.end = at;" lib
 # The receiver drains its receives at a close within the peer timeout: a step announced and
 # never sent fails the boundary instead of keeping the thread and the drop for ever.
-run close-drain-unbounded src/pp/remote/receiver.rs "                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);" "                let drained = inbound.recv_stream.synchronize().map_err(|e| e.to_string());" double
+run close-drain-unbounded src/pp/remote/receiver.rs "                if let Err(e) = drain_within(&inbound.recv_stream, link.timeout, stop) {" "                if let Err(e) = inbound.recv_stream.synchronize().map_err(|e| e.to_string()) {" double
 # A rank that cannot load NCCL tells the others at the rendezvous (tests/processes).
 run unable-rank-silent src/pp/remote/setup.rs "        let reason = c.without_nccl.as_ref()?;" "        let reason = c.without_nccl.as_ref().filter(|_| false)?;" processes
 # An IPC-only job needs no NCCL: a rank without NCCL fails only where the plan gives one of its

@@ -311,9 +311,14 @@ fn a_step_of_another_element_size_is_refused_and_kept() {
 /// the record and the send): the receiving rank's receive of that step would wait for ever (an
 /// NCCL receive waits on a peer that died until its own communicator is aborted; the NCCL double
 /// does the same with `PPNRT_NCCL_DOUBLE_ORPHAN_RECV`). The receiving rank fails the boundary
-/// within the peer timeout of the close, and both ranks' drops return: no thread of the runtime
-/// waits without a bound. (The receiver thread used to wait for the receive in a stream
-/// synchronisation, and the runtime's drop for that thread, for ever.)
+/// within the peer timeout of the close, does not confirm the close (the sending rank's drop
+/// records the boundary as failed: a step may be lost), and both ranks' drops return: no thread of
+/// the runtime waits without a bound. (The receiver thread used to wait for the receive in a
+/// stream synchronisation, and the runtime's drop for that thread, for ever; and the receiving
+/// rank used to confirm the close whether or not its receives completed.) The same when the
+/// receiving rank goes first, its stage's stream waiting for the receive, while the sending rank
+/// lives on: its drop fails the boundary within the peer timeout instead of waiting for ever on
+/// the stream.
 #[test]
 fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
     with_double("a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time", |_| {
@@ -321,32 +326,53 @@ fn a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time() {
         // nothing else of this process reads the environment while this test sets it.
         unsafe { std::env::set_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1") };
         let timeout = Duration::from_millis(800);
-        let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
-            if rank == 0 { config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend) } else { config }
-        });
-        let primary = Engine::new(0).unwrap();
-        let x = input(&ranks.0, &primary, 5);
-        ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap(); // announced, never sent
-        drop(x);
-        std::thread::sleep(Duration::from_millis(100)); // the receiver posts the receive
-        let (done, dropped) = std::sync::mpsc::channel();
-        let start = std::time::Instant::now();
-        std::thread::spawn(move || {
-            let (zero, one) = ranks;
-            drop(zero); // closes: its close waits for rank 1's answer, at most the peer timeout
-            drop(one);
-            let _ = done.send(ppnrt::take_drop_errors());
-        });
-        let errors = dropped.recv_timeout(Duration::from_secs(10));
+        let mut outcomes = Vec::new();
+        for receiver_goes_first in [false, true] {
+            let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
+                let config = config.with_process_transport(ppnrt::ProcessTransport::Nccl);
+                if rank == 0 { config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend) } else { config }
+            });
+            let primary = Engine::new(0).unwrap();
+            let x = input(&ranks.0, &primary, 5);
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &x, N)).unwrap(); // announced, never sent
+            drop(x);
+            if receiver_goes_first {
+                // The stage takes the step: its stream waits for the receive.
+                let received = ranks.1.enter(1).and_then(|_stage| ranks.1.rx_wait::<u32>(0, 0, N, timeout)).unwrap();
+                drop(received);
+            } else {
+                std::thread::sleep(Duration::from_millis(100)); // the receiver posts the receive
+            }
+            let (done, dropped) = std::sync::mpsc::channel();
+            let start = std::time::Instant::now();
+            std::thread::spawn(move || {
+                let (zero, one) = ranks;
+                let (first, second) = if receiver_goes_first { (one, zero) } else { (zero, one) };
+                // Rank 0 first: its close waits for rank 1's answer, at most the peer timeout.
+                drop(first);
+                let first_errors = ppnrt::take_drop_errors();
+                drop(second);
+                let _ = done.send((first_errors, ppnrt::take_drop_errors()));
+            });
+            let errors = dropped.recv_timeout(Duration::from_secs(10));
+            outcomes.push((receiver_goes_first, errors, start.elapsed()));
+        }
         // SAFETY: as above.
         unsafe { std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV") };
-        let errors = errors.expect("dropping the ranks did not return within 10 s");
-        let took = start.elapsed();
-        assert!(took < 4 * timeout, "the drops took {took:?}");
-        assert!(
-            errors.iter().any(|e| matches!(e.downcast_ref(), Some(Error::Pipeline(PpError::PeerFailed { .. })))),
-            "the lost step is recorded as a failed boundary: {errors:?}"
-        );
+        for (receiver_goes_first, errors, took) in outcomes {
+            let first = if receiver_goes_first { "the receiving rank" } else { "the sending rank" };
+            let (first_errors, second_errors) =
+                errors.unwrap_or_else(|_| panic!("{first} dropped first: the drops did not return within 10 s"));
+            assert!(took < 4 * timeout, "{first} dropped first: the drops took {took:?}");
+            let failed = |errors: &[ppnrt::DropError]| {
+                errors.iter().any(|e| matches!(e.downcast_ref(), Some(Error::Pipeline(PpError::PeerFailed { .. }))))
+            };
+            assert!(
+                failed(&first_errors) && failed(&second_errors),
+                "{first} dropped first: each rank records the lost step as a failed boundary: \
+                 {first_errors:?} then {second_errors:?}"
+            );
+        }
     });
 }
 
@@ -492,6 +518,110 @@ fn a_step_cut_short_upstream_is_never_read_back_as_ok_downstream() {
                 other => {
                     panic!("over {transport}, aborts late: rank 2's readback of a step cut short upstream: {other:?}")
                 }
+            }
+        }
+    });
+}
+
+/// The same guarantee when the failure starts on the boundary a rank sends on: rank 0 announces
+/// steps and never sends them; rank 1 took step 0 (over NCCL its `rx` returns once the receive is
+/// posted) and forwarded it to rank 2, which queued its readback. Then rank 1's boundary to rank 2
+/// fails first, on rank 1's side: its send of step 1 fails (NCCL's call returns an error), or rank
+/// 1 goes (its runtime dropped: its close of that boundary cannot be confirmed, as rank 2's receive
+/// of step 0 never completes). Failing it fails rank 1's boundary from rank 0 too, whose abort cuts
+/// the receive of step 0 short, and rank 1's stream runs on into the send of step 0 queued behind
+/// it: that send's communicator must be aborted before (a rank aborts the boundaries it sends on
+/// before those it receives on, whichever failed first), else rank 2, slow to learn of the failure
+/// ([`ProtocolFault::SlowToFail`](ppnrt::pp::ProtocolFault::SlowToFail), a busy machine), receives
+/// the cut-short step whole and reads it back as `Ok`. And rank 1's drop returns within its bound:
+/// a receive still pending when the runtime stops fails its boundary (aborted) after the peer
+/// timeout instead of holding the drop's stream synchronisation for ever; a receiving rank whose
+/// receives did not complete does not confirm the close.
+#[test]
+fn a_step_cut_short_when_the_sending_boundary_fails_first_is_never_read_back_as_ok() {
+    with_double("a_step_cut_short_when_the_sending_boundary_fails_first_is_never_read_back_as_ok", |_| {
+        // SAFETY: tests through the double run one at a time (`with_double` holds its lock), and
+        // nothing else of this process reads the environment while this test sets it.
+        unsafe {
+            std::env::set_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1");
+            std::env::set_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
+        }
+        let timeout = Duration::from_millis(800);
+        let wait = Duration::from_secs(5);
+        let mut outcomes = Vec::new();
+        for send_fails in [true, false] {
+            let ranks = ranks::chain_of_ranks(&[0, 1, 0], timeout, |rank, config| {
+                let config = config.with_process_transport(ppnrt::ProcessTransport::Nccl);
+                match rank {
+                    0 => config.with_fault(ppnrt::pp::ProtocolFault::AnnounceWithoutSend),
+                    2 => config.with_fault(ppnrt::pp::ProtocolFault::SlowToFail(400)),
+                    _ => config,
+                }
+            });
+            let primary = Engine::new(0).unwrap();
+            for seed in [13, 14] {
+                let x = input(&ranks[0], &primary, seed);
+                ranks[0].enter(0).and_then(|_stage| ranks[0].tx(0, &x, N)).unwrap(); // announced, never sent
+            }
+            let mut ranks = ranks.into_iter();
+            let (zero, one, two) = (ranks.next().unwrap(), ranks.next().unwrap(), ranks.next().unwrap());
+            {
+                let _stage = one.enter(1).unwrap();
+                let received = one.rx_wait::<u32>(0, 0, N, wait).unwrap();
+                one.tx(1, &received, N).unwrap();
+            }
+            let pending = {
+                let _stage = two.enter(2).unwrap();
+                let received = two.rx_wait::<u32>(1, 0, N, wait).unwrap();
+                two.readback(received).unwrap()
+            };
+            let (read, readback) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = read.send(pending.wait().map(<[u32]>::to_vec));
+            });
+            if send_fails {
+                let _stage = one.enter(1).unwrap();
+                let received = one.rx_wait::<u32>(0, 1, N, wait).unwrap();
+                double::nccl_double().fail("ncclSend", 1, 3);
+                let sent = one.tx(1, &received, N);
+                double::nccl_double().clear_faults();
+                assert!(sent.as_ref().is_err_and(is_peer_failed), "rank 1's failing send: {sent:?}");
+            }
+            // Rank 1 goes.
+            let (done, dropped) = std::sync::mpsc::channel();
+            let started = std::time::Instant::now();
+            std::thread::spawn(move || {
+                drop(one);
+                let _ = done.send(());
+            });
+            let outcome = readback.recv_timeout(Duration::from_secs(10)).expect("rank 2's readback returned");
+            dropped.recv_timeout(Duration::from_secs(10)).expect("rank 1's drop returned within 10 s");
+            let took = started.elapsed();
+            assert!(took < 5 * timeout, "rank 1's drop took {took:?}");
+            let (done, dropped) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                drop((zero, two));
+                let _ = done.send(ppnrt::take_drop_errors());
+            });
+            dropped.recv_timeout(Duration::from_secs(10)).expect("the other ranks' drops returned");
+            outcomes.push((send_fails, outcome));
+        }
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var("PPNRT_NCCL_DOUBLE_ORPHAN_RECV");
+            std::env::remove_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
+        }
+        for (send_fails, outcome) in &outcomes {
+            let how = if *send_fails { "its send failing" } else { "its drop" };
+            match outcome {
+                Err(e) if is_peer_failed(e) => {}
+                Ok(values) => panic!(
+                    "rank 1's boundary to rank 2 failed first ({how}): rank 2 read a step cut short upstream back \
+                     as Ok ({} values, the first {:?})",
+                    values.len(),
+                    &values[..values.len().min(4)]
+                ),
+                other => panic!("rank 1's boundary to rank 2 failed first ({how}): rank 2's readback: {other:?}"),
             }
         }
     });

@@ -65,6 +65,8 @@ pub(in crate::pp) struct Link {
     pub(in crate::pp) boundary: usize,
     /// The other rank.
     pub(in crate::pp) peer: usize,
+    /// Whether this rank sends on the link (its TX end); else it receives.
+    pub(super) sends: bool,
     /// On the RX rank: the receives captured in CUDA graphs (see [`receive_step`]); `None` once
     /// the link failed. Declared before `comm`, so dropped first: NCCL's destroy and abort wait
     /// until every graph holding an operation of the communicator is destroyed.
@@ -183,27 +185,29 @@ pub(in crate::pp) struct Credit {
     pub(super) back: Arc<Mutex<BackWriter>>,
 }
 
-/// How long the aborts of a rank's other links are given to end before a failed link's abort
-/// begins (see [`RankLinks`]): each sets its communicator's abort flag at once; an abort still
-/// running after this waits on the device, and the failed link's abort must begin.
-const OTHERS_ABORT_HEAD_START: Duration = Duration::from_millis(100);
+/// How long the aborts of the links a rank sends on are given to end before the aborts of the
+/// links it receives on begin (see [`RankLinks`]): each sets its communicator's abort flag at
+/// once; an abort still running after this waits on the device, and the receiving links' aborts
+/// must begin.
+const SENDS_ABORT_HEAD_START: Duration = Duration::from_millis(100);
 
 /// The links of one rank. A rank's boundaries form one pipeline: when one link fails, what this
 /// rank sends on from then on may come from a receive the abort cut short, so every other link
-/// of the rank fails too, before the failing link's communicator is aborted (before any cut-short
-/// data exists). The ranks downstream then fail their links and refuse the readbacks of what
-/// may be affected, instead of delivering it; the ranks upstream learn it at once.
+/// of the rank fails too, before any of its receives is cut short (before any cut-short data
+/// exists). The ranks downstream then fail their links and refuse the readbacks of what may be
+/// affected, instead of delivering it; the ranks upstream learn it at once.
 ///
 /// A rank fails its links one failure at a time (`failing`), and a failure ends every link it
 /// stops together: first each one's captured receives are destroyed, then their communicators
-/// are aborted, the other links' first, given [`OTHERS_ABORT_HEAD_START`] to end before the
-/// failed link's begins ([`NcclComm::abort_first_then`]): the failed link's abort cuts its
-/// receive short, and the rank's stream then runs on into the sends queued behind it, which must
-/// find their communicators aborted already (else the next rank could receive a cut-short step as
-/// whole before it learns of the failure). Only a head start, not one abort after the other: an
-/// abort's cleanup (which may wait for the whole device) would wait for a receive kernel of a
-/// link not yet aborted, and hold the driver while the next link's graphs are destroyed: the rank
-/// would hang. Before any of this releases the rank's stream, the next ranks over IPC know
+/// are aborted, those this rank sends on first, whichever link failed, given
+/// [`SENDS_ABORT_HEAD_START`] to end before the aborts of those it receives on begin
+/// ([`NcclComm::abort_first_then`]): a receiving link's abort cuts its receive short, and the
+/// rank's stream then runs on into the sends queued behind it, which must find their
+/// communicators aborted already (else the next rank could receive a cut-short step as whole
+/// before it learns of the failure). Only a head start, not one abort after the other: an abort's
+/// cleanup (which may wait for the whole device) would wait for a receive kernel of a link not yet
+/// aborted, and hold the driver while the next link's graphs are destroyed: the rank would hang.
+/// Before any of this releases the rank's stream, the next ranks over IPC know
 /// ([`await_ipc_downstream`]); the IPC links' own waits are released last ([`release_ipc`]).
 #[derive(Default)]
 pub(in crate::pp) struct RankLinks {
@@ -248,7 +252,7 @@ impl RankLinks {
 /// link's peer timeout) until its peer closes the connection, which the peer does only once it
 /// recorded the failure and its own next ranks did the same.
 fn await_ipc_downstream(stopped: &[&Link]) {
-    for link in stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender)) {
+    for link in stopped.iter().filter(|link| link.sends && link.ipc().is_some()) {
         wait_for_peer_close(&link.connection, link.timeout);
     }
 }
@@ -258,11 +262,11 @@ fn await_ipc_downstream(stopped: &[&Link]) {
 /// the ranks before it (telling them in turn) and releases its waits, the sends' waits for a
 /// free slot first, then the receives' waits.
 fn release_ipc(stopped: &[&Link]) {
-    let senders = stopped.iter().filter(|link| link.ipc().is_some_and(IpcFlags::is_sender));
-    for link in stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender)) {
+    let senders = stopped.iter().filter(|link| link.sends);
+    for link in stopped.iter().filter(|link| !link.sends) {
         let _ = link.connection.shutdown(std::net::Shutdown::Both);
     }
-    let receivers = stopped.iter().filter(|link| !link.ipc().is_some_and(IpcFlags::is_sender));
+    let receivers = stopped.iter().filter(|link| !link.sends);
     for link in senders.chain(receivers) {
         if let Some(Err(e)) = link.ipc().map(IpcFlags::release) {
             crate::safe::record_drop_error(e);
@@ -321,11 +325,13 @@ impl Link {
         // The next ranks over IPC know before this link's receive is released (see
         // `await_ipc_downstream`): an IPC send behind it would deliver the cut-short step whole.
         await_ipc_downstream(&stopped);
-        // The other links' communicators first: their aborts set their flags before this link's
-        // receive is cut short and its stream runs on into sends of theirs (see `RankLinks`).
-        let other_comms: Vec<&NcclComm> = others.iter().filter_map(|link| link.nccl()).collect();
-        let own_comm: Vec<&NcclComm> = self.nccl().into_iter().collect();
-        for result in NcclComm::abort_first_then(&other_comms, &own_comm, OTHERS_ABORT_HEAD_START) {
+        // The communicators this rank sends on first, whichever link failed: their aborts set
+        // their flags before a receive is cut short and the rank's stream runs on into the sends
+        // queued behind it (see `RankLinks`).
+        let comms = |sends: bool| -> Vec<&NcclComm> {
+            stopped.iter().filter(|link| link.sends == sends).filter_map(|link| link.nccl()).collect()
+        };
+        for result in NcclComm::abort_first_then(&comms(true), &comms(false), SENDS_ABORT_HEAD_START) {
             if let Err(e) = result {
                 crate::safe::record_drop_error(e);
             }
@@ -345,7 +351,7 @@ impl Link {
             // An IPC link's peer is told in the order `release_ipc` keeps.
             let how = match self.ipc() {
                 None => Some(std::net::Shutdown::Both),
-                Some(flags) if flags.is_sender() => Some(std::net::Shutdown::Write),
+                Some(_) if self.sends => Some(std::net::Shutdown::Write),
                 Some(_) => None,
             };
             if let Some(how) = how {

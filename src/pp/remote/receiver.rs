@@ -169,7 +169,7 @@ pub(super) fn drain_within(
         }
         if start.elapsed() > timeout {
             return Err(format!(
-                "still running {:?} after the close, more than the peer timeout (a step announced and never sent?)",
+                "still running after {:?}, more than the peer timeout (a step announced and never sent?)",
                 start.elapsed()
             ));
         }
@@ -321,17 +321,20 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
         spin_until = Some(Instant::now() + SPIN);
         match record {
             Record::Close { steps } if steps == expected => {
-                let drained = drain_within(&inbound.recv_stream, link.timeout, stop);
+                // `DONE` says that every step was received: answered only then (the TX rank
+                // then ends the boundary cleanly, with no send of it queued).
+                if let Err(e) = drain_within(&inbound.recv_stream, link.timeout, stop) {
+                    break Err(format!("the receives did not complete after the close: {e}"));
+                }
                 let _ = inbound.socket.set_nonblocking(false);
                 let answered =
                     inbound.back.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).send(&inbound.socket, DONE);
-                match (drained, answered) {
-                    (Ok(()), Ok(())) => {
+                match answered {
+                    Ok(()) => {
                         link.stop_with(format!("the peer closed the boundary after {steps} step(s)"));
                         break Ok(());
                     }
-                    (Err(e), _) => break Err(format!("the receives did not complete: {e}")),
-                    (_, Err(e)) => break Err(format!("answering the close failed: {e}")),
+                    Err(e) => break Err(format!("answering the close failed: {e}")),
                 }
             }
             Record::Close { steps } => {
@@ -388,6 +391,17 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
             }
         }
     };
+    // A runtime that stops (its drop) synchronises its streams next: the receives this thread
+    // posted for steps the TX rank announced must complete within the peer timeout (an honest TX
+    // rank sends every step it announced), else the link fails, and its abort cuts them short,
+    // instead of the drop waiting for ever on a peer that never sends.
+    let outcome = outcome.and_then(|()| {
+        if link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        drain_within(&inbound.recv_stream, link.timeout, &AtomicBool::new(false))
+            .map_err(|e| format!("the runtime stopped with a receive pending: {e}"))
+    });
     link.phase.set(Phase::Stopped, expected);
     if let Err(reason) = outcome {
         link.fail(reason);

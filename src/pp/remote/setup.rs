@@ -225,6 +225,7 @@ pub(in crate::pp) fn connect(
         let link = Arc::new(Link {
             boundary: b.boundary,
             peer,
+            sends: sending,
             recv_graphs,
             graph_receives: AtomicU64::new(0),
             captures_missed: AtomicU32::new(0),
