@@ -510,7 +510,7 @@ run no-secret-across-hosts src/rendezvous.rs "        if matches!(self.access, J
 # A failing link aborts the rank's other links first (a head start): else the send queued behind
 # its cut-short receive can reach the next rank whole before that rank learns of the failure.
 run abort-failed-link-first src/pp/remote/link.rs "NcclComm::abort_first_then(&comms(true), &comms(false), SENDS_ABORT_HEAD_START)" "NcclComm::abort_first_then(&comms(false), &comms(true), Duration::ZERO)" double
-run abort-others-first src/pp/remote/link.rs "stopped.iter().filter(|link| link.sends == sends)" "stopped.iter().filter(|link| !std::ptr::eq(*link, self) == sends)" double
+run abort-others-first src/pp/remote/link.rs "stopped.iter().filter(|link| link.sends == sends)" "stopped.iter().filter(|link| !std::ptr::eq(**link, self) == sends)" double
 run close-confirmed-undrained src/pp/remote/receiver.rs "                if let Err(e) = drain_within(&inbound.recv_stream, link.timeout, stop) {
                     break Err(format!(\"the receives did not complete after the close: {e}\"));
                 }" "                let _ = drain_within(&inbound.recv_stream, link.timeout, stop);" double
