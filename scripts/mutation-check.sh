@@ -315,6 +315,7 @@ declare -A catchers=(
   [sleep-word-wake-count-unsigned]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
   # The receiver's sleep on the sleep word is bounded whatever a peer writes there.
   [sleep-word-sleep-unbounded]="a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll"
+  [nonblocking-read-spins]="a_read_of_a_non_blocking_socket_waits_for_its_bytes_without_spinning"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -926,3 +927,5 @@ run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAK
 # The receiver's sleep on the sleep word is bounded: a peer that keeps writing the word (so no
 # wake reaches the receiver) cannot hold a step past the poll.
 run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::thread::futex::Flags::empty(), 1, Some(&timeout));" "rustix::thread::futex::Flags::empty(), 1, None.filter(|_: &&rustix::fs::Timespec| timeout.tv_sec < 0));" double
+# A setup read of a non-blocking socket waits on it (poll) instead of reading in a loop.
+run nonblocking-read-spins src/pp/remote/wire.rs "            Err(e) if e.kind() == ErrorKind::WouldBlock && is_nonblocking(socket) => {" "            Err(e) if false && e.kind() == ErrorKind::WouldBlock && is_nonblocking(socket) => {" lib

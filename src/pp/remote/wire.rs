@@ -213,7 +213,8 @@ pub(super) fn intern(name: &str) -> Option<&'static str> {
 
 /// Fills `bytes` from `socket` by `deadline` (`None`: no bound), the whole read bounded (a peer
 /// that trickles its bytes does not stretch it: each read waits only for what is left); the
-/// socket's read timeout is none again afterwards, whatever happened.
+/// socket's read timeout is none again afterwards, whatever happened. A non-blocking socket is
+/// waited on (`poll`) between its reads, not read in a loop.
 pub(super) fn read_exact_by(
     socket: &mut TcpStream,
     bytes: &mut [u8],
@@ -237,6 +238,13 @@ pub(super) fn read_exact_by(
         match socket.read(&mut bytes[filled..]) {
             Ok(0) => break Err(ErrorKind::UnexpectedEof.into()),
             Ok(read) => filled += read,
+            // A non-blocking socket with nothing to read: waited on until it has some, or what is
+            // left of the deadline passed (then looked at again).
+            Err(e) if e.kind() == ErrorKind::WouldBlock && is_nonblocking(socket) => {
+                if let Err(e) = wait_readable(socket, left) {
+                    break Err(e);
+                }
+            }
             // A read that timed out: the deadline is looked at again.
             Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) => break Err(e),
@@ -244,4 +252,67 @@ pub(super) fn read_exact_by(
     };
     socket.set_read_timeout(None)?;
     read
+}
+
+/// Whether `socket` is in non-blocking mode (its read returns `WouldBlock` at once).
+fn is_nonblocking(socket: &TcpStream) -> bool {
+    rustix::fs::fcntl_getfl(socket).is_ok_and(|flags| flags.contains(rustix::fs::OFlags::NONBLOCK))
+}
+
+/// Waits until `socket` has bytes to read, its peer closed it, or `left` passed.
+fn wait_readable(socket: &TcpStream, left: Duration) -> std::io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut look = [PollFd::new(socket, PollFlags::IN)];
+    let left =
+        Timespec { tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX), tv_nsec: i64::from(left.subsec_nanos()) };
+    match rustix::event::poll(&mut look, Some(&left)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::read_exact_by;
+
+    /// This thread's CPU time.
+    fn thread_cpu_time() -> Duration {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `now` is a valid `timespec` to write; the clock id is one Linux knows.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut now) };
+        assert_eq!(rc, 0, "clock_gettime");
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    }
+
+    /// A read of a non-blocking socket whose peer sends late waits for the bytes without
+    /// spinning (it used to read in a loop until they came), gets them whole, and a peer that
+    /// never sends ends the read at its deadline, also without spinning.
+    #[test]
+    fn a_read_of_a_non_blocking_socket_waits_for_its_bytes_without_spinning() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+            socket.write_all(b"late").unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+        });
+        let mut socket = TcpStream::connect(addr).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let (cpu, start) = (thread_cpu_time(), Instant::now());
+        let mut bytes = [0u8; 4];
+        read_exact_by(&mut socket, &mut bytes, Some(Instant::now() + Duration::from_secs(5))).unwrap();
+        assert_eq!(&bytes, b"late");
+        let mut more = [0u8; 1];
+        let missed = read_exact_by(&mut socket, &mut more, Some(Instant::now() + Duration::from_millis(150)));
+        assert!(missed.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut));
+        let (busy, waited) = (thread_cpu_time() - cpu, start.elapsed());
+        assert!(waited >= Duration::from_millis(250), "waited {waited:?}");
+        assert!(busy < waited / 5, "{busy:?} of CPU time in {waited:?} of waiting");
+        peer.join().unwrap();
+    }
 }
