@@ -604,7 +604,9 @@ run capture-rings-out-of-step src/pp/runtime/step_graph/capture.rs "        self
 # one, taken for the crate's own (the launch's fast path skips the rebinding; tests/double/foreign.rs). A
 # lent buffer taken into a capture (its graph would outlive the lend).
 run interop-record-skipped src/interop.rs "        self.ctx.call_foreign(|| drop(record));" "        std::mem::forget(record);" double cudarc
-run interop-read-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view()))" "        let result = f(slice.slice.as_view());
+run interop-read-release-skipped src/interop.rs "        let slice = LentSlice { slice: lent, lender: self, end: &_record };
+        Ok(f(slice.slice.as_view()))" "        let slice = LentSlice { slice: lent, lender: self, end: &_record };
+        let result = f(slice.slice.as_view());
         std::mem::forget(slice);
         Ok(result)" double cudarc
 run interop-write-release-skipped src/interop.rs "        Ok(f(slice.slice.as_view_mut()))" "        let result = f(slice.slice.as_view_mut());
