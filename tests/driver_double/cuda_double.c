@@ -17,7 +17,9 @@
  *   violation: counted, described on stderr, and for kernels the context dies with
  *   CUDA_ERROR_ILLEGAL_ADDRESS (sticky), as on a GPU. A kernel that reaches another device's
  *   memory needs peer access enabled and memory that is not from a pool.
- * - The helper kernels of kernels/ run as C twins (bit for bit: fmaf is exactly rounded).
+ * - The helper kernels of kernels/ run as C twins (bit for bit: fmaf is exactly rounded). The
+ *   gated signal (ppnrt_gated_signal), which writes a word another process reads, is run without
+ *   being asked, as a stream memory operation is (cuda_double_ipc.inc).
  * - Fault injection: ppnrt_double_fail(entry, nth, code) makes the nth next call of `entry`
  *   return `code`; PPNRT_DOUBLE_FAIL="entry:nth[:code],..." does the same from the start.
  * - PPNRT_DOUBLE_NO_POOLS=1: devices without memory pools (cuMemAllocAsync is not supported).

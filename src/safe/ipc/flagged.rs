@@ -93,27 +93,30 @@ impl CudaStream {
         let to = dst.as_view();
         let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), src.device_ptr(), src.byte_len(), self.raw());
         let gated = match (waited, releasable) {
-            (Some((gate, _)), Some(releasable)) => {
+            (Some((gate, wait)), Some(releasable)) => {
                 let device = self.ordinal();
                 for found in [releasable.kernels.gated_copy.ordinal(), src.ordinal(), to.ordinal()] {
                     if found != device {
                         return Err(CudaError::WrongDevice { what: WHAT, expected: device, found });
                     }
                 }
-                Some(Gated { releasable, gate, dst: dst_ptr, src: src_ptr, bytes: bytes as u64, signal: signalled })
+                let (dst, src, bytes, signal) = (dst_ptr, src_ptr, bytes as u64, signalled);
+                Some((Gated { releasable, gate, dst, src, bytes, signal }, wait))
             }
             _ => None,
         };
         let uses = [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (signalled_words.tracked(), Use::Signal)]
             .into_iter()
             .chain(waited.map(|_| (waits.tracked(), Use::Read)));
-        if let (Some(gated), Some((waited, wait))) = (gated, waited) {
+        if let Some((gated, wait)) = gated {
             return ordered(self, uses, || {
                 // SAFETY: the awaited word is an aligned element of `waits`, memory this stream's
-                // device reaches (checked by `word`), kept alive until this work has run by the
-                // ordering rule; the launches' contract is `Gated::launch`'s, met as it says.
+                // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
+                // (lengths checked) and, with the kernels, of this stream's device (checked
+                // above); every range is kept alive until this work has run by the ordering rule
+                // (each use is noted as pending): `Gated::launch`'s contract.
                 unsafe {
-                    raw::wait_value_64(raw_stream, waited, steps.wait_for, wait.flags())?;
+                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())?;
                     gated.launch(self, steps.signal)
                 }
             });
