@@ -321,6 +321,7 @@ declare -A catchers=(
   [ipc-gated-signal-unconditional]="a_copy_a_failure_skipped_signals_its_slot_released_never_filled a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
   [ipc-released-consumed-as-step]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it a_slot_lent_in_place_is_not_written_after_its_boundary_failed"
   [ipc-released-consumed-as-free]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
+  [ipc-gated-copy-required]="a_cuda_12_4_driver_gets_every_feature_it_has"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -940,3 +941,7 @@ run ipc-gated-copy-off src/pp/remote/ipc.rs "            Some(engine) => Some(Re
 run ipc-gated-signal-unconditional src/safe/ipc/flagged.rs "        let (mut signal, mut value) = (self.signal, value);" "        let (mut signal, mut value, mut released) = (self.signal, value, u64::MAX);"
 run ipc-released-consumed-as-step src/pp/remote/gates.rs "            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };" "            let freed = consumed.min(last);"
 run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >= step && consumed < RELEASED {" "        if consumed >= step {"
+# A driver that cannot run the helper kernels keeps an IPC boundary (its waiting copies on the
+# copy engine), as before.
+run ipc-gated-copy-required src/pp/remote/ipc.rs "        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
+" ""
