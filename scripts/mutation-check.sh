@@ -316,6 +316,13 @@ declare -A catchers=(
   # The receiver's sleep on the sleep word is bounded whatever a peer writes there.
   [sleep-word-sleep-unbounded]="a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll"
   [nonblocking-read-spins]="a_read_of_a_non_blocking_socket_waits_for_its_bytes_without_spinning"
+  # An IPC sender's copy that waited for its slot is cancelled by a release: no slot written, no
+  # filled signal; a released consumed word frees no slot.
+  [ipc-gated-copy-off]="a_slot_lent_in_place_is_not_written_after_its_boundary_failed a_copy_a_failure_skipped_signals_its_slot_released_never_filled a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
+  [ipc-gated-signal-unconditional]="a_copy_a_failure_skipped_signals_its_slot_released_never_filled a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
+  [ipc-released-consumed-as-step]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it a_slot_lent_in_place_is_not_written_after_its_boundary_failed"
+  [ipc-released-consumed-as-free]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
+  [ipc-gated-copy-required]="a_cuda_12_4_driver_gets_every_feature_it_has"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -852,8 +859,8 @@ run ipc-held-after-later-steps src/pp/remote/inbox.rs "        let record = matc
 # The sending rank's stream waits for a free slot on gate words only its own host writes: each
 # raised from the peer's block no further than the step waited for in its slot, through every
 # step queued there, and released by a failure.
-run ipc-gate-unclamped src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = self.block.consumed(slot);"
-run ipc-gate-to-last-want-only src/pp/remote/gates.rs "            let freed = self.block.consumed(slot).min(last);" "            let freed = if self.block.consumed(slot) >= last { last } else { 0 };"
+run ipc-gate-unclamped src/pp/remote/gates.rs "            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };" "            let freed = consumed;"
+run ipc-gate-to-last-want-only src/pp/remote/gates.rs "            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };" "            let freed = if consumed >= RELEASED { RELEASED } else if consumed >= last { last } else { 0 };"
 run ipc-gates-unreleased src/pp/remote/gates.rs "            self.shared.gates.word(slot).fetch_max(RELEASED, Ordering::AcqRel);" "            let _ = slot;"
 run ipc-forwarder-not-woken src/pp/remote/gates.rs "        if shared.sleeping.load(Ordering::SeqCst) {" "        if false {"
 # Over IPC a wait the sender asked for before it announced the step in the control block, read
@@ -931,3 +938,15 @@ run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAK
 run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::thread::futex::Flags::empty(), 1, Some(&timeout));" "rustix::thread::futex::Flags::empty(), 1, None.filter(|_: &&rustix::fs::Timespec| timeout.tv_sec < 0));" double
 # A setup read of a non-blocking socket waits on it (poll) instead of reading in a loop.
 run nonblocking-read-spins src/pp/remote/wire.rs "            Err(e) if e.kind() == ErrorKind::WouldBlock && is_nonblocking(socket) => {" "            Err(e) if false && e.kind() == ErrorKind::WouldBlock && is_nonblocking(socket) => {" lib
+# An IPC sender's copy queued behind its wait for a slot is the helper kernel a release cancels
+# (copy-engine copies there run once released), its signal says "released" where the copy was
+# skipped, and a consumed word at the release value frees no slot: the forwarder releases the
+# gate, and `tx` queues a wait rather than a copy with none.
+run ipc-gated-copy-off src/pp/remote/ipc.rs "            Some(engine) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED })," "            Some(_) => None::<Releasable<'_>>,"
+run ipc-gated-signal-unconditional src/safe/ipc/flagged.rs "        let (mut signal, mut value) = (self.signal, value);" "        let (mut signal, mut value, mut released) = (self.signal, value, u64::MAX);"
+run ipc-released-consumed-as-step src/pp/remote/gates.rs "            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };" "            let freed = consumed.min(last);"
+run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >= step && consumed < RELEASED {" "        if consumed >= step {"
+# A driver that cannot run the helper kernels keeps an IPC boundary (its waiting copies on the
+# copy engine), as before.
+run ipc-gated-copy-required src/pp/remote/ipc.rs "        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
+" ""

@@ -6,7 +6,9 @@
 //! loaded into a context only when one of its kernels is first used.
 //!
 //! Every build embeds:
-//! - `helpers`: the SM copy kernel ([`Engine::copy_with_sms`](crate::Engine::copy_with_sms)).
+//! - `helpers`: the SM copy kernel ([`Engine::copy_with_sms`](crate::Engine::copy_with_sms)), and
+//!   the copy an IPC boundary's sending rank queues behind its wait for a free slot with the signal
+//!   after it, which a failure cancels (`ppnrt_gated_copy_bytes`, `ppnrt_gated_signal`).
 //! - `toy_model`: the toy residual model's layer ([`Engine::toy_layer`](crate::Engine::toy_layer)),
 //!   a stand-in layer for examples and benchmarks: an elementwise, exactly rounded kernel whose
 //!   output depends on the decode step and the layer, so that a transfer that delivers a wrong or
@@ -16,7 +18,7 @@
 //! The `testing` feature adds `testing` (fill, checksum, spin, trap: the crate's test fixtures)
 //! and `checksum`, the host twin of its checksum; an application's binary carries neither.
 
-/// PTX of `kernels/helpers.cu`: the SM copy kernel.
+/// PTX of `kernels/helpers.cu`: the SM copy kernel, and the IPC sender's copy a failure cancels.
 pub const HELPERS_PTX: &str = concat!(include_str!(concat!(env!("OUT_DIR"), "/helpers.ptx")), "\0");
 
 /// PTX of `kernels/testing.cu`: fill, checksum, spin, trap.
@@ -86,6 +88,8 @@ mod tests {
     #[test]
     fn embedded_ptx_defines_every_kernel_the_crate_launches() {
         assert!(HELPERS_PTX.contains(".entry ppnrt_copy_bytes("));
+        assert!(HELPERS_PTX.contains(".entry ppnrt_gated_copy_bytes("));
+        assert!(HELPERS_PTX.contains(".entry ppnrt_gated_signal("));
         assert!(!HELPERS_PTX.contains("ppnrt_trap"), "test fixtures stay out of the always-embedded module");
         assert!(TOY_MODEL_PTX.contains(".entry ppnrt_toy_layer_f32("));
         assert!(MODULES.iter().any(|(name, _)| *name == "toy_model"), "the toy model is embedded in every build");

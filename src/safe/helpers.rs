@@ -21,7 +21,8 @@ use super::stream::{CudaStream, EnqueueGate};
 use crate::cuda_error::{CudaError, Result};
 use crate::kernels;
 
-/// The helper kernels of one context: the SM copy.
+/// The helper kernels of one context: the SM copy, and the copy a failure can cancel that an IPC
+/// boundary's sending rank queues behind its wait for a free slot (crate-internal).
 ///
 /// ```no_run
 /// # fn main() -> ppnrt::Result<()> {
@@ -36,7 +37,11 @@ use crate::kernels;
 #[derive(Debug)]
 pub struct HelperKernels {
     copy_bytes: Function,
-    max_blocks: u32,
+    /// `ppnrt_gated_copy_bytes` (see [`Releasable`](super::ipc::Releasable)).
+    pub(super) gated_copy: Function,
+    /// `ppnrt_gated_signal`.
+    pub(super) gated_signal: Function,
+    pub(super) max_blocks: u32,
 }
 
 /// The test fixtures' kernels of one context: fill, checksum, spin, trap (`testing` feature).
@@ -106,7 +111,12 @@ impl HelperKernels {
     /// it: [`DriverError::is_unrunnable_code`](crate::DriverError::is_unrunnable_code)).
     pub fn load(ctx: &Arc<Context>, max_blocks: u32) -> Result<HelperKernels> {
         let module = Module::load_ptx(ctx, "helpers", kernels::HELPERS_PTX)?;
-        Ok(HelperKernels { copy_bytes: module.function("ppnrt_copy_bytes")?, max_blocks })
+        Ok(HelperKernels {
+            copy_bytes: module.function("ppnrt_copy_bytes")?,
+            gated_copy: module.function("ppnrt_gated_copy_bytes")?,
+            gated_signal: module.function("ppnrt_gated_signal")?,
+            max_blocks,
+        })
     }
 
     /// Copies `src` into `dst` with the SMs of `stream`'s device. Memory of another device must be

@@ -54,7 +54,7 @@ pub use helpers::TestKernels;
 pub use helpers::{HelperKernels, ToyModel};
 pub use host::PinnedHostBuffer;
 pub use ipc::{ExportedMemory, ImportedMemory, IpcEvent, IpcEventHandle, IpcSupport, LegacyImport, LegacyIpcHandle};
-pub(crate) use ipc::{FlagSteps, PrivateWords, register_control_block, register_private_words};
+pub(crate) use ipc::{FlagSteps, PrivateWords, Releasable, register_control_block, register_private_words};
 pub use launch::{
     BufferUse, BufferUses, ByValue, KernelArgList, KernelArgs, KernelParam, LaunchConfig, MAX_KERNEL_PARAMS, by_value,
 };

@@ -2,9 +2,10 @@
 //! process, through the doubles): a failure upstream carried by NCCL never lets a step cut short
 //! reach the next rank over IPC as whole; a failure releases the sending rank's waits for a
 //! free slot, so its stream drains; a slot lent in place and forgotten stops its boundary with a
-//! typed timeout, and both ranks' drops are bounded; what a failure lets the sending rank's
-//! queued copies write (an ignored test: a lent slot is written); how long a failure takes
-//! between two ranks that feed each other (an ignored test: the peer timeout).
+//! typed timeout, and both ranks' drops are bounded; a copy the sending rank queued behind its
+//! wait for a slot does not write a slot lent in place once a failure released that wait; how
+//! long a failure takes between two ranks that feed each other (an ignored test: the peer
+//! timeout).
 
 use crate::{double, ranks};
 
@@ -158,12 +159,10 @@ fn step_input(rt: &PpNRt, primary: &Engine, t: u32) -> CudaSlice<u32> {
 /// A slot lent in place holds its step while its guard lives, also once the boundary failed: the
 /// sending rank's copy of a later step into that slot, queued behind its wait for the slot, must
 /// not run because the failure released the wait. Rank 0 forges its record of the step that comes
-/// back to the lent slot; rank 1 fails the boundary, and so does rank 0.
-///
-/// Not so today (see `ipc`'s module docs): the sending rank's release lets its queued copy run,
-/// and the slot then holds the later step. Making it so needs a copy that a failure can skip.
+/// back to the lent slot; rank 1 fails the boundary, and so does rank 0, whose release meets the
+/// wait: the copy behind it (the helper kernel a release cancels) writes nothing. A copy-engine
+/// copy there (mutation `ipc-gated-copy-off`) writes the later step into the lent slot.
 #[test]
-#[ignore = "a released copy writes the lent slot: the receiving rank's slots are not trusted after a failure"]
 fn a_slot_lent_in_place_is_not_written_after_its_boundary_failed() {
     with_double("a_slot_lent_in_place_is_not_written_after_its_boundary_failed", |_| {
         let timeout = Duration::from_millis(800);

@@ -6,7 +6,8 @@
 //! step does not keep the sending rank's stream waiting after a failure, nor does a peer that
 //! keeps lying (the stream waits on words only its own rank writes), and a `filled` word lied past
 //! the release value fails the receive, and a receiving rank that confirms the close while a
-//! copy still waits for its slot fails the close, never holding the sending rank's drop. A
+//! copy still waits for its slot fails the close, never holding the sending rank's drop; the
+//! copy that release skips leaves its slot's `filled` word saying "released", never "filled". A
 //! caller:
 //! a slot lent in place is freed for the sender only once the reads through the lend completed,
 //! more slots than a block holds are a configuration error, and a receive outlasts the peer
@@ -407,5 +408,128 @@ fn a_close_confirmed_while_a_copy_waits_for_its_slot_cannot_hang_the_sending_ran
             "the lie is not reported typed: {errors:?}"
         );
         let _ = crate::drop_ranks_within(one, Duration::from_secs(15), "rank 1");
+    });
+}
+
+/// A copy that a failure skipped never reads as filled. Rank 1 lies that it received every step
+/// (it frees no slot), so rank 0's copy of step 2 waits on its gate for slot 0; rank 0's close
+/// finds that wait pending, fails the boundary and releases its gates, and the copy behind the
+/// wait writes nothing. Its signal, slot 0's `filled` word, must then say "released" (`1 << 62`),
+/// never step 2's `3`: a receiving rank that had not learned of the failure yet (a slow one) would
+/// take the slot as holding step 2. Rank 0's stream is held right after the step's signal (a gate
+/// of the double), so that the release's own writes of the word come later; rank 1, which has not
+/// failed, writes it nowhere. A copy-engine copy and write-value there (mutation
+/// `ipc-gated-copy-off`), or a signal that ignores the gate (`ipc-gated-signal-unconditional`),
+/// write `3`.
+#[test]
+fn a_copy_a_failure_skipped_signals_its_slot_released_never_filled() {
+    with_double("a_copy_a_failure_skipped_signals_its_slot_released_never_filled", |double| {
+        static TX_HOLD: AtomicBool = AtomicBool::new(false);
+        TX_HOLD.store(false, Ordering::SeqCst);
+        let timeout = Duration::from_millis(500);
+        let primary = Engine::new(0).unwrap();
+        let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+        let ranks = ranks::two_ranks_configured(timeout, |rank, config| {
+            let config = config.with_slots(2);
+            if rank == 1 { config.with_fault(ppnrt::pp::ProtocolFault::ReceiveWithoutFreeing) } else { config }
+        });
+        let block = opened_as_peer(&before, 2);
+        let inputs: Vec<CudaSlice<u32>> = (0..3).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        for input in &inputs {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, input, N)).unwrap();
+        }
+        // Behind step 2's wait, copy and signal: whatever rank 0's release queues after them.
+        double.gate(ranks.0.stage_stream(0).unwrap(), &TX_HOLD);
+        for t in 0..3 {
+            let taken = ranks
+                .1
+                .enter(1)
+                .and_then(|_stage| ranks.1.rx_wait::<u32>(0, t % 2, N, Duration::from_secs(5)).map(drop));
+            assert!(taken.is_ok(), "rank 1's step {t}: {taken:?}");
+        }
+        let (zero, one) = ranks;
+        let (done, finished) = std::sync::mpsc::channel();
+        let dropping = std::thread::spawn(move || {
+            drop((inputs, zero));
+            let _ = done.send(crate::typed_drop_errors());
+        });
+        // Slot 0's word holds step 0's `1` until step 2's signal runs, once the release met its wait.
+        let start = std::time::Instant::now();
+        let signalled = loop {
+            let filled = block.filled(0);
+            if filled > 1 || start.elapsed() > 8 * timeout {
+                break filled;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        TX_HOLD.store(true, Ordering::SeqCst);
+        let errors = finished.recv_timeout(8 * timeout);
+        let _ = crate::drop_ranks_within((one, block), Duration::from_secs(15), "rank 1");
+        assert_eq!(signalled, 1 << 62, "slot 0's filled word after the copy of step 2 was skipped (3: filled)");
+        let errors = errors.unwrap_or_else(|_| panic!("rank 0's drop did not return once its stream was let go"));
+        dropping.join().unwrap();
+        assert!(
+            !errors.is_empty() && errors.iter().all(crate::sweep_ranks::peer_failed),
+            "the lie is not reported typed: {errors:?}"
+        );
+    });
+}
+
+/// A `consumed` word at the release value (`1 << 62`, what the receiving rank writes when its end
+/// fails, or a lie) frees no slot: the copies the sending rank queues for it are cancelled, not
+/// run. Rank 1 lends both slots in place (steps 0 and 1); rank 0's copy of step 2 waits on its
+/// gate for slot 0; then the block's `consumed` words of both slots are set to the release value,
+/// and rank 0 sends step 3 into slot 1. Neither lent slot is written, and both `filled` words say
+/// "released". The forwarder taking the release value as a step (capped at the step waited for,
+/// mutation `ipc-released-consumed-as-step`) lets step 2's copy run into slot 0; `tx` taking it as
+/// a free slot (`ipc-released-consumed-as-free`) copies step 3 into slot 1 with no wait.
+#[test]
+fn a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it() {
+    with_double("a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it", |_| {
+        let timeout = Duration::from_millis(500);
+        let wait = Duration::from_secs(5);
+        let primary = Engine::new(0).unwrap();
+        let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+        let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
+        let block = opened_as_peer(&before, 2);
+        let e1 = ranks.1.engine(1, &primary).unwrap().clone();
+        let inputs: Vec<CudaSlice<u32>> = (0..4).map(|t| step_input(&ranks.0, &primary, t)).collect();
+        let send = |t: usize| ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N)).unwrap();
+        let stage1 = ranks.1.enter(1).unwrap();
+        let lent: Vec<_> = (0..2).map(|t| ranks.1.rx_in_place_wait::<u32>(0, send(t), N, wait).unwrap()).collect();
+        assert_eq!(send(2), 0, "step 2's slot");
+        for slot in 0..2 {
+            block.publish_consumed(slot, 1 << 62);
+        }
+        assert_eq!(send(3), 1, "step 3's slot");
+        // Each slot's word holds its step's `t + 1` until the next step's signal runs.
+        let start = std::time::Instant::now();
+        let signalled = loop {
+            let words = [block.filled(0), block.filled(1)];
+            if (words[0] > 1 && words[1] > 2) || start.elapsed() > 8 * timeout {
+                break words;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let held: Vec<Vec<u32>> = lent
+            .iter()
+            .map(|guard| {
+                let mut copy = e1.alloc::<u32>(N).unwrap();
+                e1.dtod(&guard.view().unwrap(), &mut copy).unwrap();
+                e1.dtoh(&copy).unwrap()
+            })
+            .collect();
+        drop(lent);
+        drop(stage1);
+        let errors = crate::drop_ranks_within((inputs, ranks, block), Duration::from_secs(15), "the ranks");
+        for (t, values) in held.iter().enumerate() {
+            assert!(
+                *values == pattern(100 + t as u32, N),
+                "slot {t}, lent with step {t}, was written (step {}'s values: {}; drops: {errors:?})",
+                t + 2,
+                *values == pattern(102 + t as u32, N)
+            );
+        }
+        assert_eq!(signalled, [1 << 62; 2], "the filled words after the copies of steps 2 and 3 (3, 4: filled)");
     });
 }

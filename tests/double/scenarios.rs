@@ -337,7 +337,10 @@ fn child_without_pools() {
 
 /// A CUDA 12.4 driver: `cuEventElapsedTime_v2` (12.8) is missing, so the loader uses
 /// `cuEventElapsedTime`; the embedded PTX (ISA of the toolkit that built it) cannot be JIT-compiled,
-/// so the helper kernels are a typed error and the pipeline keeps its copies on the copy engines.
+/// so the helper kernels are a typed error and the pipeline keeps its copies on the copy engines,
+/// over IPC between two ranks too (a copy that waits for its slot included: not the helper kernel a
+/// failure cancels, which this driver cannot run; refusing the boundary there, mutation
+/// `ipc-gated-copy-required`, fails the ranks' setup).
 #[test]
 fn a_cuda_12_4_driver_gets_every_feature_it_has() {
     with_double("a_cuda_12_4_driver_gets_every_feature_it_has", |_| {
@@ -372,6 +375,26 @@ fn child_cuda_12_4() {
     let slot = rt.tx(0, &x, 1 << 20).unwrap();
     let got = rt.rx::<u32>(0, slot, 1 << 20).unwrap();
     assert_eq!(e.dtoh(&got).unwrap(), vec![1u32; 1 << 20]);
+    drop((_stage, got, rt));
+    // Two ranks over IPC, one slot: step 1 is sent while step 0 is lent in place, so its copy
+    // waits on the device for the slot.
+    let (zero, one) = ranks::two_ranks_configured(std::time::Duration::from_secs(5), |_, config| config.with_slots(1));
+    assert_eq!(zero.plan().boundaries[0].transport, ppnrt::Transport::Ipc, "{}", zero.plan());
+    let (e0, e1) = (zero.engine(0, &e).unwrap().clone(), one.engine(1, &e).unwrap().clone());
+    let steps: Vec<CudaSlice<u32>> = (0..2u32).map(|t| e0.htod(&vec![t + 7; 4096]).unwrap()).collect();
+    let wait = std::time::Duration::from_secs(5);
+    let send = |t: usize| zero.enter(0).and_then(|_stage| zero.tx(0, &steps[t], 4096)).unwrap();
+    let stage1 = one.enter(1).unwrap();
+    send(0);
+    let lent = one.rx_in_place_wait::<u32>(0, 0, 4096, wait).unwrap();
+    send(1);
+    assert_eq!(e1.dtoh(&lent.view().unwrap()).unwrap(), vec![7u32; 4096], "step 0, lent");
+    drop(lent);
+    let got = one.rx_wait::<u32>(0, 0, 4096, wait).unwrap();
+    assert_eq!(e1.dtoh(&got).unwrap(), vec![8u32; 4096], "step 1, sent behind its wait");
+    drop((got, stage1));
+    let errors = drop_ranks_within((steps, zero, one), std::time::Duration::from_secs(15), "the ranks");
+    assert!(errors.is_empty(), "{errors:?}");
     double.flush();
     assert_eq!(double.violations(), 0, "{}", double.last_violation());
 }

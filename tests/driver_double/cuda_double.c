@@ -17,7 +17,9 @@
  *   violation: counted, described on stderr, and for kernels the context dies with
  *   CUDA_ERROR_ILLEGAL_ADDRESS (sticky), as on a GPU. A kernel that reaches another device's
  *   memory needs peer access enabled and memory that is not from a pool.
- * - The helper kernels of kernels/ run as C twins (bit for bit: fmaf is exactly rounded).
+ * - The helper kernels of kernels/ run as C twins (bit for bit: fmaf is exactly rounded). The
+ *   gated signal (ppnrt_gated_signal), which writes a word another process reads, is run without
+ *   being asked, as a stream memory operation is (cuda_double_ipc.inc).
  * - Fault injection: ppnrt_double_fail(entry, nth, code) makes the nth next call of `entry`
  *   return `code`; PPNRT_DOUBLE_FAIL="entry:nth[:code],..." does the same from the start.
  * - PPNRT_DOUBLE_NO_POOLS=1: devices without memory pools (cuMemAllocAsync is not supported).
@@ -485,7 +487,7 @@ static void push(Stream* s, Op op) {
 /* ------------------------------------------------------------------------------------------ */
 /* Kernels: C twins of the kernels/ sources                                                         */
 
-enum { K_FILL_PATTERN = 1, K_FILL_U32, K_CHECKSUM, K_SPIN, K_COPY_BYTES, K_TRAP, K_TOY_LAYER };
+enum { K_FILL_PATTERN = 1, K_FILL_U32, K_CHECKSUM, K_SPIN, K_COPY_BYTES, K_TRAP, K_TOY_LAYER, K_GATED_COPY, K_GATED_SIGNAL };
 static const struct {
     const char* name;
     int id;
@@ -499,6 +501,8 @@ static const struct {
     {"ppnrt_copy_bytes", K_COPY_BYTES, 4, {8, 8, 8, 8}},
     {"ppnrt_trap", K_TRAP, 0, {0}},
     {"ppnrt_toy_layer_f32", K_TOY_LAYER, 4, {8, 8, 4, 4}},
+    {"ppnrt_gated_copy_bytes", K_GATED_COPY, 5, {8, 8, 8, 8, 8}},
+    {"ppnrt_gated_signal", K_GATED_SIGNAL, 4, {8, 8, 8, 8}},
 };
 #define N_KERNELS (sizeof kernels / sizeof kernels[0])
 
@@ -562,6 +566,37 @@ static void run_kernel(Stream* s, Op* op) {
             !kernel_range(ctx, "ppnrt_copy_bytes (src)", p[1], bytes))
             goto illegal;
         memmove((void*)(uintptr_t)p[0], (const void*)(uintptr_t)p[1], bytes);
+        break;
+    }
+    case K_GATED_COPY: {
+        /* ppnrt_gated_copy_bytes(dst, src, bytes, gate, released): the copy, unless the gate (a
+         * word the launching device reads, 8-byte aligned) is at `released` or above when it runs,
+         * then nothing is written. Every range is checked either way, as the arguments must be. */
+        size_t bytes = (size_t)p[2];
+        if (p[3] % 8) {
+            violation("ppnrt_gated_copy_bytes (gate): %#llx is not 8-byte aligned", p[3]);
+            goto illegal;
+        }
+        if (!kernel_range(ctx, "ppnrt_gated_copy_bytes (gate)", p[3], 8) ||
+            !kernel_range(ctx, "ppnrt_gated_copy_bytes (dst)", p[0], bytes) ||
+            !kernel_range(ctx, "ppnrt_gated_copy_bytes (src)", p[1], bytes))
+            goto illegal;
+        if (__atomic_load_n((unsigned long long*)(uintptr_t)p[3], __ATOMIC_ACQUIRE) >= p[4]) break;
+        memmove((void*)(uintptr_t)p[0], (const void*)(uintptr_t)p[1], bytes);
+        break;
+    }
+    case K_GATED_SIGNAL: {
+        /* ppnrt_gated_signal(signal, value, gate, released): `value` into the signal word, or
+         * `released` when the gate is at `released` or above (both words 8-byte aligned). */
+        if (p[0] % 8 || p[2] % 8) {
+            violation("ppnrt_gated_signal: a word that is not 8-byte aligned (%#llx, %#llx)", p[0], p[2]);
+            goto illegal;
+        }
+        if (!kernel_range(ctx, "ppnrt_gated_signal (gate)", p[2], 8) ||
+            !kernel_range(ctx, "ppnrt_gated_signal (signal)", p[0], 8))
+            goto illegal;
+        unsigned long long gate = __atomic_load_n((unsigned long long*)(uintptr_t)p[2], __ATOMIC_ACQUIRE);
+        __atomic_store_n((unsigned long long*)(uintptr_t)p[0], gate < p[3] ? p[1] : p[3], __ATOMIC_RELEASE);
         break;
     }
     case K_TRAP:

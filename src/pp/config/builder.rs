@@ -73,7 +73,9 @@ impl PpConfig {
     /// Whether copies within a device (the `tx` of a `Local` boundary, every `rx` from a device
     /// slot) may run as the SM copy kernel up to [`SM_COPY_MAX_BYTES`](crate::SM_COPY_MAX_BYTES)
     /// (default: yes; it costs the host less than the copy engine). `false` keeps every boundary
-    /// copy on the copy engines, leaving the SMs to the model alone.
+    /// copy on the copy engines, leaving the SMs to the model alone, but one: over IPC, the sending
+    /// rank's copy of a step that waits on the device for its slot runs on the SMs whatever this
+    /// says (the copy a failure cancels, see [`ProcessTransport::Ipc`]).
     pub fn with_sm_copies(mut self, allowed: bool) -> PpConfig {
         self.sm_copies = allowed;
         self

@@ -11,6 +11,10 @@
 //! sleep word, then one more look, as the receiver's: no lost wake-up). The forwarder raises
 //! `gate[s]` to `consumed[s]`, never past the last step waited for in the slot (the stream's
 //! waits there, for `k`, `k - n`, ..., are met in order) and never lower (an atomic maximum);
+//! a `consumed[s]` at or above [`RELEASED`] (the receiving rank's release, or a lie) frees no
+//! slot: `tx` queues a wait, and the forwarder sets the gate to [`RELEASED`], so the copy behind
+//! the wait is the release's to cancel (see `ipc`, "Failure:"), never a copy into a slot the
+//! receiving rank may still read;
 //! with waits pending it spins while gates keep rising (each raise starts the spin again: a
 //! pipelined boundary always has a wait pending, and a forwarder that only napped after its first
 //! [`SPIN`] added a nap to every step), naps once none rose for [`SPIN`], and with none pending
@@ -65,7 +69,8 @@ impl Shared {
             if gate.load(Ordering::Acquire) >= last {
                 continue;
             }
-            let freed = self.block.consumed(slot).min(last);
+            let consumed = self.block.consumed(slot);
+            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };
             let before = gate.fetch_max(freed, Ordering::AcqRel);
             forwarded.raised |= freed > before;
             forwarded.pending |= before.max(freed) < last;
@@ -167,10 +172,12 @@ impl Gates {
     }
 
     /// Whether slot `slot` is free for step `step` now (the block says so: the copy needs no
-    /// wait); otherwise records the wait, which the forwarder ends by raising the slot's gate.
+    /// wait); otherwise records the wait, which the forwarder ends by raising the slot's gate. A
+    /// released `consumed` word (at or above [`RELEASED`]) is no free slot.
     pub(super) fn free_or_wanted(&self, slot: usize, step: u64) -> bool {
         let shared = &*self.shared;
-        if shared.block.consumed(slot) >= step {
+        let consumed = shared.block.consumed(slot);
+        if consumed >= step && consumed < RELEASED {
             return true;
         }
         shared.wanted[slot].store(step + 1, Ordering::Release);

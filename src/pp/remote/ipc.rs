@@ -31,7 +31,9 @@
 //!   host finds `consumed[s] < k` (the RX rank has not freed the slot yet) does the stream first
 //!   wait, and then on a gate word of the TX rank's own, which its forwarding thread raises once
 //!   the RX rank's host stored `consumed[s] >= k` (see `gates`): no other process can hold the
-//!   TX rank's stream.
+//!   TX rank's stream. The copy and the signal after such a wait are the helper kernels'
+//!   (`ppnrt_gated_copy_bytes`, `ppnrt_gated_signal`: a copy a failure cancels, see "Failure:");
+//!   a step whose slot was free at `tx` stays on the copy engine.
 //! - the RX rank's receiver thread takes the step's announcement (the block's first, then the
 //!   connection's, in the TX rank's order: see `inbox`; a step taken from either frees the block's
 //!   lines up to it for the TX rank), waits until the ring's slot is free (the RX
@@ -57,9 +59,20 @@
 //! failure) and every `filled` word, for its own host waits. A receiver
 //! thread waiting on the host stops with the link and fills nothing. The slots of a failed link
 //! are then never trusted ([`PpError::PeerFailed`] on every later call and readback, as for an
-//! aborted NCCL link), and every stream drains. The sending rank's copies queued behind its waits
-//! run once released: they may write a slot the receiving rank still reads, a slot lent in place
-//! included, whose contents are then those of a later step.
+//! aborted NCCL link), and every stream drains. A copy the sending rank queued behind a wait does
+//! not run once the wait is released: its kernel reads the gate and copies only below
+//! [`RELEASED`], that is where the RX rank freed the slot for it (a `consumed` word at
+//! [`RELEASED`], the RX rank's release or a lie, frees no slot: the forwarder sets the gate to
+//! [`RELEASED`] too). So no slot the RX rank may still read, a slot lent in place included, is
+//! written after a failure. The signal after it writes [`RELEASED`] into `filled` where the gate
+//! is [`RELEASED`] once the copy ran (a copy skipped, or cut short by a release that came while it
+//! ran, a case in which the RX rank had freed the slot), never the step: a receiver takes it as
+//! the link's failure. By then the RX rank has failed the link already (the TX rank releases
+//! only once its peer closed the connection, which it does once it recorded the failure, or after
+//! the peer timeout), and a receiver that has not learned of it yet (a peer stopped that long)
+//! still never takes a skipped copy as filled. A driver that cannot run the helper kernels (older
+//! than the toolkit that built their PTX) keeps these copies on the copy engine: they run once
+//! released and may then write a slot the RX rank still reads, a lent one included.
 //!
 //! Ownership: the RX rank owns the slots and the control block; the TX rank's mappings keep the
 //! memory alive after the RX rank dropped it or exited (CUDA's virtual memory management frees
@@ -83,7 +96,8 @@ use crate::pp::timing::{POLL, SPIN};
 use crate::safe::memory::DeviceMemory;
 use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
-use crate::safe::{FlagSteps, MemOpsSupport, PrivateWords, register_control_block, register_private_words};
+use crate::safe::{FlagSteps, MemOpsSupport, PrivateWords, Releasable, register_control_block, register_private_words};
+use crate::{CudaError, Engine};
 
 use super::gates::{Gates, RELEASED};
 use super::wire::read_exact_by;
@@ -129,6 +143,9 @@ pub(in crate::pp) struct IpcFlags {
     /// On the TX side: the words its stream waits on for a free slot, which only this rank writes
     /// (see `gates`).
     gates: Option<Gates>,
+    /// On the TX side: the engine whose helper kernels make a copy that waits for its slot one a
+    /// release cancels (see the module docs), where the driver runs them.
+    releasable_by: Option<Engine>,
 }
 
 /// How a receiver thread's wait for a step's copy watches its link: `Err` with the reason ends
@@ -147,6 +164,7 @@ impl IpcFlags {
             queued_on: Mutex::new(None),
             block_announcements: AtomicU64::new(0),
             gates: None,
+            releasable_by: None,
         }
     }
 
@@ -189,10 +207,14 @@ impl IpcFlags {
             signal_at: self.block.filled_word(s),
             signal: step + 1,
         };
+        let releasable = match &self.releasable_by {
+            Some(engine) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED }),
+            None => None,
+        };
         let mut words = self.lock();
         self.note_queued_on(stream);
         let gate_words = gates.words();
-        Ok(stream.flagged_copy(src, dst, gate_words.as_view(), &mut words.as_view_mut(), steps)?)
+        Ok(stream.flagged_copy(src, dst, gate_words.as_view(), &mut words.as_view_mut(), steps, releasable)?)
     }
 
     /// The TX side: whether its stream may still wait for a free slot (a gate below the step it
@@ -518,12 +540,14 @@ pub(super) fn offer(
     Ok(Offered { flags, slots, _channel: channel })
 }
 
-/// The TX rank's side of boundary `b`'s IPC setup over `socket`, on the TX stage's `stream`.
+/// The TX rank's side of boundary `b`'s IPC setup over `socket`, on the TX stage's `stream` of
+/// `engine`.
 pub(super) fn take(
     config: &PpConfig,
     b: &BoundaryPlan,
     socket: &mut TcpStream,
     stream: &Arc<CudaStream>,
+    engine: &Engine,
 ) -> Result<Taken> {
     let peer = b.rx_rank;
     let timeout = config.peer_timeout();
@@ -565,6 +589,13 @@ pub(super) fn take(
         .map_err(|e| failed(b, peer, "starting the gates' thread", &e))?;
     let mut flags = IpcFlags::new(block, words, End::Sender);
     flags.gates = Some(gates);
+    // A driver older than the toolkit that built the helper kernels cannot run them: its copies
+    // that wait stay on the copy engine (module docs, "Failure:").
+    flags.releasable_by = match engine.helper_kernels() {
+        Ok(_) => Some(engine.clone()),
+        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
+        Err(e) => return Err(e.into()),
+    };
     Ok(Taken { flags, slots, _channel: channel })
 }
 

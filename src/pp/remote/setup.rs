@@ -14,6 +14,7 @@ use super::link::{Carrier, Credit, Link, LinkFailure, PhaseCell, RankLinks};
 use super::receiver::Inbound;
 use super::sender::{ControlWriter, Heard, PEER_CLOSED, SendControl, Sender, silence_fails};
 use super::wire::{BackReader, BackWriter};
+use crate::Engine;
 use crate::auth::{Admission, JobKey, Opener, Sealer, connect_and_knock, write_by};
 use crate::nccl::{GRAPH_MIXING_VERSION, NcclComm, nccl, poll_pause};
 use crate::pp::config::PpConfig;
@@ -30,8 +31,9 @@ pub(in crate::pp) struct Links {
     pub(in crate::pp) inbound: BTreeMap<usize, Inbound>,
 }
 
-/// What [`connect`] needs of a local stage: its context and stream.
+/// What [`connect`] needs of a local stage: its engine, context and stream.
 pub(in crate::pp) struct LocalStage {
+    pub(in crate::pp) engine: Engine,
     pub(in crate::pp) ctx: Arc<Context>,
     pub(in crate::pp) stream: Arc<CudaStream>,
 }
@@ -188,7 +190,7 @@ pub(in crate::pp) fn connect(
         let carrier = if b.transport == Transport::Ipc {
             exit_if_faulted_before_join(config);
             if sending {
-                let taken = ipc::take(config, b, &mut socket, &local.stream)?;
+                let taken = ipc::take(config, b, &mut socket, &local.stream, &local.engine)?;
                 mapped_slots = taken.slots;
                 Carrier::Ipc(taken.flags)
             } else {

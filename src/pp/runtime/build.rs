@@ -95,7 +95,11 @@ impl PpNRt {
                 .iter()
                 .map(|stage| {
                     let stage = stage.as_ref()?;
-                    Some(LocalStage { ctx: Arc::clone(stage.engine.context()), stream: Arc::clone(&stage.stream) })
+                    Some(LocalStage {
+                        engine: stage.engine.clone(),
+                        ctx: Arc::clone(stage.engine.context()),
+                        stream: Arc::clone(&stage.stream),
+                    })
                 })
                 .collect();
             Some(remote::connect(&config, &mut plan, &local, &identity)?)

@@ -5,18 +5,31 @@
 //! pass through the door, so the buffers' ordering inside each process is the crate's rule and
 //! the order between the processes is the flags' (see `stream_memops`: a write-value fences the
 //! stream's earlier writes before the value).
+//!
+//! A wait that a failure releases (its word set to a value no step reaches) is met as a wait
+//! met by a freed slot is: a copy-engine copy behind it then runs and writes the slot. So a copy
+//! that waits, given [`Releasable`], is the helper kernels' instead: `ppnrt_gated_copy_bytes`
+//! copies only while the awaited word is below the released value, and `ppnrt_gated_signal`,
+//! after it, writes the signal's value, or the released value where the word says the wait was
+//! released (a copy skipped, wholly or in part, never reads as done). Each block of the copy
+//! fences its writes for the whole system before it ends, so the signal follows them as the
+//! write-value's fence makes it follow a copy-engine copy. A copy that needs no wait stays on the
+//! copy engine.
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw_memory;
 use crate::result::stream as raw;
 use crate::safe::enqueue::ordered;
+use crate::safe::helpers::HelperKernels;
+use crate::safe::launch::LaunchConfig;
 use crate::safe::memory::{CudaView, CudaViewMut, DeviceSlice};
 use crate::safe::ordering::Use;
 use crate::safe::stream::CudaStream;
 use crate::safe::stream_memops::{WaitCondition, word};
-use crate::sys::CUstreamWriteValue_flags;
+use crate::sys::{CUdeviceptr, CUstreamWriteValue_flags};
 
 /// Where a flagged copy waits (when it must) and what it writes: `waits[wait_at]` must reach
 /// `wait_for` (cyclic `>=`) unless `wait` is `None`, then `signals[signal_at]` is set to `signal`.
@@ -29,17 +42,34 @@ pub(crate) struct FlagSteps {
     pub(crate) signal: u64,
 }
 
+/// What makes a flagged copy's wait one a failure can cancel: the helper kernels of the stream's
+/// device, and the value of the awaited word that says the wait was released rather than met
+/// (every word at or above it; see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Releasable<'a> {
+    pub(crate) kernels: &'a HelperKernels,
+    pub(crate) released: u64,
+}
+
+/// One block of one thread: the gated signal's launch.
+const ONE_THREAD: LaunchConfig = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+
 impl CudaStream {
     /// On this stream: waits until `waits[steps.wait_at] >= steps.wait_for` (the slot is free;
     /// no wait when `steps.wait` is `None`: the caller saw it free), copies `src` into `dst` (the
     /// receiver's slot, mapped into this process), then writes `signals[steps.signal_at] =
-    /// steps.signal` (filled) after a fence. Ordered by the rule as a read of `src`, a write of
-    /// `dst`, a read of `waits` (when it waits) and a signal on `signals` (ordered by this stream
-    /// only: the words are read by other streams and processes, see `stream_memops`).
+    /// steps.signal` (filled) after a fence. With a wait and `releasable`, the copy and the signal
+    /// are its kernels (module docs): where the awaited word is at or above
+    /// `releasable.released` when they run, `dst` is not written and the signal is that value.
+    /// Ordered by the rule as a read of `src`, a write of `dst`, a read of `waits` (when it waits)
+    /// and a signal on `signals` (ordered by this stream only: the words are read by other
+    /// streams and processes, see `stream_memops`).
     ///
     /// # Errors
     /// [`CudaError::LengthMismatch`] unless the lengths agree; the word checks of
-    /// [`write_value_u64`](Self::write_value_u64); the driver's error.
+    /// [`write_value_u64`](Self::write_value_u64); [`CudaError::WrongDevice`] for kernels or
+    /// buffers of another device than this stream's (a copy through the kernels); the driver's
+    /// error.
     pub(crate) fn flagged_copy(
         self: &Arc<Self>,
         src: CudaView<'_, u8>,
@@ -47,6 +77,7 @@ impl CudaStream {
         waits: CudaView<'_, u64>,
         signals: &mut CudaViewMut<'_, u64>,
         steps: FlagSteps,
+        releasable: Option<Releasable<'_>>,
     ) -> Result<()> {
         const WHAT: &str = "the boundary's flagged copy";
         if src.len() != dst.len() {
@@ -61,9 +92,35 @@ impl CudaStream {
         self.refuse_in_capture("a flagged copy (cuStreamWaitValue64, cuStreamWriteValue64)")?;
         let to = dst.as_view();
         let (dst_ptr, src_ptr, bytes, raw_stream) = (to.device_ptr(), src.device_ptr(), src.byte_len(), self.raw());
+        let gated = match (waited, releasable) {
+            (Some((gate, wait)), Some(releasable)) => {
+                let device = self.ordinal();
+                for found in [releasable.kernels.gated_copy.ordinal(), src.ordinal(), to.ordinal()] {
+                    if found != device {
+                        return Err(CudaError::WrongDevice { what: WHAT, expected: device, found });
+                    }
+                }
+                let (dst, src, bytes, signal) = (dst_ptr, src_ptr, bytes as u64, signalled);
+                Some((Gated { releasable, gate, dst, src, bytes, signal }, wait))
+            }
+            _ => None,
+        };
         let uses = [(src.tracked(), Use::Read), (to.tracked(), Use::Write), (signalled_words.tracked(), Use::Signal)]
             .into_iter()
             .chain(waited.map(|_| (waits.tracked(), Use::Read)));
+        if let Some((gated, wait)) = gated {
+            return ordered(self, uses, || {
+                // SAFETY: the awaited word is an aligned element of `waits`, memory this stream's
+                // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
+                // (lengths checked) and, with the kernels, of this stream's device (checked
+                // above); every range is kept alive until this work has run by the ordering rule
+                // (each use is noted as pending): `Gated::launch`'s contract.
+                unsafe {
+                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())?;
+                    gated.launch(self, steps.signal)
+                }
+            });
+        }
         ordered(self, uses, || {
             // SAFETY: both words are aligned elements of their slices, memory this stream's
             // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
@@ -113,5 +170,62 @@ impl CudaStream {
             // (checked by `word`), kept alive until this work has run by the ordering rule.
             unsafe { raw::wait_value_64(raw_stream, waited, value, wait.flags()) }
         })
+    }
+}
+
+/// A flagged copy through the helper kernels (see the module docs): the addresses its two launches
+/// take, checked by [`CudaStream::flagged_copy`].
+#[derive(Clone, Copy)]
+struct Gated<'a> {
+    releasable: Releasable<'a>,
+    /// The awaited word's address.
+    gate: CUdeviceptr,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: u64,
+    /// The signal word's address.
+    signal: CUdeviceptr,
+}
+
+impl Gated<'_> {
+    /// On `stream`, after its wait: `ppnrt_gated_copy_bytes` of the bytes (none for an empty step),
+    /// then `ppnrt_gated_signal` of `value`.
+    ///
+    /// # Safety
+    /// - `dst` and `src` are valid for `bytes` bytes, and both words (`gate`, `signal`) are aligned
+    ///   `u64`s, all reachable from `stream`'s device and kept alive until the launches have run
+    ///   (ordered on `stream` by the caller);
+    /// - the kernels are of `stream`'s device.
+    unsafe fn launch(self, stream: &Arc<CudaStream>, value: u64) -> Result<()> {
+        let kernels = self.releasable.kernels;
+        let (mut gate, mut released) = (self.gate, self.releasable.released);
+        if self.bytes > 0 {
+            // Both 16-byte aligned: a thread per 16-byte word (and one for the tail), as the SM
+            // copy is launched; else a thread per byte (the kernel copies byte by byte then).
+            let aligned = (self.dst | self.src) % 16 == 0;
+            let elements = if aligned { self.bytes / 16 + 1 } else { self.bytes };
+            let config =
+                LaunchConfig::for_elements(usize::try_from(elements).unwrap_or(usize::MAX), kernels.max_blocks);
+            let (mut dst, mut src, mut bytes) = (self.dst, self.src, self.bytes);
+            let mut params: [*mut c_void; 5] = [
+                (&raw mut dst).cast(),
+                (&raw mut src).cast(),
+                (&raw mut bytes).cast(),
+                (&raw mut gate).cast(),
+                (&raw mut released).cast(),
+            ];
+            // SAFETY: the parameters match ppnrt_gated_copy_bytes(uint8_t* dst, const uint8_t*
+            // src, uint64_t bytes, const uint64_t* gate, uint64_t released), which reads the gate
+            // and copies at most `bytes` bytes within both ranges; the caller's contract covers
+            // the memory and the kernel's device.
+            unsafe { stream.launch_ordered(&kernels.gated_copy, &config, &mut params)? };
+        }
+        let (mut signal, mut value) = (self.signal, value);
+        let mut params: [*mut c_void; 4] =
+            [(&raw mut signal).cast(), (&raw mut value).cast(), (&raw mut gate).cast(), (&raw mut released).cast()];
+        // SAFETY: the parameters match ppnrt_gated_signal(uint64_t* signal, uint64_t value, const
+        // uint64_t* gate, uint64_t released), one thread that reads the gate and writes the
+        // signal word; the caller's contract covers both words and the kernel's device.
+        unsafe { stream.launch_ordered(&kernels.gated_signal, &ONE_THREAD, &mut params) }
     }
 }

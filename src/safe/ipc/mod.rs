@@ -81,7 +81,7 @@ mod legacy;
 mod memory;
 
 pub use event::{IpcEvent, IpcEventHandle};
-pub(crate) use flagged::FlagSteps;
+pub(crate) use flagged::{FlagSteps, Releasable};
 pub(crate) use host_words::{PrivateWords, register_control_block, register_private_words};
 pub use legacy::{LegacyImport, LegacyIpcHandle};
 pub use memory::{ExportedMemory, ImportedMemory};

@@ -113,7 +113,10 @@ mod tests {
             ".visible .entry ppnrt_trap()\n{\n}\n.visible .entry ppnrt_fill_u32(\n.param .u64 a\n)\n.func helper(\n";
         assert_eq!(super::ptx_entries(ptx), vec!["ppnrt_trap", "ppnrt_fill_u32"]);
         assert!(super::ptx_entries("// no kernels here\n.func f(\n").is_empty());
-        assert_eq!(super::ptx_entries(crate::kernels::HELPERS_PTX), ["ppnrt_copy_bytes"]);
+        assert_eq!(
+            super::ptx_entries(crate::kernels::HELPERS_PTX),
+            ["ppnrt_copy_bytes", "ppnrt_gated_copy_bytes", "ppnrt_gated_signal"]
+        );
     }
 
     #[test]
