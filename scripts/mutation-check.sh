@@ -315,6 +315,10 @@ declare -A catchers=(
   [sleep-word-wake-count-unsigned]="a_strangers_wait_on_the_sleep_word_does_not_absorb_the_receivers_wake"
   # The receiver's sleep on the sleep word is bounded whatever a peer writes there.
   [sleep-word-sleep-unbounded]="a_peer_writing_the_sleep_word_cannot_make_the_receiver_miss_a_step_past_its_poll"
+  # A close confirmed over NCCL while this rank's last send has not completed is a lie: failed,
+  # the send aborted; the witness is the event right after the send, not the stream's end.
+  [nccl-lying-close-trusted]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
+  [nccl-close-witness-at-stream-end]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -926,3 +930,7 @@ run sleep-word-wake-count-unsigned src/local_channel/control_block.rs "const WAK
 # The receiver's sleep on the sleep word is bounded: a peer that keeps writing the word (so no
 # wake reaches the receiver) cannot hold a step past the poll.
 run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::thread::futex::Flags::empty(), 1, Some(&timeout));" "rustix::thread::futex::Flags::empty(), 1, None.filter(|_: &&rustix::fs::Timespec| timeout.tv_sec < 0));" double
+# A close confirmed over NCCL is trusted only once this rank's last send completed, as seen by the
+# event recorded right after it (tests/double/teardown_ranks.rs).
+run nccl-lying-close-trusted src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let Some(sent) = control.sent.as_ref().filter(|_| false) else {" double
+run nccl-close-witness-at-stream-end src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let end = self.tx_stream.event_after_enqueued(None).ok(); let Some(sent) = end.as_ref().filter(|_| control.sent.is_some() && self.link.nccl().is_some()) else {" double

@@ -356,6 +356,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                     if link.ipc().is_some() && link.fault.at(FaultPoint::ReceiveWithoutFreeing) {
                         return Ok(());
                     }
+                    if link.nccl().is_some() && link.fault.at(FaultPoint::ConfirmWithoutReceiving) {
+                        return Ok(());
+                    }
                     if let Some(flags) = link.ipc() {
                         // While the copy is awaited: the runtime's stop, the link's, and the peer's
                         // end of the connection closed end the wait (its silence, the flags').
