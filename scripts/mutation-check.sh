@@ -319,6 +319,10 @@ declare -A catchers=(
   # the send aborted; the witness is the event right after the send, not the stream's end.
   [nccl-lying-close-trusted]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
   [nccl-close-witness-at-stream-end]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
+  # A runtime's drop drains its pending receives while its watchdog shows the peers signs of
+  # life, and a drained receive whose peer's end failed meanwhile fails its boundary.
+  [drain-in-silence]="a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout"
+  [stop-drain-trusts-idle]="a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_ok"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -934,3 +938,14 @@ run sleep-word-sleep-unbounded src/local_channel/control_block.rs "rustix::threa
 # event recorded right after it (tests/double/teardown_ranks.rs).
 run nccl-lying-close-trusted src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let Some(sent) = control.sent.as_ref().filter(|_| false) else {" double
 run nccl-close-witness-at-stream-end src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let end = self.tx_stream.event_after_enqueued(None).ok(); let Some(sent) = end.as_ref().filter(|_| control.sent.is_some() && self.link.nccl().is_some()) else {" double
+# A runtime's drop stops its receivers (each draining its pending receives, at most the peer
+# timeout) before its watchdog, so that a slow peer goes on hearing from it; a drain that ends
+# with the peer's end failed (a receive ended without its data) fails the boundary.
+run drain-in-silence src/pp/runtime/build.rs "        for receiver in &mut self.receivers {
+            receiver.stop();
+        }
+        self.watchdog = None;" "        self.watchdog = None;
+        for receiver in &mut self.receivers {
+            receiver.stop();
+        }" double
+run stop-drain-trusts-idle src/pp/remote/receiver.rs "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\"))" "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\")).or(Ok::<(), String>(()))" double

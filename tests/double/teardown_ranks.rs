@@ -127,3 +127,141 @@ fn a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_se
         },
     );
 }
+
+/// Two ranks of a pipeline of four stages over NCCL, the stages alternating between them (rank 0
+/// runs stages 0 and 2, rank 1 stages 1 and 3): rank 1 receives two boundaries from rank 0 (0
+/// and 2) and sends one to it (1). Each configuration passed through `configure(rank, config)`.
+fn alternating_ranks(
+    timeout: Duration,
+    configure: impl Fn(usize, ppnrt::PpConfig) -> ppnrt::PpConfig + Sync,
+) -> (PpNRt, PpNRt) {
+    let primary = Engine::new(0).unwrap();
+    for attempt in 1.. {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let build = |rank: usize| {
+            let config = ppnrt::PpConfig::with_devices(&[0, 1, 0, 1])
+                .with_ranks(&[0, 1, 0, 1])
+                .with_rank(rank)
+                .with_rendezvous(&addr)
+                .with_peer_timeout(timeout)
+                .with_process_transport(ProcessTransport::Nccl);
+            PpNRt::new(configure(rank, config), &primary)
+        };
+        let (zero, one) = std::thread::scope(|scope| {
+            let one = scope.spawn(|| build(1));
+            (build(0), one.join().unwrap())
+        });
+        if attempt < 3 && zero.as_ref().is_err_and(ranks::port_taken) {
+            continue;
+        }
+        return (zero.expect("rank 0's setup"), one.expect("rank 1's setup"));
+    }
+    unreachable!("the loop returns")
+}
+
+/// A receiving rank whose runtime stops while its peer is slow, not gone, takes the steps the
+/// peer announced: each receiver drains its pending receive within the peer timeout, and the
+/// drop records nothing; a peer slower than that is a `PeerFailed` recorded by the drop. Here
+/// rank 1 stops with a receive pending on each of its two boundaries from rank 0, whose sends
+/// wait behind its stages' own work (held on gates): boundary 0's for half a peer timeout, then
+/// boundary 2's for 0.75 of one more (within the peer timeout of its drain), or, the second time,
+/// for two more (past it). Rank 1's drains must keep showing rank 0 signs of life: a rank that
+/// drains in silence looks hung to its peer after one peer timeout, which then fails the boundary
+/// and aborts the very send the drain waits for (mutation `drain-in-silence`: the watchdog
+/// stopped before the receivers), and the slow peer's step is lost as if it never came.
+#[test]
+fn a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout() {
+    static OPEN_0: AtomicBool = AtomicBool::new(false);
+    static OPEN_2: AtomicBool = AtomicBool::new(false);
+    with_double(
+        "a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout",
+        |double| {
+            let _orphan = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1");
+            let _async = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
+            let timeout = Duration::from_millis(800);
+            let primary = Engine::new(0).unwrap();
+            for past_the_timeout in [false, true] {
+                let (zero, one) = alternating_ranks(timeout, |_, config| config);
+                // Rank 0 announces a step on boundaries 0 and 2; each send waits behind a gate.
+                OPEN_0.store(false, Ordering::Release);
+                OPEN_2.store(false, Ordering::Release);
+                for (stage, open) in [(0, &OPEN_0), (2, &OPEN_2)] {
+                    let x = input(&zero, &primary, stage, 30 + stage as u32);
+                    double.gate(zero.stage_stream(stage).unwrap(), open);
+                    zero.enter(stage).and_then(|_stage| zero.tx(stage, &x, N)).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(100)); // rank 1 posts both receives
+                let start = Instant::now();
+                let opener = std::thread::spawn(move || {
+                    std::thread::sleep(timeout / 2);
+                    OPEN_0.store(true, Ordering::Release);
+                    std::thread::sleep(if past_the_timeout { 2 * timeout } else { timeout * 3 / 4 });
+                    OPEN_2.store(true, Ordering::Release);
+                });
+                let errors = drop_within(one, Duration::from_secs(10)).expect("rank 1's drop returned");
+                let took = start.elapsed();
+                opener.join().unwrap();
+                let reasons: Vec<&str> = errors.iter().filter_map(peer_failed).collect();
+                if past_the_timeout {
+                    assert!(
+                        reasons.len() == errors.len()
+                            && reasons.iter().any(|reason| reason.contains("stopped with a receive pending")),
+                        "a peer slower than the timeout: rank 1's drop: {errors:?}"
+                    );
+                } else {
+                    assert!(errors.is_empty(), "a peer slow within the timeout: rank 1's drop ({took:?}): {errors:?}");
+                }
+                assert!(took < 4 * timeout, "rank 1's drop took {took:?}");
+                // Rank 0 learns that rank 1 left (its boundaries fail); its drop returns.
+                drop_within(zero, Duration::from_secs(10)).expect("rank 0's drop returned");
+            }
+        },
+    );
+}
+
+/// A receiving rank whose runtime stops with a receive pending, when the peer's end ends that
+/// receive without its data (the peer fails its boundary and aborts; the NCCL double then lets
+/// the receive run cut short, reporting the peer's end as the communicator's asynchronous
+/// error), fails the boundary: the receive stream drained, but not with the step. The step's
+/// readback, pending across the drop, is refused (`PeerFailed`) instead of giving the slot's old
+/// bytes as `Ok` (mutation `stop-drain-trusts-idle`).
+#[test]
+fn a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_ok() {
+    static OPEN: AtomicBool = AtomicBool::new(false);
+    with_double("a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_ok", |double| {
+        let _async = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
+        let timeout = Duration::from_millis(800);
+        let primary = Engine::new(0).unwrap();
+        let (zero, one) =
+            ranks::two_ranks_configured(timeout, |_, config| config.with_process_transport(ProcessTransport::Nccl));
+        // Rank 0 announces step 0; its send waits behind a gate.
+        OPEN.store(false, Ordering::Release);
+        let x = input(&zero, &primary, 0, 40);
+        double.gate(zero.stage_stream(0).unwrap(), &OPEN);
+        zero.enter(0).and_then(|_stage| zero.tx(0, &x, N)).unwrap();
+        // Rank 1 takes it (over NCCL the receive returns once posted) and reads it back.
+        let pending = {
+            let _stage = one.enter(1).unwrap();
+            let received = one.rx_wait::<u32>(0, 0, N, Duration::from_secs(5)).unwrap();
+            one.readback(received).unwrap()
+        };
+        let dropping = std::thread::spawn(move || drop_within(one, Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(200)); // rank 1's receiver drains
+        // Rank 0's next send fails: it fails its boundary and aborts it.
+        let y = input(&zero, &primary, 0, 41);
+        double::nccl_double().fail("ncclSend", 1, crate::NCCL_INTERNAL_ERROR);
+        let sent = zero.enter(0).and_then(|_stage| zero.tx(0, &y, N));
+        double::nccl_double().clear_faults();
+        assert!(sent.is_err(), "rank 0's failing send: {sent:?}");
+        let errors = dropping.join().unwrap().expect("rank 1's drop returned");
+        let outcome = pending.wait().map(<[u32]>::to_vec);
+        OPEN.store(true, Ordering::Release);
+        drop_within(zero, Duration::from_secs(10)).expect("rank 0's drop returned");
+        assert!(
+            matches!(&outcome, Err(Error::Pipeline(PpError::PeerFailed { .. }))),
+            "a step cut short by the peer read back: {:?} (drop errors {errors:?})",
+            outcome.as_ref().map(|values| &values[..4])
+        );
+    });
+}
