@@ -265,3 +265,54 @@ fn a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_
         );
     });
 }
+
+/// A receiving rank asked to close by a peer whose announced step never came fails the boundary
+/// within the peer timeout of the close, even while that peer stays connected and silent (it
+/// hangs in its close: here its failure is held back for seconds,
+/// [`ProtocolFault::SlowToFail`], and its send waits behind its stage's own work): the receiver
+/// thread's wait for its receives at the close is bounded. Unbounded (mutation
+/// `close-drain-unbounded`), the receiver thread waits until the peer's connection ends, which a
+/// hung peer's never does.
+#[test]
+fn a_close_whose_step_never_comes_fails_the_boundary_within_the_timeout_while_the_peer_hangs() {
+    static OPEN: AtomicBool = AtomicBool::new(false);
+    with_double(
+        "a_close_whose_step_never_comes_fails_the_boundary_within_the_timeout_while_the_peer_hangs",
+        |double| {
+            let _orphan = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1");
+            let _async = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
+            let timeout = Duration::from_millis(800);
+            let hangs = Duration::from_secs(4);
+            let primary = Engine::new(0).unwrap();
+            let (zero, one) = ranks::two_ranks_configured(timeout, |rank, config| {
+                let config = config.with_process_transport(ProcessTransport::Nccl);
+                if rank == 0 { config.with_fault(ProtocolFault::SlowToFail(hangs.as_millis() as u64)) } else { config }
+            });
+            // Rank 0 announces step 0; its send waits behind a gate.
+            OPEN.store(false, Ordering::Release);
+            let x = input(&zero, &primary, 0, 50);
+            double.gate(zero.stage_stream(0).unwrap(), &OPEN);
+            zero.enter(0).and_then(|_stage| zero.tx(0, &x, N)).unwrap();
+            std::thread::sleep(Duration::from_millis(100)); // rank 1 posts the receive
+            let start = Instant::now();
+            let dropping = std::thread::spawn(move || drop_within(zero, Duration::from_secs(20)));
+            while !matches!(one.receiver_state(0).unwrap(), Some(ppnrt::pp::ReceiverState::Stopped))
+                && start.elapsed() < hangs + 2 * timeout
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let stopped = start.elapsed();
+            OPEN.store(true, Ordering::Release);
+            dropping.join().unwrap().expect("rank 0's drop returned");
+            let errors = drop_within(one, Duration::from_secs(10)).expect("rank 1's drop returned");
+            assert!(
+                stopped < 2 * timeout,
+                "rank 1's receiver stopped {stopped:?} after rank 0's close began (peer timeout {timeout:?})"
+            );
+            assert!(
+                errors.iter().filter_map(peer_failed).any(|reason| reason.contains("did not complete after the close")),
+                "rank 1 records the lost step: {errors:?}"
+            );
+        },
+    );
+}
