@@ -100,7 +100,7 @@ declare -A catchers=(
   [tx-wait-unbounded]="tx_wait_to_another_rank_honours_its_timeout_and_loses_nothing"
   [image-unchecked]="module_images_are_checked_whole_before_the_driver_reads_them"
   [foreign-release-unordered]="an_engines_own_buffer_goes_through_the_pipeline_ordered_both_ways"
-  [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time"
+  [close-drain-unbounded]="a_step_announced_and_never_sent_fails_the_boundary_in_bounded_time a_close_whose_step_never_comes_fails_the_boundary_within_the_timeout_while_the_peer_hangs"
   [unable-rank-silent]="a_rank_without_nccl_fails_the_others_setup_at_once"
   [plain-ignores-reads]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
   [plain-ignores-event]="buffers_are_ordered_across_streams_without_a_join any_program_of_the_safe_layer_reads_what_it_wrote"
@@ -323,6 +323,14 @@ declare -A catchers=(
   [ipc-released-consumed-as-step]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it a_slot_lent_in_place_is_not_written_after_its_boundary_failed"
   [ipc-released-consumed-as-free]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
   [ipc-gated-copy-required]="a_cuda_12_4_driver_gets_every_feature_it_has"
+  # A close confirmed over NCCL while this rank's last send has not completed is a lie: failed,
+  # the send aborted; the witness is the event right after the send, not the stream's end.
+  [nccl-lying-close-trusted]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
+  [nccl-close-witness-at-stream-end]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
+  # A runtime's drop drains its pending receives while its watchdog shows the peers signs of
+  # life, and a drained receive whose peer's end failed meanwhile fails its boundary.
+  [drain-in-silence]="a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout"
+  [stop-drain-trusts-idle]="a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_ok"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -522,7 +530,7 @@ run abort-others-first src/pp/remote/link.rs "stopped.iter().filter(|link| link.
 run close-confirmed-undrained src/pp/remote/receiver.rs "                if let Err(e) = drain_within(&inbound.recv_stream, link.timeout, stop) {
                     break Err(format!(\"the receives did not complete after the close: {e}\"));
                 }" "                let _ = drain_within(&inbound.recv_stream, link.timeout, stop);" double
-run stop-leaves-receives-pending src/pp/remote/receiver.rs "        if link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {" "        if true || link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {" double
+run stop-leaves-receives-pending src/pp/remote/receiver.rs "        if link.is_stopped() || !stop.load(Ordering::SeqCst) {" "        if true || link.is_stopped() || !stop.load(Ordering::SeqCst) {" double
 run link-failure-contained src/pp/remote/link.rs "        let others = if contained { Vec::new() }" "        let others = if true { Vec::new() }" double
 # tx_wait to another rank waits for the receiving rank's free slot, bounded (tests/double/ring.rs).
 run tx-wait-unbounded src/pp/runtime.rs "        sender.tx(x, n, wait)" "        sender.tx(x, n, None)" double
@@ -950,3 +958,18 @@ run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >=
 # copy engine), as before.
 run ipc-gated-copy-required src/pp/remote/ipc.rs "        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
 " ""
+# A close confirmed over NCCL is trusted only once this rank's last send completed, as seen by the
+# event recorded right after it (tests/double/teardown_ranks.rs).
+run nccl-lying-close-trusted src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let Some(sent) = control.sent.as_ref().filter(|_| false) else {" double
+run nccl-close-witness-at-stream-end src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let end = self.tx_stream.event_after_enqueued(None).ok(); let Some(sent) = end.as_ref().filter(|_| control.sent.is_some() && self.link.nccl().is_some()) else {" double
+# A runtime's drop stops its receivers (each draining its pending receives, at most the peer
+# timeout) before its watchdog, so that a slow peer goes on hearing from it; a drain that ends
+# with the peer's end failed (a receive ended without its data) fails the boundary.
+run drain-in-silence src/pp/runtime/build.rs "        for receiver in &mut self.receivers {
+            receiver.stop();
+        }
+        self.watchdog = None;" "        self.watchdog = None;
+        for receiver in &mut self.receivers {
+            receiver.stop();
+        }" double
+run stop-drain-trusts-idle src/pp/remote/receiver.rs "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\"))" "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\")).or(Ok::<(), String>(()))" double

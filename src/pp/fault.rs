@@ -64,6 +64,11 @@ pub enum ProtocolFault {
     /// and without waiting for its copy, and then confirms the sender's close: a receiving rank
     /// that lies about having received every step.
     ReceiveWithoutFreeing,
+    /// Over NCCL, this rank's receiver takes each step without posting its receive (the slot
+    /// keeps what it held), and then confirms the sender's close: a receiving rank that lies
+    /// about having received every step, while the sender's sends wait for receives that never
+    /// come.
+    ConfirmWithoutReceiving,
 }
 
 /// The fault a configuration injects: a [`ProtocolFault`] with the `testing` feature, nothing
@@ -93,6 +98,9 @@ pub(crate) enum FaultPoint {
     /// An IPC receive neither frees its slot nor waits for the copy
     /// ([`ProtocolFault::ReceiveWithoutFreeing`]).
     ReceiveWithoutFreeing,
+    /// An NCCL receive is not posted, and the close is confirmed all the same
+    /// ([`ProtocolFault::ConfirmWithoutReceiving`]).
+    ConfirmWithoutReceiving,
 }
 
 /// How a `tx` to another rank tampers with its record of a step (see [`Fault::tamper`]).
@@ -130,6 +138,7 @@ impl Fault {
                 FaultPoint::AnnounceWithoutSend => ProtocolFault::AnnounceWithoutSend,
                 FaultPoint::ContainedFailure => ProtocolFault::ContainedFailure,
                 FaultPoint::ReceiveWithoutFreeing => ProtocolFault::ReceiveWithoutFreeing,
+                FaultPoint::ConfirmWithoutReceiving => ProtocolFault::ConfirmWithoutReceiving,
             }
     }
 
@@ -165,7 +174,8 @@ impl Fault {
             | ProtocolFault::ReplayRecordAt(_)
             | ProtocolFault::TruncateRecordAt(_)
             | ProtocolFault::SlowToFail(_)
-            | ProtocolFault::ReceiveWithoutFreeing => Fault::default(),
+            | ProtocolFault::ReceiveWithoutFreeing
+            | ProtocolFault::ConfirmWithoutReceiving => Fault::default(),
             _ => self,
         }
     }

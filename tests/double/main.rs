@@ -2,7 +2,8 @@
 //! the soundness scenarios of `common/soundness.rs`, and error injection on each call that
 //! protects work already enqueued; with the NCCL double (`tests/driver_double/nccl_double.c`)
 //! too, two ranks of one pipeline as threads of this process, each driver and NCCL call of their
-//! steps, setup and teardown failed in turn; the slot ring across ranks (`ring`), bounded
+//! steps, setup and teardown failed in turn; the slot ring across ranks (`ring`), the teardown of
+//! boundaries between ranks (`teardown_ranks`), bounded
 //! waits and frees (`bounded`), an engine's own buffers and streams (`foreign`) and, with the
 //! `cudarc` feature, cudarc's (`cudarc_double`, `cudarc_attacks`). They run on every machine
 //! with a C compiler (CI sets `PPNRT_REQUIRE_DOUBLE` so that a missing compiler fails rather
@@ -100,6 +101,7 @@ mod sweep_graph;
 mod sweep_lifetime;
 mod sweep_ranks;
 mod sweep_step;
+mod teardown_ranks;
 
 use scenarios::*;
 use sweep_ranks::*;

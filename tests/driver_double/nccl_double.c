@@ -25,6 +25,13 @@
  *   thread per communicator queues what arrives); a receive runs in stream order once a message is there and copies it into its
  *   buffer, so a stream waits for its receive as a GPU's does, and captured into a graph, each
  *   launch receives the next message. Device memory is host memory in the double.
+ *   PPNRT_NCCL_DOUBLE_SEND_WAITS_RECV=1 makes a send complete only once the peer's matching
+ *   receive ran, as NCCL's sends larger than its buffers do: the bytes go out when the send's turn
+ *   comes, the receive that takes them answers, and the send's stream runs on past it only when
+ *   the answer came (or its communicator is aborted; a peer that ended the connection leaves it
+ *   waiting, as an NCCL send kernel waits for a receiver that died). Every send then runs on a
+ *   thread of its own, as with PPNRT_NCCL_DOUBLE_ASYNC_SEND=1 (ncclSend returns at once). Both
+ *   ranks must set it (the receiving one answers).
  * - ncclCommAbort ends the connection: a receive waiting then runs with its buffer as it was (cut
  *   short), later calls fail. With PPNRT_NCCL_DOUBLE_ORPHAN_RECV=1 a receive whose peer ended the
  *   connection (closed or aborted its communicator) waits on until its own communicator is
@@ -92,6 +99,8 @@ typedef struct Comm {
     int n_queued;
     pthread_t connector;
     int connector_started;
+    unsigned long long sent_msgs; /* messages this rank sent (PPNRT_NCCL_DOUBLE_SEND_WAITS_RECV) */
+    unsigned long long acks;      /* the peer's answers: its receives that took one */
 } Comm;
 
 /* A send or receive of a non-blocking communicator waiting for its connection. */
@@ -262,6 +271,16 @@ static int write_all(int fd, const void* p, size_t len) {
     return 0;
 }
 
+/* The length that marks a receive's answer to its sender (PPNRT_NCCL_DOUBLE_SEND_WAITS_RECV):
+ * no bytes follow. */
+static const uint64_t RECEIVED = UINT64_MAX;
+
+/* Whether sends complete only once the peer's receive took them (see the top). */
+static int sends_wait_for_receives(void) {
+    const char* on = getenv("PPNRT_NCCL_DOUBLE_SEND_WAITS_RECV");
+    return on && *on && strcmp(on, "0") != 0;
+}
+
 static int read_all(int fd, void* p, size_t len) {
     unsigned char* b = p;
     while (len) {
@@ -280,6 +299,12 @@ static void* reader_main(void* arg) {
     for (;;) {
         uint64_t len;
         if (read_all(c->fd, &len, sizeof len) != 0) break;
+        if (len == RECEIVED) {
+            pthread_mutex_lock(&c->lock);
+            c->acks++;
+            pthread_mutex_unlock(&c->lock);
+            continue;
+        }
         Message* m = malloc(sizeof(Message) + len);
         m->next = NULL;
         m->len = len;
@@ -502,11 +527,25 @@ static void send_run(void* arg) {
     }
     int failed = write_all(c->fd, &len, sizeof len) != 0 || write_all(c->fd, bytes, w->bytes) != 0;
     free(poison);
-    if (failed) {
-        pthread_mutex_lock(&c->lock);
-        if (!c->aborted) c->remote_error = 1;
-        pthread_mutex_unlock(&c->lock);
-    }
+    pthread_mutex_lock(&c->lock);
+    if (failed && !c->aborted) c->remote_error = 1;
+    if (!failed) c->sent_msgs++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* PPNRT_NCCL_DOUBLE_SEND_WAITS_RECV: the end of a send, queued right behind it, ready once the
+ * peer's receives took every message this rank sent, or the communicator was aborted. */
+static int received_ready(void* arg) {
+    Work* w = arg;
+    Comm* c = w->comm;
+    pthread_mutex_lock(&c->lock);
+    int ready = c->aborted || c->acks >= c->sent_msgs;
+    pthread_mutex_unlock(&c->lock);
+    return ready;
+}
+
+static void received_run(void* arg) {
+    (void)arg;
 }
 
 static int recv_ready(void* arg) {
@@ -534,6 +573,13 @@ static void recv_run(void* arg) {
     size_t len = m->len < w->bytes ? m->len : w->bytes;
     if (range_ok("ncclRecv (NCCL double): the receive buffer", w->buf, len)) memcpy(w->buf, m->bytes, len);
     free(m);
+    if (sends_wait_for_receives()) {
+        /* The sender's send completes now (a failed write: the connection ended, nobody waits). */
+        pthread_mutex_lock(&c->lock);
+        int fd = c->aborted ? -1 : c->fd;
+        pthread_mutex_unlock(&c->lock);
+        if (fd >= 0) (void)write_all(fd, &RECEIVED, sizeof RECEIVED);
+    }
 }
 
 /* Runs a stream's work up to a send that was queued behind work not done yet. */
@@ -544,13 +590,17 @@ static void* progress_main(void* stream) {
 
 static int enqueue_work(Work* w, void* stream, int sending) {
     int rc = sending ? enqueue_external(stream, send_ready, send_run, w) : enqueue_external(stream, recv_ready, recv_run, w);
+    int waits = sending && sends_wait_for_receives();
+    if (rc == 0 && waits) rc = enqueue_external(stream, received_ready, received_run, w);
     /* A send goes out at once (its receiver, in another process, waits for it): in the call, or
-     * with PPNRT_NCCL_DOUBLE_ASYNC_SEND=1 on a thread of its own, so that the call returns while
-     * the work before the send waits (as ncclSend returns once the send is queued). */
+     * with PPNRT_NCCL_DOUBLE_ASYNC_SEND=1 (or a send that waits for its receive) on a thread of
+     * its own, so that the call returns while the work before the send waits (as ncclSend
+     * returns once the send is queued). */
     if (rc == 0 && sending) {
         const char* async = getenv("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
+        int on_thread = waits || (async && *async && strcmp(async, "0") != 0);
         pthread_t progress;
-        if (async && *async && strcmp(async, "0") != 0 && pthread_create(&progress, NULL, progress_main, stream) == 0) {
+        if (on_thread && pthread_create(&progress, NULL, progress_main, stream) == 0) {
             pthread_detach(progress);
         } else {
             rc = run_stream(stream);

@@ -38,7 +38,9 @@
 //! waiting for a free slot holds the link's control lock, not its writer), and whichever thread
 //! reads the peer's answers records that it heard them, so a wait as long as the caller asks
 //! never looks like a hung rank to either side. Clean shutdown: the TX rank sends a close record and waits (bounded)
-//! until the RX rank's receives of every step are complete.
+//! until the RX rank's receives of every step are complete and, over NCCL, its own last send
+//! too (an event recorded right after each send): a confirmation while a send waits for its
+//! receive is a lie, and fails the link.
 //!
 //! Trust: every control connection is admitted as [`crate::auth`] describes (the TX rank and the
 //! RX rank each prove the job's key before the boundary is named; the RX rank's listener binds

@@ -356,6 +356,9 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                     if link.ipc().is_some() && link.fault.at(FaultPoint::ReceiveWithoutFreeing) {
                         return Ok(());
                     }
+                    if link.nccl().is_some() && link.fault.at(FaultPoint::ConfirmWithoutReceiving) {
+                        return Ok(());
+                    }
                     if let Some(flags) = link.ipc() {
                         // While the copy is awaited: the runtime's stop, the link's, and the peer's
                         // end of the connection closed end the wait (its silence, the flags').
@@ -394,12 +397,18 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
     // A runtime that stops (its drop) synchronises its streams next: the receives this thread
     // posted for steps the TX rank announced must complete within the peer timeout (an honest TX
     // rank sends every step it announced), else the link fails, and its abort cuts them short,
-    // instead of the drop waiting for ever on a peer that never sends.
+    // instead of the drop waiting for ever on a peer that never sends. (The watchdog goes on
+    // showing the peer signs of life meanwhile: it stops after the receivers.) A stream that
+    // drained is no proof that the receives got their data: a peer that ended its side (failed,
+    // aborted) may end a receive waiting for it without the data, which NCCL reports as the
+    // communicator's asynchronous error; the link fails then too.
     let outcome = outcome.and_then(|()| {
-        if link.nccl().is_none() || link.is_stopped() || !stop.load(Ordering::SeqCst) {
+        let Some(comm) = link.nccl() else { return Ok(()) };
+        if link.is_stopped() || !stop.load(Ordering::SeqCst) {
             return Ok(());
         }
         drain_within(&inbound.recv_stream, link.timeout, &AtomicBool::new(false))
+            .and_then(|()| comm.async_error().map_err(|e| format!("the peer's end failed meanwhile: {e}")))
             .map_err(|e| format!("the runtime stopped with a receive pending: {e}"))
     });
     link.phase.set(Phase::Stopped, expected);

@@ -16,6 +16,7 @@ use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{Fault, FaultPoint, Tamper};
 use crate::pp::timing::POLL;
+use crate::safe::event_pool::StreamEvent;
 use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 
 /// The TX rank's end of a link.
@@ -58,6 +59,10 @@ pub(super) struct SendControl {
     /// The element type (name, byte size) of the last step announced over the connection: a
     /// step of the same type may be announced in the control block of an IPC boundary.
     pub(super) last_elem: Option<(&'static str, usize)>,
+    /// Over NCCL: an event recorded on the TX stream right after the last step's send (none
+    /// before the first), the close's witness that every send of the link completed (see
+    /// [`Sender::await_sends`]).
+    pub(super) sent: Option<StreamEvent>,
 }
 
 /// The writing end of a TX rank's control connection (see [`Sender::writer`]).
@@ -164,8 +169,8 @@ impl Sender {
     ) -> Result<usize> {
         check_type_name(self.link.boundary, T::NAME)?;
         self.link.check()?;
-        // No capture of the TX stream begins between this check and the send.
-        let _gate = self.tx_stream.enqueue_gate_uncaptured("PpNRt::tx to another rank")?;
+        // No capture of the TX stream begins between this check and the send (and its witness).
+        let gate = self.tx_stream.enqueue_gate_uncaptured("PpNRt::tx to another rank")?;
         let mut control = self.lock();
         if control.closed {
             return Err(self.link.stopped_or("the boundary was closed"));
@@ -209,6 +214,17 @@ impl Sender {
             // the watchdog or a receiver thread) reports that failure, as every later call does.
             self.link.fail(format!("the send of step {step} failed: {e}"));
             return Err(self.link.stopped().unwrap_or(e));
+        }
+        // Over NCCL, the close's witness that this send completed: an event right after it (one
+        // record per step, of the same event; a record at the close would also wait for the
+        // caller's work queued after the last send, which may wait on another boundary).
+        if self.link.nccl().is_some() {
+            if let Err(e) = self.tx_stream.record_after_enqueued(Some(&gate), &mut control.sent) {
+                // The close could not tell whether this send completed: the link cannot be
+                // trusted with another step (the send and its record are out).
+                self.link.fail(format!("recording the end of step {step}'s send failed: {e}"));
+                return Err(self.link.stopped().unwrap_or_else(|| e.into()));
+            }
         }
         control.step += 1;
         Ok(slot)
@@ -365,7 +381,8 @@ impl Sender {
     }
 
     /// Clean close: sends the close record and waits, at most `timeout`, until the RX rank has
-    /// received every step (its receives are complete). A link that cannot close is failed
+    /// received every step (its receives are complete) and, over NCCL, until this rank's sends
+    /// completed too ([`await_sends`](Self::await_sends)). A link that cannot close is failed
     /// (aborted), so no send of it stays queued.
     pub(in crate::pp) fn close(&self, timeout: Duration) {
         let mut control = self.lock();
@@ -408,11 +425,49 @@ impl Sender {
             Ok(DONE) if matches!(&self.link.carrier, Carrier::Ipc(flags) if flags.waits_pending()) => self.link.fail(
                 format!("the peer confirmed the close after {step} step(s) while a copy still waited for its slot"),
             ),
-            Ok(DONE) => {
-                self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
-            }
+            Ok(DONE) => match self.await_sends(control, step, deadline, timeout) {
+                Ok(()) => {
+                    self.link.stop_with(format!("the boundary was closed after {step} step(s)"));
+                }
+                Err(reason) => self.link.fail(reason),
+            },
             Ok(other) => self.link.fail(format!("the peer answered the close with {other}")),
             Err(e) => self.link.fail(format!("the peer did not confirm the close within {timeout:?}: {e}")),
+        }
+    }
+
+    /// Over NCCL, once the peer confirmed the close after `steps` steps: waits, until `deadline`
+    /// (the close's, `timeout` after it began; one look at least), until the send of the last
+    /// step completed, as seen by the event recorded right after it (`sent`, which the caller's
+    /// later work on the TX stream does not delay). An honest peer confirms only once it received
+    /// every step, and then every send completes; a peer that confirms without having received
+    /// lied, and a send of the link waits for its receive for ever (NCCL's sends larger than its
+    /// buffers do), which the runtime's drop would wait for too: the reason the link fails then
+    /// (aborted, its abort ends the send).
+    fn await_sends(
+        &self,
+        control: &SendControl,
+        steps: u64,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> std::result::Result<(), String> {
+        let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {
+            return Ok(());
+        };
+        let last = steps.saturating_sub(1);
+        loop {
+            match sent.is_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(format!("looking at the send of step {last} after the close failed: {e}")),
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the peer confirmed the close after {steps} step(s) while the send of step {last} had not \
+                     completed within {timeout:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 

@@ -270,6 +270,7 @@ pub(in crate::pp) fn connect(
                 ipc_slots: mapped_slots,
                 closed: false,
                 last_elem: None,
+                sent: None,
             });
             let sender = Sender {
                 link,

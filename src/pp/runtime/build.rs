@@ -356,10 +356,14 @@ impl Drop for PpNRt {
                 sender.close(self.config.peer_timeout());
             }
         }
-        self.watchdog = None;
+        // The receivers stop before the watchdog: a receiver stopping with a receive pending
+        // drains it (at most the peer timeout), and meanwhile the watchdog goes on showing the
+        // peers signs of life; a rank that drained in silence would look hung to a peer that is
+        // merely slow, which would fail the boundary and abort the very send the drain waits for.
         for receiver in &mut self.receivers {
             receiver.stop();
         }
+        self.watchdog = None;
         for stream in self.local_streams() {
             if let Err(e) = stream.synchronize() {
                 record_drop_error(e);
