@@ -493,6 +493,17 @@ impl Sender {
         }
     }
 
+    /// Whether this end's close began (its `CLOSE` record is written, or being written: no
+    /// answer of the peer can precede it). Never waits: a writer busy with a record is not the
+    /// close's (`tx` refuses once the close began, and the watchdog writes no sign of life then).
+    fn close_began(&self) -> bool {
+        match self.writer.try_lock() {
+            Ok(writer) => writer.closed,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().closed,
+            Err(TryLockError::WouldBlock) => false,
+        }
+    }
+
     /// [`watch`](Self::watch) of the connection; the reason the link fails, if it does.
     pub(super) fn look(&self) -> std::result::Result<(), String> {
         let quiet = |e: &std::io::Error| {
@@ -501,6 +512,9 @@ impl Sender {
         let failed = |e: std::io::Error| format!("the boundary's connection failed: {e}");
         let mut byte = [0u8; 1];
         let waiting = match self.watch.peek(&mut byte) {
+            // After a close began, the peer ends the connection once it answered: the close
+            // decides (it reads the answer, then waits for this rank's last send).
+            Ok(0) if self.close_began() => return Ok(()),
             Ok(0) => return Err(PEER_CLOSED.into()),
             Ok(_) => true,
             Err(e) if quiet(&e) => false,
@@ -518,6 +532,7 @@ impl Sender {
                 // the read returns at once.
                 let mut bytes = [0u8; 64];
                 match (&self.watch).read(&mut bytes) {
+                    Ok(0) if self.close_began() => return Ok(()),
                     Ok(0) => return Err(PEER_CLOSED.into()),
                     Ok(read) => {
                         let control = &mut *control;
