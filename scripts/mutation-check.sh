@@ -323,6 +323,10 @@ declare -A catchers=(
   [ipc-released-consumed-as-step]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it a_slot_lent_in_place_is_not_written_after_its_boundary_failed"
   [ipc-released-consumed-as-free]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
   [ipc-gated-copy-required]="a_cuda_12_4_driver_gets_every_feature_it_has"
+  # A flagged copy whose later call fails notes its buffers' uses all the same (its earlier
+  # calls' work stays queued): on the copy engine and through the helper kernels.
+  [flagged-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
+  [gated-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -950,3 +954,11 @@ run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >=
 # copy engine), as before.
 run ipc-gated-copy-required src/pp/remote/ipc.rs "        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
 " ""
+# A flagged copy whose later call fails (the signal) after an earlier one queued its work (the
+# copy, the wait) notes every buffer's use all the same: the queued work runs later.
+run flagged-copy-partly-queued-unordered src/safe/ipc/flagged.rs "    Ok(then())" "    then().map(Ok)"
+run gated-copy-partly-queued-unordered src/safe/ipc/flagged.rs "                    queued_then(raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags()), || {
+                        gated.launch(self, steps.signal)
+                    })" "                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())
+                        .and_then(|()| gated.launch(self, steps.signal))
+                        .map(Ok)"

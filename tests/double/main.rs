@@ -88,6 +88,7 @@ mod graphs_mode;
 mod ipc;
 mod ipc_announcements;
 mod ipc_boundary;
+mod ipc_gated;
 mod ipc_host_flags;
 mod ipc_memops;
 mod process_transport;

@@ -1,0 +1,71 @@
+//! The IPC sending rank's flagged copy (the copy into the receiving rank's slot and the signal
+//! after it, queued behind a wait for the slot when it was not free) when a driver call fails
+//! part way: the work the calls before it queued stays queued and runs later, so the buffers it
+//! reads and writes stay ordered by the crate's rule, an input dropped after the failed `tx`
+//! included (its free waits for the queued copy).
+
+use crate::{OUT_OF_MEMORY, double, ranks};
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use double::with_double;
+use ppnrt::{CudaSlice, Engine};
+
+const N: usize = 2048;
+
+/// A step whose send fails at a later call of its flagged copy, after an earlier call queued work
+/// that reads its input: step 0 (its slot free: the copy engine's copy, then a write-value that
+/// fails) and step 2 of two slots (its slot still held: the wait, the helper kernel's copy, then
+/// the signal kernel's launch that fails). The `tx` fails, typed, naming the call; the input,
+/// owned by another stream than the stage's (the primary engine's own), is dropped at once. Its
+/// free must wait for the copy queued before the failure, which the rank's stream (held by a
+/// gate of the double meanwhile) runs later: nothing touches freed memory. A flagged copy that
+/// notes its buffers' uses only when every call succeeded (mutation
+/// `ipc-flagged-copy-partly-queued-unordered`) frees the input under the queued copy.
+#[test]
+fn a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran() {
+    with_double("a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran", |double| {
+        static HOLD: AtomicBool = AtomicBool::new(false);
+        // The gated step last: a kernel that reaches freed memory ends the context.
+        for (step, entry, nth) in [(0, "cuStreamWriteValue64_v2", 1), (2, "cuLaunchKernel", 2)] {
+            HOLD.store(false, Ordering::SeqCst);
+            let case = format!("step {step}, call {nth} to {entry} failing");
+            let primary = Engine::new(0).unwrap();
+            let ranks = ranks::two_ranks_configured(Duration::from_millis(500), |_, config| config.with_slots(2));
+            let engine = ranks.0.engine(0, &primary).unwrap().clone();
+            let earlier: Vec<CudaSlice<u32>> =
+                (0..step).map(|t| ranks.0.enter(0).and_then(|_stage| Ok(engine.htod(&[t; N])?)).unwrap()).collect();
+            for x in &earlier {
+                ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, x, N)).unwrap();
+            }
+            // Owned by the primary engine's stream, not the stage's: only the rule orders its free
+            // after the stage stream's copy.
+            let input = primary.htod(&[7u32; N]).unwrap();
+            let stream = Arc::clone(ranks.0.stage_stream(0).unwrap());
+            double.gate(&stream, &HOLD);
+            let violations = double.violations();
+            double.fail(entry, nth, OUT_OF_MEMORY);
+            let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &input, N));
+            double.clear_faults();
+            assert!(
+                sent.as_ref().is_err_and(|e| e.to_string().contains(entry.trim_end_matches("_v2"))),
+                "{case}: the send gave {sent:?}, not the call's error"
+            );
+            drop(input);
+            // The input's free runs on the primary engine's stream, after what it waits for; the
+            // stage stream is let go meanwhile (it would hold the wait for good).
+            let opener = std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                HOLD.store(true, Ordering::SeqCst);
+            });
+            let synchronized = primary.synchronize();
+            opener.join().unwrap();
+            let _ = crate::drop_ranks_within((earlier, ranks, stream), Duration::from_secs(15), &case);
+            double.flush();
+            assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
+            synchronized.unwrap();
+        }
+    });
+}
