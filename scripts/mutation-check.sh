@@ -327,6 +327,10 @@ declare -A catchers=(
   # calls' work stays queued): on the copy engine and through the helper kernels.
   [flagged-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
   [gated-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
+  # The double's twins of the cancellable copy's kernels keep the kernels' contract (the GPU tier
+  # checks the kernels themselves with the same test).
+  [double-gated-copy-ungated]="the_gated_copy_copies_every_alignment_and_writes_nothing_once_released"
+  [double-gated-signal-ungated]="the_gated_copy_copies_every_alignment_and_writes_nothing_once_released"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -962,3 +966,7 @@ run gated-copy-partly-queued-unordered src/safe/ipc/flagged.rs "                
                     })" "                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())
                         .and_then(|()| gated.launch(self, steps.signal))
                         .map(Ok)"
+# The double's twins of the cancellable copy's kernels: the copy writes nothing at the release
+# value, and the signal then says "released".
+run double-gated-copy-ungated tests/driver_double/cuda_double.c "        if (__atomic_load_n((unsigned long long*)(uintptr_t)p[3], __ATOMIC_ACQUIRE) >= p[4]) break;" "        if (0) break;"
+run double-gated-signal-ungated tests/driver_double/cuda_double.c "gate < p[3] ? p[1] : p[3], __ATOMIC_RELEASE);" "p[1], __ATOMIC_RELEASE); (void)gate;"

@@ -1,8 +1,9 @@
 //! The IPC sending rank's flagged copy (the copy into the receiving rank's slot and the signal
-//! after it, queued behind a wait for the slot when it was not free) when a driver call fails
-//! part way: the work the calls before it queued stays queued and runs later, so the buffers it
+//! after it, queued behind a wait for the slot when it was not free): when a driver call fails
+//! part way, the work the calls before it queued stays queued and runs later, so the buffers it
 //! reads and writes stay ordered by the crate's rule, an input dropped after the failed `tx`
-//! included (its free waits for the queued copy).
+//! included (its free waits for the queued copy); and the kernels of the copy a failure cancels,
+//! as the double runs them, keep their contract at every alignment and size.
 
 use crate::{OUT_OF_MEMORY, double, ranks};
 
@@ -67,5 +68,23 @@ fn a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ra
             assert_eq!(double.violations(), violations, "{case}: {}", double.last_violation());
             synchronized.unwrap();
         }
+    });
+}
+
+/// The cancellable copy's kernels through the double's C twins, launched as the sending rank
+/// launches them: every alignment and size copied exactly with the gate below the release value,
+/// nothing written and "released" signalled at it (`tests/common/gated_kernels.rs`; the GPU tier
+/// runs the same on the kernels themselves, and races a release with the copy). A twin that
+/// copies whatever the gate says (mutation `double-gated-copy-ungated`) or signals the value
+/// whatever it says (`double-gated-signal-ungated`) fails it.
+#[test]
+fn the_gated_copy_copies_every_alignment_and_writes_nothing_once_released() {
+    with_double("the_gated_copy_copies_every_alignment_and_writes_nothing_once_released", |_| {
+        let engine = Engine::new(0).unwrap();
+        crate::gated_kernels::the_gated_copy_copies_every_alignment_and_writes_nothing_once_released(&engine);
+        // The double runs a copy whole (before or after the release), never a part of it.
+        let outcomes =
+            crate::gated_kernels::a_release_during_the_copy_never_leaves_a_part_signalled_filled(&engine, 1, 2);
+        assert_eq!(outcomes.part_released, 0, "{outcomes:?}");
     });
 }

@@ -22,6 +22,8 @@ mod common;
 
 #[path = "../common/double.rs"]
 mod double;
+#[path = "../common/gated_kernels.rs"]
+mod gated_kernels;
 #[path = "../common/graphs.rs"]
 mod graphs;
 #[path = "../common/ipc_fd.rs"]
