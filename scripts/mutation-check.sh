@@ -331,6 +331,14 @@ declare -A catchers=(
   # life, and a drained receive whose peer's end failed meanwhile fails its boundary.
   [drain-in-silence]="a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout"
   [stop-drain-trusts-idle]="a_receive_the_peer_cut_short_while_the_runtime_stopped_is_never_read_back_as_ok"
+  # A flagged copy whose later call fails notes its buffers' uses all the same (its earlier
+  # calls' work stays queued): on the copy engine and through the helper kernels.
+  [flagged-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
+  [gated-copy-partly-queued-unordered]="a_send_that_fails_after_its_copy_was_queued_keeps_its_input_until_the_copy_ran"
+  # The double's twins of the cancellable copy's kernels keep the kernels' contract (the GPU tier
+  # checks the kernels themselves with the same test).
+  [double-gated-copy-ungated]="the_gated_copy_copies_every_alignment_and_writes_nothing_once_released"
+  [double-gated-signal-ungated]="the_gated_copy_copies_every_alignment_and_writes_nothing_once_released"
 )
 run() {
   name=$1; test=${5:-double}; features=${6:-}; shift
@@ -973,3 +981,15 @@ run drain-in-silence src/pp/runtime/build.rs "        for receiver in &mut self.
             receiver.stop();
         }" double
 run stop-drain-trusts-idle src/pp/remote/receiver.rs "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\"))" "comm.async_error().map_err(|e| format!(\"the peer's end failed meanwhile: {e}\")).or(Ok::<(), String>(()))" double
+# A flagged copy whose later call fails (the signal) after an earlier one queued its work (the
+# copy, the wait) notes every buffer's use all the same: the queued work runs later.
+run flagged-copy-partly-queued-unordered src/safe/ipc/flagged.rs "    Ok(then())" "    then().map(Ok)"
+run gated-copy-partly-queued-unordered src/safe/ipc/flagged.rs "                    queued_then(raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags()), || {
+                        gated.launch(self, steps.signal)
+                    })" "                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())
+                        .and_then(|()| gated.launch(self, steps.signal))
+                        .map(Ok)"
+# The double's twins of the cancellable copy's kernels: the copy writes nothing at the release
+# value, and the signal then says "released".
+run double-gated-copy-ungated tests/driver_double/cuda_double.c "        if (__atomic_load_n((unsigned long long*)(uintptr_t)p[3], __ATOMIC_ACQUIRE) >= p[4]) break;" "        if (0) break;"
+run double-gated-signal-ungated tests/driver_double/cuda_double.c "gate < p[3] ? p[1] : p[3], __ATOMIC_RELEASE);" "p[1], __ATOMIC_RELEASE); (void)gate;"

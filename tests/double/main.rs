@@ -23,6 +23,8 @@ mod common;
 
 #[path = "../common/double.rs"]
 mod double;
+#[path = "../common/gated_kernels.rs"]
+mod gated_kernels;
 #[path = "../common/graphs.rs"]
 mod graphs;
 #[path = "../common/ipc_fd.rs"]
@@ -89,6 +91,7 @@ mod graphs_mode;
 mod ipc;
 mod ipc_announcements;
 mod ipc_boundary;
+mod ipc_gated;
 mod ipc_host_flags;
 mod ipc_memops;
 mod process_transport;

@@ -11,6 +11,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[path = "../common/gated_kernels.rs"]
+mod gated_kernels;
 #[path = "../common/graph_order.rs"]
 mod graph_order;
 #[path = "../common/graphs.rs"]
@@ -30,6 +32,7 @@ mod threads;
 
 mod cudarc_on_gpu;
 mod driver;
+mod gated_copy_on_gpu;
 mod graphs_on_gpu;
 mod hazards;
 mod ipc_on_gpu;

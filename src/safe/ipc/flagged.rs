@@ -69,7 +69,8 @@ impl CudaStream {
     /// [`CudaError::LengthMismatch`] unless the lengths agree; the word checks of
     /// [`write_value_u64`](Self::write_value_u64); [`CudaError::WrongDevice`] for kernels or
     /// buffers of another device than this stream's (a copy through the kernels); the driver's
-    /// error.
+    /// error. A call that fails after an earlier one queued its work (the wait, the copy) leaves
+    /// that work queued, to run later: every buffer's use is noted all the same.
     pub(crate) fn flagged_copy(
         self: &Arc<Self>,
         src: CudaView<'_, u8>,
@@ -114,33 +115,40 @@ impl CudaStream {
                 // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
                 // (lengths checked) and, with the kernels, of this stream's device (checked
                 // above); every range is kept alive until this work has run by the ordering rule
-                // (each use is noted as pending): `Gated::launch`'s contract.
+                // (each use is noted as pending, after a later call's failure too): the
+                // contract of `Gated::launch`, which the closure calls.
                 unsafe {
-                    raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags())?;
-                    gated.launch(self, steps.signal)
+                    queued_then(raw::wait_value_64(raw_stream, gated.gate, steps.wait_for, wait.flags()), || {
+                        gated.launch(self, steps.signal)
+                    })
                 }
-            });
+            })?;
         }
         ordered(self, uses, || {
             // SAFETY: both words are aligned elements of their slices, memory this stream's
             // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
             // (lengths checked); every range is kept alive until this work has run by the
-            // ordering rule (each use is noted as pending).
+            // ordering rule (each use is noted as pending, after a later call's failure too).
             unsafe {
-                if let Some((waited, wait)) = waited {
-                    raw::wait_value_64(raw_stream, waited, steps.wait_for, wait.flags())?;
+                let wait = || match waited {
+                    Some((waited, wait)) => raw::wait_value_64(raw_stream, waited, steps.wait_for, wait.flags()),
+                    None => Ok(()),
+                };
+                let copy = || match bytes {
+                    0 => Ok(()),
+                    _ => raw_memory::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream),
+                };
+                let signal = || {
+                    let flags = CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT.0;
+                    raw::write_value_64(raw_stream, signalled, steps.signal, flags)
+                };
+                match (waited, bytes) {
+                    (Some(_), _) => queued_then(wait(), || copy().and_then(|()| signal())),
+                    (None, 1..) => queued_then(copy(), signal),
+                    (None, 0) => queued_then(signal(), || Ok(())),
                 }
-                if bytes > 0 {
-                    raw_memory::memcpy_async(dst_ptr, src_ptr, bytes, raw_stream)?;
-                }
-                raw::write_value_64(
-                    raw_stream,
-                    signalled,
-                    steps.signal,
-                    CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT.0,
-                )
             }
-        })
+        })?
     }
 
     /// On this stream, once the host saw `flags[at] >= value` (the sender's signal after its copy
@@ -171,6 +179,17 @@ impl CudaStream {
             unsafe { raw::wait_value_64(raw_stream, waited, value, wait.flags()) }
         })
     }
+}
+
+/// The result of a flagged copy's calls for the ordering rule ([`ordered`]): `first`'s error
+/// when it failed (nothing queued), else `Ok` of what the calls after it (`then`) return. A
+/// call that fails after an earlier one queued its work leaves that work queued, to run later
+/// (behind a wait, possibly long after): its buffers' uses must be noted all the same, or a
+/// buffer it reads or writes (the source, the slot, the words) would be freed or reused under
+/// it.
+fn queued_then(first: Result<()>, then: impl FnOnce() -> Result<()>) -> Result<Result<()>> {
+    first?;
+    Ok(then())
 }
 
 /// A flagged copy through the helper kernels (see the module docs): the addresses its two launches
