@@ -245,10 +245,18 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                     // Counted twice, each entry point's fewer kept: the ranks' own threads (receivers,
                     // the watchdog) make some calls on their clocks, and a count that caught more of
                     // them than a run makes would sweep calls no run reaches.
-                    let (driver_calls, nccl_calls) = {
-                        let (first, second) = (count_calls(), count_calls());
-                        (fewer_calls(first.0, &second.0), fewer_calls(first.1, &second.1))
+                    let (first, second) = (count_calls(), count_calls());
+                    // An IPC step writes a flag word: its signal (a slot freed ahead), or its wait
+                    // for the slot then the cancellable copy's signal kernel (a slot not freed
+                    // yet). Which one a run takes depends on the receiver's thread: each count is
+                    // looked at alone.
+                    let flagged = |calls: &[(String, u64)]| {
+                        calls.iter().any(|(entry, _)| {
+                            entry.starts_with("cuStreamWriteValue64") || entry.starts_with("cuStreamWaitValue64")
+                        })
                     };
+                    let flags_written = flagged(&first.0) && flagged(&second.0);
+                    let (driver_calls, nccl_calls) = (fewer_calls(first.0, &second.0), fewer_calls(first.1, &second.1));
                     if transport == ProcessTransport::Nccl {
                         assert!(
                             nccl_calls.iter().any(|(entry, _)| entry == "ncclSend" || entry == "ncclCommDestroy"),
@@ -264,8 +272,7 @@ fn every_failing_call_across_ranks_is_an_error_in_bounded_time_that_loses_nothin
                             "{what}: {nccl_calls:?}"
                         );
                         assert!(
-                            swept == RemoteSwept::Teardown
-                                || driver_calls.iter().any(|(entry, _)| entry.starts_with("cuStreamWriteValue64")),
+                            swept == RemoteSwept::Teardown || flags_written,
                             "{what}: no flag written: {driver_calls:?}"
                         );
                     }
