@@ -958,18 +958,17 @@ run nonblocking-read-spins src/pp/remote/wire.rs "            Err(e) if e.kind()
 # (copy-engine copies there run once released), its signal says "released" where the copy was
 # skipped, and a consumed word at the release value frees no slot: the forwarder releases the
 # gate, and `tx` queues a wait rather than a copy with none.
-run ipc-gated-copy-off src/pp/remote/ipc.rs "            Some(engine) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED })," "            Some(_) => None::<Releasable<'_>>,"
+run ipc-gated-copy-off src/pp/remote/ipc.rs "            (Some(engine), false) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED })," "            (Some(_), false) => None::<Releasable<'_>>,"
 run ipc-gated-signal-unconditional src/safe/ipc/flagged.rs "        let (mut signal, mut value) = (self.signal, value);" "        let (mut signal, mut value, mut released) = (self.signal, value, u64::MAX);"
 run ipc-released-consumed-as-step src/pp/remote/gates.rs "            let freed = if consumed >= RELEASED { RELEASED } else { consumed.min(last) };" "            let freed = consumed.min(last);"
 run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >= step && consumed < RELEASED {" "        if consumed >= step {"
 # A driver that cannot run the helper kernels keeps an IPC boundary (its waiting copies on the
 # copy engine), as before.
-run ipc-gated-copy-required src/pp/remote/ipc.rs "        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
-" ""
+run ipc-gated-copy-required src/pp/remote/ipc.rs "    flags.releasable_by = engine.helper_kernels_if_runnable()?.map(|_| engine.clone());" "    flags.releasable_by = Some(engine.helper_kernels().map(|_| engine.clone())?);"
 # A close confirmed over NCCL is trusted only once this rank's last send completed, as seen by the
 # event recorded right after it (tests/double/teardown_ranks.rs).
-run nccl-lying-close-trusted src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let Some(sent) = control.sent.as_ref().filter(|_| false) else {" double
-run nccl-close-witness-at-stream-end src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {" "let end = self.tx_stream.event_after_enqueued(None).ok(); let Some(sent) = end.as_ref().filter(|_| control.sent.is_some() && self.link.nccl().is_some()) else {" double
+run nccl-lying-close-trusted src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref() else {" "let Some(sent) = control.sent.as_ref().filter(|_| false) else {" double
+run nccl-close-witness-at-stream-end src/pp/remote/sender.rs "let Some(sent) = control.sent.as_ref() else {" "let end = self.tx_stream.event_after_enqueued(None).ok(); let Some(sent) = end.as_ref().filter(|_| control.sent.is_some()) else {" double
 # A runtime's drop stops its receivers (each draining its pending receives, at most the peer
 # timeout) before its watchdog, so that a slow peer goes on hearing from it; a drain that ends
 # with the peer's end failed (a receive ended without its data) fails the boundary.

@@ -247,6 +247,20 @@ impl Engine {
         })
     }
 
+    /// This device's helper kernels where the driver can run them: `Ok(None)` when it cannot run
+    /// the embedded PTX (a driver older than the toolkit that built it), whose callers then keep
+    /// their copies on the copy engines. Any other failure is the load's error.
+    ///
+    /// # Errors
+    /// The module load's error, but an unrunnable image's.
+    pub(crate) fn helper_kernels_if_runnable(&self) -> Result<Option<&HelperKernels>> {
+        match self.helper_kernels() {
+            Ok(kernels) => Ok(Some(kernels)),
+            Err(CudaError::Driver(e)) if e.is_unrunnable_code() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// This device's test fixtures' kernels (`testing` feature), loaded on first use.
     ///
     /// # Errors

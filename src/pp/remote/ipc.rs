@@ -87,6 +87,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crate::Engine;
 use crate::local_channel::{ControlBlock, FdEntry, FdKind, LocalChannel, LocalChannelError, LocalListener, Side};
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
@@ -97,7 +98,6 @@ use crate::safe::memory::DeviceMemory;
 use crate::safe::ordering::Use;
 use crate::safe::{CudaSlice, CudaStream, CudaView, CudaViewMut, ExportedMemory, ImportedMemory, WaitCondition};
 use crate::safe::{FlagSteps, MemOpsSupport, PrivateWords, Releasable, register_control_block, register_private_words};
-use crate::{CudaError, Engine};
 
 use super::gates::{Gates, RELEASED};
 use super::wire::read_exact_by;
@@ -207,9 +207,10 @@ impl IpcFlags {
             signal_at: self.block.filled_word(s),
             signal: step + 1,
         };
-        let releasable = match &self.releasable_by {
-            Some(engine) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED }),
-            None => None,
+        // Only a copy that waits is one a release may cancel (see the module docs).
+        let releasable = match (&self.releasable_by, freed) {
+            (Some(engine), false) => Some(Releasable { kernels: engine.helper_kernels()?, released: RELEASED }),
+            _ => None,
         };
         let mut words = self.lock();
         self.note_queued_on(stream);
@@ -591,11 +592,7 @@ pub(super) fn take(
     flags.gates = Some(gates);
     // A driver older than the toolkit that built the helper kernels cannot run them: its copies
     // that wait stay on the copy engine (module docs, "Failure:").
-    flags.releasable_by = match engine.helper_kernels() {
-        Ok(_) => Some(engine.clone()),
-        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => None,
-        Err(e) => return Err(e.into()),
-    };
+    flags.releasable_by = engine.helper_kernels_if_runnable()?.map(|_| engine.clone());
     Ok(Taken { flags, slots, _channel: channel })
 }
 

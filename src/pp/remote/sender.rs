@@ -451,7 +451,8 @@ impl Sender {
         deadline: Instant,
         timeout: Duration,
     ) -> std::result::Result<(), String> {
-        let Some(sent) = control.sent.as_ref().filter(|_| self.link.nccl().is_some()) else {
+        // Recorded over NCCL only (see `tx`).
+        let Some(sent) = control.sent.as_ref() else {
             return Ok(());
         };
         let last = steps.saturating_sub(1);

@@ -23,7 +23,7 @@ use crate::pp::fault::{EXIT_BEFORE_COMM_JOIN, FaultPoint};
 use crate::pp::plan::{Plan, Transport};
 use crate::pp::process_transport::IPC_TRANSPORT_BUILT;
 use crate::rendezvous::{RankIdentity, Rendezvous, RendezvousError};
-use crate::safe::{Context, CudaEvent, CudaSlice, CudaStream};
+use crate::safe::{CudaEvent, CudaSlice, CudaStream};
 
 /// The local side of every cross-rank boundary, keyed by boundary.
 pub(in crate::pp) struct Links {
@@ -34,7 +34,6 @@ pub(in crate::pp) struct Links {
 /// What [`connect`] needs of a local stage: its engine, context and stream.
 pub(in crate::pp) struct LocalStage {
     pub(in crate::pp) engine: Engine,
-    pub(in crate::pp) ctx: Arc<Context>,
     pub(in crate::pp) stream: Arc<CudaStream>,
 }
 
@@ -208,12 +207,12 @@ pub(in crate::pp) fn connect(
             let nccl_rank = i32::from(!sending);
             Carrier::Nccl(if watched {
                 let mut joining = setup_watch(&socket, "joining the NCCL communicator", timeout);
-                NcclComm::init_rank_watched(&local.ctx, 2, &id, nccl_rank, timeout, || {
+                NcclComm::init_rank_watched(local.engine.context(), 2, &id, nccl_rank, timeout, || {
                     joining()
                         .map_err(|reason| Error::Pipeline(PpError::PeerFailed { boundary: b.boundary, peer, reason }))
                 })?
             } else {
-                NcclComm::init_rank(&local.ctx, 2, &id, nccl_rank)?
+                NcclComm::init_rank(local.engine.context(), 2, &id, nccl_rank)?
             })
         };
         let clone = |socket: &TcpStream| {
@@ -285,14 +284,14 @@ pub(in crate::pp) fn connect(
             };
             links.senders.insert(b.boundary, Arc::new(sender));
         } else {
-            let recv_stream = CudaStream::new(&local.ctx)?;
+            let recv_stream = CudaStream::new(local.engine.context())?;
             if let (Some(comm), Some(mut probe)) = (link.nccl(), probe) {
                 // SAFETY: the TX rank's probe send is of the same four `u32`s.
                 unsafe { comm.recv(&recv_stream, &mut probe, 0) }?;
                 wait_for_probe(&link, &recv_stream, &socket, watched)?;
             }
             let capture_stream = if link.nccl().is_some() && recv_graphs_allowed(config)? {
-                Some(CudaStream::new(&local.ctx)?)
+                Some(CudaStream::new(local.engine.context())?)
             } else {
                 None
             };

@@ -95,11 +95,7 @@ impl PpNRt {
                 .iter()
                 .map(|stage| {
                     let stage = stage.as_ref()?;
-                    Some(LocalStage {
-                        engine: stage.engine.clone(),
-                        ctx: Arc::clone(stage.engine.context()),
-                        stream: Arc::clone(&stage.stream),
-                    })
+                    Some(LocalStage { engine: stage.engine.clone(), stream: Arc::clone(&stage.stream) })
                 })
                 .collect();
             Some(remote::connect(&config, &mut plan, &local, &identity)?)
@@ -304,7 +300,9 @@ fn boundary_end(
         let link = Arc::clone(link);
         ring.on_taken(Arc::new(move |taken| link.answer_credit(taken, false)));
     }
-    let sm_copies = bp.transport != Transport::HostStaged && config.sm_copies() && helpers_runnable(&rx.engine)?;
+    let sm_copies = bp.transport != Transport::HostStaged
+        && config.sm_copies()
+        && rx.engine.helper_kernels_if_runnable()?.is_some();
     Ok(BoundaryEnd::Ring(Arc::new(Boundary {
         plan: bp,
         tx_stream,
@@ -332,17 +330,6 @@ fn start_link_threads(
     let senders =
         boundaries.iter().filter_map(|end| if let BoundaryEnd::Send(s) = end { Some(Arc::clone(s)) } else { None });
     Ok((receivers, Watchdog::start(senders.collect(), heartbeats)?))
-}
-
-/// Whether the helper kernels load on `engine`'s device. `Ok(false)` when the driver cannot run
-/// the embedded PTX (a driver older than the toolkit that built it): boundary copies then stay on
-/// the copy engines, which need no kernel. Any other failure is the build's error.
-fn helpers_runnable(engine: &Engine) -> Result<bool> {
-    match engine.helper_kernels() {
-        Ok(_) => Ok(true),
-        Err(CudaError::Driver(e)) if e.is_unrunnable_code() => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }
 
 impl Drop for PpNRt {
