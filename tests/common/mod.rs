@@ -15,6 +15,37 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// A port on 127.0.0.1 for a rendezvous that rank 0 binds later. A port the system hands out
+/// for `bind("127.0.0.1:0")` and the caller closes again can be taken before rank 0 binds it:
+/// every connection another test opens meanwhile (NCCL's own sockets included) picks its local
+/// port from the same ephemeral range, and so does every other `bind(..:0)`. This one is picked
+/// below that range (`/proc/sys/net/ipv4/ip_local_port_range`), where only an explicit bind
+/// takes a port: each call of a process steps through a permutation of 8,192 ports from a start
+/// of its own, and returns the first one it could bind.
+pub fn rendezvous_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    // 8,192 ports (a power of two, so an odd stride visits each once) above the reserved 1,024.
+    const SPAN: u32 = 8_192;
+    if ephemeral_low >= 1_024 + SPAN {
+        let base = ephemeral_low - SPAN;
+        let start = std::process::id().wrapping_mul(2_654_435_761);
+        for _ in 0..SPAN {
+            let call = CALLS.fetch_add(1, Ordering::Relaxed);
+            let port = base + start.wrapping_add(call.wrapping_mul(7_919)) % SPAN;
+            if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
+    // No room below the range (an unusual system setting): one the system hands out.
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// Whether the tests run through the CUDA driver double (`tests/driver_double`), which names its
 /// devices so: queued work runs there when waited for, taking no time, so races and overlaps a
 /// test needs from a GPU do not happen.

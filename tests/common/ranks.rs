@@ -6,8 +6,8 @@ use ppnrt::{Engine, Error, PpConfig, PpNRt};
 
 /// Two ranks of one pipeline in this process, one stage each (rank 0's on device 0, rank 1's on
 /// device 1), each built on a thread of its own (a rank's setup waits for the other's). The
-/// rendezvous port is one the system handed out and this function closed again, which a
-/// connection made meanwhile may take: rank 0 then fails with the typed `Address` error, and
+/// rendezvous port was free when picked ([`crate::common::rendezvous_port`]); another socket
+/// that binds it meanwhile makes rank 0 fail with the typed `Address` error, and
 /// both are built again on another port (at most three times).
 pub fn two_ranks(peer_timeout: std::time::Duration) -> (PpNRt, PpNRt) {
     let (zero, one) = try_two_ranks(&Engine::new(0).unwrap(), peer_timeout);
@@ -47,8 +47,8 @@ pub fn try_two_ranks_configured(
     unreachable!("the loop returns")
 }
 
-/// One try of [`try_two_ranks_configured`], on a port the system handed out and this function
-/// closed again: when a connection took it meanwhile, rank 0's setup is the typed `Address`
+/// One try of [`try_two_ranks_configured`], on a port that was free when picked
+/// ([`crate::common::rendezvous_port`]): when another socket bound it meanwhile, rank 0's setup is the typed `Address`
 /// error ([`port_taken`]) and rank 1's whatever its wait for the rendezvous ended with. A caller
 /// that counts what the setups did (a fault sweep) makes such a run again.
 pub fn try_two_ranks_once(
@@ -56,7 +56,7 @@ pub fn try_two_ranks_once(
     peer_timeout: std::time::Duration,
     configure: &(impl Fn(usize, PpConfig) -> PpConfig + Sync),
 ) -> (ppnrt::Result<PpNRt>, ppnrt::Result<PpNRt>) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::common::rendezvous_port();
     let addr = format!("127.0.0.1:{port}");
     let build = |rank: usize| {
         let config = PpConfig::with_devices(&[0, 1])
@@ -90,7 +90,7 @@ pub fn chain_of_ranks(
     let primary = Engine::new(0).unwrap();
     let stage_ranks: Vec<usize> = (0..devices.len()).collect();
     for attempt in 1.. {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::common::rendezvous_port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config = PpConfig::with_devices(devices)

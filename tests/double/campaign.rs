@@ -271,7 +271,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 Fault::SetupAsyncError { .. } => "an NCCL poll failing in the setup",
             };
             *by_fault.entry(name).or_default() += 1;
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let port = common::rendezvous_port();
             let addr = format!("127.0.0.1:{port}");
             if fault == Fault::Strangers {
                 let addr = addr.clone();

@@ -389,7 +389,7 @@ fn a_failure_between_two_ranks_that_feed_each_other_ends_before_the_peer_timeout
     with_double("a_failure_between_two_ranks_that_feed_each_other_ends_before_the_peer_timeout", |_| {
         let timeout = Duration::from_secs(3);
         let primary = Engine::new(0).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::common::rendezvous_port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config = ppnrt::PpConfig::with_devices(&[0, 1, 0])

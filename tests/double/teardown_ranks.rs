@@ -137,7 +137,7 @@ fn alternating_ranks(
 ) -> (PpNRt, PpNRt) {
     let primary = Engine::new(0).unwrap();
     for attempt in 1.. {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::common::rendezvous_port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config = ppnrt::PpConfig::with_devices(&[0, 1, 0, 1])

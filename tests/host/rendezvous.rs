@@ -18,8 +18,7 @@ use ppnrt::rendezvous::{PAYLOAD_BYTES, Rendezvous, RendezvousError};
 use ppnrt::{JobAccess, JobSecret};
 
 fn free_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+    format!("127.0.0.1:{}", crate::common::rendezvous_port())
 }
 
 fn member(addr: &str, rank: usize, world: usize, fingerprint: &str, timeout_ms: u64) -> Rendezvous {

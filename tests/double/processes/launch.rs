@@ -93,10 +93,10 @@ impl Launch<'_> {
     }
 
     /// Runs the ranks to the end (at most `limit` a launch); returns each rank's (success,
-    /// output). The rendezvous port is one the system handed out and the harness closed again, so
-    /// another process (NCCL's own sockets included, seen with six test processes at once) can take
-    /// it before rank 0 listens: rank 0 then fails with the typed `Address` error naming it and
-    /// the launch is made again on another port, at most three times.
+    /// output). The rendezvous port is free when picked ([`crate::common::rendezvous_port`], below
+    /// the ephemeral range, so no connection takes it), but another process that binds it
+    /// explicitly before rank 0 listens makes rank 0 fail with the typed `Address` error naming
+    /// it: the launch is then made again on another port, at most three times.
     pub(crate) fn run(&self, dir: &Path, limit: Duration) -> Vec<(bool, String)> {
         let mut attempt = 0;
         loop {
@@ -412,7 +412,14 @@ pub(crate) fn die_during_setup(name: &str, faults: &[(usize, &str)]) -> (Option<
         std::thread::sleep(Duration::from_millis(5));
     };
     let exited_at = unix_ms();
-    assert_eq!(status.code(), Some(86), "{name}: rank 1 did not exit where the fault puts it: {:?}", output_of(victim));
+    if status.code() != Some(86) {
+        let _ = survivor.kill();
+        panic!(
+            "{name}: rank 1 did not exit where the fault puts it ({status}): {:?}; rank 0: {:?}",
+            output_of(victim),
+            output_of(survivor)
+        );
+    }
     let limit = Instant::now() + Duration::from_secs(12);
     while survivor.try_wait().unwrap().is_none() && Instant::now() < limit {
         std::thread::sleep(Duration::from_millis(10));

@@ -108,7 +108,7 @@ fn graph_reference_digests(engine: &Engine, seed: u64, steps: u64, slots: usize)
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    common::rendezvous_port()
 }
 
 fn scratch(name: &str) -> PathBuf {
