@@ -323,6 +323,10 @@ declare -A catchers=(
   [ipc-released-consumed-as-step]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it a_slot_lent_in_place_is_not_written_after_its_boundary_failed"
   [ipc-released-consumed-as-free]="a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it"
   [ipc-gated-copy-required]="a_cuda_12_4_driver_gets_every_feature_it_has"
+  # A send whose notes fail behind a queued wait for its slot releases its gates before the host
+  # waits for the stream; a receiver waiting for a slot watches the link and the connection.
+  [ipc-unnoted-wait-unreleased]="a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call"
+  [fill-wait-unwatched]="a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once"
   # A close confirmed over NCCL while this rank's last send has not completed is a lie: failed,
   # the send aborted; the witness is the event right after the send, not the stream's end.
   [nccl-lying-close-trusted]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
@@ -964,6 +968,11 @@ run ipc-released-consumed-as-step src/pp/remote/gates.rs "            let freed 
 run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >= step && consumed < RELEASED {" "        if consumed >= step {"
 # A driver that cannot run the helper kernels keeps an IPC boundary (its waiting copies on the
 # copy engine), as before.
+# The rule's host wait after failed notes would wait for the peer to free the slot: the send
+# releases its gates first. A receiver asleep until its stage frees a slot learns of the peer's
+# failure meanwhile.
+run ipc-unnoted-wait-unreleased src/pp/remote/ipc.rs "        let release_waits = || gates.release();" "        let release_waits = || ();"
+run fill-wait-unwatched src/pp/runtime/inbound.rs "                watch()?;" "                let _ = &watch;"
 run ipc-gated-copy-required src/pp/remote/ipc.rs "    flags.releasable_by = engine.helper_kernels_if_runnable()?.map(|_| engine.clone());" "    flags.releasable_by = Some(engine.helper_kernels().map(|_| engine.clone())?);"
 # A close confirmed over NCCL is trusted only once this rank's last send completed, as seen by the
 # event recorded right after it (tests/double/teardown_ranks.rs).

@@ -161,6 +161,22 @@ where
     ordered_with_error(stream, uses, locked, enqueue)
 }
 
+/// [`ordered`] for work that may wait on the device for a word only `release` is sure to set
+/// (a wait for another process): when the notes fail and the rule must wait on the host for the
+/// stream, `release` runs first, so that the wait ends (the work behind it then runs as a
+/// released wait makes it run) instead of holding the call until the other process acts.
+pub(crate) fn ordered_releasing<'b, R, I>(
+    stream: &Arc<CudaStream>,
+    uses: I,
+    release: impl FnOnce(),
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R>
+where
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
+{
+    ordered_then_release(stream, uses, true, Some(release), enqueue)
+}
+
 #[inline(always)]
 fn ordered_with_error<'b, R, E, I>(
     stream: &Arc<CudaStream>,
@@ -172,6 +188,25 @@ where
     E: From<CudaError>,
     I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
 {
+    ordered_then_release(stream, uses, locked, None::<fn()>, enqueue)
+}
+
+/// The rule's whole door (see [`ordered`]); with `release`, the work may wait for a word only it
+/// is sure to set, and it runs before the host waits for the stream after failed notes (see
+/// [`ordered_releasing`]).
+#[inline(always)]
+fn ordered_then_release<'b, R, E, I>(
+    stream: &Arc<CudaStream>,
+    uses: I,
+    locked: bool,
+    release: Option<impl FnOnce()>,
+    enqueue: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E>
+where
+    E: From<CudaError>,
+    I: IntoIterator<Item = (Tracked<'b>, Use)> + Clone,
+{
+    let release_is_none = release.is_none();
     // One binding for the whole operation: the waits, the work and the event records below find
     // the context current and only check it.
     let _bound = stream.context().bind_for_call()?;
@@ -194,10 +229,19 @@ where
         }
         return Ok(result);
     }
+    // Before the host waits for the stream after failed notes (`settle`).
+    let settle = |noted: Result<()>| {
+        if let (Err(_), Some(release)) = (&noted, release) {
+            release();
+        }
+        stream.settle(noted)
+    };
     if locked {
-        // One lock per buffer, from the waits to the notes.
+        // One lock per buffer, from the waits to the notes (the short forms settle inside, so
+        // work with a release takes the long one).
         let mut each = uses.clone().into_iter();
         match (each.next(), each.next(), each.next()) {
+            _ if !release_is_none => {}
             (None, ..) => return enqueue(),
             (Some((a, use_a)), None, _) => return a.access().around(use_a, stream, &gate, enqueue),
             (Some((a, use_a)), Some((b, use_b)), None) => {
@@ -208,13 +252,13 @@ where
         let mut held = Access::lock_all(uses.into_iter().map(|(tracked, use_)| (tracked.access(), use_)));
         held.order(stream)?;
         let result = enqueue()?;
-        stream.settle(held.note(stream, &gate))?;
+        settle(held.note(stream, &gate))?;
         return Ok(result);
     }
     for (tracked, use_) in uses.clone() {
         tracked.access().order(stream, use_)?;
     }
     let result = enqueue()?;
-    stream.settle(uses.into_iter().try_for_each(|(tracked, use_)| tracked.access().note(stream, use_)))?;
+    settle(uses.into_iter().try_for_each(|(tracked, use_)| tracked.access().note(stream, use_)))?;
     Ok(result)
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use double::with_double;
+use ppnrt::pp::ReceiverState;
 use ppnrt::{CudaSlice, Engine};
 
 const N: usize = 2048;
@@ -92,13 +93,12 @@ fn the_gated_copy_copies_every_alignment_and_writes_nothing_once_released() {
 /// A send whose flagged copy queued a wait for its slot (step 2 of two slots, rank 1 holding
 /// both) and then failed to note its buffers' uses (the ordering rule's event record fails):
 /// the rule then waits on the host for the stream, whose wait only the receiving rank's freeing
-/// of the slot or the link's release meets. The `tx` should fail at once, naming the call, with
-/// its queued work released and drained. It waits instead until the link's watchdog, which
-/// cannot read the connection while the `tx` holds it, takes the peer for silent (the peer
-/// timeout), and reports that silence. Left as it is: the rule's wait would have to come after
-/// the link's failure and release, which a call that holds the link's locks cannot run.
+/// of the slot or a release meets. The `tx` fails at once, naming the call: the copy releases
+/// its gates before that wait (the link's failure, which needs the locks the `tx` holds, follows
+/// the copy). Without that release (mutation `ipc-unnoted-wait-unreleased`) the `tx` waits until
+/// the link's watchdog, which cannot read the connection while the `tx` holds it, takes the peer
+/// for silent (the peer timeout), and reports that silence.
 #[test]
-#[ignore = "a failed note after a queued wait waits for the peer timeout and reports silence"]
 fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() {
     with_double("a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call", |double| {
         let timeout = Duration::from_millis(800);
@@ -129,5 +129,51 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
             sent.as_ref().is_err_and(|e| e.to_string().contains("cuEventRecord")) && took < timeout / 2,
             "after {took:?}: {sent:?}"
         );
+    });
+}
+
+/// A receiving rank whose stage holds every slot (it took no step yet) learns of the sending
+/// rank's failure within a poll interval or so: its receiver thread, asleep until a slot frees
+/// for the next step, watches the link and the connection meanwhile. The failing rank's `tx`
+/// returns at once: its failure waits until the next rank knows (at most the peer timeout, see
+/// `Link::fail`). Without the watch (mutation `fill-wait-unwatched`) the receiver sleeps on, and
+/// the `tx` takes the whole peer timeout.
+#[test]
+fn a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once() {
+    with_double("a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once", |double| {
+        let timeout = Duration::from_millis(1500);
+        let primary = Engine::new(0).unwrap();
+        let ranks = ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2));
+        let engine = ranks.0.engine(0, &primary).unwrap().clone();
+        let inputs: Vec<CudaSlice<u32>> =
+            (0..3u32).map(|t| ranks.0.enter(0).and_then(|_stage| Ok(engine.htod(&[t + 1; N])?)).unwrap()).collect();
+        for x in &inputs[..2] {
+            ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, x, N)).unwrap();
+        }
+        // Both steps copied: rank 1's receiver awaits step 2, whose announcement finds no free
+        // slot there.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !matches!(ranks.1.receiver_state(0).unwrap(), Some(ReceiverState::AwaitingRecord { step: 2, .. })) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", ranks.1.receiver_state(0));
+            // The double runs a stream's work when it is waited for.
+            ranks.0.synchronize().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Step 2 is announced (rank 1's receiver then waits for a slot), its send queues its wait
+        // for the slot, then its copy kernel's launch fails.
+        double.fail("cuLaunchKernel", 1, OUT_OF_MEMORY);
+        let start = std::time::Instant::now();
+        let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[2], N));
+        let took = start.elapsed();
+        double.clear_faults();
+        assert!(
+            sent.as_ref().is_err_and(|e| e.to_string().contains("cuLaunchKernel")) && took < timeout / 3,
+            "after {took:?}: {sent:?}"
+        );
+        let stopped = std::time::Instant::now() + timeout / 3;
+        while !matches!(ranks.1.receiver_state(0).unwrap(), Some(ReceiverState::Stopped)) {
+            assert!(std::time::Instant::now() < stopped, "rank 1's receiver: {:?}", ranks.1.receiver_state(0));
+            std::thread::sleep(Duration::from_millis(1));
+        }
     });
 }

@@ -215,7 +215,19 @@ impl IpcFlags {
         let mut words = self.lock();
         self.note_queued_on(stream);
         let gate_words = gates.words();
-        Ok(stream.flagged_copy(src, dst, gate_words.as_view(), &mut words.as_view_mut(), steps, releasable)?)
+        // Where the copy's notes fail, the host waits for the stream, which a queued wait for the
+        // slot would hold until the RX rank frees it (or for ever): the gates are released first
+        // (for good; the failed send fails the link, whose release follows).
+        let release_waits = || gates.release();
+        Ok(stream.flagged_copy(
+            src,
+            dst,
+            gate_words.as_view(),
+            &mut words.as_view_mut(),
+            steps,
+            releasable,
+            release_waits,
+        )?)
     }
 
     /// The TX side: whether its stream may still wait for a free slot (a gate below the step it

@@ -83,14 +83,17 @@ pub(in crate::pp) struct Announced {
 
 /// What the receiver thread does with each announced step: fill the ring's next slot through
 /// `recv` (which posts the NCCL receive into the slot's first `step.bytes` bytes, exactly those,
-/// given the slot's index), waiting
-/// while the slot is taken and `stop` is not set, and keep the link's phase (the next record's,
-/// once the slot is filled). Returns `Ok(false)` when stopped first.
+/// given the slot's index), waiting while the slot is taken and `stop` is not set, and keep the
+/// link's phase (the next record's, once the slot is filled). Returns `Ok(false)` when stopped
+/// first. While it sleeps for the slot it calls `watch` (at most once a poll interval): an
+/// error (the link stopped, the peer's end closed) ends the wait with it, so that the thread
+/// learns of the peer's failure while its stage holds every slot.
 pub(in crate::pp) trait SlotFiller: Send + Sync + 'static {
     fn fill(
         &self,
         step: &Announced,
         stop: &AtomicBool,
+        watch: &mut dyn FnMut() -> Result<()>,
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool>;
     /// Calls `free` with the next step's slot and its buffer, under the ring's lock, when the
@@ -379,7 +382,16 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                     // `SlotFiller::fill`), the count of the sealed record the TX rank sends.
                     unsafe { receive_step(&link, recv_stream, capture_stream, slot, dst, repeated) }
                 };
-                let filled = filler.fill(&step, stop, &mut recv);
+                // While the slot is awaited: the link's stop and the peer's end of the connection
+                // closed end the wait (the stage may hold every slot for long; the peer's failure
+                // must reach this rank meanwhile: its next ranks wait for it to, see `Link::fail`).
+                let mut watch_slot = || {
+                    if link.is_stopped() {
+                        return Err(link.error_or("the boundary stopped"));
+                    }
+                    if peer_hung_up(socket) { Err(link.error_or(PEER_CLOSED)) } else { Ok(()) }
+                };
+                let filled = filler.fill(&step, stop, &mut watch_slot, &mut recv);
                 // The wait for a free slot is this rank's, not the peer's silence.
                 heard = Instant::now();
                 match filled {

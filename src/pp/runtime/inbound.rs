@@ -18,6 +18,7 @@ impl SlotFiller for Boundary {
         &self,
         step: &Announced,
         stop: &AtomicBool,
+        watch: &mut dyn FnMut() -> Result<()>,
         recv: &mut dyn FnMut(usize, &mut CudaViewMut<'_, u8>) -> Result<()>,
     ) -> Result<bool> {
         let phase = |phase: Phase| {
@@ -38,6 +39,7 @@ impl SlotFiller for Boundary {
             ring = if Instant::now() < spin_until {
                 self.ring.spin(ring, spin_until, || stop.load(Ordering::Relaxed))
             } else {
+                watch()?;
                 self.ring.sleep(ring, timing::POLL)
             };
         }

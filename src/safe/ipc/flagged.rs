@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::cuda_error::{CudaError, Result};
 use crate::result::memory as raw_memory;
 use crate::result::stream as raw;
-use crate::safe::enqueue::ordered;
+use crate::safe::enqueue::{ordered, ordered_releasing};
 use crate::safe::helpers::HelperKernels;
 use crate::safe::launch::LaunchConfig;
 use crate::safe::memory::{CudaView, CudaViewMut, DeviceSlice};
@@ -70,7 +70,11 @@ impl CudaStream {
     /// [`write_value_u64`](Self::write_value_u64); [`CudaError::WrongDevice`] for kernels or
     /// buffers of another device than this stream's (a copy through the kernels); the driver's
     /// error. A call that fails after an earlier one queued its work (the wait, the copy) leaves
-    /// that work queued, to run later: every buffer's use is noted all the same.
+    /// that work queued, to run later: every buffer's use is noted all the same. Where noting
+    /// them fails, the rule waits on the host for the stream; `release_waits` runs first (a
+    /// queued wait would hold that wait until the other process frees the slot): it must set
+    /// the awaited words so that every wait on them is met, as a failure's release does.
+    #[allow(clippy::too_many_arguments)] // each is one of the copy's distinct parts
     pub(crate) fn flagged_copy(
         self: &Arc<Self>,
         src: CudaView<'_, u8>,
@@ -79,6 +83,7 @@ impl CudaStream {
         signals: &mut CudaViewMut<'_, u64>,
         steps: FlagSteps,
         releasable: Option<Releasable<'_>>,
+        release_waits: impl FnOnce(),
     ) -> Result<()> {
         const WHAT: &str = "the boundary's flagged copy";
         if src.len() != dst.len() {
@@ -110,7 +115,7 @@ impl CudaStream {
             .into_iter()
             .chain(waited.map(|_| (waits.tracked(), Use::Read)));
         if let Some((gated, wait)) = gated {
-            return ordered(self, uses, || {
+            return ordered_releasing(self, uses, release_waits, || {
                 // SAFETY: the awaited word is an aligned element of `waits`, memory this stream's
                 // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
                 // (lengths checked) and, with the kernels, of this stream's device (checked
@@ -124,7 +129,7 @@ impl CudaStream {
                 }
             })?;
         }
-        ordered(self, uses, || {
+        let queue = || {
             // SAFETY: both words are aligned elements of their slices, memory this stream's
             // device reaches (checked by `word`); `src` and `dst` are valid for `bytes` bytes
             // (lengths checked); every range is kept alive until this work has run by the
@@ -148,7 +153,11 @@ impl CudaStream {
                     (None, 0) => queued_then(signal(), || Ok(())),
                 }
             }
-        })?
+        };
+        match waited {
+            Some(_) => ordered_releasing(self, uses, release_waits, queue)?,
+            None => ordered(self, uses, queue)?,
+        }
     }
 
     /// On this stream, once the host saw `flags[at] >= value` (the sender's signal after its copy
