@@ -327,6 +327,7 @@ declare -A catchers=(
   # waits for the stream; a receiver waiting for a slot watches the link and the connection.
   [ipc-unnoted-wait-unreleased]="a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call"
   [fill-wait-unwatched]="a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once"
+  [receivers-drain-one-by-one]="a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout"
   # A close confirmed over NCCL while this rank's last send has not completed is a lie: failed,
   # the send aborted; the witness is the event right after the send, not the stream's end.
   [nccl-lying-close-trusted]="a_close_confirmed_while_an_nccl_send_waits_for_its_receive_cannot_hang_the_sending_ranks_drop"
@@ -973,6 +974,8 @@ run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >=
 # failure meanwhile.
 run ipc-unnoted-wait-unreleased src/pp/remote/ipc.rs "        let release_waits = || gates.release();" "        let release_waits = || ();"
 run fill-wait-unwatched src/pp/runtime/inbound.rs "                watch()?;" "                let _ = &watch;"
+# A runtime's drop asks every receiver to stop before it waits for any: their drains run at once.
+run receivers-drain-one-by-one src/pp/runtime/build.rs "            receiver.ask_to_stop();" "            let _ = receiver;"
 run ipc-gated-copy-required src/pp/remote/ipc.rs "    flags.releasable_by = engine.helper_kernels_if_runnable()?.map(|_| engine.clone());" "    flags.releasable_by = Some(engine.helper_kernels().map(|_| engine.clone())?);"
 # A close confirmed over NCCL is trusted only once this rank's last send completed, as seen by the
 # event recorded right after it (tests/double/teardown_ranks.rs).

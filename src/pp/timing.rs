@@ -1,8 +1,9 @@
 //! The pipeline's waiting times: how long a thread that waits for another (a slot to come free,
 //! a step from another rank, a quiet link) spins, and how often it looks again once it sleeps.
-//! Shared by the ring's waits and the links between ranks.
+//! Shared by the ring's waits and the links between ranks; and the bounded poll of something the
+//! device finishes ([`poll_until`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the receiver threads and the watchdog look at a link that is quiet.
 pub(in crate::pp) const POLL: Duration = Duration::from_millis(10);
@@ -24,4 +25,24 @@ const POLLER_TIMER_SLACK_NS: std::num::NonZeroU64 = std::num::NonZeroU64::new(1_
 /// its default slack, and only the naps' length changes.
 pub(in crate::pp) fn sleep_finely() {
     let _ = rustix::thread::set_current_timer_slack(Some(POLLER_TIMER_SLACK_NS));
+}
+
+/// Looks (`look`, at least once) until it says done (`Ok(true)`) or fails, paced by
+/// [`poll_pause`](crate::nccl::poll_pause) (a few yields, then 200 µs naps): for what the device
+/// usually finishes within microseconds and may take seconds (a stream's receives, an event after
+/// a send). `Ok(false)` once `deadline` passed with it not done.
+pub(in crate::pp) fn poll_until<E>(
+    deadline: Instant,
+    mut look: impl FnMut() -> std::result::Result<bool, E>,
+) -> std::result::Result<bool, E> {
+    let mut polls = 0u32;
+    loop {
+        if look()? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        crate::nccl::poll_pause(&mut polls);
+    }
 }

@@ -17,7 +17,7 @@ use crate::auth::Opener;
 use crate::nccl::{PostingAlone, poll_pause};
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::FaultPoint;
-use crate::pp::timing::{POLL, SPIN};
+use crate::pp::timing::{POLL, SPIN, poll_until};
 use crate::safe::{CaptureMode, CudaSlice, CudaStream, CudaViewMut, DeviceSlice, GraphExec};
 
 /// The RX rank's end of a link, before its receiver thread starts.
@@ -135,9 +135,16 @@ impl Receiver {
         Ok(Receiver { stop, thread: Some(thread) })
     }
 
-    /// Stops the thread and waits for it (within one poll interval once it is not posting).
-    pub(in crate::pp) fn stop(&mut self) {
+    /// Asks the thread to stop, without waiting for it: a runtime stopping several receivers
+    /// asks each first, so that their drains (each at most the peer timeout) run at once.
+    pub(in crate::pp) fn ask_to_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops the thread and waits for it (within one poll interval once it is not posting, or
+    /// draining its receives: at most the peer timeout).
+    pub(in crate::pp) fn stop(&mut self) {
+        self.ask_to_stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -164,22 +171,19 @@ pub(super) fn drain_within(
     stop: &AtomicBool,
 ) -> std::result::Result<(), String> {
     let start = Instant::now();
-    loop {
-        match stream.is_idle() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => return Err(e.to_string()),
+    let drained = poll_until(start + timeout, || {
+        let idle = stream.is_idle().map_err(|e| e.to_string())?;
+        if !idle && stop.load(Ordering::SeqCst) {
+            return Err("the runtime stopped before they completed".to_string());
         }
-        if start.elapsed() > timeout {
-            return Err(format!(
-                "still running after {:?}, more than the peer timeout (a step announced and never sent?)",
-                start.elapsed()
-            ));
-        }
-        if stop.load(Ordering::SeqCst) {
-            return Err("the runtime stopped before they completed".into());
-        }
-        std::thread::sleep(Duration::from_micros(200));
+        Ok(idle)
+    })?;
+    match drained {
+        true => Ok(()),
+        false => Err(format!(
+            "still running after {:?}, more than the peer timeout (a step announced and never sent?)",
+            start.elapsed()
+        )),
     }
 }
 

@@ -15,7 +15,7 @@ use crate::local_channel::ControlBlock;
 use crate::pp::config::PpConfig;
 use crate::pp::error::{Error, PpError, Result};
 use crate::pp::fault::{Fault, FaultPoint, Tamper};
-use crate::pp::timing::POLL;
+use crate::pp::timing::{POLL, poll_until};
 use crate::safe::event_pool::StreamEvent;
 use crate::safe::{CudaSlice, CudaStream, DeviceRepr, DeviceSlice};
 
@@ -456,19 +456,15 @@ impl Sender {
             return Ok(());
         };
         let last = steps.saturating_sub(1);
-        loop {
-            match sent.is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(format!("looking at the send of step {last} after the close failed: {e}")),
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "the peer confirmed the close after {steps} step(s) while the send of step {last} had not \
-                     completed within {timeout:?}"
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        let completed = poll_until(deadline, || {
+            sent.is_complete().map_err(|e| format!("looking at the send of step {last} after the close failed: {e}"))
+        })?;
+        match completed {
+            true => Ok(()),
+            false => Err(format!(
+                "the peer confirmed the close after {steps} step(s) while the send of step {last} had not completed \
+                 within {timeout:?}"
+            )),
         }
     }
 

@@ -347,6 +347,11 @@ impl Drop for PpNRt {
         // drains it (at most the peer timeout), and meanwhile the watchdog goes on showing the
         // peers signs of life; a rank that drained in silence would look hung to a peer that is
         // merely slow, which would fail the boundary and abort the very send the drain waits for.
+        // Each is asked first, so that their drains run at once: the drop waits one peer timeout
+        // at most, not one per inbound boundary.
+        for receiver in &self.receivers {
+            receiver.ask_to_stop();
+        }
         for receiver in &mut self.receivers {
             receiver.stop();
         }
