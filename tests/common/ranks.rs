@@ -87,21 +87,35 @@ pub fn chain_of_ranks(
     peer_timeout: std::time::Duration,
     configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
 ) -> Vec<PpNRt> {
-    let primary = Engine::new(0).unwrap();
     let stage_ranks: Vec<usize> = (0..devices.len()).collect();
+    ranks_of(devices, &stage_ranks, peer_timeout, configure)
+}
+
+/// The ranks of a pipeline whose stage `s` runs on `devices[s]` in rank `stage_ranks[s]` (every
+/// rank from 0 to the largest named), every rank built on a thread of its own, each
+/// configuration passed through `configure(rank, config)` first; in rank order. Retries on
+/// another port as [`two_ranks`] does.
+pub fn ranks_of(
+    devices: &[i32],
+    stage_ranks: &[usize],
+    peer_timeout: std::time::Duration,
+    configure: impl Fn(usize, PpConfig) -> PpConfig + Sync,
+) -> Vec<PpNRt> {
+    let primary = Engine::new(0).unwrap();
+    let world = stage_ranks.iter().max().map_or(0, |last| last + 1);
     for attempt in 1.. {
         let port = crate::common::rendezvous_port();
         let addr = format!("127.0.0.1:{port}");
         let build = |rank: usize| {
             let config = PpConfig::with_devices(devices)
-                .with_ranks(&stage_ranks)
+                .with_ranks(stage_ranks)
                 .with_rank(rank)
                 .with_rendezvous(&addr)
                 .with_peer_timeout(peer_timeout);
             PpNRt::new(configure(rank, config), &primary)
         };
         let built: Vec<ppnrt::Result<PpNRt>> = std::thread::scope(|scope| {
-            let others: Vec<_> = (1..devices.len()).map(|rank| scope.spawn(move || build(rank))).collect();
+            let others: Vec<_> = (1..world).map(|rank| scope.spawn(move || build(rank))).collect();
             let mut all = vec![build(0)];
             all.extend(others.into_iter().map(|other| other.join().unwrap()));
             all

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use double::with_double;
-use ppnrt::pp::ProtocolFault;
+use ppnrt::pp::{ProtocolFault, ReceiverState};
 use ppnrt::{CudaSlice, Engine, Error, PpError, PpNRt, ProcessTransport};
 
 const N: usize = 2048;
@@ -135,44 +135,28 @@ fn alternating_ranks(
     timeout: Duration,
     configure: impl Fn(usize, ppnrt::PpConfig) -> ppnrt::PpConfig + Sync,
 ) -> (PpNRt, PpNRt) {
-    let primary = Engine::new(0).unwrap();
-    for attempt in 1.. {
-        let port = crate::common::rendezvous_port();
-        let addr = format!("127.0.0.1:{port}");
-        let build = |rank: usize| {
-            let config = ppnrt::PpConfig::with_devices(&[0, 1, 0, 1])
-                .with_ranks(&[0, 1, 0, 1])
-                .with_rank(rank)
-                .with_rendezvous(&addr)
-                .with_peer_timeout(timeout)
-                .with_process_transport(ProcessTransport::Nccl);
-            PpNRt::new(configure(rank, config), &primary)
-        };
-        let (zero, one) = std::thread::scope(|scope| {
-            let one = scope.spawn(|| build(1));
-            (build(0), one.join().unwrap())
-        });
-        if attempt < 3 && zero.as_ref().is_err_and(ranks::port_taken) {
-            continue;
-        }
-        return (zero.expect("rank 0's setup"), one.expect("rank 1's setup"));
-    }
-    unreachable!("the loop returns")
+    let mut ranks = ranks::ranks_of(&[0, 1, 0, 1], &[0, 1, 0, 1], timeout, |rank, config| {
+        configure(rank, config.with_process_transport(ProcessTransport::Nccl))
+    })
+    .into_iter();
+    (ranks.next().unwrap(), ranks.next().unwrap())
 }
 
 /// A receiving rank whose runtime stops while its peer is slow, not gone, takes the steps the
-/// peer announced: each receiver drains its pending receive within the peer timeout, and the
-/// drop records nothing; a peer slower than that is a `PeerFailed` recorded by the drop. Here
-/// rank 1 stops with a receive pending on each of its two boundaries from rank 0, whose sends
-/// wait behind its stages' own work (held on gates): boundary 0's for half a peer timeout, then
-/// boundary 2's until 0.8 of one (within the peer timeout of the drains, which run at once), or,
-/// the second time, until twice the timeout (past it: the drop then ends about one peer timeout
-/// after it began; drains one after another (mutation `receivers-drain-one-by-one`) end 1.5
-/// timeouts after, boundary 2's drain beginning only once boundary 0's ended). Rank 1's drains
-/// must keep showing rank 0 signs of life: a rank that drains in silence looks hung to its peer
-/// after one peer timeout, which then fails the boundary and aborts the very send the drain waits
-/// for (mutation `drain-in-silence`: the watchdog stopped before the receivers), and the slow
-/// peer's step is lost as if it never came.
+/// peer announced: each receiver drains its pending receive within the peer timeout (T) from when
+/// it stopped, and the drop records nothing; a peer slower than that is a `PeerFailed` recorded by
+/// the drop. Here rank 1 stops with a receive pending on each of its two boundaries from rank 0,
+/// whose sends wait behind its stages' own work (held on gates).
+/// - Within the timeout: boundary 2's receive is still being posted when the drop begins (the
+///   NCCL double holds the post for T / 2), so its drain runs from T / 2 to 1.5 T; boundary 0's
+///   step comes at 0.4 T, boundary 2's at 1.2 T. Rank 1's drains must keep showing rank 0 signs
+///   of life: a rank that drains in silence (mutation `drain-in-silence`: the watchdog stopped
+///   before the receivers) looks hung to rank 0 after T, which fails the boundary and aborts the
+///   very send the drain waits for, and the slow peer's step is lost as if it never came.
+/// - Past it: boundary 0's step comes at 0.4 T, boundary 2's at 1.6 T, both receives posted
+///   before the drop: the drains run at once and the drop ends about T after it began; drains one
+///   after another (mutation `receivers-drain-one-by-one`) end 1.4 T after, boundary 2's drain
+///   beginning only once boundary 0's ended.
 #[test]
 fn a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout() {
     static OPEN_0: AtomicBool = AtomicBool::new(false);
@@ -182,29 +166,54 @@ fn a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_o
         |double| {
             let _orphan = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ORPHAN_RECV", "1");
             let _async = DoubleSetting::on("PPNRT_NCCL_DOUBLE_ASYNC_SEND", "1");
-            let timeout = Duration::from_millis(1200);
+            let timeout = Duration::from_millis(1500);
             let primary = Engine::new(0).unwrap();
+            let state = |rt: &PpNRt, b: usize| rt.receiver_state(b).unwrap().unwrap();
+            let until = |what: &str, done: &dyn Fn() -> bool| {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !done() {
+                    assert!(Instant::now() < deadline, "{what}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
             for past_the_timeout in [false, true] {
                 let (zero, one) = alternating_ranks(timeout, |_, config| config);
                 // Rank 0 announces a step on boundaries 0 and 2; each send waits behind a gate.
                 OPEN_0.store(false, Ordering::Release);
                 OPEN_2.store(false, Ordering::Release);
+                let mut slow_post = None;
                 for (stage, open) in [(0, &OPEN_0), (2, &OPEN_2)] {
+                    if stage == 2 && !past_the_timeout {
+                        // Boundary 0's receive is posted, no other is: only boundary 2's post
+                        // reads the setting.
+                        until("boundary 0's receive posted", &|| {
+                            matches!(state(&one, 0), ReceiverState::AwaitingRecord { step: 1, .. })
+                        });
+                        let held_us = (timeout / 2).as_micros().to_string();
+                        slow_post = Some(DoubleSetting::on("PPNRT_NCCL_DOUBLE_POST_US", &format!("0:{held_us}")));
+                    }
                     let x = input(&zero, &primary, stage, 30 + stage as u32);
                     double.gate(zero.stage_stream(stage).unwrap(), open);
                     zero.enter(stage).and_then(|_stage| zero.tx(stage, &x, N)).unwrap();
                 }
-                std::thread::sleep(Duration::from_millis(100)); // rank 1 posts both receives
+                let posted = |b: usize| matches!(state(&one, b), ReceiverState::AwaitingRecord { step: 1, .. });
+                match past_the_timeout {
+                    false => until("boundary 2's receive being posted", &|| {
+                        matches!(state(&one, 2), ReceiverState::Posting { step: 0, .. })
+                    }),
+                    true => until("both receives posted", &|| posted(0) && posted(2)),
+                }
                 let start = Instant::now();
                 let opener = std::thread::spawn(move || {
-                    std::thread::sleep(timeout / 2);
+                    std::thread::sleep(timeout * 4 / 10);
                     OPEN_0.store(true, Ordering::Release);
-                    std::thread::sleep(if past_the_timeout { timeout * 3 / 2 } else { timeout * 3 / 10 });
+                    std::thread::sleep(if past_the_timeout { timeout * 12 / 10 } else { timeout * 8 / 10 });
                     OPEN_2.store(true, Ordering::Release);
                 });
                 let errors = drop_within(one, Duration::from_secs(10)).expect("rank 1's drop returned");
                 let took = start.elapsed();
                 opener.join().unwrap();
+                drop(slow_post);
                 let reasons: Vec<&str> = errors.iter().filter_map(peer_failed).collect();
                 if past_the_timeout {
                     assert!(
@@ -212,11 +221,11 @@ fn a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_o
                             && reasons.iter().any(|reason| reason.contains("stopped with a receive pending")),
                         "a peer slower than the timeout: rank 1's drop: {errors:?}"
                     );
+                    // One peer timeout for both drains (and a margin for a loaded machine).
+                    assert!(took < timeout * 12 / 10, "rank 1's drop took {took:?}");
                 } else {
                     assert!(errors.is_empty(), "a peer slow within the timeout: rank 1's drop ({took:?}): {errors:?}");
                 }
-                // One peer timeout for both drains (and a margin for a loaded machine).
-                assert!(took < timeout * 5 / 4, "rank 1's drop took {took:?}");
                 // Rank 0 learns that rank 1 left (its boundaries fail); its drop returns.
                 drop_within(zero, Duration::from_secs(10)).expect("rank 0's drop returned");
             }
