@@ -9,6 +9,11 @@
 //! background). Every rank reads every step it receives; the last rank reads each output back
 //! and checks it bitwise against one engine.
 //!
+//! The boundaries between the ranks are NCCL's in one cycle of the faults, IPC in the next, and
+//! in the third one of each (rank 1 receiving over one and sending over the other: devices
+//! [0, 1, 1] or [1, 1, 0] with peer access off, so that only the boundary within a device can
+//! be IPC).
+//!
 //! Every run must end, on every rank, with exact outputs or with a typed error, within its bound:
 //! never wrong data as `Ok`, never a hang, and nothing touches freed memory (the doubles check
 //! every copy, send and receive when it runs). The counts are printed (and kept in
@@ -31,12 +36,51 @@ use std::time::{Duration, Instant};
 use common::Rng;
 use double::with_double;
 use ppnrt::nccl::{NcclComm, NcclError, NcclUniqueId, P2p, group};
-use ppnrt::{CudaSlice, CudaStream, Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt};
+use ppnrt::{CudaSlice, CudaStream, Engine, Error, JobAccess, JobSecret, PpConfig, PpError, PpNRt, Transport};
 
 const N: usize = 2048;
 const LAYERS: u32 = 3;
 const STEPS: u32 = 40;
 const SECRET: &str = "the campaign's job secret, 32 by";
+
+/// The transports of a run's two boundaries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Carriers {
+    Nccl,
+    Ipc,
+    /// One of each: IPC first (devices [1, 1, 0]) or NCCL first ([0, 1, 1]), peer access off.
+    Mixed {
+        ipc_first: bool,
+    },
+}
+
+impl Carriers {
+    /// The stages' devices, the setting between ranks, and the transports the plan must give.
+    fn devices(self) -> [i32; 3] {
+        match self {
+            Carriers::Nccl | Carriers::Ipc => [0, 1, 0],
+            Carriers::Mixed { ipc_first: true } => [1, 1, 0],
+            Carriers::Mixed { ipc_first: false } => [0, 1, 1],
+        }
+    }
+
+    fn setting(self) -> ppnrt::ProcessTransport {
+        match self {
+            Carriers::Nccl => ppnrt::ProcessTransport::Nccl,
+            Carriers::Ipc => ppnrt::ProcessTransport::Ipc,
+            Carriers::Mixed { .. } => ppnrt::ProcessTransport::Auto,
+        }
+    }
+
+    fn planned(self) -> [Transport; 2] {
+        match self {
+            Carriers::Nccl => [Transport::Nccl; 2],
+            Carriers::Ipc => [Transport::Ipc; 2],
+            Carriers::Mixed { ipc_first: true } => [Transport::Ipc, Transport::Nccl],
+            Carriers::Mixed { ipc_first: false } => [Transport::Nccl, Transport::Ipc],
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fault {
@@ -133,6 +177,8 @@ fn rank_loop(rank: usize, rt: PpNRt, fault: Fault, wait: Duration) -> Result<End
                 Ok(readback) => pending.push_back((step, readback)),
                 Err(e) => return typed(step, e),
             }
+            // The reference is computed on device 0, outside the stage (which may be on another).
+            drop(_stage);
             while pending.len() > 2 || (step + 1 == STEPS && !pending.is_empty()) {
                 let (done, readback) = pending.pop_front().expect("pending");
                 let values = match readback.wait() {
@@ -217,7 +263,7 @@ fn from_env(name: &str, default: usize) -> usize {
 
 #[test]
 fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
-    with_double("every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung", |_| {
+    with_double("every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung", |double| {
         let rounds = from_env("PPNRT_CAMPAIGN_ROUNDS", 1);
         let stop_load = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let load: Vec<_> = (0..from_env("PPNRT_CAMPAIGN_LOAD", 0))
@@ -245,6 +291,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
         let mut rng = Rng::new(0xca3a_1914);
         let (mut exact, mut typed_runs, mut typed_ranks) = (0, 0, 0);
         let mut by_fault = std::collections::BTreeMap::<&str, usize>::new();
+        let mut by_carriers = std::collections::BTreeMap::<String, usize>::new();
         let mut samples = std::collections::BTreeMap::<&str, String>::new();
         for run in 0..runs {
             let (sender, step) = (rng.below(2) as usize, rng.below(u64::from(STEPS)));
@@ -271,6 +318,14 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 Fault::SetupAsyncError { .. } => "an NCCL poll failing in the setup",
             };
             *by_fault.entry(name).or_default() += 1;
+            // Every fault over both transports between ranks of one host, and over one of each.
+            let carriers = match (run / 9) % 3 {
+                0 => Carriers::Nccl,
+                1 => Carriers::Ipc,
+                _ => Carriers::Mixed { ipc_first: (run / 27) % 2 == 1 },
+            };
+            *by_carriers.entry(format!("{carriers:?}")).or_default() += 1;
+            double.no_peer(matches!(carriers, Carriers::Mixed { .. }));
             let port = common::rendezvous_port();
             let addr = format!("127.0.0.1:{port}");
             if fault == Fault::Strangers {
@@ -290,19 +345,13 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 let (done, addr) = (done.clone(), addr.clone());
                 std::thread::spawn(move || {
                     let primary = Engine::new(0).unwrap();
-                    let mut config = PpConfig::with_devices(&[0, 1, 0])
+                    let mut config = PpConfig::with_devices(&carriers.devices())
                         .with_ranks(&[0, 1, 2])
                         .with_rank(rank)
                         .with_rendezvous(&addr)
                         .with_peer_timeout(peer_timeout)
                         .with_job_access(JobAccess::Secret(JobSecret::new(SECRET).unwrap()))
-                        // Every fault over both transports between ranks of one host: NCCL in
-                        // the even cycles of faults, IPC in the odd ones.
-                        .with_process_transport(if (run / 9) % 2 == 0 {
-                            ppnrt::ProcessTransport::Nccl
-                        } else {
-                            ppnrt::ProcessTransport::Ipc
-                        });
+                        .with_process_transport(carriers.setting());
                     use ppnrt::pp::ProtocolFault;
                     let injected = match fault {
                         Fault::AnnounceOnly if rank == 0 => Some(ProtocolFault::AnnounceWithoutSend),
@@ -315,7 +364,13 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                         config = config.with_fault(injected);
                     }
                     let outcome = match PpNRt::new(config, &primary) {
-                        Ok(rt) => rank_loop(rank, rt, fault, wait),
+                        Ok(rt) => {
+                            let planned: Vec<Transport> = rt.plan().boundaries.iter().map(|b| b.transport).collect();
+                            match planned == carriers.planned() {
+                                true => rank_loop(rank, rt, fault, wait),
+                                false => Err(format!("rank {rank}: {carriers:?} planned as {planned:?}")),
+                            }
+                        }
                         Err(e) => Ok(Ended::Typed { done: 0, error: format!("setup: {e}") }),
                     };
                     let _ = done.send((rank, outcome, Instant::now()));
@@ -334,6 +389,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
                 poll_fault.join().unwrap();
             }
             double::nccl_double().clear_faults();
+            double.no_peer(false);
             let mut typed = Vec::new();
             for (rank, outcome, at) in &outcomes {
                 match outcome {
@@ -366,7 +422,7 @@ fn every_run_ends_exact_or_typed_on_every_rank_never_wrong_never_hung() {
             std::env::remove_var("PPNRT_NCCL_DOUBLE_ASYNC_SEND");
         }
         println!(
-            "campaign: {runs} runs of 3 ranks × {STEPS} steps ({by_fault:?}): {exact} exact on every rank, \
+            "campaign: {runs} runs of 3 ranks × {STEPS} steps ({by_fault:?}; {by_carriers:?}): {exact} exact on every rank, \
              {typed_runs} ended with typed errors ({typed_ranks} rank endings typed), 0 wrong as Ok, 0 hung"
         );
         for (fault, sample) in &samples {
