@@ -114,7 +114,7 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
         double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
         let start = std::time::Instant::now();
         let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn({
+        let sender = std::thread::spawn({
             let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
             move || {
                 let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[2], N)).map(drop);
@@ -125,6 +125,10 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
         let took = start.elapsed();
         double.clear_faults();
         let sent = sent.expect("the send did not return");
+        // The ranks are dropped here, their drop errors (the failed boundary's) taken: left
+        // behind, they would be another test's.
+        sender.join().unwrap();
+        let _ = crate::drop_ranks_within((inputs, ranks), Duration::from_secs(15), "the ranks");
         assert!(
             sent.as_ref().is_err_and(|e| e.to_string().contains("cuEventRecord")) && took < timeout / 2,
             "after {took:?}: {sent:?}"
@@ -175,5 +179,8 @@ fn a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once
             assert!(std::time::Instant::now() < stopped, "rank 1's receiver: {:?}", ranks.1.receiver_state(0));
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Dropped here, their drop errors (the failed boundary's) taken: left behind, they would
+        // be another test's.
+        let _ = crate::drop_ranks_within((inputs, ranks), Duration::from_secs(15), "the ranks");
     });
 }

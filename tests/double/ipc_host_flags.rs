@@ -567,7 +567,7 @@ fn a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_nam
             double.fail("cuEventRecord", 1, crate::OUT_OF_MEMORY);
             let start = std::time::Instant::now();
             let (done, finished) = std::sync::mpsc::channel();
-            std::thread::spawn({
+            let sender = std::thread::spawn({
                 let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
                 move || {
                     let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[3], N)).map(drop);
@@ -580,6 +580,7 @@ fn a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_nam
             drop(lent);
             drop(stage1);
             let sent = sent.expect("the send did not return");
+            sender.join().unwrap();
             let errors = crate::drop_ranks_within((inputs, ranks, liar), Duration::from_secs(15), "the ranks");
             assert!(
                 sent.as_ref().is_err_and(|e| e.to_string().contains("cuEventRecord")) && took < timeout / 2,
