@@ -326,6 +326,11 @@ declare -A catchers=(
   # A send whose notes fail behind a queued wait for its slot releases its gates before the host
   # waits for the stream; a receiver waiting for a slot watches the link and the connection.
   [ipc-unnoted-wait-unreleased]="a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call"
+  # A copy with no wait of its own, queued behind an earlier step's wait (a slot freed out of
+  # order), releases the gates before the host wait too.
+  # A copy-engine copy behind a wait is not released early by a send whose notes fail.
+  [ipc-copy-engine-wait-released-early]="a_send_whose_note_fails_on_a_driver_without_the_helper_kernels_writes_no_slot_still_lent"
+  [ipc-unwaited-copy-unreleased]="a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_naming_the_call"
   [fill-wait-unwatched]="a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once"
   [receivers-drain-one-by-one]="a_runtime_stopping_with_receives_pending_takes_a_slow_peers_steps_and_fails_only_past_the_timeout"
   # A close confirmed over NCCL while this rank's last send has not completed is a lie: failed,
@@ -972,7 +977,11 @@ run ipc-released-consumed-as-free src/pp/remote/gates.rs "        if consumed >=
 # The rule's host wait after failed notes would wait for the peer to free the slot: the send
 # releases its gates first. A receiver asleep until its stage frees a slot learns of the peer's
 # failure meanwhile.
-run ipc-unnoted-wait-unreleased src/pp/remote/ipc.rs "        let release_waits = || gates.release();" "        let release_waits = || ();"
+run ipc-unnoted-wait-unreleased src/pp/remote/ipc.rs "            if cancellable {" "            if cancellable && false {"
+# A copy-engine copy behind a wait (no helper kernels) is not released early: it would write a
+# slot the receiving rank still reads, before that rank knows of any failure.
+run ipc-copy-engine-wait-released-early src/pp/remote/ipc.rs "        let cancellable = self.releasable_by.is_some();" "        let cancellable = true;"
+run ipc-unwaited-copy-unreleased src/safe/ipc/flagged.rs "        ordered_releasing(self, uses, release_waits, queue)?" "        match waited { Some(_) => ordered_releasing(self, uses, release_waits, queue)?, None => ordered(self, uses, queue)? }"
 run fill-wait-unwatched src/pp/runtime/inbound.rs "                watch()?;" "                let _ = &watch;"
 # A runtime's drop asks every receiver to stop before it waits for any: their drains run at once.
 run receivers-drain-one-by-one src/pp/runtime/build.rs "            receiver.ask_to_stop();" "            let _ = receiver;"

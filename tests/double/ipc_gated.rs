@@ -114,7 +114,7 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
         double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
         let start = std::time::Instant::now();
         let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn({
+        let sender = std::thread::spawn({
             let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
             move || {
                 let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[2], N)).map(drop);
@@ -125,6 +125,10 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
         let took = start.elapsed();
         double.clear_faults();
         let sent = sent.expect("the send did not return");
+        // The ranks are dropped here, their drop errors (the failed boundary's) taken: left
+        // behind, they would be another test's.
+        sender.join().unwrap();
+        let _ = crate::drop_ranks_within((inputs, ranks), Duration::from_secs(15), "the ranks");
         assert!(
             sent.as_ref().is_err_and(|e| e.to_string().contains("cuEventRecord")) && took < timeout / 2,
             "after {took:?}: {sent:?}"
@@ -175,5 +179,72 @@ fn a_receiver_whose_stage_holds_every_slot_learns_of_the_senders_failure_at_once
             assert!(std::time::Instant::now() < stopped, "rank 1's receiver: {:?}", ranks.1.receiver_state(0));
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Dropped here, their drop errors (the failed boundary's) taken: left behind, they would
+        // be another test's.
+        let _ = crate::drop_ranks_within((inputs, ranks), Duration::from_secs(15), "the ranks");
     });
+}
+
+/// On a driver that cannot run the helper kernels (CUDA 12.4: their PTX is too new), a copy that
+/// waits for its slot stays on the copy engine, and a release of its wait lets it run into the
+/// slot whatever the receiving rank does with it (module docs of `pp::remote::ipc`, "Failure:":
+/// only a failure the receiving rank knows of releases, and then the slot is never trusted). A
+/// send whose notes fail behind such a wait must not release it early: the receiving rank, which
+/// knows of no failure, still reads the slot lent in place with the step before, and must read
+/// that step, not the copy of the next. Here step 0 is lent in place in rank 1's one slot, step
+/// 1's copy waits for it, and its notes fail; rank 1 reads its lent slot while the `tx` is in
+/// flight, then drops the guard.
+#[test]
+fn a_send_whose_note_fails_on_a_driver_without_the_helper_kernels_writes_no_slot_still_lent() {
+    with_double("a_send_whose_note_fails_on_a_driver_without_the_helper_kernels_writes_no_slot_still_lent", |_| {
+        let library = double::build(&["PPNRT_DOUBLE_CUDA_12_4"]).expect("the double builds");
+        crate::scenarios::run_child("ipc_gated::child_a_note_failing_behind_a_copy_engine_wait", &library, &[]);
+    });
+}
+
+#[test]
+#[ignore = "runs in a child process of a_send_whose_note_fails_on_a_driver_without_the_helper_kernels_writes_no_slot_still_lent"]
+fn child_a_note_failing_behind_a_copy_engine_wait() {
+    assert!(std::env::var_os("PPNRT_DOUBLE_CHILD").is_some(), "run through the parent test");
+    let Some((_serial, double)) = double::setup("child_a_note_failing_behind_a_copy_engine_wait") else {
+        panic!("no double")
+    };
+    let primary = Engine::new(0).unwrap();
+    let timeout = Duration::from_secs(2);
+    let wait = Duration::from_secs(5);
+    let ranks = Arc::new(ranks::two_ranks_configured(timeout, |_, config| config.with_slots(1)));
+    assert_eq!(ranks.0.plan().boundaries[0].transport, ppnrt::Transport::Ipc, "{}", ranks.0.plan());
+    let (e0, e1) = (ranks.0.engine(0, &primary).unwrap().clone(), ranks.1.engine(1, &primary).unwrap().clone());
+    // Made on rank 0's stage stream: the send's only event record is its note.
+    let steps: Arc<Vec<CudaSlice<u32>>> =
+        Arc::new((0..2u32).map(|t| ranks.0.enter(0).and_then(|_stage| Ok(e0.htod(&[t + 7; N])?)).unwrap()).collect());
+    let stage1 = ranks.1.enter(1).unwrap();
+    ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &steps[0], N)).unwrap();
+    let lent = ranks.1.rx_in_place_wait::<u32>(0, 0, N, wait).unwrap();
+    double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
+    let (done, finished) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn({
+        let (ranks, steps) = (Arc::clone(&ranks), Arc::clone(&steps));
+        move || {
+            let start = std::time::Instant::now();
+            let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &steps[1], N)).map(drop);
+            let _ = done.send((sent, start.elapsed()));
+        }
+    });
+    // Well within the peer timeout: rank 1, which knows of no failure, reads its lent slot.
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = e1.dtoh(&lent.view().unwrap()).unwrap();
+    double.clear_faults();
+    drop(lent);
+    drop(stage1);
+    let sent = finished.recv_timeout(4 * timeout).expect("the send returned");
+    sender.join().unwrap();
+    let errors = crate::drop_ranks_within((steps, ranks), Duration::from_secs(15), "the ranks");
+    assert!(
+        seen == vec![7u32; N],
+        "step 0's slot, still lent, was written: {:?}... (tx: {sent:?}; drops: {errors:?})",
+        &seen[..4]
+    );
+    double.flush();
+    assert_eq!(double.violations(), 0, "{}", double.last_violation());
 }

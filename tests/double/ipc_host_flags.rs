@@ -533,3 +533,59 @@ fn a_released_consumed_word_frees_no_slot_and_cancels_the_copies_for_it() {
         assert_eq!(signalled, [1 << 62; 2], "the filled words after the copies of steps 2 and 3 (3, 4: filled)");
     });
 }
+
+/// A receiving rank that frees its slots out of order (a lie in its `consumed` words: slot 1
+/// said free for step 3 while slot 0 still holds step 0) leaves the sending rank's stream waiting
+/// on its gate for slot 0 (step 2's copy) when step 3's copy, into the slot said free, is queued
+/// with no wait of its own. When that copy's notes fail (the ordering rule's event record), the
+/// rule waits on the host for the stream, which the queued wait of step 2 holds until the liar
+/// frees slot 0: the send must release its gates first as a copy that waits does, and fail at once
+/// naming the call. A flagged copy that releases only when it queued a wait itself waits for the
+/// peer timeout instead (the watchdog, which cannot read the connection while the `tx` holds it,
+/// then takes the peer for silent) and reports that silence.
+#[test]
+fn a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_naming_the_call() {
+    with_double(
+        "a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_naming_the_call",
+        |double| {
+            let timeout = Duration::from_millis(800);
+            let wait = Duration::from_secs(5);
+            let primary = Engine::new(0).unwrap();
+            let before: HashSet<u64> = control_blocks().into_iter().map(|(ino, _)| ino).collect();
+            let ranks = Arc::new(ranks::two_ranks_configured(timeout, |_, config| config.with_slots(2)));
+            let liar = opened_as_peer(&before, 2);
+            let inputs: Arc<Vec<CudaSlice<u32>>> =
+                Arc::new((0..4).map(|t| step_input(&ranks.0, &primary, t)).collect());
+            let send = |t: usize| ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N));
+            let stage1 = ranks.1.enter(1).unwrap();
+            let lent: Vec<_> =
+                (0..2).map(|t| ranks.1.rx_in_place_wait::<u32>(0, send(t).unwrap(), N, wait).unwrap()).collect();
+            // Slot 0 is lent with step 0: step 2's copy waits on the device for its gate.
+            assert_eq!(send(2).unwrap(), 0, "step 2's slot");
+            // The lie: slot 1 free for step 3 (its copy queued with no wait, behind step 2's).
+            liar.publish_consumed(1, 3);
+            double.fail("cuEventRecord", 1, crate::OUT_OF_MEMORY);
+            let start = std::time::Instant::now();
+            let (done, finished) = std::sync::mpsc::channel();
+            let sender = std::thread::spawn({
+                let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
+                move || {
+                    let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[3], N)).map(drop);
+                    let _ = done.send(sent);
+                }
+            });
+            let sent = finished.recv_timeout(4 * timeout);
+            let took = start.elapsed();
+            double.clear_faults();
+            drop(lent);
+            drop(stage1);
+            let sent = sent.expect("the send did not return");
+            sender.join().unwrap();
+            let errors = crate::drop_ranks_within((inputs, ranks, liar), Duration::from_secs(15), "the ranks");
+            assert!(
+                sent.as_ref().is_err_and(|e| e.to_string().contains("cuEventRecord")) && took < timeout / 2,
+                "after {took:?}: {sent:?} (drops: {errors:?})"
+            );
+        },
+    );
+}

@@ -329,3 +329,68 @@ fn a_close_whose_step_never_comes_fails_the_boundary_within_the_timeout_while_th
         },
     );
 }
+
+/// A sending rank that closes cleanly while the receiving rank's stage holds every slot (its
+/// receiver thread waits for a slot for the last step announced, watching the connection): the
+/// close is in progress, the connection open, and the stage takes its steps within the peer
+/// timeout. Every step arrives whole and both drops record nothing, over NCCL and over IPC: the
+/// receiver's watch fails a link only when the peer's end closed, which an honest sending rank
+/// does only once its close is confirmed, after every step arrived.
+#[test]
+fn a_clean_close_while_the_receiving_stage_holds_every_slot_stays_clean() {
+    with_double("a_clean_close_while_the_receiving_stage_holds_every_slot_stays_clean", |_| {
+        let timeout = Duration::from_millis(1500);
+        let primary = Engine::new(0).unwrap();
+        let _ = ppnrt::take_drop_errors();
+        for transport in [ProcessTransport::Nccl, ProcessTransport::Ipc] {
+            let (zero, one) = ranks::two_ranks_configured(timeout, |_, config| {
+                config.with_slots(2).with_process_transport(transport)
+            });
+            let inputs: Vec<CudaSlice<u32>> = (0..3).map(|t| input(&zero, &primary, 0, 50 + t)).collect();
+            for x in &inputs {
+                zero.enter(0).and_then(|_stage| zero.tx(0, x, N)).unwrap();
+            }
+            // Rank 1's receiver holds steps 0 and 1 and waits for a slot for step 2.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !matches!(
+                one.receiver_state(0).unwrap(),
+                Some(ppnrt::pp::ReceiverState::AwaitingFreeSlot { step: 2, .. })
+            ) {
+                assert!(Instant::now() < deadline, "{transport}: {:?}", one.receiver_state(0));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Rank 0 closes (its drop); rank 1's stage takes its steps a while later.
+            let closing = std::thread::spawn(move || {
+                drop((inputs, zero));
+                ppnrt::take_drop_errors()
+            });
+            std::thread::sleep(timeout / 3);
+            let e1 = one.engine(1, &primary).unwrap().clone();
+            let taken: Vec<ppnrt::Result<Vec<u32>>> = (0..3)
+                .map(|t| {
+                    let _stage = one.enter(1)?;
+                    let got = one.rx_wait::<u32>(0, t % 2, N, Duration::from_secs(5))?;
+                    Ok(e1.dtoh(&got)?)
+                })
+                .collect();
+            let zero_errors = closing.join().unwrap();
+            let one_errors = drop_within(one, Duration::from_secs(10)).expect("rank 1's drop returned");
+            let expected: Vec<Vec<u32>> = (0..3u32)
+                .map(|t| {
+                    let x = primary.alloc::<u32>(N).unwrap();
+                    let mut x = x;
+                    primary.fill_pattern(&mut x, 50 + t).unwrap();
+                    primary.dtoh(&x).unwrap()
+                })
+                .collect();
+            for (t, got) in taken.iter().enumerate() {
+                assert!(
+                    got.as_ref().is_ok_and(|v| *v == expected[t]),
+                    "{transport}: step {t}: {:?}",
+                    got.as_ref().err()
+                );
+            }
+            assert!(zero_errors.is_empty() && one_errors.is_empty(), "{transport}: {zero_errors:?} {one_errors:?}");
+        }
+    });
+}

@@ -217,8 +217,17 @@ impl IpcFlags {
         let gate_words = gates.words();
         // Where the copy's notes fail, the host waits for the stream, which a queued wait for the
         // slot would hold until the RX rank frees it (or for ever): the gates are released first
-        // (for good; the failed send fails the link, whose release follows).
-        let release_waits = || gates.release();
+        // (for good; the failed send fails the link, whose release follows). Only where the copies
+        // behind the waits are the kernels a release cancels: a copy-engine copy (a driver that
+        // cannot run them) would run once released, into a slot the RX rank may still read (lent
+        // in place), before that rank knows of any failure; the call then waits as it did, until
+        // the slot is freed or the link fails.
+        let cancellable = self.releasable_by.is_some();
+        let release_waits = || {
+            if cancellable {
+                gates.release();
+            }
+        };
         Ok(stream.flagged_copy(
             src,
             dst,

@@ -72,8 +72,9 @@ impl CudaStream {
     /// error. A call that fails after an earlier one queued its work (the wait, the copy) leaves
     /// that work queued, to run later: every buffer's use is noted all the same. Where noting
     /// them fails, the rule waits on the host for the stream; `release_waits` runs first (a
-    /// queued wait would hold that wait until the other process frees the slot): it must set
-    /// the awaited words so that every wait on them is met, as a failure's release does.
+    /// queued wait, this copy's or an earlier one's on the stream, would hold that wait until the
+    /// other process frees the slot), whether or not this copy waits: it must set the awaited
+    /// words so that every wait on them is met, as a failure's release does.
     #[allow(clippy::too_many_arguments)] // each is one of the copy's distinct parts
     pub(crate) fn flagged_copy(
         self: &Arc<Self>,
@@ -154,10 +155,10 @@ impl CudaStream {
                 }
             }
         };
-        match waited {
-            Some(_) => ordered_releasing(self, uses, release_waits, queue)?,
-            None => ordered(self, uses, queue)?,
-        }
+        // A copy that queues no wait of its own may still be queued behind an earlier step's wait
+        // on this stream (a slot freed out of order, a lie), which holds the rule's host wait
+        // after failed notes just the same: released too.
+        ordered_releasing(self, uses, release_waits, queue)?
     }
 
     /// On this stream, once the host saw `flags[at] >= value` (the sender's signal after its copy
