@@ -7,15 +7,33 @@
 
 use crate::{OUT_OF_MEMORY, double, ranks};
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use double::with_double;
 use ppnrt::pp::ReceiverState;
-use ppnrt::{CudaSlice, Engine};
+use ppnrt::{CudaSlice, Engine, PpNRt};
 
 const N: usize = 2048;
+
+/// Rank 0's `tx` of `inputs[t]` (its stage 0, boundary 0) on a thread of its own, for a send that
+/// may wait: what it returned and how long it took come through the receiver; the thread is
+/// joined by the caller once whatever holds the send was let go.
+pub(crate) fn send_on_a_thread(
+    ranks: &Arc<(PpNRt, PpNRt)>,
+    inputs: &Arc<Vec<CudaSlice<u32>>>,
+    t: usize,
+) -> (mpsc::Receiver<(ppnrt::Result<()>, Duration)>, std::thread::JoinHandle<()>) {
+    let (done, finished) = mpsc::channel();
+    let (ranks, inputs) = (Arc::clone(ranks), Arc::clone(inputs));
+    let sender = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[t], N)).map(drop);
+        let _ = done.send((sent, start.elapsed()));
+    });
+    (finished, sender)
+}
 
 /// A step whose send fails at a later call of its flagged copy, after an earlier call queued work
 /// that reads its input: step 0 (its slot free: the copy engine's copy, then a write-value that
@@ -112,19 +130,10 @@ fn a_send_whose_note_fails_behind_a_queued_wait_fails_at_once_naming_the_call() 
             ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, x, N)).unwrap();
         }
         double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
-        let start = std::time::Instant::now();
-        let (done, finished) = std::sync::mpsc::channel();
-        let sender = std::thread::spawn({
-            let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
-            move || {
-                let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[2], N)).map(drop);
-                let _ = done.send(sent);
-            }
-        });
+        let (finished, sender) = send_on_a_thread(&ranks, &inputs, 2);
         let sent = finished.recv_timeout(4 * timeout);
-        let took = start.elapsed();
         double.clear_faults();
-        let sent = sent.expect("the send did not return");
+        let (sent, took) = sent.expect("the send did not return");
         // The ranks are dropped here, their drop errors (the failed boundary's) taken: left
         // behind, they would be another test's.
         sender.join().unwrap();
@@ -222,15 +231,7 @@ fn child_a_note_failing_behind_a_copy_engine_wait() {
     ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &steps[0], N)).unwrap();
     let lent = ranks.1.rx_in_place_wait::<u32>(0, 0, N, wait).unwrap();
     double.fail("cuEventRecord", 1, OUT_OF_MEMORY);
-    let (done, finished) = std::sync::mpsc::channel();
-    let sender = std::thread::spawn({
-        let (ranks, steps) = (Arc::clone(&ranks), Arc::clone(&steps));
-        move || {
-            let start = std::time::Instant::now();
-            let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &steps[1], N)).map(drop);
-            let _ = done.send((sent, start.elapsed()));
-        }
-    });
+    let (finished, sender) = send_on_a_thread(&ranks, &steps, 1);
     // Well within the peer timeout: rank 1, which knows of no failure, reads its lent slot.
     std::thread::sleep(Duration::from_millis(300));
     let seen = e1.dtoh(&lent.view().unwrap()).unwrap();

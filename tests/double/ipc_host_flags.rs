@@ -565,21 +565,12 @@ fn a_send_whose_note_fails_behind_an_earlier_steps_queued_wait_fails_at_once_nam
             // The lie: slot 1 free for step 3 (its copy queued with no wait, behind step 2's).
             liar.publish_consumed(1, 3);
             double.fail("cuEventRecord", 1, crate::OUT_OF_MEMORY);
-            let start = std::time::Instant::now();
-            let (done, finished) = std::sync::mpsc::channel();
-            let sender = std::thread::spawn({
-                let (ranks, inputs) = (Arc::clone(&ranks), Arc::clone(&inputs));
-                move || {
-                    let sent = ranks.0.enter(0).and_then(|_stage| ranks.0.tx(0, &inputs[3], N)).map(drop);
-                    let _ = done.send(sent);
-                }
-            });
+            let (finished, sender) = crate::ipc_gated::send_on_a_thread(&ranks, &inputs, 3);
             let sent = finished.recv_timeout(4 * timeout);
-            let took = start.elapsed();
             double.clear_faults();
             drop(lent);
             drop(stage1);
-            let sent = sent.expect("the send did not return");
+            let (sent, took) = sent.expect("the send did not return");
             sender.join().unwrap();
             let errors = crate::drop_ranks_within((inputs, ranks, liar), Duration::from_secs(15), "the ranks");
             assert!(

@@ -359,6 +359,13 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 let (recv_stream, capture_stream) = (&inbound.recv_stream, inbound.capture_stream.as_ref());
                 let socket = &inbound.socket;
                 let number = step.step;
+                // What ends a wait of this thread for the peer's part (a copy, a free slot): the
+                // link stopped, or the peer's end of the connection closed.
+                let link_or_peer_ended = || match (link.is_stopped(), peer_hung_up(socket)) {
+                    (true, _) => Some("the boundary stopped"),
+                    (false, true) => Some(PEER_CLOSED),
+                    (false, false) => None,
+                };
                 let mut recv = |slot: usize, dst: &mut CudaViewMut<'_, u8>| {
                     if link.ipc().is_some() && link.fault.at(FaultPoint::ReceiveWithoutFreeing) {
                         return Ok(());
@@ -373,10 +380,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                             if stop.load(Ordering::SeqCst) {
                                 return Err("the runtime stopped".to_string());
                             }
-                            if link.is_stopped() {
-                                return Err("the boundary stopped".to_string());
-                            }
-                            if peer_hung_up(socket) { Err(PEER_CLOSED.to_string()) } else { Ok(()) }
+                            link_or_peer_ended().map_or(Ok(()), |reason| Err(reason.to_string()))
                         };
                         return flags
                             .receive(recv_stream, number, slot, dst, &|beat| link.silent_too_long(beat), &mut watch)
@@ -389,12 +393,7 @@ pub(super) fn receive_loop(mut inbound: Inbound, filler: &dyn SlotFiller, stop: 
                 // While the slot is awaited: the link's stop and the peer's end of the connection
                 // closed end the wait (the stage may hold every slot for long; the peer's failure
                 // must reach this rank meanwhile: its next ranks wait for it to, see `Link::fail`).
-                let mut watch_slot = || {
-                    if link.is_stopped() {
-                        return Err(link.error_or("the boundary stopped"));
-                    }
-                    if peer_hung_up(socket) { Err(link.error_or(PEER_CLOSED)) } else { Ok(()) }
-                };
+                let mut watch_slot = || link_or_peer_ended().map_or(Ok(()), |reason| Err(link.error_or(reason)));
                 let filled = filler.fill(&step, stop, &mut watch_slot, &mut recv);
                 // The wait for a free slot is this rank's, not the peer's silence.
                 heard = Instant::now();

@@ -31,7 +31,7 @@ pub(in crate::pp) struct Links {
     pub(in crate::pp) inbound: BTreeMap<usize, Inbound>,
 }
 
-/// What [`connect`] needs of a local stage: its engine, context and stream.
+/// What [`connect`] needs of a local stage: its engine (whose context it runs in) and stream.
 pub(in crate::pp) struct LocalStage {
     pub(in crate::pp) engine: Engine,
     pub(in crate::pp) stream: Arc<CudaStream>,
